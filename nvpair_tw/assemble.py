@@ -1,0 +1,101 @@
+# -*- test-case-name: tests.test_assemble -*-
+"""From parsed options to a running ``MultiService``: runtime, listeners, control, admin, demo nodes."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from twisted.application import service
+
+from nvpair_tw.durations import format_duration
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node
+from nvpair_tw.runtime import Runtime, build_runtime
+from nvpair_tw.service import ListenerService, RuntimeService
+
+log = LevelledLogger()
+
+_TCP = re.compile(r"^(?:tcp6?:)?(?:port=)?(\d+)(?::(.*))?$")
+
+
+def own_urls(description: str) -> list[str]:
+    """The URLs a client would use to reach a listener (for the self-guard, SPEC §3)."""
+    match = _TCP.match(description)
+    if match is None:
+        return []
+    port = match.group(1)
+    options = dict(part.split("=", 1) for part in (match.group(2) or "").split(":") if "=" in part)
+    host = options.get("interface", "0.0.0.0").replace("\\", "")
+    hosts = {host}
+    if host in ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost"):
+        hosts |= {"127.0.0.1", "localhost", "[::1]"}
+    return [f"http://{h}:{port}" for h in sorted(hosts)]
+
+
+def assemble(
+    reactor: Any, options: Mapping[str, Any], environ: Mapping[str, str]
+) -> service.MultiService:
+    """Everything ``twistd nvpair`` runs, on the reactor it is given."""
+    top = service.MultiService()
+    settings = options["settings"]
+    engines: list[str] = list(options["engines"])
+    nodes: dict[str, list[Node]] = {
+        engine: [node for scope, node in options["node"] if scope in (None, engine)]
+        for engine in engines
+    }
+    if options.get("demo"):
+        from nvpair_tw.demo import demo_nodes
+
+        demo_nodes(reactor, engines, nodes).setServiceParent(top)
+    runtime = build_runtime(
+        reactor,
+        settings,
+        engines,
+        nodes=nodes,
+        nodes_file=options.get("nodes"),
+        environ=environ,
+    )
+    for warning in options.get("warnings", []):
+        log.warn("{warning}", warning=warning)
+    sources = options.get("sources", {})
+    log.info(
+        "timeouts: connect {connect}, response-header {header} ({header_source}), "
+        "first-body {first} ({first_source}), cooldown {cooldown}",
+        connect=format_duration(settings.connect_timeout),
+        header=format_duration(settings.response_header_timeout),
+        header_source=sources.get("response-header-timeout", "default"),
+        first=(
+            format_duration(settings.first_body_timeout)
+            if settings.first_body_timeout > 0
+            else "disabled"
+        ),
+        first_source=sources.get("first-body-timeout", "default"),
+        cooldown=format_duration(settings.cooldown),
+    )
+    RuntimeService(runtime).setServiceParent(top)
+    for engine in engines:
+        description = options["listen"][engine]
+        runtime.facades[engine].directory.exclude_urls(own_urls(description))
+        ListenerService(
+            reactor, description, runtime.site_for(engine), f"{engine} facade"
+        ).setServiceParent(top)
+    _optional_services(reactor, runtime, options, top)
+    return top
+
+
+def _optional_services(
+    reactor: Any, runtime: Runtime, options: Mapping[str, Any], top: service.MultiService
+) -> None:
+    """Control channel and admin listener, when configured."""
+    control = options.get("control")
+    if control:
+        from nvpair_tw.control import control_service
+
+        control_service(reactor, runtime, control).setServiceParent(top)
+    admin = options.get("admin")
+    if admin and admin != "none":
+        from nvpair_tw.admin import admin_service
+
+        admin_service(reactor, runtime, admin).setServiceParent(top)

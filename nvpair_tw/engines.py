@@ -1,0 +1,182 @@
+# -*- test-case-name: tests.test_engines -*-
+"""Engine profiles: everything that differs between ollama, lmstudio and omlx, as data.
+
+A facade never asks which engine it is; it asks its profile (routes, model-name matching,
+inventory format, defaults). A fourth engine is a new row in :data:`ENGINES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any
+
+from attrs import frozen
+
+
+class RouteKind(Enum):
+    """How a facade treats a request."""
+
+    INFERENCE = "inference"
+    MODEL_LIST = "model-list"
+    PASS_THROUGH = "pass-through"
+
+
+def normalise_ollama(name: str) -> str:
+    """Ollama names: trim; a name without ``:`` or ``@`` after its last ``/`` gets ``:latest``."""
+    trimmed = name.strip()
+    tail = trimmed.rsplit("/", 1)[-1]
+    if trimmed and ":" not in tail and "@" not in tail:
+        return trimmed + ":latest"
+    return trimmed
+
+
+def normalise_exact(name: str) -> str:
+    """LM Studio names compare exactly."""
+    return name
+
+
+def normalise_casefold(name: str) -> str:
+    """oMLX names compare case-insensitively."""
+    return name.casefold()
+
+
+def tags_names(document: Any) -> list[str]:
+    """Model names from an Ollama ``/api/tags`` answer: ``models[].model``, else ``.name``."""
+    names: list[str] = []
+    if not isinstance(document, dict):
+        raise ValueError("tags answer is not an object")
+    models = document.get("models")
+    if not isinstance(models, list):
+        raise ValueError("tags answer has no models list")
+    for record in models:
+        if not isinstance(record, dict):
+            continue
+        name = record.get("model")
+        if not isinstance(name, str) or not name:
+            name = record.get("name")
+        if isinstance(name, str) and name:
+            names.append(name)
+    return names
+
+
+def openai_model_ids(document: Any) -> list[str]:
+    """Model ids from an OpenAI-style ``/v1/models`` answer: ``data[].id``."""
+    if not isinstance(document, dict):
+        raise ValueError("models answer is not an object")
+    data = document.get("data")
+    if not isinstance(data, list):
+        raise ValueError("models answer has no data list")
+    return [
+        record["id"]
+        for record in data
+        if isinstance(record, dict) and isinstance(record.get("id"), str) and record["id"]
+    ]
+
+
+@frozen
+class ModelListFormat:
+    """How one model-list route is parsed, keyed and wrapped when the proxy merges it (SPEC §4.3)."""
+
+    path: str
+    list_field: str
+    names: Callable[[Any], list[str]]
+    record_key: Callable[[dict[str, Any]], str | None]
+    envelope: Callable[[list[Any]], dict[str, Any]]
+
+
+def _tags_key(record: dict[str, Any]) -> str | None:
+    name = record.get("model")
+    if not isinstance(name, str) or not name:
+        name = record.get("name")
+    return normalise_ollama(name) if isinstance(name, str) and name else None
+
+
+def _openai_key(record: dict[str, Any]) -> str | None:
+    ident = record.get("id")
+    return ident if isinstance(ident, str) and ident else None
+
+
+TAGS = ModelListFormat(
+    path="/api/tags",
+    list_field="models",
+    names=tags_names,
+    record_key=_tags_key,
+    envelope=lambda records: {"models": records},
+)
+OPENAI_MODELS = ModelListFormat(
+    path="/v1/models",
+    list_field="data",
+    names=openai_model_ids,
+    record_key=_openai_key,
+    envelope=lambda records: {"object": "list", "data": records},
+)
+
+_OPENAI_INFERENCE = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"}
+)
+_OLLAMA_INFERENCE = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
+AFFINITY_PATHS = frozenset(
+    {"/v1/chat/completions", "/api/chat", "/v1/completions", "/api/generate"}
+)
+
+
+@frozen
+class EngineProfile:
+    """One engine's routes, defaults and model-name rule."""
+
+    name: str
+    inference_paths: frozenset[str]
+    model_lists: Mapping[str, ModelListFormat]
+    inventory: ModelListFormat
+    default_listen: str
+    default_node_url: str
+    normalise: Callable[[str], str]
+
+    def classify(self, method: bytes, path: str) -> RouteKind:
+        """Classify by method and exact path (the query is not part of ``path``)."""
+        if method == b"POST" and path in self.inference_paths:
+            return RouteKind.INFERENCE
+        if method == b"GET" and path in self.model_lists:
+            return RouteKind.MODEL_LIST
+        return RouteKind.PASS_THROUGH
+
+    def matches(self, requested: str, advertised: str) -> bool:
+        """Whether an advertised model name serves a requested one (SPEC §4.1)."""
+        return self.normalise(requested.strip()) == self.normalise(advertised.strip())
+
+    def advertises(self, requested: str, inventory: frozenset[str] | tuple[str, ...]) -> bool:
+        """Whether any name of an inventory matches the requested model."""
+        wanted = self.normalise(requested.strip())
+        return any(self.normalise(name.strip()) == wanted for name in inventory)
+
+
+OLLAMA = EngineProfile(
+    name="ollama",
+    inference_paths=_OLLAMA_INFERENCE | _OPENAI_INFERENCE,
+    model_lists={TAGS.path: TAGS, OPENAI_MODELS.path: OPENAI_MODELS},
+    inventory=TAGS,
+    default_listen="tcp:11435:interface=127.0.0.1",
+    default_node_url="http://127.0.0.1:11434",
+    normalise=normalise_ollama,
+)
+LMSTUDIO = EngineProfile(
+    name="lmstudio",
+    inference_paths=_OPENAI_INFERENCE,
+    model_lists={OPENAI_MODELS.path: OPENAI_MODELS},
+    inventory=OPENAI_MODELS,
+    default_listen="tcp:1235:interface=127.0.0.1",
+    default_node_url="http://127.0.0.1:1234",
+    normalise=normalise_exact,
+)
+OMLX = EngineProfile(
+    name="omlx",
+    inference_paths=_OPENAI_INFERENCE,
+    model_lists={OPENAI_MODELS.path: OPENAI_MODELS},
+    inventory=OPENAI_MODELS,
+    default_listen="tcp:8001:interface=127.0.0.1",
+    default_node_url="http://127.0.0.1:8000",
+    normalise=normalise_casefold,
+)
+
+ENGINES: Mapping[str, EngineProfile] = {p.name: p for p in (OLLAMA, LMSTUDIO, OMLX)}

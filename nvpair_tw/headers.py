@@ -1,0 +1,47 @@
+# -*- test-case-name: tests.test_headers -*-
+"""End-to-end header forwarding: hop-by-hop headers stripped both ways (RFC 9110 §7.6.1)."""
+
+from __future__ import annotations
+
+from twisted.web.http_headers import Headers
+
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+        b"proxy-connection",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+    }
+)
+REQUEST_DROP = frozenset({b"host", b"content-length", b"expect"})
+
+
+def forward_headers(source: Headers, drop: frozenset[bytes] = frozenset()) -> Headers:
+    """Copy end-to-end headers: hop-by-hop ones, those ``Connection`` lists and ``drop`` are left out."""
+    listed = {
+        token.strip().lower()
+        for value in source.getRawHeaders(b"connection", [])
+        for token in value.split(b",")
+    }
+    out = Headers()
+    for name, values in source.getAllRawHeaders():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in listed or lower in drop:
+            continue
+        out.setRawHeaders(name, list(values))
+    return out
+
+
+def upstream_request_headers(source: Headers, client_host: str | None) -> Headers:
+    """Headers for an upstream attempt: end-to-end ones, ``Host`` left to the agent, XFF appended."""
+    out = forward_headers(source, REQUEST_DROP)
+    if client_host:
+        previous = out.getRawHeaders(b"x-forwarded-for", [])
+        joined = b", ".join([*previous, client_host.encode("ascii", "replace")])
+        out.setRawHeaders(b"x-forwarded-for", [joined])
+    return out

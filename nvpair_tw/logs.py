@@ -1,0 +1,84 @@
+# -*- test-case-name: tests.test_logs -*-
+"""Logging: our loggers honour ``--log-level`` / ``log/set-level``; a compact JSON observer for ``--logger``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import IO, Any
+
+from twisted.logger import (
+    FileLogObserver,
+    ILogObserver,
+    Logger,
+    LogLevel,
+    formatEvent,
+)
+
+_ORDER = [LogLevel.debug, LogLevel.info, LogLevel.warn, LogLevel.error, LogLevel.critical]
+_RANK = {level: rank for rank, level in enumerate(_ORDER)}
+_threshold = [_RANK[LogLevel.info]]
+
+
+def parse_level(name: str) -> LogLevel:
+    """``debug``, ``info``, ``warn``/``warning``, ``error``, ``critical`` → a LogLevel (ValueError otherwise)."""
+    key = name.strip().lower()
+    if key == "warning":
+        key = "warn"
+    try:
+        return LogLevel.levelWithName(key)
+    except Exception as exc:  # InvalidLogLevelError
+        raise ValueError(f"unknown log level {name!r}; use debug, info, warn, error") from exc
+
+
+def set_level(level: LogLevel) -> None:
+    """Drop our events below ``level`` from now on (process-wide)."""
+    _threshold[0] = _RANK[level]
+
+
+def current_level() -> LogLevel:
+    """The level in force."""
+    return _ORDER[_threshold[0]]
+
+
+class LevelledLogger(Logger):
+    """A Logger whose events below the configured level are dropped before formatting."""
+
+    def emit(self, level: LogLevel, format: str | None = None, **kwargs: Any) -> None:
+        if _RANK.get(level, 0) < _threshold[0]:
+            return
+        super().emit(level, format, **kwargs)
+
+
+_SKIP = {"format", "message", "time", "system", "isError", "printed", "why", "failure"}
+
+
+def _compact(event: dict[str, Any]) -> str:
+    record: dict[str, Any] = {
+        "t": event.get("log_time"),
+        "level": getattr(event.get("log_level"), "name", None),
+        "ns": event.get("log_namespace"),
+        "msg": formatEvent(event),
+    }
+    for key, value in event.items():
+        if key.startswith("log_") or key in _SKIP or key in record:
+            continue
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            value = repr(value)
+        record[key] = value
+    failure = event.get("log_failure")
+    if failure is not None:
+        record["traceback"] = failure.getTraceback()
+    return json.dumps(record, separators=(",", ":")) + "\n"
+
+
+def compact_json_observer(out: IO[str] | None = None) -> ILogObserver:
+    """One JSON object per line with stable field names: ``twistd --logger=nvpair_tw.logs.compactJson``."""
+    return FileLogObserver(out if out is not None else sys.stdout, _compact)
+
+
+def compactJson() -> ILogObserver:
+    """Zero-argument factory for twistd's ``--logger``."""
+    return compact_json_observer()

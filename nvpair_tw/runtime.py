@@ -1,0 +1,160 @@
+# -*- test-case-name: tests.test_runtime -*-
+"""Assembles one process: the shared pool and clients, the ledger, workloads, events, and a facade per engine.
+
+Nothing here touches the global reactor: ``tap.makeService`` passes it in, tests pass the one they run on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from attrs import define, field
+from treq.client import HTTPClient
+from twisted.internet.defer import Deferred
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.server import Site
+
+from nvpair_tw.affinity import AffinityTable
+from nvpair_tw.engines import ENGINES
+from nvpair_tw.events import EventBus, log_events
+from nvpair_tw.facade import Facade, FacadeResource, Shared
+from nvpair_tw.ingress import IngressPolicy
+from nvpair_tw.inventory import InventoryBook
+from nvpair_tw.limits import make_site
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.reservations import ReservationLedger
+from nvpair_tw.settings import Settings
+from nvpair_tw.stalls import IStallTracker, StallTracker
+from nvpair_tw.upstream import UpstreamClient, make_pool
+from nvpair_tw.workloads import WorkloadRegistry
+
+log = LevelledLogger()
+
+StallTrackerFactory = Callable[[str, Callable[[str, Any, str], None]], IStallTracker]
+
+
+@define
+class Runtime:
+    """Everything one proxy process runs, with start and stop."""
+
+    reactor: Any
+    settings: Settings
+    shared: Shared
+    facades: dict[str, Facade]
+    pool: HTTPConnectionPool
+    sites: dict[str, Site] = field(factory=dict)
+
+    def start(self) -> None:
+        """Load node files, start watching and polling."""
+        for facade in self.facades.values():
+            facade.directory.start()
+            facade.inventory.start()
+        if self.shared.ingress is not None:
+            self.shared.ingress.start()
+
+    def stop(self) -> Deferred[None]:
+        """Stop timers and polls; close idle upstream connections."""
+        for facade in self.facades.values():
+            facade.inventory.stop()
+            facade.directory.stop()
+            stop = getattr(facade.stalls, "stop", None)
+            if stop is not None:
+                stop()
+        if self.shared.ingress is not None:
+            self.shared.ingress.stop()
+        return self.pool.closeCachedConnections()
+
+    def site_for(self, engine: str) -> Site:
+        """The limited Site of one facade (built once)."""
+        if engine not in self.sites:
+            settings = self.settings
+            self.sites[engine] = make_site(
+                FacadeResource(self.facades[engine]),
+                clock=self.reactor,
+                max_body_size=settings.max_body_size,
+                max_connections=settings.max_connections,
+            )
+        return self.sites[engine]
+
+
+def build_runtime(
+    reactor: Any,
+    settings: Settings,
+    engines: Sequence[str],
+    *,
+    nodes: Mapping[str, Sequence[Node]] | None = None,
+    nodes_file: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    stall_tracker: StallTrackerFactory | None = None,
+) -> Runtime:
+    """Build every facade of one process around one pool, one ledger, one workload registry, one bus."""
+    pool = make_pool(reactor)
+    client = UpstreamClient(reactor, pool, settings.connect_timeout)
+    http = HTTPClient(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
+    bus = EventBus(reactor)
+    log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
+    ingress = IngressPolicy.from_environment(environ, reactor) if environ is not None else None
+    shared = Shared(
+        clock=reactor,
+        client=client,
+        http=http,
+        ledger=ReservationLedger(),
+        workloads=WorkloadRegistry(reactor, bus),
+        bus=bus,
+        settings=settings,
+        ingress=ingress,
+    )
+    facades: dict[str, Facade] = {}
+    for engine in engines:
+        profile = ENGINES[engine]
+        directory = NodeDirectory(
+            profile,
+            reactor,
+            flag_nodes=list((nodes or {}).get(engine, ())),
+            nodes_file=nodes_file,
+        )
+        inventory = InventoryBook(
+            profile,
+            directory,
+            http,
+            reactor,
+            interval=settings.inventory_interval,
+            timeout=settings.inventory_timeout,
+        )
+        announce = _cooldown_announcer(bus, engine)
+        stalls = (
+            stall_tracker(engine, announce)
+            if stall_tracker is not None
+            else StallTracker(reactor, settings.cooldown, announce)
+        )
+        facades[engine] = Facade(
+            profile=profile,
+            shared=shared,
+            directory=directory,
+            inventory=inventory,
+            stalls=stalls,
+            affinity=AffinityTable(reactor, settings.affinity_max_entries, settings.affinity_ttl),
+        )
+    return Runtime(reactor, settings, shared, facades, pool)
+
+
+def _cooldown_announcer(bus: EventBus, engine: str) -> Callable[[str, Any, str], None]:
+    def announce(node_id: str, cooldown: Any, reason: str) -> None:
+        if cooldown is not None:
+            bus.publish(
+                "node/cooldown",
+                {
+                    "engine": engine,
+                    "node_id": node_id,
+                    "reason": reason,
+                    "coolingUntil": int(cooldown.until * 1000),
+                },
+            )
+        else:
+            bus.publish(
+                "node/cooldown-ended", {"engine": engine, "node_id": node_id, "why": reason}
+            )
+
+    return announce

@@ -1,0 +1,91 @@
+# -*- test-case-name: tests.test_settings -*-
+"""Resolved configuration: flag beats environment beats default, with the warnings SPEC §6.3 asks for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from attrs import field, frozen
+
+from nvpair_tw.durations import parse_duration
+
+DEFAULT_RESPONSE_HEADER_TIMEOUT = 120.0
+DEFAULT_FIRST_BODY_TIMEOUT = 0.0
+RESPONSE_HEADER_ENV = "NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT"
+FIRST_BODY_ENV = "NVPAIR_PROXY_FIRST_BODY_TIMEOUT"
+
+
+@frozen
+class Resolved:
+    """A resolved duration, where it came from, and the warning to log (if any)."""
+
+    seconds: float
+    source: str
+    warning: str | None = None
+
+
+def resolve_response_header_timeout(flag: str | None, environ: Mapping[str, str]) -> Resolved:
+    """Flag > environment > 120 s; missing, unparseable or non-positive → a warning and 120 s."""
+    raw, source = _pick(flag, environ, RESPONSE_HEADER_ENV)
+    if raw is None:
+        return Resolved(DEFAULT_RESPONSE_HEADER_TIMEOUT, "default")
+    try:
+        value = parse_duration(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        return Resolved(
+            DEFAULT_RESPONSE_HEADER_TIMEOUT,
+            "default",
+            f"invalid response-header timeout {raw!r} from {source}; "
+            f"using {DEFAULT_RESPONSE_HEADER_TIMEOUT:g}s",
+        )
+    return Resolved(value, source)
+
+
+def resolve_first_body_timeout(flag: str | None, environ: Mapping[str, str]) -> Resolved:
+    """Flag > environment > 0 (disabled); an explicit 0 disables; invalid or negative → disabled + warning."""
+    raw, source = _pick(flag, environ, FIRST_BODY_ENV)
+    if raw is None:
+        return Resolved(DEFAULT_FIRST_BODY_TIMEOUT, "default")
+    try:
+        value = parse_duration(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        return Resolved(
+            0.0, "default", f"invalid first-body timeout {raw!r} from {source}; leaving it disabled"
+        )
+    return Resolved(value, source)
+
+
+def _pick(flag: str | None, environ: Mapping[str, str], name: str) -> tuple[str | None, str]:
+    if flag is not None:
+        return flag, "flag"
+    if name in environ:
+        return environ[name], f"${name}"
+    return None, "default"
+
+
+@frozen
+class Settings:
+    """Everything a facade needs to know about timing and limits, resolved once at start."""
+
+    connect_timeout: float = 10.0
+    response_header_timeout: float = DEFAULT_RESPONSE_HEADER_TIMEOUT
+    first_body_timeout: float = DEFAULT_FIRST_BODY_TIMEOUT
+    max_body_size: int = 32 * 1024 * 1024
+    write_stall_timeout: float = 30.0
+    inventory_interval: float = 10.0
+    inventory_timeout: float = 10.0
+    affinity_max_entries: int = 10_000
+    affinity_ttl: float = 300.0
+    max_connections: int = 256
+    shutdown_grace: float = 10.0
+    model_list_timeout: float = 10.0
+    extra: Mapping[str, str] = field(factory=dict)
+
+    @property
+    def cooldown(self) -> float:
+        """A stalled node cools for one response-header timeout."""
+        return self.response_header_timeout

@@ -1,0 +1,121 @@
+# -*- test-case-name: tests.test_stalls -*-
+"""The per-facade stall cooldown (SPEC §6.3).
+
+A node that stalled (no headers within the deadline, or silence past an enabled first-body timeout) is
+*cooling* for one response-header timeout: ordering puts it behind its ready peers, never excludes it.
+Expiry or a successful response from the node ends the cooldown. Nothing is persisted or shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from attrs import define, frozen
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from zope.interface import Interface, implementer
+
+
+@frozen
+class Cooldown:
+    """One cooling node: until when (clock seconds) and why."""
+
+    node_id: str
+    until: float
+    reason: str
+
+
+class IStallTracker(Interface):
+    """What the attempt loop and ordering need from the cooldown state (a seam for tests)."""
+
+    def cool(node_id: str, reason: str) -> None:
+        """The node stalled: demote it for one cooldown period."""
+
+    def clear(node_id: str) -> None:
+        """The node answered successfully: restore it now."""
+
+    def cooling() -> frozenset[str]:
+        """Node ids cooling right now."""
+
+    def cooldown(node_id: str) -> Cooldown | None:
+        """The node's cooldown, if it is cooling."""
+
+
+CooldownListener = Callable[[str, Cooldown | None, str], None]
+
+
+@define
+class _Entry:
+    cooldown: Cooldown
+    timer: IDelayedCall
+
+
+@implementer(IStallTracker)
+class StallTracker:
+    """Cooldowns of one facade, each ended by its own timer or by a success."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        period: float,
+        on_change: CooldownListener | None = None,
+    ) -> None:
+        self._clock = clock
+        self._period = period
+        self._entries: dict[str, _Entry] = {}
+        self._on_change = on_change
+
+    def cool(self, node_id: str, reason: str) -> None:
+        previous = self._entries.pop(node_id, None)
+        if previous is not None:
+            previous.timer.cancel()
+        cooldown = Cooldown(node_id, self._clock.seconds() + self._period, reason)
+        timer = self._clock.callLater(self._period, self._expire, node_id)
+        self._entries[node_id] = _Entry(cooldown, timer)
+        if self._on_change is not None:
+            self._on_change(node_id, cooldown, reason)
+
+    def clear(self, node_id: str) -> None:
+        self._end(node_id, "success")
+
+    def _expire(self, node_id: str) -> None:
+        entry = self._entries.pop(node_id, None)
+        if entry is not None and self._on_change is not None:
+            self._on_change(node_id, None, "expired")
+
+    def _end(self, node_id: str, why: str) -> None:
+        entry = self._entries.pop(node_id, None)
+        if entry is None:
+            return
+        entry.timer.cancel()
+        if self._on_change is not None:
+            self._on_change(node_id, None, why)
+
+    def cooling(self) -> frozenset[str]:
+        return frozenset(self._entries)
+
+    def cooldown(self, node_id: str) -> Cooldown | None:
+        entry = self._entries.get(node_id)
+        return entry.cooldown if entry is not None else None
+
+    def stop(self) -> None:
+        """Cancel every timer (service shutdown); cooling state is process-local and simply dropped."""
+        for entry in self._entries.values():
+            entry.timer.cancel()
+        self._entries.clear()
+
+
+@implementer(IStallTracker)
+class NeverCools:
+    """A tracker that never demotes: the negative control for the cooldown tests (not a user option)."""
+
+    def cool(self, node_id: str, reason: str) -> None:
+        pass
+
+    def clear(self, node_id: str) -> None:
+        pass
+
+    def cooling(self) -> frozenset[str]:
+        return frozenset()
+
+    def cooldown(self, node_id: str) -> Cooldown | None:
+        return None

@@ -1,0 +1,230 @@
+# -*- test-case-name: tests.test_tap -*-
+"""``twistd nvpair``: command-line options and ``makeService``, the only user of the global reactor."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from twisted.application import service
+from twisted.python import usage
+
+from nvpair_tw import __version__
+from nvpair_tw.durations import parse_duration
+from nvpair_tw.engines import ENGINES
+from nvpair_tw.ingress import IngressConfigError, IngressPolicy
+from nvpair_tw.logs import LevelledLogger, parse_level, set_level
+from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file
+from nvpair_tw.settings import (
+    Settings,
+    resolve_first_body_timeout,
+    resolve_response_header_timeout,
+)
+
+log = LevelledLogger()
+
+_SIZE = re.compile(r"^\s*(\d+)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1024,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1024**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1024**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``33554432``, ``32MiB``, ``32m``, ``1g`` (binary for bare letters)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(f"invalid size {text!r}")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+
+
+def parse_node(text: str) -> tuple[str | None, Node]:
+    """``ID=URL`` (every engine) or ``ENGINE:ID=URL`` (one engine)."""
+    left, sep, url = text.partition("=")
+    if not sep or not left.strip() or not url.strip():
+        raise usage.UsageError(f"--node wants ID=URL or ENGINE:ID=URL, not {text!r}")
+    engine: str | None = None
+    prefix, colon, rest = left.partition(":")
+    if colon and prefix in ENGINES:
+        engine, left = prefix, rest
+    url = url.strip()
+    if not re.match(r"^https?://[^/\s]+", url):
+        raise usage.UsageError(
+            f"--node {left}: URL must start with http:// or https://, not {url!r}"
+        )
+    return engine, Node(id=left.strip(), url=url.rstrip("/"), source="flag")
+
+
+class Options(usage.Options):
+    """Options of ``twistd nvpair``."""
+
+    synopsis = "--engine NAME [--engine NAME]... [options]"
+    longdesc = (
+        "A reverse proxy that makes several machines running a local LLM engine look like one, "
+        "and fails over past nodes that stall."
+    )
+    optFlags = [
+        ["demo", None, "Start two simulated nodes in-process (one stalls every other time)."]
+    ]
+    optParameters = [
+        ["nodes", None, None, "TOML file of nodes (reloaded when it changes)."],
+        ["connect-timeout", None, "10s", "Dial timeout per attempt (Go duration)."],
+        [
+            "response-header-timeout",
+            None,
+            None,
+            "Deadline for response headers after the request is written; a stall cools the node "
+            "for this long. [env NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT, default 120s]",
+        ],
+        [
+            "first-body-timeout",
+            None,
+            None,
+            "Opt-in deadline for the first body byte after headers (inference); 0 disables. "
+            "[env NVPAIR_PROXY_FIRST_BODY_TIMEOUT, default 0]",
+        ],
+        ["max-body-size", None, "32MiB", "Largest request body accepted (413 beyond)."],
+        ["inventory-interval", None, "10s", "How often each node's model list is polled."],
+        ["affinity-max-entries", None, "10000", "Prefix-affinity table size per facade."],
+        ["affinity-ttl", None, "5m", "Idle time after which an affinity entry is forgotten."],
+        ["write-stall-timeout", None, "30s", "Drop a client that accepts no bytes this long."],
+        ["max-connections", None, "256", "Open client connections per facade (503 beyond)."],
+        [
+            "control",
+            None,
+            None,
+            "JSON-RPC control channel endpoint (e.g. unix:/run/nvpair.sock, stdio).",
+        ],
+        [
+            "admin",
+            None,
+            "tcp:9180:interface=127.0.0.1",
+            "Admin listener (metrics, status); none disables.",
+        ],
+        ["shutdown-grace", None, "10s", "On SIGTERM, how long in-flight streams may finish."],
+        ["log-level", None, "info", "debug, info, warn or error."],
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self["engines"] = []
+        self["listen"] = {}
+        self["node"] = []
+        self["warnings"] = []
+
+    def opt_engine(self, name: str) -> None:
+        """Engine facade to serve: ollama, lmstudio or omlx (repeatable)."""
+        if name not in ENGINES:
+            raise usage.UsageError(
+                f"unknown engine {name!r}; choose from {', '.join(sorted(ENGINES))}"
+            )
+        if name not in self["engines"]:
+            self["engines"].append(name)
+
+    opt_e = opt_engine
+
+    def opt_listen(self, description: str) -> None:
+        """Listener endpoint (Twisted endpoint string); ENGINE=ENDPOINT with several engines."""
+        engine, sep, rest = description.partition("=")
+        if sep and engine in ENGINES:
+            self["listen"][engine] = rest
+        else:
+            self["listen"][None] = description
+
+    def opt_node(self, text: str) -> None:
+        """A node: ID=URL for every engine, or ENGINE:ID=URL (repeatable)."""
+        self["node"].append(parse_node(text))
+
+    def opt_version(self) -> None:
+        """Print the nvpair-tw version and exit."""
+        print(f"nvpair-tw {__version__.public()}")
+        raise SystemExit(0)
+
+    def postOptions(self) -> None:
+        if not self["engines"]:
+            raise usage.UsageError("at least one --engine is required (ollama, lmstudio or omlx)")
+        listen: dict[Any, str] = self["listen"]
+        if None in listen:
+            if len(self["engines"]) > 1:
+                raise usage.UsageError("with several engines, give --listen as ENGINE=ENDPOINT")
+            listen[self["engines"][0]] = listen.pop(None)
+        for engine in listen:
+            if engine not in self["engines"]:
+                raise usage.UsageError(f"--listen for {engine}, which is not an --engine")
+        self["listen"] = {e: listen.get(e, ENGINES[e].default_listen) for e in self["engines"]}
+        environ = os.environ
+        header = resolve_response_header_timeout(self["response-header-timeout"], environ)
+        first = resolve_first_body_timeout(self["first-body-timeout"], environ)
+        self["warnings"] = [w for w in (header.warning, first.warning) if w]
+        try:
+            set_level(parse_level(self["log-level"]))
+            nodes_file = self["nodes"]
+            if nodes_file is not None:
+                for engine in self["engines"]:
+                    load_nodes_file(nodes_file, engine)
+            IngressPolicy.from_environment(environ, _NoClock())
+            self["settings"] = Settings(
+                connect_timeout=_positive(self, "connect-timeout"),
+                response_header_timeout=header.seconds,
+                first_body_timeout=first.seconds,
+                max_body_size=parse_size(self["max-body-size"]),
+                write_stall_timeout=_positive(self, "write-stall-timeout"),
+                inventory_interval=_positive(self, "inventory-interval"),
+                affinity_max_entries=int(self["affinity-max-entries"]),
+                affinity_ttl=_positive(self, "affinity-ttl"),
+                max_connections=int(self["max-connections"]),
+                shutdown_grace=parse_duration(self["shutdown-grace"]),
+            )
+        except (ValueError, NodesFileError, IngressConfigError) as error:
+            raise usage.UsageError(str(error)) from None
+        self["sources"] = {
+            "response-header-timeout": header.source,
+            "first-body-timeout": first.source,
+        }
+
+    def nodes_by_engine(self) -> Mapping[str, list[Node]]:
+        """Flag nodes per engine (unscoped ones go to every engine)."""
+        return {
+            engine: [node for scope, node in self["node"] if scope in (None, engine)]
+            for engine in self["engines"]
+        }
+
+
+class _NoClock:
+    """Stands in for the reactor while options are only being validated."""
+
+    def seconds(self) -> float:
+        return 0.0
+
+    def callLater(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("no timers while validating options")
+
+    def getDelayedCalls(self) -> list[Any]:
+        return []
+
+
+def _positive(options: Options, name: str) -> float:
+    value = parse_duration(options[name])
+    if value <= 0:
+        raise ValueError(f"--{name} must be a positive duration, not {options[name]!r}")
+    return value
+
+
+def makeService(options: Options) -> service.IService:
+    """Build the whole process on the global reactor."""
+    from twisted.internet import reactor
+
+    from nvpair_tw.assemble import assemble
+
+    return assemble(reactor, options, dict(os.environ))
