@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from attrs import define, frozen
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -46,6 +47,7 @@ class AttemptPlan:
     headers: Headers
     body: bytes
     inference: bool
+    gated: bool
     header_timeout: float
     first_body_timeout: float
 
@@ -92,7 +94,9 @@ class CallerState:
         if self.gone is not None:
             return
         self.gone = reason
-        if self.attempt is not None and not self.attempt.called:
+        if self.attempt is not None:
+            # ``called`` is already true while the agent's Deferred waits on a chained one;
+            # cancel() reaches the chained Deferred and is a no-op once the attempt has ended.
             self.attempt.cancel()
         if self.gate is not None:
             self.gate.stop()
@@ -153,8 +157,10 @@ async def run_attempts(
             if failure.check(HeaderTimeout):
                 stalls.cool(node.id, describe_failure(failure))
                 hooks.attempt_ended(node, AttemptOutcome.STALL.value)
-            else:
+            elif failure.check(ConnectError, DNSLookupError):
                 hooks.attempt_ended(node, AttemptOutcome.CONNECT_ERROR.value)
+            else:
+                hooks.attempt_ended(node, AttemptOutcome.DROPPED.value)
             log.info("attempt to {node} failed: {why}", node=node.id, why=describe_failure(failure))
             continue
         caller.attempt = None
@@ -165,7 +171,7 @@ async def run_attempts(
             last = None
             continue
 
-        if not plan.inference:
+        if not plan.gated:
             hooks.attempt_ended(node, AttemptOutcome.COMMITTED.value)
             if 200 <= response.code < 300:
                 stalls.clear(node.id)

@@ -13,7 +13,7 @@ import json
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from attrs import define, field
+from attrs import define
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -49,8 +49,6 @@ from nvpair_tw.workloads import RequestRecord, Workload, WorkloadRegistry
 
 log = Logger()
 
-PROBE_HEADER = b"x-nvpair-engine-identity-probe"
-
 
 @define
 class Shared:
@@ -77,7 +75,7 @@ class Facade:
     stalls: IStallTracker
     affinity: AffinityTable
     pin: str | None = None
-    in_flight: dict[str, int] = field(factory=dict)
+    first_body_gate: bool = True
 
     @property
     def engine(self) -> str:
@@ -187,10 +185,6 @@ class FacadeResource(Resource):
                 )
                 return NOT_DONE_YET
             shared.ingress.strip_credentials(peer, request.requestHeaders)
-        elif request.requestHeaders.getRawHeaders(PROBE_HEADER, [b""])[0].strip() == b"1":
-            write_error(request, 409, "this is an nvpair-tw proxy facade", "proxy-facade")
-            record.publish(shared.bus, status=409, node_id=None, error="proxy-facade")
-            return NOT_DONE_YET
 
         kind = facade.profile.classify(request.method, path)
         if kind is RouteKind.MODEL_LIST:
@@ -286,6 +280,7 @@ class FacadeResource(Resource):
             headers=upstream_request_headers(request.requestHeaders, _client_host(request)),
             body=body,
             inference=inference,
+            gated=inference and facade.first_body_gate,
             header_timeout=settings.response_header_timeout,
             first_body_timeout=settings.first_body_timeout if inference else 0.0,
         )

@@ -95,7 +95,7 @@ def build_runtime(
     http = HTTPClient(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
-    ingress = IngressPolicy.from_environment(environ, reactor) if environ is not None else None
+    ingress = IngressPolicy.from_environment(environ if environ is not None else {}, reactor)
     shared = Shared(
         clock=reactor,
         client=client,

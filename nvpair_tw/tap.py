@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from twisted.application import service
 from twisted.python import usage
@@ -59,9 +60,14 @@ def parse_node(text: str) -> tuple[str | None, Node]:
     if colon and prefix in ENGINES:
         engine, left = prefix, rest
     url = url.strip()
-    if not re.match(r"^https?://[^/\s]+", url):
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
         raise usage.UsageError(
-            f"--node {left}: URL must start with http:// or https://, not {url!r}"
+            f"--node {left}: URL must be http(s)://HOST[:PORT] with a port 1-65535, not {url!r}"
         )
     return engine, Node(id=left.strip(), url=url.rstrip("/"), source="flag")
 

@@ -36,6 +36,7 @@ class Behaviour(Enum):
     STATUS_404 = "status-404"
     STATUS_400 = "status-400"
     EMPTY_200 = "empty-200"  # Content-Length: 0
+    SLOW_BODY = "slow-body"  # sends headers, then the body after ``body_delay``
 
 
 @frozen
@@ -71,6 +72,7 @@ class SimulatedEngine(Resource):
     chunks: int = 3
     chunk_delay: float = 0.0
     header_delay: float = 0.0
+    body_delay: float = 0.0
     reply_text: str = "hello"
     received: list[Received] = field(factory=list)
     inference_count: int = 0
@@ -159,9 +161,13 @@ class SimulatedEngine(Resource):
             return
         if behaviour is Behaviour.DROP_AFTER_HEADERS:
             request.write(b"")
-            self._later(0, _abort, request)
+            self._later(0, _hang_up, request)
             return
         frames = _frames(request.path, streaming, self.chunks, self.reply_text)
+        if behaviour is Behaviour.SLOW_BODY:
+            request.write(b"")
+            self._later(self.body_delay, self._send, request, frames, 0)
+            return
         if behaviour is Behaviour.DROP_MID_STREAM:
             frames = [*frames[: max(1, len(frames) // 2)], b""]
         self._send(request, frames, 0)
@@ -174,7 +180,7 @@ class SimulatedEngine(Resource):
             return
         frame = frames[index]
         if frame == b"":
-            _abort(request)
+            _hang_up(request)
             return
         request.write(frame)
         if self.chunk_delay > 0:
@@ -185,6 +191,12 @@ class SimulatedEngine(Resource):
     def _json(self, request: Request, document: Any) -> bytes:
         request.setHeader(b"content-type", b"application/json")
         return json.dumps(document).encode()
+
+
+def _hang_up(request: Request) -> None:
+    """Close after flushing what was written (the client sees a truncated response)."""
+    if request.transport is not None:
+        request.transport.loseConnection()
 
 
 def _abort(request: Request) -> None:

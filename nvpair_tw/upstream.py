@@ -285,7 +285,9 @@ class BodyGate(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
         clean = reason.check(ResponseDone, PotentialDataLoss) is not None
-        if not self.first.called:
+        if self._sink is not None:
+            self._finish(reason)
+        elif not self.first.called:
             if clean:
                 self._ended = reason
                 self.first.callback(b"")
@@ -295,10 +297,8 @@ class BodyGate(Protocol):
                 )
             else:
                 self.first.errback(reason)
-        elif self._sink is None:
-            self._ended = reason
         else:
-            self._finish(reason)
+            self._ended = reason
 
     def start_relay(self, sink: Callable[[bytes], None]) -> None:
         """Commit: flush held chunks to ``sink`` and relay the rest as it arrives."""

@@ -1,0 +1,231 @@
+# -*- test-case-name: tests.test_events -*-
+"""The in-process event bus: workload, request and node events for the control channel and logs.
+
+Delivery is synchronous and deterministic (no timers). A consumer that cannot keep up pauses its
+subscription; events then queue up to a bound, past which the bus drops the subscriber, so a slow
+or broken consumer never slows the publisher or starves the others.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from attrs import define, field, frozen
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger, LogLevel
+
+__all__ = ["Event", "EventBus", "Subscription", "log_events"]
+
+
+@frozen
+class Event:
+    """One published event: a name, a JSON-serialisable metadata payload and the publish time."""
+
+    name: str
+    payload: Mapping[str, Any]
+    time: float
+
+
+def _check_max_pending(_: object, __: object, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"max_pending must be >= 0, not {value}")
+
+
+@define(eq=False)
+class Subscription:
+    """One subscriber's place on the bus: live, paused (queueing) or gone.
+
+    ``dropped`` is ``None`` unless the bus dropped the subscriber (overflow or a raising sink),
+    then it says why. ``pending`` is the number of queued events.
+    """
+
+    log = Logger()
+
+    name: str
+    _bus: EventBus
+    _sink: Callable[[Event], None]
+    _on_dropped: Callable[[str], None] | None
+    _max_pending: int = field(validator=_check_max_pending)
+    _queue: deque[Event] = field(init=False, factory=deque)
+    _paused: bool = field(init=False, default=False)
+    _draining: bool = field(init=False, default=False)
+    _closed: bool = field(init=False, default=False)
+    dropped: str | None = field(init=False, default=None)
+
+    @property
+    def pending(self) -> int:
+        """How many events wait in this subscriber's queue."""
+        return len(self._queue)
+
+    @property
+    def active(self) -> bool:
+        """Whether this subscription still receives events."""
+        return not self._closed
+
+    def pause(self) -> None:
+        """The consumer cannot take more right now: queue events (bounded) until ``resume``."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Deliver the queued events in order, then receive live again."""
+        self._paused = False
+        self._drain()
+
+    def close(self) -> None:
+        """Unsubscribe; queued events are discarded."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.clear()
+        self._bus._remove(self)
+
+    def _offer(self, event: Event) -> None:
+        if self._closed:
+            return
+        if len(self._queue) >= self._max_pending and (self._paused or self._draining):
+            self._drop(f"more than {self._max_pending} events pending")
+            return
+        self._queue.append(event)
+        self._drain()
+
+    def _drain(self) -> None:
+        if self._draining:
+            return  # an outer _drain delivers it after the event in hand
+        self._draining = True
+        try:
+            while self._queue and not self._paused and not self._closed:
+                event = self._queue.popleft()
+                try:
+                    self._sink(event)
+                except Exception as e:
+                    self._drop(f"sink raised {type(e).__name__}")
+        finally:
+            self._draining = False
+
+    def _drop(self, reason: str) -> None:
+        if self._closed:
+            return
+        self.dropped = reason
+        self.close()
+        self.log.warn(
+            "event subscriber {subscriber} dropped: {reason}", subscriber=self.name, reason=reason
+        )
+        if self._on_dropped is not None:
+            try:
+                self._on_dropped(reason)
+            except Exception as e:
+                self.log.error(
+                    "on_dropped of event subscriber {subscriber} raised {error_type}",
+                    subscriber=self.name,
+                    error_type=type(e).__name__,
+                )
+
+
+@define(eq=False)
+class EventBus:
+    """Publishes events to subscribers in subscription order, each in publish order.
+
+    ``max_pending`` is the default bound on a paused subscriber's queue.
+    """
+
+    _clock: IReactorTime
+    _max_pending: int = field(default=1000, validator=_check_max_pending)
+    _subscriptions: list[Subscription] = field(init=False, factory=list)
+    _outbox: deque[Event] = field(init=False, factory=deque)
+    _dispatching: bool = field(init=False, default=False)
+
+    @property
+    def subscriptions(self) -> tuple[Subscription, ...]:
+        """The live subscriptions, in subscription order."""
+        return tuple(self._subscriptions)
+
+    def publish(self, name: str, payload: Mapping[str, Any]) -> Event:
+        """Deliver an event to every live subscription; never raises because of a subscriber.
+
+        A publish from inside a sink is delivered after the event in hand has reached everyone, so
+        every subscriber sees the same order.
+        """
+        event = Event(name, dict(payload), self._clock.seconds())
+        self._outbox.append(event)
+        if self._dispatching:
+            return event
+        self._dispatching = True
+        try:
+            while self._outbox:
+                current = self._outbox.popleft()
+                for subscription in tuple(self._subscriptions):
+                    subscription._offer(current)
+        finally:
+            self._dispatching = False
+        return event
+
+    def subscribe(
+        self,
+        sink: Callable[[Event], None],
+        *,
+        name: str,
+        on_dropped: Callable[[str], None] | None = None,
+        max_pending: int | None = None,
+    ) -> Subscription:
+        """Add a subscriber; ``max_pending`` (default: the bus's) bounds its queue while paused."""
+        subscription = Subscription(
+            name,
+            self,
+            sink,
+            on_dropped,
+            self._max_pending if max_pending is None else max_pending,
+        )
+        self._subscriptions.append(subscription)
+        return subscription
+
+    def _remove(self, subscription: Subscription) -> None:
+        if subscription in self._subscriptions:
+            self._subscriptions.remove(subscription)
+
+
+_LEVELS: Mapping[str, LogLevel] = {"node/cooldown": LogLevel.warn}
+
+_FORMATS: Mapping[str, tuple[str, tuple[str, ...]]] = {
+    "proxy/request": (
+        "{event} {id} {engine} {method} {path} -> {status} via {node_id} in {duration_ms} ms",
+        ("id", "engine", "method", "path", "status", "node_id", "duration_ms"),
+    ),
+    "workload:started": (
+        "{event} {workload[id]} {workload[model]} on {workload[scheduledOn]}",
+        ("workload",),
+    ),
+    "workload:completed": (
+        "{event} {workload[id]} {workload[model]} on {workload[scheduledOn]}",
+        ("workload",),
+    ),
+    "workload:errored": (
+        "{event} {workload[id]} {workload[model]} {workload[state]}: {workload[error]}",
+        ("workload",),
+    ),
+}
+
+_RESERVED = frozenset({"format", "event"})
+
+
+def log_events(bus: EventBus, log: Logger) -> Subscription:
+    """Subscribe a sink that emits each event through ``log`` as a structured event.
+
+    The event name is the ``event`` field and the payload's fields are the other fields (keys that
+    would clash with the logger's own, ``log_*`` and ``format``, are left out). ``node/cooldown``
+    logs at warn, everything else at info.
+    """
+
+    def sink(event: Event) -> None:
+        fields = {
+            k: v
+            for k, v in event.payload.items()
+            if k not in _RESERVED and not k.startswith("log_")
+        }
+        fmt, needed = _FORMATS.get(event.name, ("{event}", ()))
+        if not all(k in fields for k in needed):
+            fmt = "{event}"
+        log.emit(_LEVELS.get(event.name, LogLevel.info), fmt, event=event.name, **fields)
+
+    return bus.subscribe(sink, name="log")

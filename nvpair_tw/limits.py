@@ -1,0 +1,296 @@
+# -*- test-case-name: tests.test_limits -*-
+"""Inbound protocol limits for a facade's ``Site`` (SPEC §9, TWISTED.md §3.1 and §3.6).
+
+Twisted has no request-body cap, answers header-limit violations with a bare 400 and drops an
+over-long line silently. ``make_site`` builds a ``Site`` whose channel and request enforce a body
+cap (413), header count and size (431), request-line length (414), a header-read deadline (408),
+an idle keep-alive timeout and a per-site connection cap (503), each answered with JSON.
+Everything here speaks HTTP/1.1 only: an HTTP/2 channel would bypass these limits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import field, frozen
+from attrs.validators import gt
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
+from twisted.internet.protocol import connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web import http, server
+from twisted.web.resource import Resource
+
+from nvpair_tw.errors import raw_error_response
+
+__all__ = ["LimitedChannel", "LimitedRequest", "LimitedSite", "Limits", "make_site"]
+
+MIB = 1024 * 1024
+
+
+def _describe_size(size: int) -> str:
+    return f"{size // MIB} MiB" if size % MIB == 0 else f"{size} bytes"
+
+
+@frozen
+class Limits:
+    """The configured inbound limits of one ``Site``."""
+
+    max_body_size: int = field(default=32 * MIB, validator=gt(0))
+    max_connections: int = field(default=256, validator=gt(0))
+    idle_timeout: float = field(default=90.0, validator=gt(0))
+    header_timeout: float = field(default=10.0, validator=gt(0))
+    max_headers: int = field(default=100, validator=gt(0))
+    max_header_bytes: int = field(default=16384, validator=gt(0))
+    max_request_line: int = field(default=8192, validator=gt(0))
+
+
+class LimitedRequest(server.Request):
+    """A ``Request`` that refuses a body larger than the site's cap with 413 JSON.
+
+    The check runs in ``gotLength`` (before any automatic ``100 Continue``) for a declared
+    length, and per chunk for chunked uploads.
+    """
+
+    _rejected = False
+
+    def _max_body_size(self) -> int:
+        channel = self.channel
+        if isinstance(channel, LimitedChannel):
+            return channel.limits.max_body_size
+        return Limits().max_body_size
+
+    def gotLength(self, length: int | None) -> None:
+        super().gotLength(length)
+        if length is not None and length > self._max_body_size():
+            self._reject()
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        if self.content is None or self.content.tell() + len(data) > self._max_body_size():
+            self._reject()
+            return
+        super().handleContentChunk(data)
+
+    def _reject(self) -> None:
+        self._rejected = True
+        channel = self.channel
+        message = f"request body exceeds {_describe_size(self._max_body_size())} limit"
+        if isinstance(channel, LimitedChannel):
+            channel.reject(413, b"Content Too Large", message, "body-too-large")
+        elif channel is not None and channel.transport is not None:
+            channel.transport.write(
+                raw_error_response(413, b"Content Too Large", message, "body-too-large")
+            )
+            channel.loseConnection()
+
+
+class LimitedChannel(http.HTTPChannel):
+    """An ``HTTPChannel`` that answers limit violations with JSON errors and then closes.
+
+    States: between requests (the idle timeout runs), reading a request head (the header-read
+    timer runs as well, armed by the first byte), reading a body or handling a request (no timer
+    of ours), and rejected (everything further is ignored until the connection is gone).
+    """
+
+    _log = Logger()
+    site: server.Site | None = None
+
+    def __init__(self, limits: Limits, clock: IReactorTime) -> None:
+        super().__init__()
+        self.limits = limits
+        self._clock = clock
+        self._head_timer: IDelayedCall | None = None
+        self._in_head = False
+        self._rejected = False
+        self._counted = False
+        self.maxHeaders = limits.max_headers
+        self.totalHeadersSize = limits.max_header_bytes
+        self.MAX_LENGTH = max(limits.max_request_line, limits.max_header_bytes)
+        # TimeoutMixin annotates an int but takes any number of seconds.
+        self.timeOut = limits.idle_timeout  # type: ignore[assignment]
+
+    def callLater(self, period: float, func: Any) -> IDelayedCall:
+        """Schedule the idle timeout on the injected clock (``TimeoutMixin`` calls this)."""
+        return self._clock.callLater(period, func)
+
+    def _limited_site(self) -> LimitedSite | None:
+        return self.site if isinstance(self.site, LimitedSite) else None
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        site = self._limited_site()
+        if site is None:
+            return
+        if site.open_connections >= self.limits.max_connections:
+            self._log.warn(
+                "refusing a connection: {open} open, cap {cap}",
+                open=site.open_connections,
+                cap=self.limits.max_connections,
+            )
+            self.reject(503, b"Service Unavailable", "too many connections", "too-many-connections")
+            return
+        site.open_connections += 1
+        self._counted = True
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._cancel_head_timer()
+        site = self._limited_site()
+        if self._counted and site is not None:
+            site.open_connections -= 1
+            self._counted = False
+        super().connectionLost(reason)
+
+    def reject(self, status: int, reason: bytes, message: str, code: str) -> None:
+        """Write a JSON error response, ignore all further input and close the connection."""
+        if self._rejected:
+            return
+        self._rejected = True
+        self._cancel_head_timer()
+        if self.transport is not None:
+            self.transport.write(raw_error_response(status, reason, message, code))
+            self.loseConnection()
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            if self._head_timer.active():
+                self._head_timer.cancel()
+            self._head_timer = None
+
+    def _header_timed_out(self) -> None:
+        self._head_timer = None
+        self.reject(
+            408,
+            b"Request Timeout",
+            f"request headers not received within {self.limits.header_timeout:g} seconds",
+            "header-timeout",
+        )
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        if data and self._head_timer is None and self.line_mode and not self._handlingRequest:
+            self._head_timer = self._clock.callLater(
+                self.limits.header_timeout, self._header_timed_out
+            )
+        super().dataReceived(data)
+
+    def lineReceived(self, line: bytes) -> None:
+        if self._rejected:
+            return
+        if not self._in_head and line:
+            if len(line) > self.limits.max_request_line:
+                self._request_line_too_long()
+                return
+            self._in_head = True
+        if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
+            self._headers_too_large()
+            return
+        super().lineReceived(line)
+
+    def lineLengthExceeded(self, line: bytes) -> None:
+        if self._in_head:
+            self._headers_too_large()
+        else:
+            self._request_line_too_long()
+
+    def headerReceived(self, line: bytes) -> bool:
+        if self._rejected:
+            return False
+        if self._receivedHeaderCount >= self.maxHeaders:
+            self.reject(
+                431,
+                b"Request Header Fields Too Large",
+                f"more than {self.maxHeaders} request headers",
+                "too-many-headers",
+            )
+            return False
+        return bool(super().headerReceived(line))
+
+    def allHeadersReceived(self) -> None:
+        self._cancel_head_timer()
+        self._in_head = False
+        super().allHeadersReceived()
+
+    def rawDataReceived(self, data: bytes) -> None:
+        if not self._rejected:
+            super().rawDataReceived(data)
+
+    def allContentReceived(self) -> None:
+        if not self._rejected:
+            super().allContentReceived()
+
+    def _send100Continue(self) -> None:
+        if not self._rejected:
+            super()._send100Continue()
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        self.reject(400, b"Bad Request", "malformed request", "bad-request")
+
+    def _request_line_too_long(self) -> None:
+        self.reject(
+            414,
+            b"URI Too Long",
+            f"request line exceeds {self.limits.max_request_line} bytes",
+            "request-line-too-long",
+        )
+
+    def _headers_too_large(self) -> None:
+        self.reject(
+            431,
+            b"Request Header Fields Too Large",
+            f"request headers exceed {self.totalHeadersSize} bytes",
+            "headers-too-large",
+        )
+
+
+class LimitedSite(server.Site):
+    """A ``Site`` building ``LimitedChannel``s and counting its open connections."""
+
+    noisy = False
+
+    def __init__(self, root: Resource, limits: Limits, clock: IReactorTime) -> None:
+        super().__init__(
+            root,
+            LimitedRequest,
+            parsePOSTFormSubmission=False,
+            timeout=limits.idle_timeout,
+            reactor=clock,
+        )
+        self.limits = limits
+        self.max_body_size = limits.max_body_size
+        self.open_connections = 0
+        self._clock = clock
+
+    def buildProtocol(self, addr: IAddress | None) -> Any:
+        channel = LimitedChannel(self.limits, self._clock)
+        channel.factory = self
+        channel.site = self
+        channel.requestFactory = self.requestFactory
+        return channel
+
+
+def make_site(
+    root: Resource,
+    *,
+    clock: IReactorTime,
+    max_body_size: int = 32 * MIB,
+    max_connections: int = 256,
+    idle_timeout: float = 90.0,
+    header_timeout: float = 10.0,
+    max_headers: int = 100,
+    max_header_bytes: int = 16384,
+    max_request_line: int = 8192,
+) -> LimitedSite:
+    """Build the facade's ``Site`` with every inbound limit enforced; see ``Limits``."""
+    limits = Limits(
+        max_body_size=max_body_size,
+        max_connections=max_connections,
+        idle_timeout=idle_timeout,
+        header_timeout=header_timeout,
+        max_headers=max_headers,
+        max_header_bytes=max_header_bytes,
+        max_request_line=max_request_line,
+    )
+    return LimitedSite(root, limits, clock)

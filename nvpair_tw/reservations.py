@@ -1,0 +1,142 @@
+# -*- test-case-name: tests.test_reservations -*-
+"""The process-wide reservation ledger and the scheduler priority snapshot (SPEC §5.4).
+
+The scheduler pushes a generation-stamped snapshot (priority list plus per-node baselines); every
+facade in the process reserves the node it forwards to so that concurrent requests spread out
+before the next snapshot arrives. A newer snapshot replaces the baselines and forgets every
+reservation, so a release stamped with an older generation is dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+from attrs import define, field, frozen
+
+MAX_GPU_PRESSURE = 3
+INITIAL_GENERATION = -1
+
+
+@frozen
+class Rank:
+    """One node's scheduler baseline: queued requests and GPU pressure (0 idle … 3 saturated)."""
+
+    id: str
+    pending: int
+    gpu_pressure: int
+
+
+def make_rank(id: str, pending: int, gpu_pressure: int) -> Rank:
+    """A `Rank` with ``pending`` clamped to >= 0 and ``gpu_pressure`` to 0..3."""
+    return Rank(
+        id=id,
+        pending=max(0, pending),
+        gpu_pressure=min(MAX_GPU_PRESSURE, max(0, gpu_pressure)),
+    )
+
+
+def _read_only(ranks: Mapping[str, Rank]) -> Mapping[str, Rank]:
+    return MappingProxyType(dict(ranks))
+
+
+@frozen
+class PrioritySnapshot:
+    """The last applied scheduler snapshot: its generation, priority list and baselines by id."""
+
+    generation: int
+    nodes: tuple[str, ...]
+    ranks: Mapping[str, Rank] = field(converter=_read_only)
+
+
+EMPTY_SNAPSHOT = PrioritySnapshot(generation=INITIAL_GENERATION, nodes=(), ranks={})
+
+
+@frozen
+class Reservation:
+    """One request's hold on a node, stamped with the snapshot generation it was taken under.
+
+    ``serial`` identifies the hold, so releasing the same reservation twice releases it once.
+    """
+
+    node_id: str
+    generation: int
+    serial: int
+
+
+@define
+class ReservationLedger:
+    """Baselines plus live reservations; shared by every facade in one process."""
+
+    _snapshot: PrioritySnapshot = field(init=False, default=EMPTY_SNAPSHOT)
+    _applied: bool = field(init=False, default=False)
+    _live: dict[int, Reservation] = field(init=False, factory=dict)
+    _counts: dict[str, int] = field(init=False, factory=dict)
+    _serials: itertools.count[int] = field(init=False, factory=itertools.count)
+
+    @property
+    def snapshot(self) -> PrioritySnapshot:
+        """The last applied snapshot (generation -1 and empty before the first one)."""
+        return self._snapshot
+
+    def apply(self, generation: int, nodes: Sequence[str], ranks: Sequence[Rank]) -> bool:
+        """Apply a snapshot; return False (and change nothing) if its generation is not newer.
+
+        The first snapshot is always applied. Ranks are clamped; a repeated id keeps its first
+        place in the list and its last rank.
+        """
+        if self._applied and generation <= self._snapshot.generation:
+            return False
+        clamped = {r.id: make_rank(r.id, r.pending, r.gpu_pressure) for r in ranks}
+        self._snapshot = PrioritySnapshot(
+            generation=generation, nodes=tuple(dict.fromkeys(nodes)), ranks=clamped
+        )
+        self._applied = True
+        self._live.clear()
+        self._counts.clear()
+        return True
+
+    def reserve(self, node_id: str) -> Reservation:
+        """Hold ``node_id`` under the current generation."""
+        reservation = Reservation(node_id, self._snapshot.generation, next(self._serials))
+        self._live[reservation.serial] = reservation
+        self._counts[node_id] = self._counts.get(node_id, 0) + 1
+        return reservation
+
+    def move(self, reservation: Reservation, node_id: str) -> Reservation:
+        """Release ``reservation`` and hold ``node_id`` instead."""
+        self.release(reservation)
+        return self.reserve(node_id)
+
+    def release(self, reservation: Reservation) -> None:
+        """Drop a hold; stale (older generation), unknown or already released ones are ignored.
+
+        A snapshot forgets every live hold, so a stale reservation is simply no longer known.
+        """
+        if self._live.get(reservation.serial) != reservation:
+            return
+        del self._live[reservation.serial]
+        remaining = self._counts.get(reservation.node_id, 0) - 1
+        if remaining > 0:
+            self._counts[reservation.node_id] = remaining
+        else:
+            self._counts.pop(reservation.node_id, None)
+
+    def reservations(self, node_id: str) -> int:
+        """Live reservations on ``node_id`` since the last snapshot."""
+        return self._counts.get(node_id, 0)
+
+    def pending(self, node_id: str) -> int:
+        """The scheduler's pending baseline for ``node_id`` (0 when unranked)."""
+        rank = self._snapshot.ranks.get(node_id)
+        return rank.pending if rank is not None else 0
+
+    def gpu_pressure(self, node_id: str) -> int:
+        """The scheduler's GPU pressure for ``node_id`` (0 when unranked)."""
+        rank = self._snapshot.ranks.get(node_id)
+        return rank.gpu_pressure if rank is not None else 0
+
+    def load(self, node_id: str) -> int:
+        """``pending + gpu_pressure + reservations`` for ``node_id``."""
+        return self.pending(node_id) + self.gpu_pressure(node_id) + self.reservations(node_id)

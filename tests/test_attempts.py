@@ -1,0 +1,419 @@
+"""Failover past stalled nodes over real loopback sockets (the stall issue's acceptance checks).
+
+Each scenario runs three times in a row to flush out flakiness. The header timeout is shortened; the
+assertions never time the proxy: "does not wait" is shown by which nodes saw the request.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+import pytest_twisted
+import treq
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+from twisted.web.client import Agent, HTTPConnectionPool
+
+from nvpair_tw.events import Event
+from nvpair_tw.nodes import Node
+from nvpair_tw.settings import Settings, resolve_first_body_timeout
+from nvpair_tw.stalls import NeverCools
+from nvpair_tw.testing import (
+    Behaviour,
+    EngineHandle,
+    ProxyHandle,
+    SimulatedEngine,
+    always,
+    start_engine,
+    start_proxy,
+)
+
+ROUNDS = [pytest.param(i, id=f"round{i}") for i in range(3)]
+MODEL = ("llama3:latest",)
+HEADER_TIMEOUT = 0.4
+
+
+def body(n: int) -> bytes:
+    """A distinct request body per request (so a truncated or mixed-up replay shows)."""
+    return json.dumps(
+        {"model": "llama3", "stream": True, "messages": [{"role": "user", "content": f"q{n} " * 500}]}
+    ).encode()
+
+
+def client(reactor: Any) -> treq.client.HTTPClient:
+    return treq.client.HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))
+
+
+class Scenario:
+    """Two or more simulated engines behind one in-process proxy, with the bus recorded."""
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+        self.engines: list[EngineHandle] = []
+        self.proxy: ProxyHandle | None = None
+        self.events: list[Event] = []
+
+    async def start(self, engines: list[SimulatedEngine], settings: Settings, **kw: Any) -> None:
+        for engine in engines:
+            self.engines.append(await start_engine(self.reactor, engine))
+        nodes = [Node(f"n{i}", h.url, MODEL) for i, h in enumerate(self.engines)]
+        self.proxy = await start_proxy(self.reactor, {"ollama": nodes}, settings, **kw)
+        self.proxy.runtime.shared.bus.subscribe(self.events.append, name="test")
+
+    async def post(self, data: bytes, path: str = "/api/chat") -> tuple[int, bytes, Any]:
+        assert self.proxy is not None
+        response = await client(self.reactor).post(self.proxy.url() + path, data=data)
+        content = await treq.content(response)
+        return response.code, content, response
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        return [dict(e.payload) for e in self.events if e.name == name]
+
+    def received(self, index: int) -> list[bytes]:
+        return [r.body for r in self.engines[index].engine.received if r.method == b"POST"]
+
+    async def stop(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.stop()
+        for handle in self.engines:
+            await handle.stop()
+
+
+@pytest_twisted.async_yield_fixture()
+async def scenario(reactor: Any) -> AsyncIterator[Scenario]:
+    """A scenario stopped (proxy, then engines) after the test."""
+    s = Scenario(reactor)
+    yield s
+    await s.stop()
+
+
+def healthy(reactor: Any, **kw: Any) -> SimulatedEngine:
+    return SimulatedEngine(reactor, MODEL, always(Behaviour.HEALTHY), **kw)
+
+
+def broken(reactor: Any, behaviour: Behaviour, **kw: Any) -> SimulatedEngine:
+    return SimulatedEngine(reactor, MODEL, always(behaviour), **kw)
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_frozen_node_costs_one_deadline_then_is_skipped(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """Request 1 waits out one header deadline and is served by the healthy node; request 2 goes
+    straight to the healthy node; the healthy node gets the complete original body both times."""
+    await scenario.start(
+        [broken(reactor, Behaviour.FROZEN), healthy(reactor)],
+        Settings(response_header_timeout=HEADER_TIMEOUT),
+    )
+    first, second = body(1), body(2)
+    code1, _, response1 = await scenario.post(first)
+    code2, _, response2 = await scenario.post(second)
+    assert (code1, code2) == (200, 200)
+    assert response1.headers.getRawHeaders(b"x-nvpair-node") == [b"n1"]
+    assert response2.headers.getRawHeaders(b"x-nvpair-node") == [b"n1"]
+    assert scenario.received(0) == [first]
+    assert scenario.received(1) == [first, second]
+    records = scenario.named("proxy/request")
+    assert [[a["outcome"] for a in r["attempts"]] for r in records] == [
+        ["stall", "committed"],
+        ["committed"],
+    ]
+    assert [c["node_id"] for c in scenario.named("node/cooldown")] == ["n0"]
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_without_cooldown_the_frozen_node_is_paid_twice(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """Negative control: a tracker that never cools makes request 2 wait on the frozen node again."""
+    await scenario.start(
+        [broken(reactor, Behaviour.FROZEN), healthy(reactor)],
+        Settings(response_header_timeout=HEADER_TIMEOUT),
+        stall_tracker=lambda engine, announce: NeverCools(),
+    )
+    await scenario.post(body(1))
+    await scenario.post(body(2))
+    assert len(scenario.received(0)) == 2
+    records = scenario.named("proxy/request")
+    assert [[a["outcome"] for a in r["attempts"]] for r in records] == [
+        ["stall", "committed"],
+        ["stall", "committed"],
+    ]
+
+
+@pytest.mark.parametrize("how", ["flag", "environment"])
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_headers_without_body_opted_in_costs_one_wait(
+    reactor: Any, scenario: Scenario, round_: int, how: str
+) -> None:
+    """With the first-body timeout opted in (flag or environment), a node that sends headers and
+    then nothing is abandoned once and skipped afterwards."""
+    environ = {"NVPAIR_PROXY_FIRST_BODY_TIMEOUT": "300ms"} if how == "environment" else {}
+    resolved = resolve_first_body_timeout("300ms" if how == "flag" else None, environ)
+    assert resolved.seconds == pytest.approx(0.3)
+    await scenario.start(
+        [broken(reactor, Behaviour.HEADERS_ONLY), healthy(reactor)],
+        Settings(response_header_timeout=2.0, first_body_timeout=resolved.seconds),
+    )
+    first, second = body(1), body(2)
+    assert (await scenario.post(first))[0] == 200
+    assert (await scenario.post(second))[0] == 200
+    assert scenario.received(0) == [first]
+    assert scenario.received(1) == [first, second]
+    outcomes = [[a["outcome"] for a in r["attempts"]] for r in scenario.named("proxy/request")]
+    assert outcomes == [["first-body-timeout", "committed"], ["committed"]]
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_default_first_body_wait_is_unbounded(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """A node silent after its headers for three header timeouts still completes: no failover,
+    no cooldown, and the second node never sees the request."""
+    await scenario.start(
+        [
+            broken(reactor, Behaviour.SLOW_BODY, body_delay=3 * HEADER_TIMEOUT),
+            healthy(reactor),
+        ],
+        Settings(response_header_timeout=HEADER_TIMEOUT),
+    )
+    code, content, response = await scenario.post(body(1))
+    assert code == 200 and content.endswith(b'"done_reason": "stop"}\n')
+    assert response.headers.getRawHeaders(b"x-nvpair-node") == [b"n0"]
+    assert scenario.received(1) == []
+    assert scenario.named("node/cooldown") == []
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_drop_before_first_body_byte_fails_over(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """Headers then a closed connection is not a commit: the next node serves, with the timer off."""
+    await scenario.start(
+        [broken(reactor, Behaviour.DROP_AFTER_HEADERS), healthy(reactor)],
+        Settings(response_header_timeout=HEADER_TIMEOUT),
+    )
+    code, content, response = await scenario.post(body(1))
+    assert code == 200 and b'"done": true' in content
+    assert response.headers.getRawHeaders(b"x-nvpair-node") == [b"n1"]
+    outcomes = [a["outcome"] for a in scenario.named("proxy/request")[0]["attempts"]]
+    assert outcomes == ["dropped", "committed"]
+    assert scenario.named("node/cooldown") == []
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_commit_on_headers_breaks_pre_commit_failover(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """Negative control: with the first-body gate replaced by commit-on-headers, the same drop
+    reaches the client as a failed answer and the healthy node is never tried."""
+    await scenario.start(
+        [broken(reactor, Behaviour.DROP_AFTER_HEADERS), healthy(reactor)],
+        Settings(response_header_timeout=HEADER_TIMEOUT),
+    )
+    assert scenario.proxy is not None
+    scenario.proxy.runtime.facades["ollama"].first_body_gate = False
+    with pytest.raises(Exception):  # noqa: B017 - the truncated answer surfaces as a treq failure
+        await scenario.post(body(1))
+    assert scenario.received(1) == []
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_silent_last_candidate_with_timer_enabled_ends_in_504(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """With the first-body timeout enabled and every node silent after headers, the client gets 504 JSON."""
+    await scenario.start(
+        [broken(reactor, Behaviour.HEADERS_ONLY), broken(reactor, Behaviour.HEADERS_ONLY)],
+        Settings(response_header_timeout=2.0, first_body_timeout=0.2),
+    )
+    code, content, response = await scenario.post(body(1))
+    assert code == 504
+    assert json.loads(content)["code"] == "upstream-timeout"
+    assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_running_event_names_serving_node_before_terminal(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """One workload id: started(n0), started(n1), completed(n1), in that order."""
+    await scenario.start(
+        [broken(reactor, Behaviour.FROZEN), healthy(reactor)],
+        Settings(response_header_timeout=HEADER_TIMEOUT),
+    )
+    await scenario.post(body(1))
+    workload = [
+        (e.name, e.payload["workload"]["scheduledOn"], e.payload["workload"]["id"])
+        for e in scenario.events
+        if e.name.startswith("workload:")
+    ]
+    ident = workload[0][2]
+    assert workload == [
+        ("workload:started", "n0", ident),
+        ("workload:started", "n1", ident),
+        ("workload:completed", "n1", ident),
+    ]
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_sole_cooling_node_is_still_served(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """A cooling node that is the only candidate is used as is (never excluded)."""
+    await scenario.start([healthy(reactor)], Settings(response_header_timeout=HEADER_TIMEOUT))
+    assert scenario.proxy is not None
+    scenario.proxy.runtime.facades["ollama"].stalls.cool("n0", "test")
+    code, _, _ = await scenario.post(body(1))
+    assert code == 200
+    assert scenario.named("node/cooldown-ended")[0]["why"] == "success"
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_success_restores_a_cooling_node_early(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """All cooling: the order stays as is, and a success from the head ends its cooldown."""
+    await scenario.start(
+        [healthy(reactor), healthy(reactor)], Settings(response_header_timeout=HEADER_TIMEOUT)
+    )
+    assert scenario.proxy is not None
+    stalls = scenario.proxy.runtime.facades["ollama"].stalls
+    stalls.cool("n0", "test")
+    stalls.cool("n1", "test")
+    code, _, response = await scenario.post(body(1))
+    assert code == 200 and response.headers.getRawHeaders(b"x-nvpair-node") == [b"n0"]
+    assert stalls.cooling() == frozenset({"n1"})
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_pinned_cooling_node_goes_behind_a_ready_peer(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """A manual pin cannot put a cooling node ahead of a ready one."""
+    await scenario.start(
+        [healthy(reactor), healthy(reactor)], Settings(response_header_timeout=HEADER_TIMEOUT)
+    )
+    assert scenario.proxy is not None
+    facade = scenario.proxy.runtime.facades["ollama"]
+    facade.pin = "n0"
+    _, _, response = await scenario.post(body(1))
+    assert response.headers.getRawHeaders(b"x-nvpair-node") == [b"n0"]
+    facade.stalls.cool("n0", "test")
+    _, _, response = await scenario.post(body(2))
+    assert response.headers.getRawHeaders(b"x-nvpair-node") == [b"n1"]
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_two_facades_keep_independent_cooldowns(reactor: Any, round_: int) -> None:
+    """A stall seen by the ollama facade does not demote the same node on the lmstudio facade."""
+    frozen = await start_engine(reactor, broken(reactor, Behaviour.FROZEN))
+    good = await start_engine(reactor, healthy(reactor))
+    nodes = [Node("n0", frozen.url, MODEL), Node("n1", good.url, MODEL)]
+    proxy = await start_proxy(
+        reactor,
+        {"ollama": nodes, "lmstudio": nodes},
+        Settings(response_header_timeout=HEADER_TIMEOUT),
+    )
+    try:
+        response = await client(reactor).post(proxy.url("ollama") + "/api/chat", data=body(1))
+        await treq.content(response)
+        assert proxy.runtime.facades["ollama"].stalls.cooling() == frozenset({"n0"})
+        assert proxy.runtime.facades["lmstudio"].stalls.cooling() == frozenset()
+    finally:
+        await proxy.stop()
+        await frozen.stop()
+        await good.stop()
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_caller_leaving_during_header_wait_creates_no_cooldown(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """A client that hangs up while the node is still silent aborts the attempt: no cooldown,
+    the workload ends cancelled, the next node is never tried."""
+    await scenario.start(
+        [broken(reactor, Behaviour.FROZEN), healthy(reactor)],
+        Settings(response_header_timeout=5.0),
+    )
+    assert scenario.proxy is not None
+    pending: Deferred[Any] = client(reactor).post(scenario.proxy.url() + "/api/chat", data=body(1))
+    while not scenario.received(0):
+        await deferLater(reactor, 0.01, lambda: None)
+    pending.cancel()
+    with pytest.raises(Exception):  # noqa: B017 - the cancelled client request
+        await pending
+    while not scenario.named("workload:errored"):
+        await deferLater(reactor, 0.01, lambda: None)
+    errored = scenario.named("workload:errored")[0]["workload"]
+    assert errored["state"] == "cancelled"
+    assert scenario.named("node/cooldown") == []
+    assert scenario.received(1) == []
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_empty_200_commits_without_trying_the_next_node(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """A valid empty body (Content-Length: 0) is a commit."""
+    await scenario.start(
+        [broken(reactor, Behaviour.EMPTY_200), healthy(reactor)],
+        Settings(response_header_timeout=HEADER_TIMEOUT),
+    )
+    code, content, response = await scenario.post(body(1))
+    assert (code, content) == (200, b"")
+    assert response.headers.getRawHeaders(b"x-nvpair-node") == [b"n0"]
+    assert scenario.received(1) == []
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_committed_stream_that_dies_is_not_retried(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """After the first body byte, an upstream death aborts the client; no other node sees the request."""
+    await scenario.start(
+        [broken(reactor, Behaviour.DROP_MID_STREAM, chunks=6), healthy(reactor)],
+        Settings(response_header_timeout=HEADER_TIMEOUT),
+    )
+    with pytest.raises(Exception):  # noqa: B017 - the aborted, truncated answer
+        await scenario.post(body(1))
+    while not scenario.named("workload:errored"):
+        await deferLater(reactor, 0.01, lambda: None)
+    assert scenario.received(1) == []
+    assert scenario.named("workload:errored")[0]["workload"]["state"] == "failed"
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_retryable_status_moves_on_and_last_answer_is_relayed(
+    reactor: Any, scenario: Scenario, round_: int
+) -> None:
+    """A 503 moves on without cooling; when every node answers 503 the last one's answer is the client's."""
+    await scenario.start(
+        [broken(reactor, Behaviour.STATUS_503), broken(reactor, Behaviour.STATUS_503)],
+        Settings(response_header_timeout=HEADER_TIMEOUT),
+    )
+    code, content, response = await scenario.post(body(1))
+    assert code == 503 and json.loads(content) == {"error": "simulated 503"}
+    assert response.headers.getRawHeaders(b"x-nvpair-node") == [b"n1"]
+    assert scenario.named("node/cooldown") == []
+    outcomes = [a["outcome"] for a in scenario.named("proxy/request")[0]["attempts"]]
+    assert outcomes == ["status-503", "committed"]

@@ -1,0 +1,356 @@
+"""Tests for nvpair_tw.events: ordering, bounded paused subscribers, drops, re-entrancy, logging."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+from typing import Any
+
+import pytest
+from twisted.internet.task import Clock
+from twisted.logger import Logger, LogLevel, capturedLogs, formatEvent
+
+from nvpair_tw.events import Event, EventBus, Subscription, log_events
+
+
+def _bus(max_pending: int = 1000) -> tuple[Clock, EventBus]:
+    clock = Clock()
+    clock.advance(1_700_000_000)
+    return clock, EventBus(clock, max_pending=max_pending)
+
+
+def _names(events: list[Event]) -> list[str]:
+    return [e.name for e in events]
+
+
+def test_event_carries_name_payload_and_publish_time() -> None:
+    """publish returns the event it delivered, stamped with the injected clock."""
+    clock, bus = _bus()
+    got: list[Event] = []
+    bus.subscribe(got.append, name="a")
+    clock.advance(2.5)
+    event = bus.publish("node/added", {"id": "n1"})
+    assert got == [event]
+    assert event == Event("node/added", {"id": "n1"}, 1_700_000_002.5)
+
+
+def test_every_subscriber_receives_events_in_publish_order() -> None:
+    """Each subscriber sees every event, in publish order."""
+    _, bus = _bus()
+    a: list[Event] = []
+    b: list[Event] = []
+    bus.subscribe(a.append, name="a")
+    bus.subscribe(b.append, name="b")
+    for i in range(5):
+        bus.publish(f"e{i}", {})
+    assert _names(a) == _names(b) == ["e0", "e1", "e2", "e3", "e4"]
+
+
+def test_subscribers_are_called_in_subscription_order() -> None:
+    """For one event, sinks run in the order they subscribed."""
+    _, bus = _bus()
+    calls: list[str] = []
+    bus.subscribe(lambda e: calls.append("first"), name="first")
+    bus.subscribe(lambda e: calls.append("second"), name="second")
+    bus.publish("x", {})
+    assert calls == ["first", "second"]
+
+
+def test_paused_subscriber_buffers_then_replays_in_order() -> None:
+    """A paused subscription queues events and delivers them in order on resume, then goes live."""
+    _, bus = _bus()
+    got: list[Event] = []
+    sub = bus.subscribe(got.append, name="slow")
+    bus.publish("e0", {})
+    sub.pause()
+    bus.publish("e1", {})
+    bus.publish("e2", {})
+    assert _names(got) == ["e0"]
+    assert sub.pending == 2
+    sub.resume()
+    assert _names(got) == ["e0", "e1", "e2"]
+    assert sub.pending == 0
+    bus.publish("e3", {})
+    assert _names(got) == ["e0", "e1", "e2", "e3"]
+
+
+def test_sink_pausing_during_replay_keeps_the_rest_queued() -> None:
+    """A sink that pauses again during a replay stops it; the rest waits for the next resume."""
+    _, bus = _bus()
+    got: list[Event] = []
+
+    def sink(event: Event) -> None:
+        got.append(event)
+        if event.name == "e1":
+            sub.pause()
+
+    sub = bus.subscribe(sink, name="s")
+    sub.pause()
+    for i in range(4):
+        bus.publish(f"e{i}", {})
+    sub.resume()
+    assert _names(got) == ["e0", "e1"]
+    assert sub.pending == 2
+    sub.resume()
+    assert _names(got) == ["e0", "e1", "e2", "e3"]
+
+
+def test_publish_from_a_replaying_sink_comes_after_the_queue() -> None:
+    """An event published by a sink during its replay is delivered after the queued ones."""
+    _, bus = _bus()
+    got: list[Event] = []
+
+    def sink(event: Event) -> None:
+        got.append(event)
+        if event.name == "e0":
+            bus.publish("nested", {})
+
+    sub = bus.subscribe(sink, name="s")
+    sub.pause()
+    bus.publish("e0", {})
+    bus.publish("e1", {})
+    sub.resume()
+    assert _names(got) == ["e0", "e1", "nested"]
+
+
+def test_overflow_drops_the_paused_subscriber_and_others_keep_receiving() -> None:
+    """Past max_pending the paused subscriber is dropped with a reason; others are unaffected."""
+    _, bus = _bus()
+    reasons: list[str] = []
+    other: list[Event] = []
+    slow = bus.subscribe(lambda e: None, name="slow", on_dropped=reasons.append, max_pending=3)
+    bus.subscribe(other.append, name="other")
+    slow.pause()
+    with capturedLogs() as logs:
+        for i in range(3):
+            bus.publish(f"e{i}", {})
+        assert slow.dropped is None
+        assert slow.pending == 3
+        bus.publish("e3", {})
+        bus.publish("e4", {})
+    assert slow.dropped == "more than 3 events pending"
+    assert reasons == ["more than 3 events pending"]
+    assert slow.pending == 0
+    assert slow not in bus.subscriptions
+    assert not slow.active
+    assert _names(other) == ["e0", "e1", "e2", "e3", "e4"]
+    [warning] = logs
+    assert warning["log_level"] is LogLevel.warn
+    assert warning["subscriber"] == "slow"
+    assert "slow" in formatEvent(warning)
+    assert "more than 3 events pending" in formatEvent(warning)
+
+
+def test_raising_sink_is_dropped_and_logged_by_exception_type_only() -> None:
+    """A sink that raises is dropped; the log names its exception type, never the event payload."""
+    _, bus = _bus()
+    reasons: list[str] = []
+    other: list[Event] = []
+
+    def broken(event: Event) -> None:
+        raise KeyError(event.payload["model"])
+
+    broken_sub = bus.subscribe(broken, name="broken", on_dropped=reasons.append)
+    bus.subscribe(other.append, name="other")
+    with capturedLogs() as logs:
+        event = bus.publish("workload:started", {"model": "CANARY-7f3a"})
+        bus.publish("after", {})
+    assert broken_sub.dropped == "sink raised KeyError"
+    assert reasons == ["sink raised KeyError"]
+    assert other[0] is event
+    assert _names(other) == ["workload:started", "after"]
+    [warning] = logs
+    assert warning["subscriber"] == "broken"
+    assert "KeyError" in formatEvent(warning)
+    assert "CANARY-7f3a" not in repr(warning)
+
+
+def test_raising_on_dropped_does_not_reach_the_publisher() -> None:
+    """An on_dropped callback that raises is logged; the publisher and others carry on."""
+    _, bus = _bus()
+    other: list[Event] = []
+
+    def on_dropped(reason: str) -> None:
+        raise RuntimeError("boom")
+
+    def broken(event: Event) -> None:
+        raise ValueError("x")
+
+    bus.subscribe(broken, name="broken", on_dropped=on_dropped)
+    bus.subscribe(other.append, name="other")
+    with capturedLogs() as logs:
+        bus.publish("e0", {})
+    assert _names(other) == ["e0"]
+    assert [e["log_level"] for e in logs] == [LogLevel.warn, LogLevel.error]
+    assert "RuntimeError" in formatEvent(logs[1])
+
+
+def test_subscriber_that_never_resumes_stays_bounded() -> None:
+    """A paused subscriber never holds more than max_pending; once dropped it costs nothing."""
+    _, bus = _bus()
+    live = [0]
+
+    def count(event: Event) -> None:
+        live[0] += 1
+
+    stuck = bus.subscribe(lambda e: None, name="stuck", max_pending=50)
+    bus.subscribe(count, name="live")
+    stuck.pause()
+    high_water = 0
+    gc.collect()
+    tracemalloc.start()
+    try:
+        for i in range(20_000):
+            bus.publish("proxy/request", {"id": i})
+            high_water = max(high_water, stuck.pending)
+            if i == 1_000:
+                gc.collect()
+                early, _ = tracemalloc.get_traced_memory()
+        gc.collect()
+        late, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert high_water == 50
+    assert stuck.pending == 0
+    assert stuck.dropped is not None
+    assert [s.name for s in bus.subscriptions] == ["live"]
+    assert live == [20_000]
+    assert late - early < 16_000  # flat: 19,000 more events retained nothing
+
+
+def test_reentrant_publish_keeps_the_same_order_for_every_subscriber() -> None:
+    """An event published from inside a sink reaches everyone after the event in hand."""
+    _, bus = _bus()
+    first: list[Event] = []
+    second: list[Event] = []
+
+    def republisher(event: Event) -> None:
+        first.append(event)
+        if event.name == "a":
+            bus.publish("b", {})
+            bus.publish("c", {})
+
+    bus.subscribe(republisher, name="first")
+    bus.subscribe(second.append, name="second")
+    bus.publish("a", {})
+    bus.publish("d", {})
+    assert _names(first) == ["a", "b", "c", "d"]
+    assert _names(second) == ["a", "b", "c", "d"]
+
+
+def test_close_unsubscribes_without_a_drop_reason() -> None:
+    """close() stops delivery, discards the queue and leaves dropped unset."""
+    _, bus = _bus()
+    reasons: list[str] = []
+    got: list[Event] = []
+    sub = bus.subscribe(got.append, name="s", on_dropped=reasons.append)
+    sub.pause()
+    bus.publish("e0", {})
+    sub.close()
+    sub.close()
+    sub.resume()
+    bus.publish("e1", {})
+    assert got == []
+    assert sub.dropped is None
+    assert reasons == []
+    assert bus.subscriptions == ()
+
+
+def test_subscriber_closing_another_mid_publish_stops_its_delivery() -> None:
+    """A subscription closed by an earlier sink does not receive the event in hand."""
+    _, bus = _bus()
+    got: list[Event] = []
+    bus.subscribe(lambda e: victim.close(), name="closer")
+    victim = bus.subscribe(got.append, name="victim")
+    bus.publish("e0", {})
+    assert got == []
+    assert victim.pending == 0
+
+
+def test_negative_max_pending_is_rejected() -> None:
+    """A negative queue bound is a clear ValueError, on the bus and per subscription."""
+    clock = Clock()
+    with pytest.raises(ValueError, match="max_pending must be >= 0"):
+        EventBus(clock, max_pending=-1)
+    with pytest.raises(ValueError, match="max_pending must be >= 0"):
+        EventBus(clock).subscribe(lambda e: None, name="s", max_pending=-1)
+
+
+def test_bus_default_max_pending_applies_to_subscribers() -> None:
+    """Without its own bound a subscription uses the bus's max_pending."""
+    _, bus = _bus(max_pending=2)
+    sub: Subscription = bus.subscribe(lambda e: None, name="s")
+    sub.pause()
+    bus.publish("e0", {})
+    bus.publish("e1", {})
+    assert sub.dropped is None
+    bus.publish("e2", {})
+    assert sub.dropped == "more than 2 events pending"
+
+
+def _log_all(*events: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    _, bus = _bus()
+    log = Logger(namespace="nvpair_tw.test")
+    log_events(bus, log)
+    with capturedLogs() as logs:
+        for name, payload in events:
+            bus.publish(name, payload)
+    return list(logs)
+
+
+def test_log_events_emits_request_records_as_structured_info_events() -> None:
+    """proxy/request becomes an info event with the name as `event` and the payload fields."""
+    payload = {
+        "id": "r-1",
+        "engine": "ollama",
+        "node_id": "a",
+        "method": "POST",
+        "path": "/api/chat",
+        "status": 200,
+        "duration_ms": 12,
+        "ttfb_ms": 3,
+        "error": None,
+        "attempts": [],
+        "cache_affinity": False,
+    }
+    [logged] = _log_all(("proxy/request", payload))
+    assert logged["log_level"] is LogLevel.info
+    assert logged["event"] == "proxy/request"
+    assert {k: logged[k] for k in payload} == payload
+    assert formatEvent(logged) == "proxy/request r-1 ollama POST /api/chat -> 200 via a in 12 ms"
+
+
+def test_log_events_renders_workload_events_at_info() -> None:
+    """workload:* events log at info with a readable message built from the workload info."""
+    started = {"id": 4, "model": "m", "scheduledOn": "b", "state": "running", "error": None}
+    errored = {**started, "state": "cancelled", "error": "client left"}
+    logged = _log_all(
+        ("workload:started", {"workload": started}), ("workload:errored", {"workload": errored})
+    )
+    assert [e["log_level"] for e in logged] == [LogLevel.info, LogLevel.info]
+    assert logged[0]["workload"] == started
+    assert formatEvent(logged[0]) == "workload:started 4 m on b"
+    assert formatEvent(logged[1]) == "workload:errored 4 m cancelled: client left"
+
+
+def test_log_events_levels_and_fallback_format_for_other_events() -> None:
+    """node/cooldown logs at warn, other events at info; unknown shapes still render their name."""
+    logged = _log_all(
+        ("node/cooldown", {"id": "a"}),
+        ("node/added", {"id": "b"}),
+        ("proxy/request", {"id": "r-2"}),
+    )
+    assert [e["log_level"] for e in logged] == [LogLevel.warn, LogLevel.info, LogLevel.info]
+    assert [formatEvent(e) for e in logged] == ["node/cooldown", "node/added", "proxy/request"]
+    assert logged[0]["id"] == "a"
+
+
+def test_log_events_leaves_out_payload_keys_that_clash_with_the_logger() -> None:
+    """Payload keys like log_level, format or event cannot overwrite the logger's own fields."""
+    [logged] = _log_all(
+        ("node/added", {"log_level": "x", "format": "{y}", "event": "z", "id": "n"})
+    )
+    assert logged["log_level"] is LogLevel.info
+    assert logged["event"] == "node/added"
+    assert "format" not in logged
+    assert formatEvent(logged) == "node/added"
