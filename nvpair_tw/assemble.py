@@ -88,7 +88,15 @@ def assemble(
 def _optional_services(
     reactor: Any, runtime: Runtime, options: Mapping[str, Any], top: service.MultiService
 ) -> None:
-    """Control channel and admin listener, when configured."""
+    """Control channel and admin listener, when configured; then the drain service around it all.
+
+    ``MultiService`` stops its children all at once, so every service is moved under the drain
+    service, which on stop closes the facade listeners, drains in-flight workloads while admin and
+    control still run, then stops the rest one by one (last added first; the pool closes last).
+    """
+    from nvpair_tw.drain import adopt_all, drain_service
+
+    listeners = [child for child in top if isinstance(child, ListenerService)]
     control = options.get("control")
     if control:
         from nvpair_tw.control import control_service
@@ -99,3 +107,4 @@ def _optional_services(
         from nvpair_tw.admin import admin_service
 
         admin_service(reactor, runtime, admin).setServiceParent(top)
+    adopt_all(top, drain_service(reactor, runtime, listeners))

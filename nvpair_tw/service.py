@@ -8,8 +8,7 @@ from typing import Any
 from twisted.application import service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IListeningPort
-from twisted.internet.protocol import Factory
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory
 
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.runtime import Runtime
@@ -35,7 +34,9 @@ class RuntimeService(service.Service):
 class ListenerService(service.Service):
     """Listens on an endpoint description and keeps the port (so port 0 can be reported)."""
 
-    def __init__(self, reactor: Any, description: str, factory: Factory, label: str) -> None:
+    def __init__(
+        self, reactor: Any, description: str, factory: IProtocolFactory, label: str
+    ) -> None:
         self._reactor = reactor
         self.description = description
         self._factory = factory
@@ -63,7 +64,7 @@ class ListenerService(service.Service):
                 description=self.description,
             )
             self.ready.errback(failure)
-            self._reactor.stop()
+            self._reactor.callWhenRunning(self._reactor.stop)
 
         listening.addCallbacks(listened, failed)
 
