@@ -88,6 +88,7 @@ class DrainService(service.MultiService):
     async def _drain(self) -> None:
         workloads = self._runtime.shared.workloads
         self.state = DrainState.CLOSING
+        self._runtime.shared.draining = True
         await gatherResults(
             [
                 maybeDeferred(listener.stopService).addErrback(self._listener_failed)

@@ -62,6 +62,7 @@ class Shared:
     bus: EventBus
     settings: Settings
     ingress: IngressPolicy | None = None
+    draining: bool = False
 
 
 @define
@@ -185,6 +186,12 @@ class FacadeResource(Resource):
                 )
                 return NOT_DONE_YET
             shared.ingress.strip_credentials(peer, request.requestHeaders)
+
+        if shared.draining:
+            request.setHeader(b"connection", b"close")
+            write_error(request, 503, "the proxy is shutting down", "shutting-down")
+            record.publish(shared.bus, status=503, node_id=None, error="shutting-down")
+            return NOT_DONE_YET
 
         kind = facade.profile.classify(request.method, path)
         if kind is RouteKind.MODEL_LIST:
