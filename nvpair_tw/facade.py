@@ -10,7 +10,7 @@ and the affinity table; the reservation ledger, the workloads and the event bus 
 from __future__ import annotations
 
 import json
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 from attrs import define
@@ -415,7 +415,7 @@ def _connected(request: Request) -> bool:
 def _client_host(request: Request) -> str | None:
     address = request.getClientAddress()
     host = getattr(address, "host", None)
-    return cast(str, host) if isinstance(host, str) else None
+    return host if isinstance(host, str) else None
 
 
 def target_of(uri: bytes) -> bytes:

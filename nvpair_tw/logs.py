@@ -26,7 +26,8 @@ def parse_level(name: str) -> LogLevel:
     if key == "warning":
         key = "warn"
     try:
-        return LogLevel.levelWithName(key)
+        level: LogLevel = LogLevel.levelWithName(key)
+        return level
     except Exception as exc:  # InvalidLogLevelError
         raise ValueError(f"unknown log level {name!r}; use debug, info, warn, error") from exc
 
@@ -38,7 +39,8 @@ def set_level(level: LogLevel) -> None:
 
 def current_level() -> LogLevel:
     """The level in force."""
-    return _ORDER[_threshold[0]]
+    level: LogLevel = _ORDER[_threshold[0]]
+    return level
 
 
 class LevelledLogger(Logger):

@@ -64,7 +64,8 @@ class Runtime:
                 stop()
         if self.shared.ingress is not None:
             self.shared.ingress.stop()
-        return self.pool.closeCachedConnections()
+        closed: Deferred[None] = self.pool.closeCachedConnections()
+        return closed
 
     def site_for(self, engine: str) -> Site:
         """The limited Site of one facade (built once)."""

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from twisted.application import service
+from twisted.internet.task import Clock
 from twisted.python import usage
 
 from nvpair_tw import __version__
@@ -179,7 +180,7 @@ class Options(usage.Options):
             if nodes_file is not None:
                 for engine in self["engines"]:
                     load_nodes_file(nodes_file, engine)
-            IngressPolicy.from_environment(environ, _NoClock())
+            IngressPolicy.from_environment(environ, Clock())
             self["settings"] = Settings(
                 connect_timeout=_positive(self, "connect-timeout"),
                 response_header_timeout=header.seconds,
@@ -205,19 +206,6 @@ class Options(usage.Options):
             engine: [node for scope, node in self["node"] if scope in (None, engine)]
             for engine in self["engines"]
         }
-
-
-class _NoClock:
-    """Stands in for the reactor while options are only being validated."""
-
-    def seconds(self) -> float:
-        return 0.0
-
-    def callLater(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError("no timers while validating options")
-
-    def getDelayedCalls(self) -> list[Any]:
-        return []
 
 
 def _positive(options: Options, name: str) -> float:

@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 from attrs import define, field, frozen
+from twisted.internet.defer import maybeDeferred
 from twisted.internet.interfaces import IDelayedCall, IListeningPort, IReactorTime
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
@@ -265,7 +266,7 @@ class EngineHandle:
 
     async def stop(self) -> None:
         self.engine.stop()
-        await self.port.stopListening()
+        await maybeDeferred(self.port.stopListening)
 
 
 async def start_engine(reactor: Any, engine: SimulatedEngine) -> EngineHandle:
@@ -287,7 +288,7 @@ class ProxyHandle:
 
     async def stop(self) -> None:
         for port in self.ports.values():
-            await port.stopListening()
+            await maybeDeferred(port.stopListening)
         await self.runtime.stop()
 
 

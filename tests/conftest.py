@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.interfaces import IListeningPort
 from twisted.internet.task import deferLater
 
@@ -37,7 +37,7 @@ def listen(reactor: Any) -> Iterator[Callable[[Any], int]]:
 
 
 async def _stop(port: IListeningPort) -> None:
-    await port.stopListening()
+    await maybeDeferred(port.stopListening)
 
 
 @pytest.fixture(autouse=True)
