@@ -10,7 +10,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from attrs import define, field
-from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.server import Site
@@ -20,7 +19,7 @@ from nvpair_tw.engines import ENGINES
 from nvpair_tw.events import EventBus, log_events
 from nvpair_tw.facade import Facade, FacadeResource, Shared
 from nvpair_tw.ingress import IngressPolicy
-from nvpair_tw.inventory import InventoryBook
+from nvpair_tw.inventory import InventoryBook, make_http_client
 from nvpair_tw.limits import make_site
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node, NodeDirectory
@@ -93,7 +92,7 @@ def build_runtime(
     """Build every facade of one process around one pool, one ledger, one workload registry, one bus."""
     pool = make_pool(reactor)
     client = UpstreamClient(reactor, pool, settings.connect_timeout)
-    http = HTTPClient(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
+    http = make_http_client(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
     ingress = IngressPolicy.from_environment(environ if environ is not None else {}, reactor)

@@ -10,7 +10,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from twisted.application import service
+from twisted.internet.endpoints import serverFromString
 from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactor
 from twisted.python import usage
 
 from nvpair_tw import __version__
@@ -170,6 +172,13 @@ class Options(usage.Options):
             if engine not in self["engines"]:
                 raise usage.UsageError(f"--listen for {engine}, which is not an --engine")
         self["listen"] = {e: listen.get(e, ENGINES[e].default_listen) for e in self["engines"]}
+        for flag, description in [
+            *((f"--listen {e}", d) for e, d in self["listen"].items()),
+            ("--admin", self["admin"] if self["admin"] != "none" else None),
+            ("--control", self["control"] if self["control"] != "stdio" else None),
+        ]:
+            if description is not None:
+                _check_endpoint(flag, description)
         environ = os.environ
         header = resolve_response_header_timeout(self["response-header-timeout"], environ)
         first = resolve_first_body_timeout(self["first-body-timeout"], environ)
@@ -206,6 +215,14 @@ class Options(usage.Options):
             engine: [node for scope, node in self["node"] if scope in (None, engine)]
             for engine in self["engines"]
         }
+
+
+def _check_endpoint(flag: str, description: str) -> None:
+    """Parse a server endpoint string now, so a typo is a usage error and not a traceback later."""
+    try:
+        serverFromString(MemoryReactor(), description)
+    except (ValueError, TypeError, KeyError) as error:
+        raise usage.UsageError(f"{flag}: not a server endpoint {description!r}: {error}") from None
 
 
 def _positive(options: Options, name: str) -> float:

@@ -1,0 +1,99 @@
+# -*- test-case-name: tests.test_aggregate -*-
+"""Model-list aggregation (SPEC §4.3): ask every node at once, merge in candidate order.
+
+The answer must not depend on which node is fastest, so records are merged in the order the nodes
+were given, the first record of each key winning verbatim. No client header is ever forwarded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from attrs import frozen
+from treq.client import HTTPClient
+from twisted.internet.defer import Deferred, FirstError, gatherResults
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from nvpair_tw.engines import ModelListFormat
+from nvpair_tw.inventory import ReadError, get_json, join_url
+from nvpair_tw.nodes import Node
+
+__all__ = ["UNAVAILABLE_BODY", "AggregateResult", "aggregate_model_list"]
+
+log = Logger()
+
+UNAVAILABLE_BODY = json.dumps(
+    {"error": "model inventory unavailable", "code": "inventory-unavailable"}
+).encode()
+
+
+@frozen
+class AggregateResult:
+    """The merged answer: 200 with the engine's envelope, or 503 when no node answered well."""
+
+    status: int
+    body: bytes
+
+
+async def aggregate_model_list(
+    fmt: ModelListFormat,
+    nodes: Sequence[Node],
+    path_and_query: str,
+    http: HTTPClient,
+    clock: IReactorTime,
+    *,
+    timeout: float = 10.0,
+) -> AggregateResult:
+    """Fan ``path_and_query`` out to every node (in candidate order) and merge the answers.
+
+    Cancelling the coroutine's Deferred cancels every read; it then fails with ``CancelledError``.
+    """
+    reads = [
+        Deferred.fromCoroutine(_records(fmt, node, path_and_query, http, clock, timeout))
+        for node in nodes
+    ]
+    try:
+        answers = await gatherResults(reads, consumeErrors=True)
+    except FirstError as error:  # only cancellation gets here: _records skips every node fault
+        error.subFailure.raiseException()
+    good = [records for records in answers if records is not None]
+    if not good:
+        return AggregateResult(status=503, body=UNAVAILABLE_BODY)
+    merged: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for records in good:
+        for key, record in records:
+            if key not in seen:
+                seen.add(key)
+                merged.append(record)
+    return AggregateResult(status=200, body=json.dumps(fmt.envelope(merged)).encode())
+
+
+async def _records(
+    fmt: ModelListFormat,
+    node: Node,
+    path_and_query: str,
+    http: HTTPClient,
+    clock: IReactorTime,
+    timeout: float,
+) -> list[tuple[str, dict[str, Any]]] | None:
+    """One node's keyed records, or None when it is down, non-200 or malformed."""
+    url = join_url(node.url, path_and_query)
+    try:
+        document = await get_json(http, clock, url, timeout=timeout)
+    except ReadError as error:
+        log.debug("model list from {node} skipped: {why}", node=node.id, why=str(error))
+        return None
+    listed = document.get(fmt.list_field) if isinstance(document, dict) else None
+    if not isinstance(listed, list):
+        log.debug("model list from {node} skipped: {why}", node=node.id, why="malformed list")
+        return None
+    keyed: list[tuple[str, dict[str, Any]]] = []
+    for record in listed:
+        key = fmt.record_key(record) if isinstance(record, dict) else None
+        if key is not None:
+            keyed.append((key, record))
+    return keyed
