@@ -216,7 +216,7 @@ class FacadeResource(Resource):
         result = await aggregate_model_list(
             fmt,
             nodes,
-            request.uri.decode("latin-1"),
+            target_of(request.uri).decode("latin-1"),
             facade.shared.http,
             facade.shared.clock,
             timeout=facade.shared.settings.model_list_timeout,
