@@ -311,7 +311,7 @@ async def start_proxy(
     )
     runtime.start()
     ports = {
-        engine: reactor.listenTCP(0, runtime.site_for(engine), interface="127.0.0.1")
+        engine: reactor.listenTCP(0, runtime.site_for(engine), backlog=256, interface="127.0.0.1")
         for engine in nodes
     }
     return ProxyHandle(runtime, ports)
