@@ -9,6 +9,7 @@ it changes, so keys rotate without a restart. Key text is never logged or echoed
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -69,8 +70,14 @@ def _ip_of(peer: IAddress) -> _IPAddress | None:
     """The peer's IP (IPv4-mapped IPv6 unwrapped), or ``None`` if it has none that parses."""
     if not isinstance(peer, IPv4Address | IPv6Address):
         return None
+    return _parse_ip(peer.host)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_ip(host: str) -> _IPAddress | None:
+    """Parse once per distinct peer host: this runs on every request."""
     try:
-        ip = ipaddress.ip_address(peer.host)
+        ip = ipaddress.ip_address(host)
     except ValueError:
         return None
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:

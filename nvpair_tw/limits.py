@@ -28,6 +28,23 @@ __all__ = ["LimitedChannel", "LimitedRequest", "LimitedSite", "Limits", "make_si
 MIB = 1024 * 1024
 
 
+def _valid_request_line(line: bytes) -> bool:
+    """ASCII, with an origin-form or absolute-form target (or ``OPTIONS *``).
+
+    Twisted lets the bytes 0x7F-0xB0 through and accepts any target; the facade maps only these.
+    A line not split in three is left to Twisted, which answers it as malformed.
+    """
+    if not line.isascii():
+        return False
+    parts = line.split(b" ")
+    if len(parts) != 3:
+        return True
+    method, target, _ = parts
+    if target == b"*":
+        return method == b"OPTIONS"
+    return target.startswith(b"/") or target[:8].lower().startswith((b"http://", b"https://"))
+
+
 def _describe_size(size: int) -> str:
     return f"{size // MIB} MiB" if size % MIB == 0 else f"{size} bytes"
 
@@ -183,6 +200,9 @@ class LimitedChannel(http.HTTPChannel):
             if len(line) > self.limits.max_request_line:
                 self._request_line_too_long()
                 return
+            if not _valid_request_line(line):
+                self._respondToBadRequestAndDisconnect()
+                return
             self._in_head = True
         if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
             self._headers_too_large()
@@ -262,6 +282,10 @@ class LimitedSite(server.Site):
         self.max_body_size = limits.max_body_size
         self.open_connections = 0
         self._clock = clock
+
+    def log(self, request: server.Request) -> None:
+        """No access log: every request already ends in a structured ``proxy/request`` record,
+        which leaves out query strings and client headers (and costs ~15 % throughput if doubled)."""
 
     def buildProtocol(self, addr: IAddress | None) -> Any:
         channel = LimitedChannel(self.limits, self._clock)
