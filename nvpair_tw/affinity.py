@@ -16,7 +16,7 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from attrs import define, field, frozen
+from attrs import define, field, frozen, setters
 from twisted.internet.interfaces import IReactorTime
 
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/api/chat"})
@@ -136,7 +136,7 @@ def _positive_ttl(_instance: object, _attribute: object, value: float) -> None:
         raise ValueError(f"affinity idle_ttl must be > 0 seconds, not {value!r}")
 
 
-@define
+@define(on_setattr=setters.NO_OP)
 class AffinityTable:
     """The per-facade warm-node table: (model, digest) → node id, LRU-bounded, idle entries expire.
 

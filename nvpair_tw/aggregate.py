@@ -15,15 +15,15 @@ from attrs import frozen
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, FirstError, gatherResults
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 
 from nvpair_tw.engines import ModelListFormat
 from nvpair_tw.inventory import ReadError, get_json, join_url
+from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 
 __all__ = ["UNAVAILABLE_BODY", "AggregateResult", "aggregate_model_list"]
 
-log = Logger()
+log = LevelledLogger()
 
 UNAVAILABLE_BODY = json.dumps(
     {"error": "model inventory unavailable", "code": "inventory-unavailable"}

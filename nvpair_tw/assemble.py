@@ -17,18 +17,20 @@ from nvpair_tw.service import ListenerService, RuntimeService
 
 log = LevelledLogger()
 
-_TCP = re.compile(r"^(?:tcp6?:)?(?:port=)?(\d+)(?::(.*))?$")
-
 
 def own_urls(description: str) -> list[str]:
     """The URLs a client would use to reach a listener (for the self-guard, SPEC §3)."""
-    match = _TCP.match(description)
-    if match is None:
+    parts = [p.replace("\\:", ":") for p in re.split(r"(?<!\\):", description)]
+    if not parts or parts[0] not in ("tcp", "tcp6"):
         return []
-    port = match.group(1)
-    options = dict(part.split("=", 1) for part in (match.group(2) or "").split(":") if "=" in part)
-    host = options.get("interface", "0.0.0.0").replace("\\", "")
-    hosts = {host}
+    positional = [p for p in parts[1:] if "=" not in p]
+    options = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+    port = options.get("port", positional[0] if positional else "")
+    if not port.isdigit():
+        return []
+    default = "::" if parts[0] == "tcp6" else "0.0.0.0"
+    host = options.get("interface", default)
+    hosts = {f"[{host}]" if ":" in host else host}
     if host in ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost"):
         hosts |= {"127.0.0.1", "localhost", "[::1]"}
     return [f"http://{h}:{port}" for h in sorted(hosts)]

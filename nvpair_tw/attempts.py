@@ -15,11 +15,11 @@ from attrs import define, frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
+from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.stalls import IStallTracker
 from nvpair_tw.upstream import (
@@ -35,7 +35,7 @@ from nvpair_tw.upstream import (
 )
 from nvpair_tw.workloads import AttemptOutcome, status_outcome
 
-log = Logger()
+log = LevelledLogger()
 
 
 @frozen

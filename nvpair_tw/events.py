@@ -12,9 +12,11 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from attrs import define, field, frozen
+from attrs import define, field, frozen, setters
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger, LogLevel
+
+from nvpair_tw.logs import LevelledLogger
 
 __all__ = ["Event", "EventBus", "Subscription", "log_events"]
 
@@ -33,7 +35,7 @@ def _check_max_pending(_: object, __: object, value: int) -> None:
         raise ValueError(f"max_pending must be >= 0, not {value}")
 
 
-@define(eq=False)
+@define(eq=False, on_setattr=setters.NO_OP)
 class Subscription:
     """One subscriber's place on the bus: live, paused (queueing) or gone.
 
@@ -41,7 +43,7 @@ class Subscription:
     then it says why. ``pending`` is the number of queued events.
     """
 
-    log = Logger()
+    log = LevelledLogger()
 
     name: str
     _bus: EventBus
@@ -123,7 +125,7 @@ class Subscription:
                 )
 
 
-@define(eq=False)
+@define(eq=False, on_setattr=setters.NO_OP)
 class EventBus:
     """Publishes events to subscribers in subscription order, each in publish order.
 

@@ -16,7 +16,6 @@ from urllib.parse import urlsplit
 from attrs import define
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
@@ -38,6 +37,7 @@ from nvpair_tw.events import EventBus
 from nvpair_tw.headers import forward_headers, upstream_request_headers
 from nvpair_tw.ingress import IngressPolicy
 from nvpair_tw.inventory import InventoryBook
+from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.ordering import order_candidates
 from nvpair_tw.relay import Progress, StallGuard
@@ -47,7 +47,7 @@ from nvpair_tw.stalls import IStallTracker
 from nvpair_tw.upstream import BodyGate, UpstreamClient
 from nvpair_tw.workloads import RequestRecord, Workload, WorkloadRegistry
 
-log = Logger()
+log = LevelledLogger()
 
 
 @define
@@ -169,10 +169,17 @@ class FacadeResource(Resource):
         shared = facade.shared
         request_id = shared.workloads.next_request_id()
         request.responseHeaders.setRawHeaders(b"x-nvpair-request-id", [request_id.encode()])
-        target = request.uri
-        path = urlsplit(target).path.decode("latin-1")
+        try:
+            target: bytes | None = target_of(request.uri)
+        except ValueError:
+            target = None
+        path = (target or request.uri).partition(b"?")[0].decode("latin-1")
         method = request.method.decode("latin-1")
         record = RequestRecord.begin(shared.clock, request_id, facade.engine, method, path)
+        if target is None:
+            write_error(request, 400, "malformed request target", "bad-request")
+            record.publish(shared.bus, status=400, node_id=None, error="bad-request")
+            return NOT_DONE_YET
         peer = request.getClientAddress()
 
         if shared.ingress is not None:
@@ -419,7 +426,12 @@ def _client_host(request: Request) -> str | None:
 
 
 def target_of(uri: bytes) -> bytes:
-    """The raw path and query of a request target (absolute-form targets reduced to their path)."""
-    parts = urlsplit(uri)
-    path = parts.path or b"/"
-    return path + (b"?" + parts.query if parts.query else b"")
+    """The raw path and query of a request target (absolute-form reduced to its path).
+
+    Raises ``ValueError`` for an absolute-form target whose authority does not parse.
+    """
+    if uri.startswith(b"/"):
+        return uri.partition(b"#")[0]
+    parts = urlsplit(uri.decode("latin-1"))
+    path = (parts.path or "/").encode("latin-1")
+    return path + (b"?" + parts.query.encode("latin-1") if parts.query else b"")

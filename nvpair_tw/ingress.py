@@ -21,9 +21,10 @@ from attrs import define, field, frozen
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.task import LoopingCall
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
+
+from nvpair_tw.logs import LevelledLogger
 
 __all__ = ["IngressConfigError", "IngressPolicy", "Rejection", "is_loopback"]
 
@@ -196,7 +197,7 @@ class IngressPolicy:
     _last_problem: str | None = None
     _loop: LoopingCall | None = field(default=None, init=False)
 
-    log = Logger()
+    log = LevelledLogger()
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str], clock: IReactorTime) -> IngressPolicy:

@@ -21,7 +21,6 @@ from twisted.internet.defer import CancelledError, Deferred, gatherResults
 from twisted.internet.error import ConnectingCancelledError
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import (
     RequestGenerationFailed,
@@ -33,6 +32,7 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IAgent
 
 from nvpair_tw.engines import EngineProfile
+from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node, NodeDirectory
 
 __all__ = [
@@ -176,7 +176,7 @@ class _Known:
 class InventoryBook:
     """Per facade: the last good inventory of every node."""
 
-    log = Logger()
+    log = LevelledLogger()
 
     _engine: EngineProfile
     _directory: NodeDirectory

@@ -30,9 +30,9 @@ from urllib.parse import urlsplit
 from attrs import define, evolve, field, frozen
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
-from twisted.logger import Logger
 
 from nvpair_tw.engines import ENGINES, EngineProfile
+from nvpair_tw.logs import LevelledLogger
 
 __all__ = [
     "MAX_NODES_FILE_BYTES",
@@ -214,7 +214,7 @@ class NodeDirectory:
     Subscribers are called after every change of the merged view.
     """
 
-    log = Logger()
+    log = LevelledLogger()
 
     _engine: EngineProfile
     _clock: IReactorTime

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
-from twisted.web.iweb import UNKNOWN_LENGTH
 from zope.interface import implementer
 
 from nvpair_tw.frames import TerminalFrameDetector
@@ -67,7 +66,7 @@ class Progress:
 
     def __init__(self, content_type: str | None, length: int | object) -> None:
         self.sent = 0
-        self._length = length if isinstance(length, int) and length is not UNKNOWN_LENGTH else None
+        self._length = length if isinstance(length, int) else None  # UNKNOWN_LENGTH is a str
         self.frames = TerminalFrameDetector(content_type)
 
     def wrap(self, write: Callable[[bytes], None]) -> Callable[[bytes], None]:

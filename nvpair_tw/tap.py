@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -62,13 +62,15 @@ def parse_node(text: str) -> tuple[str | None, Node]:
     prefix, colon, rest = left.partition(":")
     if colon and prefix in ENGINES:
         engine, left = prefix, rest
+    if not left.strip():
+        raise usage.UsageError(f"--node wants ID=URL or ENGINE:ID=URL, not {text!r}")
     url = url.strip()
     parts = urlsplit(url)
     try:
         port = parts.port
     except ValueError:
         port = -1
-    if parts.scheme not in ("http", "https") or not parts.hostname or port == -1:
+    if parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, 0):
         raise usage.UsageError(
             f"--node {left}: URL must be http(s)://HOST[:PORT] with a port 1-65535, not {url!r}"
         )
@@ -194,13 +196,13 @@ class Options(usage.Options):
                 connect_timeout=_positive(self, "connect-timeout"),
                 response_header_timeout=header.seconds,
                 first_body_timeout=first.seconds,
-                max_body_size=parse_size(self["max-body-size"]),
+                max_body_size=_count(self, "max-body-size", parse_size),
                 write_stall_timeout=_positive(self, "write-stall-timeout"),
                 inventory_interval=_positive(self, "inventory-interval"),
-                affinity_max_entries=int(self["affinity-max-entries"]),
+                affinity_max_entries=_count(self, "affinity-max-entries", int),
                 affinity_ttl=_positive(self, "affinity-ttl"),
-                max_connections=int(self["max-connections"]),
-                shutdown_grace=parse_duration(self["shutdown-grace"]),
+                max_connections=_count(self, "max-connections", int),
+                shutdown_grace=_positive(self, "shutdown-grace", zero_ok=True),
             )
         except (ValueError, NodesFileError, IngressConfigError) as error:
             raise usage.UsageError(str(error)) from None
@@ -221,14 +223,30 @@ def _check_endpoint(flag: str, description: str) -> None:
     """Parse a server endpoint string now, so a typo is a usage error and not a traceback later."""
     try:
         serverFromString(MemoryReactor(), description)
-    except (ValueError, TypeError, KeyError) as error:
+    except Exception as error:  # parsers raise ValueError, KeyError, OSError (ssl files), ...
         raise usage.UsageError(f"{flag}: not a server endpoint {description!r}: {error}") from None
 
 
-def _positive(options: Options, name: str) -> float:
-    value = parse_duration(options[name])
-    if value <= 0:
-        raise ValueError(f"--{name} must be a positive duration, not {options[name]!r}")
+def _positive(options: Options, name: str, zero_ok: bool = False) -> float:
+    try:
+        value = parse_duration(options[name])
+    except ValueError:
+        value = -1.0
+    if value < 0 or (value == 0 and not zero_ok):
+        kind = "a non-negative" if zero_ok else "a positive"
+        raise ValueError(
+            f"--{name} must be {kind} duration such as 10s or 1m30s, not {options[name]!r}"
+        )
+    return value
+
+
+def _count(options: Options, name: str, parse: Callable[[str], int]) -> int:
+    try:
+        value = parse(options[name])
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"--{name} must be a positive whole number, not {options[name]!r}")
     return value
 
 

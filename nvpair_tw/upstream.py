@@ -9,6 +9,7 @@ client (SPEC §6.2), then relays the rest as it arrives.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 from collections.abc import Callable
 from typing import Any
@@ -86,7 +87,12 @@ def describe_failure(failure: Failure) -> str:
     if isinstance(value, RequestGenerationFailed | ResponseNeverReceived | ResponseFailed):
         inner = [describe_failure(reason) for reason in value.reasons]
         return f"{type(value).__name__}({', '.join(inner)})"
-    text = str(value).strip()
+    args = getattr(value, "args", ())
+    if any(isinstance(arg, bytes | bytearray) for arg in args):
+        # e.g. a ParseError carries the upstream's raw bytes, which may echo the prompt
+        text = ", ".join(arg for arg in args if isinstance(arg, str))
+    else:
+        text = str(value).strip()
     name = type(value).__name__
     return f"{name}: {text}" if text and text != name else name
 
@@ -143,8 +149,16 @@ class NodeEndpointFactory:
         self._reactor = reactor
         self._timeout = connect_timeout
         self._tls = BrowserLikePolicyForHTTPS()
+        self._cache: dict[tuple[bytes, bytes, int], IStreamClientEndpoint] = {}
 
     def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
+        key = (uri.scheme, uri.host, uri.port)
+        endpoint = self._cache.get(key)
+        if endpoint is None:
+            endpoint = self._cache[key] = self._endpoint(uri)
+        return endpoint
+
+    def _endpoint(self, uri: URI) -> IStreamClientEndpoint:
         host = uri.host.decode("ascii")
         endpoint: IStreamClientEndpoint
         try:
@@ -163,9 +177,7 @@ class NodeEndpointFactory:
         return endpoint
 
 
-def make_pool(
-    reactor: Any, max_per_host: int = 32, idle_seconds: float = 4.0
-) -> HTTPConnectionPool:
+def make_pool(reactor: Any, max_per_host: int = 32, idle_seconds: int = 4) -> HTTPConnectionPool:
     """The one shared pool: we own failover, so no automatic retries; idle below engine keep-alives."""
     pool = HTTPConnectionPool(reactor, persistent=True)
     pool.retryAutomatically = False
@@ -214,7 +226,9 @@ class UpstreamClient:
                 ) from result.value
             return result
 
-        attempt = self.agent.request(method, url, headers, ReplayBodyProducer(body, written))
+        attempt: Deferred[IResponse] = self.agent.request(
+            method, url, headers, ReplayBodyProducer(body, written)
+        )
         attempt.addBoth(settle)
         return attempt
 
@@ -224,7 +238,7 @@ class Discard(Protocol):
 
     def connectionMade(self) -> None:
         assert self.transport is not None
-        self.transport.stopProducing()
+        IPushProducer(self.transport).stopProducing()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         pass
@@ -288,13 +302,14 @@ class BodyGate(Protocol):
         if self._sink is not None:
             self._finish(reason)
         elif not self.first.called:
-            if clean:
-                self._ended = reason
-                self.first.callback(b"")
-            elif self._timed_out:
+            # Our own cut after the timer can look clean (a close-delimited body): a timeout wins.
+            if self._timed_out:
                 self.first.errback(
                     Failure(FirstBodyTimeout(f"no response body within {self._timeout:g}s"))
                 )
+            elif clean:
+                self._ended = reason
+                self.first.callback(b"")
             else:
                 self.first.errback(reason)
         else:
@@ -318,7 +333,10 @@ class BodyGate(Protocol):
 
 def node_url(base: str, path_and_query: bytes) -> bytes:
     """Join a node base URL (which may carry a path prefix) and the client's raw target."""
+    return _base_of(base) + path_and_query
+
+
+@functools.lru_cache(maxsize=256)
+def _base_of(base: str) -> bytes:
     parts = urlsplit(base)
-    prefix = parts.path.rstrip("/").encode()
-    root = f"{parts.scheme}://{parts.netloc}".encode()
-    return root + prefix + path_and_query
+    return f"{parts.scheme}://{parts.netloc}".encode() + parts.path.rstrip("/").encode()

@@ -13,11 +13,12 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-from attrs import define, field, frozen
+from attrs import define, field, frozen, setters
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger, LogLevel
+from twisted.logger import LogLevel
 
 from nvpair_tw.events import EventBus
+from nvpair_tw.logs import LevelledLogger
 
 __all__ = [
     "Attempt",
@@ -136,11 +137,11 @@ def _run_id_or_new(value: str | None) -> str:
     return secrets.token_hex(8) if value is None else value
 
 
-@define(eq=False)
+@define(eq=False, on_setattr=setters.NO_OP)
 class WorkloadRegistry:
     """Per process: the workload id counter, a random ``run_id`` and the live workloads."""
 
-    log = Logger()
+    log = LevelledLogger()
 
     _clock: IReactorTime
     _bus: EventBus
@@ -239,7 +240,7 @@ def _elapsed_ms(start: float, end: float) -> int:
     return round((end - start) * 1000)
 
 
-@define(eq=False)
+@define(eq=False, on_setattr=setters.NO_OP)
 class RequestRecord:
     """One per request (rejections included); published once as ``proxy/request``.
 

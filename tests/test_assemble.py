@@ -1,0 +1,196 @@
+# -*- test-case-name: tests.test_assemble -*-
+"""From parsed options to the service tree: own URLs, listeners per engine, nodes, admin and control."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+from twisted.application.service import IService, IServiceCollection, MultiService
+from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import ILogObserver, formatEvent, globalLogPublisher
+
+from nvpair_tw.assemble import assemble, own_urls
+from nvpair_tw.logs import current_level, set_level
+from nvpair_tw.nodes import url_key
+from nvpair_tw.service import ListenerService, RuntimeService
+from nvpair_tw.tap import Options
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ``NVPAIR_*`` variable of the outer shell leaks into option parsing."""
+    for name in list(os.environ):
+        if name.startswith("NVPAIR_"):
+            monkeypatch.delenv(name)
+
+
+def built(*args: str) -> tuple[MemoryReactorClock, MultiService]:
+    """Parse ``args`` and assemble them on a fake reactor (nothing is started)."""
+    options = Options()
+    options.parseOptions(list(args))
+    reactor = MemoryReactorClock()
+    return reactor, assemble(reactor, options, {})
+
+
+def services(top: IService) -> Iterator[IService]:
+    """Every service in a tree, depth first."""
+    yield top
+    if IServiceCollection.providedBy(top):
+        for child in cast(Any, top):
+            yield from services(child)
+
+
+def listeners(top: IService) -> dict[str, str]:
+    """Label → endpoint description of every listener in the tree."""
+    return {s.label: s.description for s in services(top) if isinstance(s, ListenerService)}
+
+
+def runtime_of(top: IService) -> Any:
+    """The runtime the tree runs."""
+    (found,) = [s for s in services(top) if isinstance(s, RuntimeService)]
+    return found.runtime
+
+
+LOOPBACK_11435 = ["http://127.0.0.1:11435", "http://[::1]:11435", "http://localhost:11435"]
+
+
+@pytest.mark.parametrize(
+    "description",
+    [
+        "tcp:11435:interface=127.0.0.1",
+        "tcp:port=11435:interface=127.0.0.1",
+        "tcp:port=11435:interface=127.0.0.1:backlog=50",
+        "tcp:11435:interface=localhost",
+    ],
+)
+def test_own_urls_of_a_loopback_listener(description: str) -> None:
+    """A loopback listener is reachable as 127.0.0.1, [::1] and localhost, in positional or port= form."""
+    assert sorted(own_urls(description)) == LOOPBACK_11435
+
+
+def test_own_urls_of_a_wildcard_listener_include_loopback() -> None:
+    """Listening on every interface also means every loopback name reaches this proxy."""
+    urls = own_urls("tcp:1235")
+    assert {"http://127.0.0.1:1235", "http://[::1]:1235", "http://localhost:1235"} <= set(urls)
+    assert {url_key(u) for u in urls} == {("http", "<loopback>", 1235)}
+
+
+def test_own_urls_of_a_specific_interface() -> None:
+    """A listener on one LAN address is reached only there."""
+    assert own_urls("tcp:8001:interface=10.0.0.5") == ["http://10.0.0.5:8001"]
+
+
+def test_own_urls_of_ipv6_listeners_are_valid_urls() -> None:
+    """tcp6 interfaces (colons escaped) become bracketed hosts a node URL can be compared with."""
+    loopback = own_urls(r"tcp6:1235:interface=\:\:1")
+    assert "http://[::1]:1235" in loopback
+    assert None not in [url_key(u) for u in loopback]
+    lan = own_urls(r"tcp6:port=1235:interface=2001\:db8\:\:5")
+    assert [url_key(u) for u in lan] == [url_key("http://[2001:db8::5]:1235")]
+
+
+@pytest.mark.parametrize("description", ["unix:/run/nvpair.sock", "stdio", ""])
+def test_own_urls_of_non_tcp_listeners_are_empty(description: str) -> None:
+    """A listener no node URL can point at has no own URLs."""
+    assert own_urls(description) == []
+
+
+def test_each_engine_gets_its_facade_listener() -> None:
+    """One listener per ``--engine``, on its ``--listen`` or default endpoint, plus the admin listener."""
+    _reactor, top = built("-e", "ollama", "-e", "lmstudio", "--listen", "lmstudio=tcp:1300")
+    assert listeners(top) == {
+        "ollama facade": "tcp:11435:interface=127.0.0.1",
+        "lmstudio facade": "tcp:1300",
+        "admin": "tcp:9180:interface=127.0.0.1",
+    }
+    assert sorted(runtime_of(top).facades) == ["lmstudio", "ollama"]
+
+
+def test_admin_none_and_control_endpoint() -> None:
+    """``--admin none`` leaves the admin listener out; ``--control ENDPOINT`` adds a control listener."""
+    _reactor, top = built("-e", "omlx", "--admin", "none", "--control", "tcp:0:interface=127.0.0.1")
+    found = listeners(top)
+    assert "admin" not in found
+    assert found["omlx facade"] == "tcp:8001:interface=127.0.0.1"
+    assert "tcp:0:interface=127.0.0.1" in found.values()
+    assert len(found) == 2
+
+
+def test_flag_nodes_reach_their_facades_and_own_listener_is_excluded() -> None:
+    """Unscoped nodes go to every facade, scoped ones to one; a node at a facade's own URL is dropped."""
+    _reactor, top = built(
+        "-e",
+        "ollama",
+        "-e",
+        "lmstudio",
+        "--node",
+        "gpu1=http://10.0.0.5:11434",
+        "--node",
+        "lmstudio:gpu2=http://10.0.0.6:1234",
+        "--node",
+        "ollama:self=http://localhost:11435",
+    )
+    facades = runtime_of(top).facades
+    assert [n.id for n in facades["ollama"].directory.nodes()] == ["gpu1"]
+    assert [n.id for n in facades["lmstudio"].directory.nodes()] == ["gpu1", "gpu2"]
+
+
+def test_settings_reach_the_runtime() -> None:
+    """The resolved settings object is the one the runtime runs with."""
+    options = Options()
+    options.parseOptions(["-e", "ollama", "--response-header-timeout", "3s", "--admin", "none"])
+    top = assemble(MemoryReactorClock(), options, {})
+    assert runtime_of(top).settings is options["settings"]
+    assert runtime_of(top).settings.cooldown == 3.0
+
+
+def test_demo_adds_simulated_nodes_and_their_listeners() -> None:
+    """``--demo`` puts both demo nodes behind the facade and listens for them."""
+    _reactor, top = built("-e", "ollama", "--demo", "--admin", "none")
+    ids = [n.id for n in runtime_of(top).facades["ollama"].directory.nodes()]
+    assert ids == ["demo-flaky", "demo-healthy"]
+    found = listeners(top)
+    assert found["demo node healthy"] == "tcp:11501:interface=127.0.0.1"
+    assert found["demo node flaky"] == "tcp:11502:interface=127.0.0.1"
+
+
+def test_assembling_starts_nothing() -> None:
+    """Assembly only builds: no port is opened and no timer is scheduled until the service starts."""
+    reactor, top = built("-e", "ollama", "-e", "omlx", "--control", "tcp:0:interface=127.0.0.1")
+    assert not top.running
+    assert reactor.tcpServers == []
+    assert reactor.getDelayedCalls() == []
+
+
+def test_the_assembled_tree_starts_and_stops_cleanly() -> None:
+    """Started on a fake reactor every listener binds; stopping leaves no timer behind."""
+    reactor, top = built("-e", "ollama", "-e", "lmstudio", "--listen", "lmstudio=tcp:1300")
+    top.startService()
+    bound = sorted((port, interface) for port, _f, _b, interface in reactor.tcpServers)
+    assert bound == [(1300, ""), (9180, "127.0.0.1"), (11435, "127.0.0.1")]
+    stopped: list[object] = []
+    top.stopService().addBoth(stopped.append)
+    for _ in range(100):
+        if stopped:
+            break
+        reactor.advance(0.5)
+    assert stopped
+    assert [c for c in reactor.getDelayedCalls() if c.active()] == []
+
+
+def test_log_level_applies_to_the_start_up_summary() -> None:
+    """At ``--log-level warn`` the timeouts summary (info) is dropped but a bad-value warning is kept."""
+    events: list[dict[str, Any]] = []
+    observer = cast(ILogObserver, events.append)
+    globalLogPublisher.addObserver(observer)
+    before = current_level()
+    try:
+        built("-e", "ollama", "--first-body-timeout", "-1s", "--log-level", "warn")
+    finally:
+        set_level(before)
+        globalLogPublisher.removeObserver(observer)
+    ours = [formatEvent(e) for e in events if e.get("log_namespace") == "nvpair_tw.assemble"]
+    assert ours == ["invalid first-body timeout '-1s' from flag; leaving it disabled"]

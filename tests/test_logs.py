@@ -1,0 +1,165 @@
+# -*- test-case-name: tests.test_logs -*-
+"""Logging: the process-wide level for our loggers, and the compact JSON observer."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+from twisted.logger import ILogObserver, LogLevel
+from twisted.python.failure import Failure
+
+from nvpair_tw.logs import (
+    LevelledLogger,
+    compact_json_observer,
+    compactJson,
+    current_level,
+    parse_level,
+    set_level,
+)
+
+
+@pytest.fixture(autouse=True)
+def restore_level() -> Iterator[None]:
+    """The level is process-wide: put it back after each test."""
+    before = current_level()
+    yield
+    set_level(before)
+
+
+def _collecting_logger() -> tuple[LevelledLogger, list[dict[str, Any]]]:
+    events: list[dict[str, Any]] = []
+    observer = cast(ILogObserver, events.append)
+    return LevelledLogger(namespace="test.ns", observer=observer), events
+
+
+def test_events_below_the_level_are_dropped() -> None:
+    """At ``warn``, debug and info events never reach the observer; warn and above do."""
+    logger, events = _collecting_logger()
+    set_level(LogLevel.warn)
+    logger.debug("d")
+    logger.info("i")
+    logger.warn("w")
+    logger.error("e")
+    logger.critical("c")
+    assert [e["log_level"] for e in events] == [LogLevel.warn, LogLevel.error, LogLevel.critical]
+
+
+def test_debug_level_lets_everything_through() -> None:
+    """At ``debug`` nothing is dropped."""
+    logger, events = _collecting_logger()
+    set_level(LogLevel.debug)
+    logger.debug("d")
+    logger.info("i")
+    assert [e["log_level"] for e in events] == [LogLevel.debug, LogLevel.info]
+
+
+def test_info_level_keeps_info_and_drops_debug() -> None:
+    """At ``info`` (the ``--log-level`` default) debug is dropped and info is kept."""
+    set_level(parse_level("info"))
+    assert current_level() is LogLevel.info
+    logger, events = _collecting_logger()
+    logger.debug("d")
+    logger.info("i")
+    assert [e["log_format"] for e in events] == ["i"]
+
+
+def test_set_level_changes_current_level() -> None:
+    """``set_level`` is what ``current_level`` reports afterwards."""
+    set_level(LogLevel.error)
+    assert current_level() is LogLevel.error
+
+
+@pytest.mark.parametrize(
+    ("name", "level"),
+    [
+        ("debug", LogLevel.debug),
+        ("info", LogLevel.info),
+        ("warn", LogLevel.warn),
+        ("warning", LogLevel.warn),
+        (" ERROR ", LogLevel.error),
+        ("critical", LogLevel.critical),
+    ],
+)
+def test_parse_level_accepts_level_names(name: str, level: LogLevel) -> None:
+    """Level names parse case-insensitively; ``warning`` is an alias of ``warn``."""
+    assert parse_level(name) is level
+
+
+@pytest.mark.parametrize("name", ["bogus", "", "verbose", "10"])
+def test_parse_level_rejects_unknown_names(name: str) -> None:
+    """Unknown names raise ValueError with a message naming the choices."""
+    with pytest.raises(ValueError, match="debug, info, warn, error"):
+        parse_level(name)
+
+
+def _lines(buffer: io.StringIO) -> list[dict[str, Any]]:
+    text = buffer.getvalue()
+    assert text.endswith("\n")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def test_compact_json_writes_one_object_per_line_with_stable_keys() -> None:
+    """Each event is one JSON line: t, level, ns, msg, then the event's own fields."""
+    buffer = io.StringIO()
+    logger = LevelledLogger(namespace="nvpair_tw.test", observer=compact_json_observer(buffer))
+    logger.info("attempt {attempt} to {node} failed", attempt=2, node="gpu-1")
+    logger.warn("second")
+    first, second = _lines(buffer)
+    assert list(first)[:4] == ["t", "level", "ns", "msg"]
+    assert first["level"] == "info"
+    assert first["ns"] == "nvpair_tw.test"
+    assert first["msg"] == "attempt 2 to gpu-1 failed"
+    assert first["attempt"] == 2
+    assert first["node"] == "gpu-1"
+    assert isinstance(first["t"], float)
+    assert not [key for key in first if key.startswith("log_")]
+    assert second["level"] == "warn"
+    assert second["msg"] == "second"
+
+
+def test_compact_json_reprs_values_json_cannot_hold() -> None:
+    """A non-JSON field value is written as its ``repr`` rather than failing the line."""
+    buffer = io.StringIO()
+    logger = LevelledLogger(namespace="n", observer=compact_json_observer(buffer))
+    logger.info("peer {peer}", peer={1, 2}, count=3)
+    (line,) = _lines(buffer)
+    assert line["peer"] == repr({1, 2})
+    assert line["count"] == 3
+
+
+def test_event_fields_do_not_override_the_stable_keys() -> None:
+    """A field called ``msg`` or ``level`` cannot replace the record's own keys."""
+    buffer = io.StringIO()
+    logger = LevelledLogger(namespace="n", observer=compact_json_observer(buffer))
+    logger.info("hello", msg="spoof", ns="spoof")
+    (line,) = _lines(buffer)
+    assert line["msg"] == "hello"
+    assert line["ns"] == "n"
+
+
+def test_failures_carry_a_traceback() -> None:
+    """``log.failure`` lines include the formatted traceback."""
+    buffer = io.StringIO()
+    logger = LevelledLogger(namespace="n", observer=compact_json_observer(buffer))
+    try:
+        raise ZeroDivisionError("boom")
+    except ZeroDivisionError:
+        logger.failure("poll of {node} failed", Failure(), level=LogLevel.error, node="a")
+    (line,) = _lines(buffer)
+    assert line["level"] == "error"
+    assert line["msg"] == "poll of a failed"
+    assert "ZeroDivisionError" in line["traceback"]
+    assert "Traceback" in line["traceback"]
+
+
+def test_compact_json_factory_writes_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--logger=nvpair_tw.logs.compactJson``: a zero-argument callable whose observer writes stdout."""
+    logger = LevelledLogger(namespace="n", observer=compactJson())
+    logger.info("ready on {port}", port=11435)
+    (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines()]
+    assert line["msg"] == "ready on 11435"
+    assert line["port"] == 11435

@@ -1,0 +1,195 @@
+"""No prompt, reply or credential reaches an event, a log line or a request record (SPEC §7, §9).
+
+Canary strings ride in system and user messages, in the engine's reply and in API keys and
+caller tokens, through failover, a 502, a 413, a malformed body and the key checks; every bus
+event and every ``twisted.logger`` event of the run is rendered and searched for them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import pytest_twisted
+import treq
+from twisted.internet.address import IPv4Address
+from twisted.internet.interfaces import IAddress
+from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.web.client import Agent, HTTPConnectionPool
+from zope.interface import implementer
+
+from nvpair_tw.events import Event
+from nvpair_tw.facade import FacadeResource
+from nvpair_tw.limits import make_site
+from nvpair_tw.nodes import Node
+from nvpair_tw.settings import Settings
+from nvpair_tw.testing import (
+    Behaviour,
+    EngineHandle,
+    ProxyHandle,
+    SimulatedEngine,
+    always,
+    start_engine,
+    start_proxy,
+)
+
+MODEL = ("llama3:latest",)
+SYSTEM = "cnry-system-5f0d1c"
+USER = "cnry-user-9b27e4"
+REPLY = "cnry-reply-c4a8e1"
+KEY = "cnry-key-71d3b6"
+WRONG_KEY = "cnry-wrongkey-2e9f0a"
+OWN_TOKEN = "cnry-owntoken-8d4c2f"
+CANARIES = (SYSTEM, USER, REPLY, KEY, WRONG_KEY, OWN_TOKEN)
+
+
+class ForeignPeer(ProtocolWrapper):
+    """Makes the wrapped channel see a non-loopback TCP peer."""
+
+    def getPeer(self) -> IAddress:
+        return IPv4Address("TCP", "192.0.2.20", 40124)
+
+
+def chat(model: str = "llama3", *, stream: bool = True, pad: int = 0) -> bytes:
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": USER + " " * pad},
+    ]
+    return json.dumps({"model": model, "stream": stream, "messages": messages}).encode()
+
+
+@implementer(ILogObserver)
+class Capture:
+    """Every bus event and every log event while the proxy runs, rendered as text."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.logs: list[LogEvent] = []
+
+    def __call__(self, event: LogEvent) -> None:
+        self.logs.append(event)
+
+    def texts(self) -> list[str]:
+        rendered = [json.dumps(dict(e.payload)) + repr(e) for e in self.events]
+        rendered += [str(formatEvent(e)) + repr(e) for e in self.logs]
+        return rendered
+
+
+class Proxy:
+    """A FROZEN node and a healthy one whose reply is a canary, behind a keyed proxy."""
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+        self.engines: list[EngineHandle] = []
+        self.proxy: ProxyHandle | None = None
+        self.capture = Capture()
+
+    async def start(self, listen: Callable[[Any], int]) -> None:
+        frozen = SimulatedEngine(self.reactor, MODEL, always(Behaviour.FROZEN))
+        healthy = SimulatedEngine(self.reactor, MODEL, reply_text=REPLY)
+        for engine in (frozen, healthy):
+            self.engines.append(await start_engine(self.reactor, engine))
+        nodes = [Node(f"n{i}", h.url, MODEL) for i, h in enumerate(self.engines)]
+        globalLogPublisher.addObserver(self.capture)
+        self.proxy = await start_proxy(
+            self.reactor,
+            {"ollama": nodes},
+            Settings(response_header_timeout=0.3, max_body_size=4096),
+            environ={"NVPAIR_PROXY_API_KEYS": KEY},
+        )
+        self.proxy.runtime.shared.bus.subscribe(self.capture.events.append, name="privacy")
+        site = make_site(FacadeResource(self.proxy.runtime.facades["ollama"]), clock=self.reactor)
+        factory = WrappingFactory(site)
+        factory.protocol = ForeignPeer
+        self.foreign_url = f"http://127.0.0.1:{listen(factory)}"
+
+    @property
+    def url(self) -> str:
+        assert self.proxy is not None
+        return self.proxy.url()
+
+    @property
+    def healthy(self) -> SimulatedEngine:
+        return self.engines[1].engine
+
+    async def post(
+        self, url: str, data: bytes, path: str = "/api/chat", **headers: str
+    ) -> tuple[int, bytes]:
+        pool = HTTPConnectionPool(self.reactor, persistent=False)
+        client = treq.client.HTTPClient(Agent(self.reactor, pool=pool))
+        sent: dict[bytes | str, bytes | str] = {k: v for k, v in headers.items()}
+        response = await client.post(url + path, data=data, headers=sent)
+        return response.code, await treq.content(response)
+
+    async def stop(self) -> None:
+        try:
+            if self.proxy is not None:
+                await self.proxy.stop()
+            for handle in self.engines:
+                await handle.stop()
+        finally:
+            globalLogPublisher.removeObserver(self.capture)
+
+
+@pytest_twisted.async_yield_fixture()
+async def proxy(reactor: Any) -> AsyncIterator[Proxy]:
+    """The canary proxy, stopped (and the log observer removed) after the test."""
+    p = Proxy(reactor)
+    yield p
+    await p.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_no_canary_reaches_events_logs_or_request_records(
+    reactor: Any, proxy: Proxy, listen: Callable[[Any], int]
+) -> None:
+    """Prompts, replies, API keys and callers' tokens, sent through failover, errors and the key
+    checks, appear in no bus event, request record or log event."""
+    await proxy.start(listen)
+    url, foreign = proxy.url, proxy.foreign_url
+    bearer = f"Bearer {OWN_TOKEN}"
+    malformed = (
+        b'{"model": "llama3", "messages": [{"role": "system", "content": "' + SYSTEM.encode()
+    )
+
+    results = [
+        await proxy.post(url, chat()),  # failover past the FROZEN node
+        await proxy.post(url, chat(stream=False), "/v1/chat/completions", Authorization=bearer),
+        await proxy.post(url, chat("no-such-model")),  # 502: no node has the model
+        await proxy.post(url, chat(pad=5000)),  # 413
+        await proxy.post(url, malformed),
+        await proxy.post(foreign, chat(), Authorization=f"Bearer {KEY}"),
+        await proxy.post(foreign, chat(), **{"X-Api-Key": WRONG_KEY}),
+        await proxy.post(foreign, chat(), **{"X-Api-Key": KEY, "Authorization": bearer}),
+    ]
+
+    assert [code for code, _ in results] == [200, 200, 502, 413, 200, 200, 401, 200]
+    assert all(REPLY.encode() in body for code, body in results if code == 200)
+    assert b"cnry" not in b"".join(body for code, body in results if code != 200)
+    bodies = [r.body for r in proxy.healthy.received if r.method == b"POST"]
+    assert all(SYSTEM.encode() in b and USER.encode() in b for b in bodies[:2])
+    tokens = [r.headers.get(b"authorization") for r in proxy.healthy.received]
+    assert tokens.count([bearer.encode()]) == 2, "the callers' own tokens reached the engine"
+
+    capture = proxy.capture
+    records = [e.payload for e in capture.events if e.name == "proxy/request"]
+    # The 413 is refused by the channel before the facade sees it, so it has no record yet.
+    assert [r["status"] for r in records] == [200, 200, 502, 200, 200, 401, 200]
+    assert [a["outcome"] for a in records[0]["attempts"]] == ["stall", "committed"]
+    assert any(e.name == "workload:completed" for e in capture.events)
+    assert capture.logs, "the observer saw the proxy's log events"
+    for text in capture.texts():
+        for canary in CANARIES:
+            assert canary not in text, (canary, text[:500])
+
+
+@pytest.mark.parametrize("canary", CANARIES)
+def test_capture_finds_a_canary_that_is_logged(canary: str) -> None:
+    """Control: the capture's rendering does contain a canary that a log event carries."""
+    capture = Capture()
+    capture.logs.append({"log_format": "saw {thing}", "thing": canary, "log_namespace": "x"})
+    capture.events.append(Event("proxy/request", {"error": "x"}, 0.0))
+    assert any(canary in text for text in capture.texts())

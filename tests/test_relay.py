@@ -1,0 +1,488 @@
+"""Tests for nvpair_tw.relay: the write-stall guard and progress (with a clock), and the committed
+relay over the real in-process proxy and loopback: streaming, backpressure, hang-ups both ways."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock, deferLater
+from twisted.internet.threads import deferToThread
+from twisted.python.failure import Failure
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone, ResponseFailed
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from nvpair_tw.nodes import Node
+from nvpair_tw.relay import Progress, StallGuard
+from nvpair_tw.settings import Settings
+from nvpair_tw.testing import ProxyHandle, start_proxy
+from nvpair_tw.upstream import ReplayBodyProducer
+
+MODEL = ("llama3:latest",)
+REQUEST_BODY = json.dumps({"model": "llama3", "stream": True}).encode()
+MiB = 1024 * 1024
+
+
+# ---- StallGuard with a clock --------------------------------------------------------------------
+
+
+@implementer(IPushProducer)
+class RecordingProducer:
+    """An upstream stand-in that records the flow-control calls it receives."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pauseProducing(self) -> None:
+        self.calls.append("pause")
+
+    def resumeProducing(self) -> None:
+        self.calls.append("resume")
+
+    def stopProducing(self) -> None:
+        self.calls.append("stop")
+
+
+def guard(budget: float = 30.0) -> tuple[StallGuard, Clock, RecordingProducer, list[None]]:
+    clock, upstream, stalls = Clock(), RecordingProducer(), list[None]()
+    return StallGuard(clock, upstream, budget, lambda: stalls.append(None)), clock, upstream, stalls
+
+
+def test_guard_is_a_push_producer() -> None:
+    """The guard is what the proxy registers on the client request."""
+    assert verifyObject(IPushProducer, guard()[0])
+
+
+def test_pause_pauses_the_upstream_and_arms_the_budget() -> None:
+    """A full client socket pauses the upstream and starts one stall timer (repeat pauses add none)."""
+    stall_guard, clock, upstream, _ = guard()
+    stall_guard.pauseProducing()
+    stall_guard.pauseProducing()
+    assert upstream.calls == ["pause", "pause"]
+    assert [call.getTime() for call in clock.getDelayedCalls()] == [30.0]
+
+
+def test_resume_disarms_and_resumes_the_upstream() -> None:
+    """The client draining its socket resumes the upstream and cancels the stall timer."""
+    stall_guard, clock, upstream, stalls = guard()
+    stall_guard.pauseProducing()
+    clock.advance(29)
+    stall_guard.resumeProducing()
+    assert upstream.calls == ["pause", "resume"]
+    assert clock.getDelayedCalls() == []
+    clock.advance(60)
+    assert stalls == []
+
+
+def test_paused_past_the_budget_fires_on_stall_once() -> None:
+    """A client that accepts nothing for the whole budget is declared stalled, once."""
+    stall_guard, clock, _, stalls = guard()
+    stall_guard.pauseProducing()
+    clock.advance(29.999)
+    assert stalls == []
+    clock.advance(0.001)
+    assert stalls == [None]
+    assert clock.getDelayedCalls() == []
+
+
+def test_each_pause_gets_a_fresh_budget() -> None:
+    """Budgets do not accumulate across pauses: only one continuous pause counts."""
+    stall_guard, clock, _, stalls = guard()
+    for _ in range(3):
+        stall_guard.pauseProducing()
+        clock.advance(20)
+        stall_guard.resumeProducing()
+    assert stalls == []
+
+
+def test_stop_and_cancel_leave_no_timer() -> None:
+    """stopProducing stops the upstream and disarms; cancel() alone just disarms."""
+    stall_guard, clock, upstream, _ = guard()
+    stall_guard.pauseProducing()
+    stall_guard.cancel()
+    assert clock.getDelayedCalls() == []
+    stall_guard.pauseProducing()
+    stall_guard.stopProducing()
+    assert upstream.calls == ["pause", "pause", "stop"]
+    assert clock.getDelayedCalls() == []
+
+
+def test_zero_budget_arms_nothing() -> None:
+    """With the stall rule disabled a pause only forwards flow control."""
+    stall_guard, clock, upstream, stalls = guard(budget=0)
+    stall_guard.pauseProducing()
+    assert upstream.calls == ["pause"]
+    assert clock.getDelayedCalls() == []
+    assert stalls == []
+
+
+# ---- Progress -----------------------------------------------------------------------------------
+
+
+def test_progress_counts_and_writes_through() -> None:
+    """The wrapped sink writes every chunk unchanged and counts the bytes."""
+    written: list[bytes] = []
+    progress = Progress("application/json", UNKNOWN_LENGTH)
+    sink = progress.wrap(written.append)
+    sink(b"abc")
+    sink(b"de")
+    assert written == [b"abc", b"de"]
+    assert progress.sent == 5
+    assert not progress.streaming
+    assert not progress.complete
+
+
+def test_progress_is_complete_once_every_content_length_byte_is_sent() -> None:
+    """A known-length answer is complete exactly when all its bytes went out."""
+    progress = Progress("application/json", 10)
+    sink = progress.wrap(lambda _data: None)
+    sink(b"x" * 9)
+    assert not progress.complete
+    sink(b"x")
+    assert progress.complete
+
+
+def test_empty_known_length_answer_is_complete() -> None:
+    """``Content-Length: 0`` is complete before any byte."""
+    assert Progress(None, 0).complete
+
+
+@pytest.mark.parametrize(
+    ("content_type", "stream", "terminal"),
+    [
+        ("text/event-stream", b'data: {"x":1}\n\n', b"data: [DONE]\n\n"),
+        ("application/x-ndjson", b'{"done":false}\n', b'{"done":true}\n'),
+    ],
+)
+def test_progress_is_complete_once_the_terminal_frame_passes(
+    content_type: str, stream: bytes, terminal: bytes
+) -> None:
+    """A stream of unknown length is complete when its terminal frame has been relayed."""
+    progress = Progress(content_type, UNKNOWN_LENGTH)
+    sink = progress.wrap(lambda _data: None)
+    sink(stream)
+    assert progress.streaming and not progress.complete
+    sink(terminal)
+    assert progress.complete
+
+
+# ---- the relay over loopback --------------------------------------------------------------------
+
+
+class HeldStream(Resource):
+    """An upstream that sends its first chunk at once and the rest only when the test says so."""
+
+    isLeaf = True
+    FIRST = b'{"message":{"content":"chunk one"},"done":false}\n'
+    SECOND = b'{"message":{"content":"chunk two"},"done":false}\n'
+    LAST = b'{"done":true}\n'
+
+    def __init__(self, content_length: int | None = None) -> None:
+        super().__init__()
+        self._content_length = content_length
+        self.requests: list[Request] = []
+        self.sent: list[bytes] = []
+        self.lost: Failure | None = None
+        self.ended: Deferred[None] = Deferred()
+
+    def render(self, request: Request) -> int:  # type: ignore[override]
+        self.requests.append(request)
+        request.notifyFinish().addBoth(self._ended)
+        request.setHeader(b"content-type", b"application/x-ndjson")
+        if self._content_length is not None:
+            request.setHeader(b"content-length", b"%d" % self._content_length)
+        self.send(self.FIRST)
+        return NOT_DONE_YET
+
+    def _ended(self, result: Failure | None) -> None:
+        self.lost = result
+        self.ended.callback(None)
+
+    def send(self, chunk: bytes) -> None:
+        self.sent.append(chunk)
+        self.requests[-1].write(chunk)
+
+
+class Reader(Protocol):
+    """A client body protocol: what arrived, waits for a byte count, and how the body ended."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.reason: Failure | None = None
+        self.ended: Deferred[None] = Deferred()
+        self._waiting: list[tuple[int, Deferred[None]]] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+        ready = [d for n, d in self._waiting if len(self.data) >= n]
+        self._waiting = [(n, d) for n, d in self._waiting if len(self.data) < n]
+        for waiter in ready:
+            waiter.callback(None)
+
+    def until(self, size: int) -> Deferred[None]:
+        waiter: Deferred[None] = Deferred()
+        self._waiting.append((size, waiter))
+        self.dataReceived(b"")
+        return waiter
+
+    def connectionLost(self, reason: Failure = ResponseDone) -> None:  # type: ignore[assignment]
+        self.reason = reason
+        self.ended.callback(None)
+
+
+class Loopback:
+    """One upstream Site behind the in-process proxy, and an HTTP client to the proxy."""
+
+    def __init__(self, reactor: Any, listen: Callable[[Any], int]) -> None:
+        self.reactor, self._listen = reactor, listen
+        self.proxy: ProxyHandle | None = None
+        self.pool = HTTPConnectionPool(reactor, persistent=False)
+
+    async def start(self, upstream: Resource, settings: Settings | None = None) -> None:
+        site = Site(upstream)
+        site.noisy = False
+        port = self._listen(site)
+        nodes = [Node("n0", f"http://127.0.0.1:{port}", MODEL)]
+        self.proxy = await start_proxy(self.reactor, {"ollama": nodes}, settings)
+
+    @property
+    def port(self) -> int:
+        assert self.proxy is not None
+        return int(self.proxy.url().rsplit(":", 1)[1])
+
+    async def post(self) -> tuple[IResponse, Reader]:
+        assert self.proxy is not None
+        response = await Agent(self.reactor, pool=self.pool).request(
+            b"POST",
+            self.proxy.url().encode() + b"/api/chat",
+            Headers({b"content-type": [b"application/json"]}),
+            ReplayBodyProducer(REQUEST_BODY, lambda: None),
+        )
+        reader = Reader()
+        response.deliverBody(reader)
+        return response, reader
+
+    async def stop(self) -> None:
+        await self.pool.closeCachedConnections()
+        if self.proxy is not None:
+            await self.proxy.stop()
+
+
+@pytest_twisted.async_yield_fixture()
+async def loopback(reactor: Any, listen: Callable[[Any], int]) -> AsyncIterator[Loopback]:
+    """A proxy in front of one test upstream, stopped after the test."""
+    setup = Loopback(reactor, listen)
+    yield setup
+    await setup.stop()
+
+
+async def bounded(reactor: Any, waiting: Deferred[Any]) -> Any:
+    """Await with a 5 s guard, so a broken relay fails instead of hanging the suite."""
+    return await waiting.addTimeout(5, reactor)
+
+
+@pytest_twisted.ensureDeferred
+async def test_chunks_reach_the_client_while_the_upstream_holds_the_rest(
+    reactor: Any, loopback: Loopback
+) -> None:
+    """The committed first chunk, and each later one, is relayed as it comes, not buffered until
+    the stream ends: the client has it while the upstream has sent nothing more."""
+    upstream = HeldStream()
+    await loopback.start(upstream)
+    response, reader = await loopback.post()
+    await bounded(reactor, reader.until(len(HeldStream.FIRST)))
+    assert bytes(reader.data) == HeldStream.FIRST
+    assert upstream.sent == [HeldStream.FIRST]
+    assert response.headers.getRawHeaders(b"x-nvpair-node") == [b"n0"]
+    upstream.send(HeldStream.SECOND)
+    await bounded(reactor, reader.until(len(HeldStream.FIRST + HeldStream.SECOND)))
+    assert upstream.sent == [HeldStream.FIRST, HeldStream.SECOND]
+    assert not reader.ended.called
+    upstream.send(HeldStream.LAST)
+    upstream.requests[0].finish()
+    await bounded(reactor, reader.ended)
+    assert reader.reason is not None and reader.reason.check(ResponseDone)
+    assert bytes(reader.data) == HeldStream.FIRST + HeldStream.SECOND + HeldStream.LAST
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_hang_up_mid_stream_closes_the_upstream(
+    reactor: Any, loopback: Loopback
+) -> None:
+    """A client that leaves after the first chunk makes the proxy close the upstream connection."""
+    upstream = HeldStream()
+    await loopback.start(upstream)
+    _, reader = await loopback.post()
+    await bounded(reactor, reader.until(len(HeldStream.FIRST)))
+    assert reader.transport is not None
+    IPushProducer(reader.transport).stopProducing()
+    await bounded(reactor, upstream.ended)
+    assert upstream.lost is not None and upstream.lost.check(ConnectionLost, ConnectionDone)
+    await bounded(reactor, reader.ended)
+
+
+@pytest.mark.parametrize(
+    ("content_length", "how"),
+    [(None, "loseConnection"), (None, "abortConnection"), (4096, "loseConnection")],
+    ids=["chunked-close", "chunked-reset", "content-length-close"],
+)
+@pytest_twisted.ensureDeferred
+async def test_upstream_death_mid_stream_truncates_the_client_response(
+    reactor: Any, loopback: Loopback, content_length: int | None, how: str
+) -> None:
+    """An upstream that dies after the first chunk aborts the client: never a clean end."""
+    upstream = HeldStream(content_length)
+    await loopback.start(upstream)
+    _, reader = await loopback.post()
+    await bounded(reactor, reader.until(len(HeldStream.FIRST)))
+    transport = upstream.requests[0].transport
+    assert transport is not None
+    getattr(transport, how)()
+    await bounded(reactor, reader.ended)
+    assert reader.reason is not None and reader.reason.check(ResponseFailed), reader.reason
+    assert bytes(reader.data) == HeldStream.FIRST
+
+
+class Firehose(Resource):
+    """An upstream that writes 64 KiB chunks as fast as its own transport allows, up to ``total``."""
+
+    isLeaf = True
+    CHUNK = b"x" * 65536
+
+    def __init__(self, total: int) -> None:
+        super().__init__()
+        self.total = total
+        self.sent = 0
+        self.pauses = 0
+        self.paused = False
+        self.stopped = False
+        self.finished = False
+        self._request: Request | None = None
+
+    def render(self, request: Request) -> int:  # type: ignore[override]
+        self._request = request
+        request.setHeader(b"content-type", b"application/octet-stream")
+        request.setHeader(b"content-length", b"%d" % self.total)
+        request.registerProducer(_FirehoseProducer(self), True)
+        self.pump()
+        return NOT_DONE_YET
+
+    def pump(self) -> None:
+        request = self._request
+        assert request is not None
+        while not self.paused and not self.stopped and self.sent < self.total:
+            self.sent += len(self.CHUNK)
+            request.write(self.CHUNK)
+        if self.sent >= self.total and not self.finished and not self.stopped:
+            self.finished = True
+            request.unregisterProducer()
+            request.finish()
+
+
+@implementer(IPushProducer)
+class _FirehoseProducer:
+    def __init__(self, firehose: Firehose) -> None:
+        self._firehose = firehose
+
+    def pauseProducing(self) -> None:
+        self._firehose.paused = True
+        self._firehose.pauses += 1
+
+    def resumeProducing(self) -> None:
+        self._firehose.paused = False
+        self._firehose.pump()
+
+    def stopProducing(self) -> None:
+        self._firehose.stopped = True
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * 4096
+
+
+def read_response(sock: socket.socket) -> tuple[bytes, int]:
+    """Blocking (in a thread): read the head and the whole chunked body; (head, payload bytes)."""
+    sock.setblocking(True)
+    sock.settimeout(30)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * MiB)
+    buffered = bytearray()
+
+    def fill() -> None:
+        data = sock.recv(1 << 20)
+        if not data:
+            raise EOFError("connection closed mid-response")
+        buffered.extend(data)
+
+    while b"\r\n\r\n" not in buffered:
+        fill()
+    end = buffered.index(b"\r\n\r\n")
+    head = bytes(buffered[:end])
+    del buffered[: end + 4]
+    payload = 0
+    while True:
+        while b"\r\n" not in buffered:
+            fill()
+        line_end = buffered.index(b"\r\n")
+        size = int(bytes(buffered[:line_end]).split(b";")[0], 16)
+        del buffered[: line_end + 2]
+        if size == 0:
+            return head, payload
+        while len(buffered) < size + 2:
+            fill()
+        payload += size
+        del buffered[: size + 2]
+
+
+@pytest_twisted.ensureDeferred
+async def test_client_that_reads_nothing_pauses_the_upstream(
+    reactor: Any, loopback: Loopback
+) -> None:
+    """128 MiB offered to a client that reads nothing: the upstream is paused after a few MiB and
+    the proxy's memory stays far below the offered size; once the client reads, all of it arrives."""
+    total = 128 * MiB
+    firehose = Firehose(total)
+    await loopback.start(firehose, Settings(write_stall_timeout=120.0))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        sock.connect(("127.0.0.1", loopback.port))
+        sock.sendall(
+            b"POST /api/chat HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(REQUEST_BODY), REQUEST_BODY)
+        )
+        sock.setblocking(False)
+        before = resident_bytes()
+        stable, last = 0, -1
+        for _ in range(200):  # at most 20 s: the stream either stalls or runs to the end
+            await deferLater(reactor, 0.1, lambda: None)
+            if firehose.finished:
+                break
+            stable = stable + 1 if firehose.paused and firehose.sent == last else 0
+            last = firehose.sent
+            if stable >= 5:
+                break
+        growth = resident_bytes() - before
+        assert not firehose.finished
+        assert firehose.paused and firehose.pauses > 0
+        assert firehose.sent < 24 * MiB, firehose.sent  # kernel socket buffers hold a few MiB
+        assert growth < 16 * MiB, growth
+        head, received = await deferToThread(read_response, sock)
+    finally:
+        sock.close()
+    assert head.startswith(b"HTTP/1.1 200")
+    assert received == total
+    assert firehose.finished

@@ -1,0 +1,433 @@
+# -*- test-case-name: tests.test_tap -*-
+"""``twistd nvpair``: plugin discovery, option parsing, environment fallbacks and the real command line."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from twisted.application.service import IService, IServiceCollection, IServiceMaker, MultiService
+from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import ILogObserver, LogLevel, formatEvent, globalLogPublisher
+from twisted.plugin import IPlugin, getPlugins
+from twisted.python import usage
+from zope.interface.verify import verifyObject
+
+from nvpair_tw import __version__
+from nvpair_tw.assemble import assemble
+from nvpair_tw.engines import ENGINES
+from nvpair_tw.logs import current_level, set_level
+from nvpair_tw.nodes import Node
+from nvpair_tw.service import ListenerService
+from nvpair_tw.settings import FIRST_BODY_ENV, RESPONSE_HEADER_ENV, Settings
+from nvpair_tw.tap import Options, parse_size
+
+REPO = Path(__file__).resolve().parent.parent
+TWISTD = "import sys; sys.argv[0] = 'twistd'; from twisted.scripts.twistd import run; run()"
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No ``NVPAIR_*`` variable of the outer shell leaks in; the log level is restored afterwards."""
+    for name in list(os.environ):
+        if name.startswith("NVPAIR_"):
+            monkeypatch.delenv(name)
+    level = current_level()
+    set_level(LogLevel.info)
+    yield
+    set_level(level)
+
+
+def parse(*args: str) -> Options:
+    """Parse ``args`` as ``twistd nvpair`` would."""
+    options = Options()
+    options.parseOptions(list(args))
+    return options
+
+
+def settings_of(*args: str) -> Settings:
+    """The resolved settings of ``--engine ollama`` plus ``args``."""
+    return cast(Settings, parse("--engine", "ollama", *args)["settings"])
+
+
+def services(top: IService) -> Iterator[IService]:
+    """Every service in a tree, depth first."""
+    yield top
+    if IServiceCollection.providedBy(top):
+        for child in cast(Any, top):
+            yield from services(child)
+
+
+def nvpair_plugin() -> Any:
+    """The ``nvpair`` service maker found by Twisted's plugin system."""
+    makers = [m for m in getPlugins(IServiceMaker) if m.tapname == "nvpair"]
+    assert len(makers) == 1
+    return makers[0]
+
+
+def test_plugin_is_discovered_and_provides_the_interfaces() -> None:
+    """``getPlugins(IServiceMaker)`` finds tapname ``nvpair``; it is a valid IServiceMaker and IPlugin."""
+    maker = nvpair_plugin()
+    assert maker.options is Options
+    assert "LLM" in maker.description
+    assert verifyObject(IServiceMaker, maker)
+    assert IPlugin.providedBy(maker)
+
+
+def test_plugin_options_parse_through_the_maker() -> None:
+    """The maker's ``options`` class parses a command line into settings."""
+    options = nvpair_plugin().options()
+    options.parseOptions(["--engine", "lmstudio"])
+    assert options["engines"] == ["lmstudio"]
+
+
+def test_defaults_follow_the_spec() -> None:
+    """``--engine lmstudio`` alone: the default listener, 120 s header timeout, first-body off."""
+    options = parse("--engine", "lmstudio")
+    assert options["listen"] == {"lmstudio": "tcp:1235:interface=127.0.0.1"}
+    assert options["settings"] == Settings()
+    assert options["node"] == []
+    assert options["warnings"] == []
+    assert options["sources"] == {
+        "response-header-timeout": "default",
+        "first-body-timeout": "default",
+    }
+
+
+def test_engine_is_repeatable() -> None:
+    """``--engine`` (and ``-e``) may be given several times; order is kept, repeats collapse."""
+    options = parse("--engine", "omlx", "-e", "ollama", "--engine", "omlx")
+    assert options["engines"] == ["omlx", "ollama"]
+    assert options["listen"] == {e: ENGINES[e].default_listen for e in ("omlx", "ollama")}
+
+
+def test_unknown_engine_is_a_usage_error() -> None:
+    """An engine name outside ollama, lmstudio, omlx is refused with the choices."""
+    with pytest.raises(usage.UsageError, match="unknown engine 'vllm'; choose from"):
+        parse("--engine", "vllm")
+
+
+def test_no_engine_is_a_usage_error() -> None:
+    """At least one ``--engine`` is required."""
+    with pytest.raises(usage.UsageError, match="at least one --engine"):
+        parse("--max-body-size", "1MiB")
+
+
+def test_single_listen_applies_to_the_only_engine() -> None:
+    """With one engine, ``--listen ENDPOINT`` is that facade's listener."""
+    options = parse("--engine", "ollama", "--listen", "tcp:port=11600:interface=127.0.0.1")
+    assert options["listen"] == {"ollama": "tcp:port=11600:interface=127.0.0.1"}
+
+
+def test_engine_prefixed_listen_forms() -> None:
+    """``--listen ENGINE=ENDPOINT`` sets one facade; the others keep their defaults."""
+    options = parse("-e", "ollama", "-e", "lmstudio", "-e", "omlx", "--listen", "omlx=tcp:8101")
+    assert options["listen"] == {
+        "ollama": "tcp:11435:interface=127.0.0.1",
+        "lmstudio": "tcp:1235:interface=127.0.0.1",
+        "omlx": "tcp:8101",
+    }
+
+
+def test_unprefixed_listen_with_two_engines_is_a_usage_error() -> None:
+    """With several engines a bare ``--listen`` is ambiguous."""
+    with pytest.raises(usage.UsageError, match="ENGINE=ENDPOINT"):
+        parse("-e", "ollama", "-e", "lmstudio", "--listen", "tcp:9000")
+
+
+def test_listen_for_an_engine_not_served_is_a_usage_error() -> None:
+    """``--listen omlx=...`` without ``--engine omlx`` is refused."""
+    with pytest.raises(usage.UsageError, match="omlx, which is not an --engine"):
+        parse("-e", "ollama", "--listen", "omlx=tcp:8101")
+
+
+@pytest.mark.parametrize(
+    ("flag", "description"),
+    [
+        ("--listen", "bogus:1"),
+        ("--listen", "tcp:abc"),
+        ("--listen", "ssl:8443:privateKey=/nonexistent/key.pem"),
+        ("--admin", "tcp:nine"),
+    ],
+)
+def test_bad_endpoints_are_usage_errors(flag: str, description: str) -> None:
+    """Endpoint strings are parsed up front, so a typo is a usage error, not a traceback at start."""
+    with pytest.raises(usage.UsageError, match="not a server endpoint"):
+        parse("--engine", "ollama", flag, description)
+
+
+def test_nodes_for_every_engine_and_for_one() -> None:
+    """``--node ID=URL`` goes to every facade; ``--node ENGINE:ID=URL`` to one."""
+    options = parse(
+        "-e",
+        "ollama",
+        "-e",
+        "lmstudio",
+        "--node",
+        "gpu1=http://10.0.0.5:11434/",
+        "--node",
+        "lmstudio:gpu2=https://studio.lan:1234",
+    )
+    gpu1 = Node(id="gpu1", url="http://10.0.0.5:11434", source="flag")
+    gpu2 = Node(id="gpu2", url="https://studio.lan:1234", source="flag")
+    assert options["node"] == [(None, gpu1), ("lmstudio", gpu2)]
+    assert options.nodes_by_engine() == {"ollama": [gpu1], "lmstudio": [gpu1, gpu2]}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "gpu1",
+        "=http://10.0.0.5:11434",
+        "gpu1=",
+        "ollama:=http://10.0.0.5:11434",
+        "gpu1=10.0.0.5:11434",
+        "gpu1=ftp://10.0.0.5:11434",
+        "gpu1=http://:11434",
+        "gpu1=http://10.0.0.5:70000",
+        "gpu1=http://10.0.0.5:0",
+        "gpu1=http://10.0.0.5:port",
+    ],
+)
+def test_bad_nodes_are_usage_errors(text: str) -> None:
+    """Missing id, missing or non-http URL, and ports outside 1-65535 are refused."""
+    with pytest.raises(usage.UsageError, match="--node"):
+        parse("--engine", "ollama", "--node", text)
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("32MiB", 33554432), ("32m", 33554432), ("1000", 1000), ("2kb", 2000), ("1 GiB", 1 << 30)],
+)
+def test_sizes_parse(text: str, size: int) -> None:
+    """Sizes take bytes, decimal (kb, mb, gb) and binary (k, m, g, KiB, MiB, GiB) units."""
+    assert parse_size(text) == size
+
+
+def test_max_body_size_option() -> None:
+    """``--max-body-size 32MiB`` is 33554432 bytes."""
+    assert settings_of("--max-body-size", "32MiB").max_body_size == 33554432
+    assert settings_of("--max-body-size", "1k").max_body_size == 1024
+
+
+@pytest.mark.parametrize("size", ["lots", "-1", "0", "1.5m", "5tb"])
+def test_bad_max_body_size_is_a_usage_error(size: str) -> None:
+    """A size that is not a positive whole number of bytes is refused."""
+    with pytest.raises(usage.UsageError, match="max-body-size"):
+        parse("--engine", "ollama", "--max-body-size", size)
+
+
+def test_durations_use_go_syntax() -> None:
+    """Duration options take Go durations and are stored in seconds."""
+    settings = settings_of(
+        "--connect-timeout",
+        "300ms",
+        "--inventory-interval",
+        "1m30s",
+        "--affinity-ttl",
+        "1.5h",
+        "--write-stall-timeout",
+        "2s",
+        "--shutdown-grace",
+        "0",
+    )
+    assert settings.connect_timeout == pytest.approx(0.3)
+    assert settings.inventory_interval == 90.0
+    assert settings.affinity_ttl == 5400.0
+    assert settings.write_stall_timeout == 2.0
+    assert settings.shutdown_grace == 0.0
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--connect-timeout", "0"),
+        ("--connect-timeout", "10"),
+        ("--inventory-interval", "soon"),
+        ("--affinity-ttl", "-1s"),
+        ("--write-stall-timeout", "0s"),
+        ("--shutdown-grace", "-1s"),
+        ("--max-connections", "0"),
+        ("--max-connections", "many"),
+        ("--affinity-max-entries", "0"),
+    ],
+)
+def test_bad_durations_and_counts_are_usage_errors(flag: str, value: str) -> None:
+    """Unparseable, unitless, zero (where positive is needed) or negative values are refused."""
+    with pytest.raises(usage.UsageError, match=flag.lstrip("-")):
+        parse("--engine", "ollama", flag, value)
+
+
+def test_timer_flags_set_the_timeouts() -> None:
+    """``--response-header-timeout`` and ``--first-body-timeout`` take Go durations."""
+    options = parse("-e", "ollama", "--response-header-timeout", "2s", "--first-body-timeout", "1m")
+    assert options["settings"].response_header_timeout == 2.0
+    assert options["settings"].cooldown == 2.0
+    assert options["settings"].first_body_timeout == 60.0
+    assert options["sources"] == {"response-header-timeout": "flag", "first-body-timeout": "flag"}
+
+
+def test_timer_environment_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without flags, the two ``NVPAIR_PROXY_*_TIMEOUT`` variables are used."""
+    monkeypatch.setenv(RESPONSE_HEADER_ENV, "45s")
+    monkeypatch.setenv(FIRST_BODY_ENV, "30s")
+    settings = settings_of()
+    assert settings.response_header_timeout == 45.0
+    assert settings.first_body_timeout == 30.0
+
+
+def test_timer_flags_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A flag wins over its variable; ``--first-body-timeout 0`` disables an environment opt-in."""
+    monkeypatch.setenv(RESPONSE_HEADER_ENV, "45s")
+    monkeypatch.setenv(FIRST_BODY_ENV, "30s")
+    settings = settings_of("--response-header-timeout", "5s", "--first-body-timeout", "0")
+    assert settings.response_header_timeout == 5.0
+    assert settings.first_body_timeout == 0.0
+
+
+def test_invalid_timer_values_warn_and_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Bad timer values are not usage errors: 120 s / disabled, with warnings kept for the log."""
+    monkeypatch.setenv(FIRST_BODY_ENV, "-5s")
+    options = parse("-e", "ollama", "--response-header-timeout", "0")
+    assert options["settings"].response_header_timeout == 120.0
+    assert options["settings"].first_body_timeout == 0.0
+    warnings = options["warnings"]
+    assert len(warnings) == 2
+    assert "'0' from flag" in warnings[0]
+    assert FIRST_BODY_ENV in warnings[1]
+
+
+def test_log_level_option() -> None:
+    """``--log-level`` sets our loggers' level; an unknown name is a usage error."""
+    parse("-e", "ollama", "--log-level", "debug")
+    assert current_level() is LogLevel.debug
+    with pytest.raises(usage.UsageError, match="unknown log level 'bogus'"):
+        parse("-e", "ollama", "--log-level", "bogus")
+
+
+def test_nodes_file_is_checked(tmp_path: Path) -> None:
+    """A readable, valid ``--nodes`` file is accepted; bad TOML or a missing file is a usage error."""
+    good = tmp_path / "nodes.toml"
+    good.write_text('[[node]]\nid = "gpu1"\nurl = "http://10.0.0.5:11434"\n')
+    assert parse("-e", "ollama", "--nodes", str(good))["nodes"] == str(good)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[node]\nid = ")
+    with pytest.raises(usage.UsageError, match="invalid TOML"):
+        parse("-e", "ollama", "--nodes", str(bad))
+    with pytest.raises(usage.UsageError, match="cannot read"):
+        parse("-e", "ollama", "--nodes", str(tmp_path / "missing.toml"))
+
+
+def test_bad_allowed_cidrs_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A malformed ``NVPAIR_PROXY_ALLOWED_CIDRS`` stops the start with a clear message."""
+    monkeypatch.setenv("NVPAIR_PROXY_API_KEYS", "k" * 32)
+    monkeypatch.setenv("NVPAIR_PROXY_ALLOWED_CIDRS", "10.0.0.0/8, not-a-net")
+    with pytest.raises(usage.UsageError, match="NVPAIR_PROXY_ALLOWED_CIDRS: entry 2"):
+        parse("-e", "ollama")
+
+
+def test_version_option_prints_the_nvpair_version(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--version`` prints nvpair-tw's version (not Twisted's) and exits 0."""
+    with pytest.raises(SystemExit) as exited:
+        parse("--version")
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"nvpair-tw {__version__.public()}\n"
+
+
+def test_assembled_process_has_a_listener_per_engine() -> None:
+    """The plugin's options assemble (on a fake reactor) into a MultiService with each facade listener."""
+    options = parse("-e", "ollama", "-e", "omlx", "--listen", "omlx=tcp:8101", "--admin", "none")
+    top = assemble(MemoryReactorClock(), options, {})
+    assert isinstance(top, MultiService)
+    assert not top.running
+    listeners = {s.label: s.description for s in services(top) if isinstance(s, ListenerService)}
+    assert listeners == {
+        "ollama facade": "tcp:11435:interface=127.0.0.1",
+        "omlx facade": "tcp:8101",
+    }
+
+
+@pytest.fixture
+def logged() -> Iterator[list[dict[str, Any]]]:
+    """Events published on the global log while the test runs."""
+    events: list[dict[str, Any]] = []
+    observer = cast(ILogObserver, events.append)
+    globalLogPublisher.addObserver(observer)
+    yield events
+    globalLogPublisher.removeObserver(observer)
+
+
+def test_effective_timeouts_are_logged_at_start(
+    logged: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Assembling logs each timer with its value and source, after any warning about a bad value."""
+    monkeypatch.setenv(FIRST_BODY_ENV, "1m30s")
+    options = parse("-e", "ollama", "--response-header-timeout", "later", "--admin", "none")
+    assemble(MemoryReactorClock(), options, dict(os.environ))
+    messages = [formatEvent(e) for e in logged if e.get("log_namespace") == "nvpair_tw.assemble"]
+    warning = "invalid response-header timeout 'later' from flag; using 120s"
+    summary = (
+        "timeouts: connect 10s, response-header 120s (default), "
+        f"first-body 90s (${FIRST_BODY_ENV}), cooldown 120s"
+    )
+    assert warning in messages
+    assert summary in messages
+    assert messages.index(warning) < messages.index(summary)
+
+
+def _twistd(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Run the real ``twistd`` with the checkout on ``PYTHONPATH``."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("NVPAIR_")}
+    environ["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-c", TWISTD, *args],
+        cwd=cwd,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["nvpair", "--engine", "vllm"], "twistd nvpair: unknown engine 'vllm'; choose from "),
+        (["nvpair"], "twistd nvpair: at least one --engine is required"),
+        (["nvpair", "-e", "ollama", "--node", "x=http://h:99999"], "twistd nvpair: --node x:"),
+        (["nvpair", "-e", "ollama", "--log-level", "loud"], "twistd nvpair: unknown log level"),
+    ],
+)
+def test_twistd_reports_bad_options_in_one_line(
+    tmp_path: Path, args: list[str], error: str
+) -> None:
+    """A bad option ends ``twistd`` with status 1, usage text and a one-line error, never a traceback."""
+    result = _twistd(*args, cwd=tmp_path)
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output
+    assert result.stdout.rstrip("\n").splitlines()[-1].startswith(error)
+    assert "--engine=" in result.stdout
+    assert not (tmp_path / "twistd.pid").exists()
+
+
+def test_twistd_help_lists_the_plugin(tmp_path: Path) -> None:
+    """``twistd --help`` lists the ``nvpair`` sub-command."""
+    result = _twistd("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "Traceback" not in result.stderr
+    lines = [line.split() for line in result.stdout.splitlines()]
+    assert ["nvpair", "Failover"] in [words[:2] for words in lines]
+
+
+def test_twistd_version_prints_the_nvpair_version(tmp_path: Path) -> None:
+    """``twistd nvpair --version`` prints nvpair-tw's version."""
+    result = _twistd("nvpair", "--version", cwd=tmp_path)
+    assert result.returncode == 0
+    assert result.stdout == f"nvpair-tw {__version__.public()}\n"

@@ -1,0 +1,809 @@
+"""Tests for nvpair_tw.upstream: the replayed body, the header deadline, the body gate, endpoints.
+
+Reactor-free where possible (a recording consumer, ``task.Clock``, ``StringTransport``, a memory
+reactor); the header deadline, real connect failures and the gate's socket-level edge cases run over
+loopback.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import pytest_twisted
+import treq
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import TimeoutError as DeferredTimeoutError
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
+from twisted.internet.error import (
+    ConnectError,
+    ConnectingCancelledError,
+    ConnectionDone,
+    ConnectionLost,
+    ConnectionRefusedError,
+)
+from twisted.internet.interfaces import (
+    IConsumer,
+    IHostnameResolver,
+    IHostResolution,
+    IProducer,
+    IReactorPluggableNameResolver,
+    IResolutionReceiver,
+    IStreamClientEndpoint,
+)
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.task import Clock, deferLater
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.python.failure import Failure
+from twisted.web.client import (
+    URI,
+    Agent,
+    RequestGenerationFailed,
+    ResponseDone,
+    ResponseFailed,
+    ResponseNeverReceived,
+)
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine
+from nvpair_tw.upstream import (
+    BodyGate,
+    Discard,
+    FirstBodyTimeout,
+    HeaderTimeout,
+    NodeEndpointFactory,
+    ReplayBodyProducer,
+    UpstreamClient,
+    describe_failure,
+    is_cancellation,
+    make_pool,
+    node_url,
+)
+
+SECRET = "PROMPT-SECRET-7f3a"
+BODY = json.dumps({"model": "llama3", "stream": False, "prompt": SECRET * 20_000}).encode()
+
+
+# ---- ReplayBodyProducer -------------------------------------------------------------------------
+
+
+@implementer(IConsumer)
+class RecordingConsumer:
+    """Collects written bytes; ``on_write`` may pause or stop the producer re-entrantly."""
+
+    def __init__(self, on_write: Callable[[RecordingConsumer], None] | None = None) -> None:
+        self.data = bytearray()
+        self.writes = 0
+        self.on_write = on_write
+
+    def registerProducer(self, producer: IProducer, streaming: bool) -> None:
+        pass
+
+    def unregisterProducer(self) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+        self.writes += 1
+        if self.on_write is not None:
+            self.on_write(self)
+
+
+class Written:
+    """Counts ``on_written`` calls."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+
+
+def test_producer_provides_ibodyproducer_with_known_length() -> None:
+    """The producer declares the body length, so the agent frames with Content-Length."""
+    producer = ReplayBodyProducer(BODY, lambda: None)
+    assert verifyObject(IBodyProducer, producer)
+    assert producer.length == len(BODY)
+
+
+def test_same_body_is_replayed_byte_for_byte_to_several_consumers() -> None:
+    """Three attempts each get the whole body, in several chunks, and each says "written" once."""
+    for _ in range(3):
+        consumer, written = RecordingConsumer(), Written()
+        done = ReplayBodyProducer(BODY, written).startProducing(consumer)
+        assert bytes(consumer.data) == BODY
+        assert consumer.writes > 1
+        assert written.calls == 1
+        assert done.called
+
+
+def test_pause_holds_writes_until_resume() -> None:
+    """A consumer that pauses after every write gets one chunk per resume; done waits for the end."""
+    producer: ReplayBodyProducer
+    consumer = RecordingConsumer(lambda _c: producer.pauseProducing())
+    written = Written()
+    producer = ReplayBodyProducer(BODY, written)
+    done = producer.startProducing(consumer)
+    assert consumer.writes == 1
+    assert written.calls == 0 and not done.called
+    while not done.called:
+        before = consumer.writes
+        producer.resumeProducing()
+        assert consumer.writes == before + 1
+    assert bytes(consumer.data) == BODY
+    assert written.calls == 1
+
+
+def test_on_written_fires_once_even_when_resumed_after_the_end() -> None:
+    """Extra resumes after the last byte write nothing and never call on_written again."""
+    consumer, written = RecordingConsumer(), Written()
+    producer = ReplayBodyProducer(BODY, written)
+    producer.startProducing(consumer)
+    producer.pauseProducing()
+    producer.resumeProducing()
+    producer.resumeProducing()
+    assert written.calls == 1
+    assert bytes(consumer.data) == BODY
+
+
+def test_on_written_fires_after_the_last_byte() -> None:
+    """on_written runs only once the consumer holds the whole body."""
+    consumer = RecordingConsumer()
+    seen: list[int] = []
+    ReplayBodyProducer(BODY, lambda: seen.append(len(consumer.data))).startProducing(consumer)
+    assert seen == [len(BODY)]
+
+
+def test_stop_while_paused_never_reports_written() -> None:
+    """A stopped producer writes nothing more, never calls on_written and never fires done."""
+    producer: ReplayBodyProducer
+    consumer = RecordingConsumer(lambda _c: producer.pauseProducing())
+    written = Written()
+    producer = ReplayBodyProducer(BODY, written)
+    done = producer.startProducing(consumer)
+    producer.stopProducing()
+    producer.resumeProducing()
+    assert consumer.writes == 1
+    assert written.calls == 0 and not done.called
+
+
+def test_stop_during_the_last_write_never_reports_written() -> None:
+    """stopProducing re-entered from the final write still suppresses on_written and done."""
+    producer: ReplayBodyProducer
+    small = b"x" * 10
+
+    def stop_on_write(_c: RecordingConsumer) -> None:
+        producer.stopProducing()
+
+    consumer, written = RecordingConsumer(stop_on_write), Written()
+    producer = ReplayBodyProducer(small, written)
+    done = producer.startProducing(consumer)
+    assert bytes(consumer.data) == small
+    assert written.calls == 0 and not done.called
+
+
+def test_empty_body_is_written_at_once() -> None:
+    """A zero-length body reports written as soon as production starts."""
+    consumer, written = RecordingConsumer(), Written()
+    producer = ReplayBodyProducer(b"", written)
+    done = producer.startProducing(consumer)
+    assert producer.length == 0
+    assert consumer.writes == 0
+    assert written.calls == 1 and done.called
+
+
+# ---- is_cancellation / describe_failure ---------------------------------------------------------
+
+
+def wrapped(kind: type[Any], reason: BaseException) -> Failure:
+    return Failure(kind([Failure(reason)]))
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        Failure(CancelledError()),
+        Failure(ConnectingCancelledError(IPv4Address("TCP", "127.0.0.1", 1))),
+        wrapped(ResponseNeverReceived, CancelledError()),
+        wrapped(RequestGenerationFailed, CancelledError()),
+        wrapped(ResponseFailed, CancelledError()),
+        Failure(
+            ResponseFailed([Failure(ConnectionLost()), wrapped(ResponseFailed, CancelledError())])
+        ),
+    ],
+    ids=["bare", "connecting", "waiting", "transmitting", "body", "nested"],
+)
+def test_wrapped_cancellations_are_recognised(failure: Failure) -> None:
+    """Cancellation is found bare, while connecting, and inside Twisted's wrapper failures."""
+    assert is_cancellation(failure)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        Failure(ConnectionRefusedError()),
+        wrapped(ResponseNeverReceived, ConnectionLost()),
+        wrapped(ResponseFailed, ConnectionDone()),
+        Failure(HeaderTimeout("no response headers within 0.4s")),
+        Failure(FirstBodyTimeout("no response body within 1s")),
+    ],
+    ids=["refused", "lost", "done", "header-timeout", "first-body-timeout"],
+)
+def test_upstream_faults_are_not_cancellations(failure: Failure) -> None:
+    """Upstream faults and our own stall timeouts are not the caller going away."""
+    assert not is_cancellation(failure)
+
+
+def test_describe_failure_names_the_wrapped_reasons() -> None:
+    """Wrapper failures are described by their inner reasons; timeouts by their message."""
+    assert describe_failure(Failure(HeaderTimeout("no response headers within 0.4s"))) == (
+        "no response headers within 0.4s"
+    )
+    text = describe_failure(wrapped(ResponseNeverReceived, ConnectionLost("reset")))
+    assert text.startswith("ResponseNeverReceived(ConnectionLost")
+    assert describe_failure(Failure(CancelledError())) == "CancelledError"
+
+
+def test_describe_failure_leaves_out_raw_protocol_bytes() -> None:
+    """A parse error carrying the upstream's raw bytes is described by its reason only."""
+    from twisted.web._newclient import ParseError
+
+    failure = wrapped(ResponseFailed, ParseError("wrong number of parts", SECRET.encode()))
+    text = describe_failure(failure)
+    assert "wrong number of parts" in text
+    assert SECRET not in text
+
+
+# ---- the header deadline over loopback ----------------------------------------------------------
+
+
+@pytest_twisted.async_yield_fixture()
+async def upstream(reactor: Any) -> AsyncIterator[UpstreamClient]:
+    """An UpstreamClient on its own pool, closed after the test."""
+    pool = make_pool(reactor)
+    yield UpstreamClient(reactor, pool, connect_timeout=5.0)
+    await pool.closeCachedConnections()
+
+
+@implementer(IStreamClientEndpoint)
+class SlowEndpoint:
+    """Waits ``delay`` seconds before dialling (a slow network or TLS setup)."""
+
+    def __init__(self, reactor: Any, delay: float, inner: IStreamClientEndpoint) -> None:
+        self._reactor, self._delay, self._inner = reactor, delay, inner
+
+    def connect(self, factory: Any) -> Deferred[Any]:
+        return deferLater(self._reactor, self._delay, self._inner.connect, factory)
+
+
+@implementer(IAgentEndpointFactory)
+class SlowConnects:
+    """Endpoints whose connect takes ``delay`` seconds before the real dial."""
+
+    def __init__(self, reactor: Any, delay: float) -> None:
+        self._reactor, self._delay = reactor, delay
+
+    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
+        inner = TCP4ClientEndpoint(self._reactor, uri.host.decode(), uri.port)
+        return SlowEndpoint(self._reactor, self._delay, inner)
+
+
+class Scripted(Resource):
+    """An upstream whose every request does one scripted thing; records how each request ended."""
+
+    isLeaf = True
+
+    def __init__(self, reactor: Any, mode: str) -> None:
+        super().__init__()
+        self._reactor, self._mode = reactor, mode
+        self.finished: list[Deferred[None]] = []
+
+    def render(self, request: Request) -> int:  # type: ignore[override]
+        self.finished.append(request.notifyFinish())
+        if self._mode == "headers-only":
+            request.write(b"")
+        elif self._mode == "late-empty":
+            request.write(b"")
+            self._reactor.callLater(0.05, request.finish)
+        return NOT_DONE_YET
+
+
+def url(port: int, path: bytes = b"/api/chat") -> bytes:
+    return b"http://127.0.0.1:%d%s" % (port, path)
+
+
+async def connection_closed(reactor: Any, finished: Deferred[None]) -> None:
+    """Wait (bounded) for the upstream's request to see its connection lost."""
+    with pytest.raises((ConnectionLost, ConnectionDone)):
+        await finished.addTimeout(5, reactor)
+
+
+@pytest_twisted.ensureDeferred
+async def test_header_deadline_excludes_a_slow_connect(
+    reactor: Any, upstream: UpstreamClient
+) -> None:
+    """Behind a 0.6 s connect, a 0.4 s header deadline still gets the answer, which a 0.4 s
+    timeout counted from the call misses."""
+    handle = await start_engine(reactor, SimulatedEngine(reactor, header_delay=0.1))
+    try:
+        pool = make_pool(reactor)
+        upstream.agent = Agent.usingEndpointFactory(reactor, SlowConnects(reactor, 0.6), pool=pool)
+        target = handle.url.encode() + b"/api/chat"
+
+        control = upstream.agent.request(
+            b"POST", target, Headers(), ReplayBodyProducer(BODY, lambda: None)
+        )
+        control.addTimeout(0.4, reactor)
+        with pytest.raises(DeferredTimeoutError):
+            await control
+
+        started = reactor.seconds()
+        written: list[float] = []
+        response = await upstream.request(
+            b"POST",
+            target,
+            Headers(),
+            BODY,
+            0.4,
+            on_written=lambda: written.append(reactor.seconds()),
+        )
+        content = await treq.content(response)
+        await pool.closeCachedConnections()
+    finally:
+        await handle.stop()
+    assert response.code == 200 and b"hello" in content
+    assert written[0] - started >= 0.6
+    assert [r.body for r in handle.engine.received] == [BODY]
+
+
+@pytest_twisted.ensureDeferred
+async def test_silent_server_gets_header_timeout_and_a_closed_connection(
+    reactor: Any, upstream: UpstreamClient, listen: Callable[[Any], int]
+) -> None:
+    """No headers within the deadline: HeaderTimeout (caused by the cancelled wait), the server's
+    request sees its connection lost, and on_written ran exactly once."""
+    silent = Scripted(reactor, "silent")
+    port = listen(Site(silent))
+    written = Written()
+    started = reactor.seconds()
+    attempt = upstream.request(b"POST", url(port), Headers(), BODY, 0.2, on_written=written)
+    with pytest.raises(HeaderTimeout) as raised:
+        await attempt.addTimeout(5, reactor)
+    assert reactor.seconds() - started < 4  # our deadline fired, not the test's 5 s guard
+    assert isinstance(raised.value.__cause__, ResponseNeverReceived)
+    assert is_cancellation(Failure(raised.value.__cause__))
+    assert SECRET not in describe_failure(Failure(raised.value))
+    assert written.calls == 1
+    [finished] = silent.finished
+    await connection_closed(reactor, finished)
+
+
+@pytest_twisted.ensureDeferred
+async def test_refused_connect_fails_fast_with_connect_error(
+    reactor: Any, upstream: UpstreamClient
+) -> None:
+    """A refused IP-literal dial is a ConnectError within milliseconds (no 0.3 s happy-eyeballs wait),
+    and the header deadline is never armed."""
+    port = reactor.listenTCP(0, Factory.forProtocol(Protocol), interface="127.0.0.1")
+    number = port.getHost().port
+    await port.stopListening()
+    written = Written()
+    started = reactor.seconds()
+    with pytest.raises(ConnectError):
+        await upstream.request(b"POST", url(number), Headers(), BODY, 5.0, on_written=written)
+    assert reactor.seconds() - started < 0.25
+    assert written.calls == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_cancelling_a_waiting_attempt_is_a_cancellation(
+    reactor: Any, upstream: UpstreamClient, listen: Callable[[Any], int]
+) -> None:
+    """The caller cancelling while headers are awaited yields a wrapped cancellation, not a
+    HeaderTimeout, and the upstream connection is closed."""
+    silent = Scripted(reactor, "silent")
+    port = listen(Site(silent))
+    attempt = upstream.request(b"POST", url(port), Headers(), BODY, 5.0)
+    while not silent.finished:
+        await deferLater(reactor, 0.01, lambda: None)
+    attempt.cancel()
+    with pytest.raises(ResponseNeverReceived) as raised:
+        await attempt
+    assert is_cancellation(Failure(raised.value))
+    await connection_closed(reactor, silent.finished[0])
+
+
+@pytest_twisted.ensureDeferred
+async def test_garbage_response_is_described_without_its_bytes(
+    reactor: Any, upstream: UpstreamClient, listen: Callable[[Any], int]
+) -> None:
+    """A non-HTTP answer echoing the prompt fails the attempt; the description carries no prompt."""
+
+    class Echo(Protocol):
+        def dataReceived(self, data: bytes) -> None:
+            assert self.transport is not None
+            self.transport.write(SECRET.encode() + b" is not a status line\r\n\r\n")
+            self.transport.loseConnection()
+
+    port = listen(Factory.forProtocol(Echo))
+    with pytest.raises(ResponseFailed) as raised:
+        await upstream.request(b"POST", url(port), Headers(), BODY, 5.0)
+    text = describe_failure(Failure(raised.value))
+    assert text.startswith("ResponseFailed(")
+    assert SECRET not in text
+
+
+# ---- BodyGate with a clock ----------------------------------------------------------------------
+
+DONE = Failure(ResponseDone())
+DROPPED = Failure(ResponseFailed([Failure(ConnectionLost())]))
+
+
+def failure_of(deferred: Deferred[Any]) -> Failure:
+    """The failure a Deferred has already failed with (consumed, so it is not reported)."""
+    failures: list[Failure] = []
+    deferred.addErrback(failures.append)
+    [failure] = failures
+    return failure
+
+
+def gate_on(clock: Clock, timeout: float = 0.0) -> tuple[BodyGate, StringTransport]:
+    gate = BodyGate(clock, timeout)
+    transport = StringTransport()
+    gate.makeConnection(transport)
+    return gate, transport
+
+
+def test_first_chunk_is_held_until_relay_starts() -> None:
+    """The first chunk fires ``first``; later chunks wait, in order, until start_relay."""
+    clock = Clock()
+    gate, _ = gate_on(clock)
+    sink: list[bytes] = []
+    gate.dataReceived(b"")
+    gate.dataReceived(b"one")
+    gate.dataReceived(b"two")
+    gate.dataReceived(b"three")
+    assert gate.first.result == b"one"
+    assert not gate.done.called
+    gate.start_relay(sink.append)
+    assert sink == [b"two", b"three"]
+    gate.dataReceived(b"four")
+    assert sink == [b"two", b"three", b"four"]
+    gate.connectionLost(DONE)
+    assert gate.done.called and gate.done.result is None
+
+
+@pytest.mark.parametrize("reason", [DONE, Failure(PotentialDataLoss())], ids=["done", "close"])
+def test_clean_empty_end_fires_first_with_empty_bytes(reason: Failure) -> None:
+    """A body that ends cleanly before any byte commits as empty; done then succeeds at once."""
+    gate, _ = gate_on(Clock(), 5.0)
+    gate.connectionLost(reason)
+    assert gate.first.result == b""
+    sink: list[bytes] = []
+    gate.start_relay(sink.append)
+    assert sink == [] and gate.done.called and gate.done.result is None
+
+
+def test_empty_end_is_stored_before_first_fires() -> None:
+    """A caller that starts the relay from inside ``first``'s callback still sees the end."""
+    gate, _ = gate_on(Clock())
+    sink: list[bytes] = []
+    gate.first.addCallback(lambda _: gate.start_relay(sink.append))
+    gate.connectionLost(DONE)
+    assert gate.done.called
+
+
+def test_enabled_first_body_timer_closes_the_upstream() -> None:
+    """Headers then silence past the budget: the upstream is stopped and ``first`` fails with
+    FirstBodyTimeout whatever reason the closed transport reports."""
+    for reason in (DROPPED, Failure(PotentialDataLoss()), DONE):
+        clock = Clock()
+        gate, transport = gate_on(clock, 2.0)
+        clock.advance(1.999)
+        assert transport.producerState == "producing"
+        clock.advance(0.001)
+        assert transport.producerState == "stopped"
+        gate.connectionLost(reason)
+        assert failure_of(gate.first).check(FirstBodyTimeout)
+        assert clock.getDelayedCalls() == []
+
+
+def test_first_chunk_disarms_the_timer() -> None:
+    """A body byte before the budget cancels the first-body timer."""
+    clock = Clock()
+    gate, transport = gate_on(clock, 2.0)
+    gate.dataReceived(b"x")
+    assert clock.getDelayedCalls() == []
+    clock.advance(10)
+    assert transport.producerState == "producing"
+
+
+def test_disabled_first_body_timer_arms_nothing() -> None:
+    """A zero budget (the default) schedules no timer at all."""
+    clock = Clock()
+    gate, transport = gate_on(clock, 0.0)
+    assert clock.getDelayedCalls() == []
+    clock.advance(3600)
+    assert transport.producerState == "producing"
+    assert not gate.first.called
+
+
+def test_drop_before_first_byte_fails_first() -> None:
+    """Headers then a dropped connection is a transport failure, not a commit."""
+    gate, _ = gate_on(Clock(), 0.0)
+    gate.connectionLost(DROPPED)
+    assert failure_of(gate.first).check(ResponseFailed)
+
+
+@pytest.mark.parametrize("relay_first", [True, False], ids=["while-relaying", "before-relay"])
+def test_drop_after_the_first_chunk_fails_done(relay_first: bool) -> None:
+    """After the first chunk a drop errbacks ``done``, whether the relay had started or not."""
+    gate, _ = gate_on(Clock())
+    sink: list[bytes] = []
+    gate.dataReceived(b"one")
+    if relay_first:
+        gate.start_relay(sink.append)
+    gate.connectionLost(DROPPED)
+    if not relay_first:
+        gate.start_relay(sink.append)
+    assert failure_of(gate.done).check(ResponseFailed)
+    assert gate.first.result == b"one"
+
+
+def test_pass_through_relays_everything_and_finishes() -> None:
+    """start_relay before any data (commit on headers): every chunk goes straight to the sink."""
+    gate = BodyGate(Clock(), 0.0)
+    sink: list[bytes] = []
+    gate.start_relay(sink.append)
+    gate.makeConnection(StringTransport())
+    gate.dataReceived(b"a")
+    gate.dataReceived(b"b")
+    gate.connectionLost(DONE)
+    assert sink == [b"a", b"b"]
+    assert gate.done.called and gate.done.result is None
+    assert not gate.first.called
+
+
+def test_stop_closes_the_upstream_and_disarms() -> None:
+    """stop() (caller gone) stops the upstream transport and cancels the timer."""
+    clock = Clock()
+    gate, transport = gate_on(clock, 5.0)
+    gate.stop()
+    assert transport.producerState == "stopped"
+    assert clock.getDelayedCalls() == []
+
+
+def test_producer_is_the_upstream_transport() -> None:
+    """producer() exposes the upstream socket for pausing."""
+    gate, transport = gate_on(Clock())
+    gate.producer().pauseProducing()
+    assert transport.producerState == "paused"
+
+
+def test_discard_closes_the_connection_at_once() -> None:
+    """An unwanted response body is not read: the transport is stopped on connect."""
+    transport = StringTransport()
+    Discard().makeConnection(transport)
+    assert transport.producerState == "stopped"
+
+
+# ---- BodyGate over loopback ---------------------------------------------------------------------
+
+
+async def gate_for(
+    reactor: Any, upstream: UpstreamClient, target: bytes, timeout: float
+) -> BodyGate:
+    response = await upstream.request(b"POST", target, Headers(), BODY, 5.0)
+    gate = BodyGate(reactor, timeout)
+    response.deliverBody(gate)
+    return gate
+
+
+async def relay_all(reactor: Any, gate: BodyGate) -> tuple[bytes, list[bytes]]:
+    """Await the first chunk, start the relay at once (as the facade does) and wait for the end."""
+    first = await gate.first
+    sink: list[bytes] = []
+    gate.start_relay(sink.append)
+    await gate.done.addTimeout(5, reactor)
+    return first, sink
+
+
+@pytest_twisted.ensureDeferred
+async def test_content_length_zero_commits_empty(reactor: Any, upstream: UpstreamClient) -> None:
+    """``Content-Length: 0`` fires ``first`` with b"" and finishes cleanly."""
+    handle = await start_engine(
+        reactor, SimulatedEngine(reactor, policy=always(Behaviour.EMPTY_200))
+    )
+    try:
+        gate = await gate_for(reactor, upstream, handle.url.encode() + b"/api/chat", 0.0)
+        assert await relay_all(reactor, gate) == (b"", [])
+    finally:
+        await handle.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_chunked_empty_body_with_late_terminator_commits_empty(
+    reactor: Any, upstream: UpstreamClient, listen: Callable[[Any], int]
+) -> None:
+    """A chunked body whose terminator comes 50 ms after the headers is a clean empty answer."""
+    port = listen(Site(Scripted(reactor, "late-empty")))
+    gate = await gate_for(reactor, upstream, url(port), 0.0)
+    assert await relay_all(reactor, gate) == (b"", [])
+
+
+@pytest_twisted.ensureDeferred
+async def test_first_body_timeout_over_a_socket_closes_the_upstream(
+    reactor: Any, upstream: UpstreamClient, listen: Callable[[Any], int]
+) -> None:
+    """Headers then silence past an enabled budget: FirstBodyTimeout and the upstream connection
+    is closed."""
+    scripted = Scripted(reactor, "headers-only")
+    port = listen(Site(scripted))
+    gate = await gate_for(reactor, upstream, url(port), 0.2)
+    with pytest.raises(FirstBodyTimeout):
+        await gate.first
+    await connection_closed(reactor, scripted.finished[0])
+
+
+@pytest_twisted.ensureDeferred
+async def test_first_body_timeout_on_a_close_delimited_body_is_not_an_empty_commit(
+    reactor: Any, upstream: UpstreamClient, listen: Callable[[Any], int]
+) -> None:
+    """A body framed by connection close ends with PotentialDataLoss when we cut it: that is
+    still a first-body timeout, never a clean empty answer."""
+    closed: Deferred[None] = Deferred()
+
+    class HeadersThenSilence(Protocol):
+        answered = False
+
+        def dataReceived(self, data: bytes) -> None:
+            assert self.transport is not None
+            if not self.answered:
+                self.answered = True
+                self.transport.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\n")
+
+        def connectionLost(self, reason: Failure = ConnectionDone) -> None:  # type: ignore[assignment]
+            closed.callback(None)
+
+    port = listen(Factory.forProtocol(HeadersThenSilence))
+    gate = await gate_for(reactor, upstream, url(port), 0.2)
+    with pytest.raises(FirstBodyTimeout):
+        await gate.first
+    await closed.addTimeout(5, reactor)
+
+
+@pytest_twisted.ensureDeferred
+async def test_pass_through_gate_relays_a_whole_stream(
+    reactor: Any, upstream: UpstreamClient
+) -> None:
+    """Commit on headers: start_relay before deliverBody relays every byte and finishes."""
+    engine = SimulatedEngine(reactor, chunks=5)
+    handle = await start_engine(reactor, engine)
+    try:
+        response = await upstream.request(
+            b"POST", handle.url.encode() + b"/api/chat", Headers(), b'{"model":"m"}', 5.0
+        )
+        gate = BodyGate(reactor, 0.0)
+        sink: list[bytes] = []
+        gate.start_relay(sink.append)
+        response.deliverBody(gate)
+        await gate.done.addTimeout(5, reactor)
+    finally:
+        await handle.stop()
+    lines = b"".join(sink).splitlines()
+    assert len(lines) == 6
+    assert json.loads(lines[-1])["done"] is True
+
+
+# ---- endpoints and URLs -------------------------------------------------------------------------
+
+
+@implementer(IHostResolution)
+class _Resolution:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def cancel(self) -> None:
+        pass
+
+
+@implementer(IHostnameResolver)
+class _LoopbackResolver:
+    """Resolves every name to 127.0.0.1 at once."""
+
+    def resolveHostName(
+        self,
+        resolutionReceiver: IResolutionReceiver,
+        hostName: str,
+        portNumber: int = 0,
+        addressTypes: Any = None,
+        transportSemantics: str = "TCP",
+    ) -> IHostResolution:
+        resolution = _Resolution(hostName)
+        resolutionReceiver.resolutionBegan(resolution)
+        resolutionReceiver.addressResolved(IPv4Address("TCP", "127.0.0.1", portNumber))
+        resolutionReceiver.resolutionComplete()
+        return resolution
+
+
+@implementer(IReactorPluggableNameResolver)
+class ResolvingMemoryReactor(MemoryReactorClock):
+    """A memory reactor whose name resolver answers 127.0.0.1 for every name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.nameResolver: IHostnameResolver = _LoopbackResolver()
+
+    def installNameResolver(self, resolver: IHostnameResolver) -> IHostnameResolver:
+        previous, self.nameResolver = self.nameResolver, resolver
+        return previous
+
+
+def dial(node: bytes) -> tuple[IStreamClientEndpoint, tuple[Any, ...], bytes]:
+    """Connect a node URL's endpoint on a memory reactor; the dial and the first bytes sent."""
+    reactor = ResolvingMemoryReactor()
+    endpoint = NodeEndpointFactory(reactor, 7.0).endpointForURI(URI.fromBytes(node))
+    endpoint.connect(Factory.forProtocol(Protocol))
+    [dialled] = reactor.tcpClients
+    _host, port, factory, _timeout, _bind = dialled
+    protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", port))
+    assert protocol is not None
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    return endpoint, dialled, transport.value()
+
+
+@pytest.mark.parametrize(
+    ("node", "kind", "host"),
+    [
+        (b"http://127.0.0.1:11434/", TCP4ClientEndpoint, "127.0.0.1"),
+        (b"http://[::1]:11434/", TCP6ClientEndpoint, "::1"),
+        (b"http://gpu-box.local:11434/", HostnameEndpoint, "127.0.0.1"),
+    ],
+    ids=["ipv4", "ipv6", "name"],
+)
+def test_node_endpoints_by_address_kind(node: bytes, kind: type[Any], host: str) -> None:
+    """IP literals dial directly (TCP4/TCP6), names through HostnameEndpoint; all with the connect
+    timeout and the URL's port; plain http sends nothing before the request."""
+    endpoint, (dialled_host, port, _f, timeout, _b), first_bytes = dial(node)
+    assert isinstance(endpoint, kind)
+    assert (dialled_host, port, timeout) == (host, 11434, 7.0)
+    assert first_bytes == b""
+
+
+@pytest.mark.parametrize(
+    ("node", "sni"),
+    [(b"https://gpu-box.example:8443/", True), (b"https://127.0.0.1:8443/", False)],
+    ids=["name", "ipv4"],
+)
+def test_https_nodes_are_wrapped_in_tls(node: bytes, sni: bool) -> None:
+    """https starts a TLS handshake on connect, naming the host (SNI) when it is a name."""
+    endpoint, (_h, port, _f, timeout, _b), first_bytes = dial(node)
+    assert not isinstance(endpoint, TCP4ClientEndpoint | HostnameEndpoint)
+    assert (port, timeout) == (8443, 7.0)
+    assert first_bytes[:1] == b"\x16"  # a TLS handshake record (ClientHello)
+    assert (b"gpu-box.example" in first_bytes) is sni
+
+
+@pytest.mark.parametrize(
+    ("base", "target", "expected"),
+    [
+        ("http://10.0.0.5:11434", b"/api/chat", b"http://10.0.0.5:11434/api/chat"),
+        ("http://10.0.0.5:11434/", b"/api/chat?x=1", b"http://10.0.0.5:11434/api/chat?x=1"),
+        ("https://gpu.example/ollama", b"/api/tags", b"https://gpu.example/ollama/api/tags"),
+        ("https://gpu.example/a/b/", b"/v1/models", b"https://gpu.example/a/b/v1/models"),
+        ("http://[::1]:1234/p", b"/x", b"http://[::1]:1234/p/x"),
+    ],
+)
+def test_node_url_joins_base_prefix_and_target(base: str, target: bytes, expected: bytes) -> None:
+    """The base URL's path prefix is kept, with exactly one slash before the client's target."""
+    assert node_url(base, target) == expected
