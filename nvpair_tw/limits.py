@@ -10,6 +10,7 @@ Everything here speaks HTTP/1.1 only: an HTTP/2 channel would bypass these limit
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from attrs import field, frozen
@@ -95,7 +96,7 @@ class LimitedRequest(server.Request):
         channel = self.channel
         message = f"request body exceeds {_describe_size(self._max_body_size())} limit"
         if isinstance(channel, LimitedChannel):
-            channel.reject(413, b"Content Too Large", message, "body-too-large")
+            channel.reject(413, b"Content Too Large", message, "body-too-large", self)
         elif channel is not None and channel.transport is not None:
             channel.transport.write(
                 raw_error_response(413, b"Content Too Large", message, "body-too-large")
@@ -159,12 +160,24 @@ class LimitedChannel(http.HTTPChannel):
             self._counted = False
         super().connectionLost(reason)
 
-    def reject(self, status: int, reason: bytes, message: str, code: str) -> None:
+    def reject(
+        self,
+        status: int,
+        reason: bytes,
+        message: str,
+        code: str,
+        request: server.Request | None = None,
+    ) -> None:
         """Write a JSON error response, ignore all further input and close the connection."""
         if self._rejected:
             return
         self._rejected = True
         self._cancel_head_timer()
+        site = self._limited_site()
+        if site is not None and site.on_reject is not None:
+            method = request.method.decode("latin-1") if request is not None else "-"
+            path = request.uri.partition(b"?")[0].decode("latin-1") if request is not None else "-"
+            site.on_reject(status, code, method, path)
         if self.transport is not None:
             self.transport.write(raw_error_response(status, reason, message, code))
             self.loseConnection()
@@ -282,6 +295,7 @@ class LimitedSite(server.Site):
         self.max_body_size = limits.max_body_size
         self.open_connections = 0
         self._clock = clock
+        self.on_reject: Callable[[int, str, str, str], None] | None = None
 
     def log(self, request: http.Request) -> None:
         """No access log: every request already ends in a structured ``proxy/request`` record,

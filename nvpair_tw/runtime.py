@@ -12,7 +12,6 @@ from typing import Any
 from attrs import define, field
 from twisted.internet.defer import Deferred
 from twisted.web.client import Agent, HTTPConnectionPool
-from twisted.web.server import Site
 
 from nvpair_tw.affinity import AffinityTable
 from nvpair_tw.engines import ENGINES
@@ -20,14 +19,14 @@ from nvpair_tw.events import EventBus, log_events
 from nvpair_tw.facade import Facade, FacadeResource, Shared
 from nvpair_tw.ingress import IngressPolicy
 from nvpair_tw.inventory import InventoryBook, make_http_client
-from nvpair_tw.limits import make_site
+from nvpair_tw.limits import LimitedSite, make_site
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.reservations import ReservationLedger
 from nvpair_tw.settings import Settings
 from nvpair_tw.stalls import IStallTracker, StallTracker
 from nvpair_tw.upstream import UpstreamClient, make_pool
-from nvpair_tw.workloads import WorkloadRegistry
+from nvpair_tw.workloads import RequestRecord, WorkloadRegistry
 
 log = LevelledLogger()
 
@@ -43,7 +42,7 @@ class Runtime:
     shared: Shared
     facades: dict[str, Facade]
     pool: HTTPConnectionPool
-    sites: dict[str, Site] = field(factory=dict)
+    sites: dict[str, LimitedSite] = field(factory=dict)
 
     def start(self) -> None:
         """Load node files, start watching and polling."""
@@ -66,7 +65,7 @@ class Runtime:
         closed: Deferred[None] = self.pool.closeCachedConnections()
         return closed
 
-    def site_for(self, engine: str) -> Site:
+    def site_for(self, engine: str) -> LimitedSite:
         """The limited Site of one facade (built once)."""
         if engine not in self.sites:
             settings = self.settings
@@ -76,7 +75,20 @@ class Runtime:
                 max_body_size=settings.max_body_size,
                 max_connections=settings.max_connections,
             )
+            self.sites[engine].on_reject = self._record_rejection(engine)
         return self.sites[engine]
+
+    def _record_rejection(self, engine: str) -> Callable[[int, str, str, str], None]:
+        """Rejections made below the facade (413, 408, 414, 431, 400, 503) still get a record."""
+        shared = self.shared
+
+        def record(status: int, code: str, method: str, path: str) -> None:
+            request_id = shared.workloads.next_request_id()
+            RequestRecord.begin(shared.clock, request_id, engine, method, path).publish(
+                shared.bus, status=status, node_id=None, error=code
+            )
+
+        return record
 
 
 def build_runtime(

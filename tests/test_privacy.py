@@ -176,8 +176,8 @@ async def test_no_canary_reaches_events_logs_or_request_records(
 
     capture = proxy.capture
     records = [e.payload for e in capture.events if e.name == "proxy/request"]
-    # The 413 is refused by the channel before the facade sees it, so it has no record yet.
-    assert [r["status"] for r in records] == [200, 200, 502, 200, 200, 401, 200]
+    # The 413 is refused by the channel before the facade sees it; the site still records it.
+    assert [r["status"] for r in records] == [200, 200, 502, 413, 200, 200, 401, 200]
     assert [a["outcome"] for a in records[0]["attempts"]] == ["stall", "committed"]
     assert any(e.name == "workload:completed" for e in capture.events)
     assert capture.logs, "the observer saw the proxy's log events"
