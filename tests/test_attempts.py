@@ -39,12 +39,18 @@ HEADER_TIMEOUT = 0.4
 def body(n: int) -> bytes:
     """A distinct request body per request (so a truncated or mixed-up replay shows)."""
     return json.dumps(
-        {"model": "llama3", "stream": True, "messages": [{"role": "user", "content": f"q{n} " * 500}]}
+        {
+            "model": "llama3",
+            "stream": True,
+            "messages": [{"role": "user", "content": f"q{n} " * 500}],
+        }
     ).encode()
 
 
 def client(reactor: Any) -> treq.client.HTTPClient:
-    return treq.client.HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))
+    return treq.client.HTTPClient(
+        Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
+    )
 
 
 class Scenario:

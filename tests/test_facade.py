@@ -11,13 +11,15 @@ from twisted.web.client import Agent, HTTPConnectionPool
 
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
-from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine, start_proxy
+from nvpair_tw.testing import SimulatedEngine, start_engine, start_proxy
 
 CHAT = json.dumps({"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}).encode()
 
 
 def client(reactor: Any) -> treq.client.HTTPClient:
-    return treq.client.HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))
+    return treq.client.HTTPClient(
+        Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
+    )
 
 
 @pytest_twisted.ensureDeferred
