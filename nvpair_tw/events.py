@@ -187,7 +187,13 @@ class EventBus:
             self._subscriptions.remove(subscription)
 
 
-_LEVELS: Mapping[str, LogLevel] = {"node/cooldown": LogLevel.warn}
+# One info line per request (its proxy/request record); a workload's start and completion are debug,
+# its failure or cancellation info, a cooldown a warning.
+_LEVELS: Mapping[str, LogLevel] = {
+    "node/cooldown": LogLevel.warn,
+    "workload:started": LogLevel.debug,
+    "workload:completed": LogLevel.debug,
+}
 
 _FORMATS: Mapping[str, tuple[str, tuple[str, ...]]] = {
     "proxy/request": (

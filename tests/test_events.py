@@ -320,14 +320,14 @@ def test_log_events_emits_request_records_as_structured_info_events() -> None:
     assert formatEvent(logged) == "proxy/request r-1 ollama POST /api/chat -> 200 via a in 12 ms"
 
 
-def test_log_events_renders_workload_events_at_info() -> None:
-    """workload:* events log at info with a readable message built from the workload info."""
+def test_log_events_renders_workload_starts_at_debug_and_endings_in_error_at_info() -> None:
+    """workload:started logs at debug, workload:errored at info, each with a readable message."""
     started = {"id": 4, "model": "m", "scheduledOn": "b", "state": "running", "error": None}
     errored = {**started, "state": "cancelled", "error": "client left"}
     logged = _log_all(
         ("workload:started", {"workload": started}), ("workload:errored", {"workload": errored})
     )
-    assert [e["log_level"] for e in logged] == [LogLevel.info, LogLevel.info]
+    assert [e["log_level"] for e in logged] == [LogLevel.debug, LogLevel.info]
     assert logged[0]["workload"] == started
     assert formatEvent(logged[0]) == "workload:started 4 m on b"
     assert formatEvent(logged[1]) == "workload:errored 4 m cancelled: client left"

@@ -250,8 +250,11 @@ class Loopback:
         self.reactor, self._listen = reactor, listen
         self.proxy: ProxyHandle | None = None
         self.pool = HTTPConnectionPool(reactor, persistent=False)
+        self._readers: list[Reader] = []
+        self._upstream: Resource | None = None
 
     async def start(self, upstream: Resource, settings: Settings | None = None) -> None:
+        self._upstream = upstream
         site = Site(upstream)
         site.noisy = False
         port = self._listen(site)
@@ -265,17 +268,28 @@ class Loopback:
 
     async def post(self) -> tuple[IResponse, Reader]:
         assert self.proxy is not None
-        response = await Agent(self.reactor, pool=self.pool).request(
+        pending = Agent(self.reactor, pool=self.pool).request(
             b"POST",
             self.proxy.url().encode() + b"/api/chat",
             Headers({b"content-type": [b"application/json"]}),
             ReplayBodyProducer(REQUEST_BODY, lambda: None),
         )
+        response = await bounded(self.reactor, pending)
         reader = Reader()
+        self._readers.append(reader)
         response.deliverBody(reader)
         return response, reader
 
     async def stop(self) -> None:
+        """Cut whatever a failed test left open (client bodies, held upstream requests), then stop."""
+        for reader in self._readers:
+            if reader.transport is not None and not reader.ended.called:
+                IPushProducer(reader.transport).stopProducing()
+        if isinstance(self._upstream, HeldStream):
+            for request in self._upstream.requests:
+                transport = getattr(request, "transport", None)  # gone once the request ended
+                if transport is not None:
+                    transport.abortConnection()
         await self.pool.closeCachedConnections()
         if self.proxy is not None:
             await self.proxy.stop()
