@@ -339,6 +339,13 @@ class FacadeResource(Resource):
         for name, values in forward_headers(response.headers).getAllRawHeaders():
             request.responseHeaders.setRawHeaders(name, list(values))
         request.responseHeaders.setRawHeaders(b"x-nvpair-node", [node.id.encode()])
+        if (
+            isinstance(response.length, int)
+            and request.method != b"HEAD"
+            and response.code not in (204, 304)
+        ):
+            # Twisted's client moves Content-Length into ``response.length``; keep the framing.
+            request.setHeader(b"content-length", b"%d" % response.length)
         content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
         progress = Progress(content_type.decode("latin-1"), response.length)
         sink = progress.wrap(request.write)

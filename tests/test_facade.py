@@ -101,3 +101,20 @@ async def test_pass_through_commits_on_headers_and_keeps_query(reactor: Any) -> 
     finally:
         await proxy.stop()
         await engine.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_known_length_is_relayed_as_content_length(reactor: Any) -> None:
+    """A non-streamed answer keeps its Content-Length framing instead of becoming chunked."""
+    engine = await start_engine(reactor, SimulatedEngine(reactor))
+    proxy = await start_proxy(
+        reactor, {"ollama": [Node("a", engine.url, ("llama3:latest",))]}, Settings()
+    )
+    try:
+        response = await client(reactor).get(proxy.url() + "/api/version")
+        body = await treq.content(response)
+        assert response.length == len(body) == len(b'{"version": "0.0.0-simulated"}')
+        assert response.headers.getRawHeaders(b"transfer-encoding") is None
+    finally:
+        await proxy.stop()
+        await engine.stop()

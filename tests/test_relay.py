@@ -429,7 +429,8 @@ def resident_bytes() -> int:
 
 
 def read_response(sock: socket.socket) -> tuple[bytes, int]:
-    """Blocking (in a thread): read the head and the whole chunked body; (head, payload bytes)."""
+    """Blocking (in a thread): read the head and the whole body, Content-Length or chunked;
+    (head, payload bytes)."""
     sock.setblocking(True)
     sock.settimeout(30)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * MiB)
@@ -446,6 +447,17 @@ def read_response(sock: socket.socket) -> tuple[bytes, int]:
     end = buffered.index(b"\r\n\r\n")
     head = bytes(buffered[:end])
     del buffered[: end + 4]
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            remaining = int(value) - len(buffered)
+            buffered.clear()
+            while remaining > 0:
+                data = sock.recv(1 << 20)
+                if not data:
+                    raise EOFError("connection closed mid-response")
+                remaining -= len(data)
+            return head, int(value)
     payload = 0
     while True:
         while b"\r\n" not in buffered:
