@@ -18,15 +18,11 @@ from attrs import define, field, frozen
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
 from twisted.internet.defer import CancelledError, Deferred, gatherResults
-from twisted.internet.error import ConnectingCancelledError
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import (
-    RequestGenerationFailed,
     ResponseDone,
-    ResponseFailed,
-    ResponseNeverReceived,
 )
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IAgent
@@ -34,13 +30,13 @@ from twisted.web.iweb import IAgent
 from nvpair_tw.engines import EngineProfile
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.upstream import is_cancellation
 
 __all__ = [
     "MAX_JSON_BYTES",
     "InventoryBook",
     "ReadError",
     "get_json",
-    "is_cancellation",
     "join_url",
     "make_http_client",
 ]
@@ -153,16 +149,6 @@ async def get_json(
         return json.loads(data)
     except (ValueError, RecursionError):
         raise ReadError("malformed JSON") from None
-
-
-def is_cancellation(failure: Failure) -> bool:
-    """Whether a client failure is (wrapped) cancellation rather than an upstream fault."""
-    if failure.check(CancelledError, ConnectingCancelledError):
-        return True
-    value = failure.value
-    if isinstance(value, RequestGenerationFailed | ResponseNeverReceived | ResponseFailed):
-        return any(is_cancellation(reason) for reason in value.reasons)
-    return False
 
 
 @frozen
