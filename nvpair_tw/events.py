@@ -222,10 +222,16 @@ def log_events(bus: EventBus, log: Logger) -> Subscription:
 
     The event name is the ``event`` field and the payload's fields are the other fields (keys that
     would clash with the logger's own, ``log_*`` and ``format``, are left out). ``node/cooldown``
-    logs at warn, everything else at info.
+    logs at warn, a workload's start and completion at debug, everything else at info. With a
+    :class:`~nvpair_tw.logs.LevelledLogger`, events below its level are skipped before any work.
     """
 
+    enabled = getattr(log, "enabled", None)
+
     def sink(event: Event) -> None:
+        level = _LEVELS.get(event.name, LogLevel.info)
+        if enabled is not None and not enabled(level):
+            return
         fields = {
             k: v
             for k, v in event.payload.items()
@@ -234,6 +240,6 @@ def log_events(bus: EventBus, log: Logger) -> Subscription:
         fmt, needed = _FORMATS.get(event.name, ("{event}", ()))
         if not all(k in fields for k in needed):
             fmt = "{event}"
-        log.emit(_LEVELS.get(event.name, LogLevel.info), fmt, event=event.name, **fields)
+        log.emit(level, fmt, event=event.name, **fields)
 
     return bus.subscribe(sink, name="log")

@@ -46,6 +46,10 @@ def current_level() -> LogLevel:
 class LevelledLogger(Logger):
     """A Logger whose events below the configured level are dropped before formatting."""
 
+    def enabled(self, level: LogLevel) -> bool:
+        """Whether an event at ``level`` would be emitted now."""
+        return _RANK.get(level, 0) >= _threshold[0]
+
     def emit(self, level: LogLevel, format: str | None = None, **kwargs: Any) -> None:
         if _RANK.get(level, 0) < _threshold[0]:
             return

@@ -11,6 +11,7 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger, LogLevel, capturedLogs, formatEvent
 
 from nvpair_tw.events import Event, EventBus, Subscription, log_events
+from nvpair_tw.logs import LevelledLogger, current_level, set_level
 
 
 def _bus(max_pending: int = 1000) -> tuple[Clock, EventBus]:
@@ -354,3 +355,18 @@ def test_log_events_leaves_out_payload_keys_that_clash_with_the_logger() -> None
     assert logged["event"] == "node/added"
     assert "format" not in logged
     assert formatEvent(logged) == "node/added"
+
+
+def test_log_events_skips_events_below_a_levelled_loggers_level() -> None:
+    """With a LevelledLogger at warn, request records are not logged and cooldowns are."""
+    _, bus = _bus()
+    log_events(bus, LevelledLogger(namespace="nvpair_tw.test"))
+    before = current_level()
+    set_level(LogLevel.warn)
+    try:
+        with capturedLogs() as logs:
+            bus.publish("proxy/request", {"id": "r-1"})
+            bus.publish("node/cooldown", {"node_id": "a"})
+    finally:
+        set_level(before)
+    assert [e["event"] for e in logs] == ["node/cooldown"]
