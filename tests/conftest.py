@@ -1,15 +1,24 @@
-"""Shared fixtures: the installed reactor, a loopback listener helper and a leaked-timer check."""
+"""Shared fixtures: the installed reactor, a loopback listener helper, a leaked-timer check, proxy
+clusters stopped after the test and a loopback treq client."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
 import pytest_twisted
+from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
-from twisted.internet.interfaces import IListeningPort
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint
 from twisted.internet.task import deferLater
+from twisted.web.client import URI, Agent, HTTPConnectionPool
+from twisted.web.iweb import IAgentEndpointFactory
+from zope.interface import implementer
+
+from nvpair_tw.inventory import make_http_client
+from nvpair_tw.testing import Clusters
 
 
 @pytest.fixture
@@ -53,3 +62,31 @@ def no_leaked_delayed_calls(request: pytest.FixtureRequest) -> Iterator[None]:
     for call in leaked:
         call.cancel()
     assert not leaked, leaked
+
+
+@pytest_twisted.async_yield_fixture()
+async def clusters(reactor: Any) -> AsyncIterator[Clusters]:
+    """Makes proxy clusters; each is stopped (proxy, then engines) after the test."""
+    made = Clusters(reactor)
+    yield made
+    await made.stop()
+
+
+@implementer(IAgentEndpointFactory)
+class LoopbackEndpoints:
+    """Plain TCP4 endpoints, so a refused connection fails at once (no 0.3 s happy-eyeballs)."""
+
+    def __init__(self, reactor: Any) -> None:
+        self._reactor = reactor
+
+    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
+        return TCP4ClientEndpoint(self._reactor, uri.host.decode(), uri.port, timeout=5)
+
+
+@pytest.fixture
+def http(reactor: Any) -> Iterator[HTTPClient]:
+    """A cookie-less treq client over a persistent pool that is closed afterwards."""
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool.retryAutomatically = False
+    yield make_http_client(Agent.usingEndpointFactory(reactor, LoopbackEndpoints(reactor), pool))
+    pytest_twisted.blockon(pool.closeCachedConnections())

@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
-import pytest
 import pytest_twisted
 from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.endpoints import TCP4ClientEndpoint
-from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
-from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
-from zope.interface import implementer
 
 from nvpair_tw.aggregate import AggregateResult, aggregate_model_list
 from nvpair_tw.engines import OPENAI_MODELS, TAGS
-from nvpair_tw.inventory import make_http_client
 from nvpair_tw.nodes import Node
 
 _Test = TypeVar("_Test", bound=Callable[..., Any])
@@ -35,26 +28,6 @@ def on_reactor(test: _Test) -> _Test:
 
 
 UNAVAILABLE = {"error": "model inventory unavailable", "code": "inventory-unavailable"}
-
-
-@implementer(IAgentEndpointFactory)
-class LoopbackEndpoints:
-    """Plain TCP4 endpoints, so a refused connection fails at once (no 0.3 s happy-eyeballs)."""
-
-    def __init__(self, reactor: Any) -> None:
-        self._reactor = reactor
-
-    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
-        return TCP4ClientEndpoint(self._reactor, uri.host.decode(), uri.port, timeout=5)
-
-
-@pytest.fixture
-def http(reactor: Any) -> Iterator[HTTPClient]:
-    """A cookie-less treq client over a persistent pool that is closed afterwards."""
-    pool = HTTPConnectionPool(reactor, persistent=True)
-    pool.retryAutomatically = False
-    yield make_http_client(Agent.usingEndpointFactory(reactor, LoopbackEndpoints(reactor), pool))
-    pytest_twisted.blockon(pool.closeCachedConnections())
 
 
 class FakeEngine(Resource):

@@ -7,7 +7,6 @@ assertions never time the proxy: "does not wait" is shown by which nodes saw the
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -15,18 +14,17 @@ import pytest_twisted
 import treq
 from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
-from twisted.web.client import Agent, HTTPConnectionPool
 
-from nvpair_tw.events import Event
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings, resolve_first_body_timeout
 from nvpair_tw.stalls import NeverCools
 from nvpair_tw.testing import (
     Behaviour,
-    EngineHandle,
-    ProxyHandle,
+    Clusters,
+    ProxyCluster,
     SimulatedEngine,
     always,
+    http_client,
     start_engine,
     start_proxy,
 )
@@ -47,53 +45,10 @@ def body(n: int) -> bytes:
     ).encode()
 
 
-def client(reactor: Any) -> treq.client.HTTPClient:
-    return treq.client.HTTPClient(
-        Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
-    )
-
-
-class Scenario:
-    """Two or more simulated engines behind one in-process proxy, with the bus recorded."""
-
-    def __init__(self, reactor: Any) -> None:
-        self.reactor = reactor
-        self.engines: list[EngineHandle] = []
-        self.proxy: ProxyHandle | None = None
-        self.events: list[Event] = []
-
-    async def start(self, engines: list[SimulatedEngine], settings: Settings, **kw: Any) -> None:
-        for engine in engines:
-            self.engines.append(await start_engine(self.reactor, engine))
-        nodes = [Node(f"n{i}", h.url, MODEL) for i, h in enumerate(self.engines)]
-        self.proxy = await start_proxy(self.reactor, {"ollama": nodes}, settings, **kw)
-        self.proxy.runtime.shared.bus.subscribe(self.events.append, name="test")
-
-    async def post(self, data: bytes, path: str = "/api/chat") -> tuple[int, bytes, Any]:
-        assert self.proxy is not None
-        response = await client(self.reactor).post(self.proxy.url() + path, data=data)
-        content = await treq.content(response)
-        return response.code, content, response
-
-    def named(self, name: str) -> list[dict[str, Any]]:
-        return [dict(e.payload) for e in self.events if e.name == name]
-
-    def received(self, index: int) -> list[bytes]:
-        return [r.body for r in self.engines[index].engine.received if r.method == b"POST"]
-
-    async def stop(self) -> None:
-        if self.proxy is not None:
-            await self.proxy.stop()
-        for handle in self.engines:
-            await handle.stop()
-
-
-@pytest_twisted.async_yield_fixture()
-async def scenario(reactor: Any) -> AsyncIterator[Scenario]:
-    """A scenario stopped (proxy, then engines) after the test."""
-    s = Scenario(reactor)
-    yield s
-    await s.stop()
+@pytest.fixture
+def scenario(clusters: Clusters) -> ProxyCluster:
+    """Engines behind a proxy, stopped (proxy, then engines) after the test."""
+    return clusters(ProxyCluster)
 
 
 def healthy(reactor: Any, **kw: Any) -> SimulatedEngine:
@@ -107,7 +62,7 @@ def broken(reactor: Any, behaviour: Behaviour, **kw: Any) -> SimulatedEngine:
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_frozen_node_costs_one_deadline_then_is_skipped(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """Request 1 waits out one header deadline and is served by the healthy node; request 2 goes
     straight to the healthy node; the healthy node gets the complete original body both times."""
@@ -134,7 +89,7 @@ async def test_frozen_node_costs_one_deadline_then_is_skipped(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_without_cooldown_the_frozen_node_is_paid_twice(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """Negative control: a tracker that never cools makes request 2 wait on the frozen node again."""
     await scenario.start(
@@ -156,7 +111,7 @@ async def test_without_cooldown_the_frozen_node_is_paid_twice(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_headers_without_body_opted_in_costs_one_wait(
-    reactor: Any, scenario: Scenario, round_: int, how: str
+    reactor: Any, scenario: ProxyCluster, round_: int, how: str
 ) -> None:
     """With the first-body timeout opted in (flag or environment), a node that sends headers and
     then nothing is abandoned once and skipped afterwards."""
@@ -179,7 +134,7 @@ async def test_headers_without_body_opted_in_costs_one_wait(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_default_first_body_wait_is_unbounded(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """A node silent after its headers for three header timeouts still completes: no failover,
     no cooldown, and the second node never sees the request."""
@@ -200,7 +155,7 @@ async def test_default_first_body_wait_is_unbounded(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_drop_before_first_body_byte_fails_over(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """Headers then a closed connection is not a commit: the next node serves, with the timer off."""
     await scenario.start(
@@ -218,7 +173,7 @@ async def test_drop_before_first_body_byte_fails_over(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_commit_on_headers_breaks_pre_commit_failover(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """Negative control: with the first-body gate replaced by commit-on-headers, the same drop
     reaches the client as a failed answer and the healthy node is never tried."""
@@ -236,7 +191,7 @@ async def test_commit_on_headers_breaks_pre_commit_failover(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_silent_last_candidate_with_timer_enabled_ends_in_504(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """With the first-body timeout enabled and every node silent after headers, the client gets 504 JSON."""
     await scenario.start(
@@ -252,7 +207,7 @@ async def test_silent_last_candidate_with_timer_enabled_ends_in_504(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_running_event_names_serving_node_before_terminal(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """One workload id: started(n0), started(n1), completed(n1), in that order."""
     await scenario.start(
@@ -276,7 +231,7 @@ async def test_running_event_names_serving_node_before_terminal(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_sole_cooling_node_is_still_served(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """A cooling node that is the only candidate is used as is (never excluded)."""
     await scenario.start([healthy(reactor)], Settings(response_header_timeout=HEADER_TIMEOUT))
@@ -290,7 +245,7 @@ async def test_sole_cooling_node_is_still_served(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_success_restores_a_cooling_node_early(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """All cooling: the order stays as is, and a success from the head ends its cooldown."""
     await scenario.start(
@@ -308,7 +263,7 @@ async def test_success_restores_a_cooling_node_early(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_pinned_cooling_node_goes_behind_a_ready_peer(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """A manual pin cannot put a cooling node ahead of a ready one."""
     await scenario.start(
@@ -337,7 +292,7 @@ async def test_two_facades_keep_independent_cooldowns(reactor: Any, round_: int)
         Settings(response_header_timeout=HEADER_TIMEOUT),
     )
     try:
-        response = await client(reactor).post(proxy.url("ollama") + "/api/chat", data=body(1))
+        response = await http_client(reactor).post(proxy.url("ollama") + "/api/chat", data=body(1))
         await treq.content(response)
         assert proxy.runtime.facades["ollama"].stalls.cooling() == frozenset({"n0"})
         assert proxy.runtime.facades["lmstudio"].stalls.cooling() == frozenset()
@@ -350,7 +305,7 @@ async def test_two_facades_keep_independent_cooldowns(reactor: Any, round_: int)
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_caller_leaving_during_header_wait_creates_no_cooldown(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """A client that hangs up while the node is still silent aborts the attempt: no cooldown,
     the workload ends cancelled, the next node is never tried."""
@@ -359,7 +314,9 @@ async def test_caller_leaving_during_header_wait_creates_no_cooldown(
         Settings(response_header_timeout=5.0),
     )
     assert scenario.proxy is not None
-    pending: Deferred[Any] = client(reactor).post(scenario.proxy.url() + "/api/chat", data=body(1))
+    pending: Deferred[Any] = http_client(reactor).post(
+        scenario.proxy.url() + "/api/chat", data=body(1)
+    )
     while not scenario.received(0):
         await deferLater(reactor, 0.01, lambda: None)
     pending.cancel()
@@ -376,7 +333,7 @@ async def test_caller_leaving_during_header_wait_creates_no_cooldown(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_empty_200_commits_without_trying_the_next_node(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """A valid empty body (Content-Length: 0) is a commit."""
     await scenario.start(
@@ -392,7 +349,7 @@ async def test_empty_200_commits_without_trying_the_next_node(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_committed_stream_that_dies_is_not_retried(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """After the first body byte, an upstream death aborts the client; no other node sees the request."""
     await scenario.start(
@@ -410,7 +367,7 @@ async def test_committed_stream_that_dies_is_not_retried(
 @pytest.mark.parametrize("round_", ROUNDS)
 @pytest_twisted.ensureDeferred
 async def test_retryable_status_moves_on_and_last_answer_is_relayed(
-    reactor: Any, scenario: Scenario, round_: int
+    reactor: Any, scenario: ProxyCluster, round_: int
 ) -> None:
     """A 503 moves on without cooling; when every node answers 503 the last one's answer is the client's."""
     await scenario.start(

@@ -7,19 +7,12 @@ from typing import Any
 
 import pytest_twisted
 import treq
-from twisted.web.client import Agent, HTTPConnectionPool
 
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
-from nvpair_tw.testing import SimulatedEngine, start_engine, start_proxy
+from nvpair_tw.testing import SimulatedEngine, http_client, start_engine, start_proxy
 
 CHAT = json.dumps({"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}).encode()
-
-
-def client(reactor: Any) -> treq.client.HTTPClient:
-    return treq.client.HTTPClient(
-        Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
-    )
 
 
 @pytest_twisted.ensureDeferred
@@ -30,7 +23,7 @@ async def test_streaming_chat_is_relayed_intact_with_node_headers(reactor: Any) 
         reactor, {"ollama": [Node("a", engine.url, ("llama3:latest",))]}, Settings()
     )
     try:
-        response = await client(reactor).post(proxy.url() + "/api/chat", data=CHAT)
+        response = await http_client(reactor).post(proxy.url() + "/api/chat", data=CHAT)
         body = await treq.content(response)
         assert response.code == 200
         lines = body.splitlines()
@@ -52,7 +45,7 @@ async def test_requests_during_shutdown_get_a_503_json_error(reactor: Any) -> No
     )
     try:
         proxy.runtime.shared.draining = True
-        response = await client(reactor).post(proxy.url() + "/api/chat", data=CHAT)
+        response = await http_client(reactor).post(proxy.url() + "/api/chat", data=CHAT)
         body = json.loads(await treq.content(response))
         assert response.code == 503 and body["code"] == "shutting-down"
         assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
@@ -71,7 +64,7 @@ async def test_unowned_model_gets_502_without_contacting_any_node(reactor: Any) 
     )
     try:
         data = json.dumps({"model": "mistral", "messages": []}).encode()
-        response = await client(reactor).post(proxy.url() + "/api/chat", data=data)
+        response = await http_client(reactor).post(proxy.url() + "/api/chat", data=data)
         body = json.loads(await treq.content(response))
         assert response.code == 502
         assert body == {
@@ -93,7 +86,7 @@ async def test_pass_through_commits_on_headers_and_keeps_query(reactor: Any) -> 
         reactor, {"ollama": [Node("a", engine.url, ("llama3:latest",))]}, Settings()
     )
     try:
-        response = await client(reactor).get(proxy.url() + "/api/version?verbose=1")
+        response = await http_client(reactor).get(proxy.url() + "/api/version?verbose=1")
         body = json.loads(await treq.content(response))
         assert response.code == 200 and body == {"version": "0.0.0-simulated"}
         assert engine.engine.received[-1].path == b"/api/version?verbose=1"
@@ -111,7 +104,7 @@ async def test_a_known_length_is_relayed_as_content_length(reactor: Any) -> None
         reactor, {"ollama": [Node("a", engine.url, ("llama3:latest",))]}, Settings()
     )
     try:
-        response = await client(reactor).get(proxy.url() + "/api/version")
+        response = await http_client(reactor).get(proxy.url() + "/api/version")
         body = await treq.content(response)
         assert response.length == len(body) == len(b'{"version": "0.0.0-simulated"}')
         assert response.headers.getRawHeaders(b"transfer-encoding") is None

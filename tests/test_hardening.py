@@ -12,7 +12,7 @@ import http.client
 import json
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Literal
 
 import pytest
@@ -30,7 +30,6 @@ from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
@@ -42,11 +41,10 @@ from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
 from nvpair_tw.testing import (
     Behaviour,
-    EngineHandle,
-    ProxyHandle,
+    Clusters,
+    ProxyCluster,
     SimulatedEngine,
-    start_engine,
-    start_proxy,
+    http_client,
 )
 
 MODEL = ("llama3:latest",)
@@ -55,12 +53,6 @@ CHAT = json.dumps(
 ).encode()
 FOREIGN = IPv4Address("TCP", "192.0.2.10", 40123)
 KEY = "nvk-7c1e9a44d02b"
-
-
-def client(reactor: Any) -> treq.client.HTTPClient:
-    return treq.client.HTTPClient(
-        Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
-    )
 
 
 def ndjson_contents(body: bytes) -> tuple[list[str], bool]:
@@ -108,32 +100,12 @@ def foreign(site: Site) -> WrappingFactory:
 
 
 @define
-class Stack:
-    """Simulated engines behind one in-process proxy, with the bus recorded."""
-
-    reactor: Any
-    engines: list[EngineHandle] = field(factory=list)
-    proxy: ProxyHandle | None = None
-    events: list[Event] = field(factory=list)
-
-    async def start(
-        self, engines: list[Any], settings: Settings, environ: dict[str, str] | None = None
-    ) -> ProxyHandle:
-        for engine in engines:
-            self.engines.append(await start_engine(self.reactor, engine))
-        nodes = [Node(f"n{i}", h.url, MODEL) for i, h in enumerate(self.engines)]
-        self.proxy = await start_proxy(self.reactor, {"ollama": nodes}, settings, environ=environ)
-        self.proxy.runtime.shared.bus.subscribe(self.events.append, name="test")
-        return self.proxy
+class Stack(ProxyCluster):
+    """A proxy cluster that can open more limited sites on its facade and await a future event."""
 
     def site(self, **limits: Any) -> LimitedSite:
         """Another limited site on the proxy's facade, with limits of the test's choosing."""
-        assert self.proxy is not None
-        facade = self.proxy.runtime.facades["ollama"]
-        return make_site(FacadeResource(facade), clock=self.reactor, **limits)
-
-    def named(self, name: str) -> list[dict[str, Any]]:
-        return [dict(e.payload) for e in self.events if e.name == name]
+        return make_site(FacadeResource(self.facade), clock=self.reactor, **limits)
 
     def when(self, name: str, predicate: Callable[[dict[str, Any]], bool]) -> Deferred[Event]:
         """Fires with the first future event called ``name`` whose payload matches."""
@@ -148,19 +120,11 @@ class Stack:
         subscription = self.proxy.runtime.shared.bus.subscribe(sink, name=f"when {name}")
         return d
 
-    async def stop(self) -> None:
-        if self.proxy is not None:
-            await self.proxy.stop()
-        for handle in self.engines:
-            await handle.stop()
 
-
-@pytest_twisted.async_yield_fixture()
-async def stack(reactor: Any) -> AsyncIterator[Stack]:
+@pytest.fixture
+def stack(clusters: Clusters) -> Stack:
     """A stack stopped (proxy, then engines) after the test."""
-    s = Stack(reactor)
-    yield s
-    await s.stop()
+    return clusters(Stack)
 
 
 # --- 1. fuzz ---------------------------------------------------------------------------------------
@@ -408,7 +372,7 @@ async def test_fuzzed_requests_get_well_formed_answers_while_a_stream_flows(
     url = f"http://127.0.0.1:{port}"
 
     async def stream() -> bytes:
-        response = await client(reactor).post(url + "/api/chat", data=CHAT)
+        response = await http_client(reactor).post(url + "/api/chat", data=CHAT)
         assert response.code == 200
         return bytes(await treq.content(response))
 
@@ -422,7 +386,7 @@ async def test_fuzzed_requests_get_well_formed_answers_while_a_stream_flows(
     body = await streaming.addTimeout(20, reactor)
     assert ndjson_contents(body) == ([f"steady{i}" for i in range(frames)], True)
 
-    response = await client(reactor).get(url + "/api/tags")
+    response = await http_client(reactor).get(url + "/api/tags")
     assert response.code == 200
     tags = json.loads(await treq.content(response))
     assert [m["name"] for m in tags["models"]] == ["llama3:latest"]
@@ -552,7 +516,7 @@ async def test_slowloris_connections_get_408_and_normal_clients_are_served(
     slow = [Trickler(reactor, 0.05) for _ in range(50)]
     await gatherResults([connectProtocol(endpoint, t) for t in slow])
 
-    response = await client(reactor).post(url + "/api/chat", data=CHAT)
+    response = await http_client(reactor).post(url + "/api/chat", data=CHAT)
     body = await treq.content(response)
     assert response.code == 200
     assert ndjson_contents(body) == (["fine0", "fine1", "fine2"], True)
@@ -671,11 +635,10 @@ async def test_a_client_that_stops_reading_is_dropped_and_its_upstream_paused(
     deadline (workload cancelled); a normal client is served in the meantime."""
     engine = PumpEngine()
     engine_port = listen(Site(engine))
-    nodes = {"ollama": [Node("n0", f"http://127.0.0.1:{engine_port}", MODEL)]}
-    stack.proxy = await start_proxy(reactor, nodes, Settings(write_stall_timeout=0.5))
-    stack.proxy.runtime.shared.bus.subscribe(stack.events.append, name="test")
+    nodes = [Node("n0", f"http://127.0.0.1:{engine_port}", MODEL)]
+    proxy = await stack.start_proxy(nodes, Settings(write_stall_timeout=0.5))
     errored = stack.when("workload:errored", lambda p: p["workload"]["id"] == 1)
-    port = stack.proxy.ports["ollama"].getHost().port  # type: ignore[attr-defined]
+    port = proxy.ports["ollama"].getHost().port  # type: ignore[attr-defined]
     frames = 1024  # 64 MiB: far more than every socket buffer on the way
 
     sock = await deferToThread(open_stalled_reader, port, frames)
@@ -683,11 +646,11 @@ async def test_a_client_that_stops_reading_is_dropped_and_its_upstream_paused(
     await pump.first_pause.addTimeout(10, reactor)
 
     data = json.dumps({"model": "llama3", "stream": True, "frames": 3}).encode()
-    response = await client(reactor).post(stack.proxy.url() + "/api/chat", data=data)
+    response = await http_client(reactor).post(proxy.url() + "/api/chat", data=data)
     body = await treq.content(response)
     assert response.code == 200
     assert body == FRAME * 3 + DONE
-    assert [w.id for w in stack.proxy.runtime.shared.workloads.live()] == [1], "still streaming"
+    assert [w.id for w in proxy.runtime.shared.workloads.live()] == [1], "still streaming"
 
     event = await errored.addTimeout(10, reactor)
     assert event.payload["workload"]["state"] == "cancelled"
@@ -713,7 +676,7 @@ async def test_non_loopback_caller_without_keys_configured_gets_403_loopback_onl
     engine = SimulatedEngine(reactor, MODEL)
     await stack.start([engine], Settings())
     url = await foreign_port(stack, listen)
-    response = await client(reactor).post(url + "/api/chat", data=CHAT)
+    response = await http_client(reactor).post(url + "/api/chat", data=CHAT)
     assert response.code == 403
     assert_proxy_error(403, response.headers, await treq.content(response), "loopback-only")
     assert engine.received == []
@@ -751,7 +714,7 @@ async def test_non_loopback_caller_without_the_right_key_gets_401_with_a_challen
     engine = SimulatedEngine(reactor, MODEL)
     await stack.start([engine], Settings(), environ={"NVPAIR_PROXY_API_KEYS": KEY})
     url = await foreign_port(stack, listen)
-    response = await client(reactor).post(url + "/api/chat", data=CHAT, headers=headers)
+    response = await http_client(reactor).post(url + "/api/chat", data=CHAT, headers=headers)
     assert response.code == 401
     assert response.headers.getRawHeaders(b"www-authenticate") == [challenge]
     assert_proxy_error(401, response.headers, await treq.content(response), code)
@@ -783,7 +746,7 @@ async def test_non_loopback_caller_with_the_key_is_served_and_the_engine_never_s
     engine = SimulatedEngine(reactor, MODEL, reply_text="ok")
     await stack.start([engine], Settings(), environ={"NVPAIR_PROXY_API_KEYS": f"other,{KEY}"})
     url = await foreign_port(stack, listen)
-    response = await client(reactor).post(url + "/api/chat", data=CHAT, headers=headers)
+    response = await http_client(reactor).post(url + "/api/chat", data=CHAT, headers=headers)
     assert response.code == 200
     assert ndjson_contents(await treq.content(response)) == (["ok0", "ok1", "ok2"], True)
     [seen] = engine.received
@@ -804,7 +767,9 @@ async def test_loopback_caller_keeps_its_own_authorization_when_keys_are_configu
         "Authorization": "Bearer loopback-own",
         "X-Api-Key": "loopback-key",
     }
-    response = await client(reactor).post(proxy.url() + "/api/chat", data=CHAT, headers=headers)
+    response = await http_client(reactor).post(
+        proxy.url() + "/api/chat", data=CHAT, headers=headers
+    )
     await treq.content(response)
     assert response.code == 200
     [seen] = engine.received
@@ -825,7 +790,7 @@ async def test_identity_probe_gets_409_proxy_facade(
         "X-NVPAIR-Engine-Identity-Probe": "1",
         "X-Api-Key": KEY,
     }
-    response = await client(reactor).get(url + "/api/version", headers=headers)
+    response = await http_client(reactor).get(url + "/api/version", headers=headers)
     assert response.code == 409
     assert_proxy_error(409, response.headers, await treq.content(response), "proxy-facade")
     assert engine.received == []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 import pytest
@@ -11,13 +11,9 @@ import pytest_twisted
 from treq.client import HTTPClient
 from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import TCP4ClientEndpoint
-from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogEvent, LogLevel, globalLogPublisher
 from twisted.python.failure import Failure
-from twisted.web.client import URI, Agent, HTTPConnectionPool
-from twisted.web.iweb import IAgentEndpointFactory
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
@@ -312,26 +308,6 @@ def test_oversized_answer_is_a_read_error() -> None:
     memory.pump()
     assert [(type(f.value), str(f.value)) for f in errors] == [(ReadError, "answer too large")]
     assert memory.clock.getDelayedCalls() == []
-
-
-@implementer(IAgentEndpointFactory)
-class LoopbackEndpoints:
-    """Plain TCP4 endpoints for loopback tests."""
-
-    def __init__(self, reactor: Any) -> None:
-        self._reactor = reactor
-
-    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
-        return TCP4ClientEndpoint(self._reactor, uri.host.decode(), uri.port, timeout=5)
-
-
-@pytest.fixture
-def http(reactor: Any) -> Iterator[HTTPClient]:
-    """A cookie-less treq client over a persistent pool that is closed afterwards."""
-    pool = HTTPConnectionPool(reactor, persistent=True)
-    pool.retryAutomatically = False
-    yield make_http_client(Agent.usingEndpointFactory(reactor, LoopbackEndpoints(reactor), pool))
-    pytest_twisted.blockon(pool.closeCachedConnections())
 
 
 class Stalling(Resource):

@@ -8,32 +8,28 @@ event and every ``twisted.logger`` event of the run is rendered and searched for
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import pytest_twisted
-import treq
+from attrs import define, field
 from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IAddress
 from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
-from twisted.web.client import Agent, HTTPConnectionPool
 from zope.interface import implementer
 
 from nvpair_tw.events import Event
 from nvpair_tw.facade import FacadeResource
 from nvpair_tw.limits import make_site
-from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
 from nvpair_tw.testing import (
     Behaviour,
-    EngineHandle,
-    ProxyHandle,
+    Clusters,
+    ProxyCluster,
     SimulatedEngine,
     always,
-    start_engine,
-    start_proxy,
 )
 
 MODEL = ("llama3:latest",)
@@ -78,68 +74,53 @@ class Capture:
         return rendered
 
 
-class Proxy:
-    """A FROZEN node and a healthy one whose reply is a canary, behind a keyed proxy."""
+@define
+class Proxy(ProxyCluster):
+    """A FROZEN node and a healthy one whose reply is a canary, behind a keyed proxy; every bus and
+    log event is captured."""
 
-    def __init__(self, reactor: Any) -> None:
-        self.reactor = reactor
-        self.engines: list[EngineHandle] = []
-        self.proxy: ProxyHandle | None = None
-        self.capture = Capture()
+    capture: Capture = field(factory=Capture)
+    foreign_url: str = ""
 
-    async def start(self, listen: Callable[[Any], int]) -> None:
+    def __attrs_post_init__(self) -> None:
+        self.capture.events = self.events
+
+    async def start_canaries(self, listen: Callable[[Any], int]) -> None:
+        """Start the engines and the proxy, plus a site on the facade that sees a foreign peer."""
         frozen = SimulatedEngine(self.reactor, MODEL, always(Behaviour.FROZEN))
         healthy = SimulatedEngine(self.reactor, MODEL, reply_text=REPLY)
-        for engine in (frozen, healthy):
-            self.engines.append(await start_engine(self.reactor, engine))
-        nodes = [Node(f"n{i}", h.url, MODEL) for i, h in enumerate(self.engines)]
         globalLogPublisher.addObserver(self.capture)
-        self.proxy = await start_proxy(
-            self.reactor,
-            {"ollama": nodes},
+        await self.start(
+            [frozen, healthy],
             Settings(response_header_timeout=0.3, max_body_size=4096),
             environ={"NVPAIR_PROXY_API_KEYS": KEY},
         )
-        self.proxy.runtime.shared.bus.subscribe(self.capture.events.append, name="privacy")
-        site = make_site(FacadeResource(self.proxy.runtime.facades["ollama"]), clock=self.reactor)
-        factory = WrappingFactory(site)
+        factory = WrappingFactory(make_site(FacadeResource(self.facade), clock=self.reactor))
         factory.protocol = ForeignPeer
         self.foreign_url = f"http://127.0.0.1:{listen(factory)}"
 
     @property
-    def url(self) -> str:
-        assert self.proxy is not None
-        return self.proxy.url()
-
-    @property
     def healthy(self) -> SimulatedEngine:
-        return self.engines[1].engine
+        return self.handles[1].engine
 
-    async def post(
+    async def send(
         self, url: str, data: bytes, path: str = "/api/chat", **headers: str
     ) -> tuple[int, bytes]:
-        pool = HTTPConnectionPool(self.reactor, persistent=False)
-        client = treq.client.HTTPClient(Agent(self.reactor, pool=pool))
-        sent: dict[bytes | str, bytes | str] = {k: v for k, v in headers.items()}
-        response = await client.post(url + path, data=data, headers=sent)
-        return response.code, await treq.content(response)
+        """POST ``data`` to ``url``; status and body."""
+        code, body, _ = await self.post(data, path, url=url, headers=headers)
+        return code, body
 
     async def stop(self) -> None:
         try:
-            if self.proxy is not None:
-                await self.proxy.stop()
-            for handle in self.engines:
-                await handle.stop()
+            await super().stop()
         finally:
             globalLogPublisher.removeObserver(self.capture)
 
 
-@pytest_twisted.async_yield_fixture()
-async def proxy(reactor: Any) -> AsyncIterator[Proxy]:
+@pytest.fixture
+def proxy(clusters: Clusters) -> Proxy:
     """The canary proxy, stopped (and the log observer removed) after the test."""
-    p = Proxy(reactor)
-    yield p
-    await p.stop()
+    return clusters(Proxy)
 
 
 @pytest_twisted.ensureDeferred
@@ -148,7 +129,7 @@ async def test_no_canary_reaches_events_logs_or_request_records(
 ) -> None:
     """Prompts, replies, API keys and callers' tokens, sent through failover, errors and the key
     checks, appear in no bus event, request record or log event."""
-    await proxy.start(listen)
+    await proxy.start_canaries(listen)
     url, foreign = proxy.url, proxy.foreign_url
     bearer = f"Bearer {OWN_TOKEN}"
     malformed = (
@@ -156,14 +137,14 @@ async def test_no_canary_reaches_events_logs_or_request_records(
     )
 
     results = [
-        await proxy.post(url, chat()),  # failover past the FROZEN node
-        await proxy.post(url, chat(stream=False), "/v1/chat/completions", Authorization=bearer),
-        await proxy.post(url, chat("no-such-model")),  # 502: no node has the model
-        await proxy.post(url, chat(pad=5000)),  # 413
-        await proxy.post(url, malformed),
-        await proxy.post(foreign, chat(), Authorization=f"Bearer {KEY}"),
-        await proxy.post(foreign, chat(), **{"X-Api-Key": WRONG_KEY}),
-        await proxy.post(foreign, chat(), **{"X-Api-Key": KEY, "Authorization": bearer}),
+        await proxy.send(url, chat()),  # failover past the FROZEN node
+        await proxy.send(url, chat(stream=False), "/v1/chat/completions", Authorization=bearer),
+        await proxy.send(url, chat("no-such-model")),  # 502: no node has the model
+        await proxy.send(url, chat(pad=5000)),  # 413
+        await proxy.send(url, malformed),
+        await proxy.send(foreign, chat(), Authorization=f"Bearer {KEY}"),
+        await proxy.send(foreign, chat(), **{"X-Api-Key": WRONG_KEY}),
+        await proxy.send(foreign, chat(), **{"X-Api-Key": KEY, "Authorization": bearer}),
     ]
 
     assert [code for code, _ in results] == [200, 200, 502, 413, 200, 200, 401, 200]

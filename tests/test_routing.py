@@ -9,44 +9,35 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
 import pytest_twisted
 import treq
+from attrs import define, field
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.interfaces import IDelayedCall, IListeningPort
 from twisted.internet.task import deferLater
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import IResponse
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from nvpair_tw.events import Event
-from nvpair_tw.facade import Facade
 from nvpair_tw.nodes import Node
 from nvpair_tw.reservations import make_rank
 from nvpair_tw.settings import Settings
 from nvpair_tw.testing import (
     Behaviour,
-    EngineHandle,
+    Clusters,
     Policy,
-    ProxyHandle,
+    ProxyCluster,
     SimulatedEngine,
     always,
-    start_engine,
-    start_proxy,
+    http_client,
 )
 
 T = TypeVar("T")
 NO_OWNER = "no available node advertises the requested model"
-
-
-def client(reactor: Any) -> treq.client.HTTPClient:
-    """A treq client with its own non-persistent pool (nothing left open after a test)."""
-    return treq.client.HTTPClient(
-        Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
-    )
 
 
 async def until(reactor: Any, condition: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -119,18 +110,13 @@ class Switch(Resource):
         return self.engine.render(request)
 
 
-class Cluster:
-    """Simulated nodes and plain resources behind one in-process proxy, with the bus recorded."""
+@define
+class Cluster(ProxyCluster):
+    """A proxy cluster whose nodes may also be plain resources, posting JSON documents."""
 
-    def __init__(self, reactor: Any) -> None:
-        self.reactor = reactor
-        self.engines: dict[str, SimulatedEngine] = {}
-        self.handles: list[EngineHandle] = []
-        self.ports: list[IListeningPort] = []
-        self.canned: list[Canned] = []
-        self.proxy: ProxyHandle | None = None
-        self.engine_name = "ollama"
-        self.events: list[Event] = []
+    engines: dict[str, SimulatedEngine] = field(factory=dict)
+    ports: list[IListeningPort] = field(factory=list)
+    canned: list[Canned] = field(factory=list)
 
     async def node(
         self,
@@ -143,10 +129,8 @@ class Cluster:
         engine = SimulatedEngine(
             self.reactor, models, policy if policy is not None else always(Behaviour.HEALTHY), **kw
         )
-        handle = await start_engine(self.reactor, engine)
-        self.handles.append(handle)
         self.engines[node_id] = engine
-        return Node(node_id, handle.url, models)
+        return await self.add_engine(node_id, engine)
 
     def serve(self, resource: Resource) -> str:
         """Listen ``resource`` on loopback; its base URL."""
@@ -163,26 +147,12 @@ class Cluster:
         await port.stopListening()
         return f"http://127.0.0.1:{number}"
 
-    async def start(self, nodes: list[Node], settings: Settings | None = None, **kw: Any) -> None:
-        self.proxy = await start_proxy(
-            self.reactor, {self.engine_name: nodes}, settings or Settings(), **kw
-        )
-        self.proxy.runtime.shared.bus.subscribe(self.events.append, name="test")
-
-    @property
-    def facade(self) -> Facade:
-        assert self.proxy is not None
-        return self.proxy.runtime.facades[self.engine_name]
-
-    async def post(self, path: str, document: Any) -> tuple[int, bytes, Any]:
-        assert self.proxy is not None
-        data = json.dumps(document).encode()
-        response = await client(self.reactor).post(self.proxy.url() + path, data=data)
-        return response.code, await treq.content(response), response
+    async def post_json(self, path: str, document: Any) -> tuple[int, bytes, IResponse]:
+        """POST ``document`` as JSON to the proxy."""
+        return await self.post(json.dumps(document).encode(), path)
 
     async def get(self, path: str) -> tuple[int, bytes]:
-        assert self.proxy is not None
-        response = await client(self.reactor).get(self.proxy.url() + path)
+        response = await http_client(self.reactor).get(self.url + path)
         return response.code, await treq.content(response)
 
     def models_seen(self, node_id: str) -> list[str]:
@@ -193,26 +163,18 @@ class Cluster:
             if r.method == b"POST"
         ]
 
-    def named(self, name: str) -> list[dict[str, Any]]:
-        return [dict(e.payload) for e in self.events if e.name == name]
-
     async def stop(self) -> None:
-        if self.proxy is not None:
-            await self.proxy.stop()
-        for handle in self.handles:
-            await handle.stop()
+        await super().stop()
         for canned in self.canned:
             canned.stop()
         for port in self.ports:
             await maybeDeferred(port.stopListening)
 
 
-@pytest_twisted.async_yield_fixture()
-async def cluster(reactor: Any) -> AsyncIterator[Cluster]:
+@pytest.fixture
+def cluster(clusters: Clusters) -> Cluster:
     """A cluster stopped (proxy, then nodes) after the test."""
-    c = Cluster(reactor)
-    yield c
-    await c.stop()
+    return clusters(Cluster)
 
 
 def served_by(response: Any) -> str:
@@ -238,10 +200,10 @@ async def test_each_model_reaches_only_its_owners(reactor: Any, cluster: Cluster
         await cluster.node("n1", ("mistral:7b",), chunk_delay=0.1),
         await cluster.node("n2", ("llama3:latest", "phi3:mini"), chunk_delay=0.1),
     ]
-    await cluster.start(nodes)
+    await cluster.start_proxy(nodes)
     cluster.facade.shared.ledger.apply(1, ["n0", "n1", "n2"], [])
     wanted = ["llama3", "llama3", "mistral:7b", "phi3:mini", "llama3", "mistral:7b"]
-    answers = await together([cluster.post("/api/chat", chat(m)) for m in wanted])
+    answers = await together([cluster.post_json("/api/chat", chat(m)) for m in wanted])
     assert [code for code, _, _ in answers] == [200] * len(wanted)
     by_model: dict[str, set[str]] = {}
     for model, (_, _, response) in zip(wanted, answers, strict=True):
@@ -277,8 +239,8 @@ async def test_engine_matching_rule_picks_the_owner(
     whenever it matches, so a request served by n1 shows that n0 did not match."""
     cluster.engine_name = engine
     nodes = [await cluster.node("n0", (first,)), await cluster.node("n1", (second,))]
-    await cluster.start(nodes)
-    code, content, response = await cluster.post("/v1/chat/completions", chat(requested))
+    await cluster.start_proxy(nodes)
+    code, content, response = await cluster.post_json("/v1/chat/completions", chat(requested))
     if served is None:
         assert code == 502 and json.loads(content)["error"] == NO_OWNER
         assert cluster.models_seen("n0") == cluster.models_seen("n1") == []
@@ -298,8 +260,8 @@ async def test_model_nobody_has_gets_502_and_no_node_is_contacted(
         await cluster.node("n1", ("mistral:7b",)),
         await cluster.node("n2", ("phi3:mini",)),
     ]
-    await cluster.start(nodes)
-    code, content, response = await cluster.post("/api/chat", chat("gemma:2b"))
+    await cluster.start_proxy(nodes)
+    code, content, response = await cluster.post_json("/api/chat", chat("gemma:2b"))
     assert code == 502
     assert json.loads(content)["error"] == NO_OWNER
     assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
@@ -364,7 +326,7 @@ async def test_model_lists_merge_in_candidate_order_skipping_bad_nodes(
         Node("c", cluster.serve(Canned(reactor, {})), ("llama3:latest",)),
         await cluster.node("d", D_MODELS),
     ]
-    await cluster.start(nodes)
+    await cluster.start_proxy(nodes)
     if priority:
         cluster.facade.shared.ledger.apply(1, priority, [])
     code, content = await cluster.get(path)
@@ -383,7 +345,7 @@ async def test_model_list_with_every_node_down_is_503(
         Node("b", await cluster.closed_url(), ("llama3:latest",)),
         Node("c", await cluster.closed_url(), ("llama3:latest",)),
     ]
-    await cluster.start(nodes)
+    await cluster.start_proxy(nodes)
     code, content = await cluster.get(path)
     assert code == 503
     assert json.loads(content)["error"] == "model inventory unavailable"
@@ -403,26 +365,26 @@ async def test_polled_node_is_eligible_once_polled_and_keeps_its_last_inventory(
     switch.down = True
     cluster.engines["n0"] = engine
     polled = Node("n0", cluster.serve(switch))
-    await cluster.start(
+    await cluster.start_proxy(
         [polled, await cluster.node("n1", ("mistral:7b",))],
         Settings(inventory_interval=0.05, inventory_timeout=1.0),
     )
     inventory = cluster.facade.inventory
     await until(reactor, lambda: switch.refused >= 1)
     assert not inventory.known("n0")
-    code, content, _ = await cluster.post("/api/chat", chat("llama3"))
+    code, content, _ = await cluster.post_json("/api/chat", chat("llama3"))
     assert code == 502 and json.loads(content)["error"] == NO_OWNER
 
     switch.down = False
     await until(reactor, lambda: inventory.known("n0"))
-    code, _, response = await cluster.post("/api/chat", chat("llama3"))
+    code, _, response = await cluster.post_json("/api/chat", chat("llama3"))
     assert code == 200 and served_by(response) == "n0"
 
     switch.down = True
     refused = switch.refused
     await until(reactor, lambda: switch.refused >= refused + 2)
     assert inventory.models("n0") == frozenset({"llama3:latest"})
-    code, _, response = await cluster.post("/api/chat", chat("llama3"))
+    code, _, response = await cluster.post_json("/api/chat", chat("llama3"))
     assert code == 200 and served_by(response) == "n0"
     assert cluster.models_seen("n0") == ["llama3", "llama3"]
 
@@ -440,12 +402,12 @@ async def test_eligible_pin_wins_and_ineligible_pin_is_ignored(
         await cluster.node("n1", ("llama3:latest",)),
         await cluster.node("n2", ("mistral:7b",)),
     ]
-    await cluster.start(nodes)
+    await cluster.start_proxy(nodes)
     cluster.facade.pin = "n1"
-    _, _, response = await cluster.post("/api/chat", chat("llama3"))
+    _, _, response = await cluster.post_json("/api/chat", chat("llama3"))
     assert served_by(response) == "n1"
     cluster.facade.pin = "n2"
-    code, _, response = await cluster.post("/api/chat", chat("llama3", "another chat"))
+    code, _, response = await cluster.post_json("/api/chat", chat("llama3", "another chat"))
     assert code == 200 and served_by(response) == "n0"
     assert cluster.models_seen("n2") == []
 
@@ -456,17 +418,17 @@ async def test_priority_snapshot_reorders_and_stale_generation_is_ignored(
 ) -> None:
     """The priority list puts its least-loaded node first; a snapshot not newer changes nothing."""
     nodes = [await cluster.node(f"n{i}", ("llama3:latest",)) for i in range(3)]
-    await cluster.start(nodes)
+    await cluster.start_proxy(nodes)
     ledger = cluster.facade.shared.ledger
     assert ledger.apply(5, ["n2", "n1"], [make_rank("n2", 0, 0), make_rank("n1", 0, 0)])
-    _, _, response = await cluster.post("/api/chat", chat("llama3"))
+    _, _, response = await cluster.post_json("/api/chat", chat("llama3"))
     assert served_by(response) == "n2"
     assert ledger.apply(6, ["n2", "n1"], [make_rank("n2", 3, 1)])
-    _, _, response = await cluster.post("/api/chat", chat("llama3"))
+    _, _, response = await cluster.post_json("/api/chat", chat("llama3"))
     assert served_by(response) == "n1"
     assert not ledger.apply(6, ["n0"], [])
     assert not ledger.apply(2, ["n0"], [])
-    _, _, response = await cluster.post("/api/chat", chat("llama3"))
+    _, _, response = await cluster.post_json("/api/chat", chat("llama3"))
     assert served_by(response) == "n1"
 
 
@@ -481,7 +443,7 @@ async def test_concurrent_requests_spread_evenly_and_release_their_reservations(
     most one, and every reservation is released once they are done."""
     ids = [f"n{i}" for i in range(4)]
     nodes = [await cluster.node(i, ("llama3:latest",), chunks=4, chunk_delay=0.2) for i in ids]
-    await cluster.start(nodes)
+    await cluster.start_proxy(nodes)
     ledger = cluster.facade.shared.ledger
     ledger.apply(1, ids, [make_rank(i, 0, 0) for i in ids])
     pending: list[Deferred[tuple[int, bytes, Any]]] = []
@@ -493,7 +455,7 @@ async def test_concurrent_requests_spread_evenly_and_release_their_reservations(
     # SYN retry and all 100 overlap.
     for batch in range(4):
         pending.extend(
-            Deferred.fromCoroutine(cluster.post("/api/chat", chat("llama3", f"q{batch}-{n}")))
+            Deferred.fromCoroutine(cluster.post_json("/api/chat", chat("llama3", f"q{batch}-{n}")))
             for n in range(25)
         )
         await until(reactor, admitted)
@@ -540,7 +502,7 @@ async def test_chat_returns_to_the_node_that_served_its_prefix(
         await cluster.node("n1", ("llama3:latest",)),
         await cluster.node("n2", ("llama3:latest",)),
     ]
-    await cluster.start(nodes)
+    await cluster.start_proxy(nodes)
     ledger = cluster.facade.shared.ledger
     ledger.apply(1, ["n0", "n1", "n2"], [])
     messages: list[dict[str, Any]] = []
@@ -549,7 +511,7 @@ async def test_chat_returns_to_the_node_that_served_its_prefix(
         if turn == 3:
             assert ledger.apply(2, ["n1", "n2", "n0"], [])
         messages.append({"role": "user", "content": f"turn {turn}"})
-        code, content, response = await cluster.post(
+        code, content, response = await cluster.post_json(
             "/api/chat", {"model": "llama3", "messages": messages}
         )
         assert code == 200
@@ -568,14 +530,14 @@ async def test_generation_settings_keep_affinity_and_tools_break_it(
     """Turn 2 resent with another ``temperature`` returns to the warm node; another ``tools`` schema
     does not; neither does a warm node whose gate fails (queue above one)."""
     nodes = [await cluster.node(f"n{i}", ("llama3:latest",)) for i in range(2)]
-    await cluster.start(nodes)
+    await cluster.start_proxy(nodes)
     ledger = cluster.facade.shared.ledger
     ledger.apply(1, ["n0", "n1"], [])
     tools = [{"type": "function", "function": {"name": "weather", "parameters": {}}}]
     other_tools = [{"type": "function", "function": {"name": "search", "parameters": {}}}]
     first = [{"role": "user", "content": "turn 1"}]
     turn1 = {"model": "llama3", "stream": True, "tools": tools, "temperature": 0.2}
-    code, content, response = await cluster.post(
+    code, content, response = await cluster.post_json(
         "/v1/chat/completions", {**turn1, "messages": first}
     )
     assert code == 200 and served_by(response) == "n0"
@@ -588,7 +550,7 @@ async def test_generation_settings_keep_affinity_and_tools_break_it(
 
     async def turn2(**changes: Any) -> str:
         document = {**turn1, "messages": messages, **changes}
-        code, content, response = await cluster.post("/v1/chat/completions", document)
+        code, content, response = await cluster.post_json("/v1/chat/completions", document)
         assert code == 200
         sse_reply(content)
         return served_by(response)

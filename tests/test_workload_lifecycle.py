@@ -10,40 +10,31 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import pytest_twisted
 import treq
+from attrs import define
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
+from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 
 from nvpair_tw.events import Event
-from nvpair_tw.nodes import Node
-from nvpair_tw.settings import Settings
 from nvpair_tw.testing import (
     Behaviour,
-    EngineHandle,
-    ProxyHandle,
+    Clusters,
+    ProxyCluster,
     SimulatedEngine,
     always,
-    start_engine,
-    start_proxy,
+    http_client,
 )
 
 TERMINAL = ("workload:completed", "workload:errored")
-
-
-def client(reactor: Any) -> treq.client.HTTPClient:
-    """A treq client with its own non-persistent pool (nothing left open after a test)."""
-    return treq.client.HTTPClient(
-        Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
-    )
 
 
 async def until(reactor: Any, condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -93,36 +84,13 @@ class Reader(Protocol):
         self.done.callback("complete" if clean else "broken")
 
 
-class Cluster:
-    """Simulated engines behind one in-process ollama facade, with the bus recorded."""
-
-    def __init__(self, reactor: Any) -> None:
-        self.reactor = reactor
-        self.handles: list[EngineHandle] = []
-        self.proxy: ProxyHandle | None = None
-        self.events: list[Event] = []
-
-    async def start(
-        self, engines: dict[str, SimulatedEngine], settings: Settings | None = None
-    ) -> None:
-        nodes = []
-        for node_id, engine in engines.items():
-            handle = await start_engine(self.reactor, engine)
-            self.handles.append(handle)
-            nodes.append(Node(node_id, handle.url, tuple(engine.models)))
-        self.proxy = await start_proxy(self.reactor, {"ollama": nodes}, settings or Settings())
-        self.proxy.runtime.shared.bus.subscribe(self.events.append, name="test")
-
-    @property
-    def proxy_url(self) -> str:
-        assert self.proxy is not None
-        return self.proxy.url()
+@define
+class Cluster(ProxyCluster):
+    """A proxy cluster that also streams responses into a reader and picks out workload events."""
 
     async def stream(self, path: str, data: bytes, reader: Reader) -> str:
         """POST and read the body with ``reader``; its outcome."""
-        response = await client(self.reactor).post(
-            self.proxy_url + path, data=data, unbuffered=True
-        )
+        response = await http_client(self.reactor).post(self.url + path, data=data, unbuffered=True)
         response.deliverBody(reader)
         return await reader.done
 
@@ -132,22 +100,11 @@ class Cluster:
     def terminals(self) -> list[dict[str, Any]]:
         return [dict(e.payload["workload"]) for e in self.events if e.name in TERMINAL]
 
-    def named(self, name: str) -> list[dict[str, Any]]:
-        return [dict(e.payload) for e in self.events if e.name == name]
 
-    async def stop(self) -> None:
-        if self.proxy is not None:
-            await self.proxy.stop()
-        for handle in self.handles:
-            await handle.stop()
-
-
-@pytest_twisted.async_yield_fixture()
-async def cluster(reactor: Any) -> AsyncIterator[Cluster]:
+@pytest.fixture
+def cluster(clusters: Clusters) -> Cluster:
     """A cluster stopped (proxy, then engines) after the test."""
-    c = Cluster(reactor)
-    yield c
-    await c.stop()
+    return clusters(Cluster)
 
 
 def engine(
@@ -169,7 +126,7 @@ async def test_failover_is_one_workload_with_a_running_event_per_node(
             "b": engine(reactor, ("llama3:latest",), Behaviour.HEALTHY),
         }
     )
-    response = await client(reactor).post(cluster.proxy_url + "/api/chat", data=chat("llama3"))
+    response = await http_client(reactor).post(cluster.url + "/api/chat", data=chat("llama3"))
     await treq.content(response)
     assert response.code == 200
     workload = [
@@ -308,8 +265,8 @@ async def test_subscriber_that_never_reads_is_dropped_without_slowing_requests(
     stuck.pause()
 
     async def ask(n: int) -> int:
-        response = await client(reactor).post(
-            cluster.proxy_url + "/api/chat", data=chat("llama3", f"q{n}")
+        response = await http_client(reactor).post(
+            cluster.url + "/api/chat", data=chat("llama3", f"q{n}")
         )
         await treq.content(response)
         return int(response.code)
