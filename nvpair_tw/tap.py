@@ -22,12 +22,15 @@ from nvpair_tw.ingress import IngressConfigError, IngressPolicy
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
 from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file
 from nvpair_tw.settings import (
+    Resolved,
     Settings,
     resolve_first_body_timeout,
     resolve_response_header_timeout,
 )
 
 log = LevelledLogger()
+
+DEMO_RESPONSE_HEADER_TIMEOUT = 5.0
 
 _SIZE = re.compile(r"^\s*(\d+)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib)?\s*$", re.IGNORECASE)
 _SIZE_UNITS = {
@@ -183,6 +186,9 @@ class Options(usage.Options):
                 _check_endpoint(flag, description)
         environ = os.environ
         header = resolve_response_header_timeout(self["response-header-timeout"], environ)
+        if self["demo"] and header.source == "default" and header.warning is None:
+            # The demo's flaky node freezes on every other request: show a failover in seconds.
+            header = Resolved(DEMO_RESPONSE_HEADER_TIMEOUT, "demo default")
         first = resolve_first_body_timeout(self["first-body-timeout"], environ)
         self["warnings"] = [w for w in (header.warning, first.warning) if w]
         try:

@@ -431,3 +431,13 @@ def test_twistd_version_prints_the_nvpair_version(tmp_path: Path) -> None:
     result = _twistd("nvpair", "--version", cwd=tmp_path)
     assert result.returncode == 0
     assert result.stdout == f"nvpair-tw {__version__.public()}\n"
+
+
+def test_demo_shortens_the_default_header_timeout_only() -> None:
+    """--demo uses a 5 s response-header timeout unless one was given (so a failover shows at once)."""
+    demo = parse("--engine", "ollama", "--demo")
+    assert demo["settings"].response_header_timeout == 5.0
+    assert demo["sources"]["response-header-timeout"] == "demo default"
+    given = parse("--engine", "ollama", "--demo", "--response-header-timeout", "30s")
+    assert given["settings"].response_header_timeout == 30.0
+    assert parse("--engine", "ollama")["settings"].response_header_timeout == 120.0
