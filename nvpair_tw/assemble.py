@@ -3,37 +3,19 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from twisted.application import service
 
 from nvpair_tw.durations import format_duration
+from nvpair_tw.endpoints import own_urls
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.service import ListenerService, RuntimeService
 
 log = LevelledLogger()
-
-
-def own_urls(description: str) -> list[str]:
-    """The URLs a client would use to reach a listener (for the self-guard, SPEC §3)."""
-    parts = [p.replace("\\:", ":") for p in re.split(r"(?<!\\):", description)]
-    if not parts or parts[0] not in ("tcp", "tcp6"):
-        return []
-    positional = [p for p in parts[1:] if "=" not in p]
-    options = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
-    port = options.get("port", positional[0] if positional else "")
-    if not port.isdigit():
-        return []
-    default = "::" if parts[0] == "tcp6" else "0.0.0.0"
-    host = options.get("interface", default)
-    hosts = {f"[{host}]" if ":" in host else host}
-    if host in ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost"):
-        hosts |= {"127.0.0.1", "localhost", "[::1]"}
-    return [f"http://{h}:{port}" for h in sorted(hosts)]
 
 
 def assemble(

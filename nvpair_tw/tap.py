@@ -17,6 +17,7 @@ from twisted.python import usage
 
 from nvpair_tw import __version__
 from nvpair_tw.durations import parse_duration
+from nvpair_tw.endpoints import tcp_listener
 from nvpair_tw.engines import ENGINES
 from nvpair_tw.ingress import IngressConfigError, IngressPolicy
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
@@ -229,6 +230,7 @@ def _check_endpoint(flag: str, description: str) -> None:
     """Parse a server endpoint string now, so a typo is a usage error and not a traceback later."""
     try:
         serverFromString(MemoryReactor(), description)
+        tcp_listener(description)
     except Exception as error:  # parsers raise ValueError, KeyError, OSError (ssl files), ...
         raise usage.UsageError(f"{flag}: not a server endpoint {description!r}: {error}") from None
 

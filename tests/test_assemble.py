@@ -12,9 +12,8 @@ from twisted.application.service import IService, IServiceCollection, MultiServi
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import ILogObserver, formatEvent, globalLogPublisher
 
-from nvpair_tw.assemble import assemble, own_urls
+from nvpair_tw.assemble import assemble
 from nvpair_tw.logs import current_level, set_level
-from nvpair_tw.nodes import url_key
 from nvpair_tw.service import ListenerService, RuntimeService
 from nvpair_tw.tap import Options
 
@@ -52,50 +51,6 @@ def runtime_of(top: IService) -> Any:
     """The runtime the tree runs."""
     (found,) = [s for s in services(top) if isinstance(s, RuntimeService)]
     return found.runtime
-
-
-LOOPBACK_11435 = ["http://127.0.0.1:11435", "http://[::1]:11435", "http://localhost:11435"]
-
-
-@pytest.mark.parametrize(
-    "description",
-    [
-        "tcp:11435:interface=127.0.0.1",
-        "tcp:port=11435:interface=127.0.0.1",
-        "tcp:port=11435:interface=127.0.0.1:backlog=50",
-        "tcp:11435:interface=localhost",
-    ],
-)
-def test_own_urls_of_a_loopback_listener(description: str) -> None:
-    """A loopback listener is reachable as 127.0.0.1, [::1] and localhost, in positional or port= form."""
-    assert sorted(own_urls(description)) == LOOPBACK_11435
-
-
-def test_own_urls_of_a_wildcard_listener_include_loopback() -> None:
-    """Listening on every interface also means every loopback name reaches this proxy."""
-    urls = own_urls("tcp:1235")
-    assert {"http://127.0.0.1:1235", "http://[::1]:1235", "http://localhost:1235"} <= set(urls)
-    assert {url_key(u) for u in urls} == {("http", "<loopback>", 1235)}
-
-
-def test_own_urls_of_a_specific_interface() -> None:
-    """A listener on one LAN address is reached only there."""
-    assert own_urls("tcp:8001:interface=10.0.0.5") == ["http://10.0.0.5:8001"]
-
-
-def test_own_urls_of_ipv6_listeners_are_valid_urls() -> None:
-    """tcp6 interfaces (colons escaped) become bracketed hosts a node URL can be compared with."""
-    loopback = own_urls(r"tcp6:1235:interface=\:\:1")
-    assert "http://[::1]:1235" in loopback
-    assert None not in [url_key(u) for u in loopback]
-    lan = own_urls(r"tcp6:port=1235:interface=2001\:db8\:\:5")
-    assert [url_key(u) for u in lan] == [url_key("http://[2001:db8::5]:1235")]
-
-
-@pytest.mark.parametrize("description", ["unix:/run/nvpair.sock", "stdio", ""])
-def test_own_urls_of_non_tcp_listeners_are_empty(description: str) -> None:
-    """A listener no node URL can point at has no own URLs."""
-    assert own_urls(description) == []
 
 
 def test_each_engine_gets_its_facade_listener() -> None:

@@ -153,6 +153,7 @@ def test_listen_for_an_engine_not_served_is_a_usage_error() -> None:
         ("--listen", "tcp:abc"),
         ("--listen", "ssl:8443:privateKey=/nonexistent/key.pem"),
         ("--admin", "tcp:nine"),
+        ("--listen", "tcp:70000:interface=127.0.0.1"),
     ],
 )
 def test_bad_endpoints_are_usage_errors(flag: str, description: str) -> None:
