@@ -45,7 +45,7 @@ from twisted.web.client import (
 )
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
+from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
 
@@ -191,9 +191,17 @@ class UpstreamClient:
 
     def __init__(self, reactor: Any, pool: HTTPConnectionPool, connect_timeout: float) -> None:
         self._clock: IReactorTime = reactor
-        self.agent = Agent.usingEndpointFactory(
+        self.agent: IAgent = Agent.usingEndpointFactory(
             reactor, NodeEndpointFactory(reactor, connect_timeout), pool=pool
         )
+
+    @classmethod
+    def from_agent(cls, agent: IAgent, clock: IReactorTime) -> UpstreamClient:
+        """A client over any agent, its deadlines on ``clock`` (tests: an in-memory agent)."""
+        client = cls.__new__(cls)
+        client._clock = clock
+        client.agent = agent
+        return client
 
     def request(
         self,

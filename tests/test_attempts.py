@@ -2,22 +2,39 @@
 
 Each scenario runs three times in a row to flush out flakiness. The header timeout is shortened; the
 assertions never time the proxy: "does not wait" is shown by which nodes saw the request.
+The last section drives ``run_attempts`` itself on a ``task.Clock`` with in-memory engines.
 """
 
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 from typing import Any
 
 import pytest
 import pytest_twisted
 import treq
+from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request
 
+from nvpair_tw.attempts import (
+    Abandoned,
+    AttemptHooks,
+    AttemptPlan,
+    CallerState,
+    Committed,
+    Exhausted,
+    Result,
+    run_attempts,
+)
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings, resolve_first_body_timeout
-from nvpair_tw.stalls import NeverCools
+from nvpair_tw.stalls import Cooldown, NeverCools, StallTracker
 from nvpair_tw.testing import (
     Behaviour,
     Clusters,
@@ -28,6 +45,7 @@ from nvpair_tw.testing import (
     start_engine,
     start_proxy,
 )
+from nvpair_tw.upstream import UpstreamClient
 
 ROUNDS = [pytest.param(i, id=f"round{i}") for i in range(3)]
 MODEL = ("llama3:latest",)
@@ -380,3 +398,253 @@ async def test_retryable_status_moves_on_and_last_answer_is_relayed(
     assert scenario.named("node/cooldown") == []
     outcomes = [a["outcome"] for a in scenario.named("proxy/request")[0]["attempts"]]
     assert outcomes == ["status-503", "committed"]
+
+
+# --- Deterministic attempt loop: an injected task.Clock and in-memory engines --------------------
+#
+# ``run_attempts`` over ``UpstreamClient.from_agent(RequestTraversalAgent(engines), clock)``: the
+# engines leaf keeps every request open (NOT_DONE_YET) so each test decides when, or whether, a node
+# answers; every deadline is on ``clock`` and is moved with ``clock.advance``.
+
+TIMEOUT = 30.0
+EPSILON = 2**-10  # exact in binary, so clock sums land on the deadline itself
+PAYLOAD = b'{"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}'
+
+
+class Engines(Resource):
+    """Every in-memory node: records ``(request, body)`` by port and leaves the request open."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: dict[int, list[tuple[Request, bytes]]] = defaultdict(list)
+
+    def render(self, request: Request) -> int:  # type: ignore[override]
+        assert request.content is not None
+        self.pending[request.getHost().port].append((request, request.content.read()))
+        return NOT_DONE_YET
+
+
+class Hooks(AttemptHooks):
+    """Records ``(node id, outcome)`` per ended attempt."""
+
+    def __init__(self) -> None:
+        self.started: list[str] = []
+        self.ended: list[tuple[str, str]] = []
+
+    def attempt_started(self, node: Node) -> None:
+        self.started.append(node.id)
+
+    def attempt_ended(self, node: Node, outcome: str) -> None:
+        self.ended.append((node.id, outcome))
+
+
+class Loop:
+    """One ``run_attempts`` call against two in-memory nodes (ports 1001, 1002) on a task.Clock."""
+
+    def __init__(self, *, gated: bool = False, first_body_timeout: float = 0.0) -> None:
+        self.clock = Clock()
+        self.engines = Engines()
+        self.agent = RequestTraversalAgent(self.engines)
+        self.client = UpstreamClient.from_agent(self.agent, self.clock)
+        self.cooldowns: list[tuple[str, Cooldown | None, str]] = []
+        self.stalls = StallTracker(
+            self.clock, TIMEOUT, lambda *change: self.cooldowns.append(change)
+        )
+        self.caller = CallerState()
+        self.hooks = Hooks()
+        self.plan = AttemptPlan(
+            method=b"POST",
+            target=b"/api/chat",
+            headers=Headers({b"content-type": [b"application/json"]}),
+            body=PAYLOAD,
+            inference=True,
+            gated=gated,
+            header_timeout=TIMEOUT,
+            first_body_timeout=first_body_timeout,
+        )
+        self.nodes = [Node("a", "http://127.0.0.1:1001"), Node("b", "http://127.0.0.1:1002")]
+
+    def run(self) -> Deferred[Result]:
+        """Start the loop and deliver the first request to node ``a``."""
+        result = Deferred.fromCoroutine(
+            run_attempts(
+                self.plan,
+                self.nodes,
+                self.client,
+                self.clock,
+                self.stalls,
+                self.caller,
+                self.hooks,
+            )
+        )
+        self.agent.flush()
+        return result
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock, then every byte between the loop and the engines."""
+        self.clock.advance(seconds)
+        self.pump()
+
+    def pump(self) -> None:
+        for _ in range(3):
+            self.agent.flush()
+
+    def requests(self, port: int) -> list[Request]:
+        return [request for request, _ in self.engines.pending[port]]
+
+    def bodies(self, port: int) -> list[bytes]:
+        return [body for _, body in self.engines.pending[port]]
+
+
+def _result(d: Deferred[Result]) -> Result:
+    """The loop's result, which must be there already."""
+    results: list[Result | Failure] = []
+    d.addBoth(results.append)
+    assert results, "run_attempts has not finished"
+    [result] = results
+    assert not isinstance(result, Failure), result
+    return result
+
+
+def test_header_deadline_fires_exactly_at_the_timeout_after_the_write() -> None:
+    """Node a is still awaited at timeout - ε and abandoned at the timeout; node b gets the same body."""
+    loop = Loop()
+    result = loop.run()
+    assert loop.bodies(1001) == [PAYLOAD]
+    [deadline] = loop.clock.getDelayedCalls()
+    assert deadline.getTime() == TIMEOUT
+    loop.advance(TIMEOUT - EPSILON)
+    assert not result.called and loop.bodies(1002) == []
+    loop.advance(EPSILON)
+    assert loop.hooks.ended == [("a", "stall")]
+    assert loop.bodies(1002) == [PAYLOAD]
+    assert not result.called
+    answer = loop.requests(1002)[0]
+    answer.write(b"{}")
+    answer.finish()
+    loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed) and committed.node.id == "b"
+    assert loop.hooks.ended == [("a", "stall"), ("b", "committed")]
+    [cooldown_timer] = loop.clock.getDelayedCalls()  # only a's cooldown is left
+    assert cooldown_timer.getTime() == 2 * TIMEOUT
+    loop.stalls.stop()
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_header_stall_cools_the_node_for_exactly_one_period() -> None:
+    """The stalled node cools from the deadline for one header timeout, then the cooldown expires."""
+    loop = Loop()
+    result = loop.run()
+    loop.advance(TIMEOUT)
+    assert loop.stalls.cooling() == frozenset({"a"})
+    cooldown = loop.stalls.cooldown("a")
+    assert cooldown is not None and cooldown.until == 2 * TIMEOUT
+    loop.requests(1002)[0].finish()
+    loop.pump()
+    assert isinstance(_result(result), Committed)
+    loop.advance(TIMEOUT - EPSILON)
+    assert loop.stalls.cooling() == frozenset({"a"})
+    loop.advance(EPSILON)
+    assert loop.stalls.cooling() == frozenset()
+    assert [(node, until is None, why) for node, until, why in loop.cooldowns] == [
+        ("a", False, "no response headers within 30s"),
+        ("a", True, "expired"),
+    ]
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_silent_last_candidate_ends_in_502_and_both_cool() -> None:
+    """Both nodes silent: each costs one deadline, both cool, the client gets a 502."""
+    loop = Loop()
+    result = loop.run()
+    loop.advance(TIMEOUT)
+    assert not result.called
+    loop.advance(TIMEOUT)
+    assert _result(result) == Exhausted(502, "upstream error: no response headers within 30s")
+    assert loop.hooks.ended == [("a", "stall"), ("b", "stall")]
+    assert [node for node, cooldown, _ in loop.cooldowns if cooldown is not None] == ["a", "b"]
+    assert "b" in loop.stalls.cooling()
+    loop.stalls.stop()
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_503_moves_on_at_once_without_cooling() -> None:
+    """A 503 from node a moves to node b with no clock movement and no cooldown."""
+    loop = Loop()
+    result = loop.run()
+    refused = loop.requests(1001)[0]
+    refused.setResponseCode(503)
+    refused.write(b'{"error": "busy"}')
+    refused.finish()
+    loop.pump()
+    assert loop.bodies(1002) == [PAYLOAD]
+    assert loop.hooks.ended == [("a", "status-503")]
+    assert loop.stalls.cooling() == frozenset() and loop.cooldowns == []
+    loop.requests(1002)[0].finish()
+    loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed) and committed.node.id == "b"
+    assert loop.clock.seconds() == 0
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_enabled_first_body_timeout_fires_at_its_budget() -> None:
+    """Headers then silence: the gate fails at exactly the first-body budget and the node cools."""
+    loop = Loop(gated=True, first_body_timeout=5.0)
+    result = loop.run()
+    loop.requests(1001)[0].write(b"")  # headers only
+    loop.pump()
+    [gate_timer] = loop.clock.getDelayedCalls()
+    assert gate_timer.getTime() == 5.0
+    loop.advance(5.0 - EPSILON)
+    assert loop.hooks.ended == [] and loop.bodies(1002) == []
+    loop.advance(EPSILON)
+    assert loop.hooks.ended == [("a", "first-body-timeout")]
+    assert loop.stalls.cooling() == frozenset({"a"})
+    assert loop.bodies(1002) == [PAYLOAD]
+    assert not result.called
+    loop.requests(1002)[0].write(b"")
+    loop.pump()
+    loop.advance(5.0)
+    assert _result(result) == Exhausted(504, "upstream error: no response body within 5s")
+    assert loop.hooks.ended == [("a", "first-body-timeout"), ("b", "first-body-timeout")]
+    loop.stalls.stop()
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_disabled_first_body_timer_arms_nothing() -> None:
+    """With the first-body timeout at 0, headers without a body leave no timer: the wait is unbounded."""
+    loop = Loop(gated=True, first_body_timeout=0.0)
+    result = loop.run()
+    answer = loop.requests(1001)[0]
+    answer.write(b"")
+    loop.pump()
+    assert loop.clock.getDelayedCalls() == []
+    loop.advance(10 * TIMEOUT)
+    assert not result.called and loop.bodies(1002) == []
+    answer.write(b'{"done": true}')
+    loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed)
+    assert (committed.node.id, committed.first) == ("a", b'{"done": true}')
+    assert committed.gate is not None
+    committed.gate.stop()
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_caller_leaving_during_header_wait_is_abandoned_without_cooldown() -> None:
+    """Abandoning mid-wait returns Abandoned, cancels the deadline, cools nothing, tries nobody else."""
+    loop = Loop()
+    result = loop.run()
+    loop.advance(TIMEOUT / 2)
+    loop.caller.abandon("client gone")
+    loop.pump()
+    assert _result(result) == Abandoned("client gone")
+    assert loop.hooks.ended == [("a", "cancelled")]
+    assert loop.stalls.cooling() == frozenset() and loop.cooldowns == []
+    loop.advance(TIMEOUT)
+    assert loop.bodies(1002) == []
+    assert loop.clock.getDelayedCalls() == []
