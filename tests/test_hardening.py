@@ -8,6 +8,7 @@ upstream paused; non-loopback callers meet the key matrix (their peer address is
 from __future__ import annotations
 
 import contextlib
+import gc
 import http.client
 import json
 import os
@@ -36,7 +37,7 @@ from zope.interface import implementer
 
 from nvpair_tw.events import Event
 from nvpair_tw.facade import FacadeResource
-from nvpair_tw.limits import LimitedSite, make_site
+from nvpair_tw.limits import LimitedChannel, LimitedSite, make_site
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
 from nvpair_tw.testing import (
@@ -504,10 +505,12 @@ async def test_slowloris_connections_get_408_and_normal_clients_are_served(
     reactor: Any, stack: Stack, listen: Callable[[Any], int]
 ) -> None:
     """Fifty connections trickling header bytes do not keep a normal client waiting; each is closed
-    with a 408 JSON error at the header deadline, and the file descriptors come back."""
+    with a 408 JSON error at the header deadline, and the file descriptors and the per-connection
+    objects (channels, their timers) are all released afterwards."""
     await stack.start([SimulatedEngine(reactor, MODEL, reply_text="fine")], Settings())
     assert stack.proxy is not None
-    port = listen(stack.site(header_timeout=1.0))
+    site = stack.site(header_timeout=1.0)
+    port = listen(site)
     url = f"http://127.0.0.1:{port}"
     await stack.proxy.runtime.pool.closeCachedConnections()
     baseline = fd_count()
@@ -531,6 +534,10 @@ async def test_slowloris_connections_get_408_and_normal_clients_are_served(
 
     await stack.proxy.runtime.pool.closeCachedConnections()
     assert await fds_back_to(reactor, baseline) == baseline
+    assert site.open_connections == 0
+    del slow, answers
+    gc.collect()
+    assert [o for o in gc.get_objects() if isinstance(o, LimitedChannel)] == []
 
 
 # --- 3. stalled reader -----------------------------------------------------------------------------
