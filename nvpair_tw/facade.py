@@ -87,7 +87,7 @@ class Facade:
         nodes = list(self.directory.nodes())
         if not model:
             return nodes
-        return [n for n in nodes if self.profile.advertises(model, self.inventory.models(n.id))]
+        return [n for n in nodes if self.inventory.advertises(n.id, model)]
 
     def order(
         self, nodes: list[Node], *, head_selection: bool, affinity_hint: str | None = None

@@ -177,6 +177,7 @@ class InventoryBook:
     _inflight: dict[str, Deferred[None]] = field(factory=dict, init=False)
     _timer: IDelayedCall | None = field(default=None, init=False)
     _unsubscribe: Callable[[], None] | None = field(default=None, init=False)
+    _matchable: dict[str, tuple[object, frozenset[str]]] = field(factory=dict, init=False)
 
     def models(self, node_id: str) -> frozenset[str]:
         """Static models for a static node, else the last good poll; empty if never answered."""
@@ -200,11 +201,27 @@ class InventoryBook:
 
     def owners(self, model: str) -> list[str]:
         """Ids of the directory's nodes that advertise ``model`` (engine matching), by id."""
-        return [
-            node.id
-            for node in self._directory.nodes()
-            if self._engine.advertises(model, self.models(node.id))
-        ]
+        return [node.id for node in self._directory.nodes() if self.advertises(node.id, model)]
+
+    def advertises(self, node_id: str, model: str) -> bool:
+        """Whether the node's inventory serves ``model`` under the engine's name rule.
+
+        This runs for every candidate of every inference request, so each inventory's normalised
+        names are computed once and reused until that inventory changes.
+        """
+        node = self._directory.get(node_id)
+        if node is None:
+            return False
+        known = self._known.get(node_id)
+        source: object = node.models if node.models is not None else known
+        if source is None:
+            return False
+        cached = self._matchable.get(node_id)
+        if cached is None or cached[0] is not source:
+            names = self.models(node_id)
+            cached = (source, frozenset(self._engine.normalise(n.strip()) for n in names))
+            self._matchable[node_id] = cached
+        return self._engine.normalise(model.strip()) in cached[1]
 
     def poll_now(self) -> Deferred[None]:
         """Poll every polled node once, concurrently; fires when all are done (never fails)."""
@@ -260,6 +277,7 @@ class InventoryBook:
             node = current.get(node_id)
             if node is None or node.url != self._known[node_id].url:
                 del self._known[node_id]
+                self._matchable.pop(node_id, None)
         self._failing &= set(current)
         for node_id, running in list(self._inflight.items()):
             if node_id not in current:

@@ -160,6 +160,22 @@ def test_owners_treat_llama3_as_llama3_latest_for_ollama() -> None:
     assert memory.book.owners("llama3:8b") == []
 
 
+def test_matching_follows_each_new_inventory() -> None:
+    """The per-node matching cache follows a changed poll, a static list and a removed node."""
+    memory = InMemory([node("a", 1001), node("b", 1002, ("qwen",))])
+    memory.engines.answers[1001] = (200, tags("llama3:latest"))
+    memory.poll()
+    assert memory.book.advertises("a", "llama3")
+    memory.engines.answers[1001] = (200, tags("mistral:7b"))
+    memory.poll()
+    assert not memory.book.advertises("a", "llama3")
+    assert memory.book.advertises("a", "mistral:7b")
+    assert memory.book.advertises("b", "qwen:latest")
+    memory.directory.add_manual(Node("b", "http://127.0.0.1:1002", ("llama3",), "manual"))
+    assert memory.book.advertises("b", "llama3") and not memory.book.advertises("b", "qwen")
+    assert not memory.book.advertises("gone", "llama3")
+
+
 def test_owners_are_case_insensitive_for_omlx_only() -> None:
     """oMLX compares names case-insensitively; LM Studio compares them exactly."""
     nodes = [node("a", 1001, ("Qwen-7B",)), node("b", 1002, ("qwen-7b",))]
