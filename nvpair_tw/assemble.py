@@ -4,31 +4,28 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application import service
 
 from nvpair_tw.durations import format_duration
 from nvpair_tw.endpoints import own_urls
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.nodes import Node
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.service import ListenerService, RuntimeService
+
+if TYPE_CHECKING:
+    from nvpair_tw.tap import Options
 
 log = LevelledLogger()
 
 
-def assemble(
-    reactor: Any, options: Mapping[str, Any], environ: Mapping[str, str]
-) -> service.MultiService:
+def assemble(reactor: Any, options: Options, environ: Mapping[str, str]) -> service.MultiService:
     """Everything ``twistd nvpair`` runs, on the reactor it is given."""
     top = service.MultiService()
     settings = options["settings"]
     engines: list[str] = list(options["engines"])
-    nodes: dict[str, list[Node]] = {
-        engine: [node for scope, node in options["node"] if scope in (None, engine)]
-        for engine in engines
-    }
+    nodes = options.nodes_by_engine()
     if options.get("demo"):
         from nvpair_tw.demo import demo_nodes
 

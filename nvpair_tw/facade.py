@@ -91,8 +91,12 @@ class Facade:
 
     def order(
         self, nodes: list[Node], *, head_selection: bool, affinity_hint: str | None = None
-    ) -> tuple[list[Node], bool, bool]:
-        """Candidate order for ``nodes``: (ordered nodes, reserve head, affinity promoted)."""
+    ) -> tuple[list[Node], bool]:
+        """Candidate order for ``nodes``: (ordered nodes, whether the warm node was promoted).
+
+        Every inference request with a model reserves its first candidate (see ``_proxy``), so the
+        ordering's own ``reserve`` flag is not needed here.
+        """
         by_id = {n.id: n for n in nodes}
         ordering = order_candidates(
             [n.id for n in nodes],
@@ -103,7 +107,7 @@ class Facade:
             head_selection=head_selection,
             cooling=self.stalls.cooling(),
         )
-        return [by_id[i] for i in ordering.nodes], ordering.reserve, ordering.affinity
+        return [by_id[i] for i in ordering.nodes], ordering.affinity
 
 
 class _Hooks(AttemptHooks):
@@ -219,7 +223,7 @@ class FacadeResource(Resource):
     async def _model_list(self, request: Request, path: str, record: RequestRecord) -> None:
         facade = self._facade
         fmt = facade.profile.model_lists[path]
-        nodes, _, _ = facade.order(list(facade.directory.nodes()), head_selection=False)
+        nodes, _ = facade.order(list(facade.directory.nodes()), head_selection=False)
         result = await aggregate_model_list(
             fmt,
             nodes,
@@ -266,7 +270,7 @@ class FacadeResource(Resource):
             key = affinity_key(path, facade.profile.normalise(model.strip()), parsed)
             if key is not None:
                 hint = facade.affinity.lookup(key)
-        candidates, _reserve, promoted = facade.order(
+        candidates, promoted = facade.order(
             eligible, head_selection=bool(model), affinity_hint=hint
         )
 

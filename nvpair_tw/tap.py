@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -218,7 +218,7 @@ class Options(usage.Options):
             "first-body-timeout": first.source,
         }
 
-    def nodes_by_engine(self) -> Mapping[str, list[Node]]:
+    def nodes_by_engine(self) -> dict[str, list[Node]]:
         """Flag nodes per engine (unscoped ones go to every engine)."""
         return {
             engine: [node for scope, node in self["node"] if scope in (None, engine)]
