@@ -1,18 +1,19 @@
 # -*- test-case-name: tests.test_attempts -*-
-"""The candidate loop: one pass over the ordered nodes, the outcome table of SPEC §6.1, the commit point.
+"""The candidate loop: one pass over the ordered nodes, the outcome table, the commit point.
 
-Each node is tried at most once with the same replayed body. A stall (header deadline, or an enabled
-first-body timeout) cools the node; fast failures and the caller's departure never do. Inference commits on
-the first body byte (or a clean empty end), other routes on response headers. Nothing reaches the client
-before :class:`Committed` is returned; after it this module is done.
+See docs/behaviour.md §6.1 (the outcome table) and §6.2 (the commit point). Each node is tried at
+most once with the same replayed body. A stall (header deadline, or an enabled first-body timeout)
+cools the node; fast failures and the caller's departure never do. Inference commits on the first
+body byte (or a clean empty end), other routes on response headers. Nothing reaches the client
+before :class:`Committed` is returned, and every :class:`Committed` carries the gate that holds the
+body, so the relay is the only stage that writes to the client.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from attrs import define, frozen
-from twisted.internet.defer import Deferred
+from attrs import define, field, frozen
 from twisted.internet.error import ConnectError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
@@ -21,6 +22,7 @@ from twisted.web.iweb import IResponse
 
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
+from nvpair_tw.reservations import Booking
 from nvpair_tw.stalls import IStallTracker
 from nvpair_tw.upstream import (
     TRANSPORT_FAILURES,
@@ -34,6 +36,19 @@ from nvpair_tw.upstream import (
     node_url,
 )
 from nvpair_tw.workloads import AttemptOutcome, status_outcome
+
+__all__ = [
+    "Abandoned",
+    "AttemptObserver",
+    "AttemptPlan",
+    "CallerState",
+    "Committed",
+    "Exhausted",
+    "Result",
+    "classify_failure",
+    "retryable_status",
+    "run_attempts",
+]
 
 log = LevelledLogger()
 
@@ -54,17 +69,21 @@ class AttemptPlan:
 
 @frozen
 class Committed:
-    """The client's answer: from ``node``; ``gate`` is None when the body has not been delivered yet."""
+    """The client's answer: ``response`` from ``node``, its body held by ``gate``.
+
+    For a gated commit ``first`` is the first body chunk (``b""`` for a clean empty end) and the gate
+    holds the rest; for a commit on headers the gate has seen nothing yet and ``first`` is ``b""``.
+    """
 
     node: Node
     response: IResponse
-    gate: BodyGate | None
+    gate: BodyGate
     first: bytes
 
 
 @frozen
 class Exhausted:
-    """Every candidate failed in transport; the client gets a JSON error."""
+    """Every candidate failed; the client gets a JSON error with ``status``."""
 
     status: int
     reason: str
@@ -82,41 +101,118 @@ Result = Committed | Exhausted | Abandoned
 
 @define
 class CallerState:
-    """Whether the caller is still there, and what to abort when it leaves."""
+    """Whether the caller is still there, and what to stop when it leaves.
 
-    gone: str | None = None
-    attempt: Deferred[IResponse] | None = None
-    gate: BodyGate | None = None
-    on_gone: Callable[[str], None] | None = None
+    Changed only through its methods: :meth:`track` names what is in flight now (an attempt's
+    ``cancel`` or a gate's ``stop``), :meth:`abandon` records the departure and stops it.
+    """
+
+    _gone: str | None = field(default=None, init=False)
+    _stop: Callable[[], object] | None = field(default=None, init=False)
+
+    @property
+    def gone(self) -> str | None:
+        """Why the caller left, or None while it is there."""
+        return self._gone
+
+    def track(self, stop: Callable[[], object] | None) -> None:
+        """``stop`` is what to call if the caller leaves now (None: nothing in flight)."""
+        self._stop = stop
 
     def abandon(self, reason: str) -> None:
-        """Stop whatever is in flight; the first reason wins."""
-        if self.gone is not None:
+        """The caller left: stop whatever is in flight; the first reason wins."""
+        if self._gone is not None:
             return
-        self.gone = reason
-        if self.attempt is not None:
-            # ``called`` is already true while the agent's Deferred waits on a chained one;
-            # cancel() reaches the chained Deferred and is a no-op once the attempt has ended.
-            self.attempt.cancel()
-        if self.gate is not None:
-            self.gate.stop()
-        if self.on_gone is not None:
-            self.on_gone(reason)
+        self._gone = reason
+        if self._stop is not None:
+            # Cancelling an attempt that has ended, or stopping an ended gate, is a no-op.
+            self._stop()
 
 
-class AttemptHooks:
-    """What the loop reports as it goes (the request record, the workload, the reservation)."""
+class AttemptObserver:
+    """What the loop reports as it goes (the facade feeds the record and the workload from it)."""
 
     def attempt_started(self, node: Node) -> None:
         """An attempt is about to be sent to ``node``."""
 
     def attempt_ended(self, node: Node, outcome: str) -> None:
-        """The attempt to ``node`` ended with ``outcome`` (SPEC §7 outcome names)."""
+        """The attempt to ``node`` ended with ``outcome`` (docs/behaviour.md §7 outcome names)."""
 
 
 def retryable_status(code: int, inference: bool) -> bool:
     """408, 429, any 5xx, and 404 on inference routes (stale inventory) move on."""
     return code in (408, 429) or code >= 500 or (inference and code == 404)
+
+
+_STALLS = (AttemptOutcome.STALL, AttemptOutcome.FIRST_BODY_TIMEOUT)
+
+
+def classify_failure(failure: Failure, caller_gone: str | None) -> AttemptOutcome:
+    """The outcome of an attempt that failed before commit (docs/behaviour.md §6.1).
+
+    The caller's departure (or a cancellation) wins over whatever the transport reported. A failure
+    that is not a transport failure is a bug and is raised again.
+    """
+    if caller_gone is not None or is_cancellation(failure):
+        return AttemptOutcome.CANCELLED
+    if failure.check(HeaderTimeout):
+        return AttemptOutcome.STALL
+    if failure.check(FirstBodyTimeout):
+        return AttemptOutcome.FIRST_BODY_TIMEOUT
+    if failure.check(ConnectError, DNSLookupError):
+        return AttemptOutcome.CONNECT_ERROR
+    if failure.check(*TRANSPORT_FAILURES):
+        return AttemptOutcome.DROPPED
+    failure.raiseException()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@frozen
+class _Failed:
+    """One attempt failed before commit."""
+
+    outcome: AttemptOutcome
+    failure: Failure | None
+
+
+async def _attempt(
+    plan: AttemptPlan,
+    node: Node,
+    client: UpstreamClient,
+    clock: IReactorTime,
+    caller: CallerState,
+    is_last: bool,
+) -> Committed | _Failed | str:
+    """One node: a commit, a failure, or a retryable status's outcome name."""
+    attempt = client.request(
+        plan.method, node_url(node.url, plan.target), plan.headers, plan.body, plan.header_timeout
+    )
+    caller.track(attempt.cancel)
+    try:
+        response = await attempt
+    except Exception:
+        failure = Failure()
+        caller.track(None)
+        return _Failed(classify_failure(failure, caller.gone), failure)
+    if retryable_status(response.code, plan.inference) and not is_last:
+        caller.track(None)
+        response.deliverBody(Discard())
+        return status_outcome(response.code)
+    gate = BodyGate(clock, plan.first_body_timeout if plan.gated else 0.0)
+    caller.track(gate.stop)
+    response.deliverBody(gate)
+    if not plan.gated:
+        return Committed(node, response, gate, b"")
+    try:
+        first = await gate.first
+    except Exception:
+        failure = Failure()
+        caller.track(None)
+        return _Failed(classify_failure(failure, caller.gone), failure)
+    if caller.gone is not None:
+        gate.stop()
+        return _Failed(AttemptOutcome.CANCELLED, None)
+    return Committed(node, response, gate, first)
 
 
 async def run_attempts(
@@ -126,90 +222,35 @@ async def run_attempts(
     clock: IReactorTime,
     stalls: IStallTracker,
     caller: CallerState,
-    hooks: AttemptHooks,
+    booking: Booking,
+    observer: AttemptObserver,
 ) -> Result:
     """Walk the candidates once; return the committed answer, the final error, or abandonment."""
-    last: Failure | None = None
+    last: _Failed | None = None
     for index, node in enumerate(candidates):
         if caller.gone is not None:
             return Abandoned(caller.gone)
-        is_last = index == len(candidates) - 1
-        hooks.attempt_started(node)
-        attempt = client.request(
-            plan.method,
-            node_url(node.url, plan.target),
-            plan.headers,
-            plan.body,
-            plan.header_timeout,
-        )
-        caller.attempt = attempt
-        try:
-            response = await attempt
-        except Exception:
-            failure = Failure()
-            caller.attempt = None
-            if caller.gone is not None or is_cancellation(failure):
-                hooks.attempt_ended(node, AttemptOutcome.CANCELLED.value)
-                return Abandoned(caller.gone or "cancelled")
-            if not failure.check(*TRANSPORT_FAILURES):
-                raise
-            last = failure
-            if failure.check(HeaderTimeout):
-                stalls.cool(node.id, describe_failure(failure))
-                hooks.attempt_ended(node, AttemptOutcome.STALL.value)
-            elif failure.check(ConnectError, DNSLookupError):
-                hooks.attempt_ended(node, AttemptOutcome.CONNECT_ERROR.value)
-            else:
-                hooks.attempt_ended(node, AttemptOutcome.DROPPED.value)
-            log.info("attempt to {node} failed: {why}", node=node.id, why=describe_failure(failure))
-            continue
-        caller.attempt = None
-
-        if retryable_status(response.code, plan.inference) and not is_last:
-            response.deliverBody(Discard())
-            hooks.attempt_ended(node, status_outcome(response.code))
+        booking.move(node.id)
+        observer.attempt_started(node)
+        step = await _attempt(plan, node, client, clock, caller, index == len(candidates) - 1)
+        if isinstance(step, Committed):
+            observer.attempt_ended(node, AttemptOutcome.COMMITTED.value)
+            if 200 <= step.response.code < 300:
+                stalls.clear(node.id)
+            return step
+        if isinstance(step, str):
+            observer.attempt_ended(node, step)
             last = None
             continue
-
-        if not plan.gated:
-            hooks.attempt_ended(node, AttemptOutcome.COMMITTED.value)
-            if 200 <= response.code < 300:
-                stalls.clear(node.id)
-            return Committed(node, response, None, b"")
-
-        gate = BodyGate(clock, plan.first_body_timeout)
-        caller.gate = gate
-        response.deliverBody(gate)
-        try:
-            first = await gate.first
-        except Exception:
-            failure = Failure()
-            caller.gate = None
-            if caller.gone is not None:
-                hooks.attempt_ended(node, AttemptOutcome.CANCELLED.value)
-                return Abandoned(caller.gone)
-            last = failure
-            if failure.check(FirstBodyTimeout):
-                stalls.cool(node.id, describe_failure(failure))
-                hooks.attempt_ended(node, AttemptOutcome.FIRST_BODY_TIMEOUT.value)
-            else:
-                hooks.attempt_ended(node, AttemptOutcome.DROPPED.value)
-            log.info(
-                "attempt to {node} failed before the first body byte: {why}",
-                node=node.id,
-                why=describe_failure(failure),
-            )
-            continue
-        if caller.gone is not None:
-            gate.stop()
-            hooks.attempt_ended(node, AttemptOutcome.CANCELLED.value)
-            return Abandoned(caller.gone)
-        hooks.attempt_ended(node, AttemptOutcome.COMMITTED.value)
-        if 200 <= response.code < 300:
-            stalls.clear(node.id)
-        return Committed(node, response, gate, first)
-
-    if last is not None and last.check(FirstBodyTimeout):
-        return Exhausted(504, f"upstream error: {describe_failure(last)}")
-    reason = describe_failure(last) if last is not None else "no candidate answered"
-    return Exhausted(502, f"upstream error: {reason}")
+        observer.attempt_ended(node, step.outcome.value)
+        if step.outcome is AttemptOutcome.CANCELLED or step.failure is None:
+            return Abandoned(caller.gone or "cancelled")
+        why = describe_failure(step.failure)
+        if step.outcome in _STALLS:
+            stalls.cool(node.id, why)
+        log.info("attempt to {node} failed: {why}", node=node.id, why=why)
+        last = step
+    if last is None or last.failure is None:
+        return Exhausted(502, "upstream error: no candidate answered")
+    status = 504 if last.outcome is AttemptOutcome.FIRST_BODY_TIMEOUT else 502
+    return Exhausted(status, f"upstream error: {describe_failure(last.failure)}")

@@ -1,19 +1,38 @@
 # -*- test-case-name: tests.test_relay -*-
-"""A committed response on its way to the client: backpressure, the write-stall guard, completion.
+"""A committed response on its way to the client, from the first byte to the end.
 
-After commit nothing is replayed: the client gets the upstream's bytes as they arrive, the upstream is
-paused while the client's socket is full, a client that accepts nothing for the write-stall budget is
-dropped, and an upstream that dies mid-stream aborts the client connection (never a clean end).
+See docs/behaviour.md §6.2. After commit nothing is replayed: the client gets the upstream's bytes as
+they arrive, the upstream is paused while the client's socket is full, and a client that accepts
+nothing for the write-stall budget is reset. When the upstream dies mid-stream every byte already
+received is delivered and the client connection is then closed *without* the end of the framing (no
+terminating chunk, fewer bytes than the declared ``Content-Length``), so the client sees an
+incomplete message; a reset is kept for the one framing where a clean close would look complete
+(a close-delimited answer to the client). :func:`relay` returns a :class:`RelayOutcome` and writes
+nothing into its caller's state.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
 
+from attrs import frozen
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.python.failure import Failure
+from twisted.web.iweb import IResponse
+from twisted.web.server import Request
 from zope.interface import implementer
 
+from nvpair_tw.attempts import CallerState, Committed
 from nvpair_tw.frames import TerminalFrameDetector
+from nvpair_tw.headers import forward_headers
+from nvpair_tw.reactor import abort, close
+from nvpair_tw.upstream import BodyEnd, describe_failure
+
+__all__ = ["Progress", "RelayEnd", "RelayOutcome", "StallGuard", "relay"]
+
+DROPPED_MID_STREAM = "upstream dropped mid-stream"
+CLIENT_STOPPED_READING = "client stopped reading"
 
 
 @implementer(IPushProducer)
@@ -91,3 +110,149 @@ class Progress:
         if self.frames.seen:
             return True
         return self._length is not None and self.sent >= self._length
+
+
+class RelayEnd(Enum):
+    """How a relay ended."""
+
+    FINISHED = "finished"
+    """The upstream body ended cleanly and the client's response was finished."""
+
+    TRUNCATED = "truncated"
+    """The upstream died (or a close-delimited stream ended before its terminal frame): what
+    arrived was delivered and the client connection closed without the end of the framing."""
+
+    CALLER_GONE = "caller-gone"
+    """The client left, stopped reading, or the workload was cancelled."""
+
+
+@frozen
+class RelayOutcome:
+    """What the relay did: the facade turns it into the workload's end, affinity and the record.
+
+    ``error`` is what the record reports (None when the client got the whole answer); ``complete``
+    says whether the client got the whole answer, even if it hung up right after it;
+    ``terminal_seen`` whether a stream's terminal frame passed; ``streaming`` whether the body was
+    an SSE or NDJSON stream.
+    """
+
+    status: int
+    end: RelayEnd
+    error: str | None
+    complete: bool
+    terminal_seen: bool
+    streaming: bool
+    sent: int
+
+
+async def relay(
+    request: Request,
+    committed: Committed,
+    caller: CallerState,
+    clock: IReactorTime,
+    write_stall_timeout: float,
+) -> RelayOutcome:
+    """Relay ``committed`` to ``request`` until the body ends, the upstream dies or the caller goes."""
+    response, gate = committed.response, committed.gate
+    _write_head(request, response, committed.node.id)
+    content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
+    progress = Progress(content_type.decode("latin-1"), response.length)
+    sink = progress.wrap(request.write)
+    if committed.first:
+        sink(committed.first)
+    else:
+        request.write(b"")  # the head goes out now, even before the first body byte
+
+    def write_stalled() -> None:
+        caller.abandon(CLIENT_STOPPED_READING)
+        abort(request.transport)
+
+    guard = StallGuard(clock, gate.producer(), write_stall_timeout, write_stalled)
+    registered = _connected(request)
+    if registered:
+        request.registerProducer(guard, True)
+    caller.track(gate.stop)
+    gate.start_relay(sink)
+    end: BodyEnd | None = None
+    dropped: str | None = None
+    try:
+        end = await gate.done
+    except Exception:
+        dropped = describe_failure(Failure())
+    finally:
+        guard.cancel()
+        caller.track(None)
+    if registered and _connected(request):
+        request.unregisterProducer()
+    if end is not None:
+        progress.frames.finish()
+
+    def outcome(how: RelayEnd, error: str | None) -> RelayOutcome:
+        return RelayOutcome(
+            status=response.code,
+            end=how,
+            error=error,
+            complete=progress.complete,
+            terminal_seen=progress.frames.seen,
+            streaming=progress.streaming,
+            sent=progress.sent,
+        )
+
+    if caller.gone is not None:
+        return outcome(RelayEnd.CALLER_GONE, None if progress.complete else caller.gone)
+    if dropped is not None or (
+        end is BodyEnd.CLOSED and progress.streaming and not progress.frames.seen
+    ):
+        _cut(request, clock, write_stall_timeout)
+        return outcome(RelayEnd.TRUNCATED, DROPPED_MID_STREAM)
+    request.finish()
+    return outcome(RelayEnd.FINISHED, None)
+
+
+def _write_head(request: Request, response: IResponse, node_id: str) -> None:
+    """Status, the forwarded headers, ``X-NVPair-Node`` and the upstream's framing."""
+    request.setResponseCode(response.code, response.phrase)
+    for name, values in forward_headers(response.headers).getAllRawHeaders():
+        request.responseHeaders.setRawHeaders(name, list(values))
+    request.responseHeaders.setRawHeaders(b"x-nvpair-node", [node_id.encode()])
+    if (
+        isinstance(response.length, int)
+        and request.method != b"HEAD"
+        and response.code not in (204, 304)
+    ):
+        # Twisted's client moves Content-Length into ``response.length``; keep the framing.
+        request.setHeader(b"content-length", b"%d" % response.length)
+
+
+def _cut(request: Request, clock: IReactorTime, budget: float) -> None:
+    """End a truncated answer so the client can tell (docs/behaviour.md §6.2).
+
+    Chunked or ``Content-Length`` framing: close after the bytes already written (FIN); the missing
+    terminating chunk or the short count tells the client. A client that does not read what is
+    left is reset after ``budget``. Close-delimited framing (an HTTP/1.0 client, no length): a
+    clean close would look complete, so reset.
+    """
+    transport = request.transport
+    if not _connected(request) or transport is None:
+        return
+    if _close_delimited(request):
+        abort(transport)
+        return
+    lost = request.notifyFinish()
+    timer: IDelayedCall | None = clock.callLater(budget, abort, transport) if budget > 0 else None
+
+    def ended(_: object) -> None:
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    lost.addBoth(ended)
+    close(transport)
+
+
+def _close_delimited(request: Request) -> bool:
+    """Whether the client's response is framed by closing the connection."""
+    return not request.chunked and not request.responseHeaders.hasHeader(b"content-length")
+
+
+def _connected(request: Request) -> bool:
+    return request.channel is not None

@@ -140,3 +140,42 @@ class ReservationLedger:
     def load(self, node_id: str) -> int:
         """``pending + gpu_pressure + reservations`` for ``node_id``."""
         return self.pending(node_id) + self.gpu_pressure(node_id) + self.reservations(node_id)
+
+
+@define
+class Booking:
+    """One request's whole reservation life: taken before the first attempt, moved to the node each
+    attempt targets, released once when the request ends.
+
+    A request that reserves nothing (no model) holds an empty booking whose methods do nothing.
+    """
+
+    _ledger: ReservationLedger | None
+    _held: Reservation | None = None
+
+    @classmethod
+    def take(cls, ledger: ReservationLedger, node_id: str) -> Booking:
+        """Reserve ``node_id`` now."""
+        return cls(ledger, ledger.reserve(node_id))
+
+    @classmethod
+    def nothing(cls) -> Booking:
+        """A booking that reserves nothing."""
+        return cls(None)
+
+    @property
+    def node_id(self) -> str | None:
+        """The node held now, or None (empty or released)."""
+        return self._held.node_id if self._held is not None else None
+
+    def move(self, node_id: str) -> None:
+        """Hold ``node_id`` instead of the node held now (no-op when it is the same, or empty)."""
+        if self._ledger is None or self._held is None or self._held.node_id == node_id:
+            return
+        self._held = self._ledger.move(self._held, node_id)
+
+    def release(self) -> None:
+        """Let go; a second release does nothing."""
+        if self._ledger is not None and self._held is not None:
+            self._ledger.release(self._held)
+        self._held = None

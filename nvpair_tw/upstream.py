@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -252,25 +253,72 @@ class Discard(Protocol):
         pass
 
 
-class BodyGate(Protocol):
-    """Holds the first body chunk (or a clean empty end) until the caller commits, then relays.
+class GateStateError(Exception):
+    """A :class:`BodyGate` method was called in a state where it makes no sense (a bug)."""
 
-    ``first`` fires with the first non-empty chunk, ``b""`` on a clean empty end, or fails
-    (:class:`FirstBodyTimeout` when the enabled timer expired). After :meth:`start_relay` every chunk
-    goes to ``sink`` and ``done`` fires at a clean end or fails on a dropped stream.
+
+class GateState(Enum):
+    """Where a :class:`BodyGate` is in its life (see the class docstring for the transitions)."""
+
+    AWAITING_FIRST = "awaiting-first"
+    HOLDING = "holding"
+    RELAYING = "relaying"
+    ENDED = "ended"
+
+
+class BodyEnd(Enum):
+    """How a response body ended cleanly: what the framing can tell the relay."""
+
+    COMPLETE = "complete"
+    """The framing said so: every ``Content-Length`` byte, or the terminating chunk."""
+
+    CLOSED = "closed"
+    """Framed by the node closing the connection: complete or cut short, the framing cannot tell."""
+
+
+class BodyGate(Protocol):
+    """Holds a response body until the caller commits, then relays it; a named state machine.
+
+    @ivar _state: One of L{GateState}:
+        - C{AWAITING_FIRST}: no body byte yet. ``first`` is unfired; the first-body timer runs
+          when enabled. A chunk, or a clean empty end, fires ``first`` and moves to C{HOLDING};
+          a drop or the timer fails ``first`` and moves to C{ENDED}; :meth:`start_relay`
+          (commit on headers) moves straight to C{RELAYING} and ``first`` never fires.
+        - C{HOLDING}: ``first`` has fired; later chunks, and the end, are held in order.
+          :meth:`start_relay` flushes them and moves to C{RELAYING} (or C{ENDED} if the body
+          already ended).
+        - C{RELAYING}: every chunk goes to the sink as it arrives; the end fires ``done`` and
+          moves to C{ENDED}.
+        - C{ENDED}: nothing more happens. Calling :meth:`start_relay` here, or twice, raises
+          L{GateStateError}.
+    @ivar first: Fires with the first non-empty chunk, C{b""} on a clean empty end, or fails
+        (L{FirstBodyTimeout} when the enabled timer expired, else the transport's reason).
+    @ivar done: After :meth:`start_relay`: fires with a L{BodyEnd} at a clean end, or fails
+        with the transport's reason when the body was dropped.
+    @ivar _sink: Where relayed chunks go (C{RELAYING} only).
+    @ivar _held: Chunks received in C{HOLDING}, in order.
+    @ivar _ending: The transport's reason once the body ended in C{HOLDING}.
+    @ivar _timer: The first-body timer, armed in C{AWAITING_FIRST} when enabled.
+    @ivar _timed_out: Whether the timer cut the body (a cut that looks clean is still a timeout).
     """
 
     def __init__(self, clock: IReactorTime, first_body_timeout: float) -> None:
         self.first: Deferred[bytes] = Deferred()
-        self.done: Deferred[None] = Deferred()
+        self.done: Deferred[BodyEnd] = Deferred()
+        self._state = GateState.AWAITING_FIRST
         self._sink: Callable[[bytes], None] | None = None
-        self._pending: list[bytes] = []
-        self._ended: Failure | None = None
+        self._held: list[bytes] = []
+        self._ending: Failure | None = None
         self._timed_out = False
         self._timeout = first_body_timeout
         self._timer: IDelayedCall | None = None
         if first_body_timeout > 0:
             self._timer = clock.callLater(first_body_timeout, self._no_first_body)
+
+    @property
+    def state(self) -> GateState:
+        """The current state (read-only; transitions happen through the methods)."""
+        return self._state
 
     def _no_first_body(self) -> None:
         self._timer = None
@@ -283,7 +331,7 @@ class BodyGate(Protocol):
             self._timer = None
 
     def stop(self) -> None:
-        """Close the upstream body (caller gone, or timer expired)."""
+        """Close the upstream body (caller gone, or timer expired); legal in every state."""
         self._disarm()
         if self.transport is not None:
             IPushProducer(self.transport).stopProducing()
@@ -296,45 +344,59 @@ class BodyGate(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if not data:
             return
-        if self._sink is not None:
+        state = self._state
+        if state is GateState.RELAYING:
+            assert self._sink is not None
             self._sink(data)
-        elif not self.first.called:
+        elif state is GateState.AWAITING_FIRST:
             self._disarm()
+            self._state = GateState.HOLDING
             self.first.callback(data)
-        else:
-            self._pending.append(data)
+        elif state is GateState.HOLDING:
+            self._held.append(data)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
-        clean = reason.check(ResponseDone, PotentialDataLoss) is not None
-        if self._sink is not None:
-            self._finish(reason)
-        elif not self.first.called:
+        state = self._state
+        if state is GateState.RELAYING:
+            self._end(reason)
+        elif state is GateState.HOLDING:
+            self._ending = reason
+        elif state is GateState.AWAITING_FIRST:
             # Our own cut after the timer can look clean (a close-delimited body): a timeout wins.
             if self._timed_out:
+                self._state = GateState.ENDED
                 self.first.errback(
                     Failure(FirstBodyTimeout(f"no response body within {self._timeout:g}s"))
                 )
-            elif clean:
-                self._ended = reason
+            elif reason.check(ResponseDone, PotentialDataLoss):
+                self._state = GateState.HOLDING
+                self._ending = reason
                 self.first.callback(b"")
             else:
+                self._state = GateState.ENDED
                 self.first.errback(reason)
-        else:
-            self._ended = reason
 
     def start_relay(self, sink: Callable[[bytes], None]) -> None:
         """Commit: flush held chunks to ``sink`` and relay the rest as it arrives."""
+        if self._state not in (GateState.AWAITING_FIRST, GateState.HOLDING):
+            raise GateStateError(f"start_relay in state {self._state.value}")
+        self._disarm()
+        self._state = GateState.RELAYING
         self._sink = sink
-        pending, self._pending = self._pending, []
-        for chunk in pending:
+        held, self._held = self._held, []
+        for chunk in held:
             sink(chunk)
-        if self._ended is not None:
-            self._finish(self._ended)
+        if self._ending is not None:
+            self._end(self._ending)
 
-    def _finish(self, reason: Failure) -> None:
-        if reason.check(ResponseDone, PotentialDataLoss):
-            self.done.callback(None)
+    def _end(self, reason: Failure) -> None:
+        self._state = GateState.ENDED
+        self._ending = None
+        if reason.check(ResponseDone):
+            self.done.callback(BodyEnd.COMPLETE)
+        elif reason.check(PotentialDataLoss):
+            self.done.callback(BodyEnd.CLOSED)
         else:
             self.done.errback(reason)
 

@@ -24,7 +24,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from nvpair_tw.attempts import (
     Abandoned,
-    AttemptHooks,
+    AttemptObserver,
     AttemptPlan,
     CallerState,
     Committed,
@@ -33,6 +33,7 @@ from nvpair_tw.attempts import (
     run_attempts,
 )
 from nvpair_tw.nodes import Node
+from nvpair_tw.reservations import Booking, ReservationLedger
 from nvpair_tw.settings import Settings, resolve_first_body_timeout
 from nvpair_tw.stalls import Cooldown, NeverCools, StallTracker
 from nvpair_tw.testing import (
@@ -426,7 +427,7 @@ class Engines(Resource):
         return NOT_DONE_YET
 
 
-class Hooks(AttemptHooks):
+class Hooks(AttemptObserver):
     """Records ``(node id, outcome)`` per ended attempt."""
 
     def __init__(self) -> None:
@@ -453,6 +454,8 @@ class Loop:
             self.clock, TIMEOUT, lambda *change: self.cooldowns.append(change)
         )
         self.caller = CallerState()
+        self.ledger = ReservationLedger()
+        self.booking = Booking.take(self.ledger, "a")
         self.hooks = Hooks()
         self.plan = AttemptPlan(
             method=b"POST",
@@ -476,6 +479,7 @@ class Loop:
                 self.clock,
                 self.stalls,
                 self.caller,
+                self.booking,
                 self.hooks,
             )
         )

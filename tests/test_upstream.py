@@ -56,7 +56,10 @@ from zope.interface.verify import verifyObject
 
 from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine
 from nvpair_tw.upstream import (
+    BodyEnd,
     BodyGate,
+    GateState,
+    GateStateError,
     Discard,
     FirstBodyTimeout,
     HeaderTimeout,
@@ -479,18 +482,23 @@ def test_first_chunk_is_held_until_relay_starts() -> None:
     gate.dataReceived(b"four")
     assert sink == [b"two", b"three", b"four"]
     gate.connectionLost(DONE)
-    assert gate.done.called and gate.done.result is None
+    assert gate.done.called and gate.done.result is BodyEnd.COMPLETE
 
 
-@pytest.mark.parametrize("reason", [DONE, Failure(PotentialDataLoss())], ids=["done", "close"])
-def test_clean_empty_end_fires_first_with_empty_bytes(reason: Failure) -> None:
-    """A body that ends cleanly before any byte commits as empty; done then succeeds at once."""
+@pytest.mark.parametrize(
+    ("reason", "end"),
+    [(DONE, BodyEnd.COMPLETE), (Failure(PotentialDataLoss()), BodyEnd.CLOSED)],
+    ids=["done", "close"],
+)
+def test_clean_empty_end_fires_first_with_empty_bytes(reason: Failure, end: BodyEnd) -> None:
+    """A body that ends cleanly before any byte commits as empty; done then fires at once with
+    how the framing ended (a close-delimited end is CLOSED: the framing cannot say complete)."""
     gate, _ = gate_on(Clock(), 5.0)
     gate.connectionLost(reason)
     assert gate.first.result == b""
     sink: list[bytes] = []
     gate.start_relay(sink.append)
-    assert sink == [] and gate.done.called and gate.done.result is None
+    assert sink == [] and gate.done.called and gate.done.result is end
 
 
 def test_empty_end_is_stored_before_first_fires() -> None:
@@ -569,7 +577,7 @@ def test_pass_through_relays_everything_and_finishes() -> None:
     gate.dataReceived(b"b")
     gate.connectionLost(DONE)
     assert sink == [b"a", b"b"]
-    assert gate.done.called and gate.done.result is None
+    assert gate.done.called and gate.done.result is BodyEnd.COMPLETE
     assert not gate.first.called
 
 

@@ -1,0 +1,252 @@
+# -*- test-case-name: tests.test_exchange -*-
+"""One forwarded request, walked down the corridor: gate, order, attempts, relay, conclusion.
+
+Each stage hands the next a value: the capability gate and :meth:`Facade.order` give the candidates,
+:func:`~nvpair_tw.attempts.run_attempts` returns ``Committed | Exhausted | Abandoned``,
+:func:`~nvpair_tw.relay.relay` returns a :class:`~nvpair_tw.relay.RelayOutcome`. Only this module
+turns those values into the request record, the workload's end and the affinity table
+(docs/behaviour.md §5.3, §6, §7).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+from attrs import frozen
+from twisted.python.failure import Failure
+from twisted.web.server import Request
+
+from nvpair_tw.affinity import AffinityKey, affinity_key
+from nvpair_tw.attempts import (
+    Abandoned,
+    AttemptObserver,
+    AttemptPlan,
+    CallerState,
+    Committed,
+    Exhausted,
+    run_attempts,
+)
+from nvpair_tw.engines import RouteKind
+from nvpair_tw.errors import write_error
+from nvpair_tw.headers import upstream_request_headers
+from nvpair_tw.nodes import Node
+from nvpair_tw.reactor import abort
+from nvpair_tw.relay import RelayEnd, RelayOutcome, relay
+from nvpair_tw.reservations import Booking
+from nvpair_tw.state import Facade
+from nvpair_tw.workloads import RequestRecord, Workload
+
+__all__ = ["forward", "model_of", "target_of"]
+
+
+@frozen
+class _Route:
+    """What the facade learnt of a request before the first attempt."""
+
+    plan: AttemptPlan
+    model: str | None
+    candidates: list[Node]
+    key: AffinityKey | None
+    warm: str | None
+
+
+class _Observer(AttemptObserver):
+    """Feeds the attempt loop's progress into this request's record and workload."""
+
+    def __init__(self, record: RequestRecord, workload: Workload | None) -> None:
+        self._record = record
+        self._workload = workload
+
+    def attempt_started(self, node: Node) -> None:
+        self._record.attempt_started(node.id)
+        if self._workload is not None:
+            self._workload.running(node.id)
+
+    def attempt_ended(self, node: Node, outcome: str) -> None:
+        self._record.attempt_ended(outcome)
+
+
+async def forward(facade: Facade, request: Request, kind: RouteKind, record: RequestRecord) -> None:
+    """Forward one inference or pass-through request and conclude it."""
+    shared = facade.shared
+    route = _route(facade, request, kind, record)
+    if route is None:
+        return
+    workload = shared.workloads.create(facade.engine, route.model) if route.model else None
+    booking = (
+        Booking.take(shared.ledger, route.candidates[0].id) if route.model else Booking.nothing()
+    )
+    caller = _watch(request, workload)
+    try:
+        result = await run_attempts(
+            route.plan,
+            route.candidates,
+            shared.client,
+            shared.clock,
+            facade.stalls,
+            caller,
+            booking,
+            _Observer(record, workload),
+        )
+        if isinstance(result, Committed):
+            record.first_byte()
+            outcome = await relay(
+                request, result, caller, shared.clock, shared.settings.write_stall_timeout
+            )
+            _conclude(facade, route, result.node, outcome, caller, record, workload)
+        else:
+            _refuse(facade, request, result, record, workload)
+    finally:
+        booking.release()
+
+
+def _route(
+    facade: Facade, request: Request, kind: RouteKind, record: RequestRecord
+) -> _Route | None:
+    """The gate, affinity and candidate order; None when the request was answered here (502)."""
+    shared = facade.shared
+    inference = kind is RouteKind.INFERENCE
+    assert request.content is not None
+    body = request.content.read()
+    model, parsed = model_of(body) if inference else (None, None)
+    eligible = facade.eligible(model)
+    if model and not eligible:
+        message = "no available node advertises the requested model"
+        write_error(request, 502, message, "no-model-owner")
+        record.publish(shared.bus, status=502, node_id=None, error="no-model-owner")
+        return None
+    key: AffinityKey | None = None
+    hint: str | None = None
+    if model and parsed is not None:
+        key = affinity_key(record.path, facade.profile.normalise(model.strip()), parsed)
+        hint = facade.affinity.lookup(key) if key is not None else None
+    candidates, promoted = facade.order(eligible, head_selection=bool(model), affinity_hint=hint)
+    settings = shared.settings
+    plan = AttemptPlan(
+        method=request.method,
+        target=target_of(request.uri),
+        headers=upstream_request_headers(request.requestHeaders, _client_host(request)),
+        body=body,
+        inference=inference,
+        gated=inference and facade.first_body_gate,
+        header_timeout=settings.response_header_timeout,
+        first_body_timeout=settings.first_body_timeout if inference else 0.0,
+    )
+    warm = candidates[0].id if promoted else None
+    return _Route(plan, model, candidates, key, warm)
+
+
+def _watch(request: Request, workload: Workload | None) -> CallerState:
+    """The caller's state, abandoned when the client leaves or the workload is cancelled."""
+    caller = CallerState()
+
+    def client_left(failure: Failure) -> None:
+        caller.abandon("client disconnected")
+
+    request.notifyFinish().addErrback(client_left)
+    if workload is not None:
+
+        def cancel_requested(reason: str) -> None:
+            caller.abandon(reason)
+            if not request.finished:
+                abort(request.transport)
+
+        workload.cancel_hook = cancel_requested
+    return caller
+
+
+def _refuse(
+    facade: Facade,
+    request: Request,
+    result: Exhausted | Abandoned,
+    record: RequestRecord,
+    workload: Workload | None,
+) -> None:
+    """No commit: the caller left (499 in the record), or every candidate failed (502/504)."""
+    bus = facade.shared.bus
+    if isinstance(result, Abandoned):
+        if workload is not None:
+            workload.cancel(result.reason)
+        if not request.finished and request.channel is not None:
+            abort(request.transport)
+        record.publish(bus, status=499, node_id=None, error=result.reason)
+        return
+    code = "upstream-timeout" if result.status == 504 else "upstream-error"
+    write_error(request, result.status, result.reason, code)
+    if workload is not None:
+        workload.fail(result.reason)
+    record.publish(bus, status=result.status, node_id=None, error=result.reason)
+
+
+def _conclude(
+    facade: Facade,
+    route: _Route,
+    node: Node,
+    outcome: RelayOutcome,
+    caller: CallerState,
+    record: RequestRecord,
+    workload: Workload | None,
+) -> None:
+    """The workload's end, the affinity entry and the request record, from the relay's outcome."""
+    ok = 200 <= outcome.status < 300
+    if workload is not None:
+        if outcome.end is RelayEnd.FINISHED:
+            if ok:
+                workload.complete()
+            else:
+                workload.fail(f"upstream answered {outcome.status}")
+        elif outcome.end is RelayEnd.TRUNCATED:
+            workload.fail(outcome.error or "upstream dropped mid-stream")
+        elif outcome.complete and ok:
+            workload.complete()
+        else:
+            workload.cancel(caller.gone or "cancelled")
+    if (
+        outcome.end is RelayEnd.FINISHED
+        and outcome.status == 200
+        and route.key is not None
+        and (outcome.terminal_seen or not outcome.streaming)
+    ):
+        facade.affinity.record(route.key, node.id)
+    record.publish(
+        facade.shared.bus,
+        status=outcome.status,
+        node_id=node.id,
+        error=outcome.error,
+        cache_affinity=route.warm is not None and node.id == route.warm,
+    )
+
+
+def model_of(body: bytes) -> tuple[str | None, dict[str, Any] | None]:
+    """The top-level string ``model`` of a JSON body; an unparseable body has none (not gated)."""
+    if not body.lstrip().startswith(b"{"):
+        return None, None
+    try:
+        parsed = json.loads(body)
+    except (ValueError, RecursionError):
+        return None, None
+    if not isinstance(parsed, dict):
+        return None, None
+    model = parsed.get("model")
+    if isinstance(model, str) and model.strip():
+        return model, parsed
+    return None, parsed
+
+
+def _client_host(request: Request) -> str | None:
+    host = getattr(request.getClientAddress(), "host", None)
+    return host if isinstance(host, str) else None
+
+
+def target_of(uri: bytes) -> bytes:
+    """The raw path and query of a request target (absolute-form reduced to its path).
+
+    Raises ``ValueError`` for an absolute-form target whose authority does not parse.
+    """
+    if uri.startswith(b"/"):
+        return uri.partition(b"#")[0]
+    parts = urlsplit(uri.decode("latin-1"))
+    path = (parts.path or "/").encode("latin-1")
+    return path + (b"?" + parts.query.encode("latin-1") if parts.query else b"")

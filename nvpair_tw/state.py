@@ -1,0 +1,86 @@
+# -*- test-case-name: tests.test_state -*-
+"""The state a facade keeps, and the state every facade of one process shares.
+
+:class:`Facade` holds one engine's per-facade state (the pin, stall cooldowns, the affinity table,
+the node directory and inventory) and answers the two questions the corridor asks of it: which nodes
+may serve a model (docs/behaviour.md §4.2) and in what order (§5). :class:`Shared` is what every
+facade of a process shares: the clock, the upstream clients, the reservation ledger, the workloads
+and the event bus.
+"""
+
+from __future__ import annotations
+
+from attrs import define
+from treq.client import HTTPClient
+from twisted.internet.interfaces import IReactorTime
+
+from nvpair_tw.affinity import AffinityTable
+from nvpair_tw.engines import EngineProfile
+from nvpair_tw.events import EventBus
+from nvpair_tw.ingress import IngressPolicy
+from nvpair_tw.inventory import InventoryBook
+from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.ordering import order_candidates
+from nvpair_tw.reservations import ReservationLedger
+from nvpair_tw.settings import Settings
+from nvpair_tw.stalls import IStallTracker
+from nvpair_tw.upstream import UpstreamClient
+from nvpair_tw.workloads import WorkloadRegistry
+
+__all__ = ["Facade", "Shared"]
+
+
+@define
+class Shared:
+    """What every facade of one process shares: clock, clients, ledger, workloads, events."""
+
+    clock: IReactorTime
+    client: UpstreamClient
+    http: HTTPClient
+    ledger: ReservationLedger
+    workloads: WorkloadRegistry
+    bus: EventBus
+    settings: Settings
+    ingress: IngressPolicy | None = None
+    draining: bool = False
+
+
+@define
+class Facade:
+    """The state of one engine's facade."""
+
+    profile: EngineProfile
+    shared: Shared
+    directory: NodeDirectory
+    inventory: InventoryBook
+    stalls: IStallTracker
+    affinity: AffinityTable
+    pin: str | None = None
+    first_body_gate: bool = True
+
+    @property
+    def engine(self) -> str:
+        return self.profile.name
+
+    def eligible(self, model: str | None) -> list[Node]:
+        """Nodes allowed for a request: owners of the model (docs/behaviour.md §4.2), or every node."""
+        nodes = list(self.directory.nodes())
+        if not model:
+            return nodes
+        return [n for n in nodes if self.inventory.advertises(n.id, model)]
+
+    def order(
+        self, nodes: list[Node], *, head_selection: bool, affinity_hint: str | None = None
+    ) -> tuple[list[Node], bool]:
+        """Candidate order for ``nodes`` (§5): (ordered nodes, whether the warm node was promoted)."""
+        by_id = {n.id: n for n in nodes}
+        ordering = order_candidates(
+            [n.id for n in nodes],
+            pin=self.pin or None,
+            snapshot=self.shared.ledger.snapshot,
+            ledger_view=self.shared.ledger,
+            affinity_hint=affinity_hint,
+            head_selection=head_selection,
+            cooling=self.stalls.cooling(),
+        )
+        return [by_id[i] for i in ordering.nodes], ordering.affinity
