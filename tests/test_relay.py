@@ -3,6 +3,7 @@ relay over the real in-process proxy and loopback: streaming, backpressure, hang
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 from collections.abc import AsyncIterator, Callable
@@ -13,7 +14,7 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock, deferLater
 from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
@@ -28,7 +29,7 @@ from zope.interface.verify import verifyObject
 from nvpair_tw.nodes import Node
 from nvpair_tw.relay import Progress, StallGuard
 from nvpair_tw.settings import Settings
-from nvpair_tw.testing import ProxyHandle, start_proxy
+from nvpair_tw.testing import Clusters, ProxyCluster, ProxyHandle, SimulatedEngine, start_proxy
 from nvpair_tw.upstream import ReplayBodyProducer
 
 MODEL = ("llama3:latest",)
@@ -512,3 +513,95 @@ async def test_client_that_reads_nothing_pauses_the_upstream(
     assert head.startswith(b"HTTP/1.1 200")
     assert received == total
     assert firehose.finished
+
+
+# ---- a node that dies mid-stream, in each framing, seen by a real HTTP client -------------------
+
+LINE = b'{"message":{"role":"assistant","content":"partial"},"done":false}\n'
+DYING_HEADS = {
+    "chunked": b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+    b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n" % (len(LINE), LINE),
+    "content-length": b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+    b"Content-Length: 4096\r\n\r\n" + LINE,
+    "close-delimited": b"HTTP/1.1 200 OK\r\nContent-Type: application/x-ndjson\r\n"
+    b"Connection: close\r\n\r\n" + LINE,
+}
+
+
+class DiesAfterOneLine(Protocol):
+    """Reads a request, answers headers and one NDJSON line in its framing, then closes (FIN)."""
+
+    def __init__(self, framing: str, seen: list[bytes]) -> None:
+        self._framing = framing
+        self._seen = seen
+        self._buffer = b""
+
+    def dataReceived(self, data: bytes) -> None:
+        self._buffer += data
+        head, sep, rest = self._buffer.partition(b"\r\n\r\n")
+        length = next(
+            (
+                int(line.split(b":", 1)[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length:")
+            ),
+            0,
+        )
+        if sep and len(rest) >= length:
+            assert self.transport is not None
+            self._seen.append(rest)
+            self.transport.write(DYING_HEADS[self._framing])
+            self.transport.loseConnection()
+
+
+def post_and_read(port: int) -> tuple[int, str | None, bytes, str]:
+    """Blocking (in a thread): POST a stream with http.client; status, X-NVPair-Node, the bytes
+    read, and how the body ended (``complete``, ``IncompleteRead`` or the error's name)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        connection.request("POST", "/api/chat", REQUEST_BODY, {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        try:
+            data = response.read()
+            ending = "complete"
+        except http.client.IncompleteRead as incomplete:
+            data, ending = incomplete.partial, "IncompleteRead"
+        except OSError as error:
+            data, ending = b"", type(error).__name__
+        return response.status, response.getheader("X-NVPair-Node"), data, ending
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("framing", sorted(DYING_HEADS))
+@pytest_twisted.ensureDeferred
+async def test_death_mid_stream_delivers_what_was_sent_then_an_incomplete_message(
+    reactor: Any, clusters: Clusters, listen: Callable[[Any], int], framing: str
+) -> None:
+    """A node sends headers and one NDJSON line, then closes, in each framing: the client gets the
+    status line, X-NVPair-Node and that line, then an incomplete message (not a reset); the workload
+    fails with "upstream dropped mid-stream"; the other node never receives the request."""
+    seen: list[bytes] = []
+    factory = Factory()
+    factory.protocol = lambda: DiesAfterOneLine(framing, seen)  # type: ignore[assignment]
+    dying = Node("a", f"http://127.0.0.1:{listen(factory)}", MODEL)
+    cluster = clusters(ProxyCluster)
+    healthy = await cluster.add_engine("b", SimulatedEngine(reactor, MODEL))
+    await cluster.start_proxy([dying, healthy])
+    ended: Deferred[None] = Deferred()
+    cluster.facade.shared.bus.subscribe(
+        lambda e: None if e.name != "proxy/request" or ended.called else ended.callback(None),
+        name="until-record",
+    )
+    port = int(cluster.url.rsplit(":", 1)[1])
+    status, node, data, ending = await deferToThread(post_and_read, port)
+    await bounded(reactor, ended)
+    assert (status, node, data, ending) == (200, "a", LINE, "IncompleteRead")
+    assert seen == [REQUEST_BODY]
+    assert cluster.received(0) == []
+    [errored] = cluster.named("workload:errored")
+    assert errored["workload"]["state"] == "failed"
+    assert errored["workload"]["error"] == "upstream dropped mid-stream"
+    [record] = cluster.named("proxy/request")
+    assert record["error"] == "upstream dropped mid-stream"
+    assert cluster.named("workload:completed") == []
