@@ -35,6 +35,17 @@ from nvpair_tw.upstream import (
 )
 from nvpair_tw.workloads import AttemptOutcome, status_outcome
 
+__all__ = [
+    "Abandoned",
+    "AttemptHooks",
+    "AttemptPlan",
+    "CallerState",
+    "Committed",
+    "Exhausted",
+    "Result",
+    "run_attempts",
+]
+
 log = LevelledLogger()
 
 

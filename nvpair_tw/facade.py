@@ -47,6 +47,8 @@ from nvpair_tw.stalls import IStallTracker
 from nvpair_tw.upstream import BodyGate, UpstreamClient
 from nvpair_tw.workloads import RequestRecord, Workload, WorkloadRegistry
 
+__all__ = ["Facade", "FacadeResource", "Shared"]
+
 log = LevelledLogger()
 
 

@@ -15,6 +15,8 @@ from zope.interface import implementer
 
 from nvpair_tw.frames import TerminalFrameDetector
 
+__all__ = ["Progress", "StallGuard"]
+
 
 @implementer(IPushProducer)
 class StallGuard:
