@@ -22,7 +22,7 @@ from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 
-from nvpair_tw.events import Event, EventBus, Subscription
+from nvpair_tw.events import PROXY_REQUEST, Event, EventBus, Subscription
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.metrics import ProxyMetrics
 from nvpair_tw.runtime import Runtime
@@ -32,6 +32,7 @@ __all__ = [
     "AdminService",
     "EventStream",
     "StatusBoard",
+    "StreamState",
     "admin_resource",
     "admin_service",
     "readiness",
@@ -89,7 +90,7 @@ class StatusBoard:
             self._subscription = None
 
     def _observe(self, event: Event) -> None:
-        if event.name != "proxy/request":
+        if event.name != PROXY_REQUEST:
             return
         payload = event.payload
         engine, node_id, status = (

@@ -19,6 +19,8 @@ from typing import Any
 from attrs import define, field, frozen, setters
 from twisted.internet.interfaces import IReactorTime
 
+__all__ = ["CHAT_PATHS", "COMPLETION_PATHS", "AffinityKey", "AffinityTable", "affinity_key"]
+
 CHAT_PATHS = frozenset({"/v1/chat/completions", "/api/chat"})
 COMPLETION_PATHS = frozenset({"/v1/completions", "/api/generate"})
 PROMPT_PREFIX_BYTES = 1024

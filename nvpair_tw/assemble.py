@@ -17,6 +17,8 @@ from nvpair_tw.service import ListenerService, RuntimeService
 if TYPE_CHECKING:
     from nvpair_tw.tap import Options
 
+__all__ = ["assemble"]
+
 log = LevelledLogger()
 
 

@@ -23,10 +23,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
-from nvpair_tw.events import Event
+from nvpair_tw.events import WORKLOAD_COMPLETED, WORKLOAD_ERRORED, Event
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.runtime import Runtime
-from nvpair_tw.workloads import WORKLOAD_COMPLETED, WORKLOAD_ERRORED
 
 __all__ = ["SHUTDOWN_REASON", "DrainService", "DrainState", "adopt_all", "drain_service"]
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+__all__ = ["format_duration", "parse_duration"]
+
 _UNITS = {
     "ns": 1e-9,
     "us": 1e-6,

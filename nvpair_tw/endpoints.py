@@ -11,6 +11,8 @@ import re
 
 from attrs import frozen
 
+__all__ = ["TCPListener", "own_urls", "tcp_listener"]
+
 _UNESCAPED_COLON = re.compile(r"(?<!\\):")
 _LOOPBACK_OR_ANY = ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost")
 

@@ -13,6 +13,21 @@ from typing import Any
 
 from attrs import frozen
 
+__all__ = [
+    "ENGINES",
+    "LMSTUDIO",
+    "OLLAMA",
+    "OMLX",
+    "OPENAI_MODELS",
+    "TAGS",
+    "EngineProfile",
+    "ModelListFormat",
+    "RouteKind",
+    "normalise_ollama",
+    "openai_model_ids",
+    "tags_names",
+]
+
 
 class RouteKind(Enum):
     """How a facade treats a request."""
@@ -31,12 +46,12 @@ def normalise_ollama(name: str) -> str:
     return trimmed
 
 
-def normalise_exact(name: str) -> str:
+def _normalise_exact(name: str) -> str:
     """LM Studio names compare exactly."""
     return name
 
 
-def normalise_casefold(name: str) -> str:
+def _normalise_casefold(name: str) -> str:
     """oMLX names compare case-insensitively."""
     return name.casefold()
 
@@ -167,7 +182,7 @@ LMSTUDIO = EngineProfile(
     inventory=OPENAI_MODELS,
     default_listen="tcp:1235:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:1234",
-    normalise=normalise_exact,
+    normalise=_normalise_exact,
 )
 OMLX = EngineProfile(
     name="omlx",
@@ -176,7 +191,7 @@ OMLX = EngineProfile(
     inventory=OPENAI_MODELS,
     default_listen="tcp:8001:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:8000",
-    normalise=normalise_casefold,
+    normalise=_normalise_casefold,
 )
 
 ENGINES: Mapping[str, EngineProfile] = {p.name: p for p in (OLLAMA, LMSTUDIO, OMLX)}

@@ -18,7 +18,36 @@ from twisted.logger import Logger, LogLevel
 
 from nvpair_tw.logs import LevelledLogger
 
-__all__ = ["Event", "EventBus", "Subscription", "log_events"]
+__all__ = [
+    "NODE_COOLDOWN",
+    "NODE_COOLDOWN_ENDED",
+    "PROXY_REQUEST",
+    "WORKLOAD_COMPLETED",
+    "WORKLOAD_ERRORED",
+    "WORKLOAD_QUEUED",
+    "WORKLOAD_STARTED",
+    "Event",
+    "EventBus",
+    "Subscription",
+    "log_events",
+]
+
+# The names of the events the proxy publishes: the bus, the control channel's notifications,
+# ``GET /events`` on the admin listener and the log lines all use them (SPEC §7).
+WORKLOAD_QUEUED = "workload:queued"
+"""A workload waits in the proxy's admission queue, before any dispatch."""
+WORKLOAD_STARTED = "workload:started"
+"""A workload is dispatched to a node (again each time an attempt moves to another node)."""
+WORKLOAD_COMPLETED = "workload:completed"
+"""A workload's committed 2xx answer was relayed to the end."""
+WORKLOAD_ERRORED = "workload:errored"
+"""A workload ended ``failed`` or ``cancelled``."""
+PROXY_REQUEST = "proxy/request"
+"""The record of one request, rejections included; it follows every request."""
+NODE_COOLDOWN = "node/cooldown"
+"""A node stalled and is skipped until its cooldown ends."""
+NODE_COOLDOWN_ENDED = "node/cooldown-ended"
+"""A node's cooldown ended (``why``: ``success`` or ``expired``)."""
 
 
 @frozen
@@ -190,29 +219,52 @@ class EventBus:
 # One info line per request (its proxy/request record); a workload's start and completion are debug,
 # its failure or cancellation info, a cooldown a warning.
 _LEVELS: Mapping[str, LogLevel] = {
-    "node/cooldown": LogLevel.warn,
-    "workload:started": LogLevel.debug,
-    "workload:completed": LogLevel.debug,
+    NODE_COOLDOWN: LogLevel.warn,
+    WORKLOAD_STARTED: LogLevel.debug,
+    WORKLOAD_COMPLETED: LogLevel.debug,
 }
 
 _FORMATS: Mapping[str, tuple[str, tuple[str, ...]]] = {
-    "proxy/request": (
+    PROXY_REQUEST: (
         "{event} {id} {engine} {method} {path} -> {status} via {node_id} in {duration_ms} ms",
         ("id", "engine", "method", "path", "status", "node_id", "duration_ms"),
     ),
-    "workload:started": (
+    WORKLOAD_STARTED: (
         "{event} {workload[id]} {workload[model]} on {workload[scheduledOn]}",
         ("workload",),
     ),
-    "workload:completed": (
+    WORKLOAD_COMPLETED: (
         "{event} {workload[id]} {workload[model]} on {workload[scheduledOn]}",
         ("workload",),
     ),
-    "workload:errored": (
+    WORKLOAD_ERRORED: (
         "{event} {workload[id]} {workload[model]} {workload[state]}: {workload[error]}",
         ("workload",),
     ),
 }
+
+# A request no node served (rejected, refused, no owner, ...) says why instead of "via None".
+_REQUEST_WITHOUT_NODE: tuple[str, tuple[str, ...]] = (
+    "{event} {id} {engine} {method} {path} -> {status} ({error}) in {duration_ms} ms",
+    ("id", "engine", "method", "path", "status", "error", "duration_ms"),
+)
+_REQUEST_WITHOUT_NODE_OR_ERROR: tuple[str, tuple[str, ...]] = (
+    "{event} {id} {engine} {method} {path} -> {status} in {duration_ms} ms",
+    ("id", "engine", "method", "path", "status", "duration_ms"),
+)
+
+
+def _format(name: str, fields: Mapping[str, Any]) -> str:
+    """The log format for an event with these fields; just its name when fields are missing."""
+    if name == PROXY_REQUEST and fields.get("node_id") is None:
+        if fields.get("error") is None:
+            fmt, needed = _REQUEST_WITHOUT_NODE_OR_ERROR
+        else:
+            fmt, needed = _REQUEST_WITHOUT_NODE
+    else:
+        fmt, needed = _FORMATS.get(name, ("{event}", ()))
+    return fmt if all(k in fields for k in needed) else "{event}"
+
 
 _RESERVED = frozenset({"format", "event"})
 
@@ -237,9 +289,6 @@ def log_events(bus: EventBus, log: Logger) -> Subscription:
             for k, v in event.payload.items()
             if k not in _RESERVED and not k.startswith("log_")
         }
-        fmt, needed = _FORMATS.get(event.name, ("{event}", ()))
-        if not all(k in fields for k in needed):
-            fmt = "{event}"
-        log.emit(level, fmt, event=event.name, **fields)
+        log.emit(level, _format(event.name, fields), event=event.name, **fields)
 
     return bus.subscribe(sink, name="log")

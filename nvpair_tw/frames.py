@@ -16,6 +16,8 @@ from typing import Any
 
 from attrs import define, field
 
+__all__ = ["TerminalFrameDetector"]
+
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"
 MAX_LINE_BYTES = 1 << 20

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from twisted.web.http_headers import Headers
 
+__all__ = ["HOP_BY_HOP", "forward_headers", "upstream_request_headers"]
+
 HOP_BY_HOP = frozenset(
     {
         b"connection",
@@ -18,7 +20,7 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-REQUEST_DROP = frozenset({b"host", b"content-length", b"expect"})
+_REQUEST_DROP = frozenset({b"host", b"content-length", b"expect"})
 
 
 def forward_headers(source: Headers, drop: frozenset[bytes] = frozenset()) -> Headers:
@@ -39,7 +41,7 @@ def forward_headers(source: Headers, drop: frozenset[bytes] = frozenset()) -> He
 
 def upstream_request_headers(source: Headers, client_host: str | None) -> Headers:
     """Headers for an upstream attempt: end-to-end ones, ``Host`` left to the agent, XFF appended."""
-    out = forward_headers(source, REQUEST_DROP)
+    out = forward_headers(source, _REQUEST_DROP)
     if client_host:
         previous = out.getRawHeaders(b"x-forwarded-for", [])
         joined = b", ".join([*previous, client_host.encode("ascii", "replace")])

@@ -24,7 +24,7 @@ from twisted.web.resource import Resource
 from nvpair_tw.errors import raw_error_response
 from nvpair_tw.logs import LevelledLogger
 
-__all__ = ["LimitedChannel", "LimitedRequest", "LimitedSite", "Limits", "make_site"]
+__all__ = ["MIB", "LimitedChannel", "LimitedRequest", "LimitedSite", "Limits", "make_site"]
 
 MIB = 1024 * 1024
 

@@ -15,6 +15,15 @@ from twisted.logger import (
     formatEvent,
 )
 
+__all__ = [
+    "LevelledLogger",
+    "compactJson",
+    "compact_json_observer",
+    "current_level",
+    "parse_level",
+    "set_level",
+]
+
 _ORDER = [LogLevel.debug, LogLevel.info, LogLevel.warn, LogLevel.error, LogLevel.critical]
 _RANK = {level: rank for rank, level in enumerate(_ORDER)}
 _threshold = [_RANK[LogLevel.info]]

@@ -20,7 +20,15 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
 from nvpair_tw.affinity import CHAT_PATHS, COMPLETION_PATHS
-from nvpair_tw.events import Event, Subscription
+from nvpair_tw.events import (
+    NODE_COOLDOWN,
+    NODE_COOLDOWN_ENDED,
+    PROXY_REQUEST,
+    WORKLOAD_COMPLETED,
+    WORKLOAD_ERRORED,
+    Event,
+    Subscription,
+)
 from nvpair_tw.runtime import Runtime
 
 __all__ = ["STALL_OUTCOMES", "ProxyMetrics", "RuntimeCollector"]
@@ -190,17 +198,17 @@ class ProxyMetrics:
 
     def _observe(self, event: Event) -> None:
         payload = event.payload
-        if event.name == "proxy/request":
+        if event.name == PROXY_REQUEST:
             self._request(payload)
-        elif event.name == "node/cooldown":
+        elif event.name == NODE_COOLDOWN:
             self.cooldowns.labels(_text(payload.get("engine")), _text(payload.get("node_id"))).inc()
-        elif event.name == "node/cooldown-ended":
+        elif event.name == NODE_COOLDOWN_ENDED:
             self.cooldowns_ended.labels(
                 _text(payload.get("engine")),
                 _text(payload.get("node_id")),
                 _text(payload.get("why")),
             ).inc()
-        elif event.name in ("workload:completed", "workload:errored"):
+        elif event.name in (WORKLOAD_COMPLETED, WORKLOAD_ERRORED):
             info = payload.get("workload")
             if isinstance(info, Mapping):
                 self.workloads.labels(_text(info.get("engine")), _text(info.get("state"))).inc()

@@ -15,6 +15,8 @@ from attrs import frozen
 
 from nvpair_tw.reservations import PrioritySnapshot
 
+__all__ = ["LoadView", "Ordering", "order_candidates"]
+
 AFFINITY_MAX_QUEUE = 1
 AFFINITY_MAX_GPU_PRESSURE = 2
 

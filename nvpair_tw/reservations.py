@@ -15,6 +15,8 @@ from types import MappingProxyType
 
 from attrs import define, field, frozen
 
+__all__ = ["Booking", "PrioritySnapshot", "Rank", "Reservation", "ReservationLedger", "make_rank"]
+
 MAX_GPU_PRESSURE = 3
 INITIAL_GENERATION = -1
 

@@ -15,7 +15,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 
 from nvpair_tw.affinity import AffinityTable
 from nvpair_tw.engines import ENGINES
-from nvpair_tw.events import EventBus, log_events
+from nvpair_tw.events import NODE_COOLDOWN, NODE_COOLDOWN_ENDED, EventBus, log_events
 from nvpair_tw.facade import Facade, FacadeResource, Shared
 from nvpair_tw.ingress import IngressPolicy
 from nvpair_tw.inventory import InventoryBook, make_http_client
@@ -27,6 +27,8 @@ from nvpair_tw.settings import Settings
 from nvpair_tw.stalls import IStallTracker, StallTracker
 from nvpair_tw.upstream import UpstreamClient, make_pool
 from nvpair_tw.workloads import RequestRecord, WorkloadRegistry
+
+__all__ = ["Runtime", "StallTrackerFactory", "build_runtime"]
 
 log = LevelledLogger()
 
@@ -156,7 +158,7 @@ def _cooldown_announcer(bus: EventBus, engine: str) -> Callable[[str, Any, str],
     def announce(node_id: str, cooldown: Any, reason: str) -> None:
         if cooldown is not None:
             bus.publish(
-                "node/cooldown",
+                NODE_COOLDOWN,
                 {
                     "engine": engine,
                     "node_id": node_id,
@@ -165,8 +167,6 @@ def _cooldown_announcer(bus: EventBus, engine: str) -> Callable[[str, Any, str],
                 },
             )
         else:
-            bus.publish(
-                "node/cooldown-ended", {"engine": engine, "node_id": node_id, "why": reason}
-            )
+            bus.publish(NODE_COOLDOWN_ENDED, {"engine": engine, "node_id": node_id, "why": reason})
 
     return announce

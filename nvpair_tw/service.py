@@ -13,6 +13,8 @@ from twisted.internet.interfaces import IListeningPort, IProtocolFactory
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.runtime import Runtime
 
+__all__ = ["ListenerService", "RuntimeService"]
+
 log = LevelledLogger()
 
 

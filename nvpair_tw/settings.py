@@ -9,6 +9,15 @@ from attrs import field, frozen
 
 from nvpair_tw.durations import parse_duration
 
+__all__ = [
+    "FIRST_BODY_ENV",
+    "RESPONSE_HEADER_ENV",
+    "Resolved",
+    "Settings",
+    "resolve_first_body_timeout",
+    "resolve_response_header_timeout",
+]
+
 DEFAULT_RESPONSE_HEADER_TIMEOUT = 120.0
 DEFAULT_FIRST_BODY_TIMEOUT = 0.0
 RESPONSE_HEADER_ENV = "NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT"

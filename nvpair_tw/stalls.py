@@ -14,6 +14,8 @@ from attrs import define, frozen
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from zope.interface import Interface, implementer
 
+__all__ = ["Cooldown", "CooldownListener", "IStallTracker", "NeverCools", "StallTracker"]
+
 
 @frozen
 class Cooldown:

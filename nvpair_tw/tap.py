@@ -29,6 +29,8 @@ from nvpair_tw.settings import (
     resolve_response_header_timeout,
 )
 
+__all__ = ["Options", "makeService", "parse_size"]
+
 log = LevelledLogger()
 
 DEMO_RESPONSE_HEADER_TIMEOUT = 5.0

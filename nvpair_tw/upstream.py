@@ -49,6 +49,24 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
+__all__ = [
+    "TRANSPORT_FAILURES",
+    "BodyEnd",
+    "BodyGate",
+    "Discard",
+    "FirstBodyTimeout",
+    "GateState",
+    "GateStateError",
+    "HeaderTimeout",
+    "NodeEndpointFactory",
+    "ReplayBodyProducer",
+    "UpstreamClient",
+    "describe_failure",
+    "is_cancellation",
+    "make_pool",
+    "node_url",
+]
+
 
 class HeaderTimeout(Exception):
     """No response headers within the deadline after the request was written (a stall)."""

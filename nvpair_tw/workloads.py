@@ -17,7 +17,13 @@ from attrs import define, field, frozen, setters
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 
-from nvpair_tw.events import EventBus
+from nvpair_tw.events import (
+    PROXY_REQUEST,
+    WORKLOAD_COMPLETED,
+    WORKLOAD_ERRORED,
+    WORKLOAD_STARTED,
+    EventBus,
+)
 from nvpair_tw.logs import LevelledLogger
 
 __all__ = [
@@ -29,11 +35,6 @@ __all__ = [
     "WorkloadState",
     "status_outcome",
 ]
-
-WORKLOAD_STARTED = "workload:started"
-WORKLOAD_COMPLETED = "workload:completed"
-WORKLOAD_ERRORED = "workload:errored"
-PROXY_REQUEST = "proxy/request"
 
 # An attempt still open when the next one starts or the record is published.
 UNFINISHED = "unfinished"

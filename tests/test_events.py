@@ -10,8 +10,15 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.logger import Logger, LogLevel, capturedLogs, formatEvent
 
-from nvpair_tw.events import Event, EventBus, Subscription, log_events
+from nvpair_tw.events import (
+    PROXY_REQUEST,
+    Event,
+    EventBus,
+    Subscription,
+    log_events,
+)
 from nvpair_tw.logs import LevelledLogger, current_level, set_level
+from nvpair_tw.workloads import RequestRecord
 
 
 def _bus(max_pending: int = 1000) -> tuple[Clock, EventBus]:
@@ -319,6 +326,50 @@ def test_log_events_emits_request_records_as_structured_info_events() -> None:
     assert logged["event"] == "proxy/request"
     assert {k: logged[k] for k in payload} == payload
     assert formatEvent(logged) == "proxy/request r-1 ollama POST /api/chat -> 200 via a in 12 ms"
+
+
+def _request_payload(**changes: Any) -> dict[str, Any]:
+    payload: dict[str, Any] = {
+        "id": "r-7",
+        "engine": "ollama",
+        "node_id": None,
+        "method": "POST",
+        "path": "/api/chat",
+        "status": 503,
+        "duration_ms": 2,
+        "ttfb_ms": None,
+        "error": "shutting-down",
+        "attempts": [],
+        "cache_affinity": False,
+    }
+    payload.update(changes)
+    return payload
+
+
+def test_request_no_node_served_logs_its_error_instead_of_via_none() -> None:
+    """A rejected request's line names why it ended and never says "via None"."""
+    [logged] = _log_all((PROXY_REQUEST, _request_payload()))
+    line = formatEvent(logged)
+    assert line == "proxy/request r-7 ollama POST /api/chat -> 503 (shutting-down) in 2 ms"
+    assert logged["node_id"] is None
+
+
+def test_request_without_node_or_error_logs_status_and_duration_only() -> None:
+    """With neither a node nor an error the line has no "via" and no "None" in it."""
+    [logged] = _log_all((PROXY_REQUEST, _request_payload(status=499, error=None)))
+    assert formatEvent(logged) == "proxy/request r-7 ollama POST /api/chat -> 499 in 2 ms"
+
+
+def test_a_published_rejection_record_logs_without_via_none() -> None:
+    """A RequestRecord published with no node (a rejection) logs a full line, not "via None"."""
+    clock, bus = _bus()
+    log_events(bus, Logger(namespace="nvpair_tw.test"))
+    record = RequestRecord.begin(clock, "r-9", "ollama", "GET", "/api/tags?x=1")
+    clock.advance(0.004)
+    with capturedLogs() as logs:
+        record.publish(bus, status=403, node_id=None, error="loopback-only")
+    [line] = [formatEvent(e) for e in logs]
+    assert line == "proxy/request r-9 ollama GET /api/tags -> 403 (loopback-only) in 4 ms"
 
 
 def test_log_events_renders_workload_starts_at_debug_and_endings_in_error_at_info() -> None:

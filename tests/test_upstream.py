@@ -58,8 +58,6 @@ from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine
 from nvpair_tw.upstream import (
     BodyEnd,
     BodyGate,
-    GateState,
-    GateStateError,
     Discard,
     FirstBodyTimeout,
     HeaderTimeout,
