@@ -25,6 +25,7 @@ from zope.interface import implementer
 from nvpair_tw.events import Event, EventBus, Subscription
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.metrics import ProxyMetrics
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime
 from nvpair_tw.service import ListenerService
 
@@ -379,7 +380,7 @@ class AdminService(service.MultiService):
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IProxyReactor,
         runtime: Runtime,
         description: str,
         *,
@@ -420,6 +421,6 @@ class AdminService(service.MultiService):
         return stopped
 
 
-def admin_service(reactor: Any, runtime: Runtime, description: str) -> AdminService:
+def admin_service(reactor: IProxyReactor, runtime: Runtime, description: str) -> AdminService:
     """The ``--admin`` listener on ``description`` (a Twisted server endpoint string)."""
     return AdminService(reactor, runtime, description)

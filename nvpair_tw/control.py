@@ -29,6 +29,7 @@ from nvpair_tw.events import Event, Subscription
 from nvpair_tw.facade import Facade
 from nvpair_tw.logs import LevelledLogger, current_level, parse_level, set_level
 from nvpair_tw.nodes import Node, validate_url
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.reservations import make_rank
 from nvpair_tw.runtime import Runtime
 from nvpair_tw.service import ListenerService
@@ -490,7 +491,7 @@ class StdioControlService(service.Service):
     """Serves one control session on standard input and output (``--control stdio``)."""
 
     def __init__(
-        self, reactor: Any, factory: ControlFactory, *, stdin: int = 0, stdout: int = 1
+        self, reactor: IProxyReactor, factory: ControlFactory, *, stdin: int = 0, stdout: int = 1
     ) -> None:
         self._reactor = reactor
         self._factory = factory
@@ -517,7 +518,7 @@ class StdioControlService(service.Service):
         return self.protocol.disconnected
 
 
-def control_service(reactor: Any, runtime: Runtime, description: str) -> service.IService:
+def control_service(reactor: IProxyReactor, runtime: Runtime, description: str) -> service.IService:
     """The ``--control`` service: a listener on a Twisted server endpoint string, or ``stdio``.
 
     A description the endpoint parser rejects raises :class:`ValueError` with a one-line message.

@@ -17,11 +17,12 @@ from nvpair_tw.affinity import AffinityTable
 from nvpair_tw.engines import ENGINES
 from nvpair_tw.events import EventBus, log_events
 from nvpair_tw.facade import Facade, FacadeResource, Shared
-from nvpair_tw.ingress import IngressPolicy
+from nvpair_tw.ingress import IngressConfig, IngressPolicy, parse_ingress
 from nvpair_tw.inventory import InventoryBook, make_http_client
 from nvpair_tw.limits import LimitedSite, make_site
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.reservations import ReservationLedger
 from nvpair_tw.settings import Settings
 from nvpair_tw.stalls import IStallTracker, StallTracker
@@ -37,7 +38,7 @@ StallTrackerFactory = Callable[[str, Callable[[str, Any, str], None]], IStallTra
 class Runtime:
     """Everything one proxy process runs, with start and stop."""
 
-    reactor: Any
+    reactor: IProxyReactor
     settings: Settings
     shared: Shared
     facades: dict[str, Facade]
@@ -92,22 +93,30 @@ class Runtime:
 
 
 def build_runtime(
-    reactor: Any,
+    reactor: IProxyReactor,
     settings: Settings,
     engines: Sequence[str],
     *,
     nodes: Mapping[str, Sequence[Node]] | None = None,
     nodes_file: str | None = None,
+    ingress: IngressConfig | None = None,
     environ: Mapping[str, str] | None = None,
     stall_tracker: StallTrackerFactory | None = None,
 ) -> Runtime:
-    """Build every facade of one process around one pool, one ledger, one workload registry, one bus."""
+    """Build every facade of one process around one pool, one ledger, one workload registry, one bus.
+
+    ``ingress`` is the parsed gate configuration (loopback only when absent); ``environ`` is a
+    shorthand for tests, parsed with :func:`~nvpair_tw.ingress.parse_ingress` (not both).
+    """
+    if environ is not None:
+        if ingress is not None:
+            raise TypeError("give build_runtime ingress or environ, not both")
+        ingress = parse_ingress(environ)
     pool = make_pool(reactor)
     client = UpstreamClient(reactor, pool, settings.connect_timeout)
     http = make_http_client(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
-    ingress = IngressPolicy.from_environment(environ if environ is not None else {}, reactor)
     shared = Shared(
         clock=reactor,
         client=client,
@@ -116,7 +125,9 @@ def build_runtime(
         workloads=WorkloadRegistry(reactor, bus),
         bus=bus,
         settings=settings,
-        ingress=ingress,
+        ingress=IngressPolicy.from_config(
+            ingress if ingress is not None else IngressConfig(), reactor
+        ),
     )
     facades: dict[str, Facade] = {}
     for engine in engines:

@@ -11,6 +11,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory
 
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime
 
 log = LevelledLogger()
@@ -35,7 +36,7 @@ class ListenerService(service.Service):
     """Listens on an endpoint description and keeps the port (so port 0 can be reported)."""
 
     def __init__(
-        self, reactor: Any, description: str, factory: IProtocolFactory, label: str
+        self, reactor: IProxyReactor, description: str, factory: IProtocolFactory, label: str
     ) -> None:
         self._reactor = reactor
         self.description = description
