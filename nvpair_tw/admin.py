@@ -397,8 +397,7 @@ class AdminService(service.MultiService):
         self.listening = listening if listening is not None else site_listening(runtime)
         root = admin_resource(runtime, self.metrics, self.board, self.listening, self._open)
         self.site = _QuietSite(root, reactor=reactor)
-        factory: Any = self.site
-        self.listener = ListenerService(reactor, description, factory, "admin")
+        self.listener = ListenerService(reactor, description, self.site, "admin")
         self.listener.setServiceParent(self)
 
     def _open(self, request: Request) -> None:

@@ -18,7 +18,7 @@ from typing import Any, cast
 from twisted.application import service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IAddress, IPushProducer
+from twisted.internet.interfaces import IAddress, IConsumer, IPushProducer
 from twisted.internet.protocol import Factory, connectionDone
 from twisted.internet.stdio import PipeAddress, StandardIO
 from twisted.protocols.basic import LineOnlyReceiver
@@ -375,7 +375,7 @@ class ControlProtocol(LineOnlyReceiver):
             on_dropped=self._dropped,
             max_pending=self._control.max_pending,
         )
-        cast(Any, self.transport).registerProducer(self, True)
+        cast(IConsumer, self.transport).registerProducer(self, True)
         self._control.connections.add(self)
         log.info("control client {peer} connected", peer=self.peer)
 
@@ -408,13 +408,13 @@ class ControlProtocol(LineOnlyReceiver):
             assert self.transport is not None
             self.state = _Flow.PAUSED
             self._subscription.pause()
-            self.transport.pauseProducing()  # type: ignore[attr-defined]
+            cast(IPushProducer, self.transport).pauseProducing()
 
     def resumeProducing(self) -> None:
         if self.state is _Flow.PAUSED and self._subscription is not None:
             assert self.transport is not None
             self.state = _Flow.LIVE
-            self.transport.resumeProducing()  # type: ignore[attr-defined]
+            cast(IPushProducer, self.transport).resumeProducing()
             self._subscription.resume()
 
     def stopProducing(self) -> None:

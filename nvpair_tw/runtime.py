@@ -7,7 +7,6 @@ Nothing here touches the global reactor: ``tap.makeService`` passes it in, tests
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from attrs import define, field
 from twisted.internet.defer import Deferred
@@ -25,13 +24,13 @@ from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.reservations import ReservationLedger
 from nvpair_tw.settings import Settings
-from nvpair_tw.stalls import IStallTracker, StallTracker
+from nvpair_tw.stalls import Cooldown, CooldownListener, IStallTracker, StallTracker
 from nvpair_tw.upstream import UpstreamClient, make_pool
 from nvpair_tw.workloads import RequestRecord, WorkloadRegistry
 
 log = LevelledLogger()
 
-StallTrackerFactory = Callable[[str, Callable[[str, Any, str], None]], IStallTracker]
+StallTrackerFactory = Callable[[str, CooldownListener], IStallTracker]
 
 
 @define
@@ -163,8 +162,8 @@ def build_runtime(
     return Runtime(reactor, settings, shared, facades, pool)
 
 
-def _cooldown_announcer(bus: EventBus, engine: str) -> Callable[[str, Any, str], None]:
-    def announce(node_id: str, cooldown: Any, reason: str) -> None:
+def _cooldown_announcer(bus: EventBus, engine: str) -> CooldownListener:
+    def announce(node_id: str, cooldown: Cooldown | None, reason: str) -> None:
         if cooldown is not None:
             bus.publish(
                 "node/cooldown",

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.application import service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory
+from twisted.python.failure import Failure
 
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.reactor import IProxyReactor
@@ -57,7 +56,7 @@ class ListenerService(service.Service):
             self.ready.callback(port)
             return port
 
-        def failed(failure: Any) -> None:
+        def failed(failure: Failure) -> None:
             log.failure(
                 "{label} could not listen on {description}",
                 failure,

@@ -18,6 +18,7 @@ from nvpair_tw.config import Config
 from nvpair_tw.ingress import parse_ingress
 from nvpair_tw.nodes import Node
 from nvpair_tw.reactor import IProxyReactor
+from nvpair_tw.runtime import Runtime
 from nvpair_tw.service import ListenerService, RuntimeService
 from nvpair_tw.settings import Settings
 from nvpair_tw.tap import Options
@@ -52,7 +53,7 @@ def listeners(top: IService) -> dict[str, str]:
     return {s.label: s.description for s in services(top) if isinstance(s, ListenerService)}
 
 
-def runtime_of(top: IService) -> Any:
+def runtime_of(top: IService) -> Runtime:
     """The runtime the tree runs."""
     (found,) = [s for s in services(top) if isinstance(s, RuntimeService)]
     return found.runtime
@@ -117,7 +118,8 @@ def test_a_hand_built_configuration_assembles_without_option_parsing() -> None:
     top = assemble(cast(IProxyReactor, MemoryReactorClock()), config)
     assert listeners(top) == {"ollama facade": "tcp:0"}
     assert list(runtime_of(top).facades["ollama"].directory.nodes()) == [node]
-    assert not runtime_of(top).shared.ingress.keys_configured
+    gate = runtime_of(top).shared.ingress
+    assert gate is not None and not gate.keys_configured
 
 
 def test_assembling_the_demo_leaves_the_configuration_unchanged() -> None:
@@ -140,6 +142,7 @@ def test_the_parsed_ingress_becomes_the_live_gate_on_the_given_reactor() -> None
     )
     reactor = MemoryReactorClock()
     gate = runtime_of(assemble(cast(IProxyReactor, reactor), config)).shared.ingress
+    assert gate is not None
     assert gate.clock is reactor and gate.keys_configured
     remote = IPv4Address("TCP", "192.0.2.7", 5000)
     assert gate.check(remote, Headers({b"x-api-key": [b"k-0123456789abcdef"]})) is None
