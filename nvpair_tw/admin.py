@@ -25,6 +25,7 @@ from zope.interface import implementer
 from nvpair_tw.events import PROXY_REQUEST, Event, EventBus, Subscription
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.metrics import ProxyMetrics
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime
 from nvpair_tw.service import ListenerService
 
@@ -380,7 +381,7 @@ class AdminService(service.MultiService):
 
     def __init__(
         self,
-        reactor: Any,
+        reactor: IProxyReactor,
         runtime: Runtime,
         description: str,
         *,
@@ -397,8 +398,7 @@ class AdminService(service.MultiService):
         self.listening = listening if listening is not None else site_listening(runtime)
         root = admin_resource(runtime, self.metrics, self.board, self.listening, self._open)
         self.site = _QuietSite(root, reactor=reactor)
-        factory: Any = self.site
-        self.listener = ListenerService(reactor, description, factory, "admin")
+        self.listener = ListenerService(reactor, description, self.site, "admin")
         self.listener.setServiceParent(self)
 
     def _open(self, request: Request) -> None:
@@ -421,6 +421,6 @@ class AdminService(service.MultiService):
         return stopped
 
 
-def admin_service(reactor: Any, runtime: Runtime, description: str) -> AdminService:
+def admin_service(reactor: IProxyReactor, runtime: Runtime, description: str) -> AdminService:
     """The ``--admin`` listener on ``description`` (a Twisted server endpoint string)."""
     return AdminService(reactor, runtime, description)

@@ -1,34 +1,33 @@
 # -*- test-case-name: tests.test_assemble -*-
-"""From parsed options to a running ``MultiService``: runtime, listeners, control, admin, demo nodes."""
+"""From a :class:`~nvpair_tw.config.Config` to a ``MultiService``: runtime, listeners, control, admin."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
 from twisted.application import service
 
+from nvpair_tw.config import Config
 from nvpair_tw.durations import format_duration
 from nvpair_tw.endpoints import own_urls
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.service import ListenerService, RuntimeService
 
-if TYPE_CHECKING:
-    from nvpair_tw.tap import Options
+__all__ = ["assemble"]
 
 __all__ = ["assemble"]
 
 log = LevelledLogger()
 
 
-def assemble(reactor: Any, options: Options, environ: Mapping[str, str]) -> service.MultiService:
-    """Everything ``twistd nvpair`` runs, on the reactor it is given."""
+def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
+    """Everything ``twistd nvpair`` runs, on the reactor it is given; nothing is started."""
     top = service.MultiService()
-    settings = options["settings"]
-    engines: list[str] = list(options["engines"])
-    nodes = options.nodes_by_engine()
-    if options.get("demo"):
+    settings = config.settings
+    engines = list(config.engines)
+    nodes: dict[str, list[Node]] = {e: list(config.nodes.get(e, ())) for e in engines}
+    if config.demo:
         from nvpair_tw.demo import demo_nodes
 
         demo_nodes(reactor, engines, nodes).setServiceParent(top)
@@ -37,12 +36,12 @@ def assemble(reactor: Any, options: Options, environ: Mapping[str, str]) -> serv
         settings,
         engines,
         nodes=nodes,
-        nodes_file=options.get("nodes"),
-        environ=environ,
+        nodes_file=config.nodes_file,
+        ingress=config.ingress,
     )
-    for warning in options.get("warnings", []):
+    for warning in config.warnings:
         log.warn("{warning}", warning=warning)
-    sources = options.get("sources", {})
+    sources = config.sources
     log.info(
         "timeouts: connect {connect}, response-header {header} ({header_source}), "
         "first-body {first} ({first_source}), cooldown {cooldown}",
@@ -59,17 +58,17 @@ def assemble(reactor: Any, options: Options, environ: Mapping[str, str]) -> serv
     )
     RuntimeService(runtime).setServiceParent(top)
     for engine in engines:
-        description = options["listen"][engine]
+        description = config.listen[engine]
         runtime.facades[engine].directory.exclude_urls(own_urls(description))
         ListenerService(
             reactor, description, runtime.site_for(engine), f"{engine} facade"
         ).setServiceParent(top)
-    _optional_services(reactor, runtime, options, top)
+    _optional_services(reactor, runtime, config, top)
     return top
 
 
 def _optional_services(
-    reactor: Any, runtime: Runtime, options: Mapping[str, Any], top: service.MultiService
+    reactor: IProxyReactor, runtime: Runtime, config: Config, top: service.MultiService
 ) -> None:
     """Control channel and admin listener, when configured; then the drain service around it all.
 
@@ -80,14 +79,12 @@ def _optional_services(
     from nvpair_tw.drain import adopt_all, drain_service
 
     listeners = [child for child in top if isinstance(child, ListenerService)]
-    control = options.get("control")
-    if control:
+    if config.control is not None:
         from nvpair_tw.control import control_service
 
-        control_service(reactor, runtime, control).setServiceParent(top)
-    admin = options.get("admin")
-    if admin and admin != "none":
+        control_service(reactor, runtime, config.control).setServiceParent(top)
+    if config.admin is not None:
         from nvpair_tw.admin import admin_service
 
-        admin_service(reactor, runtime, admin).setServiceParent(top)
+        admin_service(reactor, runtime, config.admin).setServiceParent(top)
     adopt_all(top, drain_service(reactor, runtime, listeners))

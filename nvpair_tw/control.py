@@ -18,7 +18,7 @@ from typing import Any, cast
 from twisted.application import service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IAddress, IPushProducer
+from twisted.internet.interfaces import IAddress, IConsumer, IPushProducer
 from twisted.internet.protocol import Factory, connectionDone
 from twisted.internet.stdio import PipeAddress, StandardIO
 from twisted.protocols.basic import LineOnlyReceiver
@@ -29,6 +29,7 @@ from nvpair_tw.events import Event, Subscription
 from nvpair_tw.facade import Facade
 from nvpair_tw.logs import LevelledLogger, current_level, parse_level, set_level
 from nvpair_tw.nodes import Node, validate_url
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.reservations import make_rank
 from nvpair_tw.runtime import Runtime
 from nvpair_tw.service import ListenerService
@@ -374,7 +375,7 @@ class ControlProtocol(LineOnlyReceiver):
             on_dropped=self._dropped,
             max_pending=self._control.max_pending,
         )
-        cast(Any, self.transport).registerProducer(self, True)
+        cast(IConsumer, self.transport).registerProducer(self, True)
         self._control.connections.add(self)
         log.info("control client {peer} connected", peer=self.peer)
 
@@ -407,13 +408,13 @@ class ControlProtocol(LineOnlyReceiver):
             assert self.transport is not None
             self.state = _Flow.PAUSED
             self._subscription.pause()
-            self.transport.pauseProducing()  # type: ignore[attr-defined]
+            cast(IPushProducer, self.transport).pauseProducing()
 
     def resumeProducing(self) -> None:
         if self.state is _Flow.PAUSED and self._subscription is not None:
             assert self.transport is not None
             self.state = _Flow.LIVE
-            self.transport.resumeProducing()  # type: ignore[attr-defined]
+            cast(IPushProducer, self.transport).resumeProducing()
             self._subscription.resume()
 
     def stopProducing(self) -> None:
@@ -490,7 +491,7 @@ class StdioControlService(service.Service):
     """Serves one control session on standard input and output (``--control stdio``)."""
 
     def __init__(
-        self, reactor: Any, factory: ControlFactory, *, stdin: int = 0, stdout: int = 1
+        self, reactor: IProxyReactor, factory: ControlFactory, *, stdin: int = 0, stdout: int = 1
     ) -> None:
         self._reactor = reactor
         self._factory = factory
@@ -517,7 +518,7 @@ class StdioControlService(service.Service):
         return self.protocol.disconnected
 
 
-def control_service(reactor: Any, runtime: Runtime, description: str) -> service.IService:
+def control_service(reactor: IProxyReactor, runtime: Runtime, description: str) -> service.IService:
     """The ``--control`` service: a listener on a Twisted server endpoint string, or ``stdio``.
 
     A description the endpoint parser rejects raises :class:`ValueError` with a one-line message.

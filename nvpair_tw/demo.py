@@ -9,6 +9,7 @@ from typing import Any
 from twisted.application import service
 
 from nvpair_tw.nodes import Node
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.service import ListenerService
 from nvpair_tw.testing import Behaviour, SimulatedEngine, alternate, always
 
@@ -28,7 +29,7 @@ class _DemoNodes(service.MultiService):
 
 
 def demo_nodes(
-    reactor: Any, engines: Sequence[str], nodes: MutableMapping[str, list[Node]]
+    reactor: IProxyReactor, engines: Sequence[str], nodes: MutableMapping[str, list[Node]]
 ) -> service.IService:
     """Add ``demo-flaky`` (stalls every other request) and ``demo-healthy`` to every facade."""
     healthy = SimulatedEngine(

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from enum import Enum
-from typing import Any
 
 from twisted.application import service
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
@@ -142,7 +141,7 @@ class DrainService(service.MultiService):
 
 
 def drain_service(
-    reactor: Any, runtime: Runtime, listeners: Sequence[service.IService]
+    reactor: IReactorTime, runtime: Runtime, listeners: Sequence[service.IService]
 ) -> DrainService:
     """The drain service with the configured grace (``--shutdown-grace``)."""
     return DrainService(reactor, runtime, listeners, runtime.settings.shutdown_grace)

@@ -26,7 +26,14 @@ from twisted.web.http_headers import Headers
 
 from nvpair_tw.logs import LevelledLogger
 
-__all__ = ["IngressConfigError", "IngressPolicy", "Rejection", "is_loopback"]
+__all__ = [
+    "IngressConfig",
+    "IngressConfigError",
+    "IngressPolicy",
+    "Rejection",
+    "is_loopback",
+    "parse_ingress",
+]
 
 KEYS_VAR = "NVPAIR_PROXY_API_KEYS"
 KEYS_FILE_VAR = "NVPAIR_PROXY_API_KEYS_FILE"
@@ -183,9 +190,58 @@ def _presented_keys(headers: Headers) -> list[bytes]:
     return keys
 
 
+@frozen
+class IngressConfig:
+    """The ingress settings read from the environment, as a value (no clock, no timer).
+
+    Key material is held only as SHA-256 digests and left out of the repr.
+    """
+
+    static_digests: frozenset[bytes] = field(default=frozenset(), repr=False)
+    key_file: str | None = None
+    file_digests: frozenset[bytes] = field(default=frozenset(), repr=False)
+    file_signature: tuple[int, int, int, int] | None = field(default=None, repr=False)
+    networks: tuple[_IPNetwork, ...] = ()
+
+    @property
+    def keys_configured(self) -> bool:
+        """Whether API keys open the gate to non-loopback callers."""
+        return bool(self.static_digests or self.file_digests)
+
+
+def parse_ingress(environ: Mapping[str, str]) -> IngressConfig:
+    """Read the ingress variables (and the key file); raise ``IngressConfigError`` if unusable."""
+    keys_value = environ.get(KEYS_VAR, "").strip()
+    static = _parse_keys_var(keys_value) if keys_value else frozenset()
+    key_file = environ.get(KEYS_FILE_VAR, "").strip() or None
+    file_digests: frozenset[bytes] = frozenset()
+    signature = None
+    if key_file is not None:
+        try:
+            signature = _file_signature(key_file)
+        except OSError as e:
+            raise IngressConfigError(
+                f"{KEYS_FILE_VAR} {key_file} cannot be read: {e.strerror}"
+            ) from None
+        file_digests = _read_key_file(key_file)
+    cidrs_value = environ.get(CIDRS_VAR, "").strip()
+    networks = _parse_cidrs(cidrs_value) if cidrs_value else ()
+    if networks and not (static or file_digests):
+        raise IngressConfigError(
+            f"{CIDRS_VAR} only applies with API keys; set {KEYS_VAR} or {KEYS_FILE_VAR}"
+        )
+    return IngressConfig(
+        static_digests=static,
+        key_file=key_file,
+        file_digests=file_digests,
+        file_signature=signature,
+        networks=networks,
+    )
+
+
 @define
 class IngressPolicy:
-    """The gate in front of every facade; build it with ``from_environment``."""
+    """The live gate in front of every facade; build it with ``from_config``."""
 
     clock: IReactorTime
     static_digests: frozenset[bytes] = frozenset()
@@ -200,34 +256,15 @@ class IngressPolicy:
     log = LevelledLogger()
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str], clock: IReactorTime) -> IngressPolicy:
-        """Read the ingress settings; raise ``IngressConfigError`` with a clear reason if bad."""
-        keys_value = environ.get(KEYS_VAR, "").strip()
-        static = _parse_keys_var(keys_value) if keys_value else frozenset()
-        key_file = environ.get(KEYS_FILE_VAR, "").strip() or None
-        file_digests: frozenset[bytes] = frozenset()
-        signature = None
-        if key_file is not None:
-            try:
-                signature = _file_signature(key_file)
-            except OSError as e:
-                raise IngressConfigError(
-                    f"{KEYS_FILE_VAR} {key_file} cannot be read: {e.strerror}"
-                ) from None
-            file_digests = _read_key_file(key_file)
-        cidrs_value = environ.get(CIDRS_VAR, "").strip()
-        networks = _parse_cidrs(cidrs_value) if cidrs_value else ()
-        if networks and not (static or file_digests):
-            raise IngressConfigError(
-                f"{CIDRS_VAR} only applies with API keys; set {KEYS_VAR} or {KEYS_FILE_VAR}"
-            )
+    def from_config(cls, config: IngressConfig, clock: IReactorTime) -> IngressPolicy:
+        """The gate for ``config``; a key file is re-read on ``clock`` once :meth:`start` runs."""
         return cls(
             clock=clock,
-            static_digests=static,
-            key_file=key_file,
-            networks=networks,
-            file_digests=file_digests,
-            file_signature=signature,
+            static_digests=config.static_digests,
+            key_file=config.key_file,
+            networks=config.networks,
+            file_digests=config.file_digests,
+            file_signature=config.file_signature,
         )
 
     @property

@@ -7,7 +7,6 @@ Nothing here touches the global reactor: ``tap.makeService`` passes it in, tests
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from attrs import define, field
 from twisted.internet.defer import Deferred
@@ -17,14 +16,15 @@ from nvpair_tw.affinity import AffinityTable
 from nvpair_tw.engines import ENGINES
 from nvpair_tw.events import NODE_COOLDOWN, NODE_COOLDOWN_ENDED, EventBus, log_events
 from nvpair_tw.facade import Facade, FacadeResource, Shared
-from nvpair_tw.ingress import IngressPolicy
+from nvpair_tw.ingress import IngressConfig, IngressPolicy, parse_ingress
 from nvpair_tw.inventory import InventoryBook, make_http_client
 from nvpair_tw.limits import LimitedSite, make_site
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.reservations import ReservationLedger
 from nvpair_tw.settings import Settings
-from nvpair_tw.stalls import IStallTracker, StallTracker
+from nvpair_tw.stalls import Cooldown, CooldownListener, IStallTracker, StallTracker
 from nvpair_tw.upstream import UpstreamClient, make_pool
 from nvpair_tw.workloads import RequestRecord, WorkloadRegistry
 
@@ -32,14 +32,14 @@ __all__ = ["Runtime", "StallTrackerFactory", "build_runtime"]
 
 log = LevelledLogger()
 
-StallTrackerFactory = Callable[[str, Callable[[str, Any, str], None]], IStallTracker]
+StallTrackerFactory = Callable[[str, CooldownListener], IStallTracker]
 
 
 @define
 class Runtime:
     """Everything one proxy process runs, with start and stop."""
 
-    reactor: Any
+    reactor: IProxyReactor
     settings: Settings
     shared: Shared
     facades: dict[str, Facade]
@@ -94,22 +94,30 @@ class Runtime:
 
 
 def build_runtime(
-    reactor: Any,
+    reactor: IProxyReactor,
     settings: Settings,
     engines: Sequence[str],
     *,
     nodes: Mapping[str, Sequence[Node]] | None = None,
     nodes_file: str | None = None,
+    ingress: IngressConfig | None = None,
     environ: Mapping[str, str] | None = None,
     stall_tracker: StallTrackerFactory | None = None,
 ) -> Runtime:
-    """Build every facade of one process around one pool, one ledger, one workload registry, one bus."""
+    """Build every facade of one process around one pool, one ledger, one workload registry, one bus.
+
+    ``ingress`` is the parsed gate configuration (loopback only when absent); ``environ`` is a
+    shorthand for tests, parsed with :func:`~nvpair_tw.ingress.parse_ingress` (not both).
+    """
+    if environ is not None:
+        if ingress is not None:
+            raise TypeError("give build_runtime ingress or environ, not both")
+        ingress = parse_ingress(environ)
     pool = make_pool(reactor)
     client = UpstreamClient(reactor, pool, settings.connect_timeout)
     http = make_http_client(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
-    ingress = IngressPolicy.from_environment(environ if environ is not None else {}, reactor)
     shared = Shared(
         clock=reactor,
         client=client,
@@ -118,7 +126,9 @@ def build_runtime(
         workloads=WorkloadRegistry(reactor, bus),
         bus=bus,
         settings=settings,
-        ingress=ingress,
+        ingress=IngressPolicy.from_config(
+            ingress if ingress is not None else IngressConfig(), reactor
+        ),
     )
     facades: dict[str, Facade] = {}
     for engine in engines:
@@ -154,8 +164,8 @@ def build_runtime(
     return Runtime(reactor, settings, shared, facades, pool)
 
 
-def _cooldown_announcer(bus: EventBus, engine: str) -> Callable[[str, Any, str], None]:
-    def announce(node_id: str, cooldown: Any, reason: str) -> None:
+def _cooldown_announcer(bus: EventBus, engine: str) -> CooldownListener:
+    def announce(node_id: str, cooldown: Cooldown | None, reason: str) -> None:
         if cooldown is not None:
             bus.publish(
                 NODE_COOLDOWN,

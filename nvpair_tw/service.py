@@ -3,14 +3,14 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from twisted.application import service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory
+from twisted.python.failure import Failure
 
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime
 
 __all__ = ["ListenerService", "RuntimeService"]
@@ -37,7 +37,7 @@ class ListenerService(service.Service):
     """Listens on an endpoint description and keeps the port (so port 0 can be reported)."""
 
     def __init__(
-        self, reactor: Any, description: str, factory: IProtocolFactory, label: str
+        self, reactor: IProxyReactor, description: str, factory: IProtocolFactory, label: str
     ) -> None:
         self._reactor = reactor
         self.description = description
@@ -58,7 +58,7 @@ class ListenerService(service.Service):
             self.ready.callback(port)
             return port
 
-        def failed(failure: Any) -> None:
+        def failed(failure: Failure) -> None:
             log.failure(
                 "{label} could not listen on {description}",
                 failure,

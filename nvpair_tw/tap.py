@@ -1,27 +1,32 @@
 # -*- test-case-name: tests.test_tap -*-
-"""``twistd nvpair``: command-line options and ``makeService``, the only user of the global reactor."""
+"""``twistd nvpair``: command-line options and ``makeService``, the only user of the global reactor.
+
+``Options`` turns the command line and the environment into a :class:`~nvpair_tw.config.Config`
+and has no other effect; ``makeService`` applies it (the log level) and assembles the services.
+"""
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import cast
 from urllib.parse import urlsplit
 
 from twisted.application import service
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.task import Clock
-from twisted.internet.testing import MemoryReactor
 from twisted.python import usage
 
 from nvpair_tw import __version__
+from nvpair_tw.assemble import assemble
+from nvpair_tw.config import Config
 from nvpair_tw.durations import parse_duration
 from nvpair_tw.endpoints import tcp_listener
 from nvpair_tw.engines import ENGINES
-from nvpair_tw.ingress import IngressConfigError, IngressPolicy
+from nvpair_tw.ingress import IngressConfigError, parse_ingress
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
 from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.settings import (
     Resolved,
     Settings,
@@ -133,12 +138,15 @@ class Options(usage.Options):
         ["log-level", None, "info", "debug, info, warn or error."],
     ]
 
-    def __init__(self) -> None:
+    config: Config
+    """What ``postOptions`` resolved; the only thing parsing produces."""
+
+    def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         super().__init__()
+        self._environ = environ
         self["engines"] = []
         self["listen"] = {}
         self["node"] = []
-        self["warnings"] = []
 
     def opt_engine(self, name: str) -> None:
         """Engine facade to serve: ollama, lmstudio or omlx (repeatable)."""
@@ -169,39 +177,44 @@ class Options(usage.Options):
         raise SystemExit(0)
 
     def postOptions(self) -> None:
-        if not self["engines"]:
+        """Resolve and validate everything into ``self.config``; nothing else happens."""
+        self.config = self._resolve(os.environ if self._environ is None else self._environ)
+
+    def _resolve(self, environ: Mapping[str, str]) -> Config:
+        engines: list[str] = self["engines"]
+        if not engines:
             raise usage.UsageError("at least one --engine is required (ollama, lmstudio or omlx)")
-        listen: dict[Any, str] = self["listen"]
-        if None in listen:
-            if len(self["engines"]) > 1:
+        given: dict[str | None, str] = dict(self["listen"])
+        if None in given:
+            if len(engines) > 1:
                 raise usage.UsageError("with several engines, give --listen as ENGINE=ENDPOINT")
-            listen[self["engines"][0]] = listen.pop(None)
-        for engine in listen:
-            if engine not in self["engines"]:
+            given[engines[0]] = given.pop(None)
+        for engine in given:
+            if engine not in engines:
                 raise usage.UsageError(f"--listen for {engine}, which is not an --engine")
-        self["listen"] = {e: listen.get(e, ENGINES[e].default_listen) for e in self["engines"]}
+        listen = {e: given.get(e, ENGINES[e].default_listen) for e in engines}
+        admin = self["admin"] if self["admin"] != "none" else None
+        control: str | None = self["control"]
         for flag, description in [
-            *((f"--listen {e}", d) for e, d in self["listen"].items()),
-            ("--admin", self["admin"] if self["admin"] != "none" else None),
-            ("--control", self["control"] if self["control"] != "stdio" else None),
+            *((f"--listen {e}", d) for e, d in listen.items()),
+            ("--admin", admin),
+            ("--control", control if control != "stdio" else None),
         ]:
             if description is not None:
                 _check_endpoint(flag, description)
-        environ = os.environ
         header = resolve_response_header_timeout(self["response-header-timeout"], environ)
         if self["demo"] and header.source == "default" and header.warning is None:
             # The demo's flaky node freezes on every other request: show a failover in seconds.
             header = Resolved(DEMO_RESPONSE_HEADER_TIMEOUT, "demo default")
         first = resolve_first_body_timeout(self["first-body-timeout"], environ)
-        self["warnings"] = [w for w in (header.warning, first.warning) if w]
         try:
-            set_level(parse_level(self["log-level"]))
+            log_level = parse_level(self["log-level"])
             nodes_file = self["nodes"]
             if nodes_file is not None:
-                for engine in self["engines"]:
+                for engine in engines:
                     load_nodes_file(nodes_file, engine)
-            IngressPolicy.from_environment(environ, Clock())
-            self["settings"] = Settings(
+            ingress = parse_ingress(environ)
+            settings = Settings(
                 connect_timeout=_positive(self, "connect-timeout"),
                 response_header_timeout=header.seconds,
                 first_body_timeout=first.seconds,
@@ -215,23 +228,37 @@ class Options(usage.Options):
             )
         except (ValueError, NodesFileError, IngressConfigError) as error:
             raise usage.UsageError(str(error)) from None
-        self["sources"] = {
-            "response-header-timeout": header.source,
-            "first-body-timeout": first.source,
-        }
+        flag_nodes: list[tuple[str | None, Node]] = self["node"]
+        return Config(
+            engines=tuple(engines),
+            listen=listen,
+            nodes={
+                engine: tuple(node for scope, node in flag_nodes if scope in (None, engine))
+                for engine in engines
+            },
+            nodes_file=nodes_file,
+            settings=settings,
+            control=control or None,
+            admin=admin,
+            demo=bool(self["demo"]),
+            log_level=log_level,
+            warnings=tuple(w for w in (header.warning, first.warning) if w),
+            sources={
+                "response-header-timeout": header.source,
+                "first-body-timeout": first.source,
+            },
+            ingress=ingress,
+        )
 
-    def nodes_by_engine(self) -> dict[str, list[Node]]:
-        """Flag nodes per engine (unscoped ones go to every engine)."""
-        return {
-            engine: [node for scope, node in self["node"] if scope in (None, engine)]
-            for engine in self["engines"]
-        }
+
+class _ParseOnly:
+    """Stands in for the reactor while an endpoint string is parsed: the parsers only store it."""
 
 
 def _check_endpoint(flag: str, description: str) -> None:
     """Parse a server endpoint string now, so a typo is a usage error and not a traceback later."""
     try:
-        serverFromString(MemoryReactor(), description)
+        serverFromString(_ParseOnly(), description)
         tcp_listener(description)
     except Exception as error:  # parsers raise ValueError, KeyError, OSError (ssl files), ...
         raise usage.UsageError(f"{flag}: not a server endpoint {description!r}: {error}") from None
@@ -261,9 +288,8 @@ def _count(options: Options, name: str, parse: Callable[[str], int]) -> int:
 
 
 def makeService(options: Options) -> service.IService:
-    """Build the whole process on the global reactor."""
+    """Apply the configuration's process-wide settings, then build the process on the global reactor."""
     from twisted.internet import reactor
 
-    from nvpair_tw.assemble import assemble
-
-    return assemble(reactor, options, dict(os.environ))
+    set_level(options.config.log_level)
+    return assemble(cast(IProxyReactor, reactor), options.config)

@@ -13,7 +13,6 @@ import functools
 import ipaddress
 from collections.abc import Callable
 from enum import Enum
-from typing import Any
 from urllib.parse import urlsplit
 
 from twisted.internet.defer import CancelledError, Deferred
@@ -43,11 +42,14 @@ from twisted.web.client import (
     ResponseDone,
     ResponseFailed,
     ResponseNeverReceived,
+    _HTTP11ClientFactory,
 )
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
+
+from nvpair_tw.reactor import IProxyReactor
 
 __all__ = [
     "TRANSPORT_FAILURES",
@@ -164,7 +166,7 @@ class ReplayBodyProducer:
 class NodeEndpointFactory:
     """Endpoints for node URLs: IP literals dial directly (a refusal is seen in ~1 ms, not 0.3 s)."""
 
-    def __init__(self, reactor: Any, connect_timeout: float) -> None:
+    def __init__(self, reactor: IProxyReactor, connect_timeout: float) -> None:
         self._reactor = reactor
         self._timeout = connect_timeout
         self._tls = BrowserLikePolicyForHTTPS()
@@ -196,9 +198,23 @@ class NodeEndpointFactory:
         return endpoint
 
 
-def make_pool(reactor: Any, max_per_host: int = 32, idle_seconds: int = 4) -> HTTPConnectionPool:
+class _QuietHTTP11ClientFactory(_HTTP11ClientFactory):
+    """Twisted's pooled-connection factory without the "Starting/Stopping factory" info lines."""
+
+    noisy = False
+
+
+class _QuietPool(HTTPConnectionPool):
+    """A pool whose connections log nothing on open and close (one pair per inventory poll)."""
+
+    _factory = _QuietHTTP11ClientFactory
+
+
+def make_pool(
+    reactor: IProxyReactor, max_per_host: int = 32, idle_seconds: int = 4
+) -> HTTPConnectionPool:
     """The one shared pool: we own failover, so no automatic retries; idle below engine keep-alives."""
-    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool = _QuietPool(reactor, persistent=True)
     pool.retryAutomatically = False
     pool.maxPersistentPerHost = max_per_host
     pool.cachedConnectionTimeout = idle_seconds
@@ -208,7 +224,9 @@ def make_pool(reactor: Any, max_per_host: int = 32, idle_seconds: int = 4) -> HT
 class UpstreamClient:
     """Sends one attempt with a response-header deadline measured from the end of the write."""
 
-    def __init__(self, reactor: Any, pool: HTTPConnectionPool, connect_timeout: float) -> None:
+    def __init__(
+        self, reactor: IProxyReactor, pool: HTTPConnectionPool, connect_timeout: float
+    ) -> None:
         self._clock: IReactorTime = reactor
         self.agent: IAgent = Agent.usingEndpointFactory(
             reactor, NodeEndpointFactory(reactor, connect_timeout), pool=pool

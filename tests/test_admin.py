@@ -29,6 +29,7 @@ from nvpair_tw.admin import (
 from nvpair_tw.events import EventBus
 from nvpair_tw.metrics import ProxyMetrics
 from nvpair_tw.nodes import Node
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.settings import Settings
 from nvpair_tw.testing import start_proxy
@@ -47,7 +48,9 @@ def on_reactor(test: _Test) -> _Test:
 def _runtime(nodes: list[Node]) -> tuple[MemoryReactorClock, Runtime]:
     clock = MemoryReactorClock()
     clock.advance(1_700_000_000)
-    return clock, build_runtime(clock, Settings(), ["ollama"], nodes={"ollama": nodes})
+    return clock, build_runtime(
+        cast(IProxyReactor, clock), Settings(), ["ollama"], nodes={"ollama": nodes}
+    )
 
 
 def _client(runtime: Runtime, listening: bool = True) -> Any:
@@ -111,7 +114,9 @@ def test_readyz_is_200_when_listening_and_an_inventory_is_known() -> None:
 def test_default_readiness_follows_the_facade_sites_listening_ports() -> None:
     """Without an injected check, a facade is listening while its Site has a port."""
     _, runtime = _runtime([Node("a", "http://127.0.0.1:1", STATIC)])
-    service = AdminService(MemoryReactorClock(), runtime, "tcp:0:interface=127.0.0.1")
+    service = AdminService(
+        cast(IProxyReactor, MemoryReactorClock()), runtime, "tcp:0:interface=127.0.0.1"
+    )
     assert readiness(runtime, service.listening) == "ollama facade is not listening"
     site = runtime.site_for("ollama")
     site.doStart()  # what a listening port does to its factory

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_assemble -*-
-"""From parsed options to the service tree: own URLs, listeners per engine, nodes, admin and control."""
+"""From a configuration to the service tree: own URLs, listeners per engine, nodes, admin, control."""
 
 from __future__ import annotations
 
@@ -9,12 +9,18 @@ from typing import Any, cast
 
 import pytest
 from twisted.application.service import IService, IServiceCollection, MultiService
+from twisted.internet.address import IPv4Address
 from twisted.internet.testing import MemoryReactorClock
-from twisted.logger import ILogObserver, formatEvent, globalLogPublisher
+from twisted.web.http_headers import Headers
 
 from nvpair_tw.assemble import assemble
-from nvpair_tw.logs import current_level, set_level
+from nvpair_tw.config import Config
+from nvpair_tw.ingress import parse_ingress
+from nvpair_tw.nodes import Node
+from nvpair_tw.reactor import IProxyReactor
+from nvpair_tw.runtime import Runtime
 from nvpair_tw.service import ListenerService, RuntimeService
+from nvpair_tw.settings import Settings
 from nvpair_tw.tap import Options
 
 
@@ -28,10 +34,10 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def built(*args: str) -> tuple[MemoryReactorClock, MultiService]:
     """Parse ``args`` and assemble them on a fake reactor (nothing is started)."""
-    options = Options()
+    options = Options(environ={})
     options.parseOptions(list(args))
     reactor = MemoryReactorClock()
-    return reactor, assemble(reactor, options, {})
+    return reactor, assemble(cast(IProxyReactor, reactor), options.config)
 
 
 def services(top: IService) -> Iterator[IService]:
@@ -47,7 +53,7 @@ def listeners(top: IService) -> dict[str, str]:
     return {s.label: s.description for s in services(top) if isinstance(s, ListenerService)}
 
 
-def runtime_of(top: IService) -> Any:
+def runtime_of(top: IService) -> Runtime:
     """The runtime the tree runs."""
     (found,) = [s for s in services(top) if isinstance(s, RuntimeService)]
     return found.runtime
@@ -94,12 +100,53 @@ def test_flag_nodes_reach_their_facades_and_own_listener_is_excluded() -> None:
 
 
 def test_settings_reach_the_runtime() -> None:
-    """The resolved settings object is the one the runtime runs with."""
-    options = Options()
-    options.parseOptions(["-e", "ollama", "--response-header-timeout", "3s", "--admin", "none"])
-    top = assemble(MemoryReactorClock(), options, {})
-    assert runtime_of(top).settings is options["settings"]
+    """The configuration's settings object is the one the runtime runs with."""
+    config = Config(
+        engines=("ollama",),
+        listen={"ollama": "tcp:0"},
+        settings=Settings(response_header_timeout=3),
+    )
+    top = assemble(cast(IProxyReactor, MemoryReactorClock()), config)
+    assert runtime_of(top).settings is config.settings
     assert runtime_of(top).settings.cooldown == 3.0
+
+
+def test_a_hand_built_configuration_assembles_without_option_parsing() -> None:
+    """``Config`` is plain data: defaults mean no admin, no control, loopback-only ingress."""
+    node = Node("gpu1", "http://10.0.0.5:11434", source="flag")
+    config = Config(engines=("ollama",), listen={"ollama": "tcp:0"}, nodes={"ollama": (node,)})
+    top = assemble(cast(IProxyReactor, MemoryReactorClock()), config)
+    assert listeners(top) == {"ollama facade": "tcp:0"}
+    assert list(runtime_of(top).facades["ollama"].directory.nodes()) == [node]
+    gate = runtime_of(top).shared.ingress
+    assert gate is not None and not gate.keys_configured
+
+
+def test_assembling_the_demo_leaves_the_configuration_unchanged() -> None:
+    """The demo nodes are added to the runtime, not written back into the configuration value."""
+    node = Node("gpu1", "http://10.0.0.5:11434", source="flag")
+    config = Config(
+        engines=("ollama",), listen={"ollama": "tcp:0"}, nodes={"ollama": (node,)}, demo=True
+    )
+    top = assemble(cast(IProxyReactor, MemoryReactorClock()), config)
+    assert len(list(runtime_of(top).facades["ollama"].directory.nodes())) == 3
+    assert config.nodes == {"ollama": (node,)}
+
+
+def test_the_parsed_ingress_becomes_the_live_gate_on_the_given_reactor() -> None:
+    """The gate is built in assembly from the configuration's ingress value and the reactor."""
+    config = Config(
+        engines=("ollama",),
+        listen={"ollama": "tcp:0"},
+        ingress=parse_ingress({"NVPAIR_PROXY_API_KEYS": "k-0123456789abcdef"}),
+    )
+    reactor = MemoryReactorClock()
+    gate = runtime_of(assemble(cast(IProxyReactor, reactor), config)).shared.ingress
+    assert gate is not None
+    assert gate.clock is reactor and gate.keys_configured
+    remote = IPv4Address("TCP", "192.0.2.7", 5000)
+    assert gate.check(remote, Headers({b"x-api-key": [b"k-0123456789abcdef"]})) is None
+    assert gate.check(remote, Headers()) is not None
 
 
 def test_demo_adds_simulated_nodes_and_their_listeners() -> None:
@@ -134,18 +181,3 @@ def test_the_assembled_tree_starts_and_stops_cleanly() -> None:
         reactor.advance(0.5)
     assert stopped
     assert [c for c in reactor.getDelayedCalls() if c.active()] == []
-
-
-def test_log_level_applies_to_the_start_up_summary() -> None:
-    """At ``--log-level warn`` the timeouts summary (info) is dropped but a bad-value warning is kept."""
-    events: list[dict[str, Any]] = []
-    observer = cast(ILogObserver, events.append)
-    globalLogPublisher.addObserver(observer)
-    before = current_level()
-    try:
-        built("-e", "ollama", "--first-body-timeout", "-1s", "--log-level", "warn")
-    finally:
-        set_level(before)
-        globalLogPublisher.removeObserver(observer)
-    ours = [formatEvent(e) for e in events if e.get("log_namespace") == "nvpair_tw.assemble"]
-    assert ours == ["invalid first-body timeout '-1s' from flag; leaving it disabled"]

@@ -46,6 +46,7 @@ from nvpair_tw.control import (
 )
 from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes import Node
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.service import ListenerService
 from nvpair_tw.settings import Settings
@@ -68,7 +69,7 @@ def _runtime(nodes: Mapping[str, Sequence[Node]] | None = None) -> Runtime:
     clock = Clock()
     clock.advance(1_700_000_000)
     nodes = nodes if nodes is not None else {"ollama": [Node("a", "http://10.0.0.1:11434", LLAMA)]}
-    return build_runtime(clock, Settings(), list(nodes), nodes=nodes)
+    return build_runtime(cast(IProxyReactor, clock), Settings(), list(nodes), nodes=nodes)
 
 
 def _ask(methods: ControlMethods, method: str, params: Any = None, **extra: Any) -> Any:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import Any, cast
 
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.web.server import Site
@@ -12,13 +12,14 @@ from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 
 from nvpair_tw.demo import DEMO_MODELS, DEMO_PORTS, demo_nodes
 from nvpair_tw.nodes import Node
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.testing import Behaviour, SimulatedEngine
 
 
 def _started(engines: list[str]) -> tuple[MemoryReactorClock, Any, dict[str, list[Node]]]:
     reactor = MemoryReactorClock()
     nodes: dict[str, list[Node]] = {}
-    services = demo_nodes(reactor, engines, nodes)
+    services = demo_nodes(cast(IProxyReactor, reactor), engines, nodes)
     services.startService()
     return reactor, services, nodes
 
@@ -37,7 +38,7 @@ def test_demo_nodes_join_every_engine() -> None:
     reactor = MemoryReactorClock()
     own = Node(id="gpu-1", url="http://10.0.0.5:11434")
     nodes: dict[str, list[Node]] = {"ollama": [own]}
-    demo_nodes(reactor, ["ollama", "omlx"], nodes)
+    demo_nodes(cast(IProxyReactor, reactor), ["ollama", "omlx"], nodes)
     healthy = Node(id="demo-healthy", url="http://127.0.0.1:11501", source="flag")
     flaky = Node(id="demo-flaky", url="http://127.0.0.1:11502", source="flag")
     assert nodes == {"ollama": [own, healthy, flaky], "omlx": [healthy, flaky]}

@@ -37,6 +37,7 @@ from twisted.web.iweb import IResponse
 from nvpair_tw.drain import SHUTDOWN_REASON, DrainService, DrainState, adopt_all
 from nvpair_tw.events import Event
 from nvpair_tw.nodes import Node
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.service import ListenerService
 from nvpair_tw.settings import Settings
@@ -72,7 +73,10 @@ class FakeListener(service.Service):
 def _runtime() -> tuple[MemoryReactorClock, Runtime]:
     clock = MemoryReactorClock()
     runtime = build_runtime(
-        clock, Settings(), ["ollama"], nodes={"ollama": [Node("a", "http://127.0.0.1:1")]}
+        cast(IProxyReactor, clock),
+        Settings(),
+        ["ollama"],
+        nodes={"ollama": [Node("a", "http://127.0.0.1:1")]},
     )
     return clock, runtime
 

@@ -14,7 +14,14 @@ from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublish
 from twisted.web.http_headers import Headers
 from zope.interface import provider
 
-from nvpair_tw.ingress import IngressConfigError, IngressPolicy, Rejection, is_loopback
+from nvpair_tw.ingress import (
+    IngressConfig,
+    IngressConfigError,
+    IngressPolicy,
+    Rejection,
+    is_loopback,
+    parse_ingress,
+)
 
 KEY = "k-0123456789abcdef"
 OTHER_KEY = "k-fedcba9876543210"
@@ -32,7 +39,7 @@ def _headers(**values: str) -> Headers:
 
 
 def _policy(clock: Clock | None = None, **environ: str) -> IngressPolicy:
-    return IngressPolicy.from_environment(environ, clock or Clock())
+    return IngressPolicy.from_config(parse_ingress(environ), clock or Clock())
 
 
 def _key_file(path: Path, *lines: str, mode: int = 0o600) -> str:
@@ -247,6 +254,36 @@ def test_identity_probe_comes_after_the_auth_checks() -> None:
 def test_identity_probe_with_another_value_is_ignored() -> None:
     """Only the value 1 triggers the probe answer."""
     assert _policy().check(LOCAL, _headers(X_NVPAIR_Engine_Identity_Probe="0")) is None
+
+
+# The parsed configuration, as a value
+
+
+def test_parsing_gives_an_equal_value_each_time_and_hides_the_digests() -> None:
+    """``parse_ingress`` is pure: the same environment gives equal values; no key material in repr."""
+    environ = {"NVPAIR_PROXY_API_KEYS": CANARY, "NVPAIR_PROXY_ALLOWED_CIDRS": "10.0.0.0/8"}
+    config = parse_ingress(environ)
+    assert config == parse_ingress(environ)
+    assert config.keys_configured
+    assert config != parse_ingress({"NVPAIR_PROXY_API_KEYS": KEY})
+    assert CANARY not in repr(config)
+    assert "digest" not in repr(config)
+    assert "10.0.0.0/8" in repr(config)
+    assert parse_ingress({}) == IngressConfig()
+    assert not IngressConfig().keys_configured
+
+
+def test_key_file_is_read_once_at_parse_and_the_gate_starts_with_those_keys(
+    tmp_path: Path,
+) -> None:
+    """The key file's keys are in the parsed value; a gate built later serves them without a read."""
+    path = _key_file(tmp_path / "keys", KEY)
+    config = parse_ingress({"NVPAIR_PROXY_API_KEYS_FILE": path})
+    assert config.key_file == path and config.keys_configured
+    os.remove(path)
+    policy = IngressPolicy.from_config(config, Clock())
+    assert policy.check(LAN, _headers(X_Api_Key=KEY)) is None
+    assert policy.check(LAN, _headers(X_Api_Key=OTHER_KEY)) is not None
 
 
 # Configuration errors

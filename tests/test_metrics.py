@@ -16,6 +16,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from nvpair_tw.admin import AdminService
 from nvpair_tw.metrics import ProxyMetrics
 from nvpair_tw.nodes import Node
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.settings import Settings
 from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine, start_proxy
@@ -36,7 +37,10 @@ def _runtime(nodes: list[Node] | None = None) -> tuple[MemoryReactorClock, Runti
     clock.advance(1_700_000_000)
     default = [Node("a", "http://127.0.0.1:1", ("llama3:latest",))]
     runtime = build_runtime(
-        clock, Settings(), ["ollama"], nodes={"ollama": nodes if nodes is not None else default}
+        cast(IProxyReactor, clock),
+        Settings(),
+        ["ollama"],
+        nodes={"ollama": nodes if nodes is not None else default},
     )
     return clock, runtime
 

@@ -6,8 +6,9 @@ Reactor-free: everything runs on a ``MemoryReactorClock`` (connections are only 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
+import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import MemoryReactorClock
@@ -15,7 +16,9 @@ from twisted.web.http_headers import Headers
 
 from nvpair_tw.events import Event
 from nvpair_tw.facade import FacadeResource
+from nvpair_tw.ingress import parse_ingress
 from nvpair_tw.nodes import Node
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.settings import Settings
 from nvpair_tw.stalls import IStallTracker, NeverCools
@@ -32,7 +35,9 @@ def _runtime(
 ) -> tuple[MemoryReactorClock, Runtime, list[Event]]:
     """A runtime on a memory reactor, with every bus event recorded."""
     clock = MemoryReactorClock()
-    runtime = build_runtime(clock, settings or Settings(), ENGINES, nodes=NODES, **kw)
+    runtime = build_runtime(
+        cast(IProxyReactor, clock), settings or Settings(), ENGINES, nodes=NODES, **kw
+    )
     events: list[Event] = []
     runtime.shared.bus.subscribe(events.append, name="test")
     return clock, runtime, events
@@ -71,6 +76,22 @@ def test_ingress_reads_the_given_environment() -> None:
     _, runtime, _ = _runtime(environ={"NVPAIR_PROXY_API_KEYS": "sekrit-1"})
     ingress = runtime.shared.ingress
     assert ingress is not None and ingress.keys_configured
+
+
+def test_ingress_is_built_from_the_parsed_configuration() -> None:
+    """A parsed ``IngressConfig`` becomes the live gate, its timer on the runtime's reactor."""
+    config = parse_ingress({"NVPAIR_PROXY_API_KEYS": "sekrit-1"})
+    clock, runtime, _ = _runtime(ingress=config)
+    ingress = runtime.shared.ingress
+    assert ingress is not None and ingress.keys_configured and ingress.clock is clock
+    remote = IPv4Address("TCP", "192.0.2.7", 5000)
+    assert ingress.check(remote, Headers({b"x-api-key": [b"sekrit-1"]})) is None
+
+
+def test_ingress_and_environ_together_are_refused() -> None:
+    """The test shorthand ``environ`` and a parsed ``ingress`` cannot both be given."""
+    with pytest.raises(TypeError, match="not both"):
+        _runtime(ingress=parse_ingress({}), environ={})
 
 
 def test_site_for_builds_each_site_once_with_the_settings_limits() -> None:

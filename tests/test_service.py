@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import pytest_twisted
@@ -14,6 +14,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import LogEvent, formatEvent
 
 from nvpair_tw import service as service_module
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.service import ListenerService, RuntimeService
 
 
@@ -77,7 +78,10 @@ async def test_port_already_taken_fails_ready_and_stops_the_reactor(
     taken = listen(Factory.forProtocol(Protocol))
     recording = RecordingReactor(reactor)
     listener = ListenerService(
-        recording, f"tcp:{taken}:interface=127.0.0.1", Factory.forProtocol(Protocol), "proxy"
+        cast(IProxyReactor, recording),
+        f"tcp:{taken}:interface=127.0.0.1",
+        Factory.forProtocol(Protocol),
+        "proxy",
     )
     listener.startService()
     assert listener.ready.called
@@ -121,5 +125,7 @@ def test_runtime_service_starts_and_stops_the_runtime() -> None:
 
 def test_stopping_a_listener_that_never_listened_is_a_no_op() -> None:
     """Stop before any port exists returns an already-fired Deferred and touches no reactor."""
-    listener = ListenerService(object(), "tcp:0", Factory.forProtocol(Protocol), "admin")
+    listener = ListenerService(
+        cast(IProxyReactor, object()), "tcp:0", Factory.forProtocol(Protocol), "admin"
+    )
     assert listener.stopService().called

@@ -12,7 +12,8 @@ from typing import Any, cast
 
 import pytest
 from twisted.application.service import IService, IServiceCollection, IServiceMaker, MultiService
-from twisted.internet.testing import MemoryReactorClock
+from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactor, MemoryReactorClock
 from twisted.logger import ILogObserver, LogLevel, formatEvent, globalLogPublisher
 from twisted.plugin import IPlugin, getPlugins
 from twisted.python import usage
@@ -20,12 +21,15 @@ from zope.interface.verify import verifyObject
 
 from nvpair_tw import __version__
 from nvpair_tw.assemble import assemble
+from nvpair_tw.config import Config
 from nvpair_tw.engines import ENGINES
+from nvpair_tw.ingress import KEYS_FILE_VAR, KEYS_VAR, IngressPolicy
 from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes import Node
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.service import ListenerService
 from nvpair_tw.settings import FIRST_BODY_ENV, RESPONSE_HEADER_ENV, Settings
-from nvpair_tw.tap import Options, parse_size
+from nvpair_tw.tap import Options, makeService, parse_size
 
 REPO = Path(__file__).resolve().parent.parent
 TWISTD = "import sys; sys.argv[0] = 'twistd'; from twisted.scripts.twistd import run; run()"
@@ -50,9 +54,14 @@ def parse(*args: str) -> Options:
     return options
 
 
+def config_of(*args: str) -> Config:
+    """The configuration ``args`` parse into."""
+    return parse(*args).config
+
+
 def settings_of(*args: str) -> Settings:
     """The resolved settings of ``--engine ollama`` plus ``args``."""
-    return cast(Settings, parse("--engine", "ollama", *args)["settings"])
+    return config_of("--engine", "ollama", *args).settings
 
 
 def services(top: IService) -> Iterator[IService]:
@@ -83,27 +92,34 @@ def test_plugin_options_parse_through_the_maker() -> None:
     """The maker's ``options`` class parses a command line into settings."""
     options = nvpair_plugin().options()
     options.parseOptions(["--engine", "lmstudio"])
-    assert options["engines"] == ["lmstudio"]
+    assert options.config.engines == ("lmstudio",)
 
 
 def test_defaults_follow_the_spec() -> None:
     """``--engine lmstudio`` alone: the default listener, 120 s header timeout, first-body off."""
-    options = parse("--engine", "lmstudio")
-    assert options["listen"] == {"lmstudio": "tcp:1235:interface=127.0.0.1"}
-    assert options["settings"] == Settings()
-    assert options["node"] == []
-    assert options["warnings"] == []
-    assert options["sources"] == {
+    config = config_of("--engine", "lmstudio")
+    assert config.listen == {"lmstudio": "tcp:1235:interface=127.0.0.1"}
+    assert config.settings == Settings()
+    assert config.nodes == {"lmstudio": ()}
+    assert config.warnings == ()
+    assert config.sources == {
         "response-header-timeout": "default",
         "first-body-timeout": "default",
     }
+    assert (config.admin, config.control, config.demo) == (
+        "tcp:9180:interface=127.0.0.1",
+        None,
+        False,
+    )
+    assert config.log_level is LogLevel.info
+    assert not config.ingress.keys_configured
 
 
 def test_engine_is_repeatable() -> None:
     """``--engine`` (and ``-e``) may be given several times; order is kept, repeats collapse."""
-    options = parse("--engine", "omlx", "-e", "ollama", "--engine", "omlx")
-    assert options["engines"] == ["omlx", "ollama"]
-    assert options["listen"] == {e: ENGINES[e].default_listen for e in ("omlx", "ollama")}
+    config = config_of("--engine", "omlx", "-e", "ollama", "--engine", "omlx")
+    assert config.engines == ("omlx", "ollama")
+    assert config.listen == {e: ENGINES[e].default_listen for e in ("omlx", "ollama")}
 
 
 def test_unknown_engine_is_a_usage_error() -> None:
@@ -120,14 +136,14 @@ def test_no_engine_is_a_usage_error() -> None:
 
 def test_single_listen_applies_to_the_only_engine() -> None:
     """With one engine, ``--listen ENDPOINT`` is that facade's listener."""
-    options = parse("--engine", "ollama", "--listen", "tcp:port=11600:interface=127.0.0.1")
-    assert options["listen"] == {"ollama": "tcp:port=11600:interface=127.0.0.1"}
+    config = config_of("--engine", "ollama", "--listen", "tcp:port=11600:interface=127.0.0.1")
+    assert config.listen == {"ollama": "tcp:port=11600:interface=127.0.0.1"}
 
 
 def test_engine_prefixed_listen_forms() -> None:
     """``--listen ENGINE=ENDPOINT`` sets one facade; the others keep their defaults."""
-    options = parse("-e", "ollama", "-e", "lmstudio", "-e", "omlx", "--listen", "omlx=tcp:8101")
-    assert options["listen"] == {
+    config = config_of("-e", "ollama", "-e", "lmstudio", "-e", "omlx", "--listen", "omlx=tcp:8101")
+    assert config.listen == {
         "ollama": "tcp:11435:interface=127.0.0.1",
         "lmstudio": "tcp:1235:interface=127.0.0.1",
         "omlx": "tcp:8101",
@@ -177,7 +193,7 @@ def test_nodes_for_every_engine_and_for_one() -> None:
     gpu1 = Node(id="gpu1", url="http://10.0.0.5:11434", source="flag")
     gpu2 = Node(id="gpu2", url="https://studio.lan:1234", source="flag")
     assert options["node"] == [(None, gpu1), ("lmstudio", gpu2)]
-    assert options.nodes_by_engine() == {"ollama": [gpu1], "lmstudio": [gpu1, gpu2]}
+    assert options.config.nodes == {"ollama": (gpu1,), "lmstudio": (gpu1, gpu2)}
 
 
 @pytest.mark.parametrize(
@@ -266,11 +282,13 @@ def test_bad_durations_and_counts_are_usage_errors(flag: str, value: str) -> Non
 
 def test_timer_flags_set_the_timeouts() -> None:
     """``--response-header-timeout`` and ``--first-body-timeout`` take Go durations."""
-    options = parse("-e", "ollama", "--response-header-timeout", "2s", "--first-body-timeout", "1m")
-    assert options["settings"].response_header_timeout == 2.0
-    assert options["settings"].cooldown == 2.0
-    assert options["settings"].first_body_timeout == 60.0
-    assert options["sources"] == {"response-header-timeout": "flag", "first-body-timeout": "flag"}
+    config = config_of(
+        "-e", "ollama", "--response-header-timeout", "2s", "--first-body-timeout", "1m"
+    )
+    assert config.settings.response_header_timeout == 2.0
+    assert config.settings.cooldown == 2.0
+    assert config.settings.first_body_timeout == 60.0
+    assert config.sources == {"response-header-timeout": "flag", "first-body-timeout": "flag"}
 
 
 def test_timer_environment_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -294,19 +312,19 @@ def test_timer_flags_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
 def test_invalid_timer_values_warn_and_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """Bad timer values are not usage errors: 120 s / disabled, with warnings kept for the log."""
     monkeypatch.setenv(FIRST_BODY_ENV, "-5s")
-    options = parse("-e", "ollama", "--response-header-timeout", "0")
-    assert options["settings"].response_header_timeout == 120.0
-    assert options["settings"].first_body_timeout == 0.0
-    warnings = options["warnings"]
+    config = config_of("-e", "ollama", "--response-header-timeout", "0")
+    assert config.settings.response_header_timeout == 120.0
+    assert config.settings.first_body_timeout == 0.0
+    warnings = config.warnings
     assert len(warnings) == 2
     assert "'0' from flag" in warnings[0]
     assert FIRST_BODY_ENV in warnings[1]
 
 
 def test_log_level_option() -> None:
-    """``--log-level`` sets our loggers' level; an unknown name is a usage error."""
-    parse("-e", "ollama", "--log-level", "debug")
-    assert current_level() is LogLevel.debug
+    """``--log-level`` is parsed into the configuration; an unknown name is a usage error."""
+    assert config_of("-e", "ollama", "--log-level", "debug").log_level is LogLevel.debug
+    assert config_of("-e", "ollama", "--log-level", "WARNING").log_level is LogLevel.warn
     with pytest.raises(usage.UsageError, match="unknown log level 'bogus'"):
         parse("-e", "ollama", "--log-level", "bogus")
 
@@ -315,7 +333,7 @@ def test_nodes_file_is_checked(tmp_path: Path) -> None:
     """A readable, valid ``--nodes`` file is accepted; bad TOML or a missing file is a usage error."""
     good = tmp_path / "nodes.toml"
     good.write_text('[[node]]\nid = "gpu1"\nurl = "http://10.0.0.5:11434"\n')
-    assert parse("-e", "ollama", "--nodes", str(good))["nodes"] == str(good)
+    assert config_of("-e", "ollama", "--nodes", str(good)).nodes_file == str(good)
     bad = tmp_path / "bad.toml"
     bad.write_text("[[node]\nid = ")
     with pytest.raises(usage.UsageError, match="invalid TOML"):
@@ -342,8 +360,9 @@ def test_version_option_prints_the_nvpair_version(capsys: pytest.CaptureFixture[
 
 def test_assembled_process_has_a_listener_per_engine() -> None:
     """The plugin's options assemble (on a fake reactor) into a MultiService with each facade listener."""
-    options = parse("-e", "ollama", "-e", "omlx", "--listen", "omlx=tcp:8101", "--admin", "none")
-    top = assemble(MemoryReactorClock(), options, {})
+    config = config_of("-e", "ollama", "-e", "omlx", "--listen", "omlx=tcp:8101", "--admin", "none")
+    assert config.admin is None
+    top = assemble(cast(IProxyReactor, MemoryReactorClock()), config)
     assert isinstance(top, MultiService)
     assert not top.running
     listeners = {s.label: s.description for s in services(top) if isinstance(s, ListenerService)}
@@ -368,8 +387,8 @@ def test_effective_timeouts_are_logged_at_start(
 ) -> None:
     """Assembling logs each timer with its value and source, after any warning about a bad value."""
     monkeypatch.setenv(FIRST_BODY_ENV, "1m30s")
-    options = parse("-e", "ollama", "--response-header-timeout", "later", "--admin", "none")
-    assemble(MemoryReactorClock(), options, dict(os.environ))
+    config = config_of("-e", "ollama", "--response-header-timeout", "later", "--admin", "none")
+    assemble(cast(IProxyReactor, MemoryReactorClock()), config)
     messages = [formatEvent(e) for e in logged if e.get("log_namespace") == "nvpair_tw.assemble"]
     warning = "invalid response-header timeout 'later' from flag; using 120s"
     summary = (
@@ -436,9 +455,111 @@ def test_twistd_version_prints_the_nvpair_version(tmp_path: Path) -> None:
 
 def test_demo_shortens_the_default_header_timeout_only() -> None:
     """--demo uses a 5 s response-header timeout unless one was given (so a failover shows at once)."""
-    demo = parse("--engine", "ollama", "--demo")
-    assert demo["settings"].response_header_timeout == 5.0
-    assert demo["sources"]["response-header-timeout"] == "demo default"
-    given = parse("--engine", "ollama", "--demo", "--response-header-timeout", "30s")
-    assert given["settings"].response_header_timeout == 30.0
-    assert parse("--engine", "ollama")["settings"].response_header_timeout == 120.0
+    demo = config_of("--engine", "ollama", "--demo")
+    assert demo.demo
+    assert demo.settings.response_header_timeout == 5.0
+    assert demo.sources["response-header-timeout"] == "demo default"
+    given = config_of("--engine", "ollama", "--demo", "--response-header-timeout", "30s")
+    assert given.settings.response_header_timeout == 30.0
+    assert settings_of().response_header_timeout == 120.0
+
+
+# ---- parsing is pure; makeService applies ----------------------------------------------------
+
+
+def _refuse(what: str) -> Any:
+    def refuse(*_args: Any, **_kwargs: Any) -> None:
+        raise AssertionError(f"option parsing built a {what}")
+
+    return refuse
+
+
+def test_parsing_has_no_side_effects(
+    reactor: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Parsing builds no clock, fake reactor or gate, schedules nothing, and leaves the level alone."""
+    keys = tmp_path / "keys"
+    keys.write_text("k-0123456789abcdef\n")
+    keys.chmod(0o600)
+    monkeypatch.setenv(KEYS_FILE_VAR, str(keys))
+    monkeypatch.setattr(Clock, "__init__", _refuse("task.Clock"))
+    monkeypatch.setattr(MemoryReactor, "__init__", _refuse("MemoryReactor"))
+    monkeypatch.setattr(IngressPolicy, "__init__", _refuse("IngressPolicy"))
+    before = set(reactor.getDelayedCalls())
+    config = config_of("-e", "ollama", "--log-level", "debug", "--control", "tcp:0")
+    assert config.log_level is LogLevel.debug
+    assert config.ingress.key_file == str(keys) and config.ingress.keys_configured
+    assert current_level() is LogLevel.info
+    assert set(reactor.getDelayedCalls()) == before
+
+
+def test_parsing_twice_gives_equal_configurations() -> None:
+    """The same command line and environment always resolve to the same value."""
+    args = ("-e", "ollama", "-e", "omlx", "--node", "gpu1=http://10.0.0.5:11434", "--demo")
+    assert config_of(*args) == config_of(*args)
+
+
+def test_options_read_the_environment_they_are_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Options(environ=...)`` resolves from that mapping instead of ``os.environ``."""
+    monkeypatch.setenv(RESPONSE_HEADER_ENV, "45s")
+    options = Options(environ={RESPONSE_HEADER_ENV: "7s", KEYS_VAR: "k-0123456789abcdef"})
+    options.parseOptions(["-e", "ollama"])
+    assert options.config.settings.response_header_timeout == 7.0
+    assert options.config.sources["response-header-timeout"] == f"${RESPONSE_HEADER_ENV}"
+    assert options.config.ingress.keys_configured
+
+
+@pytest.mark.parametrize(
+    ("flag", "description"),
+    [
+        ("--listen", "unix:/tmp/nvpair-test.sock:mode=600"),
+        ("--listen", "tcp6:port=0:interface=\\:\\:1"),
+        ("--admin", "tcp:0:interface=127.0.0.1"),
+        ("--control", "unix:/tmp/nvpair-control.sock"),
+        ("--control", "stdio"),
+    ],
+)
+def test_good_endpoints_of_every_kind_parse(flag: str, description: str) -> None:
+    """TCP, TCP6 and UNIX endpoint strings (and ``--control stdio``) pass the parse-time check."""
+    config = config_of("-e", "ollama", flag, description)
+    given = {"--listen": config.listen["ollama"], "--admin": config.admin}
+    assert given.get(flag, config.control) == description
+
+
+def test_make_service_applies_the_log_level_and_assembles(logged: list[dict[str, Any]]) -> None:
+    """``makeService`` sets the parsed level before assembling: the summary obeys ``warn``."""
+    options = parse("-e", "ollama", "--first-body-timeout", "-1s", "--log-level", "warn")
+    assert current_level() is LogLevel.info
+    top = makeService(options)
+    assert current_level() is LogLevel.warn
+    assert not top.running
+    listeners = {s.label for s in services(top) if isinstance(s, ListenerService)}
+    assert listeners == {"ollama facade", "admin"}
+    ours = [formatEvent(e) for e in logged if e.get("log_namespace") == "nvpair_tw.assemble"]
+    assert ours == ["invalid first-body timeout '-1s' from flag; leaving it disabled"]
+
+
+def test_make_service_at_debug_lets_debug_through() -> None:
+    """``--log-level debug`` reaches the process only through ``makeService``."""
+    options = parse("-e", "ollama", "--log-level", "debug", "--admin", "none")
+    assert current_level() is LogLevel.info
+    makeService(options)
+    assert current_level() is LogLevel.debug
+
+
+@pytest.mark.parametrize(
+    ("module", "absent"),
+    [
+        ("nvpair_tw.tap", "twisted.internet.testing"),
+        ("nvpair_tw.assemble", "nvpair_tw.tap"),
+        ("nvpair_tw.config", "twisted.internet.reactor"),
+    ],
+)
+def test_import_graph(module: str, absent: str) -> None:
+    """Production option parsing needs no test doubles, and assembly does not import the CLI."""
+    code = f"import sys, {module}; print({absent!r} in sys.modules)"
+    environ = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "False"

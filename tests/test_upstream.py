@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import pytest_twisted
@@ -37,10 +37,12 @@ from twisted.internet.interfaces import (
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.web.client import (
     URI,
     Agent,
+    HTTPConnectionPool,
     RequestGenerationFailed,
     ResponseDone,
     ResponseFailed,
@@ -54,6 +56,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine
 from nvpair_tw.upstream import (
     BodyEnd,
@@ -757,7 +760,9 @@ class ResolvingMemoryReactor(MemoryReactorClock):
 def dial(node: bytes) -> tuple[IStreamClientEndpoint, tuple[Any, ...], bytes]:
     """Connect a node URL's endpoint on a memory reactor; the dial and the first bytes sent."""
     reactor = ResolvingMemoryReactor()
-    endpoint = NodeEndpointFactory(reactor, 7.0).endpointForURI(URI.fromBytes(node))
+    endpoint = NodeEndpointFactory(cast(IProxyReactor, reactor), 7.0).endpointForURI(
+        URI.fromBytes(node)
+    )
     endpoint.connect(Factory.forProtocol(Protocol))
     [dialled] = reactor.tcpClients
     _host, port, factory, _timeout, _bind = dialled
@@ -798,6 +803,45 @@ def test_https_nodes_are_wrapped_in_tls(node: bytes, sni: bool) -> None:
     assert (port, timeout) == (8443, 7.0)
     assert first_bytes[:1] == b"\x16"  # a TLS handshake record (ClientHello)
     assert (b"gpu-box.example" in first_bytes) is sni
+
+
+class Hello(Resource):
+    """Answers every GET with a short body."""
+
+    isLeaf = True
+
+    def render_GET(self, request: Request) -> bytes:
+        return b"hello"
+
+
+async def _pooled_request_log(reactor: Any, pool: HTTPConnectionPool, port: int) -> list[str]:
+    """Every line logged while one request goes through ``pool`` and the pool is closed."""
+    events: list[LogEvent] = []
+    observer = cast(ILogObserver, events.append)
+    globalLogPublisher.addObserver(observer)
+    try:
+        response = await Agent(reactor, pool=pool).request(b"GET", url(port, b"/"))
+        assert await treq.content(response) == b"hello"
+        await pool.closeCachedConnections()
+        # The client factory is stopped after the protocol's connectionLost, in the same call
+        # stack that fired closeCachedConnections: one reactor turn later it has certainly run.
+        await deferLater(reactor, 0, lambda: None)
+    finally:
+        globalLogPublisher.removeObserver(observer)
+    return [formatEvent(e) for e in events]
+
+
+@pytest_twisted.ensureDeferred
+async def test_pooled_connections_log_no_factory_start_or_stop(
+    reactor: Any, listen: Callable[[Any], int]
+) -> None:
+    """Twisted's pool logs "Starting/Stopping factory" per connection; ours (one per poll) does not."""
+    port = listen(Site(Hello()))
+    plain = await _pooled_request_log(reactor, HTTPConnectionPool(reactor), port)
+    assert any(line.startswith("Starting factory _HTTP11ClientFactory") for line in plain)
+    assert any(line.startswith("Stopping factory _HTTP11ClientFactory") for line in plain)
+    ours = await _pooled_request_log(reactor, make_pool(cast(IProxyReactor, reactor)), port)
+    assert [line for line in ours if "_HTTP11ClientFactory" in line] == []
 
 
 @pytest.mark.parametrize(
