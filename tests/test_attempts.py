@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -16,11 +17,16 @@ import pytest_twisted
 import treq
 from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
+from twisted.internet.error import ConnectionLost, ConnectionRefusedError, TCPTimedOutError
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock, deferLater
 from twisted.python.failure import Failure
+from twisted.web.client import ResponseNeverReceived
 from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent, IBodyProducer, IResponse
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
+from zope.interface import implementer
 
 from nvpair_tw.attempts import (
     Abandoned,
@@ -46,7 +52,7 @@ from nvpair_tw.testing import (
     start_engine,
     start_proxy,
 )
-from nvpair_tw.upstream import UpstreamClient
+from nvpair_tw.upstream import HeaderTimeout, ReplayBodyProducer, UpstreamClient
 
 ROUNDS = [pytest.param(i, id=f"round{i}") for i in range(3)]
 MODEL = ("llama3:latest",)
@@ -652,3 +658,206 @@ def test_caller_leaving_during_header_wait_is_abandoned_without_cooldown() -> No
     loop.advance(TIMEOUT)
     assert loop.bodies(1002) == []
     assert loop.clock.getDelayedCalls() == []
+
+
+# --- Fast failures in front of a healthy node, told apart from stalls ---------------------------
+
+
+@implementer(IAgent)
+class FrontFails:
+    """An agent whose requests to node a (port 1001) fail as ``failure_for`` says, at ``after``
+    seconds on ``clock``; every other request goes to the in-memory engines."""
+
+    def __init__(
+        self,
+        inner: RequestTraversalAgent,
+        clock: Clock,
+        failure_for: Callable[[], Failure],
+        after: float = 0.0,
+    ) -> None:
+        self._inner = inner
+        self._clock = clock
+        self._failure_for = failure_for
+        self._after = after
+
+    def request(
+        self,
+        method: bytes,
+        uri: bytes,
+        headers: Headers | None = None,
+        bodyProducer: IBodyProducer | None = None,
+    ) -> Deferred[IResponse]:
+        if b":1001/" not in uri:
+            return self._inner.request(method, uri, headers, bodyProducer)
+        failing: Deferred[IResponse] = Deferred(lambda d: timer.cancel())
+        timer = self._clock.callLater(self._after, lambda: failing.errback(self._failure_for()))
+        return failing
+
+
+FAST_FAILURES = {
+    "refused": (lambda: Failure(ConnectionRefusedError()), 0.0, "connect-error"),
+    "connect-timeout": (lambda: Failure(TCPTimedOutError()), 10.0, "connect-error"),
+    "reset-before-headers": (
+        lambda: Failure(ResponseNeverReceived([Failure(ConnectionLost())])),
+        0.0,
+        "dropped",
+    ),
+}
+
+
+@pytest.mark.parametrize("how", sorted(FAST_FAILURES))
+def test_fast_failure_in_front_of_a_healthy_node_never_cools_it(how: str) -> None:
+    """A refused, timed-out or reset connection to node a moves on to b at once: a is not cooled,
+    no header deadline was armed for a, and the outcome names the failure (never ``stall``)."""
+    failure_for, after, outcome = FAST_FAILURES[how]
+    loop = Loop()
+    loop.client = UpstreamClient.from_agent(
+        FrontFails(loop.agent, loop.clock, failure_for, after), loop.clock
+    )
+    result = loop.run()
+    assert [c.getTime() for c in loop.clock.getDelayedCalls()] == [after]
+    loop.advance(after)
+    assert loop.hooks.ended == [("a", outcome)]
+    assert loop.bodies(1002) == [PAYLOAD]
+    loop.requests(1002)[0].finish()
+    loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed) and committed.node.id == "b"
+    assert loop.stalls.cooling() == frozenset() and loop.cooldowns == []
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_connect_timeout_and_header_timeout_are_told_apart() -> None:
+    """The same node, once timing out its connect and once silent after the write: only the silence
+    is a stall that cools it; the connect timeout is a fast failure."""
+    loop = Loop()
+    loop.client = UpstreamClient.from_agent(
+        FrontFails(loop.agent, loop.clock, lambda: Failure(TCPTimedOutError()), TIMEOUT),
+        loop.clock,
+    )
+    loop.nodes = [loop.nodes[0]]
+    result = loop.run()
+    loop.advance(TIMEOUT)
+    assert _result(result) == Exhausted(
+        502, "upstream error: TCPTimedOutError: TCP connection timed out."
+    )
+    assert loop.hooks.ended == [("a", "connect-error")] and loop.cooldowns == []
+    silent = Loop()
+    silent.nodes = [silent.nodes[0]]
+    result = silent.run()
+    silent.advance(TIMEOUT)
+    assert _result(result) == Exhausted(502, "upstream error: no response headers within 30s")
+    assert silent.hooks.ended == [("a", "stall")]
+    assert [node for node, cooldown, _ in silent.cooldowns if cooldown] == ["a"]
+    silent.stalls.stop()
+
+
+# --- The header deadline starts when the last body byte has been written ------------------------
+
+
+class SlowSocket:
+    """A consumer standing in for a socket whose buffer fills after the first 64 KiB write: it
+    pauses its producer then, and resumes it when the test drains it."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.producer: ReplayBodyProducer | None = None
+
+    def write(self, data: bytes) -> None:
+        self.written.append(data)
+        if len(self.written) == 1 and self.producer is not None:
+            self.producer.pauseProducing()
+
+    def drain(self) -> None:
+        assert self.producer is not None
+        self.producer.resumeProducing()
+
+
+@implementer(IAgent)
+class WritingAgent:
+    """Writes the body into a :class:`SlowSocket` like a real connection would, then waits for an
+    answer that never comes (until cancelled)."""
+
+    def __init__(self) -> None:
+        self.socket = SlowSocket()
+
+    def request(
+        self,
+        method: bytes,
+        uri: bytes,
+        headers: Headers | None = None,
+        bodyProducer: IBodyProducer | None = None,
+    ) -> Deferred[IResponse]:
+        assert isinstance(bodyProducer, ReplayBodyProducer)
+        self.socket.producer = bodyProducer
+        bodyProducer.startProducing(self.socket)  # type: ignore[arg-type]
+        return Deferred(lambda d: None)
+
+
+def test_header_deadline_starts_after_a_late_last_write() -> None:
+    """A 100 KiB body whose second half reaches the socket only at t=5: the header deadline is
+    armed at t=5, not when the request started, and fires at exactly 5 + timeout."""
+    clock = Clock()
+    agent = WritingAgent()
+    client = UpstreamClient.from_agent(agent, clock)
+    body = b"x" * (100 * 1024)
+    attempt = client.request(b"POST", b"http://127.0.0.1:1001/api/chat", Headers(), body, TIMEOUT)
+    failures: list[Failure] = []
+    attempt.addErrback(failures.append)
+    assert len(agent.socket.written) == 1 and clock.getDelayedCalls() == []
+    clock.advance(5)
+    agent.socket.drain()
+    assert b"".join(agent.socket.written) == body
+    [deadline] = clock.getDelayedCalls()
+    assert deadline.getTime() == 5 + TIMEOUT
+    clock.advance(TIMEOUT - EPSILON)
+    assert failures == []
+    clock.advance(EPSILON)
+    [failure] = failures
+    assert failure.check(HeaderTimeout)
+
+
+# --- A cooling node is demoted, never excluded --------------------------------------------------
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_cooling_node_is_still_tried_when_its_ready_peer_fails(
+    reactor: Any, scenario: ProxyCluster, round_: int
+) -> None:
+    """n0 is cooling and n1 is ready: n1 goes first, answers 503, and the cooling n0 still gets the
+    request and serves it (demotion reorders; it never removes a node)."""
+    await scenario.start([healthy(reactor), broken(reactor, Behaviour.STATUS_503)])
+    scenario.facade.stalls.cool("n0", "test")
+    code, _, response = await scenario.post(body(1))
+    assert code == 200
+    assert response.headers.getRawHeaders(b"x-nvpair-node") == [b"n0"]
+    outcomes = [a["outcome"] for a in scenario.named("proxy/request")[0]["attempts"]]
+    assert outcomes == ["status-503", "committed"]
+    assert scenario.received(1) == [body(1)] and scenario.received(0) == [body(1)]
+
+
+class ResetsOnRequest(Protocol):
+    """Accepts a connection and resets it as soon as request bytes arrive (before any header)."""
+
+    def dataReceived(self, data: bytes) -> None:
+        assert self.transport is not None
+        self.transport.abortConnection()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("round_", ROUNDS)
+@pytest_twisted.ensureDeferred
+async def test_reset_before_headers_over_a_socket_moves_on_without_cooling(
+    reactor: Any, scenario: ProxyCluster, listen: Callable[[Any], int], round_: int
+) -> None:
+    """A real node that resets the connection before any header: the next node serves at once,
+    the attempt is ``dropped`` and nothing cools."""
+    resetting = Node("a", f"http://127.0.0.1:{listen(Factory.forProtocol(ResetsOnRequest))}", MODEL)
+    healthy_node = await scenario.add_engine("b", healthy(reactor))
+    await scenario.start_proxy([resetting, healthy_node])
+    code, _, response = await scenario.post(body(1))
+    assert code == 200
+    assert response.headers.getRawHeaders(b"x-nvpair-node") == [b"b"]
+    outcomes = [a["outcome"] for a in scenario.named("proxy/request")[0]["attempts"]]
+    assert outcomes == ["dropped", "committed"]
+    assert scenario.named("node/cooldown") == []
