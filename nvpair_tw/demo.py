@@ -10,7 +10,7 @@ from twisted.application import service
 
 from nvpair_tw.nodes import Node
 from nvpair_tw.service import ListenerService
-from nvpair_tw.testing import Behaviour, SimulatedEngine, alternate, always
+from nvpair_tw.simulated import Behaviour, SimulatedEngine, alternate, always
 
 DEMO_MODELS = ("llama3:latest", "qwen2.5:7b")
 DEMO_PORTS = {"healthy": 11501, "flaky": 11502}

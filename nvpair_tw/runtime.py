@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from attrs import define, field
+from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
 from twisted.web.client import Agent, HTTPConnectionPool
 
@@ -100,11 +101,19 @@ def build_runtime(
     nodes_file: str | None = None,
     environ: Mapping[str, str] | None = None,
     stall_tracker: StallTrackerFactory | None = None,
+    client: UpstreamClient | None = None,
+    http: HTTPClient | None = None,
 ) -> Runtime:
-    """Build every facade of one process around one pool, one ledger, one workload registry, one bus."""
+    """Build every facade of one process around one pool, one ledger, one workload registry, one bus.
+
+    ``client`` (attempts) and ``http`` (a treq client for model lists and inventory polls) default
+    to clients over the process's pool; ``nvpair_tw.testing.MemoryCluster`` injects in-memory ones.
+    """
     pool = make_pool(reactor)
-    client = UpstreamClient(reactor, pool, settings.connect_timeout)
-    http = make_http_client(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
+    if client is None:
+        client = UpstreamClient(reactor, pool, settings.connect_timeout)
+    if http is None:
+        http = make_http_client(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
     ingress = IngressPolicy.from_environment(environ if environ is not None else {}, reactor)
