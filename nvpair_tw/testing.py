@@ -291,9 +291,10 @@ class MemoryCluster:
         ``IResource``), served at :meth:`url` (``http://<id>.node.test:11434``).
     :param facades: the engine kinds to run a facade for (``"ollama"``, ``"lmstudio"``, ``"omlx"``).
     :param settings: the proxy's settings (defaults: ``Settings()``).
-    :param nodes: each facade's nodes; by default every facade gets every engine, advertising a
-        simulated engine's ``models`` (so no inventory poll is needed). Use :meth:`node` and
-        :meth:`url` to build them, and any other URL for a node nobody serves (refused).
+    :param nodes: each facade's nodes, in order: an engine's id stands for :meth:`node` (it
+        advertises a simulated engine's ``models``, so no inventory poll is needed); a
+        :class:`~nvpair_tw.nodes.Node` is taken as is (a URL nobody serves is refused). By
+        default every facade gets every engine.
     :param environ: environment for the ingress policy (API keys), as ``build_runtime`` takes it.
     :param stall_tracker: a stall-tracker factory, as ``build_runtime`` takes it.
 
@@ -309,7 +310,7 @@ class MemoryCluster:
         *,
         facades: Sequence[str] = ("ollama",),
         settings: Settings | None = None,
-        nodes: Mapping[str, Sequence[Node]] | None = None,
+        nodes: Mapping[str, Sequence[Node | str]] | None = None,
         environ: Mapping[str, str] | None = None,
         stall_tracker: StallTrackerFactory | None = None,
     ) -> None:
@@ -330,17 +331,22 @@ class MemoryCluster:
             self.network.add(host, NODE_PORT, site)
         self._node_pool = make_pool(clock)
         node_agent = Agent.usingEndpointFactory(clock, self.network, pool=self._node_pool)
-        if nodes is None:
-            nodes = {kind: [self.node(node_id) for node_id in self.engines] for kind in facades}
+        #: The treq client the facades read model lists and inventories with (usable on its own).
+        self.http: treq.client.HTTPClient = make_http_client(node_agent)
+        chosen = nodes if nodes is not None else {kind: list(self.engines) for kind in facades}
+        resolved = {
+            kind: [self.node(n) if isinstance(n, str) else n for n in listed]
+            for kind, listed in chosen.items()
+        }
         self.runtime: Runtime = build_runtime(
             clock,
             settings if settings is not None else Settings(),
             list(facades),
-            nodes=nodes,
+            nodes=resolved,
             environ=environ,
             stall_tracker=stall_tracker,
             client=UpstreamClient.from_agent(node_agent, clock),
-            http=make_http_client(node_agent),
+            http=self.http,
         )
         self.runtime.shared.bus.subscribe(self.events.append, name="memory-cluster")
         self.runtime.start()
@@ -352,6 +358,7 @@ class MemoryCluster:
             self.network.add(f"{kind}.facade.test", port, self.runtime.site_for(kind))
         self._client_pool = HTTPConnectionPool(clock, persistent=False)
         self._client = Agent.usingEndpointFactory(clock, self.network, pool=self._client_pool)
+        self._stopped = False
 
     # -- addresses and parts
 
@@ -397,9 +404,11 @@ class MemoryCluster:
         data: bytes | None = None,
         headers: Mapping[str, str | Sequence[str]] | None = None,
         facade: str | None = None,
+        node: str | None = None,
     ) -> Deferred[MemoryResponse]:
         """Send a request to a facade (the first by default); fires at the response headers.
 
+        With ``node``, the request goes straight to that engine instead, bypassing the proxy.
         ``json`` is sent serialised with ``Content-Type: application/json``; ``data`` as is.
         Nothing happens until :meth:`flush` or :meth:`advance`. Cancelling the Deferred before
         the headers arrive is the client hanging up. The body keeps arriving in the
@@ -415,7 +424,7 @@ class MemoryCluster:
                 sent.setRawHeaders("content-type", ["application/json"])
         attempt = self._client.request(
             method.encode("ascii"),
-            (self.facade_url(facade) + path).encode("ascii"),
+            ((self.url(node) if node is not None else self.facade_url(facade)) + path).encode(),
             sent,
             _Body(body) if body is not None else None,
         )
@@ -457,10 +466,16 @@ class MemoryCluster:
         """
         self.flush()
         outcome: list[MemoryResponse | Failure] = []
-        pending.addBoth(outcome.append)
+
+        def keep(value: MemoryResponse | Failure) -> MemoryResponse | Failure:
+            outcome.append(value)
+            return value
+
+        pending.addBoth(keep)
         assert outcome, "no response headers yet: the request is waiting on the clock"
         [value] = outcome
         if isinstance(value, Failure):
+            pending.addErrback(lambda _: None)  # handed to the caller, not left unhandled
             value.raiseException()
         assert isinstance(value, MemoryResponse)
         return value
@@ -505,6 +520,9 @@ class MemoryCluster:
 
     def stop(self) -> None:
         """Stop the engines (open requests are cut), then the facades, then every connection."""
+        if self._stopped:
+            return
+        self._stopped = True
         for engine in self.engines.values():
             if isinstance(engine, SimulatedEngine):
                 engine.stop()
