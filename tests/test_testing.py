@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseNeverReceived
 from twisted.web.resource import Resource
 
+import nvpair_tw
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
 from nvpair_tw.simulated import Behaviour, SimulatedEngine, always
@@ -235,3 +238,22 @@ async def test_clusters_stop_every_cluster_last_made_first(reactor: Any) -> None
     first.engine_name, second.engine_name = "first", "second"
     await made.stop()
     assert order == ["second", "first"] and made.made == []
+
+
+def test_no_production_module_imports_the_test_doubles() -> None:
+    """``nvpair_tw.testing`` is for tests only: no other package module (nor the plugin) imports it."""
+    root = Path(nvpair_tw.__file__).parent
+    sources = [p for p in root.rglob("*.py") if p.name != "testing.py"]
+    sources += list((root.parent / "twisted" / "plugins").glob("*.py"))
+    offenders = []
+    for source in sources:
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            if "nvpair_tw.testing" in names:
+                offenders.append(source.name)
+    assert len(sources) > 30 and offenders == []
