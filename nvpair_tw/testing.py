@@ -11,10 +11,10 @@ test sends a request, then moves time with :meth:`MemoryCluster.flush` and
     clock = Clock()
     cluster = MemoryCluster(clock, {"a": SimulatedEngine(clock, chunk_delay=1.0)})
     pending = cluster.request("POST", "/api/chat", json={"model": "llama3", "messages": []})
-    cluster.flush()
-    response = cluster.result(pending)      # the headers are in; the first chunk too
+    response = cluster.result(pending)      # flushes: the headers are in, the first chunk too
     cluster.advance(1.0)                    # one more chunk per simulated second
-    cluster.stop()
+    assert response.header("x-nvpair-node") == "a" and len(response.chunks) == 2
+    cluster.stop()                          # the clock holds no timer afterwards
 
 Bytes move through ``twisted.test.iosim`` transports, so the proxy sees HTTP/1.1 as on the wire
 (framing, keep-alive, a peer that hangs up or resets), but nothing the kernel does: no socket
@@ -298,9 +298,15 @@ class MemoryCluster:
     :param environ: environment for the ingress policy (API keys), as ``build_runtime`` takes it.
     :param stall_tracker: a stall-tracker factory, as ``build_runtime`` takes it.
 
-    The cluster is started on construction. :meth:`request` sends a request to a facade;
-    :attr:`events` records every event of the bus; :meth:`stop` stops everything, after which
-    the clock should hold no timer.
+    The cluster is started on construction. :meth:`request` sends a request to a facade (or,
+    with ``node=``, straight to an engine) and :meth:`result` / :meth:`fetch` read the answer;
+    :meth:`flush` and :meth:`advance` move bytes and time; :attr:`events` records every event
+    of the bus (:meth:`named` filters them) and :meth:`received` what an engine was sent;
+    :meth:`stop` stops everything, after which the clock should hold no timer. The parts are
+    public for tests that need more: :attr:`runtime` (facades, shared state), :attr:`network`
+    (the in-memory connections), :attr:`http` (a treq client reaching the engines, as the
+    facades' model-list reads do). The sites are never started, so they keep no access log
+    and schedule no log-date timer.
     """
 
     def __init__(
@@ -324,7 +330,9 @@ class MemoryCluster:
         self.events: list[Event] = []
         self._hosts: dict[str, str] = {}
         for index, node_id in enumerate(self.engines):
-            host = (node_id if _HOST.match(node_id) else f"node{index}") + ".node.test"
+            host = (node_id if _HOST.match(node_id) else f"node{index}").lower() + ".node.test"
+            if host in self._hosts.values():  # "A" and "a", or an id that is not a host name
+                host = f"node{index}-{len(self._hosts)}.node.test"
             self._hosts[node_id] = host
             site = Site(self.engines[node_id], reactor=clock)
             site.noisy = False
