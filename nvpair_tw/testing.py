@@ -136,10 +136,12 @@ class MemoryNetwork:
     An ``IAgentEndpointFactory``: give it to ``Agent.usingEndpointFactory`` and every request to
     ``http://host:port/...`` is served by the factory added there with :meth:`add` (``https`` is
     treated as ``http``). Connecting to an address nobody serves fails with
-    ``ConnectionRefusedError``. Bytes move only when :meth:`pump` is called.
+    ``ConnectionRefusedError``. Bytes move only when :meth:`pump` is called; ``connections``
+    counts the connections made, :attr:`open` those not yet closed on both sides.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
         self._servers: dict[tuple[str, int], IProtocolFactory] = {}
         self._pumps: list[iosim.IOPump] = []
         self._ports = count(40000)
@@ -177,7 +179,14 @@ class MemoryNetwork:
         )
         client_io.peer, server_io.peer = server_io, client_io
         self._pumps.append(
-            iosim.connect(server_protocol, server_io, client_protocol, client_io, greet=False)
+            iosim.connect(
+                server_protocol,
+                server_io,
+                client_protocol,
+                client_io,
+                greet=False,
+                clock=self._clock,
+            )
         )
         self.connections += 1
         return succeed(client_protocol)
@@ -279,7 +288,7 @@ class _Collector(Protocol):
 
 
 _HOST = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
-NODE_PORT = 11434
+_NODE_PORT = 11434
 
 
 class MemoryCluster:
@@ -326,7 +335,7 @@ class MemoryCluster:
                 raise ValueError(f"engine {node_id!r} runs on another clock than the cluster")
         self.clock = clock
         self.engines: dict[str, IResource] = dict(engines)
-        self.network = MemoryNetwork()
+        self.network = MemoryNetwork(clock)
         self.events: list[Event] = []
         self._hosts: dict[str, str] = {}
         for index, node_id in enumerate(self.engines):
@@ -336,7 +345,7 @@ class MemoryCluster:
             self._hosts[node_id] = host
             site = Site(self.engines[node_id], reactor=clock)
             site.noisy = False
-            self.network.add(host, NODE_PORT, site)
+            self.network.add(host, _NODE_PORT, site)
         self._node_pool = make_pool(clock)
         node_agent = Agent.usingEndpointFactory(clock, self.network, pool=self._node_pool)
         #: The treq client the facades read model lists and inventories with (usable on its own).
@@ -372,7 +381,7 @@ class MemoryCluster:
 
     def url(self, node_id: str) -> str:
         """The base URL engine ``node_id`` is served at."""
-        return f"http://{self._hosts[node_id]}:{NODE_PORT}"
+        return f"http://{self._hosts[node_id]}:{_NODE_PORT}"
 
     def node(self, node_id: str) -> Node:
         """A node for engine ``node_id``, advertising a simulated engine's models."""
