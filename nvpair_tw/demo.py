@@ -11,7 +11,9 @@ from twisted.application import service
 from nvpair_tw.nodes import Node
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.service import ListenerService
-from nvpair_tw.testing import Behaviour, SimulatedEngine, alternate, always
+from nvpair_tw.simulated import Behaviour, SimulatedEngine, alternate, always
+
+__all__ = ["DEMO_MODELS", "DEMO_PORTS", "demo_nodes"]
 
 DEMO_MODELS = ("llama3:latest", "qwen2.5:7b")
 DEMO_PORTS = {"healthy": 11501, "flaky": 11502}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from attrs import define, field
+from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
 from twisted.web.client import Agent, HTTPConnectionPool
 
@@ -103,19 +104,25 @@ def build_runtime(
     ingress: IngressConfig | None = None,
     environ: Mapping[str, str] | None = None,
     stall_tracker: StallTrackerFactory | None = None,
+    client: UpstreamClient | None = None,
+    http: HTTPClient | None = None,
 ) -> Runtime:
     """Build every facade of one process around one pool, one ledger, one workload registry, one bus.
 
     ``ingress`` is the parsed gate configuration (loopback only when absent); ``environ`` is a
     shorthand for tests, parsed with :func:`~nvpair_tw.ingress.parse_ingress` (not both).
+    ``client`` (attempts) and ``http`` (a treq client for model lists and inventory polls) default
+    to clients over the process's pool; ``nvpair_tw.testing.MemoryCluster`` injects in-memory ones.
     """
     if environ is not None:
         if ingress is not None:
             raise TypeError("give build_runtime ingress or environ, not both")
         ingress = parse_ingress(environ)
     pool = make_pool(reactor)
-    client = UpstreamClient(reactor, pool, settings.connect_timeout)
-    http = make_http_client(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
+    if client is None:
+        client = UpstreamClient(reactor, pool, settings.connect_timeout)
+    if http is None:
+        http = make_http_client(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
     shared = Shared(

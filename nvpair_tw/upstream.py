@@ -211,7 +211,7 @@ class _QuietPool(HTTPConnectionPool):
 
 
 def make_pool(
-    reactor: IProxyReactor, max_per_host: int = 32, idle_seconds: int = 4
+    reactor: IReactorTime, max_per_host: int = 32, idle_seconds: int = 4
 ) -> HTTPConnectionPool:
     """The one shared pool: we own failover, so no automatic retries; idle below engine keep-alives."""
     pool = _QuietPool(reactor, persistent=True)

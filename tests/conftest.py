@@ -1,5 +1,6 @@
 """Shared fixtures: the installed reactor, a loopback listener helper, a leaked-timer check, proxy
-clusters stopped after the test and a loopback treq client."""
+clusters stopped after the test, in-memory clusters checked for leftover timers and a loopback treq
+client."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
 from nvpair_tw.inventory import make_http_client
-from nvpair_tw.testing import Clusters
+from nvpair_tw.testing import Clusters, MemoryCluster
 
 
 @pytest.fixture
@@ -70,6 +71,25 @@ async def clusters(reactor: Any) -> AsyncIterator[Clusters]:
     made = Clusters(reactor)
     yield made
     await made.stop()
+
+
+@pytest.fixture
+def memory_cluster() -> Iterator[Callable[..., MemoryCluster]]:
+    """Makes ``MemoryCluster``s; stops them after the test and fails it if a timer is left behind."""
+    made: list[MemoryCluster] = []
+
+    def make(*args: Any, **kw: Any) -> MemoryCluster:
+        cluster = MemoryCluster(*args, **kw)
+        made.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in reversed(made):
+        cluster.stop()
+    leftover = [call for c in made for call in c.clock.getDelayedCalls() if call.active()]
+    for call in leftover:
+        call.cancel()
+    assert not leftover, leftover
 
 
 @implementer(IAgentEndpointFactory)

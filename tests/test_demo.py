@@ -13,7 +13,9 @@ from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 from nvpair_tw.demo import DEMO_MODELS, DEMO_PORTS, demo_nodes
 from nvpair_tw.nodes import Node
 from nvpair_tw.reactor import IProxyReactor
-from nvpair_tw.testing import Behaviour, SimulatedEngine
+from nvpair_tw.settings import Settings
+from nvpair_tw.simulated import Behaviour, SimulatedEngine
+from nvpair_tw.testing import MemoryCluster
 
 
 def _started(engines: list[str]) -> tuple[MemoryReactorClock, Any, dict[str, list[Node]]]:
@@ -99,3 +101,41 @@ def test_stopping_the_demo_cancels_timers_and_closes_frozen_requests() -> None:
     assert [call for call in reactor.getDelayedCalls() if call.active()] == []
     assert isinstance(frozen.transport, StringTransport)
     assert frozen.transport.disconnecting
+
+
+def test_demo_walkthrough_through_a_facade_in_memory() -> None:
+    """The README's demo story on the demo's own clock: the first chat waits one 5 s header
+    deadline on ``demo-flaky`` and is answered by ``demo-healthy``; the next goes straight to
+    ``demo-healthy``; once the cooldown has passed ``demo-flaky`` answers again."""
+    reactor, services, nodes = _started(["ollama"])
+    engines = _engines_by_port(reactor)
+    by_id = {
+        "demo-healthy": engines[(DEMO_PORTS["healthy"], "127.0.0.1")],
+        "demo-flaky": engines[(DEMO_PORTS["flaky"], "127.0.0.1")],
+    }
+    cluster = MemoryCluster(
+        reactor,
+        {node.id: by_id[node.id] for node in nodes["ollama"]},
+        settings=Settings(response_header_timeout=5.0),
+    )
+    chat = {"model": "llama3", "messages": [], "stream": False}
+    try:
+        first = cluster.request("POST", "/api/chat", json=chat)
+        cluster.advance(4.9)
+        assert not first.called
+        cluster.advance(0.1)
+        answered = cluster.result(first)
+        assert answered.header("x-nvpair-node") == "demo-healthy" and answered.headers_at == 5.0
+        assert (
+            cluster.result(cluster.request("POST", "/api/chat", json=chat)).header("x-nvpair-node")
+            == "demo-healthy"
+        )
+        [cooling] = cluster.named("node/cooldown")
+        assert cooling["node_id"] == "demo-flaky"
+        cluster.advance(cooling["coolingUntil"] / 1000 - reactor.seconds())
+        again = cluster.result(cluster.request("POST", "/api/chat", json=chat))
+        assert again.header("x-nvpair-node") == "demo-flaky" and again.headers_at == 10.0
+    finally:
+        cluster.stop()
+        services.stopService()
+    assert [call for call in reactor.getDelayedCalls() if call.active()] == []

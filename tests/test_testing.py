@@ -1,309 +1,207 @@
-"""The test harness itself: each simulated-engine behaviour over loopback, policies, and proxy clusters.
-
-Engines whose timers matter run on a ``task.Clock`` while listening on the real reactor, so "later"
-is ``clock.advance`` rather than a sleep.
-"""
+"""The test harnesses themselves: ``MemoryCluster`` (in memory, on one Clock) and the loopback
+``ProxyCluster``. The simulated engine has its own module, tests/test_simulated.py."""
 
 from __future__ import annotations
 
+import ast
 import json
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_twisted
-import treq
-from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.error import ConnectionDone, ConnectionLost
-from twisted.internet.interfaces import IReactorTime
-from twisted.internet.protocol import Protocol
+from twisted.internet.defer import CancelledError
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone, ResponseNeverReceived
-from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
+from twisted.web.client import ResponseNeverReceived
+from twisted.web.resource import Resource
 
-from nvpair_tw.testing import (
-    Behaviour,
-    Clusters,
-    EngineHandle,
-    Policy,
-    ProxyCluster,
-    SimulatedEngine,
-    alternate,
-    always,
-    http_client,
-    start_engine,
-)
+import nvpair_tw
+from nvpair_tw.nodes import Node
+from nvpair_tw.settings import Settings
+from nvpair_tw.simulated import Behaviour, SimulatedEngine, always
+from nvpair_tw.testing import Clusters, MemoryCluster, ProxyCluster
 
 CHAT = json.dumps({"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}).encode()
+ONE_SHOT = {"model": "llama3", "messages": [], "stream": False}
+
+Make = Callable[..., MemoryCluster]
 
 
-class Collector(Protocol):
-    """Keeps every body chunk; ``ended`` fires with the reason the body ended (in a list)."""
-
-    def __init__(self) -> None:
-        self.data = b""
-        self.ended: Deferred[list[Failure]] = Deferred()
-
-    def dataReceived(self, data: bytes) -> None:
-        self.data += data
-
-    def connectionLost(self, reason: Failure = Failure(ConnectionDone())) -> None:  # noqa: B008
-        self.ended.callback([reason])
-
-
-async def serve(
-    reactor: Any, behaviour: Behaviour | Policy, clock: IReactorTime | None = None, **kw: Any
-) -> EngineHandle:
-    """A simulated engine with ``behaviour`` (or a policy) on loopback."""
-    policy = always(behaviour) if isinstance(behaviour, Behaviour) else behaviour
-    engine = SimulatedEngine(clock if clock is not None else reactor, policy=policy, **kw)
-    return await start_engine(reactor, engine)
+def test_memory_cluster_serves_a_healthy_chat_and_records_events(memory_cluster: Make) -> None:
+    """A chat through the in-memory facade reaches the engine byte for byte and is answered whole."""
+    clock = Clock()
+    cluster = memory_cluster(clock, {"a": SimulatedEngine(clock, chunks=2)})
+    response = cluster.fetch("POST", "/api/chat", data=CHAT)
+    assert response.status == 200 and response.complete
+    assert response.header("x-nvpair-node") == "a"
+    assert [json.loads(line)["done"] for line in response.body.splitlines()] == [False] * 2 + [True]
+    assert cluster.received("a") == [CHAT]
+    [record] = cluster.named("proxy/request")
+    assert (record["status"], record["node_id"]) == (200, "a")
+    assert clock.seconds() == 0.0  # no time passed: nothing waited
 
 
-async def post(
-    reactor: Any, url: str, body: bytes = CHAT, *, timeout: float | None = None
-) -> IResponse:
-    """POST ``body`` and return the response as soon as its headers are in (body unread)."""
-    response: IResponse = await http_client(reactor).post(
-        url, data=body, unbuffered=True, timeout=timeout
-    )
-    return response
-
-
-async def read(response: IResponse) -> tuple[bytes, Failure]:
-    """The whole body and why it ended."""
-    collector = Collector()
-    response.deliverBody(collector)
-    [reason] = await collector.ended
-    return collector.data, reason
-
-
-def ndjson(engine: SimulatedEngine, count: int) -> bytes:
-    """The first ``count`` streamed /api/chat frames of ``engine``."""
-    return b"".join(
-        json.dumps(
-            {"message": {"role": "assistant", "content": f"{engine.reply_text}{i}"}, "done": False}
-        ).encode()
-        + b"\n"
-        for i in range(count)
-    )
-
-
-@pytest_twisted.ensureDeferred
-async def test_healthy_streams_every_frame_then_done(reactor: Any) -> None:
-    """HEALTHY streams ``chunks`` NDJSON frames and a done frame, then ends cleanly."""
-    handle = await serve(reactor, Behaviour.HEALTHY, chunks=2)
-    try:
-        response = await post(reactor, handle.url + "/api/chat")
-        assert response.code == 200
-        assert response.headers.getRawHeaders(b"content-type") == [b"application/x-ndjson"]
-        data, reason = await read(response)
-        assert data == ndjson(handle.engine, 2) + b'{"done": true, "done_reason": "stop"}\n'
-        assert reason.check(ResponseDone)
-    finally:
-        await handle.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_frozen_never_sends_headers(reactor: Any) -> None:
-    """FROZEN reads the request and never answers: a client timeout started on arrival expires."""
-    arrived: Deferred[None] = Deferred()
-
-    def policy(_number: int, _path: bytes) -> Behaviour:
-        reactor.callLater(0, arrived.callback, None)  # once render has returned
-        return Behaviour.FROZEN
-
-    handle = await serve(reactor, policy)
-    try:
-        waiting = Deferred.fromCoroutine(post(reactor, handle.url + "/api/chat"))
-        await arrived
-        assert [r.body for r in handle.engine.received] == [CHAT]
-        timeout = reactor.callLater(0.2, waiting.cancel)
-        with pytest.raises(ResponseNeverReceived) as raised:
-            await waiting
-        assert raised.value.reasons[0].check(CancelledError)
-        assert not timeout.active()  # the client gave up; the engine never sent headers
-    finally:
-        await handle.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_headers_only_sends_headers_and_no_body(reactor: Any) -> None:
-    """HEADERS_ONLY sends a 200 with headers, then nothing until the engine is stopped."""
-    handle = await serve(reactor, Behaviour.HEADERS_ONLY)
-    response = await post(reactor, handle.url + "/api/chat")
-    assert response.code == 200
-    collector = Collector()
-    response.deliverBody(collector)
-    assert collector.data == b"" and not collector.ended.called
-    await handle.stop()
-    [reason] = await collector.ended
-    assert collector.data == b"" and not reason.check(ResponseDone)
-
-
-@pytest_twisted.ensureDeferred
-async def test_drop_after_headers_closes_before_any_body_byte(reactor: Any) -> None:
-    """DROP_AFTER_HEADERS sends headers, then hangs up: an empty, failed body."""
-    handle = await serve(reactor, Behaviour.DROP_AFTER_HEADERS)
-    try:
-        response = await post(reactor, handle.url + "/api/chat")
-        assert response.code == 200
-        data, reason = await read(response)
-        assert data == b"" and not reason.check(ResponseDone)
-    finally:
-        await handle.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_drop_mid_stream_sends_half_the_frames_then_resets(reactor: Any) -> None:
-    """DROP_MID_STREAM sends the first half of the frames, then the body fails."""
-    handle = await serve(reactor, Behaviour.DROP_MID_STREAM, chunks=5)
-    try:
-        data, reason = await read(await post(reactor, handle.url + "/api/chat"))
-        assert data == ndjson(handle.engine, 3)  # 6 frames with the done frame: half is 3
-        assert not reason.check(ResponseDone)
-    finally:
-        await handle.stop()
-
-
-@pytest.mark.parametrize(
-    "behaviour", [Behaviour.STATUS_503, Behaviour.STATUS_404, Behaviour.STATUS_400]
-)
-@pytest_twisted.ensureDeferred
-async def test_status_behaviours_answer_that_status_in_json(
-    reactor: Any, behaviour: Behaviour
+def test_memory_cluster_stream_arrives_chunk_by_chunk_as_the_clock_moves(
+    memory_cluster: Make,
 ) -> None:
-    """STATUS_<code> answers <code> with a JSON error naming it."""
-    code = int(behaviour.value.rsplit("-", 1)[1])
-    handle = await serve(reactor, behaviour)
-    try:
-        response = await post(reactor, handle.url + "/api/chat")
-        data, reason = await read(response)
-        assert response.code == code
-        assert json.loads(data) == {"error": f"simulated {code}"}
-        assert reason.check(ResponseDone)
-    finally:
-        await handle.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_empty_200_has_content_length_zero(reactor: Any) -> None:
-    """EMPTY_200 answers 200 with ``Content-Length: 0`` and ends cleanly."""
-    handle = await serve(reactor, Behaviour.EMPTY_200)
-    try:
-        response = await post(reactor, handle.url + "/api/chat")
-        assert response.code == 200 and response.length == 0
-        data, reason = await read(response)
-        assert data == b"" and reason.check(ResponseDone)
-    finally:
-        await handle.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_slow_body_sends_the_body_after_body_delay(reactor: Any) -> None:
-    """SLOW_BODY sends headers at once and the body when ``body_delay`` has passed on its clock."""
+    """A node sending a frame a second is relayed a frame a second: time moves only on advance."""
     clock = Clock()
-    handle = await serve(reactor, Behaviour.SLOW_BODY, clock, body_delay=5.0, chunks=1)
-    try:
-        response = await post(reactor, handle.url + "/api/chat")
-        assert response.code == 200
-        [timer] = clock.getDelayedCalls()
-        assert timer.getTime() == 5.0
-        collector = Collector()
-        response.deliverBody(collector)
-        clock.advance(4.5)
-        assert clock.getDelayedCalls() == [timer] and collector.data == b""
-        clock.advance(0.5)
-        assert clock.getDelayedCalls() == []
-        [reason] = await collector.ended
-        assert collector.data.startswith(ndjson(handle.engine, 1)) and reason.check(ResponseDone)
-    finally:
-        await handle.stop()
+    cluster = memory_cluster(clock, {"a": SimulatedEngine(clock, chunks=3, chunk_delay=1.0)})
+    response = cluster.result(cluster.request("POST", "/api/chat", data=CHAT))
+    assert response.status == 200 and len(response.chunks) == 1 and response.ended is None
+    cluster.advance(0.5)
+    assert len(response.chunks) == 1
+    cluster.advance(0.5)
+    assert len(response.chunks) == 2 and response.ended is None
+    cluster.advance(2.0)
+    assert response.arrivals == [0.0, 1.0, 2.0, 3.0] and response.ended is None
+    assert json.loads(response.chunks[-1]) == {"done": True, "done_reason": "stop"}
+    cluster.advance(1.0)  # the engine ends its response one chunk delay after the last frame
+    assert response.complete
 
 
-def test_always_and_alternate_choose_by_request_number() -> None:
-    """``always`` ignores the number; ``alternate`` gives odd requests the first behaviour."""
-    assert {always(Behaviour.FROZEN)(n, b"/api/chat") for n in (1, 2, 3)} == {Behaviour.FROZEN}
-    policy = alternate(Behaviour.STATUS_503, Behaviour.HEALTHY)
-    assert [policy(n, b"/api/chat") for n in (1, 2, 3, 4)] == [
-        Behaviour.STATUS_503,
-        Behaviour.HEALTHY,
-        Behaviour.STATUS_503,
-        Behaviour.HEALTHY,
+def test_memory_cluster_frozen_node_costs_exactly_the_header_deadline_then_fails_over(
+    memory_cluster: Make,
+) -> None:
+    """A frozen first node holds the request until the deadline on the clock, not a tick less;
+    the next node then answers and the frozen one is recorded as a stall and cooled down."""
+    clock = Clock()
+    engines = {
+        "a": SimulatedEngine(clock, policy=always(Behaviour.FROZEN)),
+        "b": SimulatedEngine(clock),
+    }
+    settings = Settings(response_header_timeout=30.0)
+    cluster = memory_cluster(clock, engines, settings=settings)
+    cluster.facade().pin = "a"
+    pending = cluster.request("POST", "/api/chat", json=ONE_SHOT)
+    cluster.advance(29.999)
+    assert not pending.called and cluster.received("a") and not cluster.received("b")
+    cluster.advance(0.001)
+    response = cluster.result(pending)
+    assert response.headers_at == 30.0 and response.header("x-nvpair-node") == "b"
+    assert response.complete and response.json()["done"] is True
+    [record] = cluster.named("proxy/request")
+    assert [(a["node_id"], a["outcome"], a["ms"]) for a in record["attempts"]] == [
+        ("a", "stall", 30000),
+        ("b", "committed", 0),
     ]
+    assert [e["node_id"] for e in cluster.named("node/cooldown")] == ["a"]
 
 
-@pytest_twisted.ensureDeferred
-async def test_policy_counts_inference_requests_only(reactor: Any) -> None:
-    """Model lists are not inference: an alternating engine fails POST 1, serves POST 2."""
-    handle = await serve(reactor, alternate(Behaviour.STATUS_503, Behaviour.HEALTHY))
-    try:
-        client = http_client(reactor)
-        tags = json.loads(await treq.content(await client.get(handle.url + "/api/tags")))
-        assert tags == {"models": [{"name": "llama3:latest", "model": "llama3:latest"}]}
-        models = json.loads(await treq.content(await client.get(handle.url + "/v1/models")))
-        assert models["data"] == [{"id": "llama3:latest", "object": "model"}]
-        codes = []
-        for _ in range(2):
-            response = await post(reactor, handle.url + "/api/chat")
-            codes.append(response.code)
-            await read(response)
-        assert codes == [503, 200] and handle.engine.inference_count == 2
-    finally:
-        await handle.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_received_records_method_target_headers_and_exact_body(reactor: Any) -> None:
-    """Every request is kept: method, target with query, lower-cased headers, the body bytes."""
-    handle = await serve(reactor, Behaviour.HEALTHY)
-    try:
-        body = b'{"model": "llama3", "stream": false, "x": "\xc3\xa9"}'
-        response = await http_client(reactor).post(
-            handle.url + "/api/chat?trace=1",
-            data=body,
-            headers=Headers({b"X-Custom": [b"yes"]}),
-            unbuffered=True,
-        )
-        await read(response)
-        [seen] = handle.engine.received
-        assert (seen.method, seen.path, seen.body) == (b"POST", b"/api/chat?trace=1", body)
-        assert seen.headers[b"x-custom"] == [b"yes"]
-    finally:
-        await handle.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_stop_closes_open_requests_and_cancels_timers(reactor: Any) -> None:
-    """``stop`` aborts a frozen request's connection and cancels a pending slow-body timer."""
+def test_memory_cluster_truncates_the_client_when_a_node_drops_mid_stream(
+    memory_cluster: Make,
+) -> None:
+    """A committed stream cut by the node reaches the client truncated, never looking complete."""
     clock = Clock()
-    frozen_seen: Deferred[None] = Deferred()
+    engine = SimulatedEngine(clock, policy=always(Behaviour.DROP_MID_STREAM), chunks=4)
+    cluster = memory_cluster(clock, {"a": engine})
+    response = cluster.fetch("POST", "/api/chat", data=CHAT)
+    assert response.status == 200 and response.truncated
+    assert len(response.body.splitlines()) == 2
+    [record] = cluster.named("proxy/request")
+    assert record["error"] == "upstream dropped mid-stream"
 
-    def policy(_number: int, path: bytes) -> Behaviour:
-        if path == b"/api/generate":
-            reactor.callLater(0, frozen_seen.callback, None)  # once render has returned
-            return Behaviour.FROZEN
-        return Behaviour.SLOW_BODY
 
-    handle = await serve(reactor, policy, clock, body_delay=5.0)
-    try:
-        frozen = http_client(reactor).post(handle.url + "/api/generate", data=CHAT)
-        await frozen_seen
-        slow = await post(reactor, handle.url + "/api/chat")
-        assert len(clock.getDelayedCalls()) == 1
-        collector = Collector()
-        slow.deliverBody(collector)
-        handle.engine.stop()
-        assert clock.getDelayedCalls() == []
-        frozen.addTimeout(5, reactor)  # a missed abort fails here instead of hanging
-        with pytest.raises(ResponseNeverReceived) as raised:
-            await frozen
-        assert raised.value.reasons[0].check(ConnectionLost)
-        [reason] = await collector.ended
-        assert collector.data == b"" and not reason.check(ResponseDone)
-    finally:
-        await handle.stop()
+def test_memory_cluster_refuses_a_node_nobody_serves_and_fails_over_at_once(
+    memory_cluster: Make,
+) -> None:
+    """A node URL with no engine behind it is a refused connection: the next node answers, at t=0."""
+    clock = Clock()
+    gone = Node("gone", "http://gone.node.test:11434", ("llama3:latest",))
+    cluster = memory_cluster(clock, {"b": SimulatedEngine(clock)}, nodes={"ollama": [gone, "b"]})
+    cluster.facade().pin = "gone"
+    response = cluster.fetch("POST", "/api/chat", json=ONE_SHOT)
+    assert response.header("x-nvpair-node") == "b" and clock.seconds() == 0.0
+    [record] = cluster.named("proxy/request")
+    assert [a["node_id"] for a in record["attempts"]] == ["gone", "b"]
+    refused = cluster.network.connect("gone.node.test", 11434, Factory.forProtocol(Protocol))
+    failures: list[Failure] = []
+    refused.addErrback(failures.append)
+    assert failures[0].check(ConnectionRefusedError)
+
+
+def test_memory_cluster_client_hang_up_reaches_the_node(memory_cluster: Make) -> None:
+    """Cancelling a request before its headers cuts the client connection: the facade records a
+    499 and closes the request it had open on the (frozen) node."""
+    clock = Clock()
+    engine = SimulatedEngine(clock, policy=always(Behaviour.FROZEN))
+    cluster = memory_cluster(clock, {"a": engine})
+    pending = cluster.request("POST", "/api/chat", data=CHAT)
+    cluster.advance(5)
+    assert cluster.network.open == 2  # client to facade, facade to node
+    pending.cancel()
+    failures: list[Failure] = []
+    pending.addErrback(failures.append)
+    [failure] = failures
+    assert isinstance(failure.value, ResponseNeverReceived)
+    assert failure.value.reasons[0].check(CancelledError)
+    cluster.flush()
+    [record] = cluster.named("proxy/request")
+    assert record["status"] == 499
+    assert cluster.network.open == 0
+
+
+def test_memory_cluster_routes_each_facade_and_serves_any_resource(memory_cluster: Make) -> None:
+    """Every facade gets every engine; a plain Resource serves as a node with no advertised model."""
+
+    class Version(Resource):
+        isLeaf = True
+
+        def render_GET(self, request: Any) -> bytes:
+            return b'{"version": "plain"}'
+
+    clock = Clock()
+    cluster = memory_cluster(clock, {"plain": Version()}, facades=("ollama", "lmstudio"))
+    assert cluster.facade_url("lmstudio") == "http://lmstudio.facade.test:1235"
+    assert cluster.node("plain") == Node("plain", "http://plain.node.test:11434", ())
+    for facade in ("ollama", "lmstudio"):
+        response = cluster.fetch("GET", "/api/version", facade=facade)
+        assert response.json() == {"version": "plain"}
+        assert response.header("x-nvpair-node") == "plain"
+
+
+def test_memory_cluster_refuses_an_engine_on_another_clock() -> None:
+    """Every engine must run on the cluster's clock, or its timers would never move."""
+    with pytest.raises(ValueError, match="another clock"):
+        MemoryCluster(Clock(), {"a": SimulatedEngine(Clock())})
+
+
+def test_memory_cluster_fetch_and_result_say_when_the_clock_must_move(
+    memory_cluster: Make,
+) -> None:
+    """``result`` without headers yet, and ``fetch`` of an unfinished body, are assertion errors."""
+    clock = Clock()
+    cluster = memory_cluster(
+        clock,
+        {
+            "slow": SimulatedEngine(clock, header_delay=1.0),
+            "trickle": SimulatedEngine(clock, chunk_delay=1.0),
+        },
+        facades=(),
+    )
+    pending = cluster.request("POST", "/api/chat", data=CHAT, node="slow")
+    with pytest.raises(AssertionError, match="no response headers yet"):
+        cluster.result(pending)
+    with pytest.raises(AssertionError, match="still waiting on the clock"):
+        cluster.fetch("POST", "/api/chat", data=CHAT, node="trickle")
+    cluster.advance(5)
+    assert cluster.result(pending).complete
+
+
+def test_memory_cluster_stop_leaves_no_timer_and_no_connection(memory_cluster: Make) -> None:
+    """After ``stop`` the clock holds no timer (pools, idle channels, stream timers all gone)."""
+    clock = Clock()
+    cluster = memory_cluster(clock, {"a": SimulatedEngine(clock, chunk_delay=1.0, chunks=50)})
+    response = cluster.result(cluster.request("POST", "/api/chat", data=CHAT))
+    cluster.fetch("GET", "/api/version")  # leaves a keep-alive node connection in the pool
+    assert clock.getDelayedCalls()
+    cluster.stop()
+    assert clock.getDelayedCalls() == [] and cluster.network.open == 0
+    assert response.truncated
 
 
 @pytest_twisted.ensureDeferred
@@ -340,3 +238,22 @@ async def test_clusters_stop_every_cluster_last_made_first(reactor: Any) -> None
     first.engine_name, second.engine_name = "first", "second"
     await made.stop()
     assert order == ["second", "first"] and made.made == []
+
+
+def test_no_production_module_imports_the_test_doubles() -> None:
+    """``nvpair_tw.testing`` is for tests only: no other package module (nor the plugin) imports it."""
+    root = Path(nvpair_tw.__file__).parent
+    sources = [p for p in root.rglob("*.py") if p.name != "testing.py"]
+    sources += list((root.parent / "twisted" / "plugins").glob("*.py"))
+    offenders = []
+    for source in sources:
+        for node in ast.walk(ast.parse(source.read_text(), str(source))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            if "nvpair_tw.testing" in names:
+                offenders.append(source.name)
+    assert len(sources) > 30 and offenders == []
