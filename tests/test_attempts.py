@@ -688,7 +688,8 @@ class FrontFails:
         bodyProducer: IBodyProducer | None = None,
     ) -> Deferred[IResponse]:
         if b":1001/" not in uri:
-            return self._inner.request(method, uri, headers, bodyProducer)
+            passed: Deferred[IResponse] = self._inner.request(method, uri, headers, bodyProducer)
+            return passed
         failing: Deferred[IResponse] = Deferred(lambda d: timer.cancel())
         timer = self._clock.callLater(self._after, lambda: failing.errback(self._failure_for()))
         return failing
