@@ -203,6 +203,11 @@ class InventoryBook:
         """Ids of the directory's nodes that advertise ``model`` (engine matching), by id."""
         return [node.id for node in self._directory.nodes() if self.advertises(node.id, model)]
 
+    def resident(self, node_id: str, model: str) -> bool | None:
+        """Whether ``model`` is loaded on the node: True, False (known not loaded), or None when
+        unknown (docs/behaviour.md §6.4). Not polled yet: always None."""
+        return None
+
     def advertises(self, node_id: str, model: str) -> bool:
         """Whether the node's inventory serves ``model`` under the engine's name rule.
 

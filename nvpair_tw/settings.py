@@ -10,6 +10,7 @@ from attrs import field, frozen
 from nvpair_tw.durations import parse_duration
 
 __all__ = [
+    "ASSEMBLE_BY_DEFAULT",
     "FIRST_BODY_ENV",
     "RESPONSE_HEADER_ENV",
     "Resolved",
@@ -20,6 +21,7 @@ __all__ = [
 
 DEFAULT_RESPONSE_HEADER_TIMEOUT = 120.0
 DEFAULT_FIRST_BODY_TIMEOUT = 0.0
+ASSEMBLE_BY_DEFAULT = frozenset({"ollama"})
 RESPONSE_HEADER_ENV = "NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT"
 FIRST_BODY_ENV = "NVPAIR_PROXY_FIRST_BODY_TIMEOUT"
 
@@ -92,9 +94,32 @@ class Settings:
     max_connections: int = 256
     shutdown_grace: float = 10.0
     model_list_timeout: float = 10.0
+    default_slots: int = 0
+    """Slots per node without its own ``slots``; 0 = unlimited (docs/behaviour.md §6.4)."""
+    queue_size: int = 256
+    """Inference requests that may wait for a slot per facade (503 ``queue-full`` beyond)."""
+    queue_timeout: float = 600.0
+    """How long a request may wait for a slot (503 ``queue-timeout`` after)."""
+    busy_max_wait: float = 1800.0
+    """How long a header wait may be extended while the node shows progress elsewhere."""
+    load_timeout: float | None = None
+    """Added to the first deadline on a node known not to have the model loaded; None = the
+    response-header timeout."""
+    assemble: Mapping[str, bool] = field(factory=dict)
+    """Per engine: send non-streaming inference upstream as a stream and assemble the answer
+    (docs/behaviour.md §6.5); an engine not named uses its default (on for ollama only)."""
     extra: Mapping[str, str] = field(factory=dict)
 
     @property
     def cooldown(self) -> float:
         """A stalled node cools for one response-header timeout."""
         return self.response_header_timeout
+
+    @property
+    def cold_load_allowance(self) -> float:
+        """What a node known not to have the model loaded gets added to its first deadline."""
+        return self.response_header_timeout if self.load_timeout is None else self.load_timeout
+
+    def assembles(self, engine: str) -> bool:
+        """Whether ``engine``'s facade assembles whole answers from streamed work."""
+        return self.assemble.get(engine, engine in ASSEMBLE_BY_DEFAULT)

@@ -135,6 +135,27 @@ class Options(usage.Options):
             "Admin listener (metrics, status); none disables.",
         ],
         ["shutdown-grace", None, "10s", "On SIGTERM, how long in-flight streams may finish."],
+        [
+            "default-slots",
+            None,
+            "0",
+            "Requests a node runs at once unless it sets slots; 0 = unlimited.",
+        ],
+        ["queue-size", None, "256", "Inference requests that may wait for a free slot per facade."],
+        ["queue-timeout", None, "10m", "How long a request may wait for a free slot."],
+        [
+            "busy-max-wait",
+            None,
+            "30m",
+            "Longest header wait extended while the node shows progress.",
+        ],
+        [
+            "load-timeout",
+            None,
+            None,
+            "Added to the first deadline on a node known not to have the model loaded "
+            "[default: the response-header timeout].",
+        ],
         ["log-level", None, "info", "debug, info, warn or error."],
     ]
 
@@ -147,6 +168,7 @@ class Options(usage.Options):
         self["engines"] = []
         self["listen"] = {}
         self["node"] = []
+        self["assemble"] = {}
 
     def opt_engine(self, name: str) -> None:
         """Engine facade to serve: ollama, lmstudio or omlx (repeatable)."""
@@ -170,6 +192,13 @@ class Options(usage.Options):
     def opt_node(self, text: str) -> None:
         """A node: ID=URL for every engine, or ENGINE:ID=URL (repeatable)."""
         self["node"].append(parse_node(text))
+
+    def opt_assemble(self, text: str) -> None:
+        """on|off, or ENGINE=on|off: assemble non-streaming answers from a streamed upstream."""
+        engine, sep, value = text.rpartition("=")
+        if value not in ("on", "off") or (sep and engine not in ENGINES):
+            raise usage.UsageError(f"--assemble wants on, off or ENGINE=on|off, not {text!r}")
+        self["assemble"][engine if sep else None] = value == "on"
 
     def opt_version(self) -> None:
         """Print the nvpair-tw version and exit."""
@@ -225,6 +254,16 @@ class Options(usage.Options):
                 affinity_ttl=_positive(self, "affinity-ttl"),
                 max_connections=_count(self, "max-connections", int),
                 shutdown_grace=_positive(self, "shutdown-grace", zero_ok=True),
+                default_slots=_count(self, "default-slots", int, zero_ok=True),
+                queue_size=_count(self, "queue-size", int),
+                queue_timeout=_positive(self, "queue-timeout"),
+                busy_max_wait=_positive(self, "busy-max-wait", zero_ok=True),
+                load_timeout=(
+                    None
+                    if self["load-timeout"] is None
+                    else _positive(self, "load-timeout", zero_ok=True)
+                ),
+                assemble=_assemble_by_engine(self["assemble"], engines),
             )
         except (ValueError, NodesFileError, IngressConfigError) as error:
             raise usage.UsageError(str(error)) from None
@@ -277,14 +316,22 @@ def _positive(options: Options, name: str, zero_ok: bool = False) -> float:
     return value
 
 
-def _count(options: Options, name: str, parse: Callable[[str], int]) -> int:
+def _count(options: Options, name: str, parse: Callable[[str], int], zero_ok: bool = False) -> int:
     try:
         value = parse(options[name])
     except ValueError:
-        value = 0
-    if value < 1:
-        raise ValueError(f"--{name} must be a positive whole number, not {options[name]!r}")
+        value = -1
+    if value < 0 or (value == 0 and not zero_ok):
+        kind = "a non-negative" if zero_ok else "a positive"
+        raise ValueError(f"--{name} must be {kind} whole number, not {options[name]!r}")
     return value
+
+
+def _assemble_by_engine(given: Mapping[str | None, bool], engines: list[str]) -> dict[str, bool]:
+    """``--assemble on|off`` applies to every engine; ``ENGINE=on|off`` to one (and wins)."""
+    chosen = {engine: given[None] for engine in engines} if None in given else {}
+    chosen.update({e: v for e, v in given.items() if e is not None})
+    return chosen
 
 
 def makeService(options: Options) -> service.IService:

@@ -563,3 +563,44 @@ def test_import_graph(module: str, absent: str) -> None:
         [sys.executable, "-c", code], env=environ, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_admission_and_deadline_options_reach_the_settings() -> None:
+    """--default-slots, --queue-size, --queue-timeout, --busy-max-wait, --load-timeout and
+    --assemble land in Settings; unset ones keep their defaults."""
+    options = Options(environ={})
+    options.parseOptions(
+        [
+            "--engine", "ollama", "--engine", "lmstudio",
+            "--default-slots", "2", "--queue-size", "8", "--queue-timeout", "30s",
+            "--busy-max-wait", "0", "--load-timeout", "45s",
+            "--assemble", "off", "--assemble", "lmstudio=on",
+        ]
+    )  # fmt: skip
+    settings = options.config.settings
+    assert (settings.default_slots, settings.queue_size, settings.queue_timeout) == (2, 8, 30.0)
+    assert (settings.busy_max_wait, settings.load_timeout) == (0.0, 45.0)
+    assert settings.cold_load_allowance == 45.0
+    assert (settings.assembles("ollama"), settings.assembles("lmstudio")) == (False, True)
+    defaults = Options(environ={})
+    defaults.parseOptions(["--engine", "ollama", "--response-header-timeout", "7s"])
+    plain = defaults.config.settings
+    assert (plain.default_slots, plain.queue_size, plain.queue_timeout) == (0, 256, 600.0)
+    assert plain.cold_load_allowance == 7.0
+    assert plain.assembles("ollama") and not plain.assembles("omlx")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--default-slots", "-1"],
+        ["--queue-size", "0"],
+        ["--queue-timeout", "0"],
+        ["--assemble", "maybe"],
+        ["--assemble", "vllm=on"],
+    ],
+)
+def test_bad_admission_options_are_usage_errors(args: list[str]) -> None:
+    """Each bad value is a usage error naming the option, not a traceback."""
+    with pytest.raises(usage.UsageError, match=args[0].lstrip("-")):
+        Options(environ={}).parseOptions(["--engine", "ollama", *args])
