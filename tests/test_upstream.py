@@ -63,6 +63,8 @@ from nvpair_tw.upstream import (
     BodyGate,
     Discard,
     FirstBodyTimeout,
+    GateState,
+    GateStateError,
     HeaderTimeout,
     NodeEndpointFactory,
     ReplayBodyProducer,
@@ -857,3 +859,56 @@ async def test_pooled_connections_log_no_factory_start_or_stop(
 def test_node_url_joins_base_prefix_and_target(base: str, target: bytes, expected: bytes) -> None:
     """The base URL's path prefix is kept, with exactly one slash before the client's target."""
     assert node_url(base, target) == expected
+
+
+# ---- BodyGate's named states -------------------------------------------------------------------
+
+
+def test_gate_states_walk_awaiting_holding_relaying_ended() -> None:
+    """Each event moves the gate through its documented states, in order."""
+    gate, _ = gate_on(Clock())
+    assert gate.state is GateState.AWAITING_FIRST
+    gate.dataReceived(b"one")
+    assert gate.state is GateState.HOLDING
+    gate.start_relay([].append)
+    assert gate.state is GateState.RELAYING
+    gate.connectionLost(DONE)
+    assert gate.state is GateState.ENDED
+
+
+def test_pass_through_goes_from_awaiting_straight_to_relaying() -> None:
+    """A commit on headers starts the relay before any byte: AWAITING_FIRST -> RELAYING."""
+    gate, _ = gate_on(Clock())
+    gate.start_relay([].append)
+    assert gate.state is GateState.RELAYING and not gate.first.called
+
+
+def test_a_drop_before_the_first_byte_ends_the_gate() -> None:
+    """AWAITING_FIRST -> ENDED on a dropped body; committing afterwards is illegal."""
+    gate, _ = gate_on(Clock())
+    gate.connectionLost(DROPPED)
+    failure_of(gate.first)
+    assert gate.state is GateState.ENDED
+    with pytest.raises(GateStateError, match="ended"):
+        gate.start_relay([].append)
+
+
+def test_starting_the_relay_twice_is_illegal() -> None:
+    """start_relay in RELAYING (or ENDED) raises instead of relaying twice."""
+    gate, _ = gate_on(Clock())
+    gate.dataReceived(b"one")
+    gate.start_relay([].append)
+    with pytest.raises(GateStateError, match="relaying"):
+        gate.start_relay([].append)
+    gate.connectionLost(DONE)
+    with pytest.raises(GateStateError, match="ended"):
+        gate.start_relay([].append)
+
+
+def test_a_close_delimited_end_is_reported_as_closed_not_complete() -> None:
+    """PotentialDataLoss while relaying ends with BodyEnd.CLOSED: the framing cannot vouch."""
+    gate, _ = gate_on(Clock())
+    gate.dataReceived(b"one")
+    gate.start_relay([].append)
+    gate.connectionLost(Failure(PotentialDataLoss()))
+    assert gate.done.result is BodyEnd.CLOSED
