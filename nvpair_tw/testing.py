@@ -367,13 +367,6 @@ class _Requests(_Pump):
         self._client_pool = HTTPConnectionPool(clock, persistent=False)
         self._client = Agent.usingEndpointFactory(clock, network, pool=self._client_pool)
 
-    def _serve_facade(self, kind: str) -> int:
-        """Serve facade ``kind`` at ``<kind>.facade.test`` on its engine's default port."""
-        listener = tcp_listener(ENGINES[kind].default_listen)
-        port = listener.port if listener is not None else 80
-        self.network.add(f"{kind}.facade.test", port, self.runtime.site_for(kind))
-        return port
-
     def _base_url(self, facade: str | None, node: str | None) -> str:
         raise NotImplementedError
 
