@@ -43,7 +43,8 @@ def test_a_finished_stream_completes_the_workload_and_records_affinity(
     assert first.status == 200 and first.complete
     assert terminal(cluster) == [("workload:completed", "completed", None)]
     served = first.header("x-nvpair-node")
-    follow_up = {**TURN, "messages": [*TURN["messages"], {"role": "assistant", "content": "x"}]}
+    said = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]
+    follow_up = {**TURN, "messages": said}
     second = cluster.fetch("POST", "/api/chat", json=follow_up)
     assert second.header("x-nvpair-node") == served
     assert cluster.named("proxy/request")[1]["cache_affinity"] is True
