@@ -52,7 +52,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: `-p no:timeout`
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     """Replace pytest-timeout's ``signal`` method with one that fails the test, not the reactor.
 
