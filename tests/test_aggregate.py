@@ -10,6 +10,7 @@ import pytest_twisted
 from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.protocol import Factory
+from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
@@ -182,17 +183,26 @@ async def test_openai_ids_compare_verbatim(
 async def test_all_down_is_503(
     reactor: Any, listen: Callable[[Any], int], http: HTTPClient
 ) -> None:
-    """No good answer (down, garbage, wrong shape, stalled past the timeout) gives the 503 JSON."""
+    """No good answer (down, garbage, wrong shape, stalled past the timeout) gives the 503 JSON,
+    as soon as the stalled node's timeout (on the injected clock) ends its read, not before."""
+    slow = FakeEngine(None)
     nodes = [
         Node("down", await closed_port_url(reactor)),
         Node("garbage", serve(listen, FakeEngine(b"{"))),
         Node("shape", serve(listen, FakeEngine(b'{"data": []}'))),
-        Node("slow", serve(listen, FakeEngine(None))),
+        Node("slow", serve(listen, slow)),
     ]
-    started = reactor.seconds()
-    result = await aggregate_model_list(TAGS, nodes, "/api/tags", http, reactor, timeout=0.2)
-    assert reactor.seconds() - started < 2
+    clock = Clock()
+    pending = Deferred.fromCoroutine(
+        aggregate_model_list(TAGS, nodes, "/api/tags", http, clock, timeout=0.2)
+    )
+    await slow.arrived
+    clock.advance(0.199)
+    assert not pending.called
+    clock.advance(0.001)
+    result = await pending
     assert (result.status, decoded(result)) == (503, UNAVAILABLE)
+    assert clock.getDelayedCalls() == []
 
 
 @on_reactor
