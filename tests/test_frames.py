@@ -323,3 +323,14 @@ def test_finish_does_not_take_a_last_line_that_only_looks_terminal(
     detector.feed(last_line)
     detector.finish()
     assert not detector.seen
+
+
+def test_a_held_line_of_exactly_the_cap_is_judged_whole() -> None:
+    """A held line exactly ``max_line_bytes`` long is not truncated: it is parsed as JSON (here
+    invalid, so not terminal) rather than judged on its head."""
+    line = b'{"done":true,}'
+    detector = TerminalFrameDetector(NDJSON, max_line_bytes=len(line))
+    detector.feed(line)
+    assert detector.buffered == len(line)
+    detector.feed(b"\n")
+    assert not detector.seen

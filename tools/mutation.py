@@ -3,8 +3,8 @@
 ``python tools/mutation.py [MODULE ...] [--max-children N]`` runs mutmut once per module (default:
 all of ``MODULES``), one module at a time, in ``.mutation/<module>/``: a copy of the package, the
 tests and the config, with a ``[tool.mutmut]`` table that mutates only that module and selects only
-its own test file(s). Results (and mutmut's cache) stay there; a second run re-tests only what
-changed. It prints the score per module and every surviving mutant's diff, and exits 1 if a
+its own test file(s). Each run starts afresh (mutmut's cache does not notice changed tests); the
+results stay there for ``mutmut show`` / ``mutmut browse``. It prints the score per module and every surviving mutant's diff, and exits 1 if a
 module scores below ``--fail-under`` percent.
 
 mutmut reads its configuration from ``pyproject.toml`` only, one table per directory, hence the
@@ -48,7 +48,9 @@ def _toml_list(items: list[str]) -> str:
 def prepare(module: str, tests: tuple[str, ...]) -> Path:
     """``.mutation/<module>/``: fresh copies of the sources and tests, and the mutmut table."""
     where = WORK / module
-    where.mkdir(parents=True, exist_ok=True)
+    # mutmut keeps verdicts per mutated function and does not notice changed tests: start afresh
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "dropin.cache")
     for name in COPIED:
         source, target = REPO / name, where / name
