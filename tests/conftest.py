@@ -164,7 +164,10 @@ def _waiting_coroutines() -> str:
         while isinstance(link, types.CoroutineType | types.GeneratorType):
             code = link.gi_code if isinstance(link, types.GeneratorType) else link.cr_code
             frame = link.gi_frame if isinstance(link, types.GeneratorType) else link.cr_frame
-            if frame is not None and code.co_filename.startswith(str(_ROOT)):
+            mine = (
+                code.co_filename.startswith(str(_ROOT)) and "site-packages" not in code.co_filename
+            )
+            if frame is not None and mine:
                 name = Path(code.co_filename).relative_to(_ROOT)
                 chain.append(f"{name}:{frame.f_lineno} in {code.co_name}")
             link = link.gi_yieldfrom if isinstance(link, types.GeneratorType) else link.cr_await
