@@ -15,6 +15,7 @@ import pytest
 import pytest_twisted
 import treq
 from twisted.internet.address import IPv4Address
+from twisted.internet.base import DelayedCall
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
@@ -393,20 +394,39 @@ async def test_silent_server_gets_header_timeout_and_a_closed_connection(
     await connection_closed(reactor, finished)
 
 
+class TimersSeen:
+    """The reactor, keeping every timer scheduled through it."""
+
+    def __init__(self, reactor: Any) -> None:
+        self._reactor = reactor
+        self.timers: list[DelayedCall] = []
+
+    def callLater(self, delay: float, f: Callable[..., Any], *a: Any, **kw: Any) -> DelayedCall:
+        call: DelayedCall = self._reactor.callLater(delay, f, *a, **kw)
+        self.timers.append(call)
+        return call
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reactor, name)
+
+
 @pytest_twisted.ensureDeferred
-async def test_refused_connect_fails_fast_with_connect_error(
-    reactor: Any, upstream: UpstreamClient
-) -> None:
-    """A refused IP-literal dial is a ConnectError within milliseconds (no 0.3 s happy-eyeballs wait),
-    and the header deadline is never armed."""
+async def test_refused_connect_fails_fast_with_connect_error(reactor: Any) -> None:
+    """A refused IP-literal dial is a ConnectError before any timer fires (no 0.3 s happy-eyeballs
+    wait, no connect timeout), and the header deadline is never armed."""
     port = reactor.listenTCP(0, Factory.forProtocol(Protocol), interface="127.0.0.1")
     number = port.getHost().port
     await port.stopListening()
+    seen = cast(IProxyReactor, TimersSeen(reactor))
+    pool = make_pool(seen)
+    upstream = UpstreamClient(seen, pool, connect_timeout=5.0)
     written = Written()
-    started = reactor.seconds()
-    with pytest.raises(ConnectError):
-        await upstream.request(b"POST", url(number), Headers(), BODY, 5.0, on_written=written)
-    assert reactor.seconds() - started < 0.25
+    try:
+        with pytest.raises(ConnectError):
+            await upstream.request(b"POST", url(number), Headers(), BODY, 5.0, on_written=written)
+    finally:
+        await pool.closeCachedConnections()
+    assert [call for call in cast(TimersSeen, seen).timers if call.called] == []
     assert written.calls == 0
 
 
