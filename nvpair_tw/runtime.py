@@ -25,7 +25,8 @@ from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.reservations import ReservationLedger
 from nvpair_tw.settings import Settings
 from nvpair_tw.stalls import IStallTracker, StallTracker
-from nvpair_tw.upstream import UpstreamClient, make_pool
+from nvpair_tw.tls import NodeTrustPolicy
+from nvpair_tw.upstream import NodeEndpointFactory, UpstreamClient, make_pool
 from nvpair_tw.workloads import RequestRecord, WorkloadRegistry
 
 log = LevelledLogger()
@@ -103,8 +104,13 @@ def build_runtime(
 ) -> Runtime:
     """Build every facade of one process around one pool, one ledger, one workload registry, one bus."""
     pool = make_pool(reactor)
-    client = UpstreamClient(reactor, pool, settings.connect_timeout)
-    http = make_http_client(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
+    facades: dict[str, Facade] = {}
+    # One endpoint factory for inference and control-plane reads alike: the same per-node TLS trust
+    # (read from every facade's nodes when a connection starts) and the same IP-literal dialling.
+    trust = NodeTrustPolicy(lambda: [n for f in facades.values() for n in f.directory.nodes()])
+    endpoints = NodeEndpointFactory(reactor, settings.connect_timeout, tls=trust)
+    client = UpstreamClient(reactor, pool, settings.connect_timeout, endpoints=endpoints)
+    http = make_http_client(Agent.usingEndpointFactory(reactor, endpoints, pool=pool))
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
     ingress = IngressPolicy.from_environment(environ if environ is not None else {}, reactor)
@@ -118,7 +124,6 @@ def build_runtime(
         settings=settings,
         ingress=ingress,
     )
-    facades: dict[str, Facade] = {}
     for engine in engines:
         profile = ENGINES[engine]
         directory = NodeDirectory(
