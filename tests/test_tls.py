@@ -35,6 +35,7 @@ from zope.interface import implementer
 
 from nvpair_tw.engines import ENGINES
 from nvpair_tw.nodes import Node, NodeDirectory, NodesFileError, load_nodes_file
+from nvpair_tw.settings import Settings
 from nvpair_tw.testing import Clusters, ProxyCluster, SimulatedEngine
 from nvpair_tw.tls import (
     NodeTLS,
@@ -369,7 +370,7 @@ async def test_connect_waits_for_the_handshake_and_fails_fast_on_its_timeout(
     clock.advance(2.9)
     assert outcome == []
     clock.advance(0.1)
-    await ended
+    await ended.addTimeout(5, reactor)  # the abort is seen on the next reactor turn
     [failure] = outcome
     assert failure.check(TLSHandshakeFailed) and isinstance(failure.value, ConnectError)
     assert "no TLS handshake within 3s" in str(failure.value)
@@ -534,6 +535,30 @@ async def test_untrusted_or_plain_https_node_fails_over_without_cooldown(
     assert cluster.named("node/cooldown") == [] and cluster.facade.stalls.cooling() == frozenset()
     [record] = cluster.named("proxy/request")
     assert record["duration_ms"] < 5000  # not the 10 s connect timeout: the refusal is seen at once
+
+
+@pytest_twisted.ensureDeferred
+async def test_handshake_time_counts_toward_the_connect_timeout_not_the_header_deadline(
+    cluster: TLSCluster, tmp_path: Path
+) -> None:
+    """A node that accepts TCP and never completes the handshake is a connect error after the
+    connect timeout, not a stall after the header deadline: no cooldown, the next node answers."""
+    silent = Factory.forProtocol(Silent)
+    silent.hello = Deferred()  # type: ignore[attr-defined]
+    url = f"https://127.0.0.1:{cluster.listen(silent, None).getHost().port}"
+    good, good_url = await cluster.serve()
+    nodes = nodes_file(
+        tmp_path,
+        f'[[node]]\nid = "a-silent"\nurl = "{url}"\ninsecure = true\nmodels = ["llama3"]\n'
+        f'[[node]]\nid = "b-good"\nurl = "{good_url}"\nmodels = ["llama3"]\n',
+    )
+    await cluster.start_proxy(nodes, Settings(connect_timeout=0.2, response_header_timeout=2.0))
+    answered = Deferred.fromCoroutine(chat(cluster)).addTimeout(10, cluster.reactor)
+    code, _body, node = await answered
+    assert (code, node) == (200, "b-good")
+    assert cluster.outcomes() == [[("a-silent", "connect-error"), ("b-good", "committed")]]
+    assert cluster.named("node/cooldown") == [] and cluster.facade.stalls.cooling() == frozenset()
+    assert good.inference_count == 1
 
 
 # -- IPv6 ------------------------------------------------------------------------------------
