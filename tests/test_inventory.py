@@ -606,3 +606,16 @@ def test_residency_is_polled_on_every_tick() -> None:
     assert memory.book.resident("a", "m") is True
     assert len(memory.engines.residency_seen) == 2
     memory.book.stop()
+
+
+def test_a_node_that_becomes_static_has_unknown_residency_at_once() -> None:
+    """A polled node given a static models list stops being polled: its residency is unknown
+    straight away, even on a book that was never started (no directory subscription)."""
+    memory = InMemory([node("a", 1001)])
+    memory.engines.answers[1001] = (200, tags("m"))
+    memory.engines.residency[1001] = (200, ps("m"))
+    memory.poll()
+    assert memory.book.resident("a", "m") is True
+    memory.directory.add_manual(Node("a", "http://127.0.0.1:1001", ("m",), "manual"))
+    assert memory.book.resident("a", "m") is None
+    assert memory.book.loaded("a") is None
