@@ -250,11 +250,13 @@ class ControlMethods:
         nodes = []
         for node in facade.directory.nodes():
             cooldown = facade.stalls.cooldown(node.id)
+            loaded = facade.inventory.loaded(node.id)
             nodes.append(
                 {
                     "id": node.id,
                     "url": node.url,
                     "models": sorted(facade.inventory.models(node.id)),
+                    "loaded": None if loaded is None else sorted(loaded),
                     "source": node.source,
                     "coolingUntil": None if cooldown is None else int(cooldown.until * 1000),
                 }

@@ -121,7 +121,9 @@ def _route(
     if model and parsed is not None:
         key = affinity_key(record.path, facade.profile.normalise(model.strip()), parsed)
         hint = facade.affinity.lookup(key) if key is not None else None
-    candidates, promoted = facade.order(eligible, head_selection=bool(model), affinity_hint=hint)
+    candidates, promoted = facade.order(
+        eligible, head_selection=bool(model), affinity_hint=hint, model=model
+    )
     settings = shared.settings
     plan = AttemptPlan(
         method=request.method,

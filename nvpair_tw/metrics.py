@@ -3,9 +3,9 @@
 
 Counters and histograms are fed by a bus subscriber, so they count exactly what the events say
 (``proxy/request``, ``workload:*``, ``node/cooldown``). Gauges (in-flight workloads, inventory age,
-cooldowns, reservations) are read from the runtime at scrape time by a custom collector. Every
-``ProxyMetrics`` has its own ``CollectorRegistry``: the global default registry is never touched,
-so several runtimes (tests, several processes' worth of facades) never collide.
+residency, cooldowns, reservations) are read from the runtime at scrape time by a custom collector.
+Every ``ProxyMetrics`` has its own ``CollectorRegistry``: the global default registry is never
+touched, so several runtimes (tests, several processes' worth of facades) never collide.
 """
 
 from __future__ import annotations
@@ -78,6 +78,16 @@ class RuntimeCollector(Collector):
             "Seconds left of the node's stall cooldown (0 when ready).",
             labels=labels,
         )
+        residency = GaugeMetricFamily(
+            "nvpair_residency_known",
+            "1 if the node's last residency poll answered (which models are loaded is known).",
+            labels=labels,
+        )
+        loaded = GaugeMetricFamily(
+            "nvpair_model_loaded",
+            "1 for each model the node reports loaded (only while its residency is known).",
+            labels=[*labels, "model"],
+        )
         reservations = GaugeMetricFamily(
             "nvpair_reservations",
             "Live reservations per node (process-wide ledger).",
@@ -99,11 +109,16 @@ class RuntimeCollector(Collector):
                 cooldown = facade.stalls.cooldown(node.id)
                 cooling.add_metric(key, 0 if cooldown is None else 1)
                 remaining.add_metric(key, 0 if cooldown is None else max(0.0, cooldown.until - now))
+                names = facade.inventory.loaded(node.id)
+                residency.add_metric(key, 0 if names is None else 1)
+                for name in sorted(names or ()):
+                    loaded.add_metric([*key, name], 1)
         for (engine, node_id), count in running.items():
             inflight.add_metric([engine, node_id], count)  # not dispatched yet, or node removed
         for node_id in sorted(node_ids):
             reservations.add_metric([node_id], ledger.reservations(node_id))
-        yield from (inflight, known, models, age, cooling, remaining, reservations)
+        yield from (inflight, known, models, age, cooling, remaining, residency, loaded)
+        yield reservations
 
 
 class ProxyMetrics:

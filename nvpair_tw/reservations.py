@@ -82,6 +82,12 @@ class ReservationLedger:
         """The last applied snapshot (generation -1 and empty before the first one)."""
         return self._snapshot
 
+    @property
+    def in_force(self) -> PrioritySnapshot | None:
+        """The scheduler snapshot in force, or None before the first one is applied (SPEC §5.2:
+        head selection then balances over every eligible node)."""
+        return self._snapshot if self._applied else None
+
     def apply(self, generation: int, nodes: Sequence[str], ranks: Sequence[Rank]) -> bool:
         """Apply a snapshot; return False (and change nothing) if its generation is not newer.
 

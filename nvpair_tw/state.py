@@ -70,17 +70,32 @@ class Facade:
         return [n for n in nodes if self.inventory.advertises(n.id, model)]
 
     def order(
-        self, nodes: list[Node], *, head_selection: bool, affinity_hint: str | None = None
+        self,
+        nodes: list[Node],
+        *,
+        head_selection: bool,
+        affinity_hint: str | None = None,
+        model: str | None = None,
     ) -> tuple[list[Node], bool]:
-        """Candidate order for ``nodes`` (§5): (ordered nodes, whether the warm node was promoted)."""
+        """Candidate order for ``nodes`` (§5): (ordered nodes, whether the warm node was promoted).
+
+        With head selection and a ``model``, the nodes where the model is known resident (§6.4)
+        win ties on load.
+        """
         by_id = {n.id: n for n in nodes}
+        resident = (
+            {n.id for n in nodes if self.inventory.resident(n.id, model)}
+            if head_selection and model
+            else set()
+        )
         ordering = order_candidates(
             [n.id for n in nodes],
             pin=self.pin or None,
-            snapshot=self.shared.ledger.snapshot,
+            snapshot=self.shared.ledger.in_force,
             ledger_view=self.shared.ledger,
             affinity_hint=affinity_hint,
             head_selection=head_selection,
             cooling=self.stalls.cooling(),
+            resident=resident,
         )
         return [by_id[i] for i in ordering.nodes], ordering.affinity

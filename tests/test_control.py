@@ -50,7 +50,14 @@ from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.service import ListenerService
 from nvpair_tw.settings import Settings
-from nvpair_tw.testing import EngineHandle, ProxyHandle, SimulatedEngine, start_engine, start_proxy
+from nvpair_tw.testing import (
+    EngineHandle,
+    MemoryCluster,
+    ProxyHandle,
+    SimulatedEngine,
+    start_engine,
+    start_proxy,
+)
 
 LLAMA = ("llama3:latest",)
 
@@ -161,7 +168,8 @@ def test_several_facades_need_the_engine_prefix_for_engine_scoped_methods() -> N
 
 
 def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
-    """nodes/list gives id, url, sorted models, source and coolingUntil (ms epoch or null)."""
+    """nodes/list gives id, url, sorted models, loaded (null: unknown), source and coolingUntil
+    (ms epoch or null)."""
     runtime = _runtime(
         {
             "ollama": [
@@ -180,6 +188,7 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "id": "a",
                 "url": "http://10.0.0.1:1",
                 "models": [],
+                "loaded": None,
                 "source": "flag",
                 "coolingUntil": None,
             },
@@ -187,12 +196,46 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "id": "b",
                 "url": "http://10.0.0.2:11434",
                 "models": ["alpha", "zeta"],
+                "loaded": None,
                 "source": "flag",
                 "coolingUntil": int(until),
             },
         ]
     }
     facade.stalls.stop()  # type: ignore[attr-defined]
+
+
+def test_nodes_list_reports_loaded_models_or_null_when_unknown() -> None:
+    """``loaded`` is what the node's last residency poll reported, sorted; [] when it answered with
+    nothing loaded; null when unknown (no endpoint, failed poll, static node)."""
+    clock = Clock()
+    engines = {
+        "a": SimulatedEngine(clock, models=("llama3:latest", "qwen:7b"), loaded=["qwen:7b", "b:1"]),
+        "b": SimulatedEngine(clock, loaded=[]),
+        "c": SimulatedEngine(clock),
+        "d": SimulatedEngine(clock, loaded=["llama3:latest"]),
+    }
+    cluster = MemoryCluster(
+        clock,
+        engines,
+        nodes={
+            "ollama": [
+                *(Node(i, f"http://{i}.node.test:11434") for i in "abc"),
+                "d",  # static: not polled
+            ]
+        },
+    )
+    try:
+        cluster.flush()
+        result = _ask(ControlMethods(cluster.runtime), "nodes/list")["result"]
+        assert {n["id"]: n["loaded"] for n in result["nodes"]} == {
+            "a": ["b:1", "qwen:7b"],
+            "b": [],
+            "c": None,
+            "d": None,
+        }
+    finally:
+        cluster.stop()
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import pytest_twisted
 import treq
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.web.client import Agent, HTTPConnectionPool
 
@@ -19,7 +20,14 @@ from nvpair_tw.nodes import Node
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.settings import Settings
-from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine, start_proxy
+from nvpair_tw.testing import (
+    Behaviour,
+    MemoryCluster,
+    SimulatedEngine,
+    always,
+    start_engine,
+    start_proxy,
+)
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -217,6 +225,40 @@ def test_gauges_read_live_state_at_scrape_time() -> None:
     assert value(second, "nvpair_inflight_workloads", engine="ollama", node="a") == 0
     assert value(second, "nvpair_node_cooling", engine="ollama", node="b") == 0
     runtime.stop()
+
+
+def test_residency_gauges_follow_the_last_residency_poll() -> None:
+    """``nvpair_residency_known`` is 1 when the node's residency is known, and
+    ``nvpair_model_loaded`` has a 1 per loaded model; a node with unknown residency has none."""
+    clock = Clock()
+    engines = {
+        "a": SimulatedEngine(clock, loaded=["llama3:latest", "qwen:7b"]),
+        "b": SimulatedEngine(clock),
+    }
+    nodes = [Node(i, f"http://{i}.node.test:11434") for i in "ab"]
+    cluster = MemoryCluster(clock, engines, nodes={"ollama": nodes})
+    try:
+        cluster.flush()
+        metrics = ProxyMetrics(cluster.runtime)
+        scraped = samples(metrics.exposition().decode())
+        assert value(scraped, "nvpair_residency_known", engine="ollama", node="a") == 1
+        assert value(scraped, "nvpair_residency_known", engine="ollama", node="b") == 0
+        loaded = {
+            dict(labels)["model"]
+            for (name, labels), v in scraped.items()
+            if name == "nvpair_model_loaded" and dict(labels)["node"] == "a" and v == 1
+        }
+        assert loaded == {"llama3:latest", "qwen:7b"}
+        assert not [k for k in scraped if k[0] == "nvpair_model_loaded" and ("node", "b") in k[1]]
+        engine_a = engines["a"]
+        engine_a.loaded = []
+        cluster.facade().inventory.poll_now()
+        cluster.flush()
+        again = samples(metrics.exposition().decode())
+        assert value(again, "nvpair_residency_known", engine="ollama", node="a") == 1
+        assert not [k for k in again if k[0] == "nvpair_model_loaded"]
+    finally:
+        cluster.stop()
 
 
 def test_registry_is_per_runtime_and_never_the_global_one() -> None:
