@@ -486,6 +486,22 @@ def test_a_failover_moves_the_slot_over_a_full_node_and_releases_everything(
     assert (admission.slots_in_use("a"), admission.slots_in_use("b")) == (0, 0)
 
 
+def test_raising_a_nodes_slots_binds_a_waiting_request_at_once(memory_cluster: Make) -> None:
+    """A change of the facade's nodes (here a manual node raising a's slots) wakes the queue."""
+    clock = Clock()
+    engines = {"a": SimulatedEngine(clock, chunks=2, chunk_delay=5.0)}
+    cluster = _cluster(memory_cluster, clock, engines, 1)
+    first = cluster.request("POST", "/api/chat", json=CHAT)
+    second = cluster.request("POST", "/api/chat", json=CHAT)
+    cluster.flush()
+    assert cluster.facade().admission.queue_depth == 1 and len(cluster.received("a")) == 1
+    cluster.facade().directory.add_manual(evolve(cluster.node("a"), slots=2))
+    cluster.flush()
+    assert cluster.facade().admission.queue_depth == 0 and len(cluster.received("a")) == 2
+    cluster.advance(30)
+    assert cluster.result(first).complete and cluster.result(second).complete
+
+
 def test_without_slots_nothing_queues_and_every_request_is_dispatched_at_once(
     memory_cluster: Make,
 ) -> None:
@@ -520,9 +536,8 @@ async def test_late_binding_over_real_sockets_two_each_never_two_at_once(
     nodes = [await cluster.add_engine(f"n{i}", e) for i, e in enumerate(engines)]
     await cluster.start_proxy([evolve(n, slots=1) for n in nodes])
     body = json.dumps(CHAT).encode()
-    answers: list[tuple[int, bytes, Any]] = await gatherResults(
-        [Deferred.fromCoroutine(cluster.post(body)) for _ in range(4)]
-    )
+    burst = gatherResults([Deferred.fromCoroutine(cluster.post(body)) for _ in range(4)])
+    answers: list[tuple[int, bytes, Any]] = await burst.addTimeout(10, reactor)
     assert [status for status, _, _ in answers] == [200] * 4
     assert all(b'"done": true' in content for _, content, _ in answers)
     assert (len(cluster.received(0)), len(cluster.received(1))) == (2, 2)
