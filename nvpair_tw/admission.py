@@ -152,13 +152,28 @@ class Admission:
     def wake(self) -> None:
         """Bind waiters to every slot free now, oldest waiter first (after any change of slots)."""
         bindings: list[tuple[Waiter, Slot]] = []
-        for waiter in list(self._queue):
+        for waiter in self._queue:
             free = self._first_free(waiter.candidates)
-            if free is None:
-                continue
+            if free is not None:
+                bindings.append((waiter, self._bind(free)))
+        self._dispatch(bindings)
+
+    def _wake_for(self, node_id: str) -> None:
+        """A slot freed on ``node_id``: bind the oldest waiters that can use it while it has room."""
+        bindings: list[tuple[Waiter, Slot]] = []
+        for waiter in self._queue:
+            if self._first_free((node_id,)) is None:
+                break
+            if node_id in waiter.candidates:
+                free = self._first_free(waiter.candidates)
+                assert free is not None
+                bindings.append((waiter, self._bind(free)))
+        self._dispatch(bindings)
+
+    def _dispatch(self, bindings: list[tuple[Waiter, Slot]]) -> None:
+        for waiter, _ in bindings:
             self._queue.remove(waiter)
             self._stop_timer(waiter)
-            bindings.append((waiter, self._bind(free)))
         # Fired after the scan: a woken request runs at once and may release or admit in turn.
         for waiter, slot in bindings:
             waiter.bound.callback(slot)
@@ -184,7 +199,7 @@ class Admission:
         else:
             self._in_use.pop(node_id, None)
         if self._queue:
-            self.wake()
+            self._wake_for(node_id)
 
     def _leave(self, waiter: Waiter) -> None:
         if waiter in self._queue:
