@@ -5,9 +5,10 @@ Each node of a facade has ``slots``: how many requests this process runs on it a
 unlimited). :meth:`Admission.admit` binds an inference request to the first candidate, in its own
 candidate order, that has a free slot, and returns the :class:`Slot` it holds. When every candidate
 is full the request waits as a :class:`Waiter` in the facade's FIFO (bounded by ``queue_size``, each
-waiter by ``queue_timeout``); a slot freed on any node binds the oldest waiter that can use a free
-node, to the first free node of that waiter's candidates. A queue that is full answers
-:data:`QUEUE_FULL` at once and keeps nothing.
+waiter by ``queue_timeout``); a slot freed on a node binds the oldest waiter that can use that node,
+and :meth:`Admission.wake` (after the facade's nodes change) binds every waiter that has a free node,
+each to the first free node of its own candidates. A queue that is full answers :data:`QUEUE_FULL`
+at once and keeps nothing.
 
 A :class:`Slot` moves with the attempt on failover (:meth:`Slot.move`) and is released once
 (:meth:`Slot.release`). A move goes over the next node's slots rather than waiting: see
