@@ -31,6 +31,7 @@ from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed
 
+from nvpair_tw.admission import Slot, Waiter
 from nvpair_tw.control import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -191,6 +192,8 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "loaded": None,
                 "source": "flag",
                 "coolingUntil": None,
+                "slots": 0,
+                "slotsInUse": 0,
             },
             {
                 "id": "b",
@@ -199,8 +202,11 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "loaded": None,
                 "source": "flag",
                 "coolingUntil": int(until),
+                "slots": 0,
+                "slotsInUse": 0,
             },
-        ]
+        ],
+        "queueDepth": 0,
     }
     facade.stalls.stop()  # type: ignore[attr-defined]
 
@@ -236,6 +242,29 @@ def test_nodes_list_reports_loaded_models_or_null_when_unknown() -> None:
         }
     finally:
         cluster.stop()
+
+
+def test_nodes_list_reports_slots_slots_in_use_and_queue_depth() -> None:
+    """nodes/list shows each node's slots (its own, or the default 0 = unlimited), how many this
+    facade holds now, and how many requests wait in the facade's queue."""
+    one = Node("a", "http://10.0.0.1:11434", LLAMA, slots=1)
+    runtime = _runtime({"ollama": [one, Node("b", "http://10.0.0.2:11434", LLAMA)]})
+    admission = runtime.facades["ollama"].admission
+    held = admission.admit([one])
+    waiting = admission.admit([one])
+    result = _ask(ControlMethods(runtime), "nodes/list")["result"]
+    assert [(n["id"], n["slots"], n["slotsInUse"]) for n in result["nodes"]] == [
+        ("a", 1, 1),
+        ("b", 0, 0),
+    ]
+    assert result["queueDepth"] == 1
+    assert isinstance(waiting, Waiter)
+    waiting.bound.cancel()
+    waiting.bound.addErrback(lambda _: None)
+    assert isinstance(held, Slot)
+    held.release()
+    result = _ask(ControlMethods(runtime), "nodes/list")["result"]
+    assert result["queueDepth"] == 0 and result["nodes"][0]["slotsInUse"] == 0
 
 
 @pytest.mark.parametrize(

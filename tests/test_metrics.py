@@ -15,6 +15,7 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from nvpair_tw.admin import AdminService
+from nvpair_tw.admission import Slot, Waiter
 from nvpair_tw.metrics import ProxyMetrics
 from nvpair_tw.nodes import Node
 from nvpair_tw.reactor import IProxyReactor
@@ -259,6 +260,33 @@ def test_residency_gauges_follow_the_last_residency_poll() -> None:
         assert not [k for k in again if k[0] == "nvpair_model_loaded"]
     finally:
         cluster.stop()
+
+
+def test_queue_depth_slots_and_slots_in_use_are_read_at_scrape_time() -> None:
+    """The facade's queue depth, and per node its slots and the slots in use, come from admission."""
+    one = Node("a", "http://127.0.0.1:1", ("llama3:latest",), slots=1)
+    _, runtime = _runtime([one, Node("b", "http://127.0.0.1:2")])
+    metrics = ProxyMetrics(runtime)
+    admission = runtime.facades["ollama"].admission
+    held = admission.admit([one])
+    waiting = admission.admit([one])
+    scraped = samples(metrics.exposition().decode())
+    assert value(scraped, "nvpair_queue_depth", engine="ollama") == 1
+    assert value(scraped, "nvpair_slots_in_use", engine="ollama", node="a") == 1
+    assert value(scraped, "nvpair_slots_in_use", engine="ollama", node="b") == 0
+    assert value(scraped, "nvpair_slots", engine="ollama", node="a") == 1
+    assert value(scraped, "nvpair_slots", engine="ollama", node="b") == 0
+    assert isinstance(held, Slot) and isinstance(waiting, Waiter)
+    held.release()  # binds the waiter: still one in use, nobody waiting
+    bound: list[Slot] = []
+    waiting.bound.addCallback(bound.append)
+    scraped = samples(metrics.exposition().decode())
+    assert value(scraped, "nvpair_queue_depth", engine="ollama") == 0
+    assert value(scraped, "nvpair_slots_in_use", engine="ollama", node="a") == 1
+    bound[0].release()
+    scraped = samples(metrics.exposition().decode())
+    assert value(scraped, "nvpair_slots_in_use", engine="ollama", node="a") == 0
+    runtime.stop()
 
 
 def test_registry_is_per_runtime_and_never_the_global_one() -> None:
