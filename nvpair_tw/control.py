@@ -257,6 +257,7 @@ class ControlMethods:
                     "models": sorted(facade.inventory.models(node.id)),
                     "source": node.source,
                     "coolingUntil": None if cooldown is None else int(cooldown.until * 1000),
+                    "busyWaits": facade.progress.busy_waits(node.id),
                 }
             )
         return {"nodes": nodes}

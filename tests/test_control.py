@@ -161,7 +161,8 @@ def test_several_facades_need_the_engine_prefix_for_engine_scoped_methods() -> N
 
 
 def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
-    """nodes/list gives id, url, sorted models, source and coolingUntil (ms epoch or null)."""
+    """nodes/list gives id, url, sorted models, source, coolingUntil (ms epoch or null) and the
+    node's busy-wait count."""
     runtime = _runtime(
         {
             "ollama": [
@@ -172,6 +173,8 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
     )
     facade = runtime.facades["ollama"]
     facade.stalls.cool("b", "header timeout")
+    facade.progress.busy_waited("b")
+    facade.progress.busy_waited("b")
     result = _ask(ControlMethods(runtime), "nodes/list")["result"]
     until = 1000 * (1_700_000_000 + runtime.settings.cooldown)
     assert result == {
@@ -182,6 +185,7 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "models": [],
                 "source": "flag",
                 "coolingUntil": None,
+                "busyWaits": 0,
             },
             {
                 "id": "b",
@@ -189,6 +193,7 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "models": ["alpha", "zeta"],
                 "source": "flag",
                 "coolingUntil": int(until),
+                "busyWaits": 2,
             },
         ]
     }
