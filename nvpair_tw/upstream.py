@@ -297,9 +297,7 @@ class UpstreamClient:
             if timer and timer[0].active():
                 timer[0].cancel()
             if timed_out and isinstance(result, Failure):
-                raise HeaderTimeout(
-                    f"no response headers within {waited[0]:g}s"
-                ) from result.value
+                raise HeaderTimeout(f"no response headers within {waited[0]:g}s") from result.value
             return result
 
         attempt: Deferred[IResponse] = self.agent.request(

@@ -219,6 +219,23 @@ def test_gauges_read_live_state_at_scrape_time() -> None:
     runtime.stop()
 
 
+def test_busy_waits_are_a_live_counter_per_node() -> None:
+    """Busy waits granted on a node show at the next scrape, counted per node, as a counter."""
+    _, runtime = _runtime(
+        [Node("a", "http://127.0.0.1:1", ("llama3:latest",)), Node("b", "http://127.0.0.1:2")]
+    )
+    metrics = ProxyMetrics(runtime)
+    progress = runtime.facades["ollama"].progress
+    before = samples(metrics.exposition().decode())
+    assert value(before, "nvpair_busy_waits_total", engine="ollama", node="a") == 0
+    progress.busy_waited("a")
+    progress.busy_waited("a")
+    after = samples(metrics.exposition().decode())
+    assert value(after, "nvpair_busy_waits_total", engine="ollama", node="a") == 2
+    assert value(after, "nvpair_busy_waits_total", engine="ollama", node="b") == 0
+    runtime.stop()
+
+
 def test_registry_is_per_runtime_and_never_the_global_one() -> None:
     """Two runtimes count separately and nothing is registered in the default registry."""
     _, one = _runtime()
