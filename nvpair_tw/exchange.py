@@ -32,8 +32,7 @@ from nvpair_tw.engines import RouteKind
 from nvpair_tw.errors import write_error
 from nvpair_tw.headers import upstream_request_headers
 from nvpair_tw.nodes import Node
-from nvpair_tw.reactor import abort
-from nvpair_tw.relay import RelayEnd, RelayOutcome, relay
+from nvpair_tw.relay import RelayEnd, RelayOutcome, cut, relay
 from nvpair_tw.reservations import Booking
 from nvpair_tw.state import Facade
 from nvpair_tw.workloads import RequestRecord, Workload
@@ -81,7 +80,7 @@ async def forward(facade: Facade, request: Request, kind: RouteKind, record: Req
     booking = (
         Booking.take(shared.ledger, route.candidates[0].id) if route.model else Booking.nothing()
     )
-    caller = _watch(request, workload)
+    caller = _watch(request, workload, facade)
     try:
         result = await run_attempts(
             route.plan,
@@ -155,8 +154,12 @@ def _cold_allowances(facade: Facade, model: str | None, nodes: list[Node]) -> di
     return {n.id: allowance for n in nodes if facade.inventory.resident(n.id, model) is False}
 
 
-def _watch(request: Request, workload: Workload | None) -> CallerState:
-    """The caller's state, abandoned when the client leaves or the workload is cancelled."""
+def _watch(request: Request, workload: Workload | None, facade: Facade) -> CallerState:
+    """The caller's state, abandoned when the client leaves or the workload is cancelled.
+
+    A cancelled workload (``workload/cancel``, the drain's deadline) ends the client's answer the
+    way a dying node does: what was sent stays, the framing is left unfinished (§6.2).
+    """
     caller = CallerState()
 
     def client_left(failure: Failure) -> None:
@@ -164,11 +167,12 @@ def _watch(request: Request, workload: Workload | None) -> CallerState:
 
     request.notifyFinish().addErrback(client_left)
     if workload is not None:
+        shared = facade.shared
 
         def cancel_requested(reason: str) -> None:
             caller.abandon(reason)
             if not request.finished:
-                abort(request.transport)
+                cut(request, shared.clock, shared.settings.write_stall_timeout)
 
         workload.cancel_hook = cancel_requested
     return caller
@@ -186,8 +190,8 @@ def _refuse(
     if isinstance(result, Abandoned):
         if workload is not None:
             workload.cancel(result.reason)
-        if not request.finished and request.channel is not None:
-            abort(request.transport)
+        if not request.finished:
+            cut(request, facade.shared.clock, facade.shared.settings.write_stall_timeout)
         record.publish(bus, status=499, node_id=None, error=result.reason)
         return
     code = "upstream-timeout" if result.status == 504 else "upstream-error"

@@ -15,6 +15,7 @@ from http.cookiejar import DefaultCookiePolicy
 from typing import Any
 
 from attrs import define, field, frozen
+from hyperlink import EncodedURL
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
 from twisted.internet.defer import CancelledError, Deferred, gatherResults
@@ -113,7 +114,7 @@ async def get_json(
     :class:`ReadError` on any failure: connect error, non-200, timeout, oversize or bad JSON.
     """
     try:
-        request = http.get(url, unbuffered=True, allow_redirects=False)
+        request = http.get(_request_url(url), unbuffered=True, allow_redirects=False)
     except Exception as error:  # treq rejects some URLs synchronously
         raise ReadError(type(error).__name__) from None
     body: _BoundedBody | None = None
@@ -149,6 +150,23 @@ async def get_json(
         return json.loads(data)
     except (ValueError, RecursionError):
         raise ReadError("malformed JSON") from None
+
+
+class _AsWritten(EncodedURL):
+    """A URL treq sends as written. hyperlink's ``to_uri`` IDNA-encodes every host, which fails on
+    an IPv6 literal (python-hyper/hyperlink#68, #188); an ASCII URL has nothing to encode anyway."""
+
+    def to_uri(self) -> EncodedURL:
+        return self
+
+
+def _request_url(url: str) -> str | EncodedURL:
+    """``url`` for treq: an ASCII URL with an IPv6 literal host bypasses the IDNA step."""
+    if url.isascii():
+        parsed = _AsWritten.from_text(url)
+        if ":" in parsed.host:
+            return parsed
+    return url
 
 
 @frozen

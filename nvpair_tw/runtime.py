@@ -26,7 +26,8 @@ from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.reservations import ReservationLedger
 from nvpair_tw.settings import Settings
 from nvpair_tw.stalls import Cooldown, CooldownListener, IStallTracker, StallTracker
-from nvpair_tw.upstream import UpstreamClient, make_pool
+from nvpair_tw.tls import NodeTrustPolicy
+from nvpair_tw.upstream import NodeEndpointFactory, UpstreamClient, make_pool
 from nvpair_tw.workloads import RequestRecord, WorkloadRegistry
 
 __all__ = ["Runtime", "StallTrackerFactory", "build_runtime"]
@@ -119,10 +120,15 @@ def build_runtime(
             raise TypeError("give build_runtime ingress or environ, not both")
         ingress = parse_ingress(environ)
     pool = make_pool(reactor)
+    facades: dict[str, Facade] = {}
+    # One endpoint factory for inference and control-plane reads alike: the same per-node TLS trust
+    # (read from every facade's nodes when a connection starts) and the same IP-literal dialling.
+    trust = NodeTrustPolicy(lambda: [n for f in facades.values() for n in f.directory.nodes()])
+    endpoints = NodeEndpointFactory(reactor, settings.connect_timeout, tls=trust)
     if client is None:
-        client = UpstreamClient(reactor, pool, settings.connect_timeout)
+        client = UpstreamClient(reactor, pool, settings.connect_timeout, endpoints=endpoints)
     if http is None:
-        http = make_http_client(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
+        http = make_http_client(Agent.usingEndpointFactory(reactor, endpoints, pool=pool))
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
     shared = Shared(
@@ -137,7 +143,6 @@ def build_runtime(
             ingress if ingress is not None else IngressConfig(), reactor
         ),
     )
-    facades: dict[str, Facade] = {}
     for engine in engines:
         profile = ENGINES[engine]
         directory = NodeDirectory(

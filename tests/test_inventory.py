@@ -11,7 +11,7 @@ import pytest_twisted
 from treq.client import HTTPClient
 from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import Deferred
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 from twisted.logger import ILogObserver, LogEvent, LogLevel, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
@@ -327,32 +327,69 @@ def test_oversized_answer_is_a_read_error() -> None:
 
 
 class Stalling(Resource):
-    """A real engine that answers /api/tags well, stalls /slow-headers, and stalls mid-body."""
+    """A real engine that answers /api/tags well, stalls /slow-headers, and stalls mid-body;
+    ``arrived[path]`` fires when a stalled request has come in."""
 
     isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived: dict[bytes, Deferred[None]] = {
+            b"/slow-headers": Deferred(),
+            b"/slow-body": Deferred(),
+        }
 
     def render_GET(self, request: Request) -> bytes | int:
         if request.path == b"/api/tags":
             return tags("m")
         if request.path == b"/slow-body":
             request.write(b'{"models": [')
+        self.arrived[request.path].callback(None)
         return NOT_DONE_YET
+
+
+class HeadersSeen:
+    """The treq client, but ``headers`` fires once a response's headers have arrived."""
+
+    def __init__(self, http: HTTPClient) -> None:
+        self._http = http
+        self.headers: Deferred[None] = Deferred()
+
+    def get(self, url: str, **options: Any) -> Deferred[Any]:
+        def seen(response: Any) -> Any:
+            self.headers.callback(None)
+            return response
+
+        return self._http.get(url, **options).addCallback(seen)
 
 
 @on_reactor
 async def test_loopback_poll_and_timeouts(
     reactor: Any, listen: Callable[[Any], int], http: HTTPClient
 ) -> None:
-    """Over real sockets a good poll lands, and stalls before or after headers end at the timeout."""
-    site = Site(Stalling())
+    """Over real sockets a good poll lands, and stalls before or after headers end exactly at the
+    timeout (measured on an injected clock), not a moment earlier."""
+    engine = Stalling()
+    site = Site(engine)
     site.noisy = False
     base = f"http://127.0.0.1:{listen(site)}"
     directory = NodeDirectory(OLLAMA, reactor, flag_nodes=[Node("a", base)])
     book = InventoryBook(OLLAMA, directory, http, reactor, timeout=0.2)
     await book.poll_now()
     assert book.models("a") == frozenset({"m"})
-    for path in ["/slow-headers", "/slow-body"]:
-        started = reactor.seconds()
+    for path in [b"/slow-headers", b"/slow-body"]:
+        clock = Clock()
+        client = HeadersSeen(http)
+        read = Deferred.fromCoroutine(
+            get_json(cast(HTTPClient, client), clock, base + path.decode(), timeout=0.2)
+        )
+        await engine.arrived[path]
+        if path == b"/slow-body":
+            await client.headers
+            await deferLater(reactor, 0, lambda: None)  # get_json now waits on the body
+        clock.advance(0.199)
+        assert not read.called
+        clock.advance(0.001)
         with pytest.raises(ReadError, match="timed out"):
-            await get_json(http, reactor, base + path, timeout=0.2)
-        assert 0.15 < reactor.seconds() - started < 2
+            await read
+        assert clock.getDelayedCalls() == []
