@@ -3,10 +3,10 @@
 
 Counters and histograms are fed by a bus subscriber, so they count exactly what the events say
 (``proxy/request``, ``workload:*``, ``node/cooldown``). Gauges (in-flight workloads, inventory age,
-residency, cooldowns, slots in use, queue depth, reservations) are read from the runtime at scrape
-time by a custom collector. Every ``ProxyMetrics`` has its own ``CollectorRegistry``: the global
-default registry is never touched, so several runtimes (tests, several processes' worth of facades)
-never collide.
+residency, cooldowns, slots in use, queue depth, reservations) and the per-node busy-wait counter
+(live, so a long wait shows while it lasts) are read from the runtime at scrape time by a custom
+collector. Every ``ProxyMetrics`` has its own ``CollectorRegistry``: the global default registry is
+never touched, so several runtimes (tests, several processes' worth of facades) never collide.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
@@ -107,6 +107,11 @@ class RuntimeCollector(Collector):
             "Live reservations per node (process-wide ledger).",
             labels=["node"],
         )
+        busy = CounterMetricFamily(
+            "nvpair_busy_waits",
+            "Header-deadline periods waited on the node because it showed progress (not stalls).",
+            labels=labels,
+        )
         running = Tally((w.engine, w.scheduled_on or "") for w in runtime.shared.workloads.live())
         ledger = runtime.shared.ledger
         node_ids: set[str] = set()
@@ -130,13 +135,13 @@ class RuntimeCollector(Collector):
                     loaded.add_metric([*key, name], 1)
                 in_use.add_metric(key, facade.admission.slots_in_use(node.id))
                 slots.add_metric(key, facade.admission.slots(node.id))
+                busy.add_metric(key, facade.progress.busy_waits(node.id))
         for (engine, node_id), count in running.items():
             inflight.add_metric([engine, node_id], count)  # not dispatched yet, or node removed
         for node_id in sorted(node_ids):
             reservations.add_metric([node_id], ledger.reservations(node_id))
         yield from (inflight, known, models, age, cooling, remaining, residency, loaded)
-        yield from (in_use, slots, queue)
-        yield reservations
+        yield from (in_use, slots, queue, busy, reservations)
 
 
 class ProxyMetrics:
