@@ -319,6 +319,11 @@ async def run_attempts(
             stalls.cool(node.id, why)
         log.info("attempt to {node} failed: {why}", node=node.id, why=why)
         last = step
+    return _exhausted(last)
+
+
+def _exhausted(last: _Failed | None) -> Exhausted:
+    """Every candidate failed: 504 after an opt-in first-body timeout, else 502, naming the last."""
     if last is None or last.failure is None:
         return Exhausted(502, "upstream error: no candidate answered")
     status = 504 if last.outcome is AttemptOutcome.FIRST_BODY_TIMEOUT else 502
