@@ -104,6 +104,19 @@ class RuntimeCollector(Collector):
         for node_id in sorted(node_ids):
             reservations.add_metric([node_id], ledger.reservations(node_id))
         yield from (inflight, known, models, age, cooling, remaining, reservations)
+        fleet = runtime.fleet
+        if fleet is not None:
+            up = GaugeMetricFamily(
+                "nvpair_state_store_up",
+                "1 while the fleet store (--state) is connected, 0 while the proxy works alone.",
+            )
+            up.add_metric([], 1.0 if fleet.up else 0.0)
+            dropped = GaugeMetricFamily(
+                "nvpair_state_dropped_writes",
+                "Writes to the fleet store dropped because its bounded queue was full.",
+            )
+            dropped.add_metric([], float(fleet.dropped))
+            yield from (up, dropped)
 
 
 class ProxyMetrics:

@@ -97,6 +97,8 @@
     }
   }
 
+  let storeTimer = null;
+
   async function load() {
     try {
       const response = await fetch("api/state", { cache: "no-store" });
@@ -106,6 +108,14 @@
       state.facades = snapshot.facades;
       state.workloads = new Map(snapshot.workloads.map((w) => [w.id, w]));
       state.failovers = snapshot.failovers;
+      const store = document.getElementById("store");
+      store.hidden = !snapshot.store;
+      if (snapshot.store) {
+        store.textContent = "fleet store " + snapshot.store.store + ": " + snapshot.store.state +
+          (snapshot.store.state === "down" ? " (working on local state)" : "");
+        // The store's state has no event of its own: re-read the snapshot while there is one.
+        if (!storeTimer) storeTimer = setInterval(load, 5000);
+      }
       render();
     } catch (error) {
       document.getElementById("connection").textContent = "snapshot failed, retrying";
