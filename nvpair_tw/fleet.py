@@ -293,9 +293,16 @@ class FleetStore:
 
     def _session_failed(self, failure: Failure) -> None:
         self._session = None
-        if not failure.check(CancelledError):
-            log.debug("fleet store session ended: {error}", error=failure.getErrorMessage())
-        self._lost()
+        reason = "stopped" if failure.check(CancelledError) else self._redact(failure)
+        self._lost(reason)
+
+    def _redact(self, failure: Failure) -> str:
+        """A failure as one line that cannot carry the password."""
+        kind = failure.type.__name__ if failure.type is not None else "error"
+        text = f"{kind}: {failure.getErrorMessage()}"
+        if self.config.password:
+            text = text.replace(self.config.password, "***")
+        return text
 
     async def _run(self) -> None:
         command, subscriber = _protocols()
@@ -357,7 +364,7 @@ class FleetStore:
         self._flush()
         self._heartbeat()
 
-    def _lost(self) -> None:
+    def _lost(self, reason: str = "connection closed") -> None:
         was_up = self.up
         self.up = False
         for conn in (self._cmd, self._sub):
@@ -380,7 +387,13 @@ class FleetStore:
             self._peer_counts.clear()
             self._apply_peer_counts()
         elif self.since is None:
+            # Never reached yet: say so once, then retry quietly.
             self.since = self._reactor.seconds()
+            log.warn(
+                "fleet store {store} unreachable ({reason}); working on local state, retrying",
+                store=str(self.config),
+                reason=reason,
+            )
         delay, self._delay = self._delay, next_backoff(self._delay)
         self._connect_soon(delay)
 

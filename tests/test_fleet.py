@@ -617,3 +617,44 @@ async def test_a_password_store_works_and_the_password_is_never_logged(
     finally:
         server.kill()
     assert logged and not any(password in line for line in logged)
+    # The wrong password: one warning, however many retries.
+    assert sum("unreachable" in line for line in logged) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_that_is_not_there_yet_is_joined_when_it_comes(
+    reactor: Any, fleet: Fleet, logged: list[str]
+) -> None:
+    server = RedisServer()
+    n0 = await fleet.engine(healthy(reactor))
+    p1 = await fleet.proxy([Node("n0", n0.url, MODEL)], Settings(), server.config())
+    try:
+        assert (await fleet.post(p1, chat("served alone")))[0] == 200
+        assert p1.runtime.fleet is not None and not p1.runtime.fleet.up
+        await restart(reactor, server)
+        await fleet.up(within=BACK_BOUND)  # the backoff is capped at 2 s
+    finally:
+        server.kill()
+    assert sum("unreachable" in line for line in logged) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_body_progress_reaches_peers_at_most_once_per_node_per_second(
+    reactor: Any, fleet: Fleet, redis: RedisServer
+) -> None:
+    n0 = await fleet.engine(healthy(reactor))
+    nodes = [Node("n0", n0.url, MODEL)]
+    p1 = await fleet.proxy(nodes, Settings(), redis.config())
+    p2 = await fleet.proxy(nodes, Settings(), redis.config())
+    await fleet.up()
+    s1, s2 = p1.runtime.fleet, p2.runtime.fleet
+    assert s1 is not None and s2 is not None
+    assert s2.peer_progress("ollama", "n0") is None
+    applied = s2.applied
+    s1.note_progress("ollama", "n0")
+    s1.note_progress("ollama", "n0")  # within the same second: not sent
+    s1.note_progress("ollama", "n1")
+    await eventually(reactor, lambda: s2.peer_progress("ollama", "n1") is not None, PEER_BOUND)
+    assert s2.peer_progress("ollama", "n0") is not None
+    assert s2.applied - applied == 2
+    assert s1.peer_progress("ollama", "n0") is None  # its own is not a peer's
