@@ -536,6 +536,7 @@ async def test_flushed_and_corrupted_keys_never_become_a_client_error(
     redis.cli("SET", "nvpair:res:other", '{"n0": "many"}')
     redis.cli("SADD", "nvpair:aff:ollama:1:11", "x")
     redis.cli("SET", "nvpair:cool:ollama:n1", '{"e": "ollama", "n": 5}', "PX", "60000")
+    lost = [p.runtime.fleet.lost_count for p in (p1, p2)]  # type: ignore[union-attr]
     for message in (
         "garbage",
         "[1, 2]",
@@ -545,6 +546,10 @@ async def test_flushed_and_corrupted_keys_never_become_a_client_error(
         '{"t": "clear", "e": 3}',
     ):
         redis.cli("PUBLISH", "nvpair:events", message)
+    # Ignored without dropping the connection: a good message after them still arrives.
+    facade_of(p2).stalls.cool("n0", "stall")
+    await eventually(reactor, lambda: "n0" in facade_of(p1).stalls.cooling(), PEER_BOUND)
+    assert [p.runtime.fleet.lost_count for p in (p1, p2)] == lost  # type: ignore[union-attr]
     # Make both proxies resynchronise over the corrupted keys.
     redis.cli("CLIENT", "KILL", "TYPE", "normal")
     redis.cli("CLIENT", "KILL", "TYPE", "pubsub")
