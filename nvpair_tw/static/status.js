@@ -97,8 +97,6 @@
     }
   }
 
-  let storeTimer = null;
-
   async function load() {
     try {
       const response = await fetch("api/state", { cache: "no-store" });
@@ -113,8 +111,6 @@
       if (snapshot.store) {
         store.textContent = "fleet store " + snapshot.store.store + ": " + snapshot.store.state +
           (snapshot.store.state === "down" ? " (working on local state)" : "");
-        // The store's state has no event of its own: re-read the snapshot while there is one.
-        if (!storeTimer) storeTimer = setInterval(load, 5000);
       }
       render();
     } catch (error) {
