@@ -71,11 +71,38 @@ HEARTBEAT = 1.0
 """Seconds between liveness pings (and reservation refreshes)."""
 RESERVATION_TTL = 10.0
 """A peer's reservation counts are forgotten when not refreshed for this long."""
+RESERVATION_BATCH = 0.01
+"""Seconds: reservation changes within this window go out as one publish."""
 PROGRESS_EVERY = 1.0
 MAX_PENDING_WRITES = 1024
 SCAN_COUNT = 500
 
-Command = Callable[[Any], Sequence[Deferred[Any]]]
+WRITE_BATCH = 0.005
+"""Seconds: writes made within this window go to the store as one script call (one round trip),
+and their notifications as one published message."""
+
+Op = tuple[Any, ...]
+"""One store operation: ``("set", key, value, ttl_ms)``, ``("del", key)`` or ``("pub", message)``."""
+Command = Callable[[], Sequence[Op]]
+"""Makes a write's operations when it is sent (so a TTL is what is left *then*)."""
+
+# One round trip for a whole batch; SET and DEL replace any type, so a key a person corrupted by
+# hand cannot make the batch fail.
+WRITE_SCRIPT = """
+local k, i = 1, 1
+while i <= #ARGV do
+  local op = ARGV[i]
+  if op == 's' then
+    redis.call('SET', KEYS[k], ARGV[i + 1], 'PX', ARGV[i + 2]); k = k + 1; i = i + 3
+  elseif op == 'd' then
+    redis.call('DEL', KEYS[k]); k = k + 1; i = i + 1
+  else
+    redis.call('PUBLISH', ARGV[i + 1], ARGV[i + 2]); i = i + 3
+  end
+end
+return 1
+"""
+MAX_IN_FLIGHT_BATCHES = 16
 
 
 @frozen
@@ -198,9 +225,11 @@ class FleetStore:
         self._retry: IDelayedCall | None = None
         self._beat: IDelayedCall | None = None
         self._publish_reservations: IDelayedCall | None = None
+        self._published_counts: dict[str, int] = {}
         self._delay = BACKOFF_FIRST
         self._in_flight = 0
         self._queue: deque[Command] = deque(maxlen=MAX_PENDING_WRITES)
+        self._batch: IDelayedCall | None = None
         self._stalls: dict[str, SharedStallTracker] = {}
         self._tables: dict[str, SharedAffinityTable] = {}
         self._ledger: ReservationLedger | None = None
@@ -247,7 +276,7 @@ class FleetStore:
             return
         self._progress_sent[(engine, node_id)] = now
         message = self._message("prog", e=engine, n=node_id)
-        self._write(lambda c: [c.publish(self._channel, message)])
+        self._write(lambda: [("pub", message)])
 
     def peer_progress(self, engine: str, node_id: str) -> float | None:
         """When (local clock seconds) a peer last reported body bytes from ``node_id``, or None."""
@@ -265,10 +294,10 @@ class FleetStore:
     def stop(self) -> Deferred[None]:
         """Stop reconnecting, cancel timers, close the connections."""
         self._running = False
-        for timer in (self._retry, self._beat, self._publish_reservations):
+        for timer in (self._retry, self._beat, self._publish_reservations, self._batch):
             if timer is not None and timer.active():
                 timer.cancel()
-        self._retry = self._beat = self._publish_reservations = None
+        self._retry = self._beat = self._publish_reservations = self._batch = None
         waits: list[Deferred[Any]] = []
         for conn in (self._cmd, self._sub):
             if conn is not None and conn.transport is not None:
@@ -361,6 +390,12 @@ class FleetStore:
             log.info("fleet store {store} is back; state resynchronised", store=str(self.config))
         else:
             log.info("fleet store {store} connected", store=str(self.config))
+        # Then this proxy's own state: the cooldowns it saw while the store was away.
+        for engine, stalls in self._stalls.items():
+            for node in stalls.cooling():
+                cooldown = stalls.cooldown(node)
+                if cooldown is not None and cooldown.origin == "local":
+                    self.share_cooldown(engine, cooldown)
         self._flush()
         self._heartbeat()
 
@@ -372,9 +407,10 @@ class FleetStore:
                 abort(conn.transport)
         self._cmd = self._sub = None
         self._in_flight = 0
-        if self._beat is not None and self._beat.active():
-            self._beat.cancel()
-        self._beat = None
+        for timer in (self._beat, self._batch):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._beat = self._batch = None
         if not self._running:
             return
         if was_up:
@@ -416,39 +452,67 @@ class FleetStore:
     # --- writes ---------------------------------------------------------------------------------
 
     def _write(self, command: Command) -> None:
-        """Fire and forget: send now, or queue (bounded) while the store is away."""
-        if self._cmd is None or not self.up:
-            if len(self._queue) == self._queue.maxlen:
-                self.dropped += 1
-            self._queue.append(command)
-            return
-        if self._in_flight >= MAX_PENDING_WRITES:
+        """Fire and forget: queue (bounded; the oldest is dropped when full) and send with the
+        next batch, or when the store is back."""
+        if len(self._queue) == self._queue.maxlen:
             self.dropped += 1
-            return
-        self._send(command)
+        self._queue.append(command)
+        if self.up and self._batch is None:
+            self._batch = self._reactor.callLater(WRITE_BATCH, self._flush)
 
-    def _send(self, command: Command) -> None:
-        try:
-            sent = command(self._cmd)
-        except Exception as error:  # a closed transport, a bad argument: never the caller's problem
-            log.debug("fleet store write failed: {error}", error=str(error))
+    def _flush(self) -> None:
+        """Send every queued write as one script call and one published message."""
+        self._batch = None
+        conn = self._cmd
+        if conn is None or not self.up or not self._queue:
             return
-        for pending in sent:
-            self._in_flight += 1
-            pending.addBoth(self._written)
+        if self._in_flight >= MAX_IN_FLIGHT_BATCHES:
+            self.dropped += len(self._queue)
+            self._queue.clear()
+            return
+        keys: list[str] = []
+        args: list[Any] = []
+        messages: list[dict[str, Any]] = []
+        while self._queue:
+            try:
+                ops = self._queue.popleft()()
+            except Exception as error:  # a write's own bug must not stop the others
+                log.debug("fleet store write skipped: {error}", error=type(error).__name__)
+                continue
+            for op in ops:
+                if op[0] == "set":
+                    keys.append(op[1])
+                    args += ["s", op[2], max(1, int(op[3]))]
+                elif op[0] == "del":
+                    keys.append(op[1])
+                    args.append("d")
+                else:
+                    messages.append(op[1])
+        if messages:
+            batch = (
+                messages[0]
+                if len(messages) == 1
+                else {"o": self.proxy_id, "t": "batch", "m": messages}
+            )
+            args += ["p", self._channel, json.dumps(batch, separators=(",", ":"))]
+        if not args:
+            return
+        try:
+            sent: Deferred[Any] = conn.eval(WRITE_SCRIPT, keys, args)
+        except Exception as error:  # a closed transport: the store is away, the batch is dropped
+            log.debug("fleet store write failed: {error}", error=type(error).__name__)
+            return
+        self._in_flight += 1
+        sent.addBoth(self._written)
 
     def _written(self, result: object) -> None:
         self._in_flight = max(0, self._in_flight - 1)
         if isinstance(result, Failure | Exception):
-            # A wrong type, a lost connection: the store is an optimisation, the write is dropped.
+            # A lost connection, a store without scripting: the store is an optimisation.
             log.debug("fleet store write failed: {error}", error=type(result).__name__)
 
-    def _flush(self) -> None:
-        while self._queue and self._cmd is not None:
-            self._send(self._queue.popleft())
-
-    def _message(self, kind: str, **fields: object) -> str:
-        return json.dumps({"o": self.proxy_id, "t": kind, **fields}, separators=(",", ":"))
+    def _message(self, kind: str, **fields: object) -> dict[str, Any]:
+        return {"o": self.proxy_id, "t": kind, **fields}
 
     def _key(self, *parts: str) -> str:
         return ":".join((self._ns, *parts))
@@ -458,14 +522,14 @@ class FleetStore:
         key = self._key("cool", engine, cooldown.node_id)
         value = json.dumps({"e": engine, "n": cooldown.node_id, "r": cooldown.reason})
 
-        def send(conn: Any) -> list[Deferred[Any]]:
+        def send() -> list[Op]:
             left = int((cooldown.until - self._reactor.seconds()) * 1000)
             if left <= 0:
                 return []
             message = self._message(
                 "cool", e=engine, n=cooldown.node_id, r=cooldown.reason, ttl=left
             )
-            return [conn.set(key, value, pexpire=left), conn.publish(self._channel, message)]
+            return [("set", key, value, left), ("pub", message)]
 
         self._write(send)
 
@@ -474,8 +538,8 @@ class FleetStore:
         key = self._key("cool", engine, node_id)
         message = self._message("clear", e=engine, n=node_id)
 
-        def send(conn: Any) -> list[Deferred[Any]]:
-            return [conn.delete(key), conn.publish(self._channel, message)]
+        def send() -> list[Op]:
+            return [("del", key), ("pub", message)]
 
         self._write(send)
 
@@ -487,32 +551,37 @@ class FleetStore:
         value = json.dumps({"e": engine, "m": model, "d": hexdigest, "n": node_id})
         message = self._message("aff", e=engine, m=model, d=hexdigest, n=node_id)
 
-        def send(conn: Any) -> list[Deferred[Any]]:
-            return [conn.set(key, value, pexpire=ttl), conn.publish(self._channel, message)]
+        def send() -> list[Op]:
+            return [("set", key, value, ttl), ("pub", message)]
 
         self._write(send)
 
     def _reservations_changed(self) -> None:
-        # Coalesce a burst (a move is a release and a reserve) into one publish, off the request path.
+        # Coalesce a burst (a move is a release and a reserve; a short request reserves and
+        # releases) into one publish, off the request path and well inside the 100 ms bound.
         if self._publish_reservations is None:
-            self._publish_reservations = self._reactor.callLater(0, self._send_reservations)
+            self._publish_reservations = self._reactor.callLater(
+                RESERVATION_BATCH, self._send_reservations, False
+            )
 
-    def _send_reservations(self) -> None:
+    def _send_reservations(self, refresh: bool = True) -> None:
+        """Publish this proxy's counts: when they changed since the last publish, or always on a
+        ``refresh`` (the heartbeat, which keeps the stored key and the peers' view alive)."""
         if self._publish_reservations is not None and self._publish_reservations.active():
             self._publish_reservations.cancel()
         self._publish_reservations = None
         counts = self._ledger.local_counts() if self._ledger is not None else {}
+        if not refresh and counts == self._published_counts:
+            return
+        self._published_counts = counts
         key = self._key("res", self.proxy_id)
         value = json.dumps(counts, separators=(",", ":"))
         message = self._message("res", c=counts)
         if not self.up:
             return  # resent whole on reconnect: a queued count would only be stale
 
-        def send(conn: Any) -> list[Deferred[Any]]:
-            return [
-                conn.set(key, value, pexpire=int(RESERVATION_TTL * 1000)),
-                conn.publish(self._channel, message),
-            ]
+        def send() -> list[Op]:
+            return [("set", key, value, int(RESERVATION_TTL * 1000)), ("pub", message)]
 
         self._write(send)
 
@@ -523,6 +592,11 @@ class FleetStore:
         try:
             message = json.loads(raw)
             if not isinstance(message, dict) or message.get("o") == self.proxy_id:
+                return
+            if message.get("t") == "batch" and isinstance(message.get("m"), list):
+                for inner in message["m"]:
+                    if isinstance(inner, dict):
+                        self._received(json.dumps({**inner, "o": message.get("o")}))
                 return
             self._apply(message)
         except Exception as error:  # a hand-written or foreign message must never hurt the proxy
@@ -602,12 +676,6 @@ class FleetStore:
                     clean = {str(n): c for n, c in counts.items() if isinstance(c, int)}
                     self._peer_counts[proxy] = (clean, now)
         self._apply_peer_counts()
-        # Then this proxy's own state: what it learnt while the store was away.
-        for engine, stalls in self._stalls.items():
-            for node in stalls.cooling():
-                cooldown = stalls.cooldown(node)
-                if cooldown is not None and cooldown.origin == "local":
-                    self.share_cooldown(engine, cooldown)
 
     def _resync_cooldown(self, value: Any, ttl: Any) -> None:
         entry = _json_object(value)
