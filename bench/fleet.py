@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import CHAT, Harness, free_port, http, wait_ready  # noqa: E402
+from run import CHAT, Harness, free_port, http, wait_ready
 
 
 def measure(port: int, count: int) -> list[float]:
@@ -78,7 +77,7 @@ def main() -> None:
                             "--state",
                             f"redis://127.0.0.1:{closed}/0",
                         ],
-                    ),  # fmt: skip
+                    ),
                 ),
                 "with --state": (
                     shared,
@@ -91,7 +90,7 @@ def main() -> None:
                             "--state",
                             f"redis://127.0.0.1:{store}/0",
                         ],
-                    ),  # fmt: skip
+                    ),
                 ),
             }
             del upstream
