@@ -518,7 +518,13 @@ class FleetStore:
         return ":".join((self._ns, *parts))
 
     def share_cooldown(self, engine: str, cooldown: Cooldown) -> None:
-        """Store and publish a local stall's cooldown (TTL = what is left of it when sent)."""
+        """Store and publish a local stall's cooldown (TTL = what is left of it when sent).
+
+        While the store is away nothing is queued: when it is back every local cooldown still
+        running is shared again (:meth:`_became_up`), with what is left of it then.
+        """
+        if not self.up:
+            return
         key = self._key("cool", engine, cooldown.node_id)
         value = json.dumps({"e": engine, "n": cooldown.node_id, "r": cooldown.reason})
 
