@@ -218,6 +218,7 @@ class FleetStore:
         self.lost_count = 0
         self.dropped = 0
         self.applied = 0
+        self.write_refused = False
         self._cmd: Any = None
         self._sub: Any = None
         self._running = False
@@ -384,6 +385,7 @@ class FleetStore:
 
     def _became_up(self) -> None:
         self.up = True
+        self.write_refused = False
         self.since = self._reactor.seconds()
         self._delay = BACKOFF_FIRST
         if self.lost_count:
@@ -507,9 +509,25 @@ class FleetStore:
 
     def _written(self, result: object) -> None:
         self._in_flight = max(0, self._in_flight - 1)
-        if isinstance(result, Failure | Exception):
-            # A lost connection, a store without scripting: the store is an optimisation.
-            log.debug("fleet store write failed: {error}", error=type(result).__name__)
+        error = result.value if isinstance(result, Failure) else result
+        if not isinstance(error, BaseException):
+            return
+        if type(error).__name__ != "ResponseError" or self.write_refused:
+            # A lost connection is the session's business (one warning there).
+            log.debug("fleet store write failed: {error}", error=type(error).__name__)
+            return
+        # The store refused the batch itself (scripting disabled, out of memory, read-only
+        # replica): say so once; the proxy keeps working on local state.
+        self.write_refused = True
+        text = str(error)
+        if self.config.password:
+            text = text.replace(self.config.password, "***")
+        log.warn(
+            "fleet store {store} refused a write ({error}); nothing is shared until it accepts "
+            "writes again",
+            store=str(self.config),
+            error=text[:200],
+        )
 
     def _message(self, kind: str, **fields: object) -> dict[str, Any]:
         return {"o": self.proxy_id, "t": kind, **fields}

@@ -663,3 +663,20 @@ async def test_body_progress_reaches_peers_at_most_once_per_node_per_second(
     assert s2.peer_progress("ollama", "n0") is not None
     assert s2.applied - applied == 2
     assert s1.peer_progress("ollama", "n0") is None  # its own is not a peer's
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_that_refuses_scripts_is_reported_once_and_never_hurts_a_client(
+    reactor: Any, fleet: Fleet, redis: RedisServer, logged: list[str]
+) -> None:
+    redis.cli("CONFIG", "SET", "maxmemory", "1")  # every write is refused with OOM from now on
+    redis.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+    n0 = await fleet.engine(healthy(reactor))
+    p1 = await fleet.proxy([Node("n0", n0.url, MODEL)], Settings(), redis.config())
+    await fleet.up()
+    statuses = [(await fleet.post(p1, chat(f"turn {i}")))[0] for i in range(3)]
+    assert p1.runtime.fleet is not None
+    await eventually(reactor, lambda: p1.runtime.fleet.write_refused, 1.0, "refusal seen")  # type: ignore[union-attr]
+    statuses += [(await fleet.post(p1, chat(f"again {i}")))[0] for i in range(3)]
+    assert statuses == [200] * 6
+    assert sum("refused a write" in line for line in logged) == 1
