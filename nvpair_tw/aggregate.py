@@ -81,9 +81,11 @@ async def _records(
     timeout: float,
 ) -> list[tuple[str, dict[str, Any]]] | None:
     """One node's keyed records, or None when it is down, non-200 or malformed."""
-    url = join_url(node.url, path_and_query)
+    url = join_url(node.public_url, path_and_query)
     try:
-        document = await get_json(http, clock, url, timeout=timeout)
+        document = await get_json(
+            http, clock, url, timeout=timeout, authorization=node.authorization
+        )
     except ReadError as error:
         log.debug("model list from {node} skipped: {why}", node=node.id, why=str(error))
         return None

@@ -253,7 +253,7 @@ class ControlMethods:
             nodes.append(
                 {
                     "id": node.id,
-                    "url": node.url,
+                    "url": node.public_url,
                     "models": sorted(facade.inventory.models(node.id)),
                     "source": node.source,
                     "coolingUntil": None if cooldown is None else int(cooldown.until * 1000),

@@ -89,6 +89,9 @@ class SimulatedEngine(Resource):
     header_delay: float = 0.0
     body_delay: float = 0.0
     reply_text: str = "hello"
+    api_key: str | None = None
+    loaded: Sequence[str] | None = None
+    response_prefix: str = "resp"
     received: list[Received] = field(factory=list)
     inference_count: int = 0
     _timers: list[IDelayedCall] = field(factory=list)
@@ -127,6 +130,22 @@ class SimulatedEngine(Resource):
                 body,
             )
         )
+        if self.api_key is not None and request.requestHeaders.getRawHeaders(b"authorization") != [
+            f"Bearer {self.api_key}".encode()
+        ]:
+            request.setResponseCode(401)
+            return self._json(request, {"error": "unauthorized"})
+        if request.method == b"GET":
+            answer = self._listing(path)
+            if answer is not None:
+                status, document = answer
+                request.setResponseCode(status)
+                return self._json(request, document)
+        if request.method == b"POST" and path == b"/api/show":
+            wanted = _requested_model(body)
+            if wanted not in self.models and f"{wanted}:latest" not in self.models:
+                request.setResponseCode(404)
+                return self._json(request, {"error": f"model '{wanted}' not found"})
         if request.method == b"GET" and path == b"/api/tags":
             return self._json(request, {"models": [{"name": m, "model": m} for m in self.models]})
         if request.method == b"GET" and path == b"/v1/models":
@@ -145,6 +164,26 @@ class SimulatedEngine(Resource):
         else:
             self._act(request, behaviour, body)
         return NOT_DONE_YET
+
+    def _listing(self, path: bytes) -> tuple[int, Any] | None:
+        """The GET routes answered from the engine's models: ``/api/ps`` (the ``loaded`` ones,
+        all by default), LM Studio's ``/api/v0/models`` and ``/api/v0/models/{id}``."""
+        loaded = self.models if self.loaded is None else self.loaded
+        if path == b"/api/ps":
+            return 200, {"models": [{"name": m, "model": m, "size_vram": 1} for m in loaded]}
+        records = [
+            {"id": m, "object": "model", "type": "llm", "state": "loaded" if m in loaded else ""}
+            for m in self.models
+        ]
+        if path == b"/api/v0/models":
+            return 200, {"object": "list", "data": records}
+        if path.startswith(b"/api/v0/models/"):
+            wanted = path[len(b"/api/v0/models/") :].decode("utf-8", "replace")
+            for record in records:
+                if record["id"] == wanted:
+                    return 200, record
+            return 404, {"error": f"model '{wanted}' not found"}
+        return None
 
     def _closed(self, _result: object, request: Request) -> None:
         if request in self._open:
@@ -177,7 +216,13 @@ class SimulatedEngine(Resource):
             request.write(b"")
             self._later(0, _hang_up, request)
             return
-        frames = reply_frames(request.path, streaming, self.chunks, self.reply_text)
+        frames = reply_frames(
+            request.path,
+            streaming,
+            self.chunks,
+            self.reply_text,
+            response_id=f"{self.response_prefix}_{self.inference_count}",
+        )
         if behaviour is Behaviour.SLOW_BODY:
             request.write(b"")
             self._later(self.body_delay, self._send, request, frames, 0)
@@ -207,6 +252,21 @@ class SimulatedEngine(Resource):
         return json.dumps(document).encode()
 
 
+def _requested_model(body: bytes) -> str:
+    """The ``model`` (else ``name``) of an ``/api/show`` body, or ``""``."""
+    try:
+        parsed = json.loads(body) if body else {}
+    except ValueError:
+        parsed = {}
+    wanted = parsed.get("model") or parsed.get("name") if isinstance(parsed, dict) else ""
+    return wanted if isinstance(wanted, str) else ""
+
+
+def _ollama_style(path: bytes) -> bool:
+    """Ollama's own routes; LM Studio's ``/api/v0/...`` answer OpenAI-style."""
+    return path.startswith(b"/api/") and not path.startswith(b"/api/v0/")
+
+
 def _hang_up(request: Request) -> None:
     """Close after flushing what was written (the client sees a truncated response)."""
     if request.transport is not None:
@@ -225,17 +285,24 @@ def stream_kind(path: bytes, body: bytes) -> tuple[bool, bytes]:
         parsed = {}
     if not isinstance(parsed, dict):
         parsed = {}
-    if path.startswith(b"/api/"):
+    if _ollama_style(path):
         streaming = bool(parsed.get("stream", True)) and path in (b"/api/chat", b"/api/generate")
         return streaming, b"application/x-ndjson" if streaming else b"application/json"
     streaming = bool(parsed.get("stream", False))
     return streaming, b"text/event-stream" if streaming else b"application/json"
 
 
-def reply_frames(path: bytes, streaming: bool, chunks: int, text: str) -> list[bytes]:
+def reply_frames(
+    path: bytes, streaming: bool, chunks: int, text: str, *, response_id: str = "resp_1"
+) -> list[bytes]:
     """The frames of one answer: ``chunks`` NDJSON lines or SSE events and the closing frame
-    (``done`` / ``[DONE]``) when streaming, else one JSON document."""
-    if path.startswith(b"/api/"):
+    (``done`` / ``[DONE]`` / ``response.completed``) when streaming, else one JSON document.
+    ``/v1/responses`` answers carry ``response_id``; ``/api/show`` answers a model's details."""
+    if path == b"/api/show":
+        return [json.dumps({"modelfile": "# simulated", "details": {"family": "sim"}}).encode()]
+    if path == b"/v1/responses":
+        return _responses_frames(streaming, chunks, text, response_id)
+    if _ollama_style(path):
         if not streaming:
             return [
                 json.dumps(
@@ -266,3 +333,27 @@ def reply_frames(path: bytes, streaming: bool, chunks: int, text: str) -> list[b
         for i in range(chunks)
     ]
     return [*parts, b"data: [DONE]\n\n"]
+
+
+def _responses_frames(streaming: bool, chunks: int, text: str, response_id: str) -> list[bytes]:
+    """An OpenAI Responses API answer: SSE events from ``response.created`` to
+    ``response.completed``, or the response object."""
+    done = {
+        "id": response_id,
+        "object": "response",
+        "status": "completed",
+        "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
+    }
+    if not streaming:
+        return [json.dumps(done).encode()]
+
+    def event(kind: str, data: dict[str, Any]) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+    created = {"id": response_id, "object": "response", "status": "in_progress", "output": []}
+    parts = [event("response.output_text.delta", {"delta": f"{text}{i}"}) for i in range(chunks)]
+    return [
+        event("response.created", {"response": created}),
+        *parts,
+        event("response.completed", {"response": done}),
+    ]

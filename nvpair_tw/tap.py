@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
+from attrs import evolve
 from twisted.application import service
 from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
@@ -25,7 +26,7 @@ from nvpair_tw.endpoints import tcp_listener
 from nvpair_tw.engines import ENGINES
 from nvpair_tw.ingress import IngressConfigError, parse_ingress
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
-from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file
+from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.settings import (
     Resolved,
@@ -83,9 +84,39 @@ def parse_node(text: str) -> tuple[str | None, Node]:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, 0):
         raise usage.UsageError(
-            f"--node {left}: URL must be http(s)://HOST[:PORT] with a port 1-65535, not {url!r}"
+            f"--node {left}: URL must be http(s)://HOST[:PORT] with a port 1-65535,"
+            f" not {public_url(url)!r}"
         )
     return engine, Node(id=left.strip(), url=url.rstrip("/"), source="flag")
+
+
+MAX_KEY_FILE_BYTES = 64 << 10
+
+
+def read_key_file(text: str) -> tuple[str, str]:
+    """``ID=PATH`` of ``--node-key-file``: the node id and the key read from PATH (first line,
+    surrounding whitespace trimmed). Errors name the file, never its content."""
+    node_id, sep, path = text.partition("=")
+    if not sep or not node_id.strip() or not path.strip():
+        raise usage.UsageError(f"--node-key-file wants ID=PATH, not {text!r}")
+    node_id, path = node_id.strip(), path.strip()
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError as error:
+        raise usage.UsageError(
+            f"--node-key-file {node_id}: cannot read {path}: {error.strerror}"
+        ) from None
+    try:
+        lines = raw.decode("utf-8").strip().splitlines()
+    except UnicodeDecodeError:
+        lines = []
+    key = lines[0].strip() if lines else ""
+    if len(raw) > MAX_KEY_FILE_BYTES or not key or not key.isprintable():
+        raise usage.UsageError(
+            f"--node-key-file {node_id}: {path} must hold the key on its first line"
+        )
+    return node_id, key
 
 
 class Options(usage.Options):
@@ -168,6 +199,7 @@ class Options(usage.Options):
         self["engines"] = []
         self["listen"] = {}
         self["node"] = []
+        self["node-key"] = {}
         self["assemble"] = {}
 
     def opt_engine(self, name: str) -> None:
@@ -192,6 +224,11 @@ class Options(usage.Options):
     def opt_node(self, text: str) -> None:
         """A node: ID=URL for every engine, or ENGINE:ID=URL (repeatable)."""
         self["node"].append(parse_node(text))
+
+    def opt_node_key_file(self, text: str) -> None:
+        """ID=PATH: send the key in PATH as Authorization: Bearer to --node ID only (repeatable)."""
+        node_id, key = read_key_file(text)
+        self["node-key"][node_id] = key
 
     def opt_assemble(self, text: str) -> None:
         """on|off, or ENGINE=on|off: assemble non-streaming answers from a streamed upstream."""
@@ -267,7 +304,7 @@ class Options(usage.Options):
             )
         except (ValueError, NodesFileError, IngressConfigError) as error:
             raise usage.UsageError(str(error)) from None
-        flag_nodes: list[tuple[str | None, Node]] = self["node"]
+        flag_nodes = _with_keys(self["node"], self["node-key"])
         return Config(
             engines=tuple(engines),
             listen=listen,
@@ -288,6 +325,20 @@ class Options(usage.Options):
             },
             ingress=ingress,
         )
+
+
+def _with_keys(
+    flag_nodes: list[tuple[str | None, Node]], keys: Mapping[str, str]
+) -> list[tuple[str | None, Node]]:
+    """The ``--node`` nodes with their ``--node-key-file`` keys; a key for no ``--node`` is an error."""
+    named = {node.id for _, node in flag_nodes}
+    for node_id in keys:
+        if node_id not in named:
+            raise usage.UsageError(f"--node-key-file {node_id}: no --node has this id")
+    return [
+        (scope, evolve(node, api_key=keys[node.id]) if node.id in keys else node)
+        for scope, node in flag_nodes
+    ]
 
 
 class _ParseOnly:
