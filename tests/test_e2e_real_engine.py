@@ -132,14 +132,13 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``python -m twisted nvpair`` with one node, the engine; its base URL.
+@contextlib.contextmanager
+def _proxy_process(nodes: list[str], log: Path) -> Iterator[str]:
+    """``python -m twisted nvpair`` (ollama facade) over ``--node`` values; its base URL.
 
-    At teardown it is stopped with SIGTERM and its output must hold no traceback and no prompt.
+    At exit it is stopped with SIGTERM and its output must hold no traceback and no prompt.
     """
     (port,) = _free_ports(1)
-    log = tmp_path_factory.mktemp("proxy") / "twist.log"
     command = [
         sys.executable,
         "-m",
@@ -150,8 +149,7 @@ def proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
         "ollama",
         "--listen",
         f"tcp:{port}:interface=127.0.0.1",
-        "--node",
-        f"a={engine}",
+        *(arg for node in nodes for arg in ("--node", node)),
         "--admin",
         "none",
     ]
@@ -176,6 +174,13 @@ def proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
     assert process.returncode in (0, -signal.SIGTERM), output
     leaked = [text for text in PRIVATE_TEXTS if text in output]
     assert not leaked, f"request content {leaked} in the proxy log:\n{output}"
+
+
+@pytest.fixture(scope="module")
+def proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The proxy with one node, the engine; its base URL."""
+    with _proxy_process([f"a={engine}"], tmp_path_factory.mktemp("proxy") / "twist.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -341,3 +346,68 @@ def test_unadvertised_model_is_a_502_json_error(proxy: str) -> None:
     assert response.headers["Content-Type"].startswith("application/json")
     assert response.json()["error"] == "no available node advertises the requested model"
     assert "X-NVPair-Node" not in response.headers
+
+
+# --- issue 14: routes that know their model or span every node (docs/behaviour.md §2.1) ---------
+
+SIMULATED = """
+import sys
+from twisted.internet import reactor
+from nvpair_tw.simulated import SimulatedEngine
+engine = SimulatedEngine(reactor, ("llama3:latest",))
+reactor.listenTCP(int(sys.argv[1]), engine.site(), interface="127.0.0.1")
+reactor.run()
+"""
+
+
+@pytest.fixture(scope="module")
+def split_proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The proxy over two nodes: a, a simulated engine without smollm2 (first in the default
+    order), then b, the real engine; its base URL."""
+    (port,) = _free_ports(1)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    simulated = subprocess.Popen(
+        [sys.executable, "-c", SIMULATED, str(port)], cwd=REPO, env=env, start_new_session=True
+    )
+    try:
+        log = tmp_path_factory.mktemp("split") / "twist.log"
+        with _proxy_process([f"a=http://127.0.0.1:{port}", f"b={engine}"], log) as url:
+            yield url
+    finally:
+        _stop_group(simulated.pid)
+        simulated.wait()
+
+
+def test_ollama_show_reaches_the_second_node_that_has_the_model(
+    engine: str, split_proxy: str
+) -> None:
+    """``ollama.show`` through the facade answers what the engine answers, from node b, although
+    node a comes first and lacks the model; an unknown model is Ollama-shaped 404."""
+    via, direct = (
+        ollama.Client(host=split_proxy).show(MODEL),
+        ollama.Client(host=engine).show(MODEL),
+    )
+    assert (via.modelfile, via.details, via.template) == (
+        direct.modelfile,
+        direct.details,
+        direct.template,
+    )
+    raw = httpx.post(f"{split_proxy}/api/show", json={"model": MODEL}, timeout=30)
+    assert raw.headers.get("X-NVPair-Node") == "b"
+    with pytest.raises(ollama.ResponseError) as missing:
+        ollama.Client(host=split_proxy).show("no-such-model")
+    assert missing.value.status_code == 404
+    assert missing.value.error == "model 'no-such-model' not found"
+
+
+def test_ollama_ps_lists_the_loaded_model_with_its_node(split_proxy: str) -> None:
+    """After a generate through the facade, ``ollama.ps()`` lists smollm2, and the raw answer
+    tags it with ``nvpair_node`` b (the simulated node's own record is tagged a)."""
+    client = ollama.Client(host=split_proxy)
+    client.generate(model=MODEL, prompt=PROMPT, options={"num_predict": 1})
+    assert f"{MODEL}:latest" in [m.model for m in client.ps().models]
+    listed = httpx.get(f"{split_proxy}/api/ps", timeout=30).json()["models"]
+    assert {(m["model"], m["nvpair_node"]) for m in listed} == {
+        (f"{MODEL}:latest", "b"),
+        ("llama3:latest", "a"),
+    }
