@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import pytest_twisted
 from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from zope.interface import implementer
@@ -19,7 +20,7 @@ from nvpair_tw.control import ControlMethods
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
 from nvpair_tw.simulated import Behaviour, SimulatedEngine, always
-from nvpair_tw.testing import MemoryCluster
+from nvpair_tw.testing import Clusters, MemoryCluster, ProxyCluster
 
 Make = Callable[..., MemoryCluster]
 
@@ -434,3 +435,41 @@ def test_x_nvpair_node_does_not_fail_over(memory_cluster: Make) -> None:
     assert response.status == 502 and response.json()["code"] == "upstream-error"
     assert paths(cluster, "b") == []
     assert cluster.facade().stalls.cooldown("a") is not None
+
+
+# --- over loopback sockets ----------------------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_over_sockets_keyed_nodes_are_polled_and_served_each_with_its_own_credential(
+    clusters: Clusters,
+) -> None:
+    """Real treq polls and real upstream connections: a (Bearer from ``api_key``) and b (Basic from
+    URL userinfo, never in the request line) each see only their own credential; the client's
+    ``X-NVPair-Node`` reaches neither engine."""
+    cluster = clusters(ProxyCluster)
+    a = SimulatedEngine(cluster.reactor, ("llama3:latest",), api_key=CANARY_A)
+    b = SimulatedEngine(cluster.reactor, ("qwen:latest",), api_key=None)
+    node_a = await cluster.add_engine("a", a)
+    node_b = await cluster.add_engine("b", b)
+    userinfo = node_b.url.replace("http://", f"http://u:{CANARY_B}@")
+    proxy = await cluster.start_proxy(
+        [Node("a", node_a.url, api_key=CANARY_A), Node("b", userinfo)]
+    )
+    await proxy.runtime.facades["ollama"].inventory.poll_now()
+    chat_a = json.dumps(CHAT).encode()
+    chat_b = json.dumps({**CHAT, "model": "qwen"}).encode()
+    mine = {"authorization": "Bearer client-own"}
+    code_a, _, answer_a = await cluster.post(chat_a, headers=mine)
+    code_b, _, answer_b = await cluster.post(chat_b, headers=mine)
+    show, body, _ = await cluster.post(
+        json.dumps({"model": "qwen"}).encode(), "/api/show", headers={"x-nvpair-node": "b"}
+    )
+    assert (code_a, code_b, show) == (200, 200, 200), body
+    assert answer_a.headers.getRawHeaders("x-nvpair-node") == ["a"]
+    assert answer_b.headers.getRawHeaders("x-nvpair-node") == ["b"]
+    basic = b"Basic " + base64.b64encode(f"u:{CANARY_B}".encode())
+    assert authorizations(a) == {f"Bearer {CANARY_A}".encode()}
+    assert authorizations(b) == {basic}
+    assert [r.path for r in b.received] == [b"/api/tags", b"/api/chat", b"/api/show"]
+    assert all(b"x-nvpair-node" not in r.headers for r in (*a.received, *b.received))
