@@ -109,8 +109,10 @@ def _tail(log: Path, limit: int = 6000) -> str:
     return text if len(text) <= limit else "...\n" + text[-limit:]
 
 
-def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    """Poll the proxy until it answers and its inventory lists the model (or fail clearly)."""
+def _wait_ready(
+    url: str, process: subprocess.Popen[bytes], log: Path, facade: str = "ollama"
+) -> None:
+    """Poll the proxy until it answers and its model list names the model (or fail clearly)."""
     deadline = time.monotonic() + READY_TIMEOUT
     last = "no answer yet"
     while time.monotonic() < deadline:
@@ -118,11 +120,15 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
             pytest.fail(f"the proxy exited with {process.returncode}:\n{_tail(log)}")
         try:
             httpx.get(f"{url}/api/version", timeout=2).raise_for_status()
-            tags = httpx.get(f"{url}/api/tags", timeout=2)
-            names = [m["name"] for m in tags.json().get("models", [])]
+            if facade == "ollama":
+                tags = httpx.get(f"{url}/api/tags", timeout=2)
+                names = [m["name"] for m in tags.json().get("models", [])]
+            else:
+                tags = httpx.get(f"{url}/v1/models", timeout=2)
+                names = [m["id"] for m in tags.json().get("data", [])]
             if f"{MODEL}:latest" in names:
                 return
-            last = f"/api/tags answered {tags.status_code} listing {names}"
+            last = f"the model list answered {tags.status_code} listing {names}"
         except (httpx.HTTPError, ValueError) as error:
             last = repr(error)
         time.sleep(0.1)
@@ -133,8 +139,8 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
 
 
 @contextlib.contextmanager
-def _proxy_process(nodes: list[str], log: Path) -> Iterator[str]:
-    """``python -m twisted nvpair`` (ollama facade) over ``--node`` values; its base URL.
+def _proxy_process(nodes: list[str], log: Path, facade: str = "ollama") -> Iterator[str]:
+    """``python -m twisted nvpair --engine FACADE`` over ``--node`` values; its base URL.
 
     At exit it is stopped with SIGTERM and its output must hold no traceback and no prompt.
     """
@@ -146,7 +152,7 @@ def _proxy_process(nodes: list[str], log: Path) -> Iterator[str]:
         "--log-format=text",
         "nvpair",
         "--engine",
-        "ollama",
+        facade,
         "--listen",
         f"tcp:{port}:interface=127.0.0.1",
         *(arg for node in nodes for arg in ("--node", node)),
@@ -158,7 +164,7 @@ def _proxy_process(nodes: list[str], log: Path) -> Iterator[str]:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, process, log)
+        _wait_ready(url, process, log, facade)
         yield url
     finally:
         process.send_signal(signal.SIGTERM)
@@ -411,3 +417,53 @@ def test_ollama_ps_lists_the_loaded_model_with_its_node(split_proxy: str) -> Non
         (f"{MODEL}:latest", "b"),
         ("llama3:latest", "a"),
     }
+
+
+# --- the lmstudio and omlx facades in front of the same real engine (it serves /v1/* too) --------
+
+TAGGED = f"{MODEL}:latest"  # LM Studio names match exactly, so clients use the listed id
+
+
+@pytest.fixture(scope="module", params=["lmstudio", "omlx"])
+def openai_facade_pair(
+    request: pytest.FixtureRequest, engine: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[openai.OpenAI, openai.OpenAI]]:
+    """``openai`` clients for (through an lmstudio or omlx facade, directly)."""
+    facade = str(request.param)
+    log = tmp_path_factory.mktemp(facade) / "twist.log"
+    with _proxy_process([f"a={engine}"], log, facade) as url:
+        via = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        direct = openai.OpenAI(base_url=f"{engine}/v1", api_key="unused", max_retries=0)
+        yield via, direct
+        via.close()
+        direct.close()
+
+
+def test_other_facades_chat_stream_models_and_embeddings_match_the_engine(
+    openai_facade_pair: tuple[openai.OpenAI, openai.OpenAI],
+) -> None:
+    """Through the lmstudio and omlx facades: chat, a streamed chat, the model list and embeddings
+    equal the engine's own answers."""
+
+    def chat(client: openai.OpenAI) -> tuple[Any, ...]:
+        r = client.chat.completions.create(
+            model=TAGGED, messages=CHAT, max_tokens=16, temperature=0
+        )
+        return r.model, r.choices[0].message.content, r.choices[0].finish_reason
+
+    def stream(client: openai.OpenAI) -> list[Any]:
+        chunks = client.chat.completions.create(
+            model=TAGGED, messages=CHAT, max_tokens=16, temperature=0, stream=True
+        )
+        return [(c.choices[0].delta.content, c.choices[0].finish_reason) for c in chunks]
+
+    def models(client: openai.OpenAI) -> list[tuple[str, str]]:
+        return [(m.id, m.owned_by) for m in client.models.list()]
+
+    def embed(client: openai.OpenAI) -> list[list[float]]:
+        return [d.embedding for d in client.embeddings.create(model=TAGGED, input=EMBED_INPUT).data]
+
+    for call in (chat, stream, models, embed):
+        via, direct = _both(openai_facade_pair, call)
+        assert via == direct, call.__name__
+        assert via, call.__name__
