@@ -17,8 +17,10 @@ from attrs import field, frozen
 __all__ = [
     "ENGINES",
     "LMSTUDIO",
+    "LMSTUDIO_LOADED",
     "LMSTUDIO_MODELS",
     "OLLAMA",
+    "OLLAMA_PS",
     "OMLX",
     "OPENAI_MODELS",
     "PS",
@@ -27,9 +29,12 @@ __all__ = [
     "EngineProfile",
     "ModelListFormat",
     "ModelRoute",
+    "ResidencyFormat",
     "RouteKind",
+    "lmstudio_loaded_ids",
     "normalise_ollama",
     "openai_model_ids",
+    "ps_names",
     "tags_names",
 ]
 
@@ -93,6 +98,46 @@ def openai_model_ids(document: Any) -> list[str]:
         for record in data
         if isinstance(record, dict) and isinstance(record.get("id"), str) and record["id"]
     ]
+
+
+def ps_names(document: Any) -> list[str]:
+    """Loaded model names from an Ollama ``/api/ps`` answer: ``models[].model``, else ``.name``
+    (the same shape as ``/api/tags``)."""
+    return tags_names(document)
+
+
+def lmstudio_loaded_ids(document: Any) -> list[str]:
+    """Loaded model ids from an LM Studio ``/api/v0/models`` answer: ``data[].id`` of the records
+    whose ``state`` is ``"loaded"``."""
+    if not isinstance(document, dict):
+        raise ValueError("models answer is not an object")
+    data = document.get("data")
+    if not isinstance(data, list):
+        raise ValueError("models answer has no data list")
+    return [
+        record["id"]
+        for record in data
+        if isinstance(record, dict)
+        and isinstance(record.get("id"), str)
+        and record["id"]
+        and record.get("state") == "loaded"
+    ]
+
+
+@frozen
+class ResidencyFormat:
+    """Where an engine says which models are loaded now (SPEC §6.4), and how to read it.
+
+    ``loaded`` returns the loaded names as the engine spells them, or raises ``ValueError`` for an
+    answer of the wrong shape.
+    """
+
+    path: str
+    loaded: Callable[[Any], list[str]]
+
+
+OLLAMA_PS = ResidencyFormat(path="/api/ps", loaded=ps_names)
+LMSTUDIO_LOADED = ResidencyFormat(path="/api/v0/models", loaded=lmstudio_loaded_ids)
 
 
 @frozen
@@ -215,7 +260,11 @@ AFFINITY_PATHS = frozenset(
 
 @frozen
 class EngineProfile:
-    """One engine's routes, defaults and model-name rule."""
+    """One engine's routes, defaults and model-name rule.
+
+    ``residency`` is where the inventory poll learns which models are loaded, or None when the
+    engine has no such endpoint (residency then stays unknown).
+    """
 
     name: str
     inference_paths: frozenset[str]
@@ -225,6 +274,7 @@ class EngineProfile:
     default_node_url: str
     normalise: Callable[[str], str]
     model_routes: tuple[ModelRoute, ...] = field(default=(), kw_only=True)
+    residency: ResidencyFormat | None = None
 
     def classify(self, method: bytes, path: str) -> RouteKind:
         """Classify by method and exact path (the query is not part of ``path``)."""
@@ -259,6 +309,7 @@ OLLAMA = EngineProfile(
     default_node_url="http://127.0.0.1:11434",
     normalise=normalise_ollama,
     model_routes=(ModelRoute(b"POST", "/api/show", _show_model),),
+    residency=OLLAMA_PS,
 )
 LMSTUDIO = EngineProfile(
     name="lmstudio",
@@ -269,6 +320,7 @@ LMSTUDIO = EngineProfile(
     default_node_url="http://127.0.0.1:1234",
     normalise=_normalise_exact,
     model_routes=(ModelRoute(b"GET", _LMSTUDIO_MODEL, _path_model(_LMSTUDIO_MODEL), prefix=True),),
+    residency=LMSTUDIO_LOADED,
 )
 OMLX = EngineProfile(
     name="omlx",
@@ -278,6 +330,7 @@ OMLX = EngineProfile(
     default_listen="tcp:8001:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:8000",
     normalise=_normalise_casefold,
+    residency=None,
 )
 
 ENGINES: Mapping[str, EngineProfile] = {p.name: p for p in (OLLAMA, LMSTUDIO, OMLX)}

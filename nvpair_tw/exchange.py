@@ -16,10 +16,12 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from attrs import frozen
+from attrs import evolve, frozen
+from twisted.internet.defer import CancelledError
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
+from nvpair_tw.admission import RETRY_AFTER_SECONDS, QueueFull, QueueTimeout, Slot, Waiter
 from nvpair_tw.affinity import AffinityKey, affinity_key
 from nvpair_tw.attempts import (
     Abandoned,
@@ -84,11 +86,20 @@ async def forward(
     route = _route(facade, request, kind, record, target)
     if route is None:
         return
+    ticket = facade.admission.admit(route.candidates) if route.model else None
+    if isinstance(ticket, QueueFull):
+        _busy(facade, request, record, "every node is busy and the queue is full", "queue-full")
+        return
     workload = shared.workloads.create(facade.engine, route.model) if route.model else None
-    booking = (
-        Booking.take(shared.ledger, route.candidates[0].id) if route.model else Booking.nothing()
-    )
     caller = _watch(request, workload, facade)
+    if isinstance(ticket, Waiter):
+        ticket = await _queue(facade, request, ticket, caller, record, workload)
+        if ticket is None:
+            return
+    booking = Booking.nothing()
+    if ticket is not None:
+        route = _bound(route, ticket)
+        booking = Booking.take(shared.ledger, route.candidates[0].id, ticket)
     try:
         result = await run_attempts(
             route.plan,
@@ -111,6 +122,56 @@ async def forward(
             _refuse(facade, request, result, record, workload)
     finally:
         booking.release()
+
+
+async def _queue(
+    facade: Facade,
+    request: Request,
+    waiter: Waiter,
+    caller: CallerState,
+    record: RequestRecord,
+    workload: Workload | None,
+) -> Slot | None:
+    """Wait in the facade's queue for a slot (§6.4); None when the request ended here instead."""
+    if workload is not None:
+        workload.queued()
+    caller.track(waiter.bound.cancel)
+    try:
+        slot = await waiter.bound
+    except (QueueTimeout, CancelledError) as error:
+        stopped: Exception | None = error
+    else:
+        stopped = None
+    caller.track(None)
+    record.queued_for(facade.shared.clock.seconds() - waiter.since)
+    if stopped is None:
+        return slot
+    if isinstance(stopped, QueueTimeout):
+        if workload is not None:
+            workload.fail(f"queue timeout: {stopped}")
+        _busy(facade, request, record, f"queue timeout: {stopped}", "queue-timeout")
+        return None
+    reason = caller.gone or "cancelled"
+    if workload is not None:
+        workload.cancel(reason)
+    if not request.finished:
+        cut(request, facade.shared.clock, facade.shared.settings.write_stall_timeout)
+    record.publish(facade.shared.bus, status=499, node_id=None, error=reason)
+    return None
+
+
+def _bound(route: _Route, slot: Slot) -> _Route:
+    """The route with the slot's node first, the rest in their order (the failover order)."""
+    head = [n for n in route.candidates if n.id == slot.node_id]
+    rest = [n for n in route.candidates if n.id != slot.node_id]
+    return evolve(route, candidates=head + rest)
+
+
+def _busy(facade: Facade, request: Request, record: RequestRecord, message: str, code: str) -> None:
+    """503 ``queue-full`` / ``queue-timeout`` with ``Retry-After``, and its record."""
+    retry = (b"Retry-After", b"%d" % RETRY_AFTER_SECONDS)
+    write_error(request, 503, message, code, [retry])
+    record.publish(facade.shared.bus, status=503, node_id=None, error=code)
 
 
 def _route(
@@ -156,7 +217,7 @@ def _route(
         candidates, promoted = [target], False
     else:
         candidates, promoted = facade.order(
-            eligible, head_selection=bool(model), affinity_hint=hint
+            eligible, head_selection=bool(model), affinity_hint=hint, model=model
         )
         if model and parsed is not None and record.path == RESPONSES_PATH:
             candidates = _conversation_first(facade, parsed, candidates)

@@ -11,6 +11,7 @@ The nodes file is TOML, one ``[[node]]`` table per machine::
     id = "gpu1"                        # required, unique, stable (not a host name)
     models = ["llama3:8b"]             # optional static inventory for every engine (never polled)
     url = "http://10.0.0.5:11434"      # one URL for every engine, or per engine:
+    slots = 2                          # optional: requests run on it at once; 0 = no limit
     # [node.url]
     # ollama = "http://10.0.0.5:11434"
     # lmstudio = "http://10.0.0.5:1234"
@@ -65,14 +66,17 @@ class Node:
     """One machine as one engine sees it.
 
     ``models`` is a static inventory (never polled) or ``None`` (polled). ``source`` says where the
-    node came from: ``flag``, ``file``, ``manual``, ``discovery`` or ``default``. ``tls`` is how an
-    https node's certificate is checked (nodes file only; ``None``: the system trust store).
+    node came from: ``flag``, ``file``, ``manual``, ``discovery`` or ``default``. ``slots`` is how
+    many requests one facade of this process runs on it at once (0 = unlimited, ``None`` = the
+    ``--default-slots``; docs/behaviour.md §6.4). ``tls`` is how an https node's certificate is
+    checked (nodes file only; ``None``: the system trust store).
     """
 
     id: str
     url: str = field(repr=lambda url: repr(public_url(url)))
     models: tuple[str, ...] | None = None
     source: str = "flag"
+    slots: int | None = None
     tls: NodeTLS | None = field(default=None, kw_only=True)
     api_key: str | None = field(default=None, kw_only=True, repr=False)
 
@@ -120,7 +124,7 @@ def validate_url(url: str) -> None:
         raise ValueError("must not have a query or fragment")
 
 
-_NODE_KEYS = frozenset({"id", "url", "models", "api_key"}) | TLS_KEYS
+_NODE_KEYS = frozenset({"id", "url", "models", "slots", "api_key"}) | TLS_KEYS
 
 
 def load_nodes_file(path: str, engine: str) -> list[Node]:
@@ -184,6 +188,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
                     f"{where}: https://{_netloc(address)} is also node {other[0]!r}'s address,"
                     " with different TLS settings (ca_file, fingerprint, insecure); make them equal"
                 )
+        slots = _parse_slots(where, entry.get("slots"))
         url = urls.get(engine, urls.get("*"))
         if url is not None:
             nodes.append(
@@ -192,6 +197,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
                     url=url,
                     models=models,
                     source="file",
+                    slots=slots,
                     tls=tls,
                     api_key=api_key.strip() if api_key is not None else None,
                 )
@@ -252,6 +258,14 @@ def _parse_models(where: str, value: object) -> tuple[str, ...] | None:
     if not isinstance(value, list) or not all(isinstance(m, str) and m.strip() for m in value):
         raise NodesFileError(f"{where}: models: must be a list of non-empty strings")
     return tuple(value)
+
+
+def _parse_slots(where: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise NodesFileError(f"{where}: slots: must be a whole number >= 0 (0 = unlimited)")
+    return value
 
 
 _LOOPBACK = "<loopback>"

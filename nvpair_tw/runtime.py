@@ -13,6 +13,7 @@ from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
 from twisted.web.client import Agent, HTTPConnectionPool
 
+from nvpair_tw.admission import Admission, slot_limit
 from nvpair_tw.affinity import AffinityTable
 from nvpair_tw.engines import ENGINES
 from nvpair_tw.events import NODE_COOLDOWN, NODE_COOLDOWN_ENDED, EventBus, log_events
@@ -159,6 +160,13 @@ def build_runtime(
             interval=settings.inventory_interval,
             timeout=settings.inventory_timeout,
         )
+        admission = Admission(
+            reactor,
+            slot_limit(directory.get, settings.default_slots),
+            settings.queue_size,
+            settings.queue_timeout,
+        )
+        directory.subscribe(admission.wake)  # raised slots or a new node: bind who waits
         announce = _cooldown_announcer(bus, engine)
         stalls = (
             stall_tracker(engine, announce)
@@ -172,6 +180,7 @@ def build_runtime(
             inventory=inventory,
             stalls=stalls,
             affinity=AffinityTable(reactor, settings.affinity_max_entries, settings.affinity_ttl),
+            admission=admission,
         )
     return Runtime(reactor, settings, shared, facades, pool)
 

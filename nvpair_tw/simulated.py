@@ -8,6 +8,10 @@ headers and then nothing, drops the connection, or fails with a status. Every ti
 it is given, so a test can drive it with a ``task.Clock``. Every request it receives is kept as a
 :class:`Received` (method, target, headers, body) so tests can compare replayed bodies byte for byte.
 
+``loaded`` says which models are resident, as Ollama's ``GET /api/ps`` and LM Studio's
+``GET /api/v0/models`` (``state``) report them; None (the default) answers both with 404, like an
+engine without those endpoints, so residency stays unknown.
+
 This module is production-safe (``--demo`` uses it); the test harnesses built on it are in
 :mod:`nvpair_tw.testing`.
 """
@@ -166,24 +170,33 @@ class SimulatedEngine(Resource):
         return NOT_DONE_YET
 
     def _listing(self, path: bytes) -> tuple[int, Any] | None:
-        """The GET routes answered from the engine's models: ``/api/ps`` (the ``loaded`` ones,
-        all by default), LM Studio's ``/api/v0/models`` and ``/api/v0/models/{id}``."""
-        loaded = self.models if self.loaded is None else self.loaded
-        if path == b"/api/ps":
-            return 200, {"models": [{"name": m, "model": m, "size_vram": 1} for m in loaded]}
+        """The GET routes answered from the engine's models: ``/api/ps`` (the ``loaded`` ones),
+        LM Studio's ``/api/v0/models`` (every model with its ``state``) — both 404 while
+        ``loaded`` is None — and ``/api/v0/models/{id}`` (404 for a model it lacks)."""
+        loaded = () if self.loaded is None else tuple(self.loaded)
+        names = list(dict.fromkeys([*self.models, *loaded]))
         records = [
-            {"id": m, "object": "model", "type": "llm", "state": "loaded" if m in loaded else ""}
-            for m in self.models
+            {
+                "id": m,
+                "object": "model",
+                "type": "llm",
+                "state": "loaded" if m in loaded else "not-loaded",
+            }
+            for m in names
         ]
-        if path == b"/api/v0/models":
-            return 200, {"object": "list", "data": records}
         if path.startswith(b"/api/v0/models/"):
             wanted = path[len(b"/api/v0/models/") :].decode("utf-8", "replace")
             for record in records:
                 if record["id"] == wanted:
                     return 200, record
             return 404, {"error": f"model '{wanted}' not found"}
-        return None
+        if path not in (b"/api/ps", b"/api/v0/models"):
+            return None
+        if self.loaded is None:
+            return 404, {"error": "not found"}
+        if path == b"/api/ps":
+            return 200, {"models": [{"name": m, "model": m, "size_vram": 1} for m in loaded]}
+        return 200, {"object": "list", "data": records}
 
     def _closed(self, _result: object, request: Request) -> None:
         if request in self._open:

@@ -34,9 +34,13 @@ def host(node_id: str) -> str:
     return f"http://{node_id}.node.test:11434"
 
 
-def authorizations(engine: SimulatedEngine) -> set[bytes]:
-    """Every ``Authorization`` value the engine received."""
-    return {value for r in engine.received for value in r.headers.get(b"authorization", [])}
+def authorizations(engine: SimulatedEngine, method: bytes | None = None) -> set[bytes]:
+    """Every ``Authorization`` value the engine received (``b""`` for a request without one)."""
+    return {
+        b",".join(r.headers.get(b"authorization", [b""]))
+        for r in engine.received
+        if method is None or r.method == method
+    }
 
 
 @implementer(ILogObserver)
@@ -106,7 +110,7 @@ def test_a_node_without_a_key_still_gets_the_clients_authorization(memory_cluste
     assert response.status == 200
     engine = cluster.engines["a"]
     assert isinstance(engine, SimulatedEngine)
-    assert authorizations(engine) == {b"Bearer c"}
+    assert authorizations(engine, b"POST") == {b"Bearer c"}
 
 
 def test_url_userinfo_becomes_basic_authorization_and_is_never_sent_in_the_url(
@@ -125,7 +129,7 @@ def test_url_userinfo_becomes_basic_authorization_and_is_never_sent_in_the_url(
     assert cluster.fetch("POST", "/api/chat", json=CHAT).status == 200
     assert authorizations(engine) == {b"Basic dXNAcjpwOnNz"}  # base64("us@r:p:ss")
     assert all(b"@" not in r.path for r in engine.received)
-    assert {r.path for r in engine.received} == {b"/api/tags", b"/api/chat"}
+    assert {r.path for r in engine.received} == {b"/api/tags", b"/api/ps", b"/api/chat"}
 
 
 def test_no_node_key_or_userinfo_reaches_logs_events_nodes_list_or_the_status_page(
@@ -232,7 +236,10 @@ def test_api_ps_lists_every_nodes_loaded_models_tagged_and_never_merged(
     clock = Clock()
     engines = {
         "a": SimulatedEngine(clock, ("llama3:latest", "qwen:latest"), loaded=("llama3:latest",)),
-        "b": SimulatedEngine(clock, ("llama3:latest", "qwen:latest")),
+        "b": SimulatedEngine(
+            clock, ("llama3:latest", "qwen:latest"), loaded=("llama3:latest", "qwen:latest")
+        ),
+        "c": SimulatedEngine(clock),  # no /api/ps (404): left out, like any failing node
     }
     cluster = memory_cluster(clock, engines)
     response = cluster.fetch("GET", "/api/ps")
@@ -250,8 +257,8 @@ def test_api_ps_lists_every_nodes_loaded_models_tagged_and_never_merged(
 
 def lmstudio(make: Make, clock: Clock, **kw: Any) -> MemoryCluster:
     engines = {
-        "a": SimulatedEngine(clock, ("qwen-7b",), **kw),
-        "b": SimulatedEngine(clock, ("qwen-7b", "gemma-3"), **kw),
+        "a": SimulatedEngine(clock, ("qwen-7b",), loaded=(), **kw),
+        "b": SimulatedEngine(clock, ("qwen-7b", "gemma-3"), loaded=("gemma-3",), **kw),
     }
     settings = Settings(response_header_timeout=5.0)
     return make(clock, engines, facades=("lmstudio",), settings=settings)
@@ -298,9 +305,9 @@ def test_lmstudio_model_list_is_aggregated_and_a_model_lookup_goes_to_an_owner(
     cluster = lmstudio(memory_cluster, clock)
     listed = cluster.fetch("GET", "/api/v0/models")
     assert listed.status == 200
-    assert [(r["id"], r["type"]) for r in listed.json()["data"]] == [
-        ("qwen-7b", "llm"),
-        ("gemma-3", "llm"),
+    assert [(r["id"], r["state"]) for r in listed.json()["data"]] == [
+        ("qwen-7b", "not-loaded"),  # a's record comes first, verbatim
+        ("gemma-3", "loaded"),
     ]
     assert all("nvpair_node" not in r for r in listed.json()["data"])
     one = cluster.fetch("GET", "/api/v0/models/gemma-3")
@@ -471,5 +478,6 @@ async def test_over_sockets_keyed_nodes_are_polled_and_served_each_with_its_own_
     basic = b"Basic " + base64.b64encode(f"u:{CANARY_B}".encode())
     assert authorizations(a) == {f"Bearer {CANARY_A}".encode()}
     assert authorizations(b) == {basic}
-    assert [r.path for r in b.received] == [b"/api/tags", b"/api/chat", b"/api/show"]
+    assert [r.path for r in b.received if r.method == b"POST"] == [b"/api/chat", b"/api/show"]
+    assert {r.path for r in b.received if r.method == b"GET"} == {b"/api/tags", b"/api/ps"}
     assert all(b"x-nvpair-node" not in r.headers for r in (*a.received, *b.received))

@@ -268,7 +268,10 @@ def test_issue_14_routes_answer_from_the_engines_models(memory_cluster: Make) ->
     ps = cluster.fetch("GET", "/api/ps", node="e").json()
     assert [m["model"] for m in ps["models"]] == ["b:latest"]
     v0 = cluster.fetch("GET", "/api/v0/models", node="e").json()
-    assert [(r["id"], r["state"]) for r in v0["data"]] == [("a:latest", ""), ("b:latest", "loaded")]
+    assert [(r["id"], r["state"]) for r in v0["data"]] == [
+        ("a:latest", "not-loaded"),
+        ("b:latest", "loaded"),
+    ]
     assert cluster.fetch("GET", "/api/v0/models/b:latest", node="e").json()["id"] == "b:latest"
     assert cluster.fetch("GET", "/api/v0/models/c", node="e").status == 404
     chat = post(cluster, "/api/v0/chat/completions", b'{"model": "a:latest", "stream": true}')
@@ -290,3 +293,33 @@ def test_responses_answer_with_a_numbered_id_and_end_at_response_completed(
         b"event: response.completed",
     ]
     assert b'"id": "resp_e_2"' in streamed.body.split(b"\n\n")[0]
+
+
+# --- residency answers ---------------------------------------------------------------------------
+
+
+def test_residency_endpoints_answer_404_unless_loaded_is_set(memory_cluster: Make) -> None:
+    """By default the engine has no residency endpoints (404), so residency stays unknown."""
+    cluster = serve(memory_cluster, Behaviour.HEALTHY)
+    for path in ("/api/ps", "/api/v0/models"):
+        response = cluster.fetch("GET", path, node="e")
+        assert response.status == 404
+        assert response.json() == {"error": "not found"}
+
+
+def test_residency_endpoints_report_the_loaded_models(memory_cluster: Make) -> None:
+    """``loaded`` is reported by /api/ps (as models) and by /api/v0/models (as ``state``), and can
+    be changed between polls."""
+    cluster = serve(memory_cluster, Behaviour.HEALTHY, models=("a:latest", "b:latest"))
+    engine = engine_of(cluster)
+    engine.loaded = ["b:latest"]
+    ps = cluster.fetch("GET", "/api/ps", node="e").json()
+    assert [m["model"] for m in ps["models"]] == ["b:latest"]
+    v0 = cluster.fetch("GET", "/api/v0/models", node="e").json()
+    assert {r["id"]: r["state"] for r in v0["data"]} == {
+        "a:latest": "not-loaded",
+        "b:latest": "loaded",
+    }
+    engine.loaded = []
+    assert cluster.fetch("GET", "/api/ps", node="e").json() == {"models": []}
+    assert engine.inference_count == 0

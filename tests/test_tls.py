@@ -580,7 +580,8 @@ async def test_ipv6_loopback_node_answers_and_its_inventory_is_polled(
     await cluster.start_proxy(nodes)
     await cluster.facade.inventory.poll_now()
     assert cluster.facade.inventory.models("v6") == frozenset(MODELS)
-    assert [r.path for r in engine.received] == [b"/api/tags"]
+    polled = [r.path for r in engine.received]
+    assert sorted(polled) == [b"/api/ps", b"/api/tags"]  # the model list and residency
     code, _body, node = await chat(cluster)
     assert (code, node) == (200, "v6")
     assert engine.inference_count == 1
