@@ -360,7 +360,7 @@ SIMULATED = """
 import sys
 from twisted.internet import reactor
 from nvpair_tw.simulated import SimulatedEngine
-engine = SimulatedEngine(reactor, ("llama3:latest",))
+engine = SimulatedEngine(reactor, ("llama3:latest",), loaded=("llama3:latest",))
 reactor.listenTCP(int(sys.argv[1]), engine.site(), interface="127.0.0.1")
 reactor.run()
 """
