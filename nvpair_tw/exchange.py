@@ -70,6 +70,9 @@ class _Observer(AttemptObserver):
     def attempt_ended(self, node: Node, outcome: str) -> None:
         self._record.attempt_ended(outcome)
 
+    def busy_wait(self, node: Node) -> None:
+        self._record.busy_wait()
+
 
 async def forward(
     facade: Facade,
@@ -110,6 +113,7 @@ async def forward(
             caller,
             booking,
             _Observer(record, workload),
+            progress=facade.progress,
         )
         if isinstance(result, Committed):
             record.first_byte()
@@ -231,6 +235,8 @@ def _route(
         gated=inference and facade.first_body_gate,
         header_timeout=settings.response_header_timeout,
         first_body_timeout=settings.first_body_timeout if inference else 0.0,
+        first_extra=_cold_allowances(facade, model, candidates) if inference else {},
+        busy_max_wait=settings.busy_max_wait,
     )
     warm = candidates[0].id if promoted else None
     return _Route(plan, model, candidates, key, warm)
@@ -285,6 +291,17 @@ def _conversation_first(facade: Facade, parsed: dict[str, Any], nodes: list[Node
         return nodes
     first = [n for n in nodes if n.id == owner]
     return first + [n for n in nodes if n.id != owner]
+
+
+def _cold_allowances(facade: Facade, model: str | None, nodes: list[Node]) -> dict[str, float]:
+    """The cold-load allowance for each candidate known not to have ``model`` loaded (§6.4).
+
+    Unknown residency (None) adds nothing.
+    """
+    if not model:
+        return {}
+    allowance = facade.shared.settings.cold_load_allowance
+    return {n.id: allowance for n in nodes if facade.inventory.resident(n.id, model) is False}
 
 
 def _watch(request: Request, workload: Workload | None, facade: Facade) -> CallerState:
