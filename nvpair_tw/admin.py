@@ -127,7 +127,7 @@ class StatusBoard:
                 nodes.append(
                     {
                         "id": node.id,
-                        "url": node.url,
+                        "url": node.public_url,
                         "source": node.source,
                         "models": sorted(facade.inventory.models(node.id)),
                         "inventoryKnown": facade.inventory.known(node.id),

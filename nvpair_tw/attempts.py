@@ -54,6 +54,7 @@ __all__ = [
     "Exhausted",
     "Result",
     "classify_failure",
+    "node_headers",
     "retryable_status",
     "run_attempts",
 ]
@@ -159,6 +160,16 @@ def retryable_status(code: int, inference: bool) -> bool:
     return code in (408, 429) or code >= 500 or (inference and code == 404)
 
 
+def node_headers(headers: Headers, node: Node) -> Headers:
+    """The plan's headers as sent to ``node``: its own credential replaces the client's (SPEC §3)."""
+    authorization = node.authorization
+    if authorization is None:
+        return headers
+    out = headers.copy()
+    out.setRawHeaders(b"authorization", [authorization])
+    return out
+
+
 _STALLS = (AttemptOutcome.STALL, AttemptOutcome.FIRST_BODY_TIMEOUT)
 
 
@@ -232,7 +243,7 @@ async def _attempt(
     attempt = client.request(
         plan.method,
         node_url(node.url, plan.target),
-        plan.headers,
+        node_headers(plan.headers, node),
         plan.body,
         plan.header_timeout,
         first_extra=plan.first_extra.get(node.id, 0.0),

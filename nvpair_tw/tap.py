@@ -27,7 +27,7 @@ from nvpair_tw.engines import ENGINES
 from nvpair_tw.fleet import StateConfig, parse_state_url, read_secret
 from nvpair_tw.ingress import IngressConfigError, parse_ingress
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
-from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file
+from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.settings import (
     Resolved,
@@ -85,9 +85,39 @@ def parse_node(text: str) -> tuple[str | None, Node]:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, 0):
         raise usage.UsageError(
-            f"--node {left}: URL must be http(s)://HOST[:PORT] with a port 1-65535, not {url!r}"
+            f"--node {left}: URL must be http(s)://HOST[:PORT] with a port 1-65535,"
+            f" not {public_url(url)!r}"
         )
     return engine, Node(id=left.strip(), url=url.rstrip("/"), source="flag")
+
+
+MAX_KEY_FILE_BYTES = 64 << 10
+
+
+def read_key_file(text: str) -> tuple[str, str]:
+    """``ID=PATH`` of ``--node-key-file``: the node id and the key read from PATH (first line,
+    surrounding whitespace trimmed). Errors name the file, never its content."""
+    node_id, sep, path = text.partition("=")
+    if not sep or not node_id.strip() or not path.strip():
+        raise usage.UsageError(f"--node-key-file wants ID=PATH, not {text!r}")
+    node_id, path = node_id.strip(), path.strip()
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError as error:
+        raise usage.UsageError(
+            f"--node-key-file {node_id}: cannot read {path}: {error.strerror}"
+        ) from None
+    try:
+        lines = raw.decode("utf-8").strip().splitlines()
+    except UnicodeDecodeError:
+        lines = []
+    key = lines[0].strip() if lines else ""
+    if len(raw) > MAX_KEY_FILE_BYTES or not key or not key.isprintable():
+        raise usage.UsageError(
+            f"--node-key-file {node_id}: {path} must hold the key on its first line"
+        )
+    return node_id, key
 
 
 def parse_node_slots(text: str) -> tuple[str | None, str, int]:
@@ -215,6 +245,7 @@ class Options(usage.Options):
         self["engines"] = []
         self["listen"] = {}
         self["node"] = []
+        self["node-key"] = {}
         self["node-slots"] = []
         self["assemble"] = {}
 
@@ -240,6 +271,11 @@ class Options(usage.Options):
     def opt_node(self, text: str) -> None:
         """A node: ID=URL for every engine, or ENGINE:ID=URL (repeatable)."""
         self["node"].append(parse_node(text))
+
+    def opt_node_key_file(self, text: str) -> None:
+        """ID=PATH: send the key in PATH as Authorization: Bearer to --node ID only (repeatable)."""
+        node_id, key = read_key_file(text)
+        self["node-key"][node_id] = key
 
     def opt_node_slots(self, text: str) -> None:
         """Slots of a --node: ID=N or ENGINE:ID=N, 0 = unlimited (repeatable)."""
@@ -302,6 +338,20 @@ class Options(usage.Options):
         )
 
 
+def _with_keys(
+    flag_nodes: list[tuple[str | None, Node]], keys: Mapping[str, str]
+) -> list[tuple[str | None, Node]]:
+    """The ``--node`` nodes with their ``--node-key-file`` keys; a key for no ``--node`` is an error."""
+    named = {node.id for _, node in flag_nodes}
+    for node_id in keys:
+        if node_id not in named:
+            raise usage.UsageError(f"--node-key-file {node_id}: no --node has this id")
+    return [
+        (scope, evolve(node, api_key=keys[node.id]) if node.id in keys else node)
+        for scope, node in flag_nodes
+    ]
+
+
 def _endpoints(
     options: Options, engines: list[str]
 ) -> tuple[dict[str, str], str | None, str | None]:
@@ -353,8 +403,9 @@ def _settings(options: Options, engines: list[str], header: float, first: float)
 
 
 def _flag_nodes(options: Options, engines: list[str]) -> dict[str, tuple[Node, ...]]:
-    """Each engine's ``--node`` nodes (unscoped ones under every engine) with their slots."""
-    flag_nodes: list[tuple[str | None, Node]] = options["node"]
+    """Each engine's ``--node`` nodes (unscoped ones under every engine) with their slots and
+    ``--node-key-file`` keys."""
+    flag_nodes = _with_keys(options["node"], options["node-key"])
     slots: list[tuple[str | None, str, int]] = options["node-slots"]
     for scope, node_id, _ in slots:
         if scope is not None and scope not in engines:

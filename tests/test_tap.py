@@ -651,6 +651,49 @@ def test_bad_admission_options_are_usage_errors(args: list[str]) -> None:
         Options(environ={}).parseOptions(["--engine", "ollama", *args])
 
 
+def test_node_key_file_gives_that_flag_node_its_key(tmp_path: Path) -> None:
+    """``--node-key-file ID=PATH`` reads the key from PATH's first line, for ``--node ID`` only."""
+    key_file = tmp_path / "gpu1.key"
+    key_file.write_text("  sk-from-file  \nignored\n")
+    config = config_of(
+        "-e",
+        "ollama",
+        "--node",
+        "gpu1=http://a:1",
+        "--node",
+        "gpu2=http://b:1",
+        "--node-key-file",
+        f"gpu1={key_file}",
+    )
+    gpu1, gpu2 = config.nodes["ollama"]
+    assert (gpu1.api_key, gpu2.api_key) == ("sk-from-file", None)
+
+
+@pytest.mark.parametrize(
+    ("content", "node", "expected"),
+    [
+        (None, "gpu1", "cannot read"),
+        ("\n\n", "gpu1", "must hold the key on its first line"),
+        ("sk-x", "other", "no --node has this id"),
+    ],
+)
+def test_node_key_file_errors_name_the_file_never_the_key(
+    tmp_path: Path, content: str | None, node: str, expected: str
+) -> None:
+    key_file = tmp_path / "k"
+    if content is not None:
+        key_file.write_text(content)
+    with pytest.raises(usage.UsageError, match=expected) as raised:
+        parse("-e", "ollama", "--node", "gpu1=http://a:1", "--node-key-file", f"{node}={key_file}")
+    assert "sk-x" not in str(raised.value)
+
+
+def test_a_bad_node_url_is_reported_without_its_password() -> None:
+    with pytest.raises(usage.UsageError) as raised:
+        parse("-e", "ollama", "--node", "a=http://u:hunter2@h:99999")
+    assert "hunter2" not in str(raised.value)
+
+
 def test_state_is_off_by_default() -> None:
     assert config_of("--engine", "ollama").state is None
 
