@@ -19,6 +19,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from nvpair_tw.affinity import AffinityKey, affinity_key
+from nvpair_tw.assembly import plan_assembly
 from nvpair_tw.attempts import (
     Abandoned,
     AttemptObserver,
@@ -124,15 +125,21 @@ def _route(
         hint = facade.affinity.lookup(key) if key is not None else None
     candidates, promoted = facade.order(eligible, head_selection=bool(model), affinity_hint=hint)
     settings = shared.settings
+    assembly = (
+        plan_assembly(record.path, body, parsed, settings.max_body_size)
+        if inference and settings.assembles(facade.engine)
+        else None
+    )
     plan = AttemptPlan(
         method=request.method,
         target=target_of(request.uri),
         headers=upstream_request_headers(request.requestHeaders, _client_host(request)),
-        body=body,
+        body=assembly.body if assembly is not None else body,
         inference=inference,
         gated=inference and facade.first_body_gate,
         header_timeout=settings.response_header_timeout,
         first_body_timeout=settings.first_body_timeout if inference else 0.0,
+        assembly=assembly,
     )
     warm = candidates[0].id if promoted else None
     return _Route(plan, model, candidates, key, warm)

@@ -89,6 +89,9 @@ class SimulatedEngine(Resource):
     header_delay: float = 0.0
     body_delay: float = 0.0
     reply_text: str = "hello"
+    script: Callable[[bytes, bool, bytes], list[bytes]] | None = None
+    """When set, the frames of a healthy answer: ``script(path, streaming, request_body)``
+    (e.g. a stream with tool calls or a usage chunk); else :func:`reply_frames`."""
     received: list[Received] = field(factory=list)
     inference_count: int = 0
     _timers: list[IDelayedCall] = field(factory=list)
@@ -177,7 +180,11 @@ class SimulatedEngine(Resource):
             request.write(b"")
             self._later(0, _hang_up, request)
             return
-        frames = reply_frames(request.path, streaming, self.chunks, self.reply_text)
+        frames = (
+            self.script(request.path, streaming, body)
+            if self.script is not None
+            else reply_frames(request.path, streaming, self.chunks, self.reply_text)
+        )
         if behaviour is Behaviour.SLOW_BODY:
             request.write(b"")
             self._later(self.body_delay, self._send, request, frames, 0)
