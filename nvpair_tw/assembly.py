@@ -606,6 +606,7 @@ class AssemblyState(Enum):
     AWAITING_FIRST = "awaiting-first"
     ASSEMBLING = "assembling"
     HOLDING = "holding"
+    DRAINING = "draining"
     ENDED = "ended"
 
 
@@ -631,12 +632,18 @@ class AssemblyGate(Protocol):
           a malformed frame or an answer past the cap fails ``first`` (a
           C{ResponseFailed} wrapping the L{AssemblyError}, or the transport's reason) and moves
           to C{ENDED}, stopping the upstream body.
-        - C{HOLDING}: ``first`` has fired; later upstream bytes and its end are ignored.
-          :meth:`start_relay` fires ``done`` with C{BodyEnd.COMPLETE} and moves to C{ENDED}.
+        - C{HOLDING}: ``first`` has fired; later upstream bytes are ignored and the body's end
+          is noted. :meth:`start_relay` moves to C{ENDED} and fires ``done`` if the upstream body
+          has ended, else to C{DRAINING}.
+        - C{DRAINING}: committed, the answer written; the upstream body's end (clean or not: the
+          answer is whole either way) fires ``done`` with C{BodyEnd.COMPLETE} and moves to
+          C{ENDED}, so the exchange concludes (and the node's booking is released) only once the
+          engine is done with the request.
         - C{ENDED}: nothing more happens; :meth:`start_relay` here raises L{GateStateError}.
     @ivar first: Fires with the whole answer's bytes, or fails (L{FirstBodyTimeout} when the
         enabled timer expired, a C{ResponseFailed} otherwise).
-    @ivar done: After :meth:`start_relay`: fires with C{BodyEnd.COMPLETE}.
+    @ivar done: After :meth:`start_relay`: fires with C{BodyEnd.COMPLETE} at the upstream body's
+        end.
     @ivar answer: The L{Assembled} answer once ``first`` has fired.
     """
 
@@ -647,6 +654,7 @@ class AssemblyGate(Protocol):
         self.done: Deferred[BodyEnd] = Deferred()
         self.answer: Assembled | None = None
         self._state = AssemblyState.AWAITING_FIRST
+        self._upstream_ended = False
         self._assembler = Assembler(dialect, limit)
         self._timed_out = False
         self._timeout = first_body_timeout
@@ -685,7 +693,10 @@ class AssemblyGate(Protocol):
         return _Still()
 
     def dataReceived(self, data: bytes) -> None:
-        if not data or self._state in (AssemblyState.HOLDING, AssemblyState.ENDED):
+        if not data or self._state not in (
+            AssemblyState.AWAITING_FIRST,
+            AssemblyState.ASSEMBLING,
+        ):
             return
         if self._state is AssemblyState.AWAITING_FIRST:
             self._disarm()
@@ -702,6 +713,11 @@ class AssemblyGate(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
         state = self._state
+        self._upstream_ended = True
+        if state is AssemblyState.DRAINING:
+            self._state = AssemblyState.ENDED
+            self.done.callback(BodyEnd.COMPLETE)
+            return
         if state in (AssemblyState.HOLDING, AssemblyState.ENDED):
             return
         if self._timed_out:
@@ -739,11 +755,15 @@ class AssemblyGate(Protocol):
         return AssembledResponse(upstream.version, code, phrase, headers, self.answer.body)
 
     def start_relay(self, sink: Callable[[bytes], None]) -> None:
-        """Commit: the answer went out as ``first``; nothing more is relayed."""
+        """Commit: the answer went out as ``first``; nothing more is relayed, ``done`` fires at
+        the upstream body's end."""
         if self._state is not AssemblyState.HOLDING:
             raise GateStateError(f"start_relay in state {self._state.value}")
-        self._state = AssemblyState.ENDED
-        self.done.callback(BodyEnd.COMPLETE)
+        if self._upstream_ended:
+            self._state = AssemblyState.ENDED
+            self.done.callback(BodyEnd.COMPLETE)
+        else:
+            self._state = AssemblyState.DRAINING
 
 
 @implementer(IResponse)

@@ -17,13 +17,19 @@ import pytest
 import pytest_twisted
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from twisted.internet.error import ConnectionLost
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone, ResponseFailed
 
 from nvpair_tw.assembly import (
     AnswerTooLarge,
     Assembled,
     Assembler,
+    AssemblyGate,
+    AssemblyState,
     Dialect,
     MalformedStream,
     StreamCut,
@@ -39,6 +45,7 @@ from nvpair_tw.testing import (
     SimulatedEngine,
     always,
 )
+from nvpair_tw.upstream import BodyEnd, FirstBodyTimeout, GateStateError
 
 Make = Callable[..., MemoryCluster]
 MODEL = "llama3:latest"
@@ -554,6 +561,89 @@ def test_memory_held_is_the_answer_text_and_the_unfinished_line(dialect: Dialect
         assert assembler.held <= answer_size
     assembler.feed(pieces[-1][:10])
     assert assembler.held <= answer_size + 10
+
+
+# --- the gate ----------------------------------------------------------------------------------------
+
+
+def gate(
+    timeout: float = 0.0, dialect: Dialect = Dialect.OLLAMA_CHAT
+) -> tuple[AssemblyGate, Clock]:
+    clock = Clock()
+    g = AssemblyGate(clock, timeout, dialect, LIMIT)
+    g.makeConnection(StringTransport())
+    return g, clock
+
+
+def outcome(d: Any) -> list[Any]:
+    seen: list[Any] = []
+    d.addBoth(seen.append)
+    return seen
+
+
+def test_gate_commits_only_with_the_whole_answer_and_concludes_at_the_upstream_end() -> None:
+    g, _ = gate()
+    first = outcome(g.first)
+    for piece in OLLAMA_CHAT[:-1]:
+        g.dataReceived(piece)
+    assert first == []
+    states = [g.state]
+    g.dataReceived(OLLAMA_CHAT[-1])
+    states.append(g.state)
+    assert states == [AssemblyState.ASSEMBLING, AssemblyState.HOLDING]
+    assert json.loads(first[0]) == OLLAMA_CHAT_ANSWER
+    done = outcome(g.done)
+    g.start_relay(lambda data: None)
+    assert g.state is AssemblyState.DRAINING and done == []
+    g.connectionLost(Failure(ResponseDone()))
+    assert done == [BodyEnd.COMPLETE] and g.state is AssemblyState.ENDED
+    with pytest.raises(GateStateError):
+        g.start_relay(lambda data: None)
+
+
+def test_gate_fails_a_stream_cut_after_the_first_token_as_a_transport_failure() -> None:
+    g, _ = gate()
+    first = outcome(g.first)
+    g.dataReceived(OLLAMA_CHAT[0])
+    g.connectionLost(Failure(ResponseDone()))  # a clean end, but no terminal object
+    [failure] = first
+    assert isinstance(failure, Failure) and failure.check(ResponseFailed)
+    assert isinstance(failure.value, ResponseFailed)
+    assert isinstance(failure.value.reasons[0].value, StreamCut)
+    g2, _ = gate()
+    first2 = outcome(g2.first)
+    g2.dataReceived(OLLAMA_CHAT[0])
+    g2.connectionLost(Failure(ConnectionLost()))
+    assert first2[0].check(ConnectionLost)
+
+
+def test_gate_first_body_timer_runs_until_the_first_byte_only() -> None:
+    g, clock = gate(timeout=2.0)
+    first = outcome(g.first)
+    clock.advance(1.9)
+    g.dataReceived(OLLAMA_CHAT[0])
+    clock.advance(100)
+    assert first == [] and clock.getDelayedCalls() == []
+    silent, clock2 = gate(timeout=2.0)
+    never = outcome(silent.first)
+    clock2.advance(2.0)
+    silent.connectionLost(Failure(ResponseDone()))
+    assert never[0].check(FirstBodyTimeout)
+
+
+def test_gate_stops_the_upstream_when_the_answer_grows_past_the_cap() -> None:
+    clock = Clock()
+    g = AssemblyGate(clock, 0.0, Dialect.OLLAMA_GENERATE, 100)
+    transport = StringTransport()
+    g.makeConnection(transport)
+    first = outcome(g.first)
+    g.dataReceived(b"".join(ndjson(*(generate_piece("z" * 60) for _ in range(3)))))
+    assert first[0].check(ResponseFailed)
+    assert isinstance(first[0].value, ResponseFailed)
+    assert isinstance(first[0].value.reasons[0].value, AnswerTooLarge)
+    assert transport.producerState == "stopped"
+    g.connectionLost(Failure(ConnectionLost()))  # the end after a failure changes nothing
+    assert g.state is AssemblyState.ENDED
 
 
 # --- in memory: the corridor ----------------------------------------------------------------------
