@@ -596,7 +596,7 @@ def test_gate_commits_only_with_the_whole_answer_and_concludes_at_the_upstream_e
     g.start_relay(lambda data: None)
     assert g.state is AssemblyState.DRAINING and done == []
     g.connectionLost(Failure(ResponseDone()))
-    assert done == [BodyEnd.COMPLETE] and g.state is AssemblyState.ENDED
+    assert (done, g.state) == ([BodyEnd.COMPLETE], AssemblyState.ENDED)
     with pytest.raises(GateStateError):
         g.start_relay(lambda data: None)
 

@@ -19,7 +19,10 @@ from twisted.internet.threads import deferToThread
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
 from nvpair_tw.testing import Clusters, ProxyCluster
-from tests.test_e2e_real_engine import engine  # noqa: F401  (the real engine fixture)
+from tests import test_e2e_real_engine
+
+# The module-scoped real engine fixture (registered under its own name, ``engine``).
+real_engine = test_e2e_real_engine.engine
 
 pytestmark = pytest.mark.e2e
 
