@@ -261,11 +261,29 @@ def _insert_after(mapping: dict[str, Any], after: str, key: str, value: Any) -> 
 
 
 @define
+class _Text:
+    """A growing text: fragments joined in blocks, so a long answer is a few strings, not one
+    string object per token."""
+
+    blocks: list[str] = field(factory=list)
+    recent: list[str] = field(factory=list)
+
+    def add(self, fragment: str) -> None:
+        self.recent.append(fragment)
+        if len(self.recent) >= 256:
+            self.blocks.append("".join(self.recent))
+            self.recent.clear()
+
+    def text(self) -> str:
+        return "".join([*self.blocks, *self.recent])
+
+
+@define
 class _Choice:
     """One OpenAI choice being assembled (by ``index``)."""
 
     template: dict[str, Any]
-    texts: dict[str, list[str]] = field(factory=dict)
+    texts: dict[str, _Text] = field(factory=dict)
     nulls: set[str] = field(factory=set)
     others: dict[str, Any] = field(factory=dict)
     tools: dict[int, dict[str, Any]] = field(factory=dict)
@@ -294,7 +312,7 @@ class Assembler:
     _data: list[str] = field(factory=list, init=False, repr=False)
     _data_size: int = field(default=0, init=False, repr=False)
     # Ollama
-    _texts: dict[str, list[str]] = field(factory=dict, init=False, repr=False)
+    _texts: dict[str, _Text] = field(factory=dict, init=False, repr=False)
     _tool_calls: list[Any] = field(factory=list, init=False, repr=False)
     # OpenAI
     _top: dict[str, Any] = field(factory=dict, init=False, repr=False)
@@ -372,9 +390,9 @@ class Assembler:
             return
         self._openai(_object(data.encode("utf-8")))
 
-    def _grow(self, store: dict[str, list[str]], key: str, value: Any) -> None:
+    def _grow(self, store: dict[str, _Text], key: str, value: Any) -> None:
         if isinstance(value, str) and value:
-            store.setdefault(key, []).append(value)
+            store.setdefault(key, _Text()).add(value)
             self._held += len(value)
             self._check()
 
@@ -401,7 +419,7 @@ class Assembler:
             self.answer = Assembled(200, _dump(self._ollama_answer(obj)))
 
     def _ollama_answer(self, final: dict[str, Any]) -> dict[str, Any]:
-        texts = {key: "".join(parts) for key, parts in self._texts.items()}
+        texts = {key: parts.text() for key, parts in self._texts.items()}
         if self.dialect is Dialect.OLLAMA_GENERATE:
             answer = {**final, "response": texts.get("response", "")}
             if texts.get("thinking"):
@@ -466,7 +484,7 @@ class Assembler:
                     choice.others["role"] = value
             elif isinstance(value, str):
                 self._grow(choice.texts, key, value)
-                choice.texts.setdefault(key, [])
+                choice.texts.setdefault(key, _Text())
             elif value is None:
                 choice.nulls.add(key)
             else:
@@ -540,7 +558,7 @@ class Assembler:
             if key == "delta":
                 out["message"] = self._message(choice)
             elif key == "text":
-                out["text"] = "".join(choice.texts.get("text", []))
+                out["text"] = choice.texts.get("text", _Text()).text()
             elif key == "finish_reason":
                 out[key] = choice.finish_reason
             elif key == "logprobs":
@@ -550,7 +568,7 @@ class Assembler:
         if chat and "message" not in out:
             out["message"] = self._message(choice)
         if not chat and "text" not in out:
-            out["text"] = "".join(choice.texts.get("text", []))
+            out["text"] = choice.texts.get("text", _Text()).text()
         out.setdefault("finish_reason", choice.finish_reason)
         if choice.logprobs_seen:
             out.setdefault("logprobs", choice.logprobs)
@@ -563,7 +581,7 @@ class Assembler:
             if key in message:
                 continue
             if key in choice.texts:
-                message[key] = "".join(choice.texts[key])
+                message[key] = choice.texts[key].text()
             elif key in choice.nulls or key == "content":
                 message[key] = None
         for key, value in choice.others.items():

@@ -14,15 +14,14 @@ from typing import Any
 import httpx
 import pytest
 import pytest_twisted
+from twisted.internet.defer import Deferred
 from twisted.internet.threads import deferToThread
 
+from nvpair_tw.events import Event
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
 from nvpair_tw.testing import Clusters, ProxyCluster
-from tests import test_e2e_real_engine
-
-# The module-scoped real engine fixture (registered under its own name, ``engine``).
-real_engine = test_e2e_real_engine.engine
+from tests.test_e2e_real_engine import engine  # noqa: F401  (the real engine fixture)
 
 pytestmark = pytest.mark.e2e
 
@@ -62,6 +61,14 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def engine_url(request: pytest.FixtureRequest) -> str:
+    """The real engine's base URL (the ``engine`` fixture of ``test_e2e_real_engine``)."""
+    url = request.getfixturevalue("engine")
+    assert isinstance(url, str)
+    return url
+
+
 def _stable(document: Any) -> Any:
     """``document`` without its volatile fields (at any depth)."""
     if isinstance(document, dict):
@@ -79,17 +86,25 @@ def _post(url: str, body: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
 @pytest.mark.parametrize("path", list(CASES))
 @pytest_twisted.ensureDeferred
 async def test_assembled_answer_equals_the_engines_own(
-    reactor: Any, clusters: Clusters, engine: str, path: str
+    reactor: Any, clusters: Clusters, engine_url: str, path: str
 ) -> None:
     cluster = clusters(ProxyCluster)
     await cluster.start_proxy(
-        [Node("a", engine, (f"{MODEL}:latest",))], Settings(response_header_timeout=60.0)
+        [Node("a", engine_url, (f"{MODEL}:latest",))], Settings(response_header_timeout=60.0)
     )
     body = CASES[path]
+    assert cluster.proxy is not None
+    concluded: Deferred[Event] = Deferred()
+
+    def record(event: Event) -> None:
+        if event.name == "proxy/request" and not concluded.called:
+            concluded.callback(event)
+
+    cluster.proxy.runtime.shared.bus.subscribe(record, name="concluded")
 
     def both() -> tuple[tuple[int, str, dict[str, Any]], ...]:
-        _post(engine + path, body)  # warm the model, so both answers come from a loaded one
-        return _post(engine + path, body), _post(cluster.url + path, body)
+        _post(engine_url + path, body)  # warm the model, so both answers come from a loaded one
+        return _post(engine_url + path, body), _post(cluster.url + path, body)
 
     direct, proxied = await deferToThread(both)
     assert direct[0] == proxied[0] == 200
@@ -99,5 +114,6 @@ async def test_assembled_answer_equals_the_engines_own(
         {"direct": direct[2], "proxied": proxied[2]}, indent=1
     )
     assert set(proxied[2]) == set(direct[2])  # and no field missing or added, volatile or not
-    [received] = [r for r in cluster.events if r.name == "proxy/request"]
-    assert received.payload["attempts"][0]["outcome"] == "committed"
+    # The record is published when the node's body has ended (just after the client's answer).
+    received = await concluded
+    assert [a["outcome"] for a in received.payload["attempts"]] == ["committed"]
