@@ -79,7 +79,7 @@ def _stable(document: Any) -> Any:
 
 
 def _post(url: str, body: dict[str, Any]) -> tuple[int, str, dict[str, Any]]:
-    response = httpx.post(url, json=body, timeout=120)
+    response = httpx.post(url, json=body, timeout=600)
     return response.status_code, response.headers.get("content-type", ""), response.json()
 
 
