@@ -149,8 +149,8 @@ def main() -> None:
         ("OpenAI chat SSE", Dialect.OPENAI_CHAT, "text/event-stream", openai_stream),
     ):
         stream = frames(tokens)
-        relay_cpu, relay_peak = measure(lambda s=stream: relay_pass(content_type, s), rounds)
-        fold_cpu, fold_peak = measure(lambda s=stream: assemble_pass(dialect, s), rounds)
+        relay_cpu, relay_peak = measure(lambda s=stream, t=content_type: relay_pass(t, s), rounds)
+        fold_cpu, fold_peak = measure(lambda s=stream, d=dialect: assemble_pass(d, s), rounds)
         print(
             f"| {name} | {relay_cpu * per * 1e3:.2f} ms | {fold_cpu * per * 1e3:.2f} ms "
             f"| {relay_peak / 1024:.1f} KiB | {fold_peak / 1024:.1f} KiB |"

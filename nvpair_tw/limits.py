@@ -27,6 +27,8 @@ from nvpair_tw.logs import LevelledLogger
 __all__ = ["MIB", "LimitedChannel", "LimitedRequest", "LimitedSite", "Limits", "make_site"]
 
 MIB = 1024 * 1024
+_TOO_LARGE = b"Request Header Fields Too Large"
+_log = LevelledLogger()
 
 
 def _valid_request_line(line: bytes) -> bool:
@@ -112,7 +114,6 @@ class LimitedChannel(http.HTTPChannel):
     of ours), and rejected (everything further is ignored until the connection is gone).
     """
 
-    _log = LevelledLogger()
     site: server.Site | None = None
 
     def __init__(self, limits: Limits, clock: IReactorTime) -> None:
@@ -141,15 +142,9 @@ class LimitedChannel(http.HTTPChannel):
         site = self._limited_site()
         if site is None:
             return
-        if site.open_connections >= self.limits.max_connections:
-            self._log.warn(
-                "refusing a connection: {open} open, cap {cap}",
-                open=site.open_connections,
-                cap=self.limits.max_connections,
-            )
+        if not site.admit():
             self.reject(503, b"Service Unavailable", "too many connections", "too-many-connections")
             return
-        site.open_connections += 1
         self._counted = True
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
@@ -190,12 +185,8 @@ class LimitedChannel(http.HTTPChannel):
 
     def _header_timed_out(self) -> None:
         self._head_timer = None
-        self.reject(
-            408,
-            b"Request Timeout",
-            f"request headers not received within {self.limits.header_timeout:g} seconds",
-            "header-timeout",
-        )
+        message = f"request headers not received within {self.limits.header_timeout:g} seconds"
+        self.reject(408, b"Request Timeout", message, "header-timeout")
 
     def dataReceived(self, data: bytes) -> None:
         if self._rejected:
@@ -232,12 +223,8 @@ class LimitedChannel(http.HTTPChannel):
         if self._rejected:
             return False
         if self._receivedHeaderCount >= self.maxHeaders:
-            self.reject(
-                431,
-                b"Request Header Fields Too Large",
-                f"more than {self.maxHeaders} request headers",
-                "too-many-headers",
-            )
+            message = f"more than {self.maxHeaders} request headers"
+            self.reject(431, _TOO_LARGE, message, "too-many-headers")
             return False
         return bool(super().headerReceived(line))
 
@@ -262,20 +249,12 @@ class LimitedChannel(http.HTTPChannel):
         self.reject(400, b"Bad Request", "malformed request", "bad-request")
 
     def _request_line_too_long(self) -> None:
-        self.reject(
-            414,
-            b"URI Too Long",
-            f"request line exceeds {self.limits.max_request_line} bytes",
-            "request-line-too-long",
-        )
+        message = f"request line exceeds {self.limits.max_request_line} bytes"
+        self.reject(414, b"URI Too Long", message, "request-line-too-long")
 
     def _headers_too_large(self) -> None:
-        self.reject(
-            431,
-            b"Request Header Fields Too Large",
-            f"request headers exceed {self.totalHeadersSize} bytes",
-            "headers-too-large",
-        )
+        message = f"request headers exceed {self.totalHeadersSize} bytes"
+        self.reject(431, _TOO_LARGE, message, "headers-too-large")
 
 
 class LimitedSite(server.Site):
@@ -296,6 +275,18 @@ class LimitedSite(server.Site):
         self.open_connections = 0
         self._clock = clock
         self.on_reject: Callable[[int, str, str, str], None] | None = None
+
+    def admit(self) -> bool:
+        """Count a new connection, or refuse it (False) at the cap."""
+        if self.open_connections >= self.limits.max_connections:
+            _log.warn(
+                "refusing a connection: {open} open, cap {cap}",
+                open=self.open_connections,
+                cap=self.limits.max_connections,
+            )
+            return False
+        self.open_connections += 1
+        return True
 
     def log(self, request: http.Request) -> None:
         """No access log: every request already ends in a structured ``proxy/request`` record,

@@ -3,9 +3,10 @@
 
 Counters and histograms are fed by a bus subscriber, so they count exactly what the events say
 (``proxy/request``, ``workload:*``, ``node/cooldown``). Gauges (in-flight workloads, inventory age,
-cooldowns, reservations) are read from the runtime at scrape time by a custom collector. Every
-``ProxyMetrics`` has its own ``CollectorRegistry``: the global default registry is never touched,
-so several runtimes (tests, several processes' worth of facades) never collide.
+residency, cooldowns, slots in use, queue depth, reservations) are read from the runtime at scrape
+time by a custom collector. Every ``ProxyMetrics`` has its own ``CollectorRegistry``: the global
+default registry is never touched, so several runtimes (tests, several processes' worth of facades)
+never collide.
 """
 
 from __future__ import annotations
@@ -78,6 +79,29 @@ class RuntimeCollector(Collector):
             "Seconds left of the node's stall cooldown (0 when ready).",
             labels=labels,
         )
+        residency = GaugeMetricFamily(
+            "nvpair_residency_known",
+            "1 if the node's last residency poll answered (which models are loaded is known).",
+            labels=labels,
+        )
+        loaded = GaugeMetricFamily(
+            "nvpair_model_loaded",
+            "1 for each model the node reports loaded (only while its residency is known).",
+            labels=[*labels, "model"],
+        )
+        in_use = GaugeMetricFamily(
+            "nvpair_slots_in_use",
+            "Requests of this facade holding a slot on the node now (docs/behaviour.md 6.4).",
+            labels=labels,
+        )
+        slots = GaugeMetricFamily(
+            "nvpair_slots", "The node's slots in this facade (0 = unlimited).", labels=labels
+        )
+        queue = GaugeMetricFamily(
+            "nvpair_queue_depth",
+            "Inference requests waiting in the facade's queue for a free slot.",
+            labels=["engine"],
+        )
         reservations = GaugeMetricFamily(
             "nvpair_reservations",
             "Live reservations per node (process-wide ledger).",
@@ -87,6 +111,7 @@ class RuntimeCollector(Collector):
         ledger = runtime.shared.ledger
         node_ids: set[str] = set()
         for engine, facade in runtime.facades.items():
+            queue.add_metric([engine], facade.admission.queue_depth)
             for node in facade.directory.nodes():
                 node_ids.add(node.id)
                 key = [engine, node.id]
@@ -99,11 +124,19 @@ class RuntimeCollector(Collector):
                 cooldown = facade.stalls.cooldown(node.id)
                 cooling.add_metric(key, 0 if cooldown is None else 1)
                 remaining.add_metric(key, 0 if cooldown is None else max(0.0, cooldown.until - now))
+                names = facade.inventory.loaded(node.id)
+                residency.add_metric(key, 0 if names is None else 1)
+                for name in sorted(names or ()):
+                    loaded.add_metric([*key, name], 1)
+                in_use.add_metric(key, facade.admission.slots_in_use(node.id))
+                slots.add_metric(key, facade.admission.slots(node.id))
         for (engine, node_id), count in running.items():
             inflight.add_metric([engine, node_id], count)  # not dispatched yet, or node removed
         for node_id in sorted(node_ids):
             reservations.add_metric([node_id], ledger.reservations(node_id))
-        yield from (inflight, known, models, age, cooling, remaining, reservations)
+        yield from (inflight, known, models, age, cooling, remaining, residency, loaded)
+        yield from (in_use, slots, queue)
+        yield reservations
 
 
 class ProxyMetrics:

@@ -18,18 +18,18 @@ from enum import Enum
 
 from attrs import frozen
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
-from twisted.python.failure import Failure
 from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 from zope.interface import implementer
 
+from nvpair_tw.assembly import AssemblyGate
 from nvpair_tw.attempts import CallerState, Committed
 from nvpair_tw.frames import TerminalFrameDetector
 from nvpair_tw.headers import forward_headers
 from nvpair_tw.reactor import abort, close
-from nvpair_tw.upstream import BodyEnd, describe_failure
+from nvpair_tw.upstream import BodyEnd, BodyGate
 
-__all__ = ["Progress", "RelayEnd", "RelayOutcome", "StallGuard", "relay"]
+__all__ = ["Progress", "RelayEnd", "RelayOutcome", "StallGuard", "cut", "relay"]
 
 DROPPED_MID_STREAM = "upstream dropped mid-stream"
 CLIENT_STOPPED_READING = "client stopped reading"
@@ -153,7 +153,7 @@ async def relay(
     write_stall_timeout: float,
 ) -> RelayOutcome:
     """Relay ``committed`` to ``request`` until the body ends, the upstream dies or the caller goes."""
-    response, gate = committed.response, committed.gate
+    response = committed.response
     _write_head(request, response, committed.node.id)
     content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
     progress = Progress(content_type.decode("latin-1"), response.length)
@@ -162,28 +162,7 @@ async def relay(
         sink(committed.first)
     else:
         request.write(b"")  # the head goes out now, even before the first body byte
-
-    def write_stalled() -> None:
-        caller.abandon(CLIENT_STOPPED_READING)
-        abort(request.transport)
-
-    guard = StallGuard(clock, gate.producer(), write_stall_timeout, write_stalled)
-    registered = _connected(request)
-    if registered:
-        request.registerProducer(guard, True)
-    caller.track(gate.stop)
-    gate.start_relay(sink)
-    end: BodyEnd | None = None
-    dropped: str | None = None
-    try:
-        end = await gate.done
-    except Exception:
-        dropped = describe_failure(Failure())
-    finally:
-        guard.cancel()
-        caller.track(None)
-    if registered and _connected(request):
-        request.unregisterProducer()
+    end = await _pump(request, committed.gate, sink, caller, clock, write_stall_timeout)
     if end is not None:
         progress.frames.finish()
 
@@ -200,13 +179,43 @@ async def relay(
 
     if caller.gone is not None:
         return outcome(RelayEnd.CALLER_GONE, None if progress.complete else caller.gone)
-    if dropped is not None or (
-        end is BodyEnd.CLOSED and progress.streaming and not progress.frames.seen
-    ):
-        _cut(request, clock, write_stall_timeout)
+    if end is None or (end is BodyEnd.CLOSED and progress.streaming and not progress.frames.seen):
+        cut(request, clock, write_stall_timeout)
         return outcome(RelayEnd.TRUNCATED, DROPPED_MID_STREAM)
     request.finish()
     return outcome(RelayEnd.FINISHED, None)
+
+
+async def _pump(
+    request: Request,
+    gate: BodyGate | AssemblyGate,
+    sink: Callable[[bytes], None],
+    caller: CallerState,
+    clock: IReactorTime,
+    write_stall_timeout: float,
+) -> BodyEnd | None:
+    """Relay the gate's body into ``sink`` under the client's flow control; how it ended (None:
+    the upstream dropped it, or the caller's departure cut it)."""
+
+    def write_stalled() -> None:
+        caller.abandon(CLIENT_STOPPED_READING)
+        abort(request.transport)
+
+    guard = StallGuard(clock, gate.producer(), write_stall_timeout, write_stalled)
+    registered = _connected(request)
+    if registered:
+        request.registerProducer(guard, True)
+    caller.track(gate.stop)
+    gate.start_relay(sink)
+    try:
+        return await gate.done
+    except Exception:
+        return None
+    finally:
+        guard.cancel()
+        caller.track(None)
+        if registered and _connected(request):
+            request.unregisterProducer()
 
 
 def _write_head(request: Request, response: IResponse, node_id: str) -> None:
@@ -224,8 +233,11 @@ def _write_head(request: Request, response: IResponse, node_id: str) -> None:
         request.setHeader(b"content-length", b"%d" % response.length)
 
 
-def _cut(request: Request, clock: IReactorTime, budget: float) -> None:
-    """End a truncated answer so the client can tell (docs/behaviour.md §6.2).
+def cut(request: Request, clock: IReactorTime, budget: float) -> None:
+    """End an unfinished answer so the client can tell (docs/behaviour.md §6.2).
+
+    Used when the node died mid-stream, and when the proxy itself ends a request early (a
+    cancelled workload, the drain's deadline); nothing written yet: a plain close.
 
     Chunked or ``Content-Length`` framing: close after the bytes already written (FIN); the missing
     terminating chunk or the short count tells the client. A client that does not read what is
@@ -250,8 +262,12 @@ def _cut(request: Request, clock: IReactorTime, budget: float) -> None:
 
 
 def _close_delimited(request: Request) -> bool:
-    """Whether the client's response is framed by closing the connection."""
-    return not request.chunked and not request.responseHeaders.hasHeader(b"content-length")
+    """Whether the client's response has started and is framed by closing the connection."""
+    return (
+        bool(request.startedWriting)
+        and not request.chunked
+        and not request.responseHeaders.hasHeader(b"content-length")
+    )
 
 
 def _connected(request: Request) -> bool:

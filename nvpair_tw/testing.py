@@ -292,126 +292,83 @@ _HOST = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _NODE_PORT = 11434
 
 
-class MemoryCluster:
-    """Facades over in-memory engines on one ``task.Clock``: the proxy, with no socket.
+def _outgoing(
+    headers: Mapping[str, str | Sequence[str]] | None, json: Any, data: bytes | None
+) -> tuple[Headers, bytes | None]:
+    """A request's headers and body: ``json`` serialised (with its content type) or ``data``."""
+    sent = Headers()
+    for name, value in (headers or {}).items():
+        sent.setRawHeaders(name, [value] if isinstance(value, str) else list(value))
+    if json is None:
+        return sent, data
+    if not sent.hasHeader("content-type"):
+        sent.setRawHeaders("content-type", ["application/json"])
+    return sent, jsonlib.dumps(json).encode()
 
-    :param clock: the only clock: the facades, the engines (build them with it), the pools and
-        every connection use it. Time moves only in :meth:`flush` and :meth:`advance`.
-    :param engines: node id to engine (a :class:`~nvpair_tw.simulated.SimulatedEngine` or any
-        ``IResource``), served at :meth:`url` (``http://<id>.node.test:11434``).
-    :param facades: the engine kinds to run a facade for (``"ollama"``, ``"lmstudio"``, ``"omlx"``).
-    :param settings: the proxy's settings (defaults: ``Settings()``).
-    :param nodes: each facade's nodes, in order: an engine's id stands for :meth:`node` (it
-        advertises a simulated engine's ``models``, so no inventory poll is needed); a
-        :class:`~nvpair_tw.nodes.Node` is taken as is (a URL nobody serves is refused). By
-        default every facade gets every engine.
-    :param environ: environment for the ingress policy (API keys), as ``build_runtime`` takes it.
-    :param stall_tracker: a stall-tracker factory, as ``build_runtime`` takes it.
 
-    The cluster is started on construction. :meth:`request` sends a request to a facade (or,
-    with ``node=``, straight to an engine) and :meth:`result` / :meth:`fetch` read the answer;
-    :meth:`flush` and :meth:`advance` move bytes and time; :attr:`events` records every event
-    of the bus (:meth:`named` filters them) and :meth:`received` what an engine was sent;
-    :meth:`stop` stops everything, after which the clock should hold no timer. The parts are
-    public for tests that need more: :attr:`runtime` (facades, shared state), :attr:`network`
-    (the in-memory connections), :attr:`http` (a treq client reaching the engines, as the
-    facades' model-list reads do). The sites are never started, so they keep no access log
-    and schedule no log-date timer.
-    """
+def _host_names(engines: Mapping[str, object]) -> dict[str, str]:
+    """A distinct ``<id>.node.test`` host per engine (``node<i>`` where an id is no host name)."""
+    hosts: dict[str, str] = {}
+    for index, node_id in enumerate(engines):
+        host = (node_id if _HOST.match(node_id) else f"node{index}").lower() + ".node.test"
+        if host in hosts.values():  # "A" and "a", or an id that is not a host name
+            host = f"node{index}-{len(hosts)}.node.test"
+        hosts[node_id] = host
+    return hosts
 
-    def __init__(
-        self,
-        clock: Clock,
-        engines: Mapping[str, IResource],
-        *,
-        facades: Sequence[str] = ("ollama",),
-        settings: Settings | None = None,
-        nodes: Mapping[str, Sequence[Node | str]] | None = None,
-        environ: Mapping[str, str] | None = None,
-        stall_tracker: StallTrackerFactory | None = None,
-    ) -> None:
-        for node_id, engine in engines.items():
-            engine_clock = getattr(engine, "clock", clock)
-            if engine_clock is not clock:
-                raise ValueError(f"engine {node_id!r} runs on another clock than the cluster")
+
+class _Pump:
+    """Moves time and bytes for one clock and one in-memory network (a base of MemoryCluster)."""
+
+    def __init__(self, clock: Clock, network: MemoryNetwork) -> None:
         self.clock = clock
-        self.engines: dict[str, IResource] = dict(engines)
-        self.network = MemoryNetwork(clock)
-        self.events: list[Event] = []
-        self._hosts: dict[str, str] = {}
-        for index, node_id in enumerate(self.engines):
-            host = (node_id if _HOST.match(node_id) else f"node{index}").lower() + ".node.test"
-            if host in self._hosts.values():  # "A" and "a", or an id that is not a host name
-                host = f"node{index}-{len(self._hosts)}.node.test"
-            self._hosts[node_id] = host
-            site = Site(self.engines[node_id], reactor=clock)
-            site.noisy = False
-            self.network.add(host, _NODE_PORT, site)
-        self._node_pool = make_pool(clock)
-        node_agent = Agent.usingEndpointFactory(clock, self.network, pool=self._node_pool)
-        #: The treq client the facades read model lists and inventories with (usable on its own).
-        self.http: treq.client.HTTPClient = make_http_client(node_agent)
-        chosen = nodes if nodes is not None else {kind: list(self.engines) for kind in facades}
-        resolved = {
-            kind: [self.node(n) if isinstance(n, str) else n for n in listed]
-            for kind, listed in chosen.items()
-        }
-        self.runtime: Runtime = build_runtime(
-            cast(IProxyReactor, clock),  # only its clock is used: both clients are injected
-            settings if settings is not None else Settings(),
-            list(facades),
-            nodes=resolved,
-            environ=environ,
-            stall_tracker=stall_tracker,
-            client=UpstreamClient.from_agent(node_agent, clock),
-            http=self.http,
-        )
-        self.runtime.shared.bus.subscribe(self.events.append, name="memory-cluster")
-        self.runtime.start()
-        self._facade_ports: dict[str, int] = {}
-        for kind in facades:
-            listener = tcp_listener(ENGINES[kind].default_listen)
-            port = listener.port if listener is not None else 80
-            self._facade_ports[kind] = port
-            self.network.add(f"{kind}.facade.test", port, self.runtime.site_for(kind))
+        self.network = network
+
+    def flush(self) -> None:
+        """Run everything due now: timers at the current time and every byte in flight."""
+        for _ in range(100_000):
+            now = self.clock.seconds()
+            due = any(call.getTime() <= now for call in self.clock.getDelayedCalls())
+            if due:
+                self.clock.advance(0)
+            if not self.network.pump() and not due:
+                return
+        raise AssertionError("flush did not settle: something keeps sending or rescheduling")
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock ``seconds`` forward, stopping at every timer due on the way.
+
+        Each timer runs at its own time and the bytes it sends are delivered before the next
+        one runs, so a stream with a chunk every second arrives chunk by chunk.
+        """
+        if seconds < 0:
+            raise ValueError("the clock does not go back")
+        target = self.clock.seconds() + seconds
+        self.flush()
+        while True:
+            pending = [c.getTime() for c in self.clock.getDelayedCalls() if c.active()]
+            upcoming = min(pending, default=None)
+            if upcoming is None or upcoming > target:
+                break
+            self._advance_to(upcoming)
+        self._advance_to(target)
+
+    def _advance_to(self, when: float) -> None:
+        while self.clock.seconds() < when:
+            self.clock.advance(when - self.clock.seconds())
+        self.flush()
+
+
+class _Requests(_Pump):
+    """Sends requests over the in-memory network and reads their answers (a base of MemoryCluster)."""
+
+    def __init__(self, clock: Clock, network: MemoryNetwork) -> None:
+        super().__init__(clock, network)
         self._client_pool = HTTPConnectionPool(clock, persistent=False)
-        self._client = Agent.usingEndpointFactory(clock, self.network, pool=self._client_pool)
-        self._stopped = False
+        self._client = Agent.usingEndpointFactory(clock, network, pool=self._client_pool)
 
-    # -- addresses and parts
-
-    def url(self, node_id: str) -> str:
-        """The base URL engine ``node_id`` is served at."""
-        return f"http://{self._hosts[node_id]}:{_NODE_PORT}"
-
-    def node(self, node_id: str) -> Node:
-        """A node for engine ``node_id``, advertising a simulated engine's models."""
-        engine = self.engines[node_id]
-        models = tuple(engine.models) if isinstance(engine, SimulatedEngine) else ()
-        return Node(node_id, self.url(node_id), models)
-
-    def facade_url(self, facade: str | None = None) -> str:
-        """The base URL of a facade (the first one by default)."""
-        kind = facade if facade is not None else next(iter(self._facade_ports))
-        return f"http://{kind}.facade.test:{self._facade_ports[kind]}"
-
-    def facade(self, facade: str | None = None) -> Facade:
-        """A facade's state (the first one by default)."""
-        return self.runtime.facades[
-            facade if facade is not None else next(iter(self._facade_ports))
-        ]
-
-    def named(self, name: str) -> list[dict[str, Any]]:
-        """The payloads of the recorded events called ``name``."""
-        return [dict(e.payload) for e in self.events if e.name == name]
-
-    def received(self, node_id: str) -> list[bytes]:
-        """The inference (POST) bodies simulated engine ``node_id`` received."""
-        engine = self.engines[node_id]
-        assert isinstance(engine, SimulatedEngine)
-        return [r.body for r in engine.received if r.method == b"POST"]
-
-    # -- requests
+    def _base_url(self, facade: str | None, node: str | None) -> str:
+        raise NotImplementedError
 
     def request(
         self,
@@ -432,17 +389,10 @@ class MemoryCluster:
         the headers arrive is the client hanging up. The body keeps arriving in the
         :class:`MemoryResponse` as time moves.
         """
-        sent = Headers()
-        for name, value in (headers or {}).items():
-            sent.setRawHeaders(name, [value] if isinstance(value, str) else list(value))
-        body = data
-        if json is not None:
-            body = jsonlib.dumps(json).encode()
-            if not sent.hasHeader("content-type"):
-                sent.setRawHeaders("content-type", ["application/json"])
+        sent, body = _outgoing(headers, json, data)
         attempt = self._client.request(
             method.encode("ascii"),
-            ((self.url(node) if node is not None else self.facade_url(facade)) + path).encode(),
+            (self._base_url(facade, node) + path).encode(),
             sent,
             _Body(body) if body is not None else None,
         )
@@ -498,41 +448,123 @@ class MemoryCluster:
         assert isinstance(value, MemoryResponse)
         return value
 
-    # -- time
 
-    def flush(self) -> None:
-        """Run everything due now: timers at the current time and every byte in flight."""
-        for _ in range(100_000):
-            now = self.clock.seconds()
-            due = any(call.getTime() <= now for call in self.clock.getDelayedCalls())
-            if due:
-                self.clock.advance(0)
-            if not self.network.pump() and not due:
-                return
-        raise AssertionError("flush did not settle: something keeps sending or rescheduling")
+class MemoryCluster(_Requests):
+    """Facades over in-memory engines on one ``task.Clock``: the proxy, with no socket.
 
-    def advance(self, seconds: float) -> None:
-        """Move the clock ``seconds`` forward, stopping at every timer due on the way.
+    :param clock: the only clock: the facades, the engines (build them with it), the pools and
+        every connection use it. Time moves only in :meth:`flush` and :meth:`advance`.
+    :param engines: node id to engine (a :class:`~nvpair_tw.simulated.SimulatedEngine` or any
+        ``IResource``), served at :meth:`url` (``http://<id>.node.test:11434``).
+    :param facades: the engine kinds to run a facade for (``"ollama"``, ``"lmstudio"``, ``"omlx"``).
+    :param settings: the proxy's settings (defaults: ``Settings()``).
+    :param nodes: each facade's nodes, in order: an engine's id stands for :meth:`node` (it
+        advertises a simulated engine's ``models``, so no inventory poll is needed); a
+        :class:`~nvpair_tw.nodes.Node` is taken as is (a URL nobody serves is refused). By
+        default every facade gets every engine.
+    :param environ: environment for the ingress policy (API keys), as ``build_runtime`` takes it.
+    :param stall_tracker: a stall-tracker factory, as ``build_runtime`` takes it.
 
-        Each timer runs at its own time and the bytes it sends are delivered before the next
-        one runs, so a stream with a chunk every second arrives chunk by chunk.
-        """
-        if seconds < 0:
-            raise ValueError("the clock does not go back")
-        target = self.clock.seconds() + seconds
-        self.flush()
-        while True:
-            pending = [c.getTime() for c in self.clock.getDelayedCalls() if c.active()]
-            upcoming = min(pending, default=None)
-            if upcoming is None or upcoming > target:
-                break
-            self._advance_to(upcoming)
-        self._advance_to(target)
+    The cluster is started on construction. :meth:`request` sends a request to a facade (or,
+    with ``node=``, straight to an engine) and :meth:`result` / :meth:`fetch` read the answer;
+    :meth:`flush` and :meth:`advance` move bytes and time; :attr:`events` records every event
+    of the bus (:meth:`named` filters them) and :meth:`received` what an engine was sent;
+    :meth:`stop` stops everything, after which the clock should hold no timer. The parts are
+    public for tests that need more: :attr:`runtime` (facades, shared state), :attr:`network`
+    (the in-memory connections), :attr:`http` (a treq client reaching the engines, as the
+    facades' model-list reads do). The sites are never started, so they keep no access log
+    and schedule no log-date timer.
+    """
 
-    def _advance_to(self, when: float) -> None:
-        while self.clock.seconds() < when:
-            self.clock.advance(when - self.clock.seconds())
-        self.flush()
+    def __init__(
+        self,
+        clock: Clock,
+        engines: Mapping[str, IResource],
+        *,
+        facades: Sequence[str] = ("ollama",),
+        settings: Settings | None = None,
+        nodes: Mapping[str, Sequence[Node | str]] | None = None,
+        environ: Mapping[str, str] | None = None,
+        stall_tracker: StallTrackerFactory | None = None,
+    ) -> None:
+        for node_id, engine in engines.items():
+            engine_clock = getattr(engine, "clock", clock)
+            if engine_clock is not clock:
+                raise ValueError(f"engine {node_id!r} runs on another clock than the cluster")
+        super().__init__(clock, MemoryNetwork(clock))
+        self.engines: dict[str, IResource] = dict(engines)
+        self.events: list[Event] = []
+        self._hosts = _host_names(self.engines)
+        for node_id, host in self._hosts.items():
+            site = Site(self.engines[node_id], reactor=clock)
+            site.noisy = False
+            self.network.add(host, _NODE_PORT, site)
+        self._node_pool = make_pool(clock)
+        node_agent = Agent.usingEndpointFactory(clock, self.network, pool=self._node_pool)
+        #: The treq client the facades read model lists and inventories with (usable on its own).
+        self.http: treq.client.HTTPClient = make_http_client(node_agent)
+        chosen = nodes if nodes is not None else {kind: list(self.engines) for kind in facades}
+        resolved = {
+            kind: [self.node(n) if isinstance(n, str) else n for n in listed]
+            for kind, listed in chosen.items()
+        }
+        self.runtime: Runtime = build_runtime(
+            cast(IProxyReactor, clock),  # only its clock is used: both clients are injected
+            settings if settings is not None else Settings(),
+            list(facades),
+            nodes=resolved,
+            environ=environ,
+            stall_tracker=stall_tracker,
+            client=UpstreamClient.from_agent(node_agent, clock),
+            http=self.http,
+        )
+        self.runtime.shared.bus.subscribe(self.events.append, name="memory-cluster")
+        self.runtime.start()
+        self._facade_ports = {kind: self._serve_facade(kind) for kind in facades}
+        self._stopped = False
+
+    # -- addresses and parts
+
+    def url(self, node_id: str) -> str:
+        """The base URL engine ``node_id`` is served at."""
+        return f"http://{self._hosts[node_id]}:{_NODE_PORT}"
+
+    def node(self, node_id: str) -> Node:
+        """A node for engine ``node_id``, advertising a simulated engine's models."""
+        engine = self.engines[node_id]
+        models = tuple(engine.models) if isinstance(engine, SimulatedEngine) else ()
+        return Node(node_id, self.url(node_id), models)
+
+    def facade_url(self, facade: str | None = None) -> str:
+        """The base URL of a facade (the first one by default)."""
+        kind = facade if facade is not None else next(iter(self._facade_ports))
+        return f"http://{kind}.facade.test:{self._facade_ports[kind]}"
+
+    def _serve_facade(self, kind: str) -> int:
+        """Serve facade ``kind`` at ``<kind>.facade.test`` on its engine's default port."""
+        listener = tcp_listener(ENGINES[kind].default_listen)
+        port = listener.port if listener is not None else 80
+        self.network.add(f"{kind}.facade.test", port, self.runtime.site_for(kind))
+        return port
+
+    def _base_url(self, facade: str | None, node: str | None) -> str:
+        return self.url(node) if node is not None else self.facade_url(facade)
+
+    def facade(self, facade: str | None = None) -> Facade:
+        """A facade's state (the first one by default)."""
+        return self.runtime.facades[
+            facade if facade is not None else next(iter(self._facade_ports))
+        ]
+
+    def named(self, name: str) -> list[dict[str, Any]]:
+        """The payloads of the recorded events called ``name``."""
+        return [dict(e.payload) for e in self.events if e.name == name]
+
+    def received(self, node_id: str) -> list[bytes]:
+        """The inference (POST) bodies simulated engine ``node_id`` received."""
+        engine = self.engines[node_id]
+        assert isinstance(engine, SimulatedEngine)
+        return [r.body for r in engine.received if r.method == b"POST"]
 
     # -- shutdown
 

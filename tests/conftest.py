@@ -1,18 +1,31 @@
 """Shared fixtures: the installed reactor, a loopback listener helper, a leaked-timer check, proxy
-clusters stopped after the test, in-memory clusters checked for leftover timers and a loopback treq
-client."""
+clusters stopped after the test, in-memory clusters checked for leftover timers, a loopback treq
+client, and per-test timeouts that work with the reactor pytest-twisted runs in a greenlet."""
 
 from __future__ import annotations
 
+import faulthandler
+import gc
+import os
+import signal
+import sys
+import threading
+import types
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
+import greenlet
 import pytest
 import pytest_twisted
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
-from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint
+from twisted.internet.interfaces import (
+    IListeningPort,
+    IReactorFromThreads,
+    IStreamClientEndpoint,
+)
 from twisted.internet.task import deferLater
 from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgentEndpointFactory
@@ -20,6 +33,147 @@ from zope.interface import implementer
 
 from nvpair_tw.inventory import make_http_client
 from nvpair_tw.testing import Clusters, MemoryCluster
+
+E2E_TIMEOUT = 960.0
+"""Seconds an ``e2e`` test may take (setup included): more than the engine fixture's own 900 s
+bound on starting the real engine, so that fixture's clearer message wins."""
+
+STUCK_GRACE = 10.0
+"""Seconds a timed-out test gets to unwind before the run is ended (see ``_ReactorAwareTimeout``)."""
+
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """``e2e`` tests get ``E2E_TIMEOUT`` instead of the default (``timeout`` in setup.cfg), unless
+    they carry their own ``timeout`` marker."""
+    for item in items:
+        if item.get_closest_marker("e2e") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: `-p no:timeout`
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
+    """Replace pytest-timeout's ``signal`` method with one that fails the test, not the reactor.
+
+    pytest-timeout's own ``signal`` handler raises wherever SIGALRM lands, which under
+    pytest-twisted is usually the reactor greenlet idling in ``epoll``: the reactor logs
+    "Unexpected error in main loop", the test keeps hanging and later tests fail with "illegal
+    switch in blockon". Its ``thread`` method ends the whole run with stacks that show only the
+    idle reactor. See ``_ReactorAwareTimeout``.
+    """
+    if settings.method != "signal" or threading.current_thread() is not threading.main_thread():
+        return None
+    timer = _ReactorAwareTimeout(item, float(settings.timeout))
+    item.cancel_timeout = timer.cancel  # type: ignore[attr-defined]
+    timer.start()
+    return True
+
+
+class _ReactorAwareTimeout:
+    """SIGALRM after ``timeout`` seconds, then, depending on where the signal lands:
+
+    - in the test's greenlet (the test or a fixture is busy outside the reactor): fail right there;
+    - in the reactor greenlet while the reactor is busy (a synchronous test body runs inside the
+      reactor under pytest-twisted): fail right there too, so the busy code unwinds;
+    - in the reactor greenlet, in any case: on the reactor's next turn, throw the failure into
+      the test's greenlet if it is still blocked in the very ``blockon`` it was in at the timeout
+      (a test waiting on a Deferred that never fires). The message names the coroutines that
+      were waiting.
+
+    If nothing unwinds within ``STUCK_GRACE`` seconds, every stack is dumped and the run exits 1.
+    """
+
+    def __init__(self, item: pytest.Item, timeout: float) -> None:
+        self._item = item
+        self._timeout = timeout
+        self._test_greenlet = greenlet.getcurrent()
+
+    def start(self) -> None:
+        signal.signal(signal.SIGALRM, self._expired)
+        signal.setitimer(signal.ITIMER_REAL, self._timeout)
+
+    def cancel(self) -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+
+    def _message(self) -> str:
+        return f"Timeout: {self._item.nodeid} took longer than {self._timeout:g} s"
+
+    def _expired(self, signum: int, frame: types.FrameType | None) -> None:
+        __tracebackhide__ = True
+        signal.signal(signal.SIGALRM, self._stuck)
+        signal.setitimer(signal.ITIMER_REAL, STUCK_GRACE)
+        message = self._message()
+        if greenlet.getcurrent() is self._test_greenlet:
+            pytest.fail(message)
+        from twisted.internet import reactor as installed
+
+        blocked_in = self._test_greenlet.gr_frame
+        waiting = _waiting_coroutines()
+        IReactorFromThreads(installed).callFromThread(
+            self._throw_into_test, blocked_in, f"{message}\n{waiting}"
+        )
+        if not _reactor_idle(frame):
+            pytest.fail(message)
+
+    def _throw_into_test(self, blocked_in: types.FrameType | None, message: str) -> None:
+        if blocked_in is not None and self._test_greenlet.gr_frame is blocked_in:
+            self._test_greenlet.throw(pytest.fail.Exception(message, pytrace=True))
+
+    def _stuck(self, signum: int, frame: types.FrameType | None) -> None:
+        capture = self._item.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            capture.suspend_global_capture(in_=True)
+        sys.stderr.write(f"\n{self._message()}, and did not unwind within {STUCK_GRACE:g} s.\n")
+        faulthandler.dump_traceback(all_threads=True)
+        for each in gc.get_objects():
+            if isinstance(each, greenlet.greenlet) and each.gr_frame is not None:
+                sys.stderr.write(f"greenlet {each!r}:\n{_frames(each.gr_frame)}\n")
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _reactor_idle(frame: types.FrameType | None) -> bool:
+    """True if the interrupted frame is the reactor waiting for I/O (nothing of the test runs)."""
+    return frame is not None and frame.f_code.co_name in {"doPoll", "doSelect", "doKEvent"}
+
+
+def _frames(frame: types.FrameType | None) -> str:
+    lines = []
+    while frame is not None:
+        lines.append(f"  {frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}")
+        frame = frame.f_back
+    return "\n".join(reversed(lines))
+
+
+def _waiting_coroutines() -> str:
+    """Where each suspended coroutine of the project or its tests is waiting, outermost first."""
+    awaited: set[int] = set()
+    coroutines = [c for c in gc.get_objects() if isinstance(c, types.CoroutineType)]
+    for coroutine in coroutines:
+        inner = coroutine.cr_await
+        if isinstance(inner, types.CoroutineType):
+            awaited.add(id(inner))
+    chains = []
+    for coroutine in coroutines:
+        if id(coroutine) in awaited or coroutine.cr_frame is None:
+            continue
+        link: Any = coroutine
+        chain = []
+        while isinstance(link, types.CoroutineType | types.GeneratorType):
+            code = link.gi_code if isinstance(link, types.GeneratorType) else link.cr_code
+            frame = link.gi_frame if isinstance(link, types.GeneratorType) else link.cr_frame
+            mine = (
+                code.co_filename.startswith(str(_ROOT)) and "site-packages" not in code.co_filename
+            )
+            if frame is not None and mine:
+                name = Path(code.co_filename).relative_to(_ROOT)
+                chain.append(f"{name}:{frame.f_lineno} in {code.co_name}")
+            link = link.gi_yieldfrom if isinstance(link, types.GeneratorType) else link.cr_await
+        if chain:
+            chains.append("waiting: " + " -> ".join(chain))
+    return "\n".join(chains) or "no coroutine of the project was waiting"
 
 
 @pytest.fixture

@@ -21,8 +21,9 @@ from twisted.application import service
 from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ConnectionRefusedError, ProcessTerminated
+from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Factory, ProcessProtocol, Protocol, connectionDone
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.web.client import (
@@ -285,28 +286,55 @@ async def _proxy(
     return runtime, listener, port, _terminals(runtime)
 
 
+class GraceClock(Clock):
+    """A ``task.Clock`` for the drain's timers; ``armed`` fires when the first one is scheduled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.armed: Deferred[None] = Deferred()
+
+    def callLater(
+        self, delay: float, callable: Callable[..., object], *args: object, **kw: object
+    ) -> IDelayedCall:
+        call = super().callLater(delay, callable, *args, **kw)
+        if not self.armed.called:
+            self.armed.callback(None)
+        return call
+
+
+def state(drain: DrainService) -> DrainState:
+    """The drain's state now (a call, so mypy does not keep an earlier narrowing)."""
+    return drain.state
+
+
 @on_reactor
-async def test_twenty_open_streams_each_end_once_within_grace_plus_one_second(
-    reactor: Any,
-) -> None:
-    """20 long streams, grace 0.5 s: new connections are refused at once, every workload ends with
-    exactly one terminal event (cancelled, "proxy shutdown"), all within grace + 1 s."""
+async def test_twenty_open_streams_each_end_once_at_the_grace_deadline(reactor: Any) -> None:
+    """20 long streams, grace 0.5 s (on an injected clock): new connections are refused at once,
+    the streams go on until the grace ends, then every workload ends with exactly one terminal
+    event (cancelled, "proxy shutdown") without needing the forced abort that follows."""
     engine = await start_engine(reactor, SimulatedEngine(reactor, chunks=400, chunk_delay=0.05))
     runtime, listener, port, ends = await _proxy(reactor, engine.url)
     try:
         bodies, _pool = await _open_streams(reactor, f"http://127.0.0.1:{port}", 20)
         assert len(runtime.shared.workloads.live()) == 20
-        drain = DrainService(reactor, runtime, [listener], grace=0.5)
+        clock = GraceClock()
+        drain = DrainService(clock, runtime, [listener], grace=0.5)
         drain.startService()
-        started = reactor.seconds()
         done = drain.stopService()
         with pytest.raises(ConnectionRefusedError):
             await TCP4ClientEndpoint(reactor, "127.0.0.1", port).connect(
                 Factory.forProtocol(Protocol)
             )
+        await clock.armed
+        assert state(drain) is DrainState.DRAINING
+        clock.advance(0.499)
         assert len(runtime.shared.workloads.live()) == 20  # still streaming during the grace
+        assert not done.called
+        clock.advance(0.001)
+        assert state(drain) is DrainState.CANCELLING
         await done
-        assert reactor.seconds() - started < 0.5 + 1
+        assert clock.seconds() == 0.5  # ended at the grace: the abort wait never expired
+        assert clock.getDelayedCalls() == []
         assert runtime.shared.workloads.live() == []
         assert len(ends) == 20 and set(ends.values()) == {1}
         await gatherResults([body.lost for body in bodies])
@@ -318,7 +346,8 @@ async def test_twenty_open_streams_each_end_once_within_grace_plus_one_second(
 
 @on_reactor
 async def test_streams_that_finish_within_grace_complete_normally(reactor: Any) -> None:
-    """Short streams and a long grace: every workload completes; the drain ends when they do."""
+    """Short streams and a long grace: every workload completes; the drain ends when they do,
+    its grace timer (on an injected clock that never moves) cancelled."""
     engine = await start_engine(reactor, SimulatedEngine(reactor, chunks=5, chunk_delay=0.05))
     runtime, listener, port, ends = await _proxy(reactor, engine.url)
     completed: list[str] = []
@@ -327,10 +356,10 @@ async def test_streams_that_finish_within_grace_complete_normally(reactor: Any) 
     )
     try:
         bodies, _pool = await _open_streams(reactor, f"http://127.0.0.1:{port}", 20)
-        drain = DrainService(reactor, runtime, [listener], grace=10)
-        started = reactor.seconds()
+        clock = Clock()
+        drain = DrainService(clock, runtime, [listener], grace=10)
         await drain.stopService()
-        assert reactor.seconds() - started < 5
+        assert clock.seconds() == 0 and clock.getDelayedCalls() == []
         assert completed == ["workload:completed"] * 20
         assert len(ends) == 20 and set(ends.values()) == {1}
         await gatherResults([body.lost for body in bodies])
@@ -381,9 +410,9 @@ async def _until_ready(reactor: Any, url: str, twistd: _Twistd, deadline: float)
 
 
 @on_reactor
-async def test_sigterm_drains_a_real_twistd_within_grace_plus_one_second(reactor: Any) -> None:
-    """twistd nvpair with 20 open streams: SIGTERM → exit within grace + 1 s, every workload
-    cancelled once with "proxy shutdown", no traceback."""
+async def test_sigterm_drains_a_real_twistd_through_the_grace(reactor: Any) -> None:
+    """twistd nvpair with 20 open streams: SIGTERM → the grace runs out, every workload is
+    cancelled once with "proxy shutdown", the process exits by SIGTERM with no traceback."""
     engine = await start_engine(reactor, SimulatedEngine(reactor, chunks=400, chunk_delay=0.05))
     facade, admin = _free_port(), _free_port()
     grace = 1.0
@@ -415,11 +444,11 @@ async def test_sigterm_drains_a_real_twistd_within_grace_plus_one_second(reactor
         )
         bodies, _pool = await _open_streams(reactor, f"http://127.0.0.1:{facade}", 20)
         process.signalProcess("TERM")
-        signalled = reactor.seconds()
         await twistd.ended
-        elapsed = reactor.seconds() - signalled
         output = twistd.output.decode(errors="replace")
-        assert elapsed < grace + 1, output
+        # the streams (20 s each) ended because the grace did: bench/timings.py measures how long
+        # SIGTERM → exit takes; the clock-driven tests above pin the grace deadline itself
+        assert "shutdown grace over: cancelling 20 workload(s)" in output, output
         # twistd re-raises the signal after a clean shutdown, so the exit status says "SIGTERM"
         # (systemd counts that as a clean stop)
         assert twistd.reason is not None and twistd.reason.check(ProcessTerminated), output

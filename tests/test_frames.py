@@ -128,6 +128,7 @@ def test_sse_lines_that_only_mention_the_marker_are_not_terminal(line: bytes) ->
         {"model": "m", "done": 1},
         {"done": "yes", "message": {"args": {"done": True}}},
         ["done", True],
+        [{"done": True}],
     ],
 )
 def test_ndjson_lines_without_top_level_done_true_are_not_terminal(line: object) -> None:
@@ -158,6 +159,7 @@ def test_sse_markers_are_not_terminal_in_an_ndjson_stream() -> None:
     [
         ("text/event-stream", True),
         ("Text/Event-Stream; charset=utf-8", True),
+        ("text/event-stream; charset=utf-8; profile=x", True),
         ("application/x-ndjson", True),
         (" APPLICATION/X-NDJSON ;charset=UTF-8", True),
         ("application/json", False),
@@ -263,6 +265,72 @@ def test_finish_without_a_terminal_tail_leaves_seen_false() -> None:
 
 
 def test_max_line_bytes_must_be_positive() -> None:
-    """A cap below one byte is rejected with a clear error."""
-    with pytest.raises(ValueError, match="max_line_bytes"):
+    """A cap below one byte is rejected with a clear error; one byte is allowed."""
+    with pytest.raises(ValueError, match=r"^max_line_bytes must be at least 1$"):
         TerminalFrameDetector(SSE, max_line_bytes=0)
+    assert feed_all(TerminalFrameDetector(NDJSON, max_line_bytes=1), [b'{"done":true}\n']).seen
+
+
+@pytest.mark.parametrize(
+    ("head", "terminal"),
+    [
+        (b'{"a":[],"done":true,', True),
+        (b'{"a":{},"done":true,', True),
+        (b'{"a":[{}],"b":{"c":[]},"done":true,', True),
+        (b'{"a":{"b":{},"done":true},', False),
+        (b'{"a":1}{"done":true,', False),
+        (b'"text" {"done":true,', False),
+    ],
+)
+def test_oversized_line_head_counts_containers_to_find_a_top_level_done(
+    head: bytes, terminal: bool
+) -> None:
+    """In an over-long line's head, closed arrays and objects before ``"done": true`` leave it at
+    the top level; one inside a nested object, or after the first value has closed, is not."""
+    line = head + b'"padding":"' + b"x" * 500 + b'"}\n'
+    detector = feed_all(TerminalFrameDetector(NDJSON, max_line_bytes=100), pieces(line, 30))
+    assert detector.seen is terminal
+
+
+@pytest.mark.parametrize(
+    ("content_type", "chunks"),
+    [
+        (SSE, [b"data: [DO", b"NE]\nid: 7\n\n"]),
+        (NDJSON, [b'{"model":"m","done":', b'true}\n{"model":"m"}\n']),
+    ],
+)
+def test_terminal_line_completed_by_a_chunk_that_carries_more_lines(
+    content_type: str, chunks: list[bytes]
+) -> None:
+    """A chunk that ends the held terminal line and goes on with further lines: the held line is
+    judged on its own bytes alone."""
+    assert feed_all(TerminalFrameDetector(content_type), chunks).seen
+
+
+@pytest.mark.parametrize(
+    ("content_type", "last_line"),
+    [
+        (NDJSON, b'{"done": true, "message": {"content": "cut'),
+        (SSE, b"data: a reply that mentions [DONE]"),
+    ],
+)
+def test_finish_does_not_take_a_last_line_that_only_looks_terminal(
+    content_type: str, last_line: bytes
+) -> None:
+    """At the end of the body an unterminated last line must really be a terminal frame: broken
+    JSON with ``"done": true`` in it, or text mentioning the marker, is not."""
+    detector = TerminalFrameDetector(content_type)
+    detector.feed(last_line)
+    detector.finish()
+    assert not detector.seen
+
+
+def test_a_held_line_of_exactly_the_cap_is_judged_whole() -> None:
+    """A held line exactly ``max_line_bytes`` long is not truncated: it is parsed as JSON (here
+    invalid, so not terminal) rather than judged on its head."""
+    line = b'{"done":true,}'
+    detector = TerminalFrameDetector(NDJSON, max_line_bytes=len(line))
+    detector.feed(line)
+    assert detector.buffered == len(line)
+    detector.feed(b"\n")
+    assert not detector.seen

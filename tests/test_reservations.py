@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from nvpair_tw.ordering import order_candidates
-from nvpair_tw.reservations import PrioritySnapshot, Rank, ReservationLedger, make_rank
+from nvpair_tw.reservations import (
+    Booking,
+    PrioritySnapshot,
+    Rank,
+    ReservationLedger,
+    make_rank,
+)
 
 
 def _route(ledger: ReservationLedger, eligible: list[str]) -> str:
@@ -191,3 +197,37 @@ def test_released_reservations_free_the_node_again() -> None:
     assert _route(ledger, ["a", "b"]) == "b"
     ledger.release(held)
     assert _route(ledger, ["a", "b"]) == "a"
+
+
+# ---- Booking: one request's reservation life ---------------------------------------------------
+
+
+def test_booking_takes_moves_and_releases_one_hold() -> None:
+    """take reserves, move transfers the hold, release frees it once (a second release is a no-op)."""
+    ledger = ReservationLedger()
+    booking = Booking.take(ledger, "a")
+    assert (booking.node_id, ledger.reservations("a")) == ("a", 1)
+    booking.move("b")
+    assert (booking.node_id, ledger.reservations("a"), ledger.reservations("b")) == ("b", 0, 1)
+    booking.move("b")
+    assert ledger.reservations("b") == 1
+    booking.release()
+    booking.release()
+    assert (booking.node_id, ledger.reservations("b")) == (None, 0)
+
+
+def test_an_empty_booking_reserves_nothing() -> None:
+    """Requests without a model hold an empty booking: moving and releasing touch no ledger."""
+    booking = Booking.nothing()
+    booking.move("a")
+    booking.release()
+    assert booking.node_id is None
+
+
+def test_a_released_booking_does_not_move_back_onto_a_node() -> None:
+    """After release, a late move (an attempt starting after the end) reserves nothing."""
+    ledger = ReservationLedger()
+    booking = Booking.take(ledger, "a")
+    booking.release()
+    booking.move("b")
+    assert ledger.reservations("a") == ledger.reservations("b") == 0

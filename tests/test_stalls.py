@@ -114,3 +114,15 @@ def test_never_cools_never_demotes() -> None:
     assert stalls.cooldown("n0") is None
     stalls.clear("n0")
     assert stalls.cooling() == frozenset()
+
+
+def test_a_tracker_without_a_listener_cools_clears_and_expires_silently() -> None:
+    """``on_change`` is optional: cooling, a success and an expiry all work without one."""
+    clock = Clock()
+    stalls = StallTracker(clock, PERIOD)
+    stalls.cool("n0", "stall")
+    stalls.cool("n1", "stall")
+    stalls.clear("n1")
+    clock.advance(PERIOD)
+    assert stalls.cooling() == frozenset()
+    assert clock.getDelayedCalls() == []

@@ -15,6 +15,7 @@ import pytest
 import pytest_twisted
 import treq
 from twisted.internet.address import IPv4Address
+from twisted.internet.base import DelayedCall
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeoutError
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
@@ -63,6 +64,8 @@ from nvpair_tw.upstream import (
     BodyGate,
     Discard,
     FirstBodyTimeout,
+    GateState,
+    GateStateError,
     HeaderTimeout,
     NodeEndpointFactory,
     ReplayBodyProducer,
@@ -391,20 +394,39 @@ async def test_silent_server_gets_header_timeout_and_a_closed_connection(
     await connection_closed(reactor, finished)
 
 
+class TimersSeen:
+    """The reactor, keeping every timer scheduled through it."""
+
+    def __init__(self, reactor: Any) -> None:
+        self._reactor = reactor
+        self.timers: list[DelayedCall] = []
+
+    def callLater(self, delay: float, f: Callable[..., Any], *a: Any, **kw: Any) -> DelayedCall:
+        call: DelayedCall = self._reactor.callLater(delay, f, *a, **kw)
+        self.timers.append(call)
+        return call
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reactor, name)
+
+
 @pytest_twisted.ensureDeferred
-async def test_refused_connect_fails_fast_with_connect_error(
-    reactor: Any, upstream: UpstreamClient
-) -> None:
-    """A refused IP-literal dial is a ConnectError within milliseconds (no 0.3 s happy-eyeballs wait),
-    and the header deadline is never armed."""
+async def test_refused_connect_fails_fast_with_connect_error(reactor: Any) -> None:
+    """A refused IP-literal dial is a ConnectError before any timer fires (no 0.3 s happy-eyeballs
+    wait, no connect timeout), and the header deadline is never armed."""
     port = reactor.listenTCP(0, Factory.forProtocol(Protocol), interface="127.0.0.1")
     number = port.getHost().port
     await port.stopListening()
+    seen = cast(IProxyReactor, TimersSeen(reactor))
+    pool = make_pool(seen)
+    upstream = UpstreamClient(seen, pool, connect_timeout=5.0)
     written = Written()
-    started = reactor.seconds()
-    with pytest.raises(ConnectError):
-        await upstream.request(b"POST", url(number), Headers(), BODY, 5.0, on_written=written)
-    assert reactor.seconds() - started < 0.25
+    try:
+        with pytest.raises(ConnectError):
+            await upstream.request(b"POST", url(number), Headers(), BODY, 5.0, on_written=written)
+    finally:
+        await pool.closeCachedConnections()
+    assert [call for call in cast(TimersSeen, seen).timers if call.called] == []
     assert written.calls == 0
 
 
@@ -857,3 +879,66 @@ async def test_pooled_connections_log_no_factory_start_or_stop(
 def test_node_url_joins_base_prefix_and_target(base: str, target: bytes, expected: bytes) -> None:
     """The base URL's path prefix is kept, with exactly one slash before the client's target."""
     assert node_url(base, target) == expected
+
+
+# ---- BodyGate's named states -------------------------------------------------------------------
+
+
+def NOWHERE(chunk: bytes) -> None:
+    """A sink that drops what it is given."""
+
+
+def test_gate_states_walk_awaiting_holding_relaying_ended() -> None:
+    """Each event moves the gate through its documented states, in order."""
+    gate, _ = gate_on(Clock())
+    states = [gate.state]
+    gate.dataReceived(b"one")
+    states.append(gate.state)
+    gate.start_relay(NOWHERE)
+    states.append(gate.state)
+    gate.connectionLost(DONE)
+    states.append(gate.state)
+    assert states == [
+        GateState.AWAITING_FIRST,
+        GateState.HOLDING,
+        GateState.RELAYING,
+        GateState.ENDED,
+    ]
+
+
+def test_pass_through_goes_from_awaiting_straight_to_relaying() -> None:
+    """A commit on headers starts the relay before any byte: AWAITING_FIRST -> RELAYING."""
+    gate, _ = gate_on(Clock())
+    gate.start_relay(NOWHERE)
+    assert gate.state is GateState.RELAYING and not gate.first.called
+
+
+def test_a_drop_before_the_first_byte_ends_the_gate() -> None:
+    """AWAITING_FIRST -> ENDED on a dropped body; committing afterwards is illegal."""
+    gate, _ = gate_on(Clock())
+    gate.connectionLost(DROPPED)
+    failure_of(gate.first)
+    assert gate.state is GateState.ENDED
+    with pytest.raises(GateStateError, match="ended"):
+        gate.start_relay(NOWHERE)
+
+
+def test_starting_the_relay_twice_is_illegal() -> None:
+    """start_relay in RELAYING (or ENDED) raises instead of relaying twice."""
+    gate, _ = gate_on(Clock())
+    gate.dataReceived(b"one")
+    gate.start_relay(NOWHERE)
+    with pytest.raises(GateStateError, match="relaying"):
+        gate.start_relay(NOWHERE)
+    gate.connectionLost(DONE)
+    with pytest.raises(GateStateError, match="ended"):
+        gate.start_relay(NOWHERE)
+
+
+def test_a_close_delimited_end_is_reported_as_closed_not_complete() -> None:
+    """PotentialDataLoss while relaying ends with BodyEnd.CLOSED: the framing cannot vouch."""
+    gate, _ = gate_on(Clock())
+    gate.dataReceived(b"one")
+    gate.start_relay(NOWHERE)
+    gate.connectionLost(Failure(PotentialDataLoss()))
+    assert gate.done.result is BodyEnd.CLOSED

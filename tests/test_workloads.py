@@ -115,6 +115,7 @@ def test_failover_runs_on_a_then_b_and_completes_on_b(h: Harness) -> None:
             {"node_id": "B", "outcome": "committed", "ms": 250},
         ],
         "cache_affinity": False,
+        "queued_ms": 0,
     }
     assert h.registry.live() == []
 
