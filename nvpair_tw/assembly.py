@@ -663,12 +663,20 @@ class AssemblyGate(Protocol):
     @ivar done: After :meth:`start_relay`: fires with C{BodyEnd.COMPLETE} at the upstream body's
         end.
     @ivar answer: The L{Assembled} answer once ``first`` has fired.
+    @ivar _on_bytes: Called for every non-empty chunk, in every state (the progress record), as
+        for L{BodyGate}: a generation being assembled is progress.
     """
 
     def __init__(
-        self, clock: IReactorTime, first_body_timeout: float, dialect: Dialect, limit: int
+        self,
+        clock: IReactorTime,
+        first_body_timeout: float,
+        dialect: Dialect,
+        limit: int,
+        on_bytes: Callable[[], None] | None = None,
     ) -> None:
         self.first: Deferred[bytes] = Deferred()
+        self._on_bytes = on_bytes
         self.done: Deferred[BodyEnd] = Deferred()
         self.answer: Assembled | None = None
         self._state = AssemblyState.AWAITING_FIRST
@@ -711,6 +719,8 @@ class AssemblyGate(Protocol):
         return _Still()
 
     def dataReceived(self, data: bytes) -> None:
+        if data and self._on_bytes is not None:
+            self._on_bytes()  # the node is working (busy waits of its other attempts, §6.4)
         if not data or self._state not in (
             AssemblyState.AWAITING_FIRST,
             AssemblyState.ASSEMBLING,

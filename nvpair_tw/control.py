@@ -261,6 +261,7 @@ class ControlMethods:
                     "coolingUntil": None if cooldown is None else int(cooldown.until * 1000),
                     "slots": facade.admission.slots(node.id),
                     "slotsInUse": facade.admission.slots_in_use(node.id),
+                    "busyWaits": facade.progress.busy_waits(node.id),
                 }
             )
         return {"nodes": nodes, "queueDepth": facade.admission.queue_depth}

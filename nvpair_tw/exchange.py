@@ -69,6 +69,9 @@ class _Observer(AttemptObserver):
     def attempt_ended(self, node: Node, outcome: str) -> None:
         self._record.attempt_ended(outcome)
 
+    def busy_wait(self, node: Node) -> None:
+        self._record.busy_wait()
+
 
 async def forward(facade: Facade, request: Request, kind: RouteKind, record: RequestRecord) -> None:
     """Forward one inference or pass-through request and conclude it."""
@@ -100,6 +103,7 @@ async def forward(facade: Facade, request: Request, kind: RouteKind, record: Req
             caller,
             booking,
             _Observer(record, workload),
+            progress=facade.progress,
         )
         if isinstance(result, Committed):
             record.first_byte()
@@ -202,9 +206,22 @@ def _route(
         header_timeout=settings.response_header_timeout,
         first_body_timeout=settings.first_body_timeout if inference else 0.0,
         assembly=assembly,
+        first_extra=_cold_allowances(facade, model, candidates) if inference else {},
+        busy_max_wait=settings.busy_max_wait,
     )
     warm = candidates[0].id if promoted else None
     return _Route(plan, model, candidates, key, warm)
+
+
+def _cold_allowances(facade: Facade, model: str | None, nodes: list[Node]) -> dict[str, float]:
+    """The cold-load allowance for each candidate known not to have ``model`` loaded (§6.4).
+
+    Unknown residency (None) adds nothing.
+    """
+    if not model:
+        return {}
+    allowance = facade.shared.settings.cold_load_allowance
+    return {n.id: allowance for n in nodes if facade.inventory.resident(n.id, model) is False}
 
 
 def _watch(request: Request, workload: Workload | None, facade: Facade) -> CallerState:

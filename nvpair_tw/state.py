@@ -2,7 +2,8 @@
 """The state a facade keeps, and the state every facade of one process shares.
 
 :class:`Facade` holds one engine's per-facade state (the pin, stall cooldowns, the affinity table,
-the node directory and inventory, the admission slots and queue) and answers the two questions the corridor asks of it: which nodes
+the node directory and inventory, the admission slots and queue, the progress record) and answers
+the two questions the corridor asks of it: which nodes
 may serve a model (docs/behaviour.md §4.2) and in what order (§5). :class:`Shared` is what every
 facade of a process shares: the clock, the upstream clients, the reservation ledger, the workloads
 and the event bus.
@@ -10,7 +11,7 @@ and the event bus.
 
 from __future__ import annotations
 
-from attrs import define
+from attrs import Factory, define
 from treq.client import HTTPClient
 from twisted.internet.interfaces import IReactorTime
 
@@ -22,6 +23,7 @@ from nvpair_tw.ingress import IngressPolicy
 from nvpair_tw.inventory import InventoryBook
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.ordering import order_candidates
+from nvpair_tw.progress import ProgressBook
 from nvpair_tw.reservations import ReservationLedger
 from nvpair_tw.settings import Settings
 from nvpair_tw.stalls import IStallTracker
@@ -59,6 +61,8 @@ class Facade:
     admission: Admission
     pin: str | None = None
     first_body_gate: bool = True
+    progress: ProgressBook = Factory(lambda self: ProgressBook(self.shared.clock), takes_self=True)
+    """When each node last delivered inference body bytes, and its busy waits (§6.4)."""
 
     @property
     def engine(self) -> str:

@@ -24,6 +24,7 @@ from nvpair_tw.config import Config
 from nvpair_tw.durations import parse_duration
 from nvpair_tw.endpoints import tcp_listener
 from nvpair_tw.engines import ENGINES
+from nvpair_tw.fleet import StateConfig, parse_state_url, read_secret
 from nvpair_tw.ingress import IngressConfigError, parse_ingress
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
 from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file
@@ -185,6 +186,20 @@ class Options(usage.Options):
             "Added to the first deadline on a node known not to have the model loaded "
             "[default: the response-header timeout].",
         ],
+        [
+            "state",
+            None,
+            None,
+            "Share cooldowns, affinity and reservations with other proxies through Redis or "
+            "Valkey: redis://[:PASSWORD@]HOST:PORT/DB.",
+        ],
+        ["state-password-file", None, None, "File holding the --state store's password."],
+        [
+            "state-secret-file",
+            None,
+            None,
+            "File holding a secret: affinity digests go to the store as HMAC-SHA-256 under it.",
+        ],
         ["log-level", None, "info", "debug, info, warn or error."],
     ]
 
@@ -299,7 +314,8 @@ class Options(usage.Options):
                 ),
                 assemble=_assemble_by_engine(self["assemble"], engines),
             )
-        except (ValueError, NodesFileError, IngressConfigError) as error:
+            state = _state(self)
+        except (ValueError, OSError, NodesFileError, IngressConfigError) as error:
             raise usage.UsageError(str(error)) from None
         flag_nodes: list[tuple[str | None, Node]] = self["node"]
         slots: list[tuple[str | None, str, int]] = self["node-slots"]
@@ -330,6 +346,7 @@ class Options(usage.Options):
                 "first-body-timeout": first.source,
             },
             ingress=ingress,
+            state=state,
         )
 
 
@@ -344,6 +361,23 @@ def _check_endpoint(flag: str, description: str) -> None:
         tcp_listener(description)
     except Exception as error:  # parsers raise ValueError, KeyError, OSError (ssl files), ...
         raise usage.UsageError(f"{flag}: not a server endpoint {description!r}: {error}") from None
+
+
+def _state(options: Options) -> StateConfig | None:
+    """``--state`` with its password and secret files; errors never quote the password."""
+    url: str | None = options["state"]
+    password_file: str | None = options["state-password-file"]
+    secret_file: str | None = options["state-secret-file"]
+    if url is None:
+        if password_file is not None or secret_file is not None:
+            raise ValueError("--state-password-file and --state-secret-file need --state")
+        return None
+    try:
+        password = read_secret(password_file).decode() if password_file is not None else None
+        secret = read_secret(secret_file) if secret_file is not None else None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ValueError(f"--state: cannot read a secret file: {type(error).__name__}") from None
+    return parse_state_url(url, password=password, secret=secret)
 
 
 def _positive(options: Options, name: str, zero_ok: bool = False) -> float:

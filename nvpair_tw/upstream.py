@@ -15,6 +15,7 @@ from collections.abc import Callable
 from enum import Enum
 from urllib.parse import urlsplit
 
+from attrs import frozen
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError
@@ -57,6 +58,7 @@ __all__ = [
     "TRANSPORT_FAILURES",
     "BodyEnd",
     "BodyGate",
+    "BusyWait",
     "Discard",
     "FirstBodyTimeout",
     "GateState",
@@ -230,6 +232,20 @@ def make_pool(
     return pool
 
 
+@frozen
+class BusyWait:
+    """When the header deadline may be extended because the node shows progress (SPEC §6.4).
+
+    ``working()`` answers whether the node delivered body bytes to another attempt within the last
+    deadline period; while it does, an expired deadline is re-armed for another period (shortened
+    so the extra wait never exceeds ``max_wait``) and ``on_wait()`` is called once per re-arm.
+    """
+
+    working: Callable[[], bool]
+    max_wait: float
+    on_wait: Callable[[], None]
+
+
 class UpstreamClient:
     """Sends one attempt with a response-header deadline measured from the end of the write."""
 
@@ -261,17 +277,32 @@ class UpstreamClient:
         body: bytes,
         header_timeout: float,
         on_written: Callable[[], None] | None = None,
+        *,
+        first_extra: float = 0.0,
+        busy: BusyWait | None = None,
     ) -> Deferred[IResponse]:
-        """Start an attempt; a silent node fails the Deferred with :class:`HeaderTimeout`."""
+        """Start an attempt; a silent node fails the Deferred with :class:`HeaderTimeout`.
+
+        The first deadline is ``header_timeout + first_extra`` (a cold-load allowance); each busy
+        wait (see :class:`BusyWait`) adds at most one more ``header_timeout``.
+        """
         timer: list[IDelayedCall] = []
         timed_out: list[bool] = []
+        waited = [header_timeout + first_extra, 0.0]  # total deadline so far, busy extension
 
         def written() -> None:
-            timer.append(self._clock.callLater(header_timeout, expire))
+            timer.append(self._clock.callLater(waited[0], expire))
             if on_written is not None:
                 on_written()
 
         def expire() -> None:
+            if busy is not None and waited[1] < busy.max_wait and busy.working():
+                step = min(header_timeout, busy.max_wait - waited[1])
+                waited[0] += step
+                waited[1] += step
+                timer[0] = self._clock.callLater(step, expire)
+                busy.on_wait()
+                return
             timed_out.append(True)
             attempt.cancel()
 
@@ -279,9 +310,7 @@ class UpstreamClient:
             if timer and timer[0].active():
                 timer[0].cancel()
             if timed_out and isinstance(result, Failure):
-                raise HeaderTimeout(
-                    f"no response headers within {header_timeout:g}s"
-                ) from result.value
+                raise HeaderTimeout(f"no response headers within {waited[0]:g}s") from result.value
             return result
 
         attempt: Deferred[IResponse] = self.agent.request(
@@ -344,6 +373,7 @@ class BodyGate(Protocol):
         (L{FirstBodyTimeout} when the enabled timer expired, else the transport's reason).
     @ivar done: After :meth:`start_relay`: fires with a L{BodyEnd} at a clean end, or fails
         with the transport's reason when the body was dropped.
+    @ivar _on_bytes: Called for every non-empty chunk, in every state (the progress record).
     @ivar _sink: Where relayed chunks go (C{RELAYING} only).
     @ivar _held: Chunks received in C{HOLDING}, in order.
     @ivar _ending: The transport's reason once the body ended in C{HOLDING}.
@@ -351,8 +381,14 @@ class BodyGate(Protocol):
     @ivar _timed_out: Whether the timer cut the body (a cut that looks clean is still a timeout).
     """
 
-    def __init__(self, clock: IReactorTime, first_body_timeout: float) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        first_body_timeout: float,
+        on_bytes: Callable[[], None] | None = None,
+    ) -> None:
         self.first: Deferred[bytes] = Deferred()
+        self._on_bytes = on_bytes
         self.done: Deferred[BodyEnd] = Deferred()
         self._state = GateState.AWAITING_FIRST
         self._sink: Callable[[bytes], None] | None = None
@@ -393,6 +429,8 @@ class BodyGate(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if not data:
             return
+        if self._on_bytes is not None:
+            self._on_bytes()  # progress: the node is delivering (SPEC §6.4)
         state = self._state
         if state is GateState.RELAYING:
             assert self._sink is not None

@@ -240,6 +240,8 @@ class Attempt:
     node_id: str
     outcome: str
     ms: int
+    busy_waits: int = 0
+    """Header-deadline periods waited because the node showed progress elsewhere (§6.4)."""
 
 
 def _strip_query(path: str) -> str:
@@ -272,6 +274,7 @@ class RequestRecord:
     queued_ms: int = field(init=False, default=0)
     ended: float | None = field(init=False, default=None)
     _current: tuple[str, float] | None = field(init=False, default=None)
+    _busy_waits: int = field(init=False, default=0)
 
     @classmethod
     def begin(
@@ -289,6 +292,12 @@ class RequestRecord:
         """An attempt to ``node_id`` starts now (an attempt still open is closed ``unfinished``)."""
         self._close_attempt(UNFINISHED)
         self._current = (node_id, self._clock.seconds())
+        self._busy_waits = 0
+
+    def busy_wait(self) -> None:
+        """The current attempt waits one more deadline period (its node shows progress)."""
+        if self._current is not None:
+            self._busy_waits += 1
 
     def attempt_ended(self, outcome: str) -> None:
         """Close the current attempt with ``outcome``; a no-op if none is open."""
@@ -339,7 +348,13 @@ class RequestRecord:
             "ttfb_ms": None if ttfb is None else _elapsed_ms(self.started, ttfb),
             "error": self.error,
             "attempts": [
-                {"node_id": a.node_id, "outcome": a.outcome, "ms": a.ms} for a in self.attempts
+                {
+                    "node_id": a.node_id,
+                    "outcome": a.outcome,
+                    "ms": a.ms,
+                    "busy_waits": a.busy_waits,
+                }
+                for a in self.attempts
             ],
             "cache_affinity": self.cache_affinity,
             "queued_ms": self.queued_ms,
@@ -350,4 +365,5 @@ class RequestRecord:
             return
         node_id, start = self._current
         self._current = None
-        self.attempts.append(Attempt(node_id, outcome, _elapsed_ms(start, self._clock.seconds())))
+        elapsed = _elapsed_ms(start, self._clock.seconds())
+        self.attempts.append(Attempt(node_id, outcome, elapsed, self._busy_waits))

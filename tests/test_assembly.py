@@ -849,6 +849,32 @@ def test_a_client_that_leaves_during_assembly_stops_the_attempt(memory_cluster: 
     assert cluster.received("b") == []
 
 
+def test_an_assembled_generation_is_progress_for_the_nodes_other_attempts(
+    memory_cluster: Make,
+) -> None:
+    """Busy is not stalled (§6.4) sees the bytes of an answer being assembled: a request whose
+    headers a one-slot node withholds while it generates a non-streaming answer is waited for
+    (busy waits at 2, 4, 6, 8 and 10 s), not stalled, and nothing cools."""
+    from tests.test_exchange import OneSlotEngine
+
+    clock = Clock()
+    cluster = memory_cluster(
+        clock,
+        {"a": OneSlotEngine(clock, chunks=10, chunk_delay=1.0)},
+        settings=Settings(response_header_timeout=2.0),
+    )
+    whole = cluster.request("POST", "/api/chat", json=ask("/api/chat", stream=False))
+    queued = cluster.request("POST", "/api/chat", json=ask("/api/chat"))
+    cluster.advance(11.0)
+    assert cluster.result(whole).complete
+    assert cluster.result(queued).header("x-nvpair-node") == "a"
+    assert cluster.facade().progress.busy_waits("a") == 5
+    assert cluster.named("node/cooldown") == []
+    cluster.advance(11.0)
+    records = cluster.named("proxy/request")
+    assert sorted(a["busy_waits"] for r in records for a in r["attempts"]) == [0, 5]
+
+
 # --- the official clients parse the assembled answers -------------------------------------------------
 
 

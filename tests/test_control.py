@@ -169,8 +169,8 @@ def test_several_facades_need_the_engine_prefix_for_engine_scoped_methods() -> N
 
 
 def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
-    """nodes/list gives id, url, sorted models, loaded (null: unknown), source and coolingUntil
-    (ms epoch or null)."""
+    """nodes/list gives id, url, sorted models, loaded (null: unknown), source, coolingUntil
+    (ms epoch or null), slots and the node's busy-wait count."""
     runtime = _runtime(
         {
             "ollama": [
@@ -181,6 +181,8 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
     )
     facade = runtime.facades["ollama"]
     facade.stalls.cool("b", "header timeout")
+    facade.progress.busy_waited("b")
+    facade.progress.busy_waited("b")
     result = _ask(ControlMethods(runtime), "nodes/list")["result"]
     until = 1000 * (1_700_000_000 + runtime.settings.cooldown)
     assert result == {
@@ -194,6 +196,7 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "coolingUntil": None,
                 "slots": 0,
                 "slotsInUse": 0,
+                "busyWaits": 0,
             },
             {
                 "id": "b",
@@ -204,6 +207,7 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "coolingUntil": int(until),
                 "slots": 0,
                 "slotsInUse": 0,
+                "busyWaits": 2,
             },
         ],
         "queueDepth": 0,

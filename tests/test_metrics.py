@@ -286,6 +286,22 @@ def test_queue_depth_slots_and_slots_in_use_are_read_at_scrape_time() -> None:
     bound[0].release()
     scraped = samples(metrics.exposition().decode())
     assert value(scraped, "nvpair_slots_in_use", engine="ollama", node="a") == 0
+
+
+def test_busy_waits_are_a_live_counter_per_node() -> None:
+    """Busy waits granted on a node show at the next scrape, counted per node, as a counter."""
+    _, runtime = _runtime(
+        [Node("a", "http://127.0.0.1:1", ("llama3:latest",)), Node("b", "http://127.0.0.1:2")]
+    )
+    metrics = ProxyMetrics(runtime)
+    progress = runtime.facades["ollama"].progress
+    before = samples(metrics.exposition().decode())
+    assert value(before, "nvpair_busy_waits_total", engine="ollama", node="a") == 0
+    progress.busy_waited("a")
+    progress.busy_waited("a")
+    after = samples(metrics.exposition().decode())
+    assert value(after, "nvpair_busy_waits_total", engine="ollama", node="a") == 2
+    assert value(after, "nvpair_busy_waits_total", engine="ollama", node="b") == 0
     runtime.stop()
 
 

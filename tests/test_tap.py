@@ -649,3 +649,42 @@ def test_bad_admission_options_are_usage_errors(args: list[str]) -> None:
     """Each bad value is a usage error naming the option, not a traceback."""
     with pytest.raises(usage.UsageError, match=args[0].lstrip("-")):
         Options(environ={}).parseOptions(["--engine", "ollama", *args])
+
+
+def test_state_is_off_by_default() -> None:
+    assert config_of("--engine", "ollama").state is None
+
+
+def test_state_url_and_files_resolve_into_the_config(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("from-file\n")
+    (tmp_path / "secret").write_bytes(b"hmac-secret\n")
+    state = config_of(
+        "--engine",
+        "ollama",
+        "--state",
+        "redis://:in-url@store.local:6380/3",
+        "--state-password-file",
+        str(tmp_path / "pw"),
+        "--state-secret-file",
+        str(tmp_path / "secret"),
+    ).state
+    assert state is not None
+    assert (state.host, state.port, state.db) == ("store.local", 6380, 3)
+    assert (state.password, state.secret) == ("from-file", b"hmac-secret")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--state", "http://:pw-canary@h/0"),
+        ("--state", "redis://:pw-canary@h/notadb"),
+        ("--state-password-file", "/nonexistent/pw-canary"),
+        ("--state", "redis://h/0", "--state-password-file", "/nonexistent/pw-canary"),
+    ],
+)
+def test_bad_state_options_are_usage_errors_that_never_quote_a_password(
+    args: tuple[str, ...],
+) -> None:
+    with pytest.raises(usage.UsageError) as raised:
+        parse("--engine", "ollama", *args)
+    assert "pw-canary" not in str(raised.value)
