@@ -139,9 +139,34 @@ def build_runtime(
         client = UpstreamClient(reactor, pool, settings.connect_timeout, endpoints=endpoints)
     if http is None:
         http = make_http_client(Agent.usingEndpointFactory(reactor, endpoints, pool=pool))
+    shared = _shared(reactor, settings, client, http, ingress)
+    fleet = FleetStore(reactor, state) if state is not None else None
+    if fleet is not None:
+        fleet.bind_ledger(shared.ledger)
+    for engine in engines:
+        facades[engine] = _facade(
+            engine,
+            shared,
+            reactor,
+            flag_nodes=list((nodes or {}).get(engine, ())),
+            nodes_file=nodes_file,
+            stall_tracker=stall_tracker,
+            fleet=fleet,
+        )
+    return Runtime(reactor, settings, shared, facades, pool, fleet=fleet)
+
+
+def _shared(
+    reactor: IProxyReactor,
+    settings: Settings,
+    client: UpstreamClient,
+    http: HTTPClient,
+    ingress: IngressConfig | None,
+) -> Shared:
+    """What every facade of the process shares; the bus logs every event."""
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
-    shared = Shared(
+    return Shared(
         clock=reactor,
         client=client,
         http=http,
@@ -153,57 +178,69 @@ def build_runtime(
             ingress if ingress is not None else IngressConfig(), reactor
         ),
     )
-    fleet = FleetStore(reactor, state) if state is not None else None
-    if fleet is not None:
-        fleet.bind_ledger(shared.ledger)
-    for engine in engines:
-        profile = ENGINES[engine]
-        directory = NodeDirectory(
-            profile,
-            reactor,
-            flag_nodes=list((nodes or {}).get(engine, ())),
-            nodes_file=nodes_file,
-        )
-        inventory = InventoryBook(
-            profile,
-            directory,
-            http,
-            reactor,
-            interval=settings.inventory_interval,
-            timeout=settings.inventory_timeout,
-        )
-        admission = Admission(
-            reactor,
-            slot_limit(directory.get, settings.default_slots),
-            settings.queue_size,
-            settings.queue_timeout,
-        )
-        directory.subscribe(admission.wake)  # raised slots or a new node: bind who waits
-        announce = _cooldown_announcer(bus, engine)
-        stalls: IStallTracker
-        if stall_tracker is not None:
-            stalls = stall_tracker(engine, announce)
-        elif fleet is not None:
-            stalls = fleet.stall_tracker(engine, settings.cooldown, announce)
-        else:
-            stalls = StallTracker(reactor, settings.cooldown, announce)
-        affinity = (
+
+
+def _facade(
+    engine: str,
+    shared: Shared,
+    reactor: IProxyReactor,
+    *,
+    flag_nodes: list[Node],
+    nodes_file: str | None,
+    stall_tracker: StallTrackerFactory | None,
+    fleet: FleetStore | None,
+) -> Facade:
+    """One engine's facade: its nodes, inventory, admission, stall tracker and affinity table."""
+    settings = shared.settings
+    profile = ENGINES[engine]
+    directory = NodeDirectory(profile, reactor, flag_nodes=flag_nodes, nodes_file=nodes_file)
+    inventory = InventoryBook(
+        profile,
+        directory,
+        shared.http,
+        reactor,
+        interval=settings.inventory_interval,
+        timeout=settings.inventory_timeout,
+    )
+    admission = Admission(
+        reactor,
+        slot_limit(directory.get, settings.default_slots),
+        settings.queue_size,
+        settings.queue_timeout,
+    )
+    directory.subscribe(admission.wake)  # raised slots or a new node: bind who waits
+    facade = Facade(
+        profile=profile,
+        shared=shared,
+        directory=directory,
+        inventory=inventory,
+        stalls=_stall_tracker(engine, shared, reactor, stall_tracker, fleet),
+        affinity=(
             fleet.affinity_table(engine, settings.affinity_max_entries, settings.affinity_ttl)
             if fleet is not None
             else AffinityTable(reactor, settings.affinity_max_entries, settings.affinity_ttl)
-        )
-        facades[engine] = Facade(
-            profile=profile,
-            shared=shared,
-            directory=directory,
-            inventory=inventory,
-            stalls=stalls,
-            affinity=affinity,
-            admission=admission,
-        )
-        if fleet is not None:
-            _share_progress(facades[engine], fleet, engine)
-    return Runtime(reactor, settings, shared, facades, pool, fleet=fleet)
+        ),
+        admission=admission,
+    )
+    if fleet is not None:
+        _share_progress(facade, fleet, engine)
+    return facade
+
+
+def _stall_tracker(
+    engine: str,
+    shared: Shared,
+    reactor: IProxyReactor,
+    factory: StallTrackerFactory | None,
+    fleet: FleetStore | None,
+) -> IStallTracker:
+    """A given factory's tracker, else the fleet's shared one, else a local one."""
+    announce = _cooldown_announcer(shared.bus, engine)
+    if factory is not None:
+        return factory(engine, announce)
+    if fleet is not None:
+        return fleet.stall_tracker(engine, shared.settings.cooldown, announce)
+    return StallTracker(reactor, shared.settings.cooldown, announce)
 
 
 def _share_progress(facade: Facade, fleet: FleetStore, engine: str) -> None:
