@@ -26,6 +26,7 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
+from nvpair_tw.assembly import Assembly, AssemblyGate
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.progress import ProgressBook
@@ -74,6 +75,9 @@ class AttemptPlan:
     gated: bool
     header_timeout: float
     first_body_timeout: float
+    assembly: Assembly | None = None
+    """Set when ``body`` is a non-streaming request rewritten to stream: a 2xx stream is folded
+    into one answer and commits only when whole (docs/behaviour.md §6.5)."""
     first_extra: Mapping[str, float] = field(factory=dict)
     """Per node id: seconds added to the first header deadline (a cold-load allowance)."""
     busy_max_wait: float = 0.0
@@ -86,11 +90,13 @@ class Committed:
 
     For a gated commit ``first`` is the first body chunk (``b""`` for a clean empty end) and the gate
     holds the rest; for a commit on headers the gate has seen nothing yet and ``first`` is ``b""``.
+    For an assembled answer ``first`` is the whole answer, ``response`` its client-facing status
+    and headers, and the gate holds nothing more.
     """
 
     node: Node
     response: IResponse
-    gate: BodyGate
+    gate: BodyGate | AssemblyGate
     first: bytes
 
 
@@ -260,6 +266,9 @@ async def _attempt(
         caller.track(None)
         response.deliverBody(Discard())
         return status_outcome(response.code)
+    if plan.assembly is not None and _assembles(plan.assembly, response):
+        touch = progress.touch if progress is not None else None
+        return await _assembled(plan, plan.assembly, node, response, clock, caller, is_last, touch)
     gate = BodyGate(
         clock,
         plan.first_body_timeout if plan.gated else 0.0,
@@ -279,6 +288,43 @@ async def _attempt(
         gate.stop()
         return _Failed(AttemptOutcome.CANCELLED, None)
     return Committed(node, response, gate, first)
+
+
+def _assembles(assembly: Assembly, response: IResponse) -> bool:
+    """A 2xx stream of the route's kind is assembled; anything else is relayed as it is."""
+    content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
+    return 200 <= response.code < 300 and assembly.accepts(content_type)
+
+
+async def _assembled(
+    plan: AttemptPlan,
+    assembly: Assembly,
+    node: Node,
+    response: IResponse,
+    clock: IReactorTime,
+    caller: CallerState,
+    is_last: bool,
+    on_bytes: Callable[[], None] | None,
+) -> Committed | _Failed | str:
+    """An assembled attempt: commits with the whole answer, or fails like a pre-commit drop."""
+    timeout = plan.first_body_timeout if plan.gated else 0.0
+    gate = AssemblyGate(clock, timeout, assembly.dialect, assembly.limit, on_bytes)
+    caller.track(gate.stop)
+    response.deliverBody(gate)
+    try:
+        answer = await gate.first
+    except Exception:
+        failure = Failure()
+        caller.track(None)
+        return _Failed(classify_failure(failure, caller.gone), failure)
+    if caller.gone is not None:
+        gate.stop()
+        return _Failed(AttemptOutcome.CANCELLED, None)
+    whole = gate.response(response)
+    if retryable_status(whole.code, plan.inference) and not is_last:
+        caller.track(None)
+        return status_outcome(whole.code)
+    return Committed(node, whole, gate, answer)
 
 
 async def run_attempts(

@@ -23,6 +23,7 @@ from twisted.web.server import Request
 
 from nvpair_tw.admission import RETRY_AFTER_SECONDS, QueueFull, QueueTimeout, Slot, Waiter
 from nvpair_tw.affinity import AffinityKey, affinity_key
+from nvpair_tw.assembly import plan_assembly
 from nvpair_tw.attempts import (
     Abandoned,
     AttemptObserver,
@@ -226,15 +227,21 @@ def _route(
         if model and parsed is not None and record.path == RESPONSES_PATH:
             candidates = _conversation_first(facade, parsed, candidates)
     settings = shared.settings
+    assembly = (
+        plan_assembly(record.path, body, parsed, settings.max_body_size)
+        if inference and settings.assembles(facade.engine)
+        else None
+    )
     plan = AttemptPlan(
         method=request.method,
         target=target_of(request.uri),
         headers=upstream_request_headers(request.requestHeaders, _client_host(request)),
-        body=body,
+        body=assembly.body if assembly is not None else body,
         inference=inference or routed,
         gated=inference and facade.first_body_gate,
         header_timeout=settings.response_header_timeout,
         first_body_timeout=settings.first_body_timeout if inference else 0.0,
+        assembly=assembly,
         first_extra=_cold_allowances(facade, model, candidates) if inference else {},
         busy_max_wait=settings.busy_max_wait,
     )

@@ -96,6 +96,9 @@ class SimulatedEngine(Resource):
     api_key: str | None = None
     loaded: Sequence[str] | None = None
     response_prefix: str = "resp"
+    script: Callable[[bytes, bool, bytes], list[bytes]] | None = None
+    """When set, the frames of a healthy answer: ``script(path, streaming, request_body)``
+    (e.g. a stream with tool calls or a usage chunk); else :func:`reply_frames`."""
     received: list[Received] = field(factory=list)
     inference_count: int = 0
     _timers: list[IDelayedCall] = field(factory=list)
@@ -229,12 +232,16 @@ class SimulatedEngine(Resource):
             request.write(b"")
             self._later(0, _hang_up, request)
             return
-        frames = reply_frames(
-            request.path,
-            streaming,
-            self.chunks,
-            self.reply_text,
-            response_id=f"{self.response_prefix}_{self.inference_count}",
+        frames = (
+            self.script(request.path, streaming, body)
+            if self.script is not None
+            else reply_frames(
+                request.path,
+                streaming,
+                self.chunks,
+                self.reply_text,
+                response_id=f"{self.response_prefix}_{self.inference_count}",
+            )
         )
         if behaviour is Behaviour.SLOW_BODY:
             request.write(b"")
