@@ -51,7 +51,7 @@ from nvpair_tw.fleet_writer import MAX_PENDING_WRITES, BatchedWriter
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.reservations import ReservationLedger
-from nvpair_tw.stalls import Cooldown, CooldownListener
+from nvpair_tw.stalls import CooldownListener
 
 __all__ = [
     "BACKOFF_CAP",
@@ -81,7 +81,7 @@ class FleetStore:
         """How many peers' messages were applied here."""
         self._codec = codec = Codec(self.proxy_id, config.namespace)
         self._session = Session(reactor, config, channel=codec.channel, hooks=self)
-        self._writer = BatchedWriter(reactor, config, codec, self._connection)
+        self._writer = BatchedWriter(reactor, config, codec, self._session.connection)
         parts = (reactor, codec, self._writer.write, lambda: self.up)
         self._cooldowns = SharedCooldowns(*parts)
         self._affinity = SharedAffinity(*parts, seal=sealer(config.secret))
@@ -116,14 +116,6 @@ class FleetStore:
         """When (local clock seconds) a peer last reported body bytes from ``node_id``, or None."""
         return self._progress.peer(engine, node_id)
 
-    def share_cooldown(self, engine: str, cooldown: Cooldown) -> None:
-        """Store and publish a local stall's cooldown (nothing while the store is away)."""
-        self._cooldowns.share_cooldown(engine, cooldown)
-
-    def share_clear(self, engine: str, node_id: str) -> None:
-        """Delete and publish the end of a cooldown (a success on this proxy)."""
-        self._cooldowns.share_clear(engine, node_id)
-
     # --- life cycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -138,9 +130,6 @@ class FleetStore:
         self._cooldowns.stop()
         return closed
 
-    def _connection(self) -> Any:
-        return self._session.cmd if self._session.up else None
-
     # --- the session's hooks --------------------------------------------------------------------
 
     def on_message(self, raw: bytes | str) -> None:
@@ -154,7 +143,7 @@ class FleetStore:
             try:
                 if self._apply(message):
                     self.applied += 1
-            except Exception as error:
+            except Exception as error:  # a peer's bad message costs only itself
                 log.debug("fleet store: ignored a message ({error})", error=type(error).__name__)
 
     def _apply(self, message: Mapping[str, Any]) -> bool:
@@ -164,14 +153,14 @@ class FleetStore:
         if not isinstance(engine, str) or not isinstance(node, str):
             return False
         if kind in ("cool", "clear"):
-            return self._cooldowns.apply(str(kind), engine, node, message)
+            return self._cooldowns.apply(kind, engine, node, message)
         if kind == "aff":
             return self._affinity.apply(engine, node, message)
         return kind == "prog" and self._progress.apply(engine, node)
 
     async def resync(self, cmd: Any) -> None:
         """Read every shared key into local state (this proxy's own is written once up)."""
-        values, ttls = await read_all(self._session, cmd, self._codec.prefix("cool"))
+        values, ttls = await read_all(self._session.dialer, cmd, self._codec.prefix("cool"))
         now = self._reactor.seconds()
         for key, ttl in ttls.items():
             self._cooldowns.resync(values.get(key), ttl)
@@ -184,7 +173,7 @@ class FleetStore:
         self._reservations.settle()
 
     def on_up(self) -> None:
-        """Then this proxy's own state: the cooldowns it saw while the store was away."""
+        """Up: share the cooldowns this proxy saw while the store was away, send what is queued."""
         self._cooldowns.reshare()
         self._writer.connected()
 

@@ -31,6 +31,7 @@ __all__ = [
     "CONNECT_TIMEOUT",
     "HEARTBEAT",
     "SCAN_COUNT",
+    "Dialer",
     "Session",
     "SessionHooks",
     "next_backoff",
@@ -116,6 +117,44 @@ class SessionHooks(Protocol):
         """The connections were dropped; ``lost``: a running session that was up."""
 
 
+class Dialer:
+    """Opens one authenticated connection to the store and awaits its commands, each bounded."""
+
+    def __init__(self, reactor: IProxyReactor, config: StateConfig) -> None:
+        self._reactor = reactor
+        self.config = config
+
+    async def dial(self, protocol: Any) -> Any:
+        protocol.factory = _Quiet()
+        endpoint = HostnameEndpoint(
+            self._reactor, self.config.host, self.config.port, timeout=CONNECT_TIMEOUT
+        )
+        connected = await connectProtocol(endpoint, protocol)
+        if self.config.password is not None:
+            try:
+                await self.timed(connected.auth(self.config.password), connected)
+            except Exception:
+                # Never the exception itself: some servers echo what they were sent.
+                abort(connected.transport)
+                raise ConnectionError("the fleet store refused the password") from None
+        if self.config.db:
+            await self.timed(connected.select(self.config.db), connected)
+        return connected
+
+    async def timed(self, pending: Deferred[Any], conn: Any) -> Any:
+        """Await a command; past COMMAND_TIMEOUT the connection is dropped (txredisapi's replies
+        are matched by order, so one command cannot be abandoned on its own)."""
+        timer = self._reactor.callLater(COMMAND_TIMEOUT, abort, conn.transport)
+        try:
+            result = await pending
+        finally:
+            if timer.active():
+                timer.cancel()
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+
 class Session:
     """The connections to the store, kept up in the background while it runs (told to ``hooks``)."""
 
@@ -129,6 +168,7 @@ class Session:
     ) -> None:
         self._reactor = reactor
         self.config = config
+        self.dialer = Dialer(reactor, config)
         self._channel = channel
         self._hooks = hooks
         self.up = False
@@ -141,6 +181,10 @@ class Session:
         self._retry: IDelayedCall | None = None
         self._beat: IDelayedCall | None = None
         self._delay = BACKOFF_FIRST
+
+    def connection(self) -> Any:
+        """The command connection while the session is up, else None."""
+        return self.cmd if self.up else None
 
     def start(self) -> None:
         """Connect in the background; nothing waits on it."""
@@ -188,9 +232,9 @@ class Session:
 
     async def _run(self) -> None:
         command, subscriber = _protocols()
-        cmd = await self._dial(command())
+        cmd = await self.dialer.dial(command())
         self.cmd = cmd
-        sub = await self._dial(subscriber())
+        sub = await self.dialer.dial(subscriber())
         self._sub = sub
         sub.on_message = self._hooks.on_message
         ended: Deferred[Any] = DeferredList(
@@ -198,42 +242,12 @@ class Session:
             fireOnOneCallback=True,
             consumeErrors=True,
         )
-        await self.timed(sub.subscribe(self._channel), sub)
+        await self.dialer.timed(sub.subscribe(self._channel), sub)
         await self._hooks.resync(cmd)
         self._became_up()
         await ended
         self._task = None
         self._lost()
-
-    async def _dial(self, protocol: Any) -> Any:
-        protocol.factory = _Quiet()
-        endpoint = HostnameEndpoint(
-            self._reactor, self.config.host, self.config.port, timeout=CONNECT_TIMEOUT
-        )
-        connected = await connectProtocol(endpoint, protocol)
-        if self.config.password is not None:
-            try:
-                await self.timed(connected.auth(self.config.password), connected)
-            except Exception:
-                # Never the exception itself: some servers echo what they were sent.
-                abort(connected.transport)
-                raise ConnectionError("the fleet store refused the password") from None
-        if self.config.db:
-            await self.timed(connected.select(self.config.db), connected)
-        return connected
-
-    async def timed(self, pending: Deferred[Any], conn: Any) -> Any:
-        """Await a command; past COMMAND_TIMEOUT the connection is dropped (txredisapi's replies
-        are matched by order, so one command cannot be abandoned on its own)."""
-        timer = self._reactor.callLater(COMMAND_TIMEOUT, abort, conn.transport)
-        try:
-            result = await pending
-        finally:
-            if timer.active():
-                timer.cancel()
-        if isinstance(result, Exception):
-            raise result
-        return result
 
     def _became_up(self) -> None:
         self.up = True
@@ -279,28 +293,28 @@ class Session:
         cmd = self.cmd
         if cmd is None or not self._running:
             return
-        pinged = Deferred.fromCoroutine(self.timed(cmd.ping(), cmd))
+        pinged = Deferred.fromCoroutine(self.dialer.timed(cmd.ping(), cmd))
         pinged.addErrback(lambda _f: abort(cmd.transport) if cmd.transport else None)
         self._hooks.on_beat()
         self._beat = self._reactor.callLater(HEARTBEAT, self._heartbeat)
 
 
 async def read_all(
-    session: Session, cmd: Any, ttl_prefix: str
+    dialer: Dialer, cmd: Any, ttl_prefix: str
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Every key of the store's namespace with its value, and the TTL (ms) of those starting with
-    ``ttl_prefix`` (each command under :meth:`Session.timed`)."""
+    ``ttl_prefix`` (each command under :meth:`Dialer.timed`)."""
     cursor: Any = 0
     keys: list[str] = []
     while True:
-        reply = await session.timed(
-            cmd.scan(cursor, pattern=f"{session.config.namespace}:*", count=SCAN_COUNT), cmd
+        reply = await dialer.timed(
+            cmd.scan(cursor, pattern=f"{dialer.config.namespace}:*", count=SCAN_COUNT), cmd
         )
         cursor, batch = reply
         keys.extend(text(k) for k in batch)
         if int(cursor) == 0:
             break
     timed = [k for k in keys if k.startswith(ttl_prefix)]
-    values = await session.timed(cmd.mget(keys), cmd) if keys else []
-    ttls = [await session.timed(cmd.execute_command("PTTL", k), cmd) for k in timed]
+    values = await dialer.timed(cmd.mget(keys), cmd) if keys else []
+    ttls = [await dialer.timed(cmd.execute_command("PTTL", k), cmd) for k in timed]
     return dict(zip(keys, values, strict=False)), dict(zip(timed, ttls, strict=False))
