@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_fleet -*-
+# -*- test-case-name: tests.test_fleet_wire -*-
 """What the fleet store holds and carries (SPEC §6.6): key names, published messages, the batch
 script, and the sealing of affinity digests.
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_fleet -*-
+# -*- test-case-name: tests.test_fleet_writer -*-
 """The fleet store's bounded, batched, fire-and-forget writer (SPEC §6.6).
 
 The request path never waits on the store: a write is queued (at most :data:`MAX_PENDING_WRITES`;
