@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_fleet -*-
+# -*- test-case-name: tests.test_fleet,tests.test_fleet_sharing -*-
 """A fleet of proxies sharing what they learn through Redis or Valkey (SPEC §6.6, ``--state``).
 
 :class:`FleetStore` keeps one command connection and one pub/sub connection to the store (through

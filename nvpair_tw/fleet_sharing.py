@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_fleet -*-
+# -*- test-case-name: tests.test_fleet_sharing -*-
 """What a fleet shares through its store (SPEC §6.6), one class per kind of state.
 
 Each kind writes through a ``write`` function (:meth:`~nvpair_tw.fleet_writer.BatchedWriter.write`),
