@@ -54,12 +54,10 @@ class _Loaded:
 @define
 class InventoryBook:
     """Per facade: the last good inventory of every node, and what each node has loaded, as its
-    :class:`~nvpair_tw.polling.InventoryPoller` finds them.
-
-    Unlike the inventory, residency is not kept across a failure: a failed or malformed
-    residency answer makes the node's residency unknown until the next good one, because a stale
-    "loaded" would steer requests to a node that has since unloaded the model.
-    """
+    :class:`~nvpair_tw.polling.InventoryPoller` finds them. Unlike the inventory, residency is not
+    kept across a failure: a failed or malformed answer makes the node's residency unknown until
+    the next good one, because a stale "loaded" would steer requests to a node that has since
+    unloaded the model."""
 
     log = LevelledLogger()
 

@@ -21,7 +21,7 @@ from nvpair_tw.engines import EngineProfile, ResidencyFormat
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.reads import ReadError, get_json, join_url
 
-__all__ = ["InventoryPoller", "InventorySink"]
+__all__ = ["InventoryPoller", "InventorySink", "NodeReads"]
 
 
 class InventorySink(Protocol):
@@ -61,10 +61,21 @@ class InventoryPoller:
     _timeout: float = field(default=10.0, kw_only=True)
     _jitter: float = field(default=0.1, kw_only=True)
     _random: Callable[[], float] = field(default=_random.random, kw_only=True)
-    _failing: set[str] = field(factory=set, init=False)
+    _reads: NodeReads = field(init=False)
     _inflight: dict[str, Deferred[None]] = field(factory=dict, init=False)
     _timer: IDelayedCall | None = field(default=None, init=False)
     _unsubscribe: Callable[[], None] | None = field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._reads = NodeReads(
+            self._engine,
+            self._directory,
+            self._http,
+            self._clock,
+            self._sink,
+            self._log,
+            timeout=self._timeout,
+        )
 
     def poll_now(self) -> Deferred[None]:
         """Poll every polled node once, concurrently; fires when all are done (never fails)."""
@@ -75,7 +86,7 @@ class InventoryPoller:
         for node in nodes:
             running = self._inflight.get(node.id)
             if running is None:
-                running = Deferred.fromCoroutine(self._poll(node))
+                running = Deferred.fromCoroutine(self._reads.poll(node))
                 if not running.called:
                     self._inflight[node.id] = running
                 running.addBoth(self._finished, node.id, running)
@@ -117,19 +128,42 @@ class InventoryPoller:
     def _nodes_changed(self) -> None:
         current = {n.id: n for n in self._directory.nodes() if n.models is None}
         self._sink.prune(current)
-        self._failing &= set(current)
+        self._reads.forget_failing(set(current))
         for node_id, running in list(self._inflight.items()):
             if node_id not in current:
                 running.cancel()
         fresh = [
             n
             for i, n in current.items()
-            if not self._sink.has_inventory(i) and i not in self._failing
+            if not self._sink.has_inventory(i) and not self._reads.failing(i)
         ]
         if self._unsubscribe is not None and fresh:
             self._poll_nodes(fresh)
 
-    async def _poll(self, node: Node) -> None:
+
+@define
+class NodeReads:
+    """One poll of a node: its model list and, if the engine has one, its residency, side by side;
+    each answer goes to the sink, each failure is logged (a repeated inventory failure quietly)."""
+
+    _engine: EngineProfile
+    _directory: NodeDirectory
+    _http: HTTPClient
+    _clock: IReactorTime
+    _sink: InventorySink
+    _log: Logger
+    _timeout: float = field(default=10.0, kw_only=True)
+    _failing: set[str] = field(factory=set, init=False)
+
+    def failing(self, node_id: str) -> bool:
+        """Whether the node's last inventory read failed."""
+        return node_id in self._failing
+
+    def forget_failing(self, current: set[str]) -> None:
+        """Forget the failures of nodes not in ``current``."""
+        self._failing &= current
+
+    async def poll(self, node: Node) -> None:
         """The node's model list and, if the engine has one, its residency, side by side."""
         polls = [Deferred.fromCoroutine(self._poll_models(node))]
         if self._engine.residency is not None:
