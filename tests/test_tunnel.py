@@ -16,15 +16,24 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import gatherResults
+from twisted.internet.interfaces import IAddress
 from twisted.internet.threads import deferToThread
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.python import usage
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from nvpair_tw.admin import StatusBoard
+from nvpair_tw.facade import FacadeResource
+from nvpair_tw.limits import make_site
+from nvpair_tw.metrics import ProxyMetrics
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
+from nvpair_tw.tap import Options
 from nvpair_tw.testing import Clusters, ProxyCluster
 from nvpair_tw.tunnel import IllegalTunnelCall, Tunnel, TunnelBook, TunnelState
 
@@ -367,21 +376,58 @@ async def test_a_hundred_concurrent_tunnels_leak_no_connection(
 async def test_open_tunnels_show_in_the_state_json_and_metrics(
     clusters: Clusters, echoes: dict[str, _Echo]
 ) -> None:
-    from nvpair_tw.admin import StatusBoard
-
     cluster = await _cluster(clusters, [Node("a", echoes["a"].url)])
     assert cluster.proxy is not None
+    runtime = cluster.proxy.runtime
     ws = await deferToThread(_client, cluster.ws())
+    board, metrics = StatusBoard(runtime), ProxyMetrics(runtime)
     try:
-        board = StatusBoard(cluster.proxy.runtime)
-        state = board.state(lambda engine: True)
-        board.close()
-        [node] = state["facades"][0]["nodes"]
-        metrics = cluster.proxy.runtime  # gauges read the same count
-        gauge = metrics.shared.tunnels.count("lmstudio", "a")
+        [node] = board.state(lambda engine: True)["facades"][0]["nodes"]
+        text = metrics.exposition().decode()
     finally:
+        board.close()
+        metrics.close()
         await deferToThread(ws.close)
-    assert (node["tunnels"], node["inFlight"], gauge) == (1, 1, 1)
+    assert (node["tunnels"], node["inFlight"]) == (1, 1)
+    assert 'nvpair_open_tunnels{engine="lmstudio",node="a"} 1.0' in text
+
+
+class _ForeignPeer(ProtocolWrapper):
+    """Makes the wrapped channel see a non-loopback peer (the socket stays on loopback)."""
+
+    def getPeer(self) -> IAddress:
+        return IPv4Address("TCP", "203.0.113.9", 40000)
+
+
+@pytest_twisted.ensureDeferred
+async def test_ingress_keys_apply_to_the_upgrade_and_are_not_forwarded(
+    clusters: Clusters, echoes: dict[str, _Echo], listen: Callable[[Any], int]
+) -> None:
+    cluster = clusters(LMStudioCluster)
+    cluster.engine_name = "lmstudio"
+    await cluster.start_proxy(
+        [Node("a", echoes["a"].url)], environ={"NVPAIR_PROXY_API_KEYS": "ingress-key-1"}
+    )
+    wrapped = WrappingFactory(make_site(FacadeResource(cluster.facade), clock=cluster.reactor))
+    wrapped.protocol = _ForeignPeer
+    url = f"ws://127.0.0.1:{listen(wrapped)}/llm"
+
+    def without_key() -> int:
+        with pytest.raises(InvalidStatus) as caught:
+            _client(url)
+        return caught.value.response.status_code
+
+    assert await deferToThread(without_key) == 401
+    seen = await deferToThread(_whoami, url, {"authorization": "Bearer ingress-key-1"})
+    assert (seen["label"], seen["authorization"]) == ("a", [])
+
+
+def test_max_tunnels_is_an_option() -> None:
+    options = Options()
+    options.parseOptions(["--engine", "lmstudio", "--max-tunnels", "5"])
+    assert options.config.settings.max_tunnels == 5
+    with pytest.raises(usage.UsageError, match="max-tunnels"):
+        Options().parseOptions(["--engine", "lmstudio", "--max-tunnels", "0"])
 
 
 def test_a_tunnel_refuses_calls_its_state_does_not_allow() -> None:
