@@ -121,8 +121,9 @@ class TunnelBook:
     tunnels: set[Tunnel] = field(factory=set)
     peak_held: int = 0
     """The most bytes one tunnel ever held unsent in the proxy (both directions)."""
-    on_pause: Callable[[Tunnel], None] | None = None
-    """Called when a node's reading is paused because its client is slow (tests, metrics)."""
+    on_pause: Callable[[Tunnel, str], None] | None = None
+    """Called with ``"node"`` when a node's reading is paused because its client is slow, and
+    ``"client"`` when a client's reading is paused because its node is slow."""
 
     def admit(self, engine: str) -> Tunnel | None:
         """A new tunnel in ``HANDSHAKE``, or None at the cap."""
@@ -152,14 +153,15 @@ class TunnelBook:
 @implementer(IPushProducer)
 @define
 class _Valve:
-    """The node's transport as the client channel's producer, reporting pauses."""
+    """One side's transport as the other side's producer, reporting pauses."""
 
     tunnel: Tunnel
     transport: Any
+    side: str
 
     def pauseProducing(self) -> None:
         self.transport.pauseProducing()
-        self.tunnel.paused()
+        self.tunnel.paused(self.side)
 
     def resumeProducing(self) -> None:
         self.transport.resumeProducing()
@@ -197,8 +199,8 @@ class Tunnel:
         client = channel.transport
         assert client is not None
         buffered = channel.hand_over(self)
-        channel.registerProducer(_Valve(self, node), True)
-        node.registerProducer(client, True)
+        channel.registerProducer(_Valve(self, node, "node"), True)
+        node.registerProducer(_Valve(self, client, "client"), True)
         client.write(head)
         self.book.note_held(_pending(client))
         if buffered:
@@ -219,9 +221,10 @@ class Tunnel:
         client.write(data)
         self.book.note_held(_pending(client))
 
-    def paused(self) -> None:
+    def paused(self, side: str) -> None:
+        """``side``'s reading was paused (its peer's transport is full)."""
         if self.book.on_pause is not None:
-            self.book.on_pause(self)
+            self.book.on_pause(self, side)
 
     def client_lost(self, reason: Failure = connectionDone) -> None:
         """The client's connection is gone: close the node's."""

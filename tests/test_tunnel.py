@@ -45,6 +45,7 @@ socket buffers hold, so the proxy must pause the node)."""
 _ECHO = r"""
 import json
 import sys
+import threading
 from websockets.sync.server import serve
 
 label = sys.argv[1]
@@ -57,6 +58,8 @@ def handler(ws):
         elif message == "close-me":
             ws.close()
             return
+        elif message == "deaf":
+            threading.Event().wait()  # never reads again
         elif message == "flood":
             for i in range(FLOOD):
                 ws.send(bytes([i % 256]) * MIB)
@@ -127,6 +130,16 @@ async def _cluster(
     cluster.engine_name = "lmstudio"
     await cluster.start_proxy(nodes, settings)
     return cluster
+
+
+def _when_paused(side: str, event: threading.Event) -> Callable[[Tunnel, str], None]:
+    """An ``on_pause`` hook that sets ``event`` when ``side``'s reading is paused."""
+
+    def note(tunnel: Tunnel, paused: str) -> None:
+        if paused == side:
+            event.set()
+
+    return note
 
 
 def _open_fds() -> int:
@@ -275,8 +288,12 @@ def _raw_upgrade(url: str) -> socket.socket:
 
 
 def _masked(opcode: int, payload: bytes) -> bytes:
-    """A client frame with an all-zero mask (the payload goes as it is)."""
-    return bytes([0x80 | opcode, 0x80 | len(payload)]) + b"\0\0\0\0" + payload
+    """A client frame with an all-zero mask (the payload goes as it is); at most 65535 bytes."""
+    if len(payload) < 126:
+        size = bytes([0x80 | len(payload)])
+    else:
+        size = bytes([0x80 | 126]) + len(payload).to_bytes(2, "big")
+    return bytes([0x80 | opcode]) + size + b"\0\0\0\0" + payload
 
 
 @pytest_twisted.ensureDeferred
@@ -323,7 +340,7 @@ async def test_a_slow_reader_pauses_the_node_and_the_proxy_holds_little(
 ) -> None:
     cluster = await _cluster(clusters, [Node("a", echoes["a"].url)])
     paused = threading.Event()
-    cluster.book.on_pause = lambda tunnel: paused.set()
+    cluster.book.on_pause = _when_paused("node", paused)
 
     def slow() -> tuple[bool, int, bool]:
         with _client(cluster.ws()) as ws:
@@ -450,3 +467,50 @@ def test_the_book_admits_up_to_its_limit() -> None:
     assert first is not None and book.admit("lmstudio") is None
     first.close()
     assert book.admit("lmstudio") is not None
+
+
+@pytest_twisted.ensureDeferred
+async def test_stopping_the_proxy_closes_open_tunnels_on_both_sides(
+    clusters: Clusters, echoes: dict[str, _Echo]
+) -> None:
+    cluster = await _cluster(clusters, [Node("a", echoes["a"].url)])
+    conn = await deferToThread(_raw_upgrade, cluster.ws())
+    [tunnel] = cluster.book.tunnels
+    cluster.book.close_all()  # what Runtime.stop does
+    assert tunnel._node.disconnecting  # the node's connection is being closed now
+    try:
+        await tunnel.closed  # both connections gone
+        eof = await deferToThread(conn.recv, 1)
+    finally:
+        conn.close()
+    assert (eof, cluster.book.tunnels) == (b"", set())
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_node_that_stops_reading_pauses_the_client_and_the_proxy_holds_little(
+    clusters: Clusters, echoes: dict[str, _Echo]
+) -> None:
+    cluster = await _cluster(clusters, [Node("a", echoes["a"].url)])
+    paused = threading.Event()
+    cluster.book.on_pause = _when_paused("client", paused)
+    conn = await deferToThread(_raw_upgrade, cluster.ws())
+    frame = _masked(0x2, b"z" * 60000)
+
+    def flood() -> None:
+        conn.sendall(_masked(0x1, b"deaf"))
+        try:
+            for _ in range(1000):  # 60 MB: far more than the socket buffers on the way hold
+                conn.sendall(frame)
+        except OSError:
+            pass  # the test shut the socket once the proxy paused us
+
+    sender = threading.Thread(target=flood)
+    sender.start()
+    try:
+        stalled = await deferToThread(paused.wait, 60)
+    finally:
+        conn.shutdown(socket.SHUT_RDWR)
+        await deferToThread(sender.join)
+        conn.close()
+    assert stalled
+    assert cluster.book.peak_held < 512 * 1024
