@@ -514,3 +514,31 @@ async def test_a_node_that_stops_reading_pauses_the_client_and_the_proxy_holds_l
         conn.close()
     assert stalled
     assert cluster.book.peak_held < 512 * 1024
+
+
+@pytest_twisted.ensureDeferred
+async def test_bytes_sent_before_the_101_reach_the_node_after_it(
+    clusters: Clusters, echoes: dict[str, _Echo]
+) -> None:
+    """A client that pipelines a frame behind its upgrade request: the channel buffered it, the
+    hand-over passes it on."""
+    cluster = await _cluster(clusters, [Node("a", echoes["a"].url)])
+    port = int(cluster.url.rsplit(":", 1)[1])
+
+    def eager() -> bytes:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
+            conn.sendall(
+                b"GET /llm HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+                + _masked(0x1, b"early bird")
+            )
+            got = b""
+            while not got.endswith(b"early bird"):
+                chunk = conn.recv(4096)
+                assert chunk, got
+                got += chunk
+            return got
+
+    got = await deferToThread(eager)
+    assert got.startswith(b"HTTP/1.1 101 ")
+    assert got.endswith(b"\x81\x0aearly bird")  # the node's unmasked text frame
