@@ -99,6 +99,11 @@ _NODE_GAUGES: tuple[tuple[str, str, NodeValue], ...] = (
         lambda f, n, now: f.admission.slots_in_use(n),
     ),
     (
+        "nvpair_open_tunnels",
+        "WebSocket tunnels open to the node through this facade.",
+        lambda f, n, now: f.shared.tunnels.count(f.engine, n),
+    ),
+    (
         "nvpair_slots",
         "The node's slots in this facade (0 = unlimited).",
         lambda f, n, now: f.admission.slots(n),

@@ -62,7 +62,8 @@ class Runtime:
             self.shared.ingress.start()
 
     def stop(self) -> Deferred[None]:
-        """Stop timers and polls; close idle upstream connections."""
+        """Stop timers and polls; close open tunnels and idle upstream connections."""
+        self.shared.tunnels.close_all()
         for facade in self.facades.values():
             facade.inventory.stop()
             facade.directory.stop()
@@ -140,6 +141,7 @@ def build_runtime(
     if http is None:
         http = make_http_client(Agent.usingEndpointFactory(reactor, endpoints, pool=pool))
     shared = _shared(reactor, settings, client, http, ingress)
+    shared.endpoints = endpoints
     fleet = FleetStore(reactor, state) if state is not None else None
     if fleet is not None:
         fleet.bind_ledger(shared.ledger)
