@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_control -*-
-"""The JSON-RPC 2.0 control channel (SPEC §8): inspect and steer nodes, pins, priorities, workloads.
+"""The JSON-RPC 2.0 control channel (docs/behaviour.md §8): inspect and steer nodes, pins, priorities, workloads.
 
 One JSON object per line in each direction. Methods change the very state the facades route with
 (node directories, pins, the process-wide reservation ledger, workloads, the log level), so a change
@@ -74,7 +74,7 @@ def forwarded(name: str) -> bool:
 
 
 class ControlMethods:
-    """The method table of SPEC §8 over one runtime; :meth:`handle_line` is the whole protocol logic.
+    """The method table of docs/behaviour.md §8 over one runtime; :meth:`handle_line` is the whole protocol logic.
 
     The methods themselves are in :mod:`nvpair_tw.steering`, the JSON-RPC plumbing in
     :mod:`nvpair_tw.rpc`; this class reads a line, dispatches it and answers.

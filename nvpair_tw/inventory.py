@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_inventory -*-
 """Inventory: each node's model list, polled on a timer (:mod:`nvpair_tw.polling`), keeping the
-last good answer; and, where the engine says so, which models are loaded now (residency, SPEC
+last good answer; and, where the engine says so, which models are loaded now (residency, docs/behaviour.md
 §6.4), polled alongside it.
 
 The bounded control-plane read the polls use lives in :mod:`nvpair_tw.reads`; its names are

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_limits -*-
-"""Inbound protocol limits for a facade's ``Site`` (SPEC §9, TWISTED.md §3.1 and §3.6).
+"""Inbound protocol limits for a facade's ``Site`` (docs/behaviour.md §9, TWISTED.md §3.1 and §3.6).
 
 Twisted has no request-body cap, answers header-limit violations with a bare 400 and drops an
 over-long line silently. ``make_site`` builds a ``Site`` whose channel and request enforce a body

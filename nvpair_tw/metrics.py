@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_metrics -*-
-"""Prometheus metrics of one proxy process (SPEC §10).
+"""Prometheus metrics of one proxy process (docs/behaviour.md §10).
 
 Counters and histograms are fed by a bus subscriber, so they count exactly what the events say
 (``proxy/request``, ``workload:*``, ``node/cooldown``). Gauges (in-flight workloads, inventory age,
@@ -36,7 +36,7 @@ from nvpair_tw.state import Facade
 __all__ = ["STALL_OUTCOMES", "ProxyMetrics", "RuntimeCollector"]
 
 STALL_OUTCOMES = frozenset({"stall", "first-body-timeout"})
-"""Attempt outcomes that are stalls (SPEC §6.1): both cool the node."""
+"""Attempt outcomes that are stalls (docs/behaviour.md §6.1): both cool the node."""
 
 AFFINITY_PATHS = CHAT_PATHS | COMPLETION_PATHS
 

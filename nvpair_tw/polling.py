@@ -1,6 +1,6 @@
 # -*- test-case-name: tests.test_inventory -*-
 """The inventory poller: the timer, one poll of a node, and its two reads (the model list and, where
-the engine has one, residency, SPEC §6.4). What the reads find goes to an :class:`InventorySink`
+the engine has one, residency, docs/behaviour.md §6.4). What the reads find goes to an :class:`InventorySink`
 (the :class:`~nvpair_tw.inventory.InventoryBook`), which keeps it.
 """
 

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_control -*-
-"""JSON-RPC 2.0 plumbing for the control channel (SPEC §8): the error codes, :class:`RpcError`,
+"""JSON-RPC 2.0 plumbing for the control channel (docs/behaviour.md §8): the error codes, :class:`RpcError`,
 reading one request line into a :class:`Request`, and the by-name params checks every method uses.
 """
 

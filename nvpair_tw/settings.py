@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_settings -*-
-"""Resolved configuration: flag beats environment beats default, with the warnings SPEC §6.3 asks for."""
+"""Resolved configuration: flag beats environment beats default, with the warnings docs/behaviour.md §6.3 asks for."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_control -*-
-"""The control channel's methods (SPEC §8), by topic: nodes, selection and scheduling, workloads,
+"""The control channel's methods (docs/behaviour.md §8), by topic: nodes, selection and scheduling, workloads,
 logging. :data:`SCOPED` methods act on one engine's facade, :data:`PROCESS` methods on the whole
 runtime; :class:`~nvpair_tw.control.ControlMethods` dispatches to them.
 """
