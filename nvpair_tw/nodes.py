@@ -89,7 +89,7 @@ class Node:
 
     @property
     def authorization(self) -> bytes | None:
-        """The ``Authorization`` value every request to this node carries, or None (SPEC §3):
+        """The ``Authorization`` value every request to this node carries, or None (docs/behaviour.md §3):
         ``Bearer <api_key>``, else ``Basic`` from the URL's userinfo."""
         if self.api_key:
             return b"Bearer " + self.api_key.encode("utf-8")
@@ -178,18 +178,8 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         urls = _parse_urls(where, entry.get("url"))
         models = _parse_models(where, entry.get("models"))
         tls = _parse_tls(where, entry, base_dir, urls.values())
-        api_key = entry.get("api_key")
-        if api_key is not None and (
-            not isinstance(api_key, str) or not api_key.strip() or not api_key.isprintable()
-        ):
-            raise NodesFileError(f"{where}: api_key: must be a non-empty single-line string")
-        for address in filter(None, map(https_address, urls.values())):
-            other = tls_at.setdefault(address, (node_id, tls))
-            if other != (node_id, tls) and other[1] != tls:
-                raise NodesFileError(
-                    f"{where}: https://{_netloc(address)} is also node {other[0]!r}'s address,"
-                    " with different TLS settings (ca_file, fingerprint, insecure); make them equal"
-                )
+        api_key = _parse_api_key(where, entry.get("api_key"))
+        _check_shared_tls(where, node_id, tls, urls.values(), tls_at)
         slots = _parse_slots(where, entry.get("slots"))
         url = urls.get(engine, urls.get("*"))
         if url is not None:
@@ -201,10 +191,36 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
                     source="file",
                     slots=slots,
                     tls=tls,
-                    api_key=api_key.strip() if api_key is not None else None,
+                    api_key=api_key,
                 )
             )
     return nodes
+
+
+def _parse_api_key(where: str, api_key: Any) -> str | None:
+    """A node's ``api_key``: absent, or a non-empty single-line string (stripped)."""
+    if api_key is not None and (
+        not isinstance(api_key, str) or not api_key.strip() or not api_key.isprintable()
+    ):
+        raise NodesFileError(f"{where}: api_key: must be a non-empty single-line string")
+    return api_key.strip() if api_key is not None else None
+
+
+def _check_shared_tls(
+    where: str,
+    node_id: str,
+    tls: NodeTLS | None,
+    urls: Collection[str],
+    tls_at: dict[tuple[str, int], tuple[str, NodeTLS | None]],
+) -> None:
+    """Record the node's https addresses in ``tls_at``; two nodes at one address need equal TLS."""
+    for address in filter(None, map(https_address, urls)):
+        other = tls_at.setdefault(address, (node_id, tls))
+        if other != (node_id, tls) and other[1] != tls:
+            raise NodesFileError(
+                f"{where}: https://{_netloc(address)} is also node {other[0]!r}'s address,"
+                " with different TLS settings (ca_file, fingerprint, insecure); make them equal"
+            )
 
 
 def _parse_tls(

@@ -13,6 +13,7 @@ from typing import Any
 from hyperlink import EncodedURL
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
+from treq.response import _Response
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
@@ -110,13 +111,7 @@ async def get_json(
     is the node's own credential (:attr:`Node.authorization`), if any. Raises :class:`ReadError`
     on any failure: connect error, non-200, timeout, oversize or bad JSON.
     """
-    headers = Headers({b"authorization": [authorization]}) if authorization is not None else None
-    try:
-        request = http.get(
-            _request_url(url), headers=headers, unbuffered=True, allow_redirects=False
-        )
-    except Exception as error:  # treq rejects some URLs synchronously
-        raise ReadError(type(error).__name__) from None
+    request = _start_get(http, url, authorization)
     body: _BoundedBody | None = None
     timed_out = False
 
@@ -144,8 +139,22 @@ async def get_json(
     finally:
         if timer.active():
             timer.cancel()
-    if response.code != 200:
-        raise ReadError(f"status {response.code}")
+    return _parse_answer(response.code, data)
+
+
+def _start_get(http: HTTPClient, url: str, authorization: bytes | None) -> Deferred[_Response]:
+    """The GET of ``url`` (with the node's ``authorization``, if any), unbuffered, no redirects."""
+    headers = Headers({b"authorization": [authorization]}) if authorization is not None else None
+    try:
+        return http.get(_request_url(url), headers=headers, unbuffered=True, allow_redirects=False)
+    except Exception as error:  # treq rejects some URLs synchronously
+        raise ReadError(type(error).__name__) from None
+
+
+def _parse_answer(code: int, data: bytes) -> Any:
+    """A 200 answer's body as JSON, else :class:`ReadError`."""
+    if code != 200:
+        raise ReadError(f"status {code}")
     try:
         return json.loads(data)
     except (ValueError, RecursionError):
