@@ -278,6 +278,13 @@ async def _attempt(
     response.deliverBody(gate)
     if not plan.gated:
         return Committed(node, response, gate, b"")
+    first = await _first(gate, caller)
+    return first if isinstance(first, _Failed) else Committed(node, response, gate, first)
+
+
+async def _first(gate: BodyGate | AssemblyGate, caller: CallerState) -> bytes | _Failed:
+    """The gate's first bytes (the whole answer for an assembly gate), or why the attempt failed
+    before them (the caller's departure wins)."""
     try:
         first = await gate.first
     except Exception:
@@ -287,7 +294,7 @@ async def _attempt(
     if caller.gone is not None:
         gate.stop()
         return _Failed(AttemptOutcome.CANCELLED, None)
-    return Committed(node, response, gate, first)
+    return first
 
 
 def _assembles(assembly: Assembly, response: IResponse) -> bool:
@@ -311,15 +318,9 @@ async def _assembled(
     gate = AssemblyGate(clock, timeout, assembly.dialect, assembly.limit, on_bytes)
     caller.track(gate.stop)
     response.deliverBody(gate)
-    try:
-        answer = await gate.first
-    except Exception:
-        failure = Failure()
-        caller.track(None)
-        return _Failed(classify_failure(failure, caller.gone), failure)
-    if caller.gone is not None:
-        gate.stop()
-        return _Failed(AttemptOutcome.CANCELLED, None)
+    answer = await _first(gate, caller)
+    if isinstance(answer, _Failed):
+        return answer
     whole = gate.response(response)
     if retryable_status(whole.code, plan.inference) and not is_last:
         caller.track(None)
