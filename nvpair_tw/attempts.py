@@ -7,11 +7,17 @@ cools the node; fast failures and the caller's departure never do. Inference com
 body byte (or a clean empty end), other routes on response headers. Nothing reaches the client
 before :class:`Committed` is returned, and every :class:`Committed` carries the gate that holds the
 body, so the relay is the only stage that writes to the client.
+
+Busy is not stalled (§6.4): with a :class:`~nvpair_tw.progress.ProgressBook`, every inference
+body chunk is recorded per node, and a header deadline that expires on a node that delivered
+bytes to another attempt within the last period is re-armed (a busy wait, reported through
+:meth:`AttemptObserver.busy_wait`) instead of stalling, up to ``AttemptPlan.busy_max_wait``.
+A node known to be cold gets ``AttemptPlan.first_extra[node]`` added to its first deadline.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from attrs import define, field, frozen
 from twisted.internet.error import ConnectError, DNSLookupError
@@ -22,11 +28,13 @@ from twisted.web.iweb import IResponse
 
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
+from nvpair_tw.progress import ProgressBook
 from nvpair_tw.reservations import Booking
 from nvpair_tw.stalls import IStallTracker
 from nvpair_tw.upstream import (
     TRANSPORT_FAILURES,
     BodyGate,
+    BusyWait,
     Discard,
     FirstBodyTimeout,
     HeaderTimeout,
@@ -65,6 +73,10 @@ class AttemptPlan:
     gated: bool
     header_timeout: float
     first_body_timeout: float
+    first_extra: Mapping[str, float] = field(factory=dict)
+    """Per node id: seconds added to the first header deadline (a cold-load allowance)."""
+    busy_max_wait: float = 0.0
+    """How much a header wait may be extended while the node shows progress (0: never)."""
 
 
 @frozen
@@ -138,6 +150,9 @@ class AttemptObserver:
     def attempt_ended(self, node: Node, outcome: str) -> None:
         """The attempt to ``node`` ended with ``outcome`` (docs/behaviour.md §7 outcome names)."""
 
+    def busy_wait(self, node: Node) -> None:
+        """The attempt to ``node`` waits one more period: the node shows progress elsewhere."""
+
 
 def retryable_status(code: int, inference: bool) -> bool:
     """408, 429, any 5xx, and 404 on inference routes (stale inventory) move on."""
@@ -168,6 +183,35 @@ def classify_failure(failure: Failure, caller_gone: str | None) -> AttemptOutcom
 
 
 @frozen
+class _Progress:
+    """One attempt's link to the progress record: its busy-wait rule and its per-chunk touch."""
+
+    busy: BusyWait | None
+    touch: Callable[[], None] | None
+
+
+def _progress_for(
+    plan: AttemptPlan, node: Node, book: ProgressBook | None, observer: AttemptObserver
+) -> _Progress | None:
+    """Busy waits for every attempt (when enabled); only inference bodies count as progress."""
+    if book is None:
+        return None
+    busy: BusyWait | None = None
+    if plan.busy_max_wait > 0:
+
+        def working() -> bool:
+            return book.delivered_within(node.id, plan.header_timeout)
+
+        def waited() -> None:
+            book.busy_waited(node.id)
+            observer.busy_wait(node)
+            log.debug("{node} shows progress elsewhere: header wait extended", node=node.id)
+
+        busy = BusyWait(working, plan.busy_max_wait, waited)
+    return _Progress(busy, book.toucher(node.id) if plan.inference else None)
+
+
+@frozen
 class _Failed:
     """One attempt failed before commit."""
 
@@ -182,10 +226,17 @@ async def _attempt(
     clock: IReactorTime,
     caller: CallerState,
     is_last: bool,
+    progress: _Progress | None = None,
 ) -> Committed | _Failed | str:
     """One node: a commit, a failure, or a retryable status's outcome name."""
     attempt = client.request(
-        plan.method, node_url(node.url, plan.target), plan.headers, plan.body, plan.header_timeout
+        plan.method,
+        node_url(node.url, plan.target),
+        plan.headers,
+        plan.body,
+        plan.header_timeout,
+        first_extra=plan.first_extra.get(node.id, 0.0),
+        busy=progress.busy if progress is not None else None,
     )
     caller.track(attempt.cancel)
     try:
@@ -198,7 +249,11 @@ async def _attempt(
         caller.track(None)
         response.deliverBody(Discard())
         return status_outcome(response.code)
-    gate = BodyGate(clock, plan.first_body_timeout if plan.gated else 0.0)
+    gate = BodyGate(
+        clock,
+        plan.first_body_timeout if plan.gated else 0.0,
+        progress.touch if progress is not None else None,
+    )
     caller.track(gate.stop)
     response.deliverBody(gate)
     if not plan.gated:
@@ -224,15 +279,29 @@ async def run_attempts(
     caller: CallerState,
     booking: Booking,
     observer: AttemptObserver,
+    *,
+    progress: ProgressBook | None = None,
 ) -> Result:
-    """Walk the candidates once; return the committed answer, the final error, or abandonment."""
+    """Walk the candidates once; return the committed answer, the final error, or abandonment.
+
+    With ``progress``, inference body bytes are recorded per node and a silent node that shows
+    progress elsewhere is waited for rather than stalled (docs/behaviour.md §6.4).
+    """
     last: _Failed | None = None
     for index, node in enumerate(candidates):
         if caller.gone is not None:
             return Abandoned(caller.gone)
         booking.move(node.id)
         observer.attempt_started(node)
-        step = await _attempt(plan, node, client, clock, caller, index == len(candidates) - 1)
+        step = await _attempt(
+            plan,
+            node,
+            client,
+            clock,
+            caller,
+            index == len(candidates) - 1,
+            _progress_for(plan, node, progress, observer),
+        )
         if isinstance(step, Committed):
             observer.attempt_ended(node, AttemptOutcome.COMMITTED.value)
             if 200 <= step.response.code < 300:
@@ -250,6 +319,11 @@ async def run_attempts(
             stalls.cool(node.id, why)
         log.info("attempt to {node} failed: {why}", node=node.id, why=why)
         last = step
+    return _exhausted(last)
+
+
+def _exhausted(last: _Failed | None) -> Exhausted:
+    """Every candidate failed: 504 after an opt-in first-body timeout, else 502, naming the last."""
     if last is None or last.failure is None:
         return Exhausted(502, "upstream error: no candidate answered")
     status = 504 if last.outcome is AttemptOutcome.FIRST_BODY_TIMEOUT else 502

@@ -250,16 +250,21 @@ class ControlMethods:
         nodes = []
         for node in facade.directory.nodes():
             cooldown = facade.stalls.cooldown(node.id)
+            loaded = facade.inventory.loaded(node.id)
             nodes.append(
                 {
                     "id": node.id,
                     "url": node.url,
                     "models": sorted(facade.inventory.models(node.id)),
+                    "loaded": None if loaded is None else sorted(loaded),
                     "source": node.source,
                     "coolingUntil": None if cooldown is None else int(cooldown.until * 1000),
+                    "slots": facade.admission.slots(node.id),
+                    "slotsInUse": facade.admission.slots_in_use(node.id),
+                    "busyWaits": facade.progress.busy_waits(node.id),
                 }
             )
-        return {"nodes": nodes}
+        return {"nodes": nodes, "queueDepth": facade.admission.queue_depth}
 
     def _add_manual(self, facade: Facade, params: Params) -> Result:
         node = _node(params, "", "manual")

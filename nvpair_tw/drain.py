@@ -5,7 +5,7 @@ twistd's ``MultiService`` calls every child's ``stopService`` at once (in revers
 waiting), so "stops last" means nothing there. The drain service is therefore also a container: the
 rest of the process is put under it, and on stop it first stops the facade listeners (accepted
 connections stay open), waits up to ``grace`` seconds for the live workloads, cancels each survivor
-with reason ``"proxy shutdown"`` (its cancel hook aborts the request), and only then stops its
+with reason ``"proxy shutdown"`` (its cancel hook ends the request, docs/behaviour.md §6.2), then stops its
 children one at a time in reverse insertion order: admin and control still run while the workloads
 end (so every terminal event reaches them), and the runtime service, added first, closes the pool
 last.

@@ -16,15 +16,20 @@ from attrs import frozen
 __all__ = [
     "ENGINES",
     "LMSTUDIO",
+    "LMSTUDIO_LOADED",
     "OLLAMA",
+    "OLLAMA_PS",
     "OMLX",
     "OPENAI_MODELS",
     "TAGS",
     "EngineProfile",
     "ModelListFormat",
+    "ResidencyFormat",
     "RouteKind",
+    "lmstudio_loaded_ids",
     "normalise_ollama",
     "openai_model_ids",
+    "ps_names",
     "tags_names",
 ]
 
@@ -89,6 +94,46 @@ def openai_model_ids(document: Any) -> list[str]:
     ]
 
 
+def ps_names(document: Any) -> list[str]:
+    """Loaded model names from an Ollama ``/api/ps`` answer: ``models[].model``, else ``.name``
+    (the same shape as ``/api/tags``)."""
+    return tags_names(document)
+
+
+def lmstudio_loaded_ids(document: Any) -> list[str]:
+    """Loaded model ids from an LM Studio ``/api/v0/models`` answer: ``data[].id`` of the records
+    whose ``state`` is ``"loaded"``."""
+    if not isinstance(document, dict):
+        raise ValueError("models answer is not an object")
+    data = document.get("data")
+    if not isinstance(data, list):
+        raise ValueError("models answer has no data list")
+    return [
+        record["id"]
+        for record in data
+        if isinstance(record, dict)
+        and isinstance(record.get("id"), str)
+        and record["id"]
+        and record.get("state") == "loaded"
+    ]
+
+
+@frozen
+class ResidencyFormat:
+    """Where an engine says which models are loaded now (SPEC §6.4), and how to read it.
+
+    ``loaded`` returns the loaded names as the engine spells them, or raises ``ValueError`` for an
+    answer of the wrong shape.
+    """
+
+    path: str
+    loaded: Callable[[Any], list[str]]
+
+
+OLLAMA_PS = ResidencyFormat(path="/api/ps", loaded=ps_names)
+LMSTUDIO_LOADED = ResidencyFormat(path="/api/v0/models", loaded=lmstudio_loaded_ids)
+
+
 @frozen
 class ModelListFormat:
     """How one model-list route is parsed, keyed and wrapped when the proxy merges it (SPEC §4.3)."""
@@ -138,7 +183,11 @@ AFFINITY_PATHS = frozenset(
 
 @frozen
 class EngineProfile:
-    """One engine's routes, defaults and model-name rule."""
+    """One engine's routes, defaults and model-name rule.
+
+    ``residency`` is where the inventory poll learns which models are loaded, or None when the
+    engine has no such endpoint (residency then stays unknown).
+    """
 
     name: str
     inference_paths: frozenset[str]
@@ -147,6 +196,7 @@ class EngineProfile:
     default_listen: str
     default_node_url: str
     normalise: Callable[[str], str]
+    residency: ResidencyFormat | None = None
 
     def classify(self, method: bytes, path: str) -> RouteKind:
         """Classify by method and exact path (the query is not part of ``path``)."""
@@ -174,6 +224,7 @@ OLLAMA = EngineProfile(
     default_listen="tcp:11435:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:11434",
     normalise=normalise_ollama,
+    residency=OLLAMA_PS,
 )
 LMSTUDIO = EngineProfile(
     name="lmstudio",
@@ -183,6 +234,7 @@ LMSTUDIO = EngineProfile(
     default_listen="tcp:1235:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:1234",
     normalise=_normalise_exact,
+    residency=LMSTUDIO_LOADED,
 )
 OMLX = EngineProfile(
     name="omlx",
@@ -192,6 +244,7 @@ OMLX = EngineProfile(
     default_listen="tcp:8001:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:8000",
     normalise=_normalise_casefold,
+    residency=None,
 )
 
 ENGINES: Mapping[str, EngineProfile] = {p.name: p for p in (OLLAMA, LMSTUDIO, OMLX)}

@@ -220,6 +220,7 @@ class EventBus:
 # its failure or cancellation info, a cooldown a warning.
 _LEVELS: Mapping[str, LogLevel] = {
     NODE_COOLDOWN: LogLevel.warn,
+    WORKLOAD_QUEUED: LogLevel.debug,
     WORKLOAD_STARTED: LogLevel.debug,
     WORKLOAD_COMPLETED: LogLevel.debug,
 }
@@ -228,6 +229,10 @@ _FORMATS: Mapping[str, tuple[str, tuple[str, ...]]] = {
     PROXY_REQUEST: (
         "{event} {id} {engine} {method} {path} -> {status} via {node_id} in {duration_ms} ms",
         ("id", "engine", "method", "path", "status", "node_id", "duration_ms"),
+    ),
+    WORKLOAD_QUEUED: (
+        "{event} {workload[id]} {workload[model]} waits for a free slot",
+        ("workload",),
     ),
     WORKLOAD_STARTED: (
         "{event} {workload[id]} {workload[model]} on {workload[scheduledOn]}",
@@ -274,7 +279,7 @@ def log_events(bus: EventBus, log: Logger) -> Subscription:
 
     The event name is the ``event`` field and the payload's fields are the other fields (keys that
     would clash with the logger's own, ``log_*`` and ``format``, are left out). ``node/cooldown``
-    logs at warn, a workload's start and completion at debug, everything else at info. With a
+    logs at warn, a workload's queueing, start and completion at debug, everything else at info. With a
     :class:`~nvpair_tw.logs.LevelledLogger`, events below its level are skipped before any work.
     """
 

@@ -14,10 +14,12 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
-from attrs import frozen
+from attrs import evolve, frozen
+from twisted.internet.defer import CancelledError
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
+from nvpair_tw.admission import RETRY_AFTER_SECONDS, QueueFull, QueueTimeout, Slot, Waiter
 from nvpair_tw.affinity import AffinityKey, affinity_key
 from nvpair_tw.attempts import (
     Abandoned,
@@ -32,8 +34,7 @@ from nvpair_tw.engines import RouteKind
 from nvpair_tw.errors import write_error
 from nvpair_tw.headers import upstream_request_headers
 from nvpair_tw.nodes import Node
-from nvpair_tw.reactor import abort
-from nvpair_tw.relay import RelayEnd, RelayOutcome, relay
+from nvpair_tw.relay import RelayEnd, RelayOutcome, cut, relay
 from nvpair_tw.reservations import Booking
 from nvpair_tw.state import Facade
 from nvpair_tw.workloads import RequestRecord, Workload
@@ -67,6 +68,9 @@ class _Observer(AttemptObserver):
     def attempt_ended(self, node: Node, outcome: str) -> None:
         self._record.attempt_ended(outcome)
 
+    def busy_wait(self, node: Node) -> None:
+        self._record.busy_wait()
+
 
 async def forward(facade: Facade, request: Request, kind: RouteKind, record: RequestRecord) -> None:
     """Forward one inference or pass-through request and conclude it."""
@@ -74,11 +78,20 @@ async def forward(facade: Facade, request: Request, kind: RouteKind, record: Req
     route = _route(facade, request, kind, record)
     if route is None:
         return
+    ticket = facade.admission.admit(route.candidates) if route.model else None
+    if isinstance(ticket, QueueFull):
+        _busy(facade, request, record, "every node is busy and the queue is full", "queue-full")
+        return
     workload = shared.workloads.create(facade.engine, route.model) if route.model else None
-    booking = (
-        Booking.take(shared.ledger, route.candidates[0].id) if route.model else Booking.nothing()
-    )
-    caller = _watch(request, workload)
+    caller = _watch(request, workload, facade)
+    if isinstance(ticket, Waiter):
+        ticket = await _queue(facade, request, ticket, caller, record, workload)
+        if ticket is None:
+            return
+    booking = Booking.nothing()
+    if ticket is not None:
+        route = _bound(route, ticket)
+        booking = Booking.take(shared.ledger, route.candidates[0].id, ticket)
     try:
         result = await run_attempts(
             route.plan,
@@ -89,6 +102,7 @@ async def forward(facade: Facade, request: Request, kind: RouteKind, record: Req
             caller,
             booking,
             _Observer(record, workload),
+            progress=facade.progress,
         )
         if isinstance(result, Committed):
             record.first_byte()
@@ -100,6 +114,56 @@ async def forward(facade: Facade, request: Request, kind: RouteKind, record: Req
             _refuse(facade, request, result, record, workload)
     finally:
         booking.release()
+
+
+async def _queue(
+    facade: Facade,
+    request: Request,
+    waiter: Waiter,
+    caller: CallerState,
+    record: RequestRecord,
+    workload: Workload | None,
+) -> Slot | None:
+    """Wait in the facade's queue for a slot (§6.4); None when the request ended here instead."""
+    if workload is not None:
+        workload.queued()
+    caller.track(waiter.bound.cancel)
+    try:
+        slot = await waiter.bound
+    except (QueueTimeout, CancelledError) as error:
+        stopped: Exception | None = error
+    else:
+        stopped = None
+    caller.track(None)
+    record.queued_for(facade.shared.clock.seconds() - waiter.since)
+    if stopped is None:
+        return slot
+    if isinstance(stopped, QueueTimeout):
+        if workload is not None:
+            workload.fail(f"queue timeout: {stopped}")
+        _busy(facade, request, record, f"queue timeout: {stopped}", "queue-timeout")
+        return None
+    reason = caller.gone or "cancelled"
+    if workload is not None:
+        workload.cancel(reason)
+    if not request.finished:
+        cut(request, facade.shared.clock, facade.shared.settings.write_stall_timeout)
+    record.publish(facade.shared.bus, status=499, node_id=None, error=reason)
+    return None
+
+
+def _bound(route: _Route, slot: Slot) -> _Route:
+    """The route with the slot's node first, the rest in their order (the failover order)."""
+    head = [n for n in route.candidates if n.id == slot.node_id]
+    rest = [n for n in route.candidates if n.id != slot.node_id]
+    return evolve(route, candidates=head + rest)
+
+
+def _busy(facade: Facade, request: Request, record: RequestRecord, message: str, code: str) -> None:
+    """503 ``queue-full`` / ``queue-timeout`` with ``Retry-After``, and its record."""
+    retry = (b"Retry-After", b"%d" % RETRY_AFTER_SECONDS)
+    write_error(request, 503, message, code, [retry])
+    record.publish(facade.shared.bus, status=503, node_id=None, error=code)
 
 
 def _route(
@@ -122,7 +186,9 @@ def _route(
     if model and parsed is not None:
         key = affinity_key(record.path, facade.profile.normalise(model.strip()), parsed)
         hint = facade.affinity.lookup(key) if key is not None else None
-    candidates, promoted = facade.order(eligible, head_selection=bool(model), affinity_hint=hint)
+    candidates, promoted = facade.order(
+        eligible, head_selection=bool(model), affinity_hint=hint, model=model
+    )
     settings = shared.settings
     plan = AttemptPlan(
         method=request.method,
@@ -133,13 +199,30 @@ def _route(
         gated=inference and facade.first_body_gate,
         header_timeout=settings.response_header_timeout,
         first_body_timeout=settings.first_body_timeout if inference else 0.0,
+        first_extra=_cold_allowances(facade, model, candidates) if inference else {},
+        busy_max_wait=settings.busy_max_wait,
     )
     warm = candidates[0].id if promoted else None
     return _Route(plan, model, candidates, key, warm)
 
 
-def _watch(request: Request, workload: Workload | None) -> CallerState:
-    """The caller's state, abandoned when the client leaves or the workload is cancelled."""
+def _cold_allowances(facade: Facade, model: str | None, nodes: list[Node]) -> dict[str, float]:
+    """The cold-load allowance for each candidate known not to have ``model`` loaded (§6.4).
+
+    Unknown residency (None) adds nothing.
+    """
+    if not model:
+        return {}
+    allowance = facade.shared.settings.cold_load_allowance
+    return {n.id: allowance for n in nodes if facade.inventory.resident(n.id, model) is False}
+
+
+def _watch(request: Request, workload: Workload | None, facade: Facade) -> CallerState:
+    """The caller's state, abandoned when the client leaves or the workload is cancelled.
+
+    A cancelled workload (``workload/cancel``, the drain's deadline) ends the client's answer the
+    way a dying node does: what was sent stays, the framing is left unfinished (§6.2).
+    """
     caller = CallerState()
 
     def client_left(failure: Failure) -> None:
@@ -147,11 +230,12 @@ def _watch(request: Request, workload: Workload | None) -> CallerState:
 
     request.notifyFinish().addErrback(client_left)
     if workload is not None:
+        shared = facade.shared
 
         def cancel_requested(reason: str) -> None:
             caller.abandon(reason)
             if not request.finished:
-                abort(request.transport)
+                cut(request, shared.clock, shared.settings.write_stall_timeout)
 
         workload.cancel_hook = cancel_requested
     return caller
@@ -169,8 +253,8 @@ def _refuse(
     if isinstance(result, Abandoned):
         if workload is not None:
             workload.cancel(result.reason)
-        if not request.finished and request.channel is not None:
-            abort(request.transport)
+        if not request.finished:
+            cut(request, facade.shared.clock, facade.shared.settings.write_stall_timeout)
         record.publish(bus, status=499, node_id=None, error=result.reason)
         return
     code = "upstream-timeout" if result.status == 504 else "upstream-error"

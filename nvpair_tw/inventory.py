@@ -1,5 +1,6 @@
 # -*- test-case-name: tests.test_inventory -*-
-"""Inventory: each node's model list, polled on a timer, keeping the last good answer.
+"""Inventory: each node's model list, polled on a timer, keeping the last good answer; and, where
+the engine says so, which models are loaded now (residency, SPEC §6.4), polled alongside it.
 
 Also holds the bounded control-plane read (:func:`get_json`) the model-list fan-out shares: a GET
 through treq's ``HTTPClient`` over the shared pool, cut off by our own timer (``treq.collect``
@@ -15,6 +16,7 @@ from http.cookiejar import DefaultCookiePolicy
 from typing import Any
 
 from attrs import define, field, frozen
+from hyperlink import EncodedURL
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
 from twisted.internet.defer import CancelledError, Deferred, gatherResults
@@ -27,7 +29,7 @@ from twisted.web.client import (
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IAgent
 
-from nvpair_tw.engines import EngineProfile
+from nvpair_tw.engines import EngineProfile, ResidencyFormat
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.upstream import is_cancellation
@@ -113,7 +115,7 @@ async def get_json(
     :class:`ReadError` on any failure: connect error, non-200, timeout, oversize or bad JSON.
     """
     try:
-        request = http.get(url, unbuffered=True, allow_redirects=False)
+        request = http.get(_request_url(url), unbuffered=True, allow_redirects=False)
     except Exception as error:  # treq rejects some URLs synchronously
         raise ReadError(type(error).__name__) from None
     body: _BoundedBody | None = None
@@ -151,6 +153,23 @@ async def get_json(
         raise ReadError("malformed JSON") from None
 
 
+class _AsWritten(EncodedURL):
+    """A URL treq sends as written. hyperlink's ``to_uri`` IDNA-encodes every host, which fails on
+    an IPv6 literal (python-hyper/hyperlink#68, #188); an ASCII URL has nothing to encode anyway."""
+
+    def to_uri(self) -> EncodedURL:
+        return self
+
+
+def _request_url(url: str) -> str | EncodedURL:
+    """``url`` for treq: an ASCII URL with an IPv6 literal host bypasses the IDNA step."""
+    if url.isascii():
+        parsed = _AsWritten.from_text(url)
+        if ":" in parsed.host:
+            return parsed
+    return url
+
+
 @frozen
 class _Known:
     url: str
@@ -158,9 +177,27 @@ class _Known:
     at: float
 
 
+@frozen
+class _Loaded:
+    """One node's last residency answer: the loaded names as the engine spells them, and their
+    normalised forms for matching."""
+
+    url: str
+    names: frozenset[str]
+    normalised: frozenset[str]
+    at: float
+
+
 @define
 class InventoryBook:
-    """Per facade: the last good inventory of every node."""
+    """Per facade: the last good inventory of every node, and what each node has loaded.
+
+    Residency is polled with the inventory, concurrently and independently: its own request, the
+    same timeout, body cap and error handling, and a residency failure never touches the
+    inventory. Unlike the inventory, residency is not kept across a failure: a failed or malformed
+    residency answer makes the node's residency unknown until the next good one, because a stale
+    "loaded" would steer requests to a node that has since unloaded the model.
+    """
 
     log = LevelledLogger()
 
@@ -173,6 +210,7 @@ class InventoryBook:
     _jitter: float = field(default=0.1, kw_only=True)
     _random: Callable[[], float] = field(default=_random.random, kw_only=True)
     _known: dict[str, _Known] = field(factory=dict, init=False)
+    _loaded: dict[str, _Loaded] = field(factory=dict, init=False)
     _failing: set[str] = field(factory=set, init=False)
     _inflight: dict[str, Deferred[None]] = field(factory=dict, init=False)
     _timer: IDelayedCall | None = field(default=None, init=False)
@@ -205,8 +243,27 @@ class InventoryBook:
 
     def resident(self, node_id: str, model: str) -> bool | None:
         """Whether ``model`` is loaded on the node: True, False (known not loaded), or None when
-        unknown (docs/behaviour.md §6.4). Not polled yet: always None."""
-        return None
+        unknown (docs/behaviour.md §6.4).
+
+        Unknown: the engine has no residency endpoint, the node is static (never polled), its
+        residency poll has not answered yet, or the last one failed. Names match under the
+        engine's rule (``llama3`` is resident when ``llama3:latest`` is loaded on Ollama).
+        """
+        loaded = self._loaded.get(node_id)
+        if loaded is None or not self._polled(node_id):
+            return None
+        return self._engine.normalise(model.strip()) in loaded.normalised
+
+    def loaded(self, node_id: str) -> frozenset[str] | None:
+        """The models loaded on the node as its engine names them, or None when unknown."""
+        loaded = self._loaded.get(node_id)
+        if loaded is None or not self._polled(node_id):
+            return None
+        return loaded.names
+
+    def _polled(self, node_id: str) -> bool:
+        node = self._directory.get(node_id)
+        return node is not None and node.models is None
 
     def advertises(self, node_id: str, model: str) -> bool:
         """Whether the node's inventory serves ``model`` under the engine's name rule.
@@ -284,6 +341,10 @@ class InventoryBook:
                 del self._known[node_id]
                 self._matchable.pop(node_id, None)
         self._failing &= set(current)
+        for node_id in list(self._loaded):
+            node = current.get(node_id)
+            if node is None or node.url != self._loaded[node_id].url:
+                del self._loaded[node_id]
         for node_id, running in list(self._inflight.items()):
             if node_id not in current:
                 running.cancel()
@@ -292,6 +353,53 @@ class InventoryBook:
             self._poll_nodes(fresh)
 
     async def _poll(self, node: Node) -> None:
+        """The node's model list and, if the engine has one, its residency, side by side."""
+        polls = [Deferred.fromCoroutine(self._poll_models(node))]
+        if self._engine.residency is not None:
+            polls.append(Deferred.fromCoroutine(self._poll_residency(node, self._engine.residency)))
+        try:
+            for poll in polls:
+                await poll
+        except CancelledError:
+            for poll in polls:  # cancelled half-way: stop the other read too
+                if not poll.called:
+                    poll.addErrback(_ignore_cancellation)
+                    poll.cancel()
+            raise
+
+    async def _poll_residency(self, node: Node, residency: ResidencyFormat) -> None:
+        url = join_url(node.url, residency.path)
+        try:
+            document = await get_json(self._http, self._clock, url, timeout=self._timeout)
+            names = frozenset(n for n in residency.loaded(document) if n.strip())
+        except (ReadError, ValueError) as error:
+            self._residency_failed(node, str(error))
+            return
+        current = self._directory.get(node.id)
+        if current is None or current.url != node.url or current.models is not None:
+            return
+        normalised = frozenset(self._engine.normalise(n.strip()) for n in names)
+        self._loaded[node.id] = _Loaded(node.url, names, normalised, self._clock.seconds())
+
+    def _residency_failed(self, node: Node, why: str) -> None:
+        previous = self._loaded.get(node.id)
+        if previous is None or previous.url != node.url:
+            self.log.debug(
+                "residency poll of {node} failed ({why})",
+                node=node.id,
+                why=why,
+                engine=self._engine.name,
+            )
+            return
+        del self._loaded[node.id]
+        self.log.info(
+            "residency poll of {node} failed ({why}); its residency is unknown until it answers",
+            node=node.id,
+            why=why,
+            engine=self._engine.name,
+        )
+
+    async def _poll_models(self, node: Node) -> None:
         url = join_url(node.url, self._engine.inventory.path)
         try:
             document = await get_json(self._http, self._clock, url, timeout=self._timeout)
@@ -320,6 +428,10 @@ class InventoryBook:
             why=why,
             engine=self._engine.name,
         )
+
+
+def _ignore_cancellation(failure: Failure) -> None:
+    failure.trap(CancelledError)
 
 
 def _follow(source: Deferred[None]) -> Deferred[None]:

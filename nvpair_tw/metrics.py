@@ -3,19 +3,20 @@
 
 Counters and histograms are fed by a bus subscriber, so they count exactly what the events say
 (``proxy/request``, ``workload:*``, ``node/cooldown``). Gauges (in-flight workloads, inventory age,
-cooldowns, reservations) are read from the runtime at scrape time by a custom collector. Every
-``ProxyMetrics`` has its own ``CollectorRegistry``: the global default registry is never touched,
-so several runtimes (tests, several processes' worth of facades) never collide.
+residency, cooldowns, slots in use, queue depth, reservations) and the per-node busy-wait counter
+(live, so a long wait shows while it lasts) are read from the runtime at scrape time by a custom
+collector. Every ``ProxyMetrics`` has its own ``CollectorRegistry``: the global default registry is
+never touched, so several runtimes (tests, several processes' worth of facades) never collide.
 """
 
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
@@ -30,6 +31,7 @@ from nvpair_tw.events import (
     Subscription,
 )
 from nvpair_tw.runtime import Runtime
+from nvpair_tw.state import Facade
 
 __all__ = ["STALL_OUTCOMES", "ProxyMetrics", "RuntimeCollector"]
 
@@ -46,6 +48,65 @@ def _text(value: Any, default: str = "none") -> str:
     return default if value is None else str(value)
 
 
+NodeValue = Callable[[Facade, str, float], float | None]
+"""One per-node gauge's value: (facade, node id, now) -> value, or None for no sample."""
+
+
+def _age(facade: Facade, node_id: str, now: float) -> float | None:
+    last = facade.inventory.last_success(node_id)
+    return None if last is None else max(0.0, now - last)
+
+
+def _remaining(facade: Facade, node_id: str, now: float) -> float:
+    cooldown = facade.stalls.cooldown(node_id)
+    return 0.0 if cooldown is None else max(0.0, cooldown.until - now)
+
+
+_NODE_GAUGES: tuple[tuple[str, str, NodeValue], ...] = (
+    (
+        "nvpair_inventory_known",
+        "1 if the node's model list is known.",
+        lambda f, n, now: 1 if f.inventory.known(n) else 0,
+    ),
+    (
+        "nvpair_inventory_models",
+        "Models the node advertises.",
+        lambda f, n, now: len(f.inventory.models(n)),
+    ),
+    (
+        "nvpair_inventory_age_seconds",
+        "Seconds since the node's model list was last polled successfully.",
+        _age,
+    ),
+    (
+        "nvpair_node_cooling",
+        "1 while the node is in a stall cooldown.",
+        lambda f, n, now: 0 if f.stalls.cooldown(n) is None else 1,
+    ),
+    (
+        "nvpair_cooldown_remaining_seconds",
+        "Seconds left of the node's stall cooldown (0 when ready).",
+        _remaining,
+    ),
+    (
+        "nvpair_residency_known",
+        "1 if the node's last residency poll answered (which models are loaded is known).",
+        lambda f, n, now: 0 if f.inventory.loaded(n) is None else 1,
+    ),
+    (
+        "nvpair_slots_in_use",
+        "Requests of this facade holding a slot on the node now (docs/behaviour.md 6.4).",
+        lambda f, n, now: f.admission.slots_in_use(n),
+    ),
+    (
+        "nvpair_slots",
+        "The node's slots in this facade (0 = unlimited).",
+        lambda f, n, now: f.admission.slots(n),
+    ),
+)
+_LABELS = ["engine", "node"]
+
+
 class RuntimeCollector(Collector):
     """Gauges computed from the runtime's live state at each scrape."""
 
@@ -55,55 +116,69 @@ class RuntimeCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         runtime = self._runtime
         now = runtime.reactor.seconds()
-        labels = ["engine", "node"]
+        gauges = [(GaugeMetricFamily(n, h, labels=_LABELS), value) for n, h, value in _NODE_GAUGES]
+        loaded = GaugeMetricFamily(
+            "nvpair_model_loaded",
+            "1 for each model the node reports loaded (only while its residency is known).",
+            labels=[*_LABELS, "model"],
+        )
+        busy = CounterMetricFamily(
+            "nvpair_busy_waits",
+            "Header-deadline periods waited on the node because it showed progress (not stalls).",
+            labels=_LABELS,
+        )
+        queue = GaugeMetricFamily(
+            "nvpair_queue_depth",
+            "Inference requests waiting in the facade's queue for a free slot.",
+            labels=["engine"],
+        )
+        node_ids: set[str] = set()
+        for engine, facade in runtime.facades.items():
+            queue.add_metric([engine], facade.admission.queue_depth)
+            for node in facade.directory.nodes():
+                node_ids.add(node.id)
+                key = [engine, node.id]
+                for family, value in gauges:
+                    sample = value(facade, node.id, now)
+                    if sample is not None:
+                        family.add_metric(key, sample)
+                for name in sorted(facade.inventory.loaded(node.id) or ()):
+                    loaded.add_metric([*key, name], 1)
+                busy.add_metric(key, facade.progress.busy_waits(node.id))
+        yield self._inflight()
+        yield from (family for family, _ in gauges)
+        yield from (loaded, queue, busy, self._reservations(node_ids))
+
+    def _inflight(self) -> Metric:
+        """Running workloads by serving node (an empty node: not dispatched yet, or removed)."""
+        runtime = self._runtime
         inflight = GaugeMetricFamily(
-            "nvpair_inflight_workloads", "Workloads running now, by serving node.", labels=labels
+            "nvpair_inflight_workloads", "Workloads running now, by serving node.", labels=_LABELS
         )
-        known = GaugeMetricFamily(
-            "nvpair_inventory_known", "1 if the node's model list is known.", labels=labels
-        )
-        models = GaugeMetricFamily(
-            "nvpair_inventory_models", "Models the node advertises.", labels=labels
-        )
-        age = GaugeMetricFamily(
-            "nvpair_inventory_age_seconds",
-            "Seconds since the node's model list was last polled successfully.",
-            labels=labels,
-        )
-        cooling = GaugeMetricFamily(
-            "nvpair_node_cooling", "1 while the node is in a stall cooldown.", labels=labels
-        )
-        remaining = GaugeMetricFamily(
-            "nvpair_cooldown_remaining_seconds",
-            "Seconds left of the node's stall cooldown (0 when ready).",
-            labels=labels,
-        )
+        running = Tally((w.engine, w.scheduled_on or "") for w in runtime.shared.workloads.live())
+        for engine, facade in runtime.facades.items():
+            for node in facade.directory.nodes():
+                inflight.add_metric([engine, node.id], running.pop((engine, node.id), 0))
+        for (engine, node_id), count in running.items():
+            inflight.add_metric([engine, node_id], count)
+        return inflight
+
+    def _reservations(self, node_ids: set[str]) -> Metric:
+        ledger = self._runtime.shared.ledger
         reservations = GaugeMetricFamily(
             "nvpair_reservations",
             "Live reservations per node (process-wide ledger).",
             labels=["node"],
         )
-        running = Tally((w.engine, w.scheduled_on or "") for w in runtime.shared.workloads.live())
-        ledger = runtime.shared.ledger
-        node_ids: set[str] = set()
-        for engine, facade in runtime.facades.items():
-            for node in facade.directory.nodes():
-                node_ids.add(node.id)
-                key = [engine, node.id]
-                inflight.add_metric(key, running.pop((engine, node.id), 0))
-                known.add_metric(key, 1 if facade.inventory.known(node.id) else 0)
-                models.add_metric(key, len(facade.inventory.models(node.id)))
-                last = facade.inventory.last_success(node.id)
-                if last is not None:
-                    age.add_metric(key, max(0.0, now - last))
-                cooldown = facade.stalls.cooldown(node.id)
-                cooling.add_metric(key, 0 if cooldown is None else 1)
-                remaining.add_metric(key, 0 if cooldown is None else max(0.0, cooldown.until - now))
-        for (engine, node_id), count in running.items():
-            inflight.add_metric([engine, node_id], count)  # not dispatched yet, or node removed
         for node_id in sorted(node_ids):
             reservations.add_metric([node_id], ledger.reservations(node_id))
-        yield from (inflight, known, models, age, cooling, remaining, reservations)
+        return reservations
+
+
+def _counter(
+    registry: CollectorRegistry, name: str, documentation: str, labels: list[str]
+) -> Counter:
+    return Counter(name, documentation, labels, registry=registry)
 
 
 class ProxyMetrics:
@@ -113,60 +188,7 @@ class ProxyMetrics:
         self._runtime = runtime
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
-        self.requests = Counter(
-            "nvpair_requests",
-            "Requests answered, by engine, route kind and status.",
-            ["engine", "route", "status"],
-            registry=registry,
-        )
-        self.attempts = Counter(
-            "nvpair_attempts",
-            "Upstream attempts by outcome.",
-            ["engine", "node", "outcome"],
-            registry=registry,
-        )
-        self.failovers = Counter(
-            "nvpair_failovers",
-            "Requests that needed more than one attempt.",
-            ["engine"],
-            registry=registry,
-        )
-        self.stalls = Counter(
-            "nvpair_stalls",
-            "Attempts that stalled (no headers in time, or first-body timeout).",
-            ["engine", "node"],
-            registry=registry,
-        )
-        self.cooldowns = Counter(
-            "nvpair_cooldowns",
-            "Stall cooldowns started.",
-            ["engine", "node"],
-            registry=registry,
-        )
-        self.cooldowns_ended = Counter(
-            "nvpair_cooldowns_ended",
-            "Stall cooldowns ended, by why (expired or success).",
-            ["engine", "node", "why"],
-            registry=registry,
-        )
-        self.workloads = Counter(
-            "nvpair_workloads",
-            "Workloads ended, by final state.",
-            ["engine", "state"],
-            registry=registry,
-        )
-        self.affinity_hits = Counter(
-            "nvpair_affinity_hits",
-            "Requests served by their warm (prefix-affinity) node.",
-            ["engine"],
-            registry=registry,
-        )
-        self.affinity_requests = Counter(
-            "nvpair_affinity_requests",
-            "Inference requests on affinity routes that reached a node.",
-            ["engine"],
-            registry=registry,
-        )
+        self._define_counters(registry)
         self.duration = Histogram(
             "nvpair_request_duration_seconds",
             "Request duration, arrival to last byte.",
@@ -184,6 +206,54 @@ class ProxyMetrics:
         registry.register(RuntimeCollector(runtime))
         self._subscription: Subscription | None = runtime.shared.bus.subscribe(
             self._observe, name="metrics"
+        )
+
+    def _define_counters(self, registry: CollectorRegistry) -> None:
+        """The bus-fed counters (requests, attempts, stalls, cooldowns, workloads, affinity)."""
+        self.requests = _counter(
+            registry,
+            "nvpair_requests",
+            "Requests answered, by engine, route kind and status.",
+            ["engine", "route", "status"],
+        )
+        self.attempts = _counter(
+            registry,
+            "nvpair_attempts",
+            "Upstream attempts by outcome.",
+            ["engine", "node", "outcome"],
+        )
+        self.failovers = _counter(
+            registry, "nvpair_failovers", "Requests that needed more than one attempt.", ["engine"]
+        )
+        self.stalls = _counter(
+            registry,
+            "nvpair_stalls",
+            "Attempts that stalled (no headers in time, or first-body timeout).",
+            ["engine", "node"],
+        )
+        self.cooldowns = _counter(
+            registry, "nvpair_cooldowns", "Stall cooldowns started.", ["engine", "node"]
+        )
+        self.cooldowns_ended = _counter(
+            registry,
+            "nvpair_cooldowns_ended",
+            "Stall cooldowns ended, by why (expired or success).",
+            ["engine", "node", "why"],
+        )
+        self.workloads = _counter(
+            registry, "nvpair_workloads", "Workloads ended, by final state.", ["engine", "state"]
+        )
+        self.affinity_hits = _counter(
+            registry,
+            "nvpair_affinity_hits",
+            "Requests served by their warm (prefix-affinity) node.",
+            ["engine"],
+        )
+        self.affinity_requests = _counter(
+            registry,
+            "nvpair_affinity_requests",
+            "Inference requests on affinity routes that reached a node.",
+            ["engine"],
         )
 
     def exposition(self) -> bytes:

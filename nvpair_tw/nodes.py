@@ -11,9 +11,14 @@ The nodes file is TOML, one ``[[node]]`` table per machine::
     id = "gpu1"                        # required, unique, stable (not a host name)
     models = ["llama3:8b"]             # optional static inventory for every engine (never polled)
     url = "http://10.0.0.5:11434"      # one URL for every engine, or per engine:
+    slots = 2                          # optional: requests run on it at once; 0 = no limit
     # [node.url]
     # ollama = "http://10.0.0.5:11434"
     # lmstudio = "http://10.0.0.5:1234"
+    # for https URLs, at most one of (see nvpair_tw.tls):
+    # ca_file = "gpu1-ca.pem"          # trust this CA / self-signed certificate (relative to the file)
+    # fingerprint = "sha256:AB:CD:…"   # pin the leaf certificate's SHA-256 (no name check)
+    # insecure = true                  # no verification at all (logged as a warning)
 
 A node without a URL for an engine is not part of that engine's facade.
 """
@@ -33,6 +38,7 @@ from twisted.internet.task import LoopingCall
 
 from nvpair_tw.engines import ENGINES, EngineProfile
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.tls import TLS_KEYS, NodeTLS, https_address, parse_node_tls
 
 __all__ = [
     "MAX_NODES_FILE_BYTES",
@@ -53,13 +59,18 @@ class Node:
     """One machine as one engine sees it.
 
     ``models`` is a static inventory (never polled) or ``None`` (polled). ``source`` says where the
-    node came from: ``flag``, ``file``, ``manual``, ``discovery`` or ``default``.
+    node came from: ``flag``, ``file``, ``manual``, ``discovery`` or ``default``. ``slots`` is how
+    many requests one facade of this process runs on it at once (0 = unlimited, ``None`` = the
+    ``--default-slots``; docs/behaviour.md §6.4). ``tls`` is how an https node's certificate is
+    checked (nodes file only; ``None``: the system trust store).
     """
 
     id: str
     url: str
     models: tuple[str, ...] | None = None
     source: str = "flag"
+    slots: int | None = None
+    tls: NodeTLS | None = field(default=None, kw_only=True)
 
 
 class NodesFileError(Exception):
@@ -79,7 +90,7 @@ def validate_url(url: str) -> None:
         raise ValueError("must not have a query or fragment")
 
 
-_NODE_KEYS = frozenset({"id", "url", "models"})
+_NODE_KEYS = frozenset({"id", "url", "models", "slots"}) | TLS_KEYS
 
 
 def load_nodes_file(path: str, engine: str) -> list[Node]:
@@ -104,6 +115,7 @@ def load_nodes_file(path: str, engine: str) -> list[Node]:
 
 
 def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[Node]:
+    base_dir = os.path.dirname(os.path.abspath(path))
     unknown = sorted(set(document) - {"node"})
     if unknown:
         raise NodesFileError(f"nodes file {path}: unknown top-level key {unknown[0]!r}")
@@ -112,6 +124,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         raise NodesFileError(f"nodes file {path}: 'node' must be an array of tables ([[node]])")
     nodes: list[Node] = []
     seen: set[str] = set()
+    tls_at: dict[tuple[str, int], tuple[str, NodeTLS | None]] = {}
     for index, entry in enumerate(entries, start=1):
         where = f"nodes file {path}: node {index}"
         if not isinstance(entry, dict):
@@ -128,10 +141,41 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
             raise NodesFileError(f"{where}: unknown field {unknown[0]!r}")
         urls = _parse_urls(where, entry.get("url"))
         models = _parse_models(where, entry.get("models"))
+        tls = _parse_tls(where, entry, base_dir, urls.values())
+        for address in filter(None, map(https_address, urls.values())):
+            other = tls_at.setdefault(address, (node_id, tls))
+            if other != (node_id, tls) and other[1] != tls:
+                raise NodesFileError(
+                    f"{where}: https://{_netloc(address)} is also node {other[0]!r}'s address,"
+                    " with different TLS settings (ca_file, fingerprint, insecure); make them equal"
+                )
+        slots = _parse_slots(where, entry.get("slots"))
         url = urls.get(engine, urls.get("*"))
         if url is not None:
-            nodes.append(Node(id=node_id, url=url, models=models, source="file"))
+            nodes.append(
+                Node(id=node_id, url=url, models=models, source="file", slots=slots, tls=tls)
+            )
     return nodes
+
+
+def _parse_tls(
+    where: str, entry: dict[str, Any], base_dir: str, urls: Collection[str]
+) -> NodeTLS | None:
+    try:
+        tls = parse_node_tls(entry, base_dir)
+    except ValueError as error:
+        raise NodesFileError(f"{where}: {error}") from None
+    if tls is not None and not any(https_address(url) for url in urls):
+        field_name = sorted(TLS_KEYS & set(entry))[0]
+        raise NodesFileError(
+            f"{where}: {field_name}: applies to https URLs, and this node has none"
+        )
+    return tls
+
+
+def _netloc(address: tuple[str, int]) -> str:
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _parse_urls(where: str, value: object) -> dict[str, str]:
@@ -167,6 +211,14 @@ def _parse_models(where: str, value: object) -> tuple[str, ...] | None:
     if not isinstance(value, list) or not all(isinstance(m, str) and m.strip() for m in value):
         raise NodesFileError(f"{where}: models: must be a list of non-empty strings")
     return tuple(value)
+
+
+def _parse_slots(where: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise NodesFileError(f"{where}: slots: must be a whole number >= 0 (0 = unlimited)")
+    return value
 
 
 _LOOPBACK = "<loopback>"
@@ -228,6 +280,7 @@ class NodeDirectory:
     _view: tuple[Node, ...] = field(default=(), init=False)
     _by_id: dict[str, Node] = field(factory=dict, init=False)
     _warned: set[tuple[str, str]] = field(factory=set, init=False)
+    _warned_insecure: set[tuple[str, str]] = field(factory=set, init=False)
     _subscribers: list[Callable[[], None]] = field(factory=list, init=False)
     _signature: _FileSignature = field(default=None, init=False)
     _watcher: LoopingCall | None = field(default=None, init=False)
@@ -289,8 +342,7 @@ class NodeDirectory:
         except NodesFileError as error:
             self.log.warn("keeping the previous nodes: {why}", why=str(error))
             return False
-        self._file_nodes = tuple(nodes)
-        self._recompute()
+        self._set_file_nodes(nodes)
         return True
 
     def start(self) -> None:
@@ -298,8 +350,7 @@ class NodeDirectory:
         if self._nodes_file is None or self._watcher is not None:
             return
         self._signature = self._stat()
-        self._file_nodes = tuple(load_nodes_file(self._nodes_file, self._engine.name))
-        self._recompute()
+        self._set_file_nodes(load_nodes_file(self._nodes_file, self._engine.name))
         watcher = LoopingCall(self._check_file)
         watcher.clock = self._clock
         watcher.start(self._watch_interval, now=False).addErrback(
@@ -312,6 +363,21 @@ class NodeDirectory:
         if self._watcher is not None:
             watcher, self._watcher = self._watcher, None
             watcher.stop()
+
+    def _set_file_nodes(self, nodes: Sequence[Node]) -> None:
+        for node in nodes:
+            insecure = node.tls is not None and node.tls.insecure
+            if insecure and (node.id, node.url) not in self._warned_insecure:
+                self._warned_insecure.add((node.id, node.url))
+                self.log.warn(
+                    "node {node} ({url}): TLS certificate verification is disabled"
+                    " (insecure = true in the nodes file)",
+                    node=node.id,
+                    url=node.url,
+                    engine=self._engine.name,
+                )
+        self._file_nodes = tuple(nodes)
+        self._recompute()
 
     def _stat(self) -> _FileSignature:
         assert self._nodes_file is not None

@@ -1,9 +1,16 @@
 # -*- test-case-name: tests.test_ordering -*-
 """The one pure function that decides the order in which a request tries its candidates.
 
-Pin, priority list, reservations, prefix affinity and the stall cooldown all meet here (SPEC §5,
-§6.3), in a fixed sequence: base order, head selection, then demotion of cooling nodes, which is
-always last so nothing can put a cooling node ahead of a ready one.
+Pin, priority list, reservations, prefix affinity, residency and the stall cooldown all meet here
+(SPEC §5, §6.3, §6.4), in a fixed sequence: base order, head selection, then demotion of cooling
+nodes, which is always last so nothing can put a cooling node ahead of a ready one.
+
+Head selection without a scheduler (SPEC §5.2): when no priority snapshot is in force
+(``snapshot=None``), every eligible node counts as listed, in base order (by id). The view then has
+no baselines (``pending`` and ``gpu_pressure`` are 0) and this proxy's in-flight requests are
+exactly its reservations, so the head is the node with the fewest requests in flight; ties go to a
+node where the model is known resident, then to the lowest id. With a snapshot, ties on load go to
+a resident node, then to the earlier list position.
 """
 
 from __future__ import annotations
@@ -49,22 +56,31 @@ def order_candidates(
     eligible: Sequence[str],
     *,
     pin: str | None,
-    snapshot: PrioritySnapshot,
+    snapshot: PrioritySnapshot | None,
     ledger_view: LoadView,
     affinity_hint: str | None,
     head_selection: bool,
     cooling: Collection[str],
+    resident: Collection[str] = frozenset(),
 ) -> Ordering:
-    """Order ``eligible`` (each once): base order, head selection, then demote cooling nodes."""
+    """Order ``eligible`` (each once): base order, head selection, then demote cooling nodes.
+
+    ``snapshot`` is the scheduler snapshot in force, or None when there is none: head selection
+    then balances over every eligible node. ``resident`` holds the ids of nodes where the
+    request's model is known to be loaded; it breaks ties on load (SPEC §5.2, §6.4).
+    """
     candidates = tuple(dict.fromkeys(eligible))
     allowed = frozenset(candidates)
     cooling_set = frozenset(cooling)
+    warm = frozenset(resident)
     pinned = bool(pin) and pin in allowed
 
-    listed = [n for n in dict.fromkeys(snapshot.nodes) if n in allowed and n != pin]
+    priority = snapshot.nodes if snapshot is not None else ()
+    listed = [n for n in dict.fromkeys(priority) if n in allowed and n != pin]
     seen = set(listed)
     rest = sorted(n for n in candidates if n not in seen and n != pin)
     base = ([pin] if pinned and pin is not None else []) + listed + rest
+    balanced = listed if snapshot is not None else rest
 
     reserve = affinity = False
     if head_selection and not pinned:
@@ -74,10 +90,10 @@ def order_candidates(
         ):
             head, affinity = affinity_hint, True
         else:
-            position = {n: i for i, n in enumerate(listed)}
-            pool = [n for n in listed if n not in cooling_set] or listed
+            position = {n: i for i, n in enumerate(balanced)}
+            pool = [n for n in balanced if n not in cooling_set] or balanced
             if pool:
-                head = min(pool, key=lambda n: (_load(ledger_view, n), position[n]))
+                head = min(pool, key=lambda n: (_load(ledger_view, n), n not in warm, position[n]))
         if head is not None:
             base.remove(head)
             base.insert(0, head)

@@ -28,7 +28,7 @@ from nvpair_tw.headers import forward_headers
 from nvpair_tw.reactor import abort, close
 from nvpair_tw.upstream import BodyEnd, BodyGate
 
-__all__ = ["Progress", "RelayEnd", "RelayOutcome", "StallGuard", "relay"]
+__all__ = ["Progress", "RelayEnd", "RelayOutcome", "StallGuard", "cut", "relay"]
 
 DROPPED_MID_STREAM = "upstream dropped mid-stream"
 CLIENT_STOPPED_READING = "client stopped reading"
@@ -179,7 +179,7 @@ async def relay(
     if caller.gone is not None:
         return outcome(RelayEnd.CALLER_GONE, None if progress.complete else caller.gone)
     if end is None or (end is BodyEnd.CLOSED and progress.streaming and not progress.frames.seen):
-        _cut(request, clock, write_stall_timeout)
+        cut(request, clock, write_stall_timeout)
         return outcome(RelayEnd.TRUNCATED, DROPPED_MID_STREAM)
     request.finish()
     return outcome(RelayEnd.FINISHED, None)
@@ -232,8 +232,11 @@ def _write_head(request: Request, response: IResponse, node_id: str) -> None:
         request.setHeader(b"content-length", b"%d" % response.length)
 
 
-def _cut(request: Request, clock: IReactorTime, budget: float) -> None:
-    """End a truncated answer so the client can tell (docs/behaviour.md §6.2).
+def cut(request: Request, clock: IReactorTime, budget: float) -> None:
+    """End an unfinished answer so the client can tell (docs/behaviour.md §6.2).
+
+    Used when the node died mid-stream, and when the proxy itself ends a request early (a
+    cancelled workload, the drain's deadline); nothing written yet: a plain close.
 
     Chunked or ``Content-Length`` framing: close after the bytes already written (FIN); the missing
     terminating chunk or the short count tells the client. A client that does not read what is
@@ -258,8 +261,12 @@ def _cut(request: Request, clock: IReactorTime, budget: float) -> None:
 
 
 def _close_delimited(request: Request) -> bool:
-    """Whether the client's response is framed by closing the connection."""
-    return not request.chunked and not request.responseHeaders.hasHeader(b"content-length")
+    """Whether the client's response has started and is framed by closing the connection."""
+    return (
+        bool(request.startedWriting)
+        and not request.chunked
+        and not request.responseHeaders.hasHeader(b"content-length")
+    )
 
 
 def _connected(request: Request) -> bool:

@@ -12,10 +12,19 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
+from typing import Protocol
 
 from attrs import define, field, frozen
 
-__all__ = ["Booking", "PrioritySnapshot", "Rank", "Reservation", "ReservationLedger", "make_rank"]
+__all__ = [
+    "Booking",
+    "Companion",
+    "PrioritySnapshot",
+    "Rank",
+    "Reservation",
+    "ReservationLedger",
+    "make_rank",
+]
 
 MAX_GPU_PRESSURE = 3
 INITIAL_GENERATION = -1
@@ -82,6 +91,12 @@ class ReservationLedger:
         """The last applied snapshot (generation -1 and empty before the first one)."""
         return self._snapshot
 
+    @property
+    def in_force(self) -> PrioritySnapshot | None:
+        """The scheduler snapshot in force, or None before the first one is applied (SPEC §5.2:
+        head selection then balances over every eligible node)."""
+        return self._snapshot if self._applied else None
+
     def apply(self, generation: int, nodes: Sequence[str], ranks: Sequence[Rank]) -> bool:
         """Apply a snapshot; return False (and change nothing) if its generation is not newer.
 
@@ -144,21 +159,35 @@ class ReservationLedger:
         return self.pending(node_id) + self.gpu_pressure(node_id) + self.reservations(node_id)
 
 
+class Companion(Protocol):
+    """Something else a request holds on the node it targets (an admission slot, §6.4)."""
+
+    def move(self, node_id: str) -> None:
+        """Hold ``node_id`` instead."""
+
+    def release(self) -> None:
+        """Let go (at most once)."""
+
+
 @define
 class Booking:
     """One request's whole reservation life: taken before the first attempt, moved to the node each
     attempt targets, released once when the request ends.
 
     A request that reserves nothing (no model) holds an empty booking whose methods do nothing.
+    A ``companion`` (an admission slot) moves and is released with the booking.
     """
 
     _ledger: ReservationLedger | None
     _held: Reservation | None = None
+    _companion: Companion | None = None
 
     @classmethod
-    def take(cls, ledger: ReservationLedger, node_id: str) -> Booking:
-        """Reserve ``node_id`` now."""
-        return cls(ledger, ledger.reserve(node_id))
+    def take(
+        cls, ledger: ReservationLedger, node_id: str, companion: Companion | None = None
+    ) -> Booking:
+        """Reserve ``node_id`` now (``companion`` already holds it)."""
+        return cls(ledger, ledger.reserve(node_id), companion)
 
     @classmethod
     def nothing(cls) -> Booking:
@@ -175,9 +204,14 @@ class Booking:
         if self._ledger is None or self._held is None or self._held.node_id == node_id:
             return
         self._held = self._ledger.move(self._held, node_id)
+        if self._companion is not None:
+            self._companion.move(node_id)
 
     def release(self) -> None:
         """Let go; a second release does nothing."""
         if self._ledger is not None and self._held is not None:
             self._ledger.release(self._held)
         self._held = None
+        companion, self._companion = self._companion, None
+        if companion is not None:
+            companion.release()

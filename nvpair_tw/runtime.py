@@ -13,6 +13,7 @@ from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
 from twisted.web.client import Agent, HTTPConnectionPool
 
+from nvpair_tw.admission import Admission, slot_limit
 from nvpair_tw.affinity import AffinityTable
 from nvpair_tw.engines import ENGINES
 from nvpair_tw.events import NODE_COOLDOWN, NODE_COOLDOWN_ENDED, EventBus, log_events
@@ -26,7 +27,8 @@ from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.reservations import ReservationLedger
 from nvpair_tw.settings import Settings
 from nvpair_tw.stalls import Cooldown, CooldownListener, IStallTracker, StallTracker
-from nvpair_tw.upstream import UpstreamClient, make_pool
+from nvpair_tw.tls import NodeTrustPolicy
+from nvpair_tw.upstream import NodeEndpointFactory, UpstreamClient, make_pool
 from nvpair_tw.workloads import RequestRecord, WorkloadRegistry
 
 __all__ = ["Runtime", "StallTrackerFactory", "build_runtime"]
@@ -119,10 +121,15 @@ def build_runtime(
             raise TypeError("give build_runtime ingress or environ, not both")
         ingress = parse_ingress(environ)
     pool = make_pool(reactor)
+    facades: dict[str, Facade] = {}
+    # One endpoint factory for inference and control-plane reads alike: the same per-node TLS trust
+    # (read from every facade's nodes when a connection starts) and the same IP-literal dialling.
+    trust = NodeTrustPolicy(lambda: [n for f in facades.values() for n in f.directory.nodes()])
+    endpoints = NodeEndpointFactory(reactor, settings.connect_timeout, tls=trust)
     if client is None:
-        client = UpstreamClient(reactor, pool, settings.connect_timeout)
+        client = UpstreamClient(reactor, pool, settings.connect_timeout, endpoints=endpoints)
     if http is None:
-        http = make_http_client(Agent(reactor, pool=pool, connectTimeout=settings.connect_timeout))
+        http = make_http_client(Agent.usingEndpointFactory(reactor, endpoints, pool=pool))
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
     shared = Shared(
@@ -137,7 +144,6 @@ def build_runtime(
             ingress if ingress is not None else IngressConfig(), reactor
         ),
     )
-    facades: dict[str, Facade] = {}
     for engine in engines:
         profile = ENGINES[engine]
         directory = NodeDirectory(
@@ -154,6 +160,13 @@ def build_runtime(
             interval=settings.inventory_interval,
             timeout=settings.inventory_timeout,
         )
+        admission = Admission(
+            reactor,
+            slot_limit(directory.get, settings.default_slots),
+            settings.queue_size,
+            settings.queue_timeout,
+        )
+        directory.subscribe(admission.wake)  # raised slots or a new node: bind who waits
         announce = _cooldown_announcer(bus, engine)
         stalls = (
             stall_tracker(engine, announce)
@@ -167,6 +180,7 @@ def build_runtime(
             inventory=inventory,
             stalls=stalls,
             affinity=AffinityTable(reactor, settings.affinity_max_entries, settings.affinity_ttl),
+            admission=admission,
         )
     return Runtime(reactor, settings, shared, facades, pool)
 

@@ -8,6 +8,10 @@ headers and then nothing, drops the connection, or fails with a status. Every ti
 it is given, so a test can drive it with a ``task.Clock``. Every request it receives is kept as a
 :class:`Received` (method, target, headers, body) so tests can compare replayed bodies byte for byte.
 
+``loaded`` says which models are resident, as Ollama's ``GET /api/ps`` and LM Studio's
+``GET /api/v0/models`` (``state``) report them; None (the default) answers both with 404, like an
+engine without those endpoints, so residency stays unknown.
+
 This module is production-safe (``--demo`` uses it); the test harnesses built on it are in
 :mod:`nvpair_tw.testing`.
 """
@@ -89,6 +93,7 @@ class SimulatedEngine(Resource):
     header_delay: float = 0.0
     body_delay: float = 0.0
     reply_text: str = "hello"
+    loaded: Sequence[str] | None = None
     received: list[Received] = field(factory=list)
     inference_count: int = 0
     _timers: list[IDelayedCall] = field(factory=list)
@@ -134,6 +139,8 @@ class SimulatedEngine(Resource):
                 request,
                 {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]},
             )
+        if request.method == b"GET" and path in (b"/api/ps", b"/api/v0/models"):
+            return self._residency(request, path)
         if request.method != b"POST":
             return self._json(request, {"version": "0.0.0-simulated"})
         self.inference_count += 1
@@ -201,6 +208,25 @@ class SimulatedEngine(Resource):
             self._later(self.chunk_delay, self._send, request, frames, index + 1)
         else:
             self._send(request, frames, index + 1)
+
+    def _residency(self, request: Request, path: bytes) -> bytes:
+        if self.loaded is None:
+            request.setResponseCode(404)
+            return self._json(request, {"error": "not found"})
+        if path == b"/api/ps":
+            return self._json(
+                request,
+                {"models": [{"name": m, "model": m, "size_vram": 1} for m in self.loaded]},
+            )
+        names = list(dict.fromkeys([*self.models, *self.loaded]))
+        states = {m: "loaded" if m in self.loaded else "not-loaded" for m in names}
+        return self._json(
+            request,
+            {
+                "object": "list",
+                "data": [{"id": m, "object": "model", "state": states[m]} for m in names],
+            },
+        )
 
     def _json(self, request: Request, document: Any) -> bytes:
         request.setHeader(b"content-type", b"application/json")

@@ -2,7 +2,8 @@
 """The state a facade keeps, and the state every facade of one process shares.
 
 :class:`Facade` holds one engine's per-facade state (the pin, stall cooldowns, the affinity table,
-the node directory and inventory) and answers the two questions the corridor asks of it: which nodes
+the node directory and inventory, the admission slots and queue, the progress record) and answers
+the two questions the corridor asks of it: which nodes
 may serve a model (docs/behaviour.md §4.2) and in what order (§5). :class:`Shared` is what every
 facade of a process shares: the clock, the upstream clients, the reservation ledger, the workloads
 and the event bus.
@@ -10,10 +11,11 @@ and the event bus.
 
 from __future__ import annotations
 
-from attrs import define
+from attrs import Factory, define
 from treq.client import HTTPClient
 from twisted.internet.interfaces import IReactorTime
 
+from nvpair_tw.admission import Admission
 from nvpair_tw.affinity import AffinityTable
 from nvpair_tw.engines import EngineProfile
 from nvpair_tw.events import EventBus
@@ -21,6 +23,7 @@ from nvpair_tw.ingress import IngressPolicy
 from nvpair_tw.inventory import InventoryBook
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.ordering import order_candidates
+from nvpair_tw.progress import ProgressBook
 from nvpair_tw.reservations import ReservationLedger
 from nvpair_tw.settings import Settings
 from nvpair_tw.stalls import IStallTracker
@@ -55,8 +58,11 @@ class Facade:
     inventory: InventoryBook
     stalls: IStallTracker
     affinity: AffinityTable
+    admission: Admission
     pin: str | None = None
     first_body_gate: bool = True
+    progress: ProgressBook = Factory(lambda self: ProgressBook(self.shared.clock), takes_self=True)
+    """When each node last delivered inference body bytes, and its busy waits (§6.4)."""
 
     @property
     def engine(self) -> str:
@@ -70,17 +76,32 @@ class Facade:
         return [n for n in nodes if self.inventory.advertises(n.id, model)]
 
     def order(
-        self, nodes: list[Node], *, head_selection: bool, affinity_hint: str | None = None
+        self,
+        nodes: list[Node],
+        *,
+        head_selection: bool,
+        affinity_hint: str | None = None,
+        model: str | None = None,
     ) -> tuple[list[Node], bool]:
-        """Candidate order for ``nodes`` (§5): (ordered nodes, whether the warm node was promoted)."""
+        """Candidate order for ``nodes`` (§5): (ordered nodes, whether the warm node was promoted).
+
+        With head selection and a ``model``, the nodes where the model is known resident (§6.4)
+        win ties on load.
+        """
         by_id = {n.id: n for n in nodes}
+        resident = (
+            {n.id for n in nodes if self.inventory.resident(n.id, model)}
+            if head_selection and model
+            else set()
+        )
         ordering = order_candidates(
             [n.id for n in nodes],
             pin=self.pin or None,
-            snapshot=self.shared.ledger.snapshot,
+            snapshot=self.shared.ledger.in_force,
             ledger_view=self.shared.ledger,
             affinity_hint=affinity_hint,
             head_selection=head_selection,
             cooling=self.stalls.cooling(),
+            resident=resident,
         )
         return [by_id[i] for i in ordering.nodes], ordering.affinity

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
+from attrs import evolve
 from twisted.application import service
 from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
@@ -86,6 +87,34 @@ def parse_node(text: str) -> tuple[str | None, Node]:
             f"--node {left}: URL must be http(s)://HOST[:PORT] with a port 1-65535, not {url!r}"
         )
     return engine, Node(id=left.strip(), url=url.rstrip("/"), source="flag")
+
+
+def parse_node_slots(text: str) -> tuple[str | None, str, int]:
+    """``ID=N`` (that ``--node`` under every engine) or ``ENGINE:ID=N`` (one engine)."""
+    left, sep, count = text.rpartition("=")
+    engine: str | None = None
+    prefix, colon, rest = left.partition(":")
+    if colon and prefix in ENGINES:
+        engine, left = prefix, rest
+    try:
+        slots = int(count.strip())
+    except ValueError:
+        slots = -1
+    if not sep or not left.strip() or slots < 0:
+        raise usage.UsageError(
+            f"--node-slots wants ID=N or ENGINE:ID=N with N >= 0 (0 = unlimited), not {text!r}"
+        )
+    return engine, left.strip(), slots
+
+
+def _with_slots(
+    engine: str, nodes: list[Node], given: list[tuple[str | None, str, int]]
+) -> tuple[Node, ...]:
+    """The flag nodes of ``engine`` with their ``--node-slots`` (the engine-scoped one wins)."""
+    chosen: dict[str, int] = {}
+    for scope in (None, engine):
+        chosen.update({node_id: n for s, node_id, n in given if s == scope})
+    return tuple(evolve(n, slots=chosen[n.id]) if n.id in chosen else n for n in nodes)
 
 
 class Options(usage.Options):
@@ -168,6 +197,7 @@ class Options(usage.Options):
         self["engines"] = []
         self["listen"] = {}
         self["node"] = []
+        self["node-slots"] = []
         self["assemble"] = {}
 
     def opt_engine(self, name: str) -> None:
@@ -192,6 +222,10 @@ class Options(usage.Options):
     def opt_node(self, text: str) -> None:
         """A node: ID=URL for every engine, or ENGINE:ID=URL (repeatable)."""
         self["node"].append(parse_node(text))
+
+    def opt_node_slots(self, text: str) -> None:
+        """Slots of a --node: ID=N or ENGINE:ID=N, 0 = unlimited (repeatable)."""
+        self["node-slots"].append(parse_node_slots(text))
 
     def opt_assemble(self, text: str) -> None:
         """on|off, or ENGINE=on|off: assemble non-streaming answers from a streamed upstream."""
@@ -268,11 +302,20 @@ class Options(usage.Options):
         except (ValueError, NodesFileError, IngressConfigError) as error:
             raise usage.UsageError(str(error)) from None
         flag_nodes: list[tuple[str | None, Node]] = self["node"]
+        slots: list[tuple[str | None, str, int]] = self["node-slots"]
+        for scope, node_id, _ in slots:
+            if scope is not None and scope not in engines:
+                raise usage.UsageError(f"--node-slots for {scope}, which is not an --engine")
+            if not any(n.id == node_id and s in (None, scope or s) for s, n in flag_nodes):
+                where = f"{scope}:{node_id}" if scope else node_id
+                raise usage.UsageError(f"--node-slots {where}: no --node {node_id} to apply it to")
         return Config(
             engines=tuple(engines),
             listen=listen,
             nodes={
-                engine: tuple(node for scope, node in flag_nodes if scope in (None, engine))
+                engine: _with_slots(
+                    engine, [node for scope, node in flag_nodes if scope in (None, engine)], slots
+                )
                 for engine in engines
             },
             nodes_file=nodes_file,

@@ -15,13 +15,9 @@ from collections.abc import Callable
 from enum import Enum
 from urllib.parse import urlsplit
 
+from attrs import frozen
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.endpoints import (
-    HostnameEndpoint,
-    TCP4ClientEndpoint,
-    TCP6ClientEndpoint,
-    wrapClientTLS,
-)
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLookupError
 from twisted.internet.interfaces import (
     IConsumer,
@@ -46,15 +42,23 @@ from twisted.web.client import (
 )
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer, IResponse
+from twisted.web.iweb import (
+    IAgent,
+    IAgentEndpointFactory,
+    IBodyProducer,
+    IPolicyForHTTPS,
+    IResponse,
+)
 from zope.interface import implementer
 
 from nvpair_tw.reactor import IProxyReactor
+from nvpair_tw.tls import tls_endpoint
 
 __all__ = [
     "TRANSPORT_FAILURES",
     "BodyEnd",
     "BodyGate",
+    "BusyWait",
     "Discard",
     "FirstBodyTimeout",
     "GateState",
@@ -164,12 +168,18 @@ class ReplayBodyProducer:
 
 @implementer(IAgentEndpointFactory)
 class NodeEndpointFactory:
-    """Endpoints for node URLs: IP literals dial directly (a refusal is seen in ~1 ms, not 0.3 s)."""
+    """Endpoints for node URLs: IP literals dial directly (a refusal is seen in ~1 ms, not 0.3 s).
 
-    def __init__(self, reactor: IProxyReactor, connect_timeout: float) -> None:
+    https: TLS per ``tls`` (default: the system trust store); ``connect`` fires after the handshake,
+    which the connect timeout also bounds (:func:`nvpair_tw.tls.tls_endpoint`).
+    """
+
+    def __init__(
+        self, reactor: IProxyReactor, connect_timeout: float, tls: IPolicyForHTTPS | None = None
+    ) -> None:
         self._reactor = reactor
         self._timeout = connect_timeout
-        self._tls = BrowserLikePolicyForHTTPS()
+        self._tls = tls if tls is not None else BrowserLikePolicyForHTTPS()
         self._cache: dict[tuple[bytes, bytes, int], IStreamClientEndpoint] = {}
 
     def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
@@ -194,7 +204,8 @@ class NodeEndpointFactory:
                     self._reactor, host.strip("[]"), uri.port, timeout=self._timeout
                 )
         if uri.scheme == b"https":
-            endpoint = wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), endpoint)
+            creator = self._tls.creatorForNetloc(uri.host, uri.port)
+            endpoint = tls_endpoint(self._reactor, creator, endpoint, self._timeout)
         return endpoint
 
 
@@ -221,16 +232,34 @@ def make_pool(
     return pool
 
 
+@frozen
+class BusyWait:
+    """When the header deadline may be extended because the node shows progress (SPEC §6.4).
+
+    ``working()`` answers whether the node delivered body bytes to another attempt within the last
+    deadline period; while it does, an expired deadline is re-armed for another period (shortened
+    so the extra wait never exceeds ``max_wait``) and ``on_wait()`` is called once per re-arm.
+    """
+
+    working: Callable[[], bool]
+    max_wait: float
+    on_wait: Callable[[], None]
+
+
 class UpstreamClient:
     """Sends one attempt with a response-header deadline measured from the end of the write."""
 
     def __init__(
-        self, reactor: IProxyReactor, pool: HTTPConnectionPool, connect_timeout: float
+        self,
+        reactor: IProxyReactor,
+        pool: HTTPConnectionPool,
+        connect_timeout: float,
+        endpoints: IAgentEndpointFactory | None = None,
     ) -> None:
         self._clock: IReactorTime = reactor
-        self.agent: IAgent = Agent.usingEndpointFactory(
-            reactor, NodeEndpointFactory(reactor, connect_timeout), pool=pool
-        )
+        if endpoints is None:
+            endpoints = NodeEndpointFactory(reactor, connect_timeout)
+        self.agent: IAgent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
 
     @classmethod
     def from_agent(cls, agent: IAgent, clock: IReactorTime) -> UpstreamClient:
@@ -248,17 +277,32 @@ class UpstreamClient:
         body: bytes,
         header_timeout: float,
         on_written: Callable[[], None] | None = None,
+        *,
+        first_extra: float = 0.0,
+        busy: BusyWait | None = None,
     ) -> Deferred[IResponse]:
-        """Start an attempt; a silent node fails the Deferred with :class:`HeaderTimeout`."""
+        """Start an attempt; a silent node fails the Deferred with :class:`HeaderTimeout`.
+
+        The first deadline is ``header_timeout + first_extra`` (a cold-load allowance); each busy
+        wait (see :class:`BusyWait`) adds at most one more ``header_timeout``.
+        """
         timer: list[IDelayedCall] = []
         timed_out: list[bool] = []
+        waited = [header_timeout + first_extra, 0.0]  # total deadline so far, busy extension
 
         def written() -> None:
-            timer.append(self._clock.callLater(header_timeout, expire))
+            timer.append(self._clock.callLater(waited[0], expire))
             if on_written is not None:
                 on_written()
 
         def expire() -> None:
+            if busy is not None and waited[1] < busy.max_wait and busy.working():
+                step = min(header_timeout, busy.max_wait - waited[1])
+                waited[0] += step
+                waited[1] += step
+                timer[0] = self._clock.callLater(step, expire)
+                busy.on_wait()
+                return
             timed_out.append(True)
             attempt.cancel()
 
@@ -266,9 +310,7 @@ class UpstreamClient:
             if timer and timer[0].active():
                 timer[0].cancel()
             if timed_out and isinstance(result, Failure):
-                raise HeaderTimeout(
-                    f"no response headers within {header_timeout:g}s"
-                ) from result.value
+                raise HeaderTimeout(f"no response headers within {waited[0]:g}s") from result.value
             return result
 
         attempt: Deferred[IResponse] = self.agent.request(
@@ -331,6 +373,7 @@ class BodyGate(Protocol):
         (L{FirstBodyTimeout} when the enabled timer expired, else the transport's reason).
     @ivar done: After :meth:`start_relay`: fires with a L{BodyEnd} at a clean end, or fails
         with the transport's reason when the body was dropped.
+    @ivar _on_bytes: Called for every non-empty chunk, in every state (the progress record).
     @ivar _sink: Where relayed chunks go (C{RELAYING} only).
     @ivar _held: Chunks received in C{HOLDING}, in order.
     @ivar _ending: The transport's reason once the body ended in C{HOLDING}.
@@ -338,8 +381,14 @@ class BodyGate(Protocol):
     @ivar _timed_out: Whether the timer cut the body (a cut that looks clean is still a timeout).
     """
 
-    def __init__(self, clock: IReactorTime, first_body_timeout: float) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        first_body_timeout: float,
+        on_bytes: Callable[[], None] | None = None,
+    ) -> None:
         self.first: Deferred[bytes] = Deferred()
+        self._on_bytes = on_bytes
         self.done: Deferred[BodyEnd] = Deferred()
         self._state = GateState.AWAITING_FIRST
         self._sink: Callable[[bytes], None] | None = None
@@ -380,6 +429,8 @@ class BodyGate(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if not data:
             return
+        if self._on_bytes is not None:
+            self._on_bytes()  # progress: the node is delivering (SPEC §6.4)
         state = self._state
         if state is GateState.RELAYING:
             assert self._sink is not None

@@ -21,6 +21,7 @@ from nvpair_tw.events import (
     PROXY_REQUEST,
     WORKLOAD_COMPLETED,
     WORKLOAD_ERRORED,
+    WORKLOAD_QUEUED,
     WORKLOAD_STARTED,
     EventBus,
 )
@@ -41,8 +42,9 @@ UNFINISHED = "unfinished"
 
 
 class WorkloadState(Enum):
-    """The ``state`` of a workload once dispatched."""
+    """The ``state`` of a workload once queued or dispatched."""
 
+    QUEUED = "queued"
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
@@ -80,6 +82,13 @@ class Workload:
     def terminal(self) -> bool:
         """Whether the workload has ended (its terminal event is published)."""
         return self.state in _TERMINAL
+
+    def queued(self) -> None:
+        """Waiting for a slot in the proxy (§6.4): publish ``workload:queued`` (before any dispatch)."""
+        if self.state is not None:
+            return
+        self.state = WorkloadState.QUEUED
+        self._publish(WORKLOAD_QUEUED)
 
     def running(self, node_id: str) -> None:
         """Dispatched to ``node_id``: publish ``workload:started`` if that is a new node."""
@@ -231,6 +240,8 @@ class Attempt:
     node_id: str
     outcome: str
     ms: int
+    busy_waits: int = 0
+    """Header-deadline periods waited because the node showed progress elsewhere (§6.4)."""
 
 
 def _strip_query(path: str) -> str:
@@ -260,8 +271,10 @@ class RequestRecord:
     cache_affinity: bool = field(init=False, default=False)
     attempts: list[Attempt] = field(init=False, factory=list)
     first_byte_at: float | None = field(init=False, default=None)
+    queued_ms: int = field(init=False, default=0)
     ended: float | None = field(init=False, default=None)
     _current: tuple[str, float] | None = field(init=False, default=None)
+    _busy_waits: int = field(init=False, default=0)
 
     @classmethod
     def begin(
@@ -279,10 +292,20 @@ class RequestRecord:
         """An attempt to ``node_id`` starts now (an attempt still open is closed ``unfinished``)."""
         self._close_attempt(UNFINISHED)
         self._current = (node_id, self._clock.seconds())
+        self._busy_waits = 0
+
+    def busy_wait(self) -> None:
+        """The current attempt waits one more deadline period (its node shows progress)."""
+        if self._current is not None:
+            self._busy_waits += 1
 
     def attempt_ended(self, outcome: str) -> None:
         """Close the current attempt with ``outcome``; a no-op if none is open."""
         self._close_attempt(outcome)
+
+    def queued_for(self, seconds: float) -> None:
+        """The request waited ``seconds`` for a slot before its dispatch (or its 503)."""
+        self.queued_ms = round(seconds * 1000)
 
     def first_byte(self) -> None:
         """The first response byte went to the client now; later calls are no-ops."""
@@ -325,9 +348,16 @@ class RequestRecord:
             "ttfb_ms": None if ttfb is None else _elapsed_ms(self.started, ttfb),
             "error": self.error,
             "attempts": [
-                {"node_id": a.node_id, "outcome": a.outcome, "ms": a.ms} for a in self.attempts
+                {
+                    "node_id": a.node_id,
+                    "outcome": a.outcome,
+                    "ms": a.ms,
+                    "busy_waits": a.busy_waits,
+                }
+                for a in self.attempts
             ],
             "cache_affinity": self.cache_affinity,
+            "queued_ms": self.queued_ms,
         }
 
     def _close_attempt(self, outcome: str) -> None:
@@ -335,4 +365,5 @@ class RequestRecord:
             return
         node_id, start = self._current
         self._current = None
-        self.attempts.append(Attempt(node_id, outcome, _elapsed_ms(start, self._clock.seconds())))
+        elapsed = _elapsed_ms(start, self._clock.seconds())
+        self.attempts.append(Attempt(node_id, outcome, elapsed, self._busy_waits))

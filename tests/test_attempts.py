@@ -39,6 +39,7 @@ from nvpair_tw.attempts import (
     run_attempts,
 )
 from nvpair_tw.nodes import Node
+from nvpair_tw.progress import ProgressBook
 from nvpair_tw.reservations import Booking, ReservationLedger
 from nvpair_tw.settings import Settings, resolve_first_body_timeout
 from nvpair_tw.stalls import Cooldown, NeverCools, StallTracker
@@ -434,11 +435,16 @@ class Engines(Resource):
 
 
 class Hooks(AttemptObserver):
-    """Records ``(node id, outcome)`` per ended attempt."""
+    """Records ``(node id, outcome)`` per ended attempt, and each busy wait's node and time."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
         self.started: list[str] = []
         self.ended: list[tuple[str, str]] = []
+        self.busy: list[tuple[str, float]] = []
+        self._clock = clock
+
+    def busy_wait(self, node: Node) -> None:
+        self.busy.append((node.id, self._clock.seconds() if self._clock is not None else -1.0))
 
     def attempt_started(self, node: Node) -> None:
         self.started.append(node.id)
@@ -450,7 +456,16 @@ class Hooks(AttemptObserver):
 class Loop:
     """One ``run_attempts`` call against two in-memory nodes (ports 1001, 1002) on a task.Clock."""
 
-    def __init__(self, *, gated: bool = False, first_body_timeout: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        gated: bool = False,
+        first_body_timeout: float = 0.0,
+        inference: bool = True,
+        busy_max_wait: float = 0.0,
+        first_extra: dict[str, float] | None = None,
+        progress: bool = False,
+    ) -> None:
         self.clock = Clock()
         self.engines = Engines()
         self.agent = RequestTraversalAgent(self.engines)
@@ -462,16 +477,19 @@ class Loop:
         self.caller = CallerState()
         self.ledger = ReservationLedger()
         self.booking = Booking.take(self.ledger, "a")
-        self.hooks = Hooks()
+        self.hooks = Hooks(self.clock)
+        self.progress = ProgressBook(self.clock) if progress else None
         self.plan = AttemptPlan(
             method=b"POST",
             target=b"/api/chat",
             headers=Headers({b"content-type": [b"application/json"]}),
             body=PAYLOAD,
-            inference=True,
+            inference=inference,
             gated=gated,
             header_timeout=TIMEOUT,
             first_body_timeout=first_body_timeout,
+            first_extra=first_extra or {},
+            busy_max_wait=busy_max_wait,
         )
         self.nodes = [Node("a", "http://127.0.0.1:1001"), Node("b", "http://127.0.0.1:1002")]
 
@@ -487,6 +505,7 @@ class Loop:
                 self.caller,
                 self.booking,
                 self.hooks,
+                progress=self.progress,
             )
         )
         self.agent.flush()
@@ -862,3 +881,208 @@ async def test_reset_before_headers_over_a_socket_moves_on_without_cooling(
     outcomes = [a["outcome"] for a in scenario.named("proxy/request")[0]["attempts"]]
     assert outcomes == ["dropped", "committed"]
     assert scenario.named("node/cooldown") == []
+
+
+# --- Busy is not stalled: progress elsewhere extends the header wait (docs/behaviour.md §6.4) ----
+#
+# ``elsewhere`` is the toucher another attempt's body gate calls for every chunk node a delivers;
+# calling it at a clock time stands for "node a delivered body bytes to another attempt then".
+
+
+def test_deadline_on_a_node_delivering_elsewhere_rearms_and_counts_without_cooling() -> None:
+    """Node a delivers bytes to another attempt within each period: the deadline re-arms at T and
+    2T (busy waits 1, 2), nothing cools, node b is never tried, and a's late answer commits."""
+    loop = Loop(progress=True, busy_max_wait=10 * TIMEOUT)
+    assert loop.progress is not None
+    elsewhere = loop.progress.toucher("a")
+    result = loop.run()
+    loop.advance(TIMEOUT - 1)
+    elsewhere()
+    loop.advance(1)
+    assert loop.hooks.busy == [("a", TIMEOUT)]
+    assert [call.getTime() for call in loop.clock.getDelayedCalls()] == [2 * TIMEOUT]
+    loop.advance(TIMEOUT - 1)
+    elsewhere()
+    loop.advance(1)
+    assert loop.hooks.busy == [("a", TIMEOUT), ("a", 2 * TIMEOUT)]
+    assert loop.hooks.ended == [] and loop.bodies(1002) == []
+    assert loop.stalls.cooling() == frozenset() and loop.cooldowns == []
+    answer = loop.requests(1001)[0]
+    answer.write(b"{}")
+    answer.finish()
+    loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed) and committed.node.id == "a"
+    assert loop.hooks.ended == [("a", "committed")]
+    assert loop.progress.busy_waits("a") == 2
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_no_progress_on_the_node_stalls_and_cools_at_exactly_the_deadline() -> None:
+    """Busy waits enabled, but node a delivered nothing (only node b did): a stalls at exactly T
+    and cools, with no busy wait counted."""
+    loop = Loop(progress=True, busy_max_wait=10 * TIMEOUT)
+    assert loop.progress is not None
+    result = loop.run()
+    loop.advance(TIMEOUT - 1)
+    loop.progress.toucher("b")()
+    loop.advance(1 - EPSILON)
+    assert loop.hooks.ended == [] and loop.bodies(1002) == []
+    loop.advance(EPSILON)
+    assert loop.hooks.ended == [("a", "stall")] and loop.hooks.busy == []
+    cooldown = loop.stalls.cooldown("a")
+    assert cooldown is not None and cooldown.until == 2 * TIMEOUT
+    assert loop.bodies(1002) == [PAYLOAD]
+    loop.requests(1002)[0].finish()
+    loop.pump()
+    assert isinstance(_result(result), Committed)
+    assert loop.progress.busy_waits("a") == 0
+    loop.stalls.stop()
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_progress_older_than_one_period_is_a_stall() -> None:
+    """A chunk from node a one period and a hair before the expiry is not progress: a stalls at
+    the deadline and cools."""
+    loop = Loop(progress=True, busy_max_wait=10 * TIMEOUT)
+    assert loop.progress is not None
+    loop.progress.toucher("a")()
+    loop.clock.advance(EPSILON)
+    result = loop.run()
+    loop.advance(TIMEOUT)
+    assert loop.hooks.ended == [("a", "stall")] and loop.hooks.busy == []
+    assert loop.stalls.cooling() == frozenset({"a"})
+    loop.requests(1002)[0].finish()
+    loop.pump()
+    assert isinstance(_result(result), Committed)
+    loop.stalls.stop()
+
+
+def test_progress_that_stops_ends_the_wait_at_the_next_expiry() -> None:
+    """One busy wait at T; node a then delivers nothing more, so the expiry at 2T is a stall that
+    cools it and names the whole wait."""
+    loop = Loop(progress=True, busy_max_wait=10 * TIMEOUT)
+    assert loop.progress is not None
+    result = loop.run()
+    loop.advance(TIMEOUT - 1)
+    loop.progress.toucher("a")()
+    loop.advance(1)
+    assert loop.hooks.busy == [("a", TIMEOUT)]
+    loop.advance(TIMEOUT - EPSILON)
+    assert loop.hooks.ended == []
+    loop.advance(EPSILON)
+    assert loop.hooks.ended == [("a", "stall")]
+    assert [(node, why) for node, cooldown, why in loop.cooldowns if cooldown] == [
+        ("a", "no response headers within 60s")
+    ]
+    loop.requests(1002)[0].finish()
+    loop.pump()
+    assert isinstance(_result(result), Committed)
+    loop.stalls.stop()
+
+
+def test_busy_waits_stop_at_busy_max_wait_then_the_next_expiry_stalls() -> None:
+    """Node a keeps delivering elsewhere, but busy_max_wait is 2.5 periods: waits at T, 2T and 3T
+    (the last one shortened to the half period left), then a stall at exactly 3.5T."""
+    loop = Loop(progress=True, busy_max_wait=2.5 * TIMEOUT)
+    assert loop.progress is not None
+    elsewhere = loop.progress.toucher("a")
+    result = loop.run()
+    for _ in range(3):
+        loop.advance(TIMEOUT / 2)
+        elsewhere()
+        loop.advance(TIMEOUT / 2)
+    assert loop.hooks.busy == [("a", TIMEOUT), ("a", 2 * TIMEOUT), ("a", 3 * TIMEOUT)]
+    loop.advance(TIMEOUT / 4)
+    elsewhere()
+    loop.advance(TIMEOUT / 4 - EPSILON)
+    assert loop.hooks.ended == [] and loop.cooldowns == []
+    loop.advance(EPSILON)
+    assert loop.hooks.ended == [("a", "stall")]
+    assert len(loop.hooks.busy) == 3 and loop.progress.busy_waits("a") == 3
+    assert [(node, why) for node, cooldown, why in loop.cooldowns if cooldown] == [
+        ("a", "no response headers within 105s")
+    ]
+    assert loop.bodies(1002) == [PAYLOAD]
+    loop.requests(1002)[0].finish()
+    loop.pump()
+    assert isinstance(_result(result), Committed)
+    loop.stalls.stop()
+
+
+def test_cold_node_first_deadline_is_timeout_plus_allowance_and_others_just_the_timeout() -> None:
+    """first_extra gives node a 45 s more on its first deadline (T + 45 exactly); node b, with no
+    allowance, stalls one plain T later."""
+    loop = Loop(first_extra={"a": 45.0})
+    result = loop.run()
+    [deadline] = loop.clock.getDelayedCalls()
+    assert deadline.getTime() == TIMEOUT + 45
+    loop.advance(TIMEOUT + 45 - EPSILON)
+    assert loop.hooks.ended == []
+    loop.advance(EPSILON)
+    assert loop.hooks.ended == [("a", "stall")]
+    loop.advance(TIMEOUT - EPSILON)
+    assert loop.hooks.ended == [("a", "stall")]
+    loop.advance(EPSILON)
+    assert loop.hooks.ended == [("a", "stall"), ("b", "stall")]
+    assert _result(result) == Exhausted(502, "upstream error: no response headers within 30s")
+    assert [why for _, cooldown, why in loop.cooldowns if cooldown] == [
+        "no response headers within 75s",
+        "no response headers within 30s",
+    ]
+    loop.stalls.stop()
+
+
+def test_a_busy_wait_after_a_cold_first_deadline_rearms_for_one_period() -> None:
+    """The allowance lengthens only the first deadline: the busy re-arm is one plain period."""
+    loop = Loop(progress=True, busy_max_wait=10 * TIMEOUT, first_extra={"a": 45.0})
+    assert loop.progress is not None
+    result = loop.run()
+    loop.advance(TIMEOUT + 44)
+    loop.progress.toucher("a")()
+    loop.advance(1)
+    assert loop.hooks.busy == [("a", TIMEOUT + 45)]
+    [deadline] = loop.clock.getDelayedCalls()
+    assert deadline.getTime() == 2 * TIMEOUT + 45
+    loop.caller.abandon("client gone")
+    loop.pump()
+    assert _result(result) == Abandoned("client gone")
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_inference_body_bytes_touch_the_progress_record_before_and_after_commit() -> None:
+    """The gate records node a's progress for the first chunk (before commit) and for every
+    relayed chunk after it."""
+    loop = Loop(progress=True, gated=True)
+    assert loop.progress is not None
+    result = loop.run()
+    answer = loop.requests(1001)[0]
+    loop.clock.advance(5)
+    answer.write(b'{"message": {"content": "a"}}\n')
+    loop.pump()
+    assert loop.progress.last("a") == 5
+    committed = _result(result)
+    assert isinstance(committed, Committed)
+    relayed: list[bytes] = []
+    committed.gate.start_relay(relayed.append)
+    loop.clock.advance(7)
+    answer.write(b'{"done": true}\n')
+    loop.pump()
+    assert relayed == [b'{"done": true}\n'] and loop.progress.last("a") == 12
+    committed.gate.stop()
+
+
+def test_pass_through_body_bytes_are_not_progress() -> None:
+    """A non-inference answer's body leaves the progress record untouched."""
+    loop = Loop(progress=True, inference=False)
+    assert loop.progress is not None
+    result = loop.run()
+    answer = loop.requests(1001)[0]
+    answer.write(b'{"models": []}')
+    answer.finish()
+    loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed)
+    committed.gate.start_relay(lambda chunk: None)
+    loop.pump()
+    assert loop.progress.last("a") is None

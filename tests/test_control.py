@@ -31,6 +31,7 @@ from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed
 
+from nvpair_tw.admission import Slot, Waiter
 from nvpair_tw.control import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -50,7 +51,14 @@ from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.service import ListenerService
 from nvpair_tw.settings import Settings
-from nvpair_tw.testing import EngineHandle, ProxyHandle, SimulatedEngine, start_engine, start_proxy
+from nvpair_tw.testing import (
+    EngineHandle,
+    MemoryCluster,
+    ProxyHandle,
+    SimulatedEngine,
+    start_engine,
+    start_proxy,
+)
 
 LLAMA = ("llama3:latest",)
 
@@ -161,7 +169,8 @@ def test_several_facades_need_the_engine_prefix_for_engine_scoped_methods() -> N
 
 
 def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
-    """nodes/list gives id, url, sorted models, source and coolingUntil (ms epoch or null)."""
+    """nodes/list gives id, url, sorted models, loaded (null: unknown), source, coolingUntil
+    (ms epoch or null), slots and the node's busy-wait count."""
     runtime = _runtime(
         {
             "ollama": [
@@ -172,6 +181,8 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
     )
     facade = runtime.facades["ollama"]
     facade.stalls.cool("b", "header timeout")
+    facade.progress.busy_waited("b")
+    facade.progress.busy_waited("b")
     result = _ask(ControlMethods(runtime), "nodes/list")["result"]
     until = 1000 * (1_700_000_000 + runtime.settings.cooldown)
     assert result == {
@@ -180,19 +191,84 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "id": "a",
                 "url": "http://10.0.0.1:1",
                 "models": [],
+                "loaded": None,
                 "source": "flag",
                 "coolingUntil": None,
+                "slots": 0,
+                "slotsInUse": 0,
+                "busyWaits": 0,
             },
             {
                 "id": "b",
                 "url": "http://10.0.0.2:11434",
                 "models": ["alpha", "zeta"],
+                "loaded": None,
                 "source": "flag",
                 "coolingUntil": int(until),
+                "slots": 0,
+                "slotsInUse": 0,
+                "busyWaits": 2,
             },
-        ]
+        ],
+        "queueDepth": 0,
     }
     facade.stalls.stop()  # type: ignore[attr-defined]
+
+
+def test_nodes_list_reports_loaded_models_or_null_when_unknown() -> None:
+    """``loaded`` is what the node's last residency poll reported, sorted; [] when it answered with
+    nothing loaded; null when unknown (no endpoint, failed poll, static node)."""
+    clock = Clock()
+    engines = {
+        "a": SimulatedEngine(clock, models=("llama3:latest", "qwen:7b"), loaded=["qwen:7b", "b:1"]),
+        "b": SimulatedEngine(clock, loaded=[]),
+        "c": SimulatedEngine(clock),
+        "d": SimulatedEngine(clock, loaded=["llama3:latest"]),
+    }
+    cluster = MemoryCluster(
+        clock,
+        engines,
+        nodes={
+            "ollama": [
+                *(Node(i, f"http://{i}.node.test:11434") for i in "abc"),
+                "d",  # static: not polled
+            ]
+        },
+    )
+    try:
+        cluster.flush()
+        result = _ask(ControlMethods(cluster.runtime), "nodes/list")["result"]
+        assert {n["id"]: n["loaded"] for n in result["nodes"]} == {
+            "a": ["b:1", "qwen:7b"],
+            "b": [],
+            "c": None,
+            "d": None,
+        }
+    finally:
+        cluster.stop()
+
+
+def test_nodes_list_reports_slots_slots_in_use_and_queue_depth() -> None:
+    """nodes/list shows each node's slots (its own, or the default 0 = unlimited), how many this
+    facade holds now, and how many requests wait in the facade's queue."""
+    one = Node("a", "http://10.0.0.1:11434", LLAMA, slots=1)
+    runtime = _runtime({"ollama": [one, Node("b", "http://10.0.0.2:11434", LLAMA)]})
+    admission = runtime.facades["ollama"].admission
+    held = admission.admit([one])
+    waiting = admission.admit([one])
+    result = _ask(ControlMethods(runtime), "nodes/list")["result"]
+    assert [(n["id"], n["slots"], n["slotsInUse"]) for n in result["nodes"]] == [
+        ("a", 1, 1),
+        ("b", 0, 0),
+    ]
+    assert result["queueDepth"] == 1
+    assert isinstance(waiting, Waiter)
+    waiting.bound.cancel()
+    waiting.bound.addErrback(lambda _: None)
+    assert isinstance(held, Slot)
+    held.release()
+    result = _ask(ControlMethods(runtime), "nodes/list")["result"]
+    assert result["queueDepth"] == 0 and result["nodes"][0]["slotsInUse"] == 0
 
 
 @pytest.mark.parametrize(

@@ -10,13 +10,17 @@ import pytest
 from nvpair_tw.engines import (
     ENGINES,
     LMSTUDIO,
+    LMSTUDIO_LOADED,
     OLLAMA,
+    OLLAMA_PS,
     OMLX,
     OPENAI_MODELS,
     TAGS,
     RouteKind,
+    lmstudio_loaded_ids,
     normalise_ollama,
     openai_model_ids,
+    ps_names,
     tags_names,
 )
 
@@ -207,3 +211,52 @@ def test_inventory_formats_per_engine() -> None:
     assert TAGS.list_field == "models"
     assert OPENAI_MODELS.path == "/v1/models"
     assert OPENAI_MODELS.list_field == "data"
+
+
+# --- residency (SPEC §6.4) -----------------------------------------------------------------------
+
+
+def test_residency_endpoint_is_engine_data() -> None:
+    """Ollama reads /api/ps, LM Studio /api/v0/models; oMLX has no residency endpoint."""
+    assert OLLAMA.residency is OLLAMA_PS and OLLAMA_PS.path == "/api/ps"
+    assert LMSTUDIO.residency is LMSTUDIO_LOADED and LMSTUDIO_LOADED.path == "/api/v0/models"
+    assert OMLX.residency is None
+
+
+def test_ps_names_read_models_model_then_name() -> None:
+    """``/api/ps`` has the ``/api/tags`` shape: ``models[].model``, else ``.name``."""
+    document = {
+        "models": [
+            {"model": "llama3:latest", "name": "x", "size_vram": 5},
+            {"name": "qwen:7b"},
+            {"size": 1},
+        ]
+    }
+    assert ps_names(document) == ["llama3:latest", "qwen:7b"]
+    assert ps_names({"models": []}) == []
+    malformed: Any
+    for malformed in (None, [], {}, {"models": 3}):
+        with pytest.raises(ValueError):
+            ps_names(malformed)
+
+
+def test_lmstudio_loaded_ids_keep_state_loaded_only() -> None:
+    """Only records with ``state: "loaded"`` and a string id count."""
+    document = {
+        "object": "list",
+        "data": [
+            {"id": "a", "state": "loaded"},
+            {"id": "b", "state": "not-loaded"},
+            {"id": "c"},
+            {"id": "", "state": "loaded"},
+            {"id": 4, "state": "loaded"},
+            {"id": "e", "state": "LOADED"},
+            "junk",
+            {"id": "f", "state": "loaded"},
+        ],
+    }
+    assert lmstudio_loaded_ids(document) == ["a", "f"]
+    broken: Any
+    for broken in (None, [], {}, {"data": None}, {"data": {"id": "a"}}):
+        with pytest.raises(ValueError):
+            lmstudio_loaded_ids(broken)

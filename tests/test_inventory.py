@@ -35,8 +35,16 @@ def tags(*names: str) -> bytes:
     return json.dumps({"models": [{"name": n, "model": n} for n in names]}).encode()
 
 
+RESIDENCY_PATHS = (b"/api/ps", b"/api/v0/models")
+
+
 class Engines(Resource):
-    """In-memory engines told apart by port: each answers ``answers[port]`` or holds the request."""
+    """In-memory engines told apart by port: each answers ``answers[port]`` or holds the request.
+
+    Residency reads (``/api/ps``, ``/api/v0/models``) are kept apart: answered with
+    ``residency[port]`` (404 when absent; ``None`` holds them in ``residency_held``) and recorded in
+    ``residency_seen``, so the model-list tests see only model-list reads.
+    """
 
     isLeaf = True
 
@@ -45,9 +53,20 @@ class Engines(Resource):
         self.answers: dict[int, tuple[int, bytes]] = {}
         self.seen: list[tuple[int, bytes]] = []
         self.held: list[Request] = []
+        self.residency: dict[int, tuple[int, bytes] | None] = {}
+        self.residency_seen: list[tuple[int, bytes]] = []
+        self.residency_held: list[Request] = []
 
     def render_GET(self, request: Request) -> bytes | int:
         port = request.getHost().port
+        if request.path in RESIDENCY_PATHS:
+            self.residency_seen.append((port, request.uri))
+            answer = self.residency.get(port, (404, b'{"error": "not found"}'))
+            if answer is None:
+                self.residency_held.append(request)
+                return NOT_DONE_YET
+            request.setResponseCode(answer[0])
+            return answer[1]
         self.seen.append((port, request.uri))
         if port not in self.answers:
             self.held.append(request)
@@ -393,3 +412,247 @@ async def test_loopback_poll_and_timeouts(
         with pytest.raises(ReadError, match="timed out"):
             await read
         assert clock.getDelayedCalls() == []
+
+
+# --- residency (SPEC §6.4): which models are loaded, polled with the inventory -------------------
+
+
+def ps(*names: str) -> bytes:
+    """An Ollama /api/ps body."""
+    return json.dumps({"models": [{"name": n, "model": n, "size_vram": 1} for n in names]}).encode()
+
+
+def v0_models(**states: str) -> bytes:
+    """An LM Studio /api/v0/models body: id -> state."""
+    data = [{"id": i, "object": "model", "state": s} for i, s in states.items()]
+    return json.dumps({"object": "list", "data": data}).encode()
+
+
+def test_ollama_residency_comes_from_api_ps() -> None:
+    """Ollama: /api/ps names the loaded models; an advertised model not listed is known cold, and
+    names match under Ollama's rule (llama3 is llama3:latest)."""
+    memory = InMemory([node("a", 1001)])
+    memory.engines.answers[1001] = (200, tags("llama3:latest", "qwen:7b"))
+    memory.engines.residency[1001] = (200, ps("llama3:latest"))
+    memory.poll()
+    assert memory.engines.residency_seen == [(1001, b"/api/ps")]
+    assert memory.book.resident("a", "llama3") is True
+    assert memory.book.resident("a", " llama3:latest ") is True
+    assert memory.book.resident("a", "qwen:7b") is False
+    assert memory.book.loaded("a") == frozenset({"llama3:latest"})
+    memory.engines.residency[1001] = (200, ps())
+    memory.poll()
+    assert memory.book.resident("a", "llama3") is False
+    assert memory.book.loaded("a") == frozenset()
+
+
+def test_lmstudio_residency_reads_state_loaded_from_api_v0_models() -> None:
+    """LM Studio: only /api/v0/models records with state "loaded" are resident; names are exact."""
+    memory = InMemory([node("a", 1001)], engine=LMSTUDIO)
+    memory.engines.answers[1001] = (200, json.dumps({"data": [{"id": "qwen"}]}).encode())
+    memory.engines.residency[1001] = (200, v0_models(qwen="loaded", phi="not-loaded"))
+    memory.poll()
+    assert memory.engines.residency_seen == [(1001, b"/api/v0/models")]
+    assert memory.book.resident("a", "qwen") is True
+    assert memory.book.resident("a", "phi") is False
+    assert memory.book.resident("a", "Qwen") is False
+    assert memory.book.loaded("a") == frozenset({"qwen"})
+
+
+def test_omlx_has_no_residency_endpoint_so_residency_is_unknown() -> None:
+    """oMLX's profile has no residency endpoint: nothing is asked and residency stays unknown."""
+    memory = InMemory([node("a", 1001)], engine=OMLX)
+    memory.engines.answers[1001] = (200, json.dumps({"data": [{"id": "m"}]}).encode())
+    memory.poll()
+    assert memory.engines.residency_seen == []
+    assert memory.book.models("a") == frozenset({"m"})
+    assert memory.book.resident("a", "m") is None
+    assert memory.book.loaded("a") is None
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        (404, b'{"error": "not found"}'),
+        (500, ps("m")),
+        (200, b"garbage"),
+        (200, b'{"models": 3}'),
+        (200, b"[]"),
+    ],
+    ids=["missing-endpoint", "server-error", "not-json", "wrong-shape", "not-an-object"],
+)
+def test_unusable_residency_answer_is_unknown_and_never_touches_the_inventory(
+    answer: tuple[int, bytes],
+) -> None:
+    """A missing endpoint or a failed or malformed residency answer leaves residency unknown, and
+    the inventory (models, known, last success) is exactly what its own poll said."""
+    memory = InMemory([node("a", 1001)])
+    memory.engines.answers[1001] = (200, tags("m"))
+    memory.engines.residency[1001] = answer
+    memory.clock.advance(7)
+    memory.poll()
+    assert memory.book.resident("a", "m") is None
+    assert memory.book.loaded("a") is None
+    assert memory.book.models("a") == frozenset({"m"})
+    assert memory.book.known("a") and memory.book.last_success("a") == 7
+    assert memory.book.advertises("a", "m")
+
+
+def test_a_failed_residency_poll_forgets_the_last_answer() -> None:
+    """Residency is volatile: after a good answer, a failed one makes it unknown (not stale)."""
+    memory = InMemory([node("a", 1001)])
+    memory.engines.answers[1001] = (200, tags("m"))
+    memory.engines.residency[1001] = (200, ps("m"))
+    memory.poll()
+    assert memory.book.resident("a", "m") is True
+    memory.engines.residency[1001] = (503, b"")
+    memory.poll()
+    assert memory.book.resident("a", "m") is None
+    memory.engines.residency[1001] = (200, ps("m"))
+    memory.poll()
+    assert memory.book.resident("a", "m") is True
+
+
+def test_residency_is_read_even_when_the_model_list_fails() -> None:
+    """The two reads are independent: a failing model list does not stop residency from landing."""
+    memory = InMemory([node("a", 1001)])
+    memory.engines.answers[1001] = (500, b"")
+    memory.engines.residency[1001] = (200, ps("m"))
+    memory.poll()
+    assert not memory.book.known("a")
+    assert memory.book.resident("a", "m") is True
+
+
+def test_never_answered_residency_is_unknown() -> None:
+    """Before any residency answer (still waiting), residency is unknown, not "cold"."""
+    memory = InMemory([node("a", 1001)])
+    memory.engines.answers[1001] = (200, tags("m"))
+    memory.engines.residency[1001] = None
+    done = memory.book.poll_now()
+    memory.pump()
+    assert memory.book.models("a") == frozenset({"m"})
+    assert not done.called
+    assert memory.book.resident("a", "m") is None
+    assert memory.book.resident("nobody", "m") is None
+    memory.book.stop()
+    memory.pump()
+    assert done.called
+
+
+def test_a_stalled_residency_read_ends_at_the_same_timeout() -> None:
+    """A residency endpoint that never answers is cut at the poll timeout; the model list, already
+    in, is kept and residency stays unknown; no timer is left behind."""
+    memory = InMemory([node("a", 1001)], timeout=3.0)
+    memory.engines.answers[1001] = (200, tags("m"))
+    memory.engines.residency[1001] = None
+    done = memory.book.poll_now()
+    memory.pump()
+    memory.clock.advance(2.9)
+    memory.pump()
+    assert not done.called
+    assert memory.book.models("a") == frozenset({"m"})
+    memory.clock.advance(0.1)
+    memory.pump()
+    assert done.called
+    assert memory.book.resident("a", "m") is None
+    assert memory.book.models("a") == frozenset({"m"})
+    assert memory.clock.getDelayedCalls() == []
+
+
+def test_residency_answer_body_is_bounded_like_the_model_list() -> None:
+    """The residency read goes through get_json with the same size cap: an oversized /api/ps is
+    abandoned and residency stays unknown."""
+    memory = InMemory([node("a", 1001)])
+    memory.engines.answers[1001] = (200, tags("m"))
+    filler = "x" * 4096
+    memory.engines.residency[1001] = (200, ps(*[f"m{i}{filler}" for i in range(2100)]))
+    memory.poll()
+    assert memory.book.resident("a", "m") is None
+    assert memory.book.models("a") == frozenset({"m"})
+
+
+def test_static_nodes_have_unknown_residency_and_are_never_asked() -> None:
+    """A static node is not polled, for residency either."""
+    memory = InMemory([node("s", 1001, ("m",))])
+    memory.engines.residency[1001] = (200, ps("m"))
+    memory.poll()
+    assert memory.engines.residency_seen == []
+    assert memory.book.resident("s", "m") is None
+
+
+def test_removed_or_moved_nodes_forget_their_residency() -> None:
+    """Residency follows the node: a removed node and a node at a new URL are unknown again."""
+    memory = InMemory([])
+    memory.engines.answers[1001] = (200, tags("m"))
+    memory.engines.residency[1001] = (200, ps("m"))
+    memory.engines.answers[1002] = (200, tags("m"))
+    memory.engines.residency[1002] = None  # the new URL's residency has not answered yet
+    memory.book.start()
+    memory.directory.add_manual(node("a", 1001))
+    memory.pump()
+    assert memory.book.resident("a", "m") is True
+    memory.directory.add_manual(node("a", 1002))
+    memory.pump()
+    assert memory.book.models("a") == frozenset({"m"})
+    assert memory.book.resident("a", "m") is None
+    memory.directory.add_manual(node("b", 1001))
+    memory.pump()
+    assert memory.book.resident("b", "m") is True
+    memory.directory.remove_manual("b")
+    assert memory.book.resident("b", "m") is None
+    memory.engines.residency[1001] = None  # back at the same URL, not answered yet
+    memory.directory.add_manual(node("b", 1001))
+    memory.pump()
+    assert memory.book.resident("b", "m") is None
+    memory.book.stop()
+    memory.pump()
+    assert memory.clock.getDelayedCalls() == []
+
+
+def test_stop_cancels_both_reads_quietly() -> None:
+    """stop() with the model list and residency both in flight cancels both, fires the poll, logs
+    nothing at warn or above and leaves no timer."""
+    memory = InMemory([node("a", 1001)])
+    memory.engines.residency[1001] = None
+    events = Recorder()
+    done = memory.book.poll_now()
+    memory.pump()
+    assert len(memory.engines.held) == len(memory.engines.residency_held) == 1
+    globalLogPublisher.addObserver(events)
+    try:
+        memory.book.stop()
+        memory.pump()
+    finally:
+        globalLogPublisher.removeObserver(events)
+    assert done.called
+    assert [e for e in events.events if e["log_level"] >= LogLevel.warn] == []
+    assert memory.clock.getDelayedCalls() == []
+
+
+def test_residency_is_polled_on_every_tick() -> None:
+    """The timer polls residency with the model list: a model loaded later is seen next tick."""
+    memory = InMemory([node("a", 1001)], interval=10.0, jitter=0.0)
+    memory.engines.answers[1001] = (200, tags("m"))
+    memory.engines.residency[1001] = (200, ps())
+    memory.book.start()
+    memory.pump()
+    assert memory.book.resident("a", "m") is False
+    memory.engines.residency[1001] = (200, ps("m"))
+    memory.clock.advance(10)
+    memory.pump()
+    assert memory.book.resident("a", "m") is True
+    assert len(memory.engines.residency_seen) == 2
+    memory.book.stop()
+
+
+def test_a_node_that_becomes_static_has_unknown_residency_at_once() -> None:
+    """A polled node given a static models list stops being polled: its residency is unknown
+    straight away, even on a book that was never started (no directory subscription)."""
+    memory = InMemory([node("a", 1001)])
+    memory.engines.answers[1001] = (200, tags("m"))
+    memory.engines.residency[1001] = (200, ps("m"))
+    memory.poll()
+    assert memory.book.resident("a", "m") is True
+    memory.directory.add_manual(Node("a", "http://127.0.0.1:1001", ("m",), "manual"))
+    assert memory.book.resident("a", "m") is None
+    assert memory.book.loaded("a") is None

@@ -10,16 +10,25 @@ import pytest_twisted
 import treq
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from nvpair_tw.admin import AdminService
+from nvpair_tw.admission import Slot, Waiter
 from nvpair_tw.metrics import ProxyMetrics
 from nvpair_tw.nodes import Node
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime, build_runtime
 from nvpair_tw.settings import Settings
-from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine, start_proxy
+from nvpair_tw.testing import (
+    Behaviour,
+    MemoryCluster,
+    SimulatedEngine,
+    always,
+    start_engine,
+    start_proxy,
+)
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -216,6 +225,83 @@ def test_gauges_read_live_state_at_scrape_time() -> None:
     second = samples(metrics.exposition().decode())
     assert value(second, "nvpair_inflight_workloads", engine="ollama", node="a") == 0
     assert value(second, "nvpair_node_cooling", engine="ollama", node="b") == 0
+    runtime.stop()
+
+
+def test_residency_gauges_follow_the_last_residency_poll() -> None:
+    """``nvpair_residency_known`` is 1 when the node's residency is known, and
+    ``nvpair_model_loaded`` has a 1 per loaded model; a node with unknown residency has none."""
+    clock = Clock()
+    engines = {
+        "a": SimulatedEngine(clock, loaded=["llama3:latest", "qwen:7b"]),
+        "b": SimulatedEngine(clock),
+    }
+    nodes = [Node(i, f"http://{i}.node.test:11434") for i in "ab"]
+    cluster = MemoryCluster(clock, engines, nodes={"ollama": nodes})
+    try:
+        cluster.flush()
+        metrics = ProxyMetrics(cluster.runtime)
+        scraped = samples(metrics.exposition().decode())
+        assert value(scraped, "nvpair_residency_known", engine="ollama", node="a") == 1
+        assert value(scraped, "nvpair_residency_known", engine="ollama", node="b") == 0
+        loaded = {
+            dict(labels)["model"]
+            for (name, labels), v in scraped.items()
+            if name == "nvpair_model_loaded" and dict(labels)["node"] == "a" and v == 1
+        }
+        assert loaded == {"llama3:latest", "qwen:7b"}
+        assert not [k for k in scraped if k[0] == "nvpair_model_loaded" and ("node", "b") in k[1]]
+        engine_a = engines["a"]
+        engine_a.loaded = []
+        cluster.facade().inventory.poll_now()
+        cluster.flush()
+        again = samples(metrics.exposition().decode())
+        assert value(again, "nvpair_residency_known", engine="ollama", node="a") == 1
+        assert not [k for k in again if k[0] == "nvpair_model_loaded"]
+    finally:
+        cluster.stop()
+
+
+def test_queue_depth_slots_and_slots_in_use_are_read_at_scrape_time() -> None:
+    """The facade's queue depth, and per node its slots and the slots in use, come from admission."""
+    one = Node("a", "http://127.0.0.1:1", ("llama3:latest",), slots=1)
+    _, runtime = _runtime([one, Node("b", "http://127.0.0.1:2")])
+    metrics = ProxyMetrics(runtime)
+    admission = runtime.facades["ollama"].admission
+    held = admission.admit([one])
+    waiting = admission.admit([one])
+    scraped = samples(metrics.exposition().decode())
+    assert value(scraped, "nvpair_queue_depth", engine="ollama") == 1
+    assert value(scraped, "nvpair_slots_in_use", engine="ollama", node="a") == 1
+    assert value(scraped, "nvpair_slots_in_use", engine="ollama", node="b") == 0
+    assert value(scraped, "nvpair_slots", engine="ollama", node="a") == 1
+    assert value(scraped, "nvpair_slots", engine="ollama", node="b") == 0
+    assert isinstance(held, Slot) and isinstance(waiting, Waiter)
+    held.release()  # binds the waiter: still one in use, nobody waiting
+    bound: list[Slot] = []
+    waiting.bound.addCallback(bound.append)
+    scraped = samples(metrics.exposition().decode())
+    assert value(scraped, "nvpair_queue_depth", engine="ollama") == 0
+    assert value(scraped, "nvpair_slots_in_use", engine="ollama", node="a") == 1
+    bound[0].release()
+    scraped = samples(metrics.exposition().decode())
+    assert value(scraped, "nvpair_slots_in_use", engine="ollama", node="a") == 0
+
+
+def test_busy_waits_are_a_live_counter_per_node() -> None:
+    """Busy waits granted on a node show at the next scrape, counted per node, as a counter."""
+    _, runtime = _runtime(
+        [Node("a", "http://127.0.0.1:1", ("llama3:latest",)), Node("b", "http://127.0.0.1:2")]
+    )
+    metrics = ProxyMetrics(runtime)
+    progress = runtime.facades["ollama"].progress
+    before = samples(metrics.exposition().decode())
+    assert value(before, "nvpair_busy_waits_total", engine="ollama", node="a") == 0
+    progress.busy_waited("a")
+    progress.busy_waited("a")
+    after = samples(metrics.exposition().decode())
+    assert value(after, "nvpair_busy_waits_total", engine="ollama", node="a") == 2
+    assert value(after, "nvpair_busy_waits_total", engine="ollama", node="b") == 0
     runtime.stop()
 
 

@@ -74,6 +74,10 @@ def test_file_gives_each_engine_its_urls_and_static_models(tmp_path: Path) -> No
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nmodels = 'm'\n", "models: must be a list"),
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nmodels = [1]\n", "models: must be a list"),
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nmodles = []\n", "unknown field 'modles'"),
+        ("[[node]]\nid = 'a'\nurl = 'http://a'\nslots = -1\n", "slots: must be a whole number"),
+        ("[[node]]\nid = 'a'\nurl = 'http://a'\nslots = '2'\n", "slots: must be a whole number"),
+        ("[[node]]\nid = 'a'\nurl = 'http://a'\nslots = 1.5\n", "slots: must be a whole number"),
+        ("[[node]]\nid = 'a'\nurl = 'http://a'\nslots = true\n", "slots: must be a whole number"),
         ("nodes = 1\n", "unknown top-level key 'nodes'"),
         ("node = 1\n", "'node' must be an array of tables"),
         ("[[node]\n", "invalid TOML"),
@@ -88,6 +92,21 @@ def test_bad_file_names_file_node_and_field(tmp_path: Path, text: str, expected:
     assert message.startswith(f"nodes file {path}: ")
     assert expected in message
     assert "\n" not in message
+
+
+def test_slots_in_the_file_are_per_node_and_unset_means_the_default(tmp_path: Path) -> None:
+    """``slots = N`` sets a node's slots (0 = unlimited); a node without it has ``slots`` None."""
+    text = (
+        "[[node]]\nid = 'a'\nurl = 'http://a:1'\nslots = 2\n"
+        "[[node]]\nid = 'b'\nurl = 'http://b:1'\nslots = 0\n"
+        "[[node]]\nid = 'c'\nurl = 'http://c:1'\n"
+    )
+    path = write(tmp_path / "nodes.toml", text)
+    assert [(n.id, n.slots) for n in load_nodes_file(path, "ollama")] == [
+        ("a", 2),
+        ("b", 0),
+        ("c", None),
+    ]
 
 
 def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:

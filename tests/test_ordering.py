@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Collection, Mapping, Sequence
 
+import pytest
 from attrs import define, field
 from hypothesis import given
 from hypothesis import strategies as st
@@ -292,3 +294,266 @@ def test_order_properties(
         assert result.reserve and result.nodes[0] == hint
     if pin and pin in eligible:
         assert not result.reserve
+
+
+# --- Spreading without a scheduler, and residency (issue 13, SPEC §5.2 / §6.4) ------------------
+# Kept apart from the sections above on purpose: these tests belong to the residency branch.
+
+
+def _spread(
+    eligible: Sequence[str],
+    *,
+    pin: str | None = None,
+    loads: Mapping[str, tuple[int, int, int]] | None = None,
+    hint: str | None = None,
+    head: bool = True,
+    cooling: Collection[str] = (),
+    resident: Collection[str] = (),
+    priority: Sequence[str] | None = None,
+) -> Ordering:
+    """order_candidates with no scheduler snapshot in force (``priority=None``) or with one."""
+    snapshot = (
+        None
+        if priority is None
+        else PrioritySnapshot(generation=1, nodes=tuple(priority), ranks={})
+    )
+    return order_candidates(
+        eligible,
+        pin=pin,
+        snapshot=snapshot,
+        ledger_view=Loads(loads or {}),
+        affinity_hint=hint,
+        head_selection=head,
+        cooling=cooling,
+        resident=resident,
+    )
+
+
+def _in_flight(**counts: int) -> dict[str, tuple[int, int, int]]:
+    """Loads with no scheduler: only this proxy's reservations (its requests in flight)."""
+    return {node: (0, 0, n) for node, n in counts.items()}
+
+
+def test_without_a_snapshot_every_eligible_node_is_balanced() -> None:
+    """No snapshot: the head is the eligible node with the fewest requests in flight, the others
+    stay in id order, and the head is reserved."""
+    ordering = _spread(["c", "a", "b"], loads=_in_flight(a=2, b=1, c=3))
+    assert ordering == Ordering(("b", "a", "c"), reserve=True, affinity=False)
+
+
+def test_without_a_snapshot_an_idle_cluster_starts_at_the_lowest_id() -> None:
+    """No snapshot, no load, no residency: the lowest id heads (and is reserved)."""
+    assert _spread(["b", "c", "a"]) == Ordering(("a", "b", "c"), reserve=True, affinity=False)
+
+
+def test_without_a_snapshot_a_tie_on_load_goes_to_a_resident_node() -> None:
+    """Equal in-flight counts: a node where the model is resident beats a lower id."""
+    assert _spread(["a", "b", "c"], resident={"c"}).nodes == ("c", "a", "b")
+    assert _spread(["a", "b", "c"], resident={"b", "c"}).nodes == ("b", "a", "c")
+    busy = _spread(["a", "b", "c"], loads=_in_flight(a=1, b=1, c=1), resident={"c"})
+    assert busy.nodes == ("c", "a", "b")
+
+
+def test_without_a_snapshot_load_beats_residency() -> None:
+    """Fewer requests in flight wins over residency: a busy cluster still spreads."""
+    ordering = _spread(["a", "b"], loads=_in_flight(b=1), resident={"b"})
+    assert ordering.nodes == ("a", "b")
+
+
+def test_without_a_snapshot_the_load_is_pending_plus_pressure_plus_reservations() -> None:
+    """Whatever the view reports (a fleet's in-flight count as pending, say) is summed."""
+    loads = {"a": (1, 0, 0), "b": (0, 1, 0), "c": (0, 0, 0), "d": (0, 0, 1)}
+    assert _spread(["a", "b", "c", "d"], loads=loads).nodes[0] == "c"
+
+
+def test_with_a_snapshot_residency_breaks_ties_before_list_position() -> None:
+    """With a snapshot, equal loads go to a resident listed node, then to list position."""
+    assert _spread(["a", "b", "c"], priority=["a", "b", "c"], resident={"c"}).nodes == (
+        "c",
+        "a",
+        "b",
+    )
+    two = _spread(["a", "b", "c"], priority=["c", "b", "a"], resident={"a", "b"})
+    assert two.nodes == ("b", "c", "a")
+    loaded = _spread(["a", "b"], priority=["a", "b"], loads={"b": (1, 0, 0)}, resident={"b"})
+    assert loaded.nodes == ("a", "b")
+
+
+def test_with_a_snapshot_residency_never_lifts_an_unlisted_node() -> None:
+    """A resident node outside the priority list is still not head-selected."""
+    assert _spread(["a", "b"], priority=["b"], resident={"a"}).nodes == ("b", "a")
+    ordering = _spread(["a", "b"], priority=[], resident={"a", "b"})
+    assert ordering == Ordering(("a", "b"), reserve=False, affinity=False)
+
+
+def test_without_a_snapshot_a_cooling_resident_node_is_skipped_and_demoted() -> None:
+    """A cooling node loses the head to a ready one, resident or not, and ends up last."""
+    ordering = _spread(["a", "b", "c"], resident={"a"}, cooling={"a"})
+    assert ordering == Ordering(("b", "c", "a"), reserve=True, affinity=False)
+
+
+def test_without_a_snapshot_every_node_cooling_still_balances() -> None:
+    """When every node cools, head selection runs over all of them and demotion changes nothing."""
+    ordering = _spread(["a", "b", "c"], loads=_in_flight(a=1), resident={"c"}, cooling="abc")
+    assert ordering == Ordering(("c", "a", "b"), reserve=True, affinity=False)
+
+
+def test_without_a_snapshot_the_pin_keeps_precedence() -> None:
+    """An eligible pin heads even when loaded and not resident; nothing is reserved."""
+    ordering = _spread(["a", "b"], pin="b", loads=_in_flight(b=5), resident={"a"})
+    assert ordering == Ordering(("b", "a"), reserve=False, affinity=False)
+    ignored = _spread(["a", "b"], pin="z", loads=_in_flight(a=1))
+    assert ignored == Ordering(("b", "a"), reserve=True, affinity=False)
+
+
+def test_without_a_snapshot_affinity_keeps_precedence() -> None:
+    """A warm node passing the gate heads even when another node is idle and resident."""
+    ordering = _spread(["a", "b", "c"], loads=_in_flight(c=1), hint="c", resident={"a"})
+    assert ordering == Ordering(("c", "a", "b"), reserve=True, affinity=True)
+    failed = _spread(["a", "b", "c"], loads=_in_flight(a=1, c=2), hint="c", resident={"a"})
+    assert failed == Ordering(("b", "a", "c"), reserve=True, affinity=False)
+
+
+def test_without_head_selection_residency_and_load_change_nothing() -> None:
+    """Pass-through (no head selection) keeps the id order with or without a snapshot."""
+    plain = _spread(["b", "a"], loads=_in_flight(a=3), resident={"b"}, head=False)
+    assert plain == Ordering(("a", "b"), reserve=False, affinity=False)
+
+
+def test_resident_ids_outside_the_eligible_set_are_ignored() -> None:
+    """A resident id that is not a candidate never appears and changes nothing."""
+    assert _spread(["a", "b"], resident={"z"}) == Ordering(("a", "b"), True, False)
+
+
+def test_ledger_without_a_snapshot_spreads_six_requests_three_and_three() -> None:
+    """The real ledger with no snapshot in force: six overlapping requests (each reserving its head)
+    alternate over two equal nodes, 3/3; a resident node takes the first."""
+    for resident, first in [((), "a"), (("b",), "b")]:
+        ledger = ReservationLedger()
+        assert ledger.in_force is None
+        heads = []
+        for _ in range(6):
+            ordering = order_candidates(
+                ["a", "b"],
+                pin=None,
+                snapshot=ledger.in_force,
+                ledger_view=ledger,
+                affinity_hint=None,
+                head_selection=True,
+                cooling=(),
+                resident=resident,
+            )
+            heads.append(ordering.nodes[0])
+            ledger.reserve(ordering.nodes[0])
+        assert heads[0] == first
+        assert (heads.count("a"), heads.count("b")) == (3, 3)
+
+
+def test_ledger_snapshot_is_in_force_once_applied() -> None:
+    """``in_force`` is None until a snapshot is applied, even an empty one; then it is that
+    snapshot, and head selection balances only over its list."""
+    ledger = ReservationLedger()
+    assert ledger.in_force is None
+    ledger.apply(1, [], [])
+    assert ledger.in_force is ledger.snapshot
+    ordering = order_candidates(
+        ["a", "b"],
+        pin=None,
+        snapshot=ledger.in_force,
+        ledger_view=ledger,
+        affinity_hint=None,
+        head_selection=True,
+        cooling=(),
+        resident={"b"},
+    )
+    assert ordering == Ordering(("a", "b"), reserve=False, affinity=False)
+
+
+NODES3 = ("a", "b", "c")
+
+
+@pytest.mark.parametrize("scheduled", [False, True])
+def test_head_tie_breaks_exhaustively(scheduled: bool) -> None:
+    """Every combination of in-flight counts (0-2), residency and cooling over three nodes: the head
+    is the least loaded ready node (every node when all cool), then resident, then id (or list
+    position, with a snapshot listing them in reverse); the rest keep base order, ready first."""
+    priority = ["c", "b", "a"] if scheduled else None
+    base = ["c", "b", "a"] if scheduled else ["a", "b", "c"]
+    subsets = [frozenset(s) for r in range(4) for s in itertools.combinations(NODES3, r)]
+    checked = 0
+    for counts in itertools.product(range(3), repeat=3):
+        loads = _in_flight(**dict(zip(NODES3, counts, strict=True)))
+        for resident in subsets:
+            for cooling in subsets:
+                ordering = _spread(
+                    list(NODES3),
+                    loads=loads,
+                    resident=resident,
+                    cooling=cooling,
+                    priority=priority,
+                )
+                pool = [n for n in base if n not in cooling] or base
+                head = min(pool, key=lambda n: (loads[n][2], n not in resident, base.index(n)))
+                rest = [n for n in base if n != head]
+                expected = [head, *rest]
+                ready = [n for n in expected if n not in cooling]
+                if ready:
+                    expected = ready + [n for n in expected if n in cooling]
+                assert ordering == Ordering(tuple(expected), reserve=True, affinity=False), (
+                    counts,
+                    sorted(resident),
+                    sorted(cooling),
+                )
+                checked += 1
+    assert checked == 27 * 8 * 8
+
+
+@given(
+    eligible=st.lists(IDS, max_size=6),
+    pin=st.one_of(st.none(), st.just(""), IDS),
+    reserved=st.lists(IDS, max_size=8),
+    hint=st.one_of(st.none(), IDS),
+    head=st.booleans(),
+    cooling=st.frozensets(IDS),
+    resident=st.frozensets(IDS),
+)
+def test_unscheduled_order_properties(
+    eligible: list[str],
+    pin: str | None,
+    reserved: list[str],
+    hint: str | None,
+    head: bool,
+    cooling: frozenset[str],
+    resident: frozenset[str],
+) -> None:
+    """With no snapshot: a permutation, ready before cooling, and an automatic head (no pin, no
+    affinity) is never more loaded than a ready node it was preferred to."""
+    ledger = ReservationLedger()
+    for node in reserved:
+        ledger.reserve(node)
+    result = order_candidates(
+        eligible,
+        pin=pin,
+        snapshot=None,
+        ledger_view=ledger,
+        affinity_hint=hint,
+        head_selection=head,
+        cooling=cooling,
+        resident=resident,
+    )
+    assert sorted(result.nodes) == sorted(set(eligible))
+    flags = [n in cooling for n in result.nodes]
+    if not all(flags):
+        assert flags == sorted(flags)
+    automatic = head and result.reserve and not result.affinity
+    if automatic and result.nodes[0] not in cooling:
+        chosen = result.nodes[0]
+        for other in result.nodes[1:]:
+            if other not in cooling:
+                assert ledger.reservations(chosen) <= ledger.reservations(other)
+                if ledger.reservations(chosen) == ledger.reservations(other):
+                    assert (chosen not in resident, chosen) < (other not in resident, other)
+    if pin and pin in eligible:
+        assert not result.reserve
+    elif head and eligible:
+        assert result.reserve

@@ -619,3 +619,58 @@ async def test_death_mid_stream_delivers_what_was_sent_then_an_incomplete_messag
     [record] = cluster.named("proxy/request")
     assert record["error"] == "upstream dropped mid-stream"
     assert cluster.named("workload:completed") == []
+
+
+# ---- the proxy ending a stream itself: a cancelled workload --------------------------------------
+
+
+class ArrivingStream(HeldStream):
+    """A HeldStream that says when its request has arrived."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived: Deferred[None] = Deferred()
+
+    def render(self, request: Request) -> int:  # type: ignore[override]
+        result = super().render(request)
+        self.arrived.callback(None)
+        return result
+
+
+def open_and_read_first_line(port: int) -> tuple[http.client.HTTPConnection, Any, bytes]:
+    """Blocking (in a thread): POST a stream and read its status line, headers and first line."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request("POST", "/api/chat", REQUEST_BODY, {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return connection, response, response.readline()
+
+
+def read_rest(response: Any) -> tuple[bytes, str]:
+    """Blocking (in a thread): read to the end; what came and how it ended."""
+    try:
+        return response.read(), "complete"
+    except http.client.IncompleteRead as incomplete:
+        return incomplete.partial, "IncompleteRead"
+    except OSError as error:
+        return b"", type(error).__name__
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_cancelled_workload_leaves_the_client_an_incomplete_message_not_a_reset(
+    reactor: Any, loopback: Loopback
+) -> None:
+    """``workload/cancel`` mid-stream: the client keeps the line it was sent and then sees the
+    message end unfinished (no terminating chunk), not ECONNRESET."""
+    upstream = ArrivingStream()
+    await loopback.start(upstream)
+    connection, response, first = await deferToThread(open_and_read_first_line, loopback.port)
+    try:
+        assert loopback.proxy is not None
+        workloads = loopback.proxy.runtime.shared.workloads
+        [live] = workloads.live()
+        assert workloads.cancel(live.id)
+        rest, ending = await deferToThread(read_rest, response)
+    finally:
+        connection.close()
+    assert (response.status, first, rest, ending) == (200, HeldStream.FIRST, b"", "IncompleteRead")
+    await bounded(reactor, upstream.ended)

@@ -241,3 +241,33 @@ def test_stop_closes_open_requests_and_cancels_timers(memory_cluster: Make) -> N
     assert isinstance(failure.value, ResponseNeverReceived)
     assert failure.value.reasons[0].check(ConnectionLost)
     assert slow.body == b"" and slow.truncated
+
+
+# --- residency answers ---------------------------------------------------------------------------
+
+
+def test_residency_endpoints_answer_404_unless_loaded_is_set(memory_cluster: Make) -> None:
+    """By default the engine has no residency endpoints (404), so residency stays unknown."""
+    cluster = serve(memory_cluster, Behaviour.HEALTHY)
+    for path in ("/api/ps", "/api/v0/models"):
+        response = cluster.fetch("GET", path, node="e")
+        assert response.status == 404
+        assert response.json() == {"error": "not found"}
+
+
+def test_residency_endpoints_report_the_loaded_models(memory_cluster: Make) -> None:
+    """``loaded`` is reported by /api/ps (as models) and by /api/v0/models (as ``state``), and can
+    be changed between polls."""
+    cluster = serve(memory_cluster, Behaviour.HEALTHY, models=("a:latest", "b:latest"))
+    engine = engine_of(cluster)
+    engine.loaded = ["b:latest"]
+    ps = cluster.fetch("GET", "/api/ps", node="e").json()
+    assert [m["model"] for m in ps["models"]] == ["b:latest"]
+    v0 = cluster.fetch("GET", "/api/v0/models", node="e").json()
+    assert {r["id"]: r["state"] for r in v0["data"]} == {
+        "a:latest": "not-loaded",
+        "b:latest": "loaded",
+    }
+    engine.loaded = []
+    assert cluster.fetch("GET", "/api/ps", node="e").json() == {"models": []}
+    assert engine.inference_count == 0

@@ -196,6 +196,51 @@ def test_nodes_for_every_engine_and_for_one() -> None:
     assert options.config.nodes == {"ollama": (gpu1,), "lmstudio": (gpu1, gpu2)}
 
 
+def test_node_slots_apply_to_the_named_node_for_every_engine_or_one() -> None:
+    """``--node-slots ID=N`` sets that --node's slots in every facade; ``ENGINE:ID=N`` in one (and
+    wins there); a node without it keeps None (the --default-slots)."""
+    config = config_of(
+        "-e",
+        "ollama",
+        "-e",
+        "lmstudio",
+        "--node",
+        "a=http://10.0.0.5:11434",
+        "--node",
+        "b=http://10.0.0.6:11434",
+        "--node-slots",
+        "a=2",
+        "--node-slots",
+        "lmstudio:a=0",
+        "--default-slots",
+        "1",
+    )
+    assert [(n.id, n.slots) for n in config.nodes["ollama"]] == [("a", 2), ("b", None)]
+    assert [(n.id, n.slots) for n in config.nodes["lmstudio"]] == [("a", 0), ("b", None)]
+    assert config.settings.default_slots == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--node-slots", "a"], "--node-slots wants ID=N"),
+        (["--node-slots", "a=-1"], "--node-slots wants ID=N"),
+        (["--node-slots", "a=two"], "--node-slots wants ID=N"),
+        (["--node-slots", "=2"], "--node-slots wants ID=N"),
+        (["--node-slots", "a=2"], "no --node a"),
+        (["--node", "a=http://10.0.0.5:1", "--node-slots", "lmstudio:a=2"], "not an --engine"),
+        (
+            ["--node", "ollama:a=http://h:1", "-e", "lmstudio", "--node-slots", "lmstudio:a=1"],
+            "no --node a",
+        ),
+    ],
+)
+def test_bad_node_slots_are_usage_errors(args: list[str], needle: str) -> None:
+    """A malformed count, a negative one, or slots for a node or engine not given are refused."""
+    with pytest.raises(usage.UsageError, match=needle):
+        parse("--engine", "ollama", *args)
+
+
 @pytest.mark.parametrize(
     "text",
     [

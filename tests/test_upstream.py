@@ -51,7 +51,7 @@ from twisted.web.client import (
 )
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
+from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer, IResponse
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
@@ -62,6 +62,7 @@ from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine
 from nvpair_tw.upstream import (
     BodyEnd,
     BodyGate,
+    BusyWait,
     Discard,
     FirstBodyTimeout,
     GateState,
@@ -468,6 +469,127 @@ async def test_garbage_response_is_described_without_its_bytes(
     assert SECRET not in text
 
 
+# ---- The header deadline on a clock: cold-load allowance and busy waits (SPEC §6.4) ----------
+
+
+@implementer(IAgent)
+class SilentAgent:
+    """Writes the whole body at once, then answers only when the test calls :meth:`answer`."""
+
+    def __init__(self) -> None:
+        self.pending: list[Deferred[IResponse]] = []
+
+    def request(
+        self,
+        method: bytes,
+        uri: bytes,
+        headers: Headers | None = None,
+        bodyProducer: IBodyProducer | None = None,
+    ) -> Deferred[IResponse]:
+        assert bodyProducer is not None
+        bodyProducer.startProducing(RecordingConsumer())
+        waiting: Deferred[IResponse] = Deferred()
+        self.pending.append(waiting)
+        return waiting
+
+    def answer(self) -> None:
+        self.pending[-1].callback(cast(IResponse, object()))
+
+
+class Busy:
+    """A BusyWait whose ``working()`` answers from a list, one value per expiry."""
+
+    def __init__(self, answers: list[bool], max_wait: float) -> None:
+        self.answers = answers
+        self.waits = 0
+        self.rule = BusyWait(self.working, max_wait, self.waited)
+
+    def working(self) -> bool:
+        return self.answers.pop(0) if self.answers else False
+
+    def waited(self) -> None:
+        self.waits += 1
+
+
+def silent_attempt(
+    first_extra: float = 0.0, busy: Busy | None = None
+) -> tuple[Clock, SilentAgent, list[IResponse | Failure]]:
+    clock = Clock()
+    agent = SilentAgent()
+    client = UpstreamClient.from_agent(agent, clock)
+    outcome: list[IResponse | Failure] = []
+    client.request(
+        b"POST",
+        b"http://127.0.0.1:1001/api/chat",
+        Headers(),
+        BODY,
+        30.0,
+        first_extra=first_extra,
+        busy=busy.rule if busy is not None else None,
+    ).addBoth(outcome.append)
+    return clock, agent, outcome
+
+
+def test_first_extra_lengthens_the_first_deadline_exactly() -> None:
+    """A 45 s allowance: the deadline fires at exactly 75 s and says so."""
+    clock, _, outcome = silent_attempt(first_extra=45.0)
+    [deadline] = clock.getDelayedCalls()
+    assert deadline.getTime() == 75.0
+    clock.advance(75.0 - 2**-10)
+    assert outcome == []
+    clock.advance(2**-10)
+    [failure] = outcome
+    assert isinstance(failure, Failure) and failure.check(HeaderTimeout)
+    assert str(failure.value) == "no response headers within 75s"
+
+
+def test_busy_wait_rearms_each_period_while_working_then_times_out() -> None:
+    """working() true twice: re-armed at 30 and 60 (two waits), then a timeout at 90."""
+    busy = Busy([True, True], max_wait=1000.0)
+    clock, _, outcome = silent_attempt(busy=busy)
+    clock.advance(30.0)
+    assert busy.waits == 1 and [c.getTime() for c in clock.getDelayedCalls()] == [60.0]
+    clock.advance(30.0)
+    assert busy.waits == 2 and outcome == []
+    clock.advance(30.0)
+    [failure] = outcome
+    assert isinstance(failure, Failure) and str(failure.value) == "no response headers within 90s"
+    assert busy.waits == 2 and clock.getDelayedCalls() == []
+
+
+def test_busy_wait_never_exceeds_max_wait() -> None:
+    """Always working, max_wait 45 s: waits of 30 s and 15 s, then a timeout at exactly 75 s."""
+    busy = Busy([True] * 10, max_wait=45.0)
+    clock, _, outcome = silent_attempt(busy=busy)
+    clock.advance(30.0)
+    clock.advance(30.0)
+    assert busy.waits == 2 and [c.getTime() for c in clock.getDelayedCalls()] == [75.0]
+    clock.advance(15.0 - 2**-10)
+    assert outcome == []
+    clock.advance(2**-10)
+    [failure] = outcome
+    assert isinstance(failure, Failure) and str(failure.value) == "no response headers within 75s"
+    assert busy.waits == 2
+
+
+def test_zero_max_wait_never_asks_and_times_out_at_the_deadline() -> None:
+    """busy_max_wait 0 is the seed's rule: the first expiry is the timeout."""
+    busy = Busy([True], max_wait=0.0)
+    clock, _, outcome = silent_attempt(busy=busy)
+    clock.advance(30.0)
+    assert len(outcome) == 1 and busy.waits == 0 and busy.answers == [True]
+
+
+def test_headers_during_a_busy_wait_cancel_the_rearmed_timer() -> None:
+    """The answer arrives in the second period: it is delivered and no timer is left."""
+    busy = Busy([True], max_wait=1000.0)
+    clock, agent, outcome = silent_attempt(busy=busy)
+    clock.advance(45.0)
+    agent.answer()
+    assert len(outcome) == 1 and not isinstance(outcome[0], Failure)
+    assert clock.getDelayedCalls() == []
+
+
 # ---- BodyGate with a clock ----------------------------------------------------------------------
 
 DONE = Failure(ResponseDone())
@@ -588,6 +710,21 @@ def test_drop_after_the_first_chunk_fails_done(relay_first: bool) -> None:
         gate.start_relay(sink.append)
     assert failure_of(gate.done).check(ResponseFailed)
     assert gate.first.result == b"one"
+
+
+def test_on_bytes_is_called_for_every_non_empty_chunk_in_every_state() -> None:
+    """The progress callback sees the first chunk, held chunks and relayed chunks; not b""."""
+    touched: list[int] = []
+    gate = BodyGate(Clock(), 0.0, lambda: touched.append(1))
+    gate.makeConnection(StringTransport())
+    gate.dataReceived(b"")
+    gate.dataReceived(b"first")
+    gate.dataReceived(b"held")
+    assert len(touched) == 2
+    gate.start_relay(lambda chunk: None)
+    gate.dataReceived(b"relayed")
+    gate.dataReceived(b"")
+    assert len(touched) == 3
 
 
 def test_pass_through_relays_everything_and_finishes() -> None:

@@ -111,10 +111,11 @@ def test_failover_runs_on_a_then_b_and_completes_on_b(h: Harness) -> None:
         "ttfb_ms": 30260,
         "error": None,
         "attempts": [
-            {"node_id": "A", "outcome": "stall", "ms": 30000},
-            {"node_id": "B", "outcome": "committed", "ms": 250},
+            {"node_id": "A", "outcome": "stall", "ms": 30000, "busy_waits": 0},
+            {"node_id": "B", "outcome": "committed", "ms": 250, "busy_waits": 0},
         ],
         "cache_affinity": False,
+        "queued_ms": 0,
     }
     assert h.registry.live() == []
 
@@ -363,8 +364,8 @@ def test_request_record_closes_an_open_attempt_as_unfinished(h: Harness) -> None
     record.publish(h.bus, status=499, node_id="B", error="client left", cache_affinity=True)
     payload = h.events[0].payload
     assert payload["attempts"] == [
-        {"node_id": "A", "outcome": "unfinished", "ms": 1000},
-        {"node_id": "B", "outcome": "unfinished", "ms": 2000},
+        {"node_id": "A", "outcome": "unfinished", "ms": 1000, "busy_waits": 0},
+        {"node_id": "B", "outcome": "unfinished", "ms": 2000, "busy_waits": 0},
     ]
     assert payload["cache_affinity"] is True
 
