@@ -43,7 +43,7 @@ def nodes_file(path: Path, nodes: Sequence[RealOllama], slots: int) -> Path:
     """A TOML nodes file: ``a``, ``b``, … with ``slots`` each."""
     lines = []
     for name, node in zip("abcdefgh", nodes, strict=False):
-        lines += ["[[nodes]]", f'id = "{name}"', f'url = "{node.url}"', f"slots = {slots}", ""]
+        lines += ["[[node]]", f'id = "{name}"', f'url = "{node.url}"', f"slots = {slots}", ""]
     path.write_text("\n".join(lines))
     return path
 
@@ -174,7 +174,7 @@ def test_a_frozen_node_costs_one_deadline_once(proxy_for: Callable[..., ProxyPro
     """SIGSTOP on node a's process group: the first request waits one deadline there and is served
     by b; the next ones go straight to b; exactly one cooldown is recorded."""
     with real_nodes([ONE_SLOT, ONE_SLOT]) as nodes:
-        proxy = proxy_for(nodes, "--response-header-timeout", "2s")
+        proxy = proxy_for(nodes, "--response-header-timeout", "5s")
         for node in nodes:
             assert post(f"{node.url}/api/chat", chat(False, 1))[0] == 200
         nodes[0].freeze()
@@ -195,7 +195,9 @@ def test_a_node_killed_mid_stream_leaves_a_truncated_answer(
     """SIGKILL on the serving node in the middle of a stream: the client keeps the lines it was
     sent, then sees an incomplete message; the workload fails; no other node is asked."""
     with real_nodes([ONE_SLOT, ONE_SLOT]) as nodes:
-        proxy = proxy_for(nodes, "--response-header-timeout", "5s")
+        proxy = proxy_for(nodes, "--response-header-timeout", "30s")
+        for node in nodes:  # loaded, so the stream starts at once wherever it goes
+            assert post(f"{node.url}/api/chat", chat(False, 1))[0] == 200
         host, port = proxy.url.removeprefix("http://").split(":")
         connection = http.client.HTTPConnection(host, int(port), timeout=120)
         connection.request(
