@@ -127,7 +127,7 @@ class StatusBoard:
                 nodes.append(
                     {
                         "id": node.id,
-                        "url": node.url,
+                        "url": node.public_url,
                         "source": node.source,
                         "models": sorted(facade.inventory.models(node.id)),
                         "inventoryKnown": facade.inventory.known(node.id),
@@ -156,6 +156,7 @@ class StatusBoard:
             "facades": facades,
             "workloads": [w.info() for w in live],
             "failovers": list(self.failovers),
+            "store": None if runtime.fleet is None else runtime.fleet.status(),
         }
 
 
@@ -345,7 +346,11 @@ def admin_resource(
     def serve_ready(request: Request) -> bytes:
         reason = readiness(runtime, listening)
         if reason is None:
-            return _json(request, 200, {"status": "ready"})
+            ready: dict[str, Any] = {"status": "ready"}
+            if runtime.fleet is not None:
+                # The store is an optimisation, never a dependency: ready either way (SPEC §6.6).
+                ready["state"] = runtime.fleet.status()
+            return _json(request, 200, ready)
         return _json(request, 503, {"error": reason, "code": "not-ready"})
 
     def serve_events(request: Request) -> int:

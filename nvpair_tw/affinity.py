@@ -21,8 +21,8 @@ from twisted.internet.interfaces import IReactorTime
 
 __all__ = ["CHAT_PATHS", "COMPLETION_PATHS", "AffinityKey", "AffinityTable", "affinity_key"]
 
-CHAT_PATHS = frozenset({"/v1/chat/completions", "/api/chat"})
-COMPLETION_PATHS = frozenset({"/v1/completions", "/api/generate"})
+CHAT_PATHS = frozenset({"/v1/chat/completions", "/api/chat", "/api/v0/chat/completions"})
+COMPLETION_PATHS = frozenset({"/v1/completions", "/api/generate", "/api/v0/completions"})
 PROMPT_PREFIX_BYTES = 1024
 
 # Generation settings: they change the answer, not the prefix the engine caches.

@@ -2,7 +2,9 @@
 """Model-list aggregation (SPEC §4.3): ask every node at once, merge in candidate order.
 
 The answer must not depend on which node is fastest, so records are merged in the order the nodes
-were given, the first record of each key winning verbatim. No client header is ever forwarded.
+were given, the first record of each key winning verbatim. A ``per_node`` list (``/api/ps``) is
+never merged across nodes: each record gains ``"nvpair_node": ID``. No client header is ever
+forwarded; a node's own credential is sent to it.
 """
 
 from __future__ import annotations
@@ -63,12 +65,15 @@ async def aggregate_model_list(
     if not good:
         return AggregateResult(status=503, body=UNAVAILABLE_BODY)
     merged: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for records in good:
+    seen: set[tuple[str, str]] = set()
+    for node, records in zip(nodes, answers, strict=True):
+        if records is None:
+            continue
         for key, record in records:
-            if key not in seen:
-                seen.add(key)
-                merged.append(record)
+            slot = (key, node.id if fmt.per_node else "")
+            if slot not in seen:
+                seen.add(slot)
+                merged.append({**record, "nvpair_node": node.id} if fmt.per_node else record)
     return AggregateResult(status=200, body=json.dumps(fmt.envelope(merged)).encode())
 
 
@@ -81,9 +86,11 @@ async def _records(
     timeout: float,
 ) -> list[tuple[str, dict[str, Any]]] | None:
     """One node's keyed records, or None when it is down, non-200 or malformed."""
-    url = join_url(node.url, path_and_query)
+    url = join_url(node.public_url, path_and_query)
     try:
-        document = await get_json(http, clock, url, timeout=timeout)
+        document = await get_json(
+            http, clock, url, timeout=timeout, authorization=node.authorization
+        )
     except ReadError as error:
         log.debug("model list from {node} skipped: {why}", node=node.id, why=str(error))
         return None

@@ -38,7 +38,13 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
         nodes=nodes,
         nodes_file=config.nodes_file,
         ingress=config.ingress,
+        state=config.state,
     )
+    if config.state is not None:
+        log.info(
+            "fleet store {store}: sharing cooldowns, affinity and reservations",
+            store=str(config.state),
+        )
     for warning in config.warnings:
         log.warn("{warning}", warning=warning)
     sources = config.sources

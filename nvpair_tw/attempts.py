@@ -26,6 +26,7 @@ from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
+from nvpair_tw.assembly import Assembly, AssemblyGate
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.progress import ProgressBook
@@ -54,6 +55,7 @@ __all__ = [
     "Exhausted",
     "Result",
     "classify_failure",
+    "node_headers",
     "retryable_status",
     "run_attempts",
 ]
@@ -73,6 +75,9 @@ class AttemptPlan:
     gated: bool
     header_timeout: float
     first_body_timeout: float
+    assembly: Assembly | None = None
+    """Set when ``body`` is a non-streaming request rewritten to stream: a 2xx stream is folded
+    into one answer and commits only when whole (docs/behaviour.md §6.5)."""
     first_extra: Mapping[str, float] = field(factory=dict)
     """Per node id: seconds added to the first header deadline (a cold-load allowance)."""
     busy_max_wait: float = 0.0
@@ -85,11 +90,13 @@ class Committed:
 
     For a gated commit ``first`` is the first body chunk (``b""`` for a clean empty end) and the gate
     holds the rest; for a commit on headers the gate has seen nothing yet and ``first`` is ``b""``.
+    For an assembled answer ``first`` is the whole answer, ``response`` its client-facing status
+    and headers, and the gate holds nothing more.
     """
 
     node: Node
     response: IResponse
-    gate: BodyGate
+    gate: BodyGate | AssemblyGate
     first: bytes
 
 
@@ -157,6 +164,16 @@ class AttemptObserver:
 def retryable_status(code: int, inference: bool) -> bool:
     """408, 429, any 5xx, and 404 on inference routes (stale inventory) move on."""
     return code in (408, 429) or code >= 500 or (inference and code == 404)
+
+
+def node_headers(headers: Headers, node: Node) -> Headers:
+    """The plan's headers as sent to ``node``: its own credential replaces the client's (SPEC §3)."""
+    authorization = node.authorization
+    if authorization is None:
+        return headers
+    out = headers.copy()
+    out.setRawHeaders(b"authorization", [authorization])
+    return out
 
 
 _STALLS = (AttemptOutcome.STALL, AttemptOutcome.FIRST_BODY_TIMEOUT)
@@ -232,7 +249,7 @@ async def _attempt(
     attempt = client.request(
         plan.method,
         node_url(node.url, plan.target),
-        plan.headers,
+        node_headers(plan.headers, node),
         plan.body,
         plan.header_timeout,
         first_extra=plan.first_extra.get(node.id, 0.0),
@@ -249,6 +266,9 @@ async def _attempt(
         caller.track(None)
         response.deliverBody(Discard())
         return status_outcome(response.code)
+    if plan.assembly is not None and _assembles(plan.assembly, response):
+        touch = progress.touch if progress is not None else None
+        return await _assembled(plan, plan.assembly, node, response, clock, caller, is_last, touch)
     gate = BodyGate(
         clock,
         plan.first_body_timeout if plan.gated else 0.0,
@@ -268,6 +288,43 @@ async def _attempt(
         gate.stop()
         return _Failed(AttemptOutcome.CANCELLED, None)
     return Committed(node, response, gate, first)
+
+
+def _assembles(assembly: Assembly, response: IResponse) -> bool:
+    """A 2xx stream of the route's kind is assembled; anything else is relayed as it is."""
+    content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
+    return 200 <= response.code < 300 and assembly.accepts(content_type)
+
+
+async def _assembled(
+    plan: AttemptPlan,
+    assembly: Assembly,
+    node: Node,
+    response: IResponse,
+    clock: IReactorTime,
+    caller: CallerState,
+    is_last: bool,
+    on_bytes: Callable[[], None] | None,
+) -> Committed | _Failed | str:
+    """An assembled attempt: commits with the whole answer, or fails like a pre-commit drop."""
+    timeout = plan.first_body_timeout if plan.gated else 0.0
+    gate = AssemblyGate(clock, timeout, assembly.dialect, assembly.limit, on_bytes)
+    caller.track(gate.stop)
+    response.deliverBody(gate)
+    try:
+        answer = await gate.first
+    except Exception:
+        failure = Failure()
+        caller.track(None)
+        return _Failed(classify_failure(failure, caller.gone), failure)
+    if caller.gone is not None:
+        gate.stop()
+        return _Failed(AttemptOutcome.CANCELLED, None)
+    whole = gate.response(response)
+    if retryable_status(whole.code, plan.inference) and not is_last:
+        caller.track(None)
+        return status_outcome(whole.code)
+    return Committed(node, whole, gate, answer)
 
 
 async def run_attempts(

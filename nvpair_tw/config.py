@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from attrs import field, frozen
 from twisted.logger import LogLevel
 
+from nvpair_tw.fleet import StateConfig
 from nvpair_tw.ingress import IngressConfig
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
@@ -26,7 +27,7 @@ class Config:
 
     ``listen`` and ``nodes`` have an entry for every engine; ``nodes`` holds the ``--node`` flag
     nodes (unscoped ones under every engine). ``admin`` and ``control`` are server endpoint
-    strings (``control`` may be ``stdio``), ``None`` when off. ``warnings`` are the messages about
+    strings (``control`` may be ``stdio``), ``None`` when off. ``state`` is the fleet store (``--state``). ``warnings`` are the messages about
     ignored values that the start-up log repeats; ``sources`` names where each timer came from.
     """
 
@@ -42,3 +43,4 @@ class Config:
     warnings: tuple[str, ...] = ()
     sources: Mapping[str, str] = field(factory=dict)
     ingress: IngressConfig = field(factory=IngressConfig)
+    state: StateConfig | None = None

@@ -254,7 +254,7 @@ class ControlMethods:
             nodes.append(
                 {
                     "id": node.id,
-                    "url": node.url,
+                    "url": node.public_url,
                     "models": sorted(facade.inventory.models(node.id)),
                     "loaded": None if loaded is None else sorted(loaded),
                     "source": node.source,

@@ -10,20 +10,25 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
+from urllib.parse import unquote
 
-from attrs import frozen
+from attrs import field, frozen
 
 __all__ = [
     "ENGINES",
     "LMSTUDIO",
     "LMSTUDIO_LOADED",
+    "LMSTUDIO_MODELS",
     "OLLAMA",
     "OLLAMA_PS",
     "OMLX",
     "OPENAI_MODELS",
+    "PS",
+    "RESPONSES_PATH",
     "TAGS",
     "EngineProfile",
     "ModelListFormat",
+    "ModelRoute",
     "ResidencyFormat",
     "RouteKind",
     "lmstudio_loaded_ids",
@@ -39,6 +44,7 @@ class RouteKind(Enum):
 
     INFERENCE = "inference"
     MODEL_LIST = "model-list"
+    MODEL_ROUTED = "model-routed"
     PASS_THROUGH = "pass-through"
 
 
@@ -136,13 +142,57 @@ LMSTUDIO_LOADED = ResidencyFormat(path="/api/v0/models", loaded=lmstudio_loaded_
 
 @frozen
 class ModelListFormat:
-    """How one model-list route is parsed, keyed and wrapped when the proxy merges it (SPEC §4.3)."""
+    """How one model-list route is parsed, keyed and wrapped when the proxy merges it (SPEC §4.3).
+
+    ``per_node`` lists (``/api/ps``) are never merged across nodes: each record gains
+    ``"nvpair_node": ID`` and is deduplicated only within its own node.
+    """
 
     path: str
     list_field: str
     names: Callable[[Any], list[str]]
     record_key: Callable[[dict[str, Any]], str | None]
     envelope: Callable[[list[Any]], dict[str, Any]]
+    per_node: bool = field(default=False, kw_only=True)
+
+
+@frozen
+class ModelRoute:
+    """A route that is not inference but names a model, routed to an owner of it (SPEC §2.1).
+
+    ``path`` is exact, or with ``prefix`` every path below it (``/api/v0/models/{id}``).
+    ``model`` reads the model from the path and the parsed JSON body (None: no model named).
+    """
+
+    method: bytes
+    path: str
+    model: Callable[[str, Any], str | None]
+    prefix: bool = False
+
+    def matches(self, method: bytes, path: str) -> bool:
+        if method != self.method:
+            return False
+        if self.prefix:
+            return path.startswith(self.path) and len(path) > len(self.path)
+        return path == self.path
+
+
+def _show_model(_path: str, body: Any) -> str | None:
+    """``/api/show`` names its model as ``model`` (current clients) or ``name`` (older ones)."""
+    if not isinstance(body, dict):
+        return None
+    for name in ("model", "name"):
+        value = body.get(name)
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
+
+
+def _path_model(prefix: str) -> Callable[[str, Any], str | None]:
+    def model(path: str, _body: Any) -> str | None:
+        return unquote(path[len(prefix) :]) or None
+
+    return model
 
 
 def _tags_key(record: dict[str, Any]) -> str | None:
@@ -164,6 +214,21 @@ TAGS = ModelListFormat(
     record_key=_tags_key,
     envelope=lambda records: {"models": records},
 )
+PS = ModelListFormat(
+    path="/api/ps",
+    list_field="models",
+    names=tags_names,
+    record_key=_tags_key,
+    envelope=lambda records: {"models": records},
+    per_node=True,
+)
+LMSTUDIO_MODELS = ModelListFormat(
+    path="/api/v0/models",
+    list_field="data",
+    names=openai_model_ids,
+    record_key=_openai_key,
+    envelope=lambda records: {"object": "list", "data": records},
+)
 OPENAI_MODELS = ModelListFormat(
     path="/v1/models",
     list_field="data",
@@ -172,12 +237,24 @@ OPENAI_MODELS = ModelListFormat(
     envelope=lambda records: {"object": "list", "data": records},
 )
 
+RESPONSES_PATH = "/v1/responses"
 _OPENAI_INFERENCE = frozenset(
-    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"}
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages", RESPONSES_PATH}
 )
+_LMSTUDIO_INFERENCE = frozenset(
+    {"/api/v0/chat/completions", "/api/v0/completions", "/api/v0/embeddings"}
+)
+_LMSTUDIO_MODEL = "/api/v0/models/"
 _OLLAMA_INFERENCE = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
 AFFINITY_PATHS = frozenset(
-    {"/v1/chat/completions", "/api/chat", "/v1/completions", "/api/generate"}
+    {
+        "/v1/chat/completions",
+        "/api/chat",
+        "/v1/completions",
+        "/api/generate",
+        "/api/v0/chat/completions",
+        "/api/v0/completions",
+    }
 )
 
 
@@ -196,6 +273,7 @@ class EngineProfile:
     default_listen: str
     default_node_url: str
     normalise: Callable[[str], str]
+    model_routes: tuple[ModelRoute, ...] = field(default=(), kw_only=True)
     residency: ResidencyFormat | None = None
 
     def classify(self, method: bytes, path: str) -> RouteKind:
@@ -204,7 +282,13 @@ class EngineProfile:
             return RouteKind.INFERENCE
         if method == b"GET" and path in self.model_lists:
             return RouteKind.MODEL_LIST
+        if self.model_route(method, path) is not None:
+            return RouteKind.MODEL_ROUTED
         return RouteKind.PASS_THROUGH
+
+    def model_route(self, method: bytes, path: str) -> ModelRoute | None:
+        """The model-routed route this request takes, if any."""
+        return next((r for r in self.model_routes if r.matches(method, path)), None)
 
     def matches(self, requested: str, advertised: str) -> bool:
         """Whether an advertised model name serves a requested one (SPEC §4.1)."""
@@ -219,21 +303,23 @@ class EngineProfile:
 OLLAMA = EngineProfile(
     name="ollama",
     inference_paths=_OLLAMA_INFERENCE | _OPENAI_INFERENCE,
-    model_lists={TAGS.path: TAGS, OPENAI_MODELS.path: OPENAI_MODELS},
+    model_lists={TAGS.path: TAGS, OPENAI_MODELS.path: OPENAI_MODELS, PS.path: PS},
     inventory=TAGS,
     default_listen="tcp:11435:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:11434",
     normalise=normalise_ollama,
+    model_routes=(ModelRoute(b"POST", "/api/show", _show_model),),
     residency=OLLAMA_PS,
 )
 LMSTUDIO = EngineProfile(
     name="lmstudio",
-    inference_paths=_OPENAI_INFERENCE,
-    model_lists={OPENAI_MODELS.path: OPENAI_MODELS},
+    inference_paths=_OPENAI_INFERENCE | _LMSTUDIO_INFERENCE,
+    model_lists={OPENAI_MODELS.path: OPENAI_MODELS, LMSTUDIO_MODELS.path: LMSTUDIO_MODELS},
     inventory=OPENAI_MODELS,
     default_listen="tcp:1235:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:1234",
     normalise=_normalise_exact,
+    model_routes=(ModelRoute(b"GET", _LMSTUDIO_MODEL, _path_model(_LMSTUDIO_MODEL), prefix=True),),
     residency=LMSTUDIO_LOADED,
 )
 OMLX = EngineProfile(

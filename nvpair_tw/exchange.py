@@ -10,7 +10,9 @@ turns those values into the request record, the workload's end and the affinity 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,6 +23,7 @@ from twisted.web.server import Request
 
 from nvpair_tw.admission import RETRY_AFTER_SECONDS, QueueFull, QueueTimeout, Slot, Waiter
 from nvpair_tw.affinity import AffinityKey, affinity_key
+from nvpair_tw.assembly import plan_assembly
 from nvpair_tw.attempts import (
     Abandoned,
     AttemptObserver,
@@ -30,7 +33,7 @@ from nvpair_tw.attempts import (
     Exhausted,
     run_attempts,
 )
-from nvpair_tw.engines import RouteKind
+from nvpair_tw.engines import RESPONSES_PATH, RouteKind
 from nvpair_tw.errors import write_error
 from nvpair_tw.headers import upstream_request_headers
 from nvpair_tw.nodes import Node
@@ -39,7 +42,7 @@ from nvpair_tw.reservations import Booking
 from nvpair_tw.state import Facade
 from nvpair_tw.workloads import RequestRecord, Workload
 
-__all__ = ["forward", "model_of", "target_of"]
+__all__ = ["forward", "model_of", "remember_response", "target_of"]
 
 
 @frozen
@@ -72,10 +75,19 @@ class _Observer(AttemptObserver):
         self._record.busy_wait()
 
 
-async def forward(facade: Facade, request: Request, kind: RouteKind, record: RequestRecord) -> None:
-    """Forward one inference or pass-through request and conclude it."""
+async def forward(
+    facade: Facade,
+    request: Request,
+    kind: RouteKind,
+    record: RequestRecord,
+    target: Node | None = None,
+) -> None:
+    """Forward one inference, model-routed or pass-through request and conclude it.
+
+    ``target`` is the node an ``X-NVPair-Node`` header chose: the only candidate (§2.1).
+    """
     shared = facade.shared
-    route = _route(facade, request, kind, record)
+    route = _route(facade, request, kind, record, target)
     if route is None:
         return
     ticket = facade.admission.admit(route.candidates) if route.model else None
@@ -106,6 +118,7 @@ async def forward(facade: Facade, request: Request, kind: RouteKind, record: Req
         )
         if isinstance(result, Committed):
             record.first_byte()
+            remember_response(facade, record.path, result)
             outcome = await relay(
                 request, result, caller, shared.clock, shared.settings.write_stall_timeout
             )
@@ -167,15 +180,34 @@ def _busy(facade: Facade, request: Request, record: RequestRecord, message: str,
 
 
 def _route(
-    facade: Facade, request: Request, kind: RouteKind, record: RequestRecord
+    facade: Facade,
+    request: Request,
+    kind: RouteKind,
+    record: RequestRecord,
+    target: Node | None = None,
 ) -> _Route | None:
-    """The gate, affinity and candidate order; None when the request was answered here (502)."""
+    """The gate, affinity and candidate order; None when the request was answered here (502/404).
+
+    A model-routed request (``/api/show``, ``/api/v0/models/{id}``) is gated like inference but
+    has no workload, reservation or affinity: its plan moves on past a 404 (``inference``) and
+    commits on headers (not ``gated``). A ``target`` is the only candidate, ungated.
+    """
     shared = facade.shared
     inference = kind is RouteKind.INFERENCE
+    routed = kind is RouteKind.MODEL_ROUTED
     assert request.content is not None
     body = request.content.read()
     model, parsed = model_of(body) if inference else (None, None)
-    eligible = facade.eligible(model)
+    if routed:
+        route_model = _routed_model(facade, request.method, record.path, body)
+        eligible = facade.eligible(route_model)
+        if route_model and not eligible and target is None:
+            message = f"model '{route_model}' not found"
+            write_error(request, 404, message, "model-not-found")
+            record.publish(shared.bus, status=404, node_id=None, error="model-not-found")
+            return None
+    else:
+        eligible = facade.eligible(model) if target is None else [target]
     if model and not eligible:
         message = "no available node advertises the requested model"
         write_error(request, 502, message, "no-model-owner")
@@ -183,27 +215,89 @@ def _route(
         return None
     key: AffinityKey | None = None
     hint: str | None = None
-    if model and parsed is not None:
+    if model and parsed is not None and target is None:
         key = affinity_key(record.path, facade.profile.normalise(model.strip()), parsed)
         hint = facade.affinity.lookup(key) if key is not None else None
-    candidates, promoted = facade.order(
-        eligible, head_selection=bool(model), affinity_hint=hint, model=model
-    )
+    if target is not None:
+        candidates, promoted = [target], False
+    else:
+        candidates, promoted = facade.order(
+            eligible, head_selection=bool(model), affinity_hint=hint, model=model
+        )
+        if model and parsed is not None and record.path == RESPONSES_PATH:
+            candidates = _conversation_first(facade, parsed, candidates)
     settings = shared.settings
+    assembly = (
+        plan_assembly(record.path, body, parsed, settings.max_body_size)
+        if inference and settings.assembles(facade.engine)
+        else None
+    )
     plan = AttemptPlan(
         method=request.method,
         target=target_of(request.uri),
         headers=upstream_request_headers(request.requestHeaders, _client_host(request)),
-        body=body,
-        inference=inference,
+        body=assembly.body if assembly is not None else body,
+        inference=inference or routed,
         gated=inference and facade.first_body_gate,
         header_timeout=settings.response_header_timeout,
         first_body_timeout=settings.first_body_timeout if inference else 0.0,
+        assembly=assembly,
         first_extra=_cold_allowances(facade, model, candidates) if inference else {},
         busy_max_wait=settings.busy_max_wait,
     )
     warm = candidates[0].id if promoted else None
     return _Route(plan, model, candidates, key, warm)
+
+
+def _routed_model(facade: Facade, method: bytes, path: str, body: bytes) -> str | None:
+    """The model a model-routed request names (None: it names none, so every node may answer)."""
+    route = facade.profile.model_route(method, path)
+    if route is None:
+        return None
+    _, parsed = model_of(body)
+    return route.model(path, parsed)
+
+
+# --- /v1/responses: the conversation's stored state lives on the node that produced it ---------
+
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
+_RESPONSE_ID_SCAN = 64 << 10
+
+
+def _response_key(response_id: str) -> AffinityKey:
+    """The affinity-table slot of a response id (same LRU and TTL as prefix affinity)."""
+    digest = hashlib.sha256(response_id.encode()).digest()
+    return AffinityKey(_RESPONSES_SLOT, digest, (digest,))
+
+
+_RESPONSES_SLOT = "\0responses"
+
+
+def remember_response(facade: Facade, path: str, committed: Committed) -> None:
+    """Remember which node produced a ``/v1/responses`` answer, from its first body chunk: the
+    first ``"id"`` of the JSON object, or of the first SSE event (``response.created``).
+
+    Nothing is buffered: an id not in the first chunk is not remembered.
+    """
+    if path != RESPONSES_PATH or committed.response.code != 200:
+        return
+    found = _RESPONSE_ID.search(committed.first, 0, _RESPONSE_ID_SCAN)
+    if found is not None:
+        response_id = found.group(1).decode("utf-8", "replace")
+        facade.affinity.record(_response_key(response_id), committed.node.id)
+
+
+def _conversation_first(facade: Facade, parsed: dict[str, Any], nodes: list[Node]) -> list[Node]:
+    """``previous_response_id``'s node first, when it is a candidate and not cooling (§2.1)."""
+    previous = parsed.get("previous_response_id")
+    if not isinstance(previous, str) or not previous:
+        return nodes
+    owner = facade.affinity.lookup(_response_key(previous))
+    cooling = facade.stalls.cooling()
+    if owner is None or owner in cooling:
+        return nodes
+    first = [n for n in nodes if n.id == owner]
+    return first + [n for n in nodes if n.id != owner]
 
 
 def _cold_allowances(facade: Facade, model: str | None, nodes: list[Node]) -> dict[str, float]:

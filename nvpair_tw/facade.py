@@ -18,8 +18,10 @@ from nvpair_tw.aggregate import aggregate_model_list
 from nvpair_tw.engines import RouteKind
 from nvpair_tw.errors import write_error
 from nvpair_tw.exchange import forward, model_of, target_of
+from nvpair_tw.headers import TARGET_HEADER
 from nvpair_tw.ingress import Rejection
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node
 from nvpair_tw.reactor import abort
 from nvpair_tw.state import Facade, Shared
 from nvpair_tw.workloads import RequestRecord
@@ -61,11 +63,20 @@ class FacadeResource(Resource):
             )
             record.publish(shared.bus, status=rejection.status, node_id=None, error=rejection.code)
             return NOT_DONE_YET
+        wanted = request.requestHeaders.getRawHeaders(TARGET_HEADER)
+        request.requestHeaders.removeHeader(TARGET_HEADER)
+        chosen: Node | None = None
+        if wanted is not None:
+            chosen = facade.directory.get(wanted[0].decode("latin-1").strip())
+            if chosen is None or len(wanted) > 1:
+                write_error(request, 404, "unknown node", "unknown-node")
+                record.publish(shared.bus, status=404, node_id=None, error="unknown-node")
+                return NOT_DONE_YET
         kind = facade.profile.classify(request.method, path)
         if kind is RouteKind.MODEL_LIST:
-            work = Deferred.fromCoroutine(self._model_list(request, path, record))
+            work = Deferred.fromCoroutine(self._model_list(request, path, record, chosen))
         else:
-            work = Deferred.fromCoroutine(forward(facade, request, kind, record))
+            work = Deferred.fromCoroutine(forward(facade, request, kind, record, chosen))
         work.addErrback(self._crashed, request, record)
         return NOT_DONE_YET
 
@@ -93,11 +104,17 @@ class FacadeResource(Resource):
             abort(request.transport)
         record.publish(self._facade.shared.bus, status=500, node_id=None, error="internal-error")
 
-    async def _model_list(self, request: Request, path: str, record: RequestRecord) -> None:
-        """Answer a model list from every node at once (docs/behaviour.md §4.3)."""
+    async def _model_list(
+        self, request: Request, path: str, record: RequestRecord, target: Node | None
+    ) -> None:
+        """Answer a model list from every node at once (docs/behaviour.md §4.3), or from the
+        targeted node alone."""
         facade = self._facade
         fmt = facade.profile.model_lists[path]
-        nodes, _ = facade.order(list(facade.directory.nodes()), head_selection=False)
+        if target is not None:
+            nodes = [target]
+        else:
+            nodes, _ = facade.order(list(facade.directory.nodes()), head_selection=False)
         result = await aggregate_model_list(
             fmt,
             nodes,

@@ -2,8 +2,9 @@
 """Terminal-frame detection for streamed responses.
 
 Prefix affinity is recorded only when a stream really finished (SPEC §5.3): an SSE ``data: [DONE]``
-(OpenAI-style), an Anthropic ``message_stop`` event, or an Ollama NDJSON line whose object has
-``"done": true``. The detector sits on the hot path of every relayed chunk, so it examines only
+(OpenAI-style), an Anthropic ``message_stop`` event, an OpenAI Responses API
+``response.completed`` / ``response.failed`` / ``response.incomplete`` event, or an Ollama NDJSON
+line whose object has ``"done": true``. The detector sits on the hot path of every relayed chunk, so it examines only
 complete lines that pass a cheap substring pre-check, and keeps just the unfinished tail line,
 capped in size.
 """
@@ -23,7 +24,11 @@ NDJSON = "application/x-ndjson"
 MAX_LINE_BYTES = 1 << 20
 
 # Pre-checks: a complete line is parsed only if the region holding it matches one of these.
-_SSE_HINT = re.compile(rb"\[DONE\]|message_stop")
+_SSE_HINT = re.compile(rb"\[DONE\]|message_stop|response\.(?:completed|failed|incomplete)")
+# The terminal event types: Anthropic's, and the OpenAI Responses API's three endings.
+_TERMINAL_TYPES = frozenset(
+    {"message_stop", "response.completed", "response.failed", "response.incomplete"}
+)
 _NDJSON_HINT = re.compile(rb'"done"\s*:\s*true')
 # For a line longer than the cap only its head is kept; these find a top-level ``"done": true`` in
 # it without parsing (strings are skipped whole, so quoted text never counts).
@@ -148,13 +153,13 @@ class TerminalFrameDetector:
         field_name, _, value = line.partition(b":")
         value = value.strip()
         if field_name == b"event":
-            return value == b"message_stop"
+            return value.decode("utf-8", "replace") in _TERMINAL_TYPES
         if field_name != b"data":
             return False
         if value == b"[DONE]":
             return True
         obj = _json_object(value)
-        return obj is not None and obj.get("type") == "message_stop"
+        return obj is not None and obj.get("type") in _TERMINAL_TYPES
 
     def _finished(self) -> None:
         self.seen = True

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from twisted.web.http_headers import Headers
 
-__all__ = ["HOP_BY_HOP", "forward_headers", "upstream_request_headers"]
+__all__ = ["HOP_BY_HOP", "TARGET_HEADER", "forward_headers", "upstream_request_headers"]
+
+TARGET_HEADER = b"x-nvpair-node"
+"""Chooses the one node a request goes to (docs/behaviour.md §2.1); never forwarded."""
 
 HOP_BY_HOP = frozenset(
     {
@@ -20,7 +23,7 @@ HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-_REQUEST_DROP = frozenset({b"host", b"content-length", b"expect"})
+_REQUEST_DROP = frozenset({b"host", b"content-length", b"expect", TARGET_HEADER})
 
 
 def forward_headers(source: Headers, drop: frozenset[bytes] = frozenset()) -> Headers:

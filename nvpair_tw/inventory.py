@@ -27,6 +27,7 @@ from twisted.web.client import (
     ResponseDone,
 )
 from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent
 
 from nvpair_tw.engines import EngineProfile, ResidencyFormat
@@ -107,15 +108,25 @@ class _BoundedBody(Protocol):
 
 
 async def get_json(
-    http: HTTPClient, clock: IReactorTime, url: str, *, timeout: float, limit: int = MAX_JSON_BYTES
+    http: HTTPClient,
+    clock: IReactorTime,
+    url: str,
+    *,
+    timeout: float,
+    limit: int = MAX_JSON_BYTES,
+    authorization: bytes | None = None,
 ) -> Any:
     """GET ``url`` and parse a 200 answer as JSON, all within ``timeout`` seconds.
 
-    No client header is sent (treq adds only ``Host`` and ``Accept-Encoding``). Raises
-    :class:`ReadError` on any failure: connect error, non-200, timeout, oversize or bad JSON.
+    No client header is sent (treq adds only ``Host`` and ``Accept-Encoding``); ``authorization``
+    is the node's own credential (:attr:`Node.authorization`), if any. Raises :class:`ReadError`
+    on any failure: connect error, non-200, timeout, oversize or bad JSON.
     """
+    headers = Headers({b"authorization": [authorization]}) if authorization is not None else None
     try:
-        request = http.get(_request_url(url), unbuffered=True, allow_redirects=False)
+        request = http.get(
+            _request_url(url), headers=headers, unbuffered=True, allow_redirects=False
+        )
     except Exception as error:  # treq rejects some URLs synchronously
         raise ReadError(type(error).__name__) from None
     body: _BoundedBody | None = None
@@ -368,9 +379,15 @@ class InventoryBook:
             raise
 
     async def _poll_residency(self, node: Node, residency: ResidencyFormat) -> None:
-        url = join_url(node.url, residency.path)
+        url = join_url(node.public_url, residency.path)
         try:
-            document = await get_json(self._http, self._clock, url, timeout=self._timeout)
+            document = await get_json(
+                self._http,
+                self._clock,
+                url,
+                timeout=self._timeout,
+                authorization=node.authorization,
+            )
             names = frozenset(n for n in residency.loaded(document) if n.strip())
         except (ReadError, ValueError) as error:
             self._residency_failed(node, str(error))
@@ -400,9 +417,15 @@ class InventoryBook:
         )
 
     async def _poll_models(self, node: Node) -> None:
-        url = join_url(node.url, self._engine.inventory.path)
+        url = join_url(node.public_url, self._engine.inventory.path)
         try:
-            document = await get_json(self._http, self._clock, url, timeout=self._timeout)
+            document = await get_json(
+                self._http,
+                self._clock,
+                url,
+                timeout=self._timeout,
+                authorization=node.authorization,
+            )
             names = frozenset(self._engine.inventory.names(document))
         except (ReadError, ValueError) as error:
             self._failed(node, str(error))

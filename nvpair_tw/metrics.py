@@ -148,6 +148,7 @@ class RuntimeCollector(Collector):
         yield self._inflight()
         yield from (family for family, _ in gauges)
         yield from (loaded, queue, busy, self._reservations(node_ids))
+        yield from self._store()
 
     def _inflight(self) -> Metric:
         """Running workloads by serving node (an empty node: not dispatched yet, or removed)."""
@@ -173,6 +174,23 @@ class RuntimeCollector(Collector):
         for node_id in sorted(node_ids):
             reservations.add_metric([node_id], ledger.reservations(node_id))
         return reservations
+
+    def _store(self) -> Iterator[Metric]:
+        """With ``--state``: whether the fleet store is connected, and the writes it dropped."""
+        fleet = self._runtime.fleet
+        if fleet is None:
+            return
+        up = GaugeMetricFamily(
+            "nvpair_state_store_up",
+            "1 while the fleet store (--state) is connected, 0 while the proxy works alone.",
+        )
+        up.add_metric([], 1.0 if fleet.up else 0.0)
+        dropped = GaugeMetricFamily(
+            "nvpair_state_dropped_writes",
+            "Writes to the fleet store dropped because its bounded queue was full.",
+        )
+        dropped.add_metric([], float(fleet.dropped))
+        yield from (up, dropped)
 
 
 def _counter(

@@ -19,18 +19,24 @@ The nodes file is TOML, one ``[[node]]`` table per machine::
     # ca_file = "gpu1-ca.pem"          # trust this CA / self-signed certificate (relative to the file)
     # fingerprint = "sha256:AB:CD:…"   # pin the leaf certificate's SHA-256 (no name check)
     # insecure = true                  # no verification at all (logged as a warning)
+    # api_key = "sk-…"                 # sent as Authorization: Bearer to this node only
+
+A URL's userinfo (``http://user:pass@host``) becomes Basic authorization toward that node; a node's
+``api_key`` wins over it. Neither is ever shown: :attr:`Node.public_url` is the URL without
+userinfo, and ``api_key`` is left out of the node's ``repr``.
 
 A node without a URL for an engine is not part of that engine's facade.
 """
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import os
 import tomllib
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from attrs import define, evolve, field, frozen
 from twisted.internet.interfaces import IReactorTime
@@ -46,6 +52,7 @@ __all__ = [
     "NodeDirectory",
     "NodesFileError",
     "load_nodes_file",
+    "public_url",
     "url_key",
     "validate_url",
 ]
@@ -66,11 +73,38 @@ class Node:
     """
 
     id: str
-    url: str
+    url: str = field(repr=lambda url: repr(public_url(url)))
     models: tuple[str, ...] | None = None
     source: str = "flag"
     slots: int | None = None
     tls: NodeTLS | None = field(default=None, kw_only=True)
+    api_key: str | None = field(default=None, kw_only=True, repr=False)
+
+    @property
+    def public_url(self) -> str:
+        """The URL without userinfo: what requests are sent to, and what may be shown."""
+        return public_url(self.url)
+
+    @property
+    def authorization(self) -> bytes | None:
+        """The ``Authorization`` value every request to this node carries, or None (SPEC §3):
+        ``Bearer <api_key>``, else ``Basic`` from the URL's userinfo."""
+        if self.api_key:
+            return b"Bearer " + self.api_key.encode("utf-8")
+        parts = urlsplit(self.url)
+        if parts.username is None:
+            return None
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+        return b"Basic " + base64.b64encode(pair)
+
+
+def public_url(url: str) -> str:
+    """``url`` without its userinfo (``user:pass@``), for sending and showing."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, tail = rest.partition("/")
+    return f"{scheme}://{authority.rpartition('@')[2]}{slash}{tail}"
 
 
 class NodesFileError(Exception):
@@ -90,7 +124,7 @@ def validate_url(url: str) -> None:
         raise ValueError("must not have a query or fragment")
 
 
-_NODE_KEYS = frozenset({"id", "url", "models", "slots"}) | TLS_KEYS
+_NODE_KEYS = frozenset({"id", "url", "models", "slots", "api_key"}) | TLS_KEYS
 
 
 def load_nodes_file(path: str, engine: str) -> list[Node]:
@@ -142,6 +176,11 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         urls = _parse_urls(where, entry.get("url"))
         models = _parse_models(where, entry.get("models"))
         tls = _parse_tls(where, entry, base_dir, urls.values())
+        api_key = entry.get("api_key")
+        if api_key is not None and (
+            not isinstance(api_key, str) or not api_key.strip() or not api_key.isprintable()
+        ):
+            raise NodesFileError(f"{where}: api_key: must be a non-empty single-line string")
         for address in filter(None, map(https_address, urls.values())):
             other = tls_at.setdefault(address, (node_id, tls))
             if other != (node_id, tls) and other[1] != tls:
@@ -153,7 +192,15 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         url = urls.get(engine, urls.get("*"))
         if url is not None:
             nodes.append(
-                Node(id=node_id, url=url, models=models, source="file", slots=slots, tls=tls)
+                Node(
+                    id=node_id,
+                    url=url,
+                    models=models,
+                    source="file",
+                    slots=slots,
+                    tls=tls,
+                    api_key=api_key.strip() if api_key is not None else None,
+                )
             )
     return nodes
 
@@ -373,7 +420,7 @@ class NodeDirectory:
                     "node {node} ({url}): TLS certificate verification is disabled"
                     " (insecure = true in the nodes file)",
                     node=node.id,
-                    url=node.url,
+                    url=node.public_url,
                     engine=self._engine.name,
                 )
         self._file_nodes = tuple(nodes)

@@ -22,6 +22,7 @@ from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 from zope.interface import implementer
 
+from nvpair_tw.assembly import AssemblyGate
 from nvpair_tw.attempts import CallerState, Committed
 from nvpair_tw.frames import TerminalFrameDetector
 from nvpair_tw.headers import forward_headers
@@ -187,7 +188,7 @@ async def relay(
 
 async def _pump(
     request: Request,
-    gate: BodyGate,
+    gate: BodyGate | AssemblyGate,
     sink: Callable[[bytes], None],
     caller: CallerState,
     clock: IReactorTime,

@@ -5,12 +5,17 @@ The scheduler pushes a generation-stamped snapshot (priority list plus per-node 
 facade in the process reserves the node it forwards to so that concurrent requests spread out
 before the next snapshot arrives. A newer snapshot replaces the baselines and forgets every
 reservation, so a release stamped with an older generation is dropped.
+
+With ``--state`` (SPEC §6.6) :mod:`nvpair_tw.fleet` follows this process's counts through
+``on_change`` and feeds the other proxies' counts in with :meth:`ReservationLedger.set_peers`, so
+``reservations`` (and every load figure built on it) is fleet-wide; the snapshot stays this
+process's own.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Protocol
 
@@ -85,6 +90,9 @@ class ReservationLedger:
     _live: dict[int, Reservation] = field(init=False, factory=dict)
     _counts: dict[str, int] = field(init=False, factory=dict)
     _serials: itertools.count[int] = field(init=False, factory=itertools.count)
+    _peers: dict[str, int] = field(init=False, factory=dict)
+    on_change: Callable[[], None] | None = field(init=False, default=None)
+    """Called after this process's own counts changed (the fleet store publishes them)."""
 
     @property
     def snapshot(self) -> PrioritySnapshot:
@@ -112,6 +120,7 @@ class ReservationLedger:
         self._applied = True
         self._live.clear()
         self._counts.clear()
+        self._changed()
         return True
 
     def reserve(self, node_id: str) -> Reservation:
@@ -119,6 +128,7 @@ class ReservationLedger:
         reservation = Reservation(node_id, self._snapshot.generation, next(self._serials))
         self._live[reservation.serial] = reservation
         self._counts[node_id] = self._counts.get(node_id, 0) + 1
+        self._changed()
         return reservation
 
     def move(self, reservation: Reservation, node_id: str) -> Reservation:
@@ -139,10 +149,24 @@ class ReservationLedger:
             self._counts[reservation.node_id] = remaining
         else:
             self._counts.pop(reservation.node_id, None)
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def reservations(self, node_id: str) -> int:
-        """Live reservations on ``node_id`` since the last snapshot."""
-        return self._counts.get(node_id, 0)
+        """Live reservations on ``node_id``: this process's since its last snapshot, plus the
+        fleet's other proxies' (:meth:`set_peers`; none without ``--state``)."""
+        return self._counts.get(node_id, 0) + self._peers.get(node_id, 0)
+
+    def local_counts(self) -> dict[str, int]:
+        """This process's own live reservations by node (what it shares with its fleet)."""
+        return dict(self._counts)
+
+    def set_peers(self, counts: Mapping[str, int]) -> None:
+        """Replace the other proxies' reservation counts by node (negative counts are ignored)."""
+        self._peers = {node: n for node, n in counts.items() if n > 0}
 
     def pending(self, node_id: str) -> int:
         """The scheduler's pending baseline for ``node_id`` (0 when unranked)."""

@@ -18,6 +18,7 @@ from nvpair_tw.affinity import AffinityTable
 from nvpair_tw.engines import ENGINES
 from nvpair_tw.events import NODE_COOLDOWN, NODE_COOLDOWN_ENDED, EventBus, log_events
 from nvpair_tw.facade import Facade, FacadeResource, Shared
+from nvpair_tw.fleet import FleetStore, StateConfig
 from nvpair_tw.ingress import IngressConfig, IngressPolicy, parse_ingress
 from nvpair_tw.inventory import InventoryBook, make_http_client
 from nvpair_tw.limits import LimitedSite, make_site
@@ -48,9 +49,12 @@ class Runtime:
     facades: dict[str, Facade]
     pool: HTTPConnectionPool
     sites: dict[str, LimitedSite] = field(factory=dict)
+    fleet: FleetStore | None = None
 
     def start(self) -> None:
-        """Load node files, start watching and polling."""
+        """Load node files, start watching and polling (and connecting to the fleet store)."""
+        if self.fleet is not None:
+            self.fleet.start()
         for facade in self.facades.values():
             facade.directory.start()
             facade.inventory.start()
@@ -68,6 +72,9 @@ class Runtime:
         if self.shared.ingress is not None:
             self.shared.ingress.stop()
         closed: Deferred[None] = self.pool.closeCachedConnections()
+        if self.fleet is not None:
+            fleet = self.fleet
+            closed.addCallback(lambda _: fleet.stop())
         return closed
 
     def site_for(self, engine: str) -> LimitedSite:
@@ -108,6 +115,7 @@ def build_runtime(
     stall_tracker: StallTrackerFactory | None = None,
     client: UpstreamClient | None = None,
     http: HTTPClient | None = None,
+    state: StateConfig | None = None,
 ) -> Runtime:
     """Build every facade of one process around one pool, one ledger, one workload registry, one bus.
 
@@ -115,6 +123,7 @@ def build_runtime(
     shorthand for tests, parsed with :func:`~nvpair_tw.ingress.parse_ingress` (not both).
     ``client`` (attempts) and ``http`` (a treq client for model lists and inventory polls) default
     to clients over the process's pool; ``nvpair_tw.testing.MemoryCluster`` injects in-memory ones.
+    ``state`` (``--state``) shares cooldowns, affinity and reservations with a fleet (SPEC §6.6).
     """
     if environ is not None:
         if ingress is not None:
@@ -130,9 +139,34 @@ def build_runtime(
         client = UpstreamClient(reactor, pool, settings.connect_timeout, endpoints=endpoints)
     if http is None:
         http = make_http_client(Agent.usingEndpointFactory(reactor, endpoints, pool=pool))
+    shared = _shared(reactor, settings, client, http, ingress)
+    fleet = FleetStore(reactor, state) if state is not None else None
+    if fleet is not None:
+        fleet.bind_ledger(shared.ledger)
+    for engine in engines:
+        facades[engine] = _facade(
+            engine,
+            shared,
+            reactor,
+            flag_nodes=list((nodes or {}).get(engine, ())),
+            nodes_file=nodes_file,
+            stall_tracker=stall_tracker,
+            fleet=fleet,
+        )
+    return Runtime(reactor, settings, shared, facades, pool, fleet=fleet)
+
+
+def _shared(
+    reactor: IProxyReactor,
+    settings: Settings,
+    client: UpstreamClient,
+    http: HTTPClient,
+    ingress: IngressConfig | None,
+) -> Shared:
+    """What every facade of the process shares; the bus logs every event."""
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
-    shared = Shared(
+    return Shared(
         clock=reactor,
         client=client,
         http=http,
@@ -144,59 +178,91 @@ def build_runtime(
             ingress if ingress is not None else IngressConfig(), reactor
         ),
     )
-    for engine in engines:
-        profile = ENGINES[engine]
-        directory = NodeDirectory(
-            profile,
-            reactor,
-            flag_nodes=list((nodes or {}).get(engine, ())),
-            nodes_file=nodes_file,
-        )
-        inventory = InventoryBook(
-            profile,
-            directory,
-            http,
-            reactor,
-            interval=settings.inventory_interval,
-            timeout=settings.inventory_timeout,
-        )
-        admission = Admission(
-            reactor,
-            slot_limit(directory.get, settings.default_slots),
-            settings.queue_size,
-            settings.queue_timeout,
-        )
-        directory.subscribe(admission.wake)  # raised slots or a new node: bind who waits
-        announce = _cooldown_announcer(bus, engine)
-        stalls = (
-            stall_tracker(engine, announce)
-            if stall_tracker is not None
-            else StallTracker(reactor, settings.cooldown, announce)
-        )
-        facades[engine] = Facade(
-            profile=profile,
-            shared=shared,
-            directory=directory,
-            inventory=inventory,
-            stalls=stalls,
-            affinity=AffinityTable(reactor, settings.affinity_max_entries, settings.affinity_ttl),
-            admission=admission,
-        )
-    return Runtime(reactor, settings, shared, facades, pool)
+
+
+def _facade(
+    engine: str,
+    shared: Shared,
+    reactor: IProxyReactor,
+    *,
+    flag_nodes: list[Node],
+    nodes_file: str | None,
+    stall_tracker: StallTrackerFactory | None,
+    fleet: FleetStore | None,
+) -> Facade:
+    """One engine's facade: its nodes, inventory, admission, stall tracker and affinity table."""
+    settings = shared.settings
+    profile = ENGINES[engine]
+    directory = NodeDirectory(profile, reactor, flag_nodes=flag_nodes, nodes_file=nodes_file)
+    inventory = InventoryBook(
+        profile,
+        directory,
+        shared.http,
+        reactor,
+        interval=settings.inventory_interval,
+        timeout=settings.inventory_timeout,
+    )
+    admission = Admission(
+        reactor,
+        slot_limit(directory.get, settings.default_slots),
+        settings.queue_size,
+        settings.queue_timeout,
+    )
+    directory.subscribe(admission.wake)  # raised slots or a new node: bind who waits
+    facade = Facade(
+        profile=profile,
+        shared=shared,
+        directory=directory,
+        inventory=inventory,
+        stalls=_stall_tracker(engine, shared, reactor, stall_tracker, fleet),
+        affinity=(
+            fleet.affinity_table(engine, settings.affinity_max_entries, settings.affinity_ttl)
+            if fleet is not None
+            else AffinityTable(reactor, settings.affinity_max_entries, settings.affinity_ttl)
+        ),
+        admission=admission,
+    )
+    if fleet is not None:
+        _share_progress(facade, fleet, engine)
+    return facade
+
+
+def _stall_tracker(
+    engine: str,
+    shared: Shared,
+    reactor: IProxyReactor,
+    factory: StallTrackerFactory | None,
+    fleet: FleetStore | None,
+) -> IStallTracker:
+    """A given factory's tracker, else the fleet's shared one, else a local one."""
+    announce = _cooldown_announcer(shared.bus, engine)
+    if factory is not None:
+        return factory(engine, announce)
+    if fleet is not None:
+        return fleet.stall_tracker(engine, shared.settings.cooldown, announce)
+    return StallTracker(reactor, shared.settings.cooldown, announce)
+
+
+def _share_progress(facade: Facade, fleet: FleetStore, engine: str) -> None:
+    """A peer's body bytes from a node count as progress here, and ours are told to the fleet."""
+    facade.progress.shared(
+        lambda node_id: fleet.note_progress(engine, node_id),
+        lambda node_id: fleet.peer_progress(engine, node_id),
+    )
 
 
 def _cooldown_announcer(bus: EventBus, engine: str) -> CooldownListener:
     def announce(node_id: str, cooldown: Cooldown | None, reason: str) -> None:
         if cooldown is not None:
-            bus.publish(
-                NODE_COOLDOWN,
-                {
-                    "engine": engine,
-                    "node_id": node_id,
-                    "reason": reason,
-                    "coolingUntil": int(cooldown.until * 1000),
-                },
-            )
+            payload = {
+                "engine": engine,
+                "node_id": node_id,
+                "reason": reason,
+                "coolingUntil": int(cooldown.until * 1000),
+            }
+            if cooldown.origin != "local":
+                payload["origin"] = cooldown.origin  # a peer of the fleet stalled (SPEC §6.6)
+            bus.publish(NODE_COOLDOWN, payload)
         else:
             bus.publish(NODE_COOLDOWN_ENDED, {"engine": engine, "node_id": node_id, "why": reason})
 

@@ -93,7 +93,12 @@ class SimulatedEngine(Resource):
     header_delay: float = 0.0
     body_delay: float = 0.0
     reply_text: str = "hello"
+    api_key: str | None = None
     loaded: Sequence[str] | None = None
+    response_prefix: str = "resp"
+    script: Callable[[bytes, bool, bytes], list[bytes]] | None = None
+    """When set, the frames of a healthy answer: ``script(path, streaming, request_body)``
+    (e.g. a stream with tool calls or a usage chunk); else :func:`reply_frames`."""
     received: list[Received] = field(factory=list)
     inference_count: int = 0
     _timers: list[IDelayedCall] = field(factory=list)
@@ -132,6 +137,22 @@ class SimulatedEngine(Resource):
                 body,
             )
         )
+        if self.api_key is not None and request.requestHeaders.getRawHeaders(b"authorization") != [
+            f"Bearer {self.api_key}".encode()
+        ]:
+            request.setResponseCode(401)
+            return self._json(request, {"error": "unauthorized"})
+        if request.method == b"GET":
+            answer = self._listing(path)
+            if answer is not None:
+                status, document = answer
+                request.setResponseCode(status)
+                return self._json(request, document)
+        if request.method == b"POST" and path == b"/api/show":
+            wanted = _requested_model(body)
+            if wanted not in self.models and f"{wanted}:latest" not in self.models:
+                request.setResponseCode(404)
+                return self._json(request, {"error": f"model '{wanted}' not found"})
         if request.method == b"GET" and path == b"/api/tags":
             return self._json(request, {"models": [{"name": m, "model": m} for m in self.models]})
         if request.method == b"GET" and path == b"/v1/models":
@@ -139,8 +160,6 @@ class SimulatedEngine(Resource):
                 request,
                 {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]},
             )
-        if request.method == b"GET" and path in (b"/api/ps", b"/api/v0/models"):
-            return self._residency(request, path)
         if request.method != b"POST":
             return self._json(request, {"version": "0.0.0-simulated"})
         self.inference_count += 1
@@ -152,6 +171,35 @@ class SimulatedEngine(Resource):
         else:
             self._act(request, behaviour, body)
         return NOT_DONE_YET
+
+    def _listing(self, path: bytes) -> tuple[int, Any] | None:
+        """The GET routes answered from the engine's models: ``/api/ps`` (the ``loaded`` ones),
+        LM Studio's ``/api/v0/models`` (every model with its ``state``) — both 404 while
+        ``loaded`` is None — and ``/api/v0/models/{id}`` (404 for a model it lacks)."""
+        loaded = () if self.loaded is None else tuple(self.loaded)
+        names = list(dict.fromkeys([*self.models, *loaded]))
+        records = [
+            {
+                "id": m,
+                "object": "model",
+                "type": "llm",
+                "state": "loaded" if m in loaded else "not-loaded",
+            }
+            for m in names
+        ]
+        if path.startswith(b"/api/v0/models/"):
+            wanted = path[len(b"/api/v0/models/") :].decode("utf-8", "replace")
+            for record in records:
+                if record["id"] == wanted:
+                    return 200, record
+            return 404, {"error": f"model '{wanted}' not found"}
+        if path not in (b"/api/ps", b"/api/v0/models"):
+            return None
+        if self.loaded is None:
+            return 404, {"error": "not found"}
+        if path == b"/api/ps":
+            return 200, {"models": [{"name": m, "model": m, "size_vram": 1} for m in loaded]}
+        return 200, {"object": "list", "data": records}
 
     def _closed(self, _result: object, request: Request) -> None:
         if request in self._open:
@@ -184,7 +232,17 @@ class SimulatedEngine(Resource):
             request.write(b"")
             self._later(0, _hang_up, request)
             return
-        frames = reply_frames(request.path, streaming, self.chunks, self.reply_text)
+        frames = (
+            self.script(request.path, streaming, body)
+            if self.script is not None
+            else reply_frames(
+                request.path,
+                streaming,
+                self.chunks,
+                self.reply_text,
+                response_id=f"{self.response_prefix}_{self.inference_count}",
+            )
+        )
         if behaviour is Behaviour.SLOW_BODY:
             request.write(b"")
             self._later(self.body_delay, self._send, request, frames, 0)
@@ -209,28 +267,24 @@ class SimulatedEngine(Resource):
         else:
             self._send(request, frames, index + 1)
 
-    def _residency(self, request: Request, path: bytes) -> bytes:
-        if self.loaded is None:
-            request.setResponseCode(404)
-            return self._json(request, {"error": "not found"})
-        if path == b"/api/ps":
-            return self._json(
-                request,
-                {"models": [{"name": m, "model": m, "size_vram": 1} for m in self.loaded]},
-            )
-        names = list(dict.fromkeys([*self.models, *self.loaded]))
-        states = {m: "loaded" if m in self.loaded else "not-loaded" for m in names}
-        return self._json(
-            request,
-            {
-                "object": "list",
-                "data": [{"id": m, "object": "model", "state": states[m]} for m in names],
-            },
-        )
-
     def _json(self, request: Request, document: Any) -> bytes:
         request.setHeader(b"content-type", b"application/json")
         return json.dumps(document).encode()
+
+
+def _requested_model(body: bytes) -> str:
+    """The ``model`` (else ``name``) of an ``/api/show`` body, or ``""``."""
+    try:
+        parsed = json.loads(body) if body else {}
+    except ValueError:
+        parsed = {}
+    wanted = parsed.get("model") or parsed.get("name") if isinstance(parsed, dict) else ""
+    return wanted if isinstance(wanted, str) else ""
+
+
+def _ollama_style(path: bytes) -> bool:
+    """Ollama's own routes; LM Studio's ``/api/v0/...`` answer OpenAI-style."""
+    return path.startswith(b"/api/") and not path.startswith(b"/api/v0/")
 
 
 def _hang_up(request: Request) -> None:
@@ -251,17 +305,24 @@ def stream_kind(path: bytes, body: bytes) -> tuple[bool, bytes]:
         parsed = {}
     if not isinstance(parsed, dict):
         parsed = {}
-    if path.startswith(b"/api/"):
+    if _ollama_style(path):
         streaming = bool(parsed.get("stream", True)) and path in (b"/api/chat", b"/api/generate")
         return streaming, b"application/x-ndjson" if streaming else b"application/json"
     streaming = bool(parsed.get("stream", False))
     return streaming, b"text/event-stream" if streaming else b"application/json"
 
 
-def reply_frames(path: bytes, streaming: bool, chunks: int, text: str) -> list[bytes]:
+def reply_frames(
+    path: bytes, streaming: bool, chunks: int, text: str, *, response_id: str = "resp_1"
+) -> list[bytes]:
     """The frames of one answer: ``chunks`` NDJSON lines or SSE events and the closing frame
-    (``done`` / ``[DONE]``) when streaming, else one JSON document."""
-    if path.startswith(b"/api/"):
+    (``done`` / ``[DONE]`` / ``response.completed``) when streaming, else one JSON document.
+    ``/v1/responses`` answers carry ``response_id``; ``/api/show`` answers a model's details."""
+    if path == b"/api/show":
+        return [json.dumps({"modelfile": "# simulated", "details": {"family": "sim"}}).encode()]
+    if path == b"/v1/responses":
+        return _responses_frames(streaming, chunks, text, response_id)
+    if _ollama_style(path):
         if not streaming:
             return [
                 json.dumps(
@@ -292,3 +353,27 @@ def reply_frames(path: bytes, streaming: bool, chunks: int, text: str) -> list[b
         for i in range(chunks)
     ]
     return [*parts, b"data: [DONE]\n\n"]
+
+
+def _responses_frames(streaming: bool, chunks: int, text: str, response_id: str) -> list[bytes]:
+    """An OpenAI Responses API answer: SSE events from ``response.created`` to
+    ``response.completed``, or the response object."""
+    done = {
+        "id": response_id,
+        "object": "response",
+        "status": "completed",
+        "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
+    }
+    if not streaming:
+        return [json.dumps(done).encode()]
+
+    def event(kind: str, data: dict[str, Any]) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+    created = {"id": response_id, "object": "response", "status": "in_progress", "output": []}
+    parts = [event("response.output_text.delta", {"delta": f"{text}{i}"}) for i in range(chunks)]
+    return [
+        event("response.created", {"response": created}),
+        *parts,
+        event("response.completed", {"response": done}),
+    ]

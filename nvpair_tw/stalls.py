@@ -3,7 +3,9 @@
 
 A node that stalled (no headers within the deadline, or silence past an enabled first-body timeout) is
 *cooling* for one response-header timeout: ordering puts it behind its ready peers, never excludes it.
-Expiry or a successful response from the node ends the cooldown. Nothing is persisted or shared.
+Expiry or a successful response from the node ends the cooldown. Nothing is persisted; with
+``--state`` :mod:`nvpair_tw.fleet` shares cooldowns with a fleet's other proxies through
+:meth:`StallTracker.install` and :meth:`StallTracker.end` (SPEC §6.6).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ __all__ = ["Cooldown", "CooldownListener", "IStallTracker", "NeverCools", "Stall
 
 @frozen
 class Cooldown:
-    """One cooling node: until when (clock seconds) and why."""
+    """One cooling node: until when (clock seconds), why, and where the stall was seen
+    (``"local"``, or ``"peer"`` for a cooldown another proxy of the fleet shared)."""
 
     node_id: str
     until: float
     reason: str
+    origin: str = "local"
 
 
 class IStallTracker(Interface):
@@ -66,31 +70,43 @@ class StallTracker:
         self._entries: dict[str, _Entry] = {}
         self._on_change = on_change
 
+    @property
+    def period(self) -> float:
+        """How long a stall cools its node (one response-header timeout)."""
+        return self._period
+
     def cool(self, node_id: str, reason: str) -> None:
+        self.install(node_id, reason, self._period)
+
+    def install(self, node_id: str, reason: str, period: float, origin: str = "local") -> Cooldown:
+        """Cool ``node_id`` for ``period`` seconds from now (replacing any cooldown it has)."""
         previous = self._entries.pop(node_id, None)
         if previous is not None:
             previous.timer.cancel()
-        cooldown = Cooldown(node_id, self._clock.seconds() + self._period, reason)
-        timer = self._clock.callLater(self._period, self._expire, node_id)
+        cooldown = Cooldown(node_id, self._clock.seconds() + period, reason, origin)
+        timer = self._clock.callLater(period, self._expire, node_id)
         self._entries[node_id] = _Entry(cooldown, timer)
         if self._on_change is not None:
             self._on_change(node_id, cooldown, reason)
+        return cooldown
 
     def clear(self, node_id: str) -> None:
-        self._end(node_id, "success")
+        self.end(node_id, "success")
 
     def _expire(self, node_id: str) -> None:
         entry = self._entries.pop(node_id, None)
         if entry is not None and self._on_change is not None:
             self._on_change(node_id, None, "expired")
 
-    def _end(self, node_id: str, why: str) -> None:
+    def end(self, node_id: str, why: str) -> bool:
+        """End ``node_id``'s cooldown now, telling the listener ``why``; False if it was not cooling."""
         entry = self._entries.pop(node_id, None)
         if entry is None:
-            return
+            return False
         entry.timer.cancel()
         if self._on_change is not None:
             self._on_change(node_id, None, why)
+        return True
 
     def cooling(self) -> frozenset[str]:
         return frozenset(self._entries)

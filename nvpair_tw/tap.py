@@ -24,9 +24,10 @@ from nvpair_tw.config import Config
 from nvpair_tw.durations import parse_duration
 from nvpair_tw.endpoints import tcp_listener
 from nvpair_tw.engines import ENGINES
+from nvpair_tw.fleet import StateConfig, parse_state_url, read_secret
 from nvpair_tw.ingress import IngressConfigError, parse_ingress
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
-from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file
+from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.settings import (
     Resolved,
@@ -84,9 +85,39 @@ def parse_node(text: str) -> tuple[str | None, Node]:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, 0):
         raise usage.UsageError(
-            f"--node {left}: URL must be http(s)://HOST[:PORT] with a port 1-65535, not {url!r}"
+            f"--node {left}: URL must be http(s)://HOST[:PORT] with a port 1-65535,"
+            f" not {public_url(url)!r}"
         )
     return engine, Node(id=left.strip(), url=url.rstrip("/"), source="flag")
+
+
+MAX_KEY_FILE_BYTES = 64 << 10
+
+
+def read_key_file(text: str) -> tuple[str, str]:
+    """``ID=PATH`` of ``--node-key-file``: the node id and the key read from PATH (first line,
+    surrounding whitespace trimmed). Errors name the file, never its content."""
+    node_id, sep, path = text.partition("=")
+    if not sep or not node_id.strip() or not path.strip():
+        raise usage.UsageError(f"--node-key-file wants ID=PATH, not {text!r}")
+    node_id, path = node_id.strip(), path.strip()
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_KEY_FILE_BYTES + 1)
+    except OSError as error:
+        raise usage.UsageError(
+            f"--node-key-file {node_id}: cannot read {path}: {error.strerror}"
+        ) from None
+    try:
+        lines = raw.decode("utf-8").strip().splitlines()
+    except UnicodeDecodeError:
+        lines = []
+    key = lines[0].strip() if lines else ""
+    if len(raw) > MAX_KEY_FILE_BYTES or not key or not key.isprintable():
+        raise usage.UsageError(
+            f"--node-key-file {node_id}: {path} must hold the key on its first line"
+        )
+    return node_id, key
 
 
 def parse_node_slots(text: str) -> tuple[str | None, str, int]:
@@ -117,6 +148,81 @@ def _with_slots(
     return tuple(evolve(n, slots=chosen[n.id]) if n.id in chosen else n for n in nodes)
 
 
+_PARAMETERS: list[list[str | None]] = [
+    ["nodes", None, None, "TOML file of nodes (reloaded when it changes)."],
+    ["connect-timeout", None, "10s", "Dial timeout per attempt (Go duration)."],
+    [
+        "response-header-timeout",
+        None,
+        None,
+        "Deadline for response headers after the request is written; a stall cools the node "
+        "for this long. [env NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT, default 120s]",
+    ],
+    [
+        "first-body-timeout",
+        None,
+        None,
+        "Opt-in deadline for the first body byte after headers (inference); 0 disables. "
+        "[env NVPAIR_PROXY_FIRST_BODY_TIMEOUT, default 0]",
+    ],
+    ["max-body-size", None, "32MiB", "Largest request body accepted (413 beyond)."],
+    ["inventory-interval", None, "10s", "How often each node's model list is polled."],
+    ["affinity-max-entries", None, "10000", "Prefix-affinity table size per facade."],
+    ["affinity-ttl", None, "5m", "Idle time after which an affinity entry is forgotten."],
+    ["write-stall-timeout", None, "30s", "Drop a client that accepts no bytes this long."],
+    ["max-connections", None, "256", "Open client connections per facade (503 beyond)."],
+    [
+        "control",
+        None,
+        None,
+        "JSON-RPC control channel endpoint (e.g. unix:/run/nvpair.sock, stdio).",
+    ],
+    [
+        "admin",
+        None,
+        "tcp:9180:interface=127.0.0.1",
+        "Admin listener (metrics, status); none disables.",
+    ],
+    ["shutdown-grace", None, "10s", "On SIGTERM, how long in-flight streams may finish."],
+    [
+        "default-slots",
+        None,
+        "0",
+        "Requests a node runs at once unless it sets slots; 0 = unlimited.",
+    ],
+    ["queue-size", None, "256", "Inference requests that may wait for a free slot per facade."],
+    ["queue-timeout", None, "10m", "How long a request may wait for a free slot."],
+    [
+        "busy-max-wait",
+        None,
+        "30m",
+        "Longest header wait extended while the node shows progress.",
+    ],
+    [
+        "load-timeout",
+        None,
+        None,
+        "Added to the first deadline on a node known not to have the model loaded "
+        "[default: the response-header timeout].",
+    ],
+    [
+        "state",
+        None,
+        None,
+        "Share cooldowns, affinity and reservations with other proxies through Redis or "
+        "Valkey: redis://[:PASSWORD@]HOST:PORT/DB.",
+    ],
+    ["state-password-file", None, None, "File holding the --state store's password."],
+    [
+        "state-secret-file",
+        None,
+        None,
+        "File holding a secret: affinity digests go to the store as HMAC-SHA-256 under it.",
+    ],
+    ["log-level", None, "info", "debug, info, warn or error."],
+]
+
+
 class Options(usage.Options):
     """Options of ``twistd nvpair``."""
 
@@ -128,65 +234,7 @@ class Options(usage.Options):
     optFlags = [
         ["demo", None, "Start two simulated nodes in-process (one stalls every other time)."]
     ]
-    optParameters = [
-        ["nodes", None, None, "TOML file of nodes (reloaded when it changes)."],
-        ["connect-timeout", None, "10s", "Dial timeout per attempt (Go duration)."],
-        [
-            "response-header-timeout",
-            None,
-            None,
-            "Deadline for response headers after the request is written; a stall cools the node "
-            "for this long. [env NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT, default 120s]",
-        ],
-        [
-            "first-body-timeout",
-            None,
-            None,
-            "Opt-in deadline for the first body byte after headers (inference); 0 disables. "
-            "[env NVPAIR_PROXY_FIRST_BODY_TIMEOUT, default 0]",
-        ],
-        ["max-body-size", None, "32MiB", "Largest request body accepted (413 beyond)."],
-        ["inventory-interval", None, "10s", "How often each node's model list is polled."],
-        ["affinity-max-entries", None, "10000", "Prefix-affinity table size per facade."],
-        ["affinity-ttl", None, "5m", "Idle time after which an affinity entry is forgotten."],
-        ["write-stall-timeout", None, "30s", "Drop a client that accepts no bytes this long."],
-        ["max-connections", None, "256", "Open client connections per facade (503 beyond)."],
-        [
-            "control",
-            None,
-            None,
-            "JSON-RPC control channel endpoint (e.g. unix:/run/nvpair.sock, stdio).",
-        ],
-        [
-            "admin",
-            None,
-            "tcp:9180:interface=127.0.0.1",
-            "Admin listener (metrics, status); none disables.",
-        ],
-        ["shutdown-grace", None, "10s", "On SIGTERM, how long in-flight streams may finish."],
-        [
-            "default-slots",
-            None,
-            "0",
-            "Requests a node runs at once unless it sets slots; 0 = unlimited.",
-        ],
-        ["queue-size", None, "256", "Inference requests that may wait for a free slot per facade."],
-        ["queue-timeout", None, "10m", "How long a request may wait for a free slot."],
-        [
-            "busy-max-wait",
-            None,
-            "30m",
-            "Longest header wait extended while the node shows progress.",
-        ],
-        [
-            "load-timeout",
-            None,
-            None,
-            "Added to the first deadline on a node known not to have the model loaded "
-            "[default: the response-header timeout].",
-        ],
-        ["log-level", None, "info", "debug, info, warn or error."],
-    ]
+    optParameters = _PARAMETERS
 
     config: Config
     """What ``postOptions`` resolved; the only thing parsing produces."""
@@ -197,6 +245,7 @@ class Options(usage.Options):
         self["engines"] = []
         self["listen"] = {}
         self["node"] = []
+        self["node-key"] = {}
         self["node-slots"] = []
         self["assemble"] = {}
 
@@ -223,6 +272,11 @@ class Options(usage.Options):
         """A node: ID=URL for every engine, or ENGINE:ID=URL (repeatable)."""
         self["node"].append(parse_node(text))
 
+    def opt_node_key_file(self, text: str) -> None:
+        """ID=PATH: send the key in PATH as Authorization: Bearer to --node ID only (repeatable)."""
+        node_id, key = read_key_file(text)
+        self["node-key"][node_id] = key
+
     def opt_node_slots(self, text: str) -> None:
         """Slots of a --node: ID=N or ENGINE:ID=N, 0 = unlimited (repeatable)."""
         self["node-slots"].append(parse_node_slots(text))
@@ -247,24 +301,7 @@ class Options(usage.Options):
         engines: list[str] = self["engines"]
         if not engines:
             raise usage.UsageError("at least one --engine is required (ollama, lmstudio or omlx)")
-        given: dict[str | None, str] = dict(self["listen"])
-        if None in given:
-            if len(engines) > 1:
-                raise usage.UsageError("with several engines, give --listen as ENGINE=ENDPOINT")
-            given[engines[0]] = given.pop(None)
-        for engine in given:
-            if engine not in engines:
-                raise usage.UsageError(f"--listen for {engine}, which is not an --engine")
-        listen = {e: given.get(e, ENGINES[e].default_listen) for e in engines}
-        admin = self["admin"] if self["admin"] != "none" else None
-        control: str | None = self["control"]
-        for flag, description in [
-            *((f"--listen {e}", d) for e, d in listen.items()),
-            ("--admin", admin),
-            ("--control", control if control != "stdio" else None),
-        ]:
-            if description is not None:
-                _check_endpoint(flag, description)
+        listen, admin, control = _endpoints(self, engines)
         header = resolve_response_header_timeout(self["response-header-timeout"], environ)
         if self["demo"] and header.source == "default" and header.warning is None:
             # The demo's flaky node freezes on every other request: show a failover in seconds.
@@ -277,50 +314,17 @@ class Options(usage.Options):
                 for engine in engines:
                     load_nodes_file(nodes_file, engine)
             ingress = parse_ingress(environ)
-            settings = Settings(
-                connect_timeout=_positive(self, "connect-timeout"),
-                response_header_timeout=header.seconds,
-                first_body_timeout=first.seconds,
-                max_body_size=_count(self, "max-body-size", parse_size),
-                write_stall_timeout=_positive(self, "write-stall-timeout"),
-                inventory_interval=_positive(self, "inventory-interval"),
-                affinity_max_entries=_count(self, "affinity-max-entries", int),
-                affinity_ttl=_positive(self, "affinity-ttl"),
-                max_connections=_count(self, "max-connections", int),
-                shutdown_grace=_positive(self, "shutdown-grace", zero_ok=True),
-                default_slots=_count(self, "default-slots", int, zero_ok=True),
-                queue_size=_count(self, "queue-size", int),
-                queue_timeout=_positive(self, "queue-timeout"),
-                busy_max_wait=_positive(self, "busy-max-wait", zero_ok=True),
-                load_timeout=(
-                    None
-                    if self["load-timeout"] is None
-                    else _positive(self, "load-timeout", zero_ok=True)
-                ),
-                assemble=_assemble_by_engine(self["assemble"], engines),
-            )
-        except (ValueError, NodesFileError, IngressConfigError) as error:
+            settings = _settings(self, engines, header.seconds, first.seconds)
+            state = _state(self)
+        except (ValueError, OSError, NodesFileError, IngressConfigError) as error:
             raise usage.UsageError(str(error)) from None
-        flag_nodes: list[tuple[str | None, Node]] = self["node"]
-        slots: list[tuple[str | None, str, int]] = self["node-slots"]
-        for scope, node_id, _ in slots:
-            if scope is not None and scope not in engines:
-                raise usage.UsageError(f"--node-slots for {scope}, which is not an --engine")
-            if not any(n.id == node_id and s in (None, scope or s) for s, n in flag_nodes):
-                where = f"{scope}:{node_id}" if scope else node_id
-                raise usage.UsageError(f"--node-slots {where}: no --node {node_id} to apply it to")
         return Config(
             engines=tuple(engines),
             listen=listen,
-            nodes={
-                engine: _with_slots(
-                    engine, [node for scope, node in flag_nodes if scope in (None, engine)], slots
-                )
-                for engine in engines
-            },
+            nodes=_flag_nodes(self, engines),
             nodes_file=nodes_file,
             settings=settings,
-            control=control or None,
+            control=control,
             admin=admin,
             demo=bool(self["demo"]),
             log_level=log_level,
@@ -330,7 +334,91 @@ class Options(usage.Options):
                 "first-body-timeout": first.source,
             },
             ingress=ingress,
+            state=state,
         )
+
+
+def _with_keys(
+    flag_nodes: list[tuple[str | None, Node]], keys: Mapping[str, str]
+) -> list[tuple[str | None, Node]]:
+    """The ``--node`` nodes with their ``--node-key-file`` keys; a key for no ``--node`` is an error."""
+    named = {node.id for _, node in flag_nodes}
+    for node_id in keys:
+        if node_id not in named:
+            raise usage.UsageError(f"--node-key-file {node_id}: no --node has this id")
+    return [
+        (scope, evolve(node, api_key=keys[node.id]) if node.id in keys else node)
+        for scope, node in flag_nodes
+    ]
+
+
+def _endpoints(
+    options: Options, engines: list[str]
+) -> tuple[dict[str, str], str | None, str | None]:
+    """Each facade's listener, the admin listener and the control channel, each checked."""
+    given: dict[str | None, str] = dict(options["listen"])
+    if None in given:
+        if len(engines) > 1:
+            raise usage.UsageError("with several engines, give --listen as ENGINE=ENDPOINT")
+        given[engines[0]] = given.pop(None)
+    for engine in given:
+        if engine not in engines:
+            raise usage.UsageError(f"--listen for {engine}, which is not an --engine")
+    listen = {e: given.get(e, ENGINES[e].default_listen) for e in engines}
+    admin = options["admin"] if options["admin"] != "none" else None
+    control: str | None = options["control"]
+    for flag, description in [
+        *((f"--listen {e}", d) for e, d in listen.items()),
+        ("--admin", admin),
+        ("--control", control if control != "stdio" else None),
+    ]:
+        if description is not None:
+            _check_endpoint(flag, description)
+    return listen, admin, control or None
+
+
+def _settings(options: Options, engines: list[str], header: float, first: float) -> Settings:
+    """The timers and limits (``ValueError`` naming the option for a bad value)."""
+    load_timeout = options["load-timeout"]
+    return Settings(
+        connect_timeout=_positive(options, "connect-timeout"),
+        response_header_timeout=header,
+        first_body_timeout=first,
+        max_body_size=_count(options, "max-body-size", parse_size),
+        write_stall_timeout=_positive(options, "write-stall-timeout"),
+        inventory_interval=_positive(options, "inventory-interval"),
+        affinity_max_entries=_count(options, "affinity-max-entries", int),
+        affinity_ttl=_positive(options, "affinity-ttl"),
+        max_connections=_count(options, "max-connections", int),
+        shutdown_grace=_positive(options, "shutdown-grace", zero_ok=True),
+        default_slots=_count(options, "default-slots", int, zero_ok=True),
+        queue_size=_count(options, "queue-size", int),
+        queue_timeout=_positive(options, "queue-timeout"),
+        busy_max_wait=_positive(options, "busy-max-wait", zero_ok=True),
+        load_timeout=(
+            None if load_timeout is None else _positive(options, "load-timeout", zero_ok=True)
+        ),
+        assemble=_assemble_by_engine(options["assemble"], engines),
+    )
+
+
+def _flag_nodes(options: Options, engines: list[str]) -> dict[str, tuple[Node, ...]]:
+    """Each engine's ``--node`` nodes (unscoped ones under every engine) with their slots and
+    ``--node-key-file`` keys."""
+    flag_nodes = _with_keys(options["node"], options["node-key"])
+    slots: list[tuple[str | None, str, int]] = options["node-slots"]
+    for scope, node_id, _ in slots:
+        if scope is not None and scope not in engines:
+            raise usage.UsageError(f"--node-slots for {scope}, which is not an --engine")
+        if not any(n.id == node_id and s in (None, scope or s) for s, n in flag_nodes):
+            where = f"{scope}:{node_id}" if scope else node_id
+            raise usage.UsageError(f"--node-slots {where}: no --node {node_id} to apply it to")
+    return {
+        engine: _with_slots(
+            engine, [node for scope, node in flag_nodes if scope in (None, engine)], slots
+        )
+        for engine in engines
+    }
 
 
 class _ParseOnly:
@@ -344,6 +432,23 @@ def _check_endpoint(flag: str, description: str) -> None:
         tcp_listener(description)
     except Exception as error:  # parsers raise ValueError, KeyError, OSError (ssl files), ...
         raise usage.UsageError(f"{flag}: not a server endpoint {description!r}: {error}") from None
+
+
+def _state(options: Options) -> StateConfig | None:
+    """``--state`` with its password and secret files; errors never quote the password."""
+    url: str | None = options["state"]
+    password_file: str | None = options["state-password-file"]
+    secret_file: str | None = options["state-secret-file"]
+    if url is None:
+        if password_file is not None or secret_file is not None:
+            raise ValueError("--state-password-file and --state-secret-file need --state")
+        return None
+    try:
+        password = read_secret(password_file).decode() if password_file is not None else None
+        secret = read_secret(secret_file) if secret_file is not None else None
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ValueError(f"--state: cannot read a secret file: {type(error).__name__}") from None
+    return parse_state_url(url, password=password, secret=secret)
 
 
 def _positive(options: Options, name: str, zero_ok: bool = False) -> float:

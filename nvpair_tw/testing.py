@@ -62,6 +62,7 @@ from nvpair_tw.endpoints import tcp_listener
 from nvpair_tw.engines import ENGINES
 from nvpair_tw.events import Event
 from nvpair_tw.facade import Facade
+from nvpair_tw.fleet import StateConfig
 from nvpair_tw.inventory import make_http_client
 from nvpair_tw.nodes import Node
 from nvpair_tw.reactor import IProxyReactor
@@ -633,6 +634,7 @@ async def start_proxy(
     *,
     environ: Mapping[str, str] | None = None,
     stall_tracker: StallTrackerFactory | None = None,
+    state: StateConfig | None = None,
 ) -> ProxyHandle:
     """Build and start a runtime with a facade per key of ``nodes``, each on its own loopback port."""
     runtime = build_runtime(
@@ -642,6 +644,7 @@ async def start_proxy(
         nodes=nodes,
         environ=environ,
         stall_tracker=stall_tracker,
+        state=state,
     )
     runtime.start()
     ports = {

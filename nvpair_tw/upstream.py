@@ -496,4 +496,5 @@ def node_url(base: str, path_and_query: bytes) -> bytes:
 @functools.lru_cache(maxsize=256)
 def _base_of(base: str) -> bytes:
     parts = urlsplit(base)
-    return f"{parts.scheme}://{parts.netloc}".encode() + parts.path.rstrip("/").encode()
+    host = parts.netloc.rpartition("@")[2]  # userinfo is sent as Authorization, never in the URL
+    return f"{parts.scheme}://{host}".encode() + parts.path.rstrip("/").encode()

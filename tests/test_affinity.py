@@ -119,13 +119,39 @@ def test_different_model_misses() -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/embeddings", "/api/embed", "/v1/messages", "/api/tags", "/v1/chat"]
+    "path",
+    [
+        "/v1/embeddings",
+        "/api/embed",
+        "/v1/messages",
+        "/api/tags",
+        "/v1/chat",
+        "/v1/responses",
+        "/api/v0/embeddings",
+    ],
 )
 def test_other_paths_have_no_affinity(path: str) -> None:
     """Only chat and completion paths have affinity."""
     assert (
         affinity_key(path, "m", {"model": "m", "messages": turn(1), "prompt": "x" * 2000}) is None
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/api/v0/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        ),
+        ("/api/v0/completions", {"model": "m", "prompt": "x" * 2000}),
+    ],
+)
+def test_lmstudio_native_chat_and_completions_have_affinity(
+    path: str, body: dict[str, Any]
+) -> None:
+    """LM Studio's ``/api/v0`` chat and completions key like their ``/v1`` twins."""
+    assert affinity_key(path, "m", body) is not None
 
 
 def test_query_string_is_ignored() -> None:

@@ -181,3 +181,20 @@ def test_the_assembled_tree_starts_and_stops_cleanly() -> None:
         reactor.advance(0.5)
     assert stopped
     assert [c for c in reactor.getDelayedCalls() if c.active()] == []
+
+
+def test_state_gives_the_runtime_a_fleet_store_and_shared_state() -> None:
+    """``--state`` reaches the runtime: a store, shared trackers and tables, the ledger followed."""
+    from nvpair_tw.fleet import SharedAffinityTable, SharedStallTracker
+
+    _reactor, top = built("-e", "ollama", "--state", "redis://:pw@127.0.0.1:6390/2")
+    runtime = runtime_of(top)
+    assert (
+        runtime.fleet is not None and str(runtime.fleet.config) == "redis://:***@127.0.0.1:6390/2"
+    )
+    facade = runtime.facades["ollama"]
+    assert isinstance(facade.stalls, SharedStallTracker)
+    assert isinstance(facade.affinity, SharedAffinityTable)
+    assert runtime.shared.ledger.on_change is not None
+    _reactor, top = built("-e", "ollama")
+    assert runtime_of(top).fleet is None

@@ -15,15 +15,24 @@ from typing import Any
 import pytest
 import pytest_twisted
 import treq
+from attrs import evolve
 from treq.testing import RequestTraversalAgent
-from twisted.internet.defer import Deferred
-from twisted.internet.error import ConnectionLost, ConnectionRefusedError, TCPTimedOutError
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.error import (
+    ConnectionLost,
+    ConnectionRefusedError,
+    DNSLookupError,
+    TCPTimedOutError,
+)
+from twisted.internet.interfaces import IProtocol, IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock, deferLater
+from twisted.logger import capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseNeverReceived
+from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgent, IBodyProducer, IResponse
+from twisted.web.iweb import UNKNOWN_LENGTH, IAgent, IBodyProducer, IResponse
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
@@ -36,6 +45,8 @@ from nvpair_tw.attempts import (
     Committed,
     Exhausted,
     Result,
+    classify_failure,
+    retryable_status,
     run_attempts,
 )
 from nvpair_tw.nodes import Node
@@ -53,7 +64,15 @@ from nvpair_tw.testing import (
     start_engine,
     start_proxy,
 )
-from nvpair_tw.upstream import HeaderTimeout, ReplayBodyProducer, UpstreamClient
+from nvpair_tw.upstream import (
+    BodyGate,
+    FirstBodyTimeout,
+    GateState,
+    HeaderTimeout,
+    ReplayBodyProducer,
+    UpstreamClient,
+)
+from nvpair_tw.workloads import AttemptOutcome
 
 ROUNDS = [pytest.param(i, id=f"round{i}") for i in range(3)]
 MODEL = ("llama3:latest",)
@@ -1086,3 +1105,343 @@ def test_pass_through_body_bytes_are_not_progress() -> None:
     committed.gate.start_relay(lambda chunk: None)
     loop.pump()
     assert loop.progress.last("a") is None
+
+
+# --- The outcome table, pinned value by value (mutation testing: docs/testing.md) ---------------
+
+
+@pytest.mark.parametrize(
+    ("code", "inference", "retryable"),
+    [
+        (408, False, True),
+        (429, False, True),
+        (500, False, True),
+        (501, False, True),
+        (599, False, True),
+        (404, True, True),
+        (404, False, False),
+        (405, True, False),
+        (409, False, False),
+        (430, False, False),
+        (499, False, False),
+        (400, True, False),
+        (300, True, False),
+        (200, True, False),
+    ],
+)
+def test_retryable_statuses_are_408_429_5xx_and_404_on_inference(
+    code: int, inference: bool, retryable: bool
+) -> None:
+    """The statuses that move on to the next node, exactly (docs/behaviour.md §6.1)."""
+    assert retryable_status(code, inference) is retryable
+
+
+@pytest.mark.parametrize(
+    ("failure", "gone", "outcome"),
+    [
+        (Failure(HeaderTimeout("x")), "client gone", AttemptOutcome.CANCELLED),
+        (Failure(ConnectionRefusedError()), "client gone", AttemptOutcome.CANCELLED),
+        (Failure(CancelledError()), None, AttemptOutcome.CANCELLED),
+        (Failure(HeaderTimeout("x")), None, AttemptOutcome.STALL),
+        (Failure(FirstBodyTimeout("x")), None, AttemptOutcome.FIRST_BODY_TIMEOUT),
+        (Failure(ConnectionRefusedError()), None, AttemptOutcome.CONNECT_ERROR),
+        (Failure(DNSLookupError("nowhere")), None, AttemptOutcome.CONNECT_ERROR),
+        (Failure(ResponseNeverReceived([Failure(ConnectionLost())])), None, AttemptOutcome.DROPPED),
+    ],
+    ids=[
+        "gone-wins-over-stall",
+        "gone-wins-over-refusal",
+        "cancellation",
+        "header-timeout",
+        "first-body-timeout",
+        "refused",
+        "dns",
+        "reset",
+    ],
+)
+def test_classify_failure_outcomes(
+    failure: Failure, gone: str | None, outcome: AttemptOutcome
+) -> None:
+    """The caller's departure wins over any transport failure; a DNS failure is a connect error."""
+    assert classify_failure(failure, gone) is outcome
+
+
+def test_classify_failure_raises_a_bug_again() -> None:
+    """A failure that is not a transport failure is not swallowed as an outcome."""
+    with pytest.raises(ZeroDivisionError):
+        classify_failure(Failure(ZeroDivisionError()), None)
+
+
+def test_the_plan_headers_reach_the_node() -> None:
+    """Every attempt sends the plan's headers (here its Content-Type) with the body."""
+    loop = Loop()
+    result = loop.run()
+    [request] = loop.requests(1001)
+    assert request.requestHeaders.getRawHeaders(b"content-type") == [b"application/json"]
+    request.finish()
+    loop.pump()
+    assert isinstance(_result(result), Committed)
+
+
+def test_404_moves_on_for_inference_and_commits_otherwise() -> None:
+    """Inference: a 404 (stale inventory) is ``status-404`` and node b serves. Other routes: the
+    404 is the answer."""
+    loop = Loop()
+    result = loop.run()
+    missing = loop.requests(1001)[0]
+    missing.setResponseCode(404)
+    missing.finish()
+    loop.pump()
+    assert loop.hooks.ended == [("a", "status-404")]
+    loop.requests(1002)[0].finish()
+    loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed) and committed.node.id == "b"
+
+    listing = Loop()
+    listing.plan = evolve(listing.plan, inference=False)
+    result = listing.run()
+    missing = listing.requests(1001)[0]
+    missing.setResponseCode(404)
+    missing.finish()
+    listing.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed)
+    assert (committed.node.id, committed.response.code) == ("a", 404)
+    assert listing.bodies(1002) == []
+
+
+def test_commit_on_headers_hands_over_an_unarmed_gate_with_nothing_held() -> None:
+    """Ungated (commit on headers): even with a first-body timeout configured, the gate arms no
+    timer, has seen nothing, and ``first`` is empty; the gate is what the caller's departure stops."""
+    loop = Loop(gated=False, first_body_timeout=5.0)
+    result = loop.run()
+    answer = loop.requests(1001)[0]
+    answer.write(b"")  # headers only
+    loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed)
+    assert committed.first == b""
+    assert isinstance(committed.gate, BodyGate)
+    assert committed.gate.state is GateState.AWAITING_FIRST
+    assert loop.clock.getDelayedCalls() == []
+    committed.gate.stop()
+
+
+def test_caller_leaving_while_the_first_body_byte_is_awaited_stops_the_gate() -> None:
+    """Gated, headers in, no body yet: the caller's departure closes the upstream body at once and
+    the attempt ends ``cancelled`` (not ``dropped``); node b is never tried."""
+    loop = Loop(gated=True)
+    result = loop.run()
+    loop.requests(1001)[0].write(b"")  # headers only
+    loop.pump()
+    assert not result.called
+    loop.caller.abandon("client gone")
+    loop.pump()
+    assert _result(result) == Abandoned("client gone")
+    assert loop.hooks.ended == [("a", "cancelled")]
+    assert loop.bodies(1002) == [] and loop.cooldowns == []
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_sole_candidate_abandoned_during_header_wait_is_abandoned_not_exhausted() -> None:
+    """With no node left after it, a cancelled attempt still ends in Abandoned (never a 502)."""
+    loop = Loop()
+    loop.nodes = [loop.nodes[0]]
+    result = loop.run()
+    loop.caller.abandon("client gone")
+    loop.pump()
+    assert _result(result) == Abandoned("client gone")
+    assert loop.hooks.ended == [("a", "cancelled")]
+    assert loop.clock.getDelayedCalls() == []
+
+
+def test_cancellation_without_a_departure_is_abandoned_as_cancelled() -> None:
+    """A cancellation the caller did not ask for (e.g. the pool shutting down) ends the loop with
+    ``Abandoned("cancelled")``; node b is not tried and nothing cools."""
+    loop = Loop()
+    loop.client = UpstreamClient.from_agent(
+        FrontFails(loop.agent, loop.clock, lambda: Failure(CancelledError())), loop.clock
+    )
+    result = loop.run()
+    loop.advance(0)
+    assert _result(result) == Abandoned("cancelled")
+    assert loop.hooks.ended == [("a", "cancelled")]
+    assert loop.bodies(1002) == [] and loop.cooldowns == []
+
+
+@implementer(IAgent)
+class ResetOnCancel:
+    """Node a never answers; cancelling its attempt fails it as a connection reset (the race where
+    the transport reports its own fault as the caller leaves)."""
+
+    def __init__(self, inner: RequestTraversalAgent) -> None:
+        self._inner = inner
+
+    def request(
+        self,
+        method: bytes,
+        uri: bytes,
+        headers: Headers | None = None,
+        bodyProducer: IBodyProducer | None = None,
+    ) -> Deferred[IResponse]:
+        if b":1001/" not in uri:
+            passed: Deferred[IResponse] = self._inner.request(method, uri, headers, bodyProducer)
+            return passed
+        return Deferred(
+            lambda d: d.errback(Failure(ResponseNeverReceived([Failure(ConnectionLost())])))
+        )
+
+
+def test_departure_wins_over_a_reset_reported_on_cancel() -> None:
+    """The caller leaves during the header wait and the cancelled attempt fails as a reset: the
+    outcome is still ``cancelled`` and the loop is abandoned with the caller's reason."""
+    loop = Loop()
+    loop.client = UpstreamClient.from_agent(ResetOnCancel(loop.agent), loop.clock)
+    result = loop.run()
+    loop.caller.abandon("client gone")
+    loop.pump()
+    assert _result(result) == Abandoned("client gone")
+    assert loop.hooks.ended == [("a", "cancelled")]
+    assert loop.bodies(1002) == []
+
+
+@implementer(IPushProducer)
+class _CutLooksClean:
+    """A response body transport whose ``stopProducing`` ends the body as a clean close would
+    (``PotentialDataLoss``: a close-delimited body cut by us is indistinguishable from its end)."""
+
+    def __init__(self) -> None:
+        self.protocol: Protocol | None = None
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        if self.protocol is not None:  # a second stop, after the end, does nothing
+            protocol, self.protocol = self.protocol, None
+            protocol.connectionLost(Failure(PotentialDataLoss()))
+
+
+@implementer(IResponse)
+class _CloseDelimited:
+    """A 200 with a close-delimited body that never sends a byte until it is stopped."""
+
+    version = (b"HTTP", 1, 0)
+    code = 200
+    phrase = b"OK"
+    headers = Headers()
+    length = UNKNOWN_LENGTH
+    request = None
+    previousResponse = None
+
+    def __init__(self) -> None:
+        self.transport = _CutLooksClean()
+
+    def deliverBody(self, protocol: IProtocol) -> None:
+        assert isinstance(protocol, Protocol)
+        self.transport.protocol = protocol
+        protocol.makeConnection(self.transport)  # type: ignore[arg-type]
+
+    def setPreviousResponse(self, response: IResponse) -> None:
+        pass
+
+
+@implementer(IAgent)
+class AnswersCloseDelimited:
+    """Every request is answered at once with a :class:`_CloseDelimited` response."""
+
+    def request(
+        self,
+        method: bytes,
+        uri: bytes,
+        headers: Headers | None = None,
+        bodyProducer: IBodyProducer | None = None,
+    ) -> Deferred[IResponse]:
+        return succeed(_CloseDelimited())
+
+
+def test_a_departure_that_makes_the_body_look_cleanly_empty_is_no_commit() -> None:
+    """The caller leaves while the first body byte is awaited, and stopping the close-delimited
+    body looks like a clean empty end: that is no commit, the loop is abandoned."""
+    loop = Loop(gated=True)
+    loop.client = UpstreamClient.from_agent(AnswersCloseDelimited(), loop.clock)
+    result = loop.run()
+    assert not result.called
+    loop.caller.abandon("client gone")
+    assert _result(result) == Abandoned("client gone")
+    assert loop.hooks.ended == [("a", "cancelled")]
+
+
+def test_no_candidates_is_a_502() -> None:
+    """An empty candidate list ends at once in 502 without touching anything."""
+    loop = Loop()
+    loop.nodes = []
+    assert _result(loop.run()) == Exhausted(502, "upstream error: no candidate answered")
+    assert loop.hooks.started == [] and loop.hooks.ended == []
+
+
+def test_caller_gone_before_the_loop_starts_tries_nobody() -> None:
+    """A caller that left before the first attempt: Abandoned with its reason, no node contacted,
+    the booking left where it was."""
+    loop = Loop()
+    loop.nodes = [loop.nodes[1], loop.nodes[0]]
+    loop.caller.abandon("client gone")
+    assert _result(loop.run()) == Abandoned("client gone")
+    assert loop.hooks.started == []
+    assert loop.bodies(1001) == [] and loop.bodies(1002) == []
+    assert loop.booking.node_id == "a"
+
+
+def test_the_booking_follows_each_attempt() -> None:
+    """The reservation moves to the node each attempt targets: a while a waits, then b."""
+    loop = Loop()
+    loop.ledger = ReservationLedger()
+    loop.booking = Booking.take(loop.ledger, "elsewhere")
+    result = loop.run()
+    assert loop.booking.node_id == "a"
+    assert (loop.ledger.reservations("a"), loop.ledger.reservations("elsewhere")) == (1, 0)
+    refused = loop.requests(1001)[0]
+    refused.setResponseCode(503)
+    refused.finish()
+    loop.pump()
+    assert loop.booking.node_id == "b"
+    assert (loop.ledger.reservations("a"), loop.ledger.reservations("b")) == (0, 1)
+    loop.requests(1002)[0].finish()
+    loop.pump()
+    assert isinstance(_result(result), Committed)
+
+
+@pytest.mark.parametrize(("code", "clears"), [(200, True), (299, True), (300, False), (400, False)])
+def test_only_a_2xx_commit_ends_a_cooldown(code: int, clears: bool) -> None:
+    """A cooling node that commits a 2xx answer is restored; any other committed status leaves
+    its cooldown running."""
+    loop = Loop()
+    loop.nodes = [loop.nodes[0]]
+    loop.stalls.cool("a", "test")
+    result = loop.run()
+    answer = loop.requests(1001)[0]
+    answer.setResponseCode(code)
+    answer.finish()
+    loop.pump()
+    assert isinstance(_result(result), Committed)
+    assert ("a" in loop.stalls.cooling()) is not clears
+    loop.stalls.stop()
+
+
+def test_a_failed_attempt_is_logged_with_node_and_reason() -> None:
+    """Each pre-commit failure logs one info line naming the node and the reason."""
+    with capturedLogs() as events:
+        loop = Loop()
+        result = loop.run()
+        loop.advance(TIMEOUT)
+        loop.requests(1002)[0].finish()
+        loop.pump()
+        assert isinstance(_result(result), Committed)
+        loop.stalls.stop()
+    mine = [e for e in events if e.get("log_namespace") == "nvpair_tw.attempts"]
+    assert [formatEvent(e) for e in mine] == ["attempt to a failed: no response headers within 30s"]
+    assert (mine[0]["node"], mine[0]["why"]) == ("a", "no response headers within 30s")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 from typing import Any, cast
 
+import pytest
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.web.server import Site
 from twisted.web.test.requesthelper import DummyChannel, DummyRequest
@@ -106,7 +107,8 @@ def test_stopping_the_demo_cancels_timers_and_closes_frozen_requests() -> None:
 def test_demo_walkthrough_through_a_facade_in_memory() -> None:
     """The README's demo story on the demo's own clock: the first chat waits one 5 s header
     deadline on ``demo-flaky`` and is answered by ``demo-healthy``; the next goes straight to
-    ``demo-healthy``; once the cooldown has passed ``demo-flaky`` answers again."""
+    ``demo-healthy``; once the cooldown has passed ``demo-flaky`` answers again. The chats are
+    non-streaming, so each answer arrives whole once its 20 tokens (2 s) are generated (§6.5)."""
     reactor, services, nodes = _started(["ollama"])
     engines = _engines_by_port(reactor)
     by_id = {
@@ -124,17 +126,22 @@ def test_demo_walkthrough_through_a_facade_in_memory() -> None:
         cluster.advance(4.9)
         assert not first.called
         cluster.advance(0.1)
+        assert not first.called  # failed over at 5 s; demo-healthy is generating
+        cluster.advance(2.0)
         answered = cluster.result(first)
-        assert answered.header("x-nvpair-node") == "demo-healthy" and answered.headers_at == 5.0
-        assert (
-            cluster.result(cluster.request("POST", "/api/chat", json=chat)).header("x-nvpair-node")
-            == "demo-healthy"
-        )
+        assert answered.header("x-nvpair-node") == "demo-healthy"
+        assert answered.headers_at == pytest.approx(7.0)  # 5 s deadline + 2 s of generation
+        second = cluster.request("POST", "/api/chat", json=chat)
+        cluster.advance(2.0)
+        assert cluster.result(second).header("x-nvpair-node") == "demo-healthy"
         [cooling] = cluster.named("node/cooldown")
         assert cooling["node_id"] == "demo-flaky"
         cluster.advance(cooling["coolingUntil"] / 1000 - reactor.seconds())
-        again = cluster.result(cluster.request("POST", "/api/chat", json=chat))
-        assert again.header("x-nvpair-node") == "demo-flaky" and again.headers_at == 10.0
+        pending = cluster.request("POST", "/api/chat", json=chat)
+        cluster.advance(2.0)
+        again = cluster.result(pending)
+        assert again.header("x-nvpair-node") == "demo-flaky"
+        assert again.headers_at == pytest.approx(12.0)
     finally:
         cluster.stop()
         services.stopService()

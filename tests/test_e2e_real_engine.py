@@ -109,8 +109,10 @@ def _tail(log: Path, limit: int = 6000) -> str:
     return text if len(text) <= limit else "...\n" + text[-limit:]
 
 
-def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
-    """Poll the proxy until it answers and its inventory lists the model (or fail clearly)."""
+def _wait_ready(
+    url: str, process: subprocess.Popen[bytes], log: Path, facade: str = "ollama"
+) -> None:
+    """Poll the proxy until it answers and its model list names the model (or fail clearly)."""
     deadline = time.monotonic() + READY_TIMEOUT
     last = "no answer yet"
     while time.monotonic() < deadline:
@@ -118,11 +120,15 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
             pytest.fail(f"the proxy exited with {process.returncode}:\n{_tail(log)}")
         try:
             httpx.get(f"{url}/api/version", timeout=2).raise_for_status()
-            tags = httpx.get(f"{url}/api/tags", timeout=2)
-            names = [m["name"] for m in tags.json().get("models", [])]
+            if facade == "ollama":
+                tags = httpx.get(f"{url}/api/tags", timeout=2)
+                names = [m["name"] for m in tags.json().get("models", [])]
+            else:
+                tags = httpx.get(f"{url}/v1/models", timeout=2)
+                names = [m["id"] for m in tags.json().get("data", [])]
             if f"{MODEL}:latest" in names:
                 return
-            last = f"/api/tags answered {tags.status_code} listing {names}"
+            last = f"the model list answered {tags.status_code} listing {names}"
         except (httpx.HTTPError, ValueError) as error:
             last = repr(error)
         time.sleep(0.1)
@@ -132,14 +138,13 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
     )
 
 
-@pytest.fixture(scope="module")
-def proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``python -m twisted nvpair`` with one node, the engine; its base URL.
+@contextlib.contextmanager
+def _proxy_process(nodes: list[str], log: Path, facade: str = "ollama") -> Iterator[str]:
+    """``python -m twisted nvpair --engine FACADE`` over ``--node`` values; its base URL.
 
-    At teardown it is stopped with SIGTERM and its output must hold no traceback and no prompt.
+    At exit it is stopped with SIGTERM and its output must hold no traceback and no prompt.
     """
     (port,) = _free_ports(1)
-    log = tmp_path_factory.mktemp("proxy") / "twist.log"
     command = [
         sys.executable,
         "-m",
@@ -147,11 +152,10 @@ def proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
         "--log-format=text",
         "nvpair",
         "--engine",
-        "ollama",
+        facade,
         "--listen",
         f"tcp:{port}:interface=127.0.0.1",
-        "--node",
-        f"a={engine}",
+        *(arg for node in nodes for arg in ("--node", node)),
         "--admin",
         "none",
     ]
@@ -160,7 +164,7 @@ def proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, process, log)
+        _wait_ready(url, process, log, facade)
         yield url
     finally:
         process.send_signal(signal.SIGTERM)
@@ -176,6 +180,13 @@ def proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str
     assert process.returncode in (0, -signal.SIGTERM), output
     leaked = [text for text in PRIVATE_TEXTS if text in output]
     assert not leaked, f"request content {leaked} in the proxy log:\n{output}"
+
+
+@pytest.fixture(scope="module")
+def proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The proxy with one node, the engine; its base URL."""
+    with _proxy_process([f"a={engine}"], tmp_path_factory.mktemp("proxy") / "twist.log") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -341,3 +352,118 @@ def test_unadvertised_model_is_a_502_json_error(proxy: str) -> None:
     assert response.headers["Content-Type"].startswith("application/json")
     assert response.json()["error"] == "no available node advertises the requested model"
     assert "X-NVPair-Node" not in response.headers
+
+
+# --- issue 14: routes that know their model or span every node (docs/behaviour.md §2.1) ---------
+
+SIMULATED = """
+import sys
+from twisted.internet import reactor
+from nvpair_tw.simulated import SimulatedEngine
+engine = SimulatedEngine(reactor, ("llama3:latest",), loaded=("llama3:latest",))
+reactor.listenTCP(int(sys.argv[1]), engine.site(), interface="127.0.0.1")
+reactor.run()
+"""
+
+
+@pytest.fixture(scope="module")
+def split_proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The proxy over two nodes: a, a simulated engine without smollm2 (first in the default
+    order), then b, the real engine; its base URL."""
+    (port,) = _free_ports(1)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    simulated = subprocess.Popen(
+        [sys.executable, "-c", SIMULATED, str(port)], cwd=REPO, env=env, start_new_session=True
+    )
+    try:
+        log = tmp_path_factory.mktemp("split") / "twist.log"
+        with _proxy_process([f"a=http://127.0.0.1:{port}", f"b={engine}"], log) as url:
+            yield url
+    finally:
+        _stop_group(simulated.pid)
+        simulated.wait()
+
+
+def test_ollama_show_reaches_the_second_node_that_has_the_model(
+    engine: str, split_proxy: str
+) -> None:
+    """``ollama.show`` through the facade answers what the engine answers, from node b, although
+    node a comes first and lacks the model; an unknown model is Ollama-shaped 404."""
+    via, direct = (
+        ollama.Client(host=split_proxy).show(MODEL),
+        ollama.Client(host=engine).show(MODEL),
+    )
+    assert (via.modelfile, via.details, via.template) == (
+        direct.modelfile,
+        direct.details,
+        direct.template,
+    )
+    raw = httpx.post(f"{split_proxy}/api/show", json={"model": MODEL}, timeout=30)
+    assert raw.headers.get("X-NVPair-Node") == "b"
+    with pytest.raises(ollama.ResponseError) as missing:
+        ollama.Client(host=split_proxy).show("no-such-model")
+    assert missing.value.status_code == 404
+    assert missing.value.error == "model 'no-such-model' not found"
+
+
+def test_ollama_ps_lists_the_loaded_model_with_its_node(split_proxy: str) -> None:
+    """After a generate through the facade, ``ollama.ps()`` lists smollm2, and the raw answer
+    tags it with ``nvpair_node`` b (the simulated node's own record is tagged a)."""
+    client = ollama.Client(host=split_proxy)
+    client.generate(model=MODEL, prompt=PROMPT, options={"num_predict": 1})
+    assert f"{MODEL}:latest" in [m.model for m in client.ps().models]
+    listed = httpx.get(f"{split_proxy}/api/ps", timeout=30).json()["models"]
+    assert {(m["model"], m["nvpair_node"]) for m in listed} == {
+        (f"{MODEL}:latest", "b"),
+        ("llama3:latest", "a"),
+    }
+
+
+# --- the lmstudio and omlx facades in front of the same real engine (it serves /v1/* too) --------
+
+TAGGED = f"{MODEL}:latest"  # LM Studio names match exactly, so clients use the listed id
+
+
+@pytest.fixture(scope="module", params=["lmstudio", "omlx"])
+def openai_facade_pair(
+    request: pytest.FixtureRequest, engine: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[openai.OpenAI, openai.OpenAI]]:
+    """``openai`` clients for (through an lmstudio or omlx facade, directly)."""
+    facade = str(request.param)
+    log = tmp_path_factory.mktemp(facade) / "twist.log"
+    with _proxy_process([f"a={engine}"], log, facade) as url:
+        via = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        direct = openai.OpenAI(base_url=f"{engine}/v1", api_key="unused", max_retries=0)
+        yield via, direct
+        via.close()
+        direct.close()
+
+
+def test_other_facades_chat_stream_models_and_embeddings_match_the_engine(
+    openai_facade_pair: tuple[openai.OpenAI, openai.OpenAI],
+) -> None:
+    """Through the lmstudio and omlx facades: chat, a streamed chat, the model list and embeddings
+    equal the engine's own answers."""
+
+    def chat(client: openai.OpenAI) -> tuple[Any, ...]:
+        r = client.chat.completions.create(
+            model=TAGGED, messages=CHAT, max_tokens=16, temperature=0
+        )
+        return r.model, r.choices[0].message.content, r.choices[0].finish_reason
+
+    def stream(client: openai.OpenAI) -> list[Any]:
+        chunks = client.chat.completions.create(
+            model=TAGGED, messages=CHAT, max_tokens=16, temperature=0, stream=True
+        )
+        return [(c.choices[0].delta.content, c.choices[0].finish_reason) for c in chunks]
+
+    def models(client: openai.OpenAI) -> list[tuple[str, str]]:
+        return [(m.id, m.owned_by) for m in client.models.list()]
+
+    def embed(client: openai.OpenAI) -> list[list[float]]:
+        return [d.embedding for d in client.embeddings.create(model=TAGGED, input=EMBED_INPUT).data]
+
+    for call in (chat, stream, models, embed):
+        via, direct = _both(openai_facade_pair, call)
+        assert via == direct, call.__name__
+        assert via, call.__name__

@@ -24,14 +24,22 @@ from nvpair_tw.engines import (
     tags_names,
 )
 
-OPENAI_INFERENCE = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages"]
+OPENAI_INFERENCE = [
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/messages",
+    "/v1/responses",
+]
+LMSTUDIO_INFERENCE = ["/api/v0/chat/completions", "/api/v0/completions", "/api/v0/embeddings"]
 OLLAMA_INFERENCE = ["/api/generate", "/api/chat", "/api/embed", "/api/embeddings"]
 PASS_THROUGH = [
-    "/api/show",
     "/api/pull",
-    "/api/ps",
     "/api/version",
-    "/api/v0/models",
+    "/api/delete",
+    "/api/v0/models/",
+    "/api/v0/model",
+    "/v1/responses/resp_1",
     "/v1/models/status",
     "/health",
     "/",
@@ -93,6 +101,37 @@ def test_everything_else_passes_through(engine: str, path: str) -> None:
     profile = ENGINES[engine]
     for method in (b"GET", b"POST", b"DELETE"):
         assert profile.classify(method, path) is RouteKind.PASS_THROUGH
+
+
+def test_issue_14_routes_are_classified_per_engine() -> None:
+    """``/api/show`` is model-routed and ``/api/ps`` a model list on ollama only; LM Studio's
+    ``/api/v0`` REST API is inference, a model list and a model-routed lookup on lmstudio only."""
+    assert OLLAMA.classify(b"POST", "/api/show") is RouteKind.MODEL_ROUTED
+    assert OLLAMA.classify(b"GET", "/api/show") is RouteKind.PASS_THROUGH
+    assert OLLAMA.classify(b"GET", "/api/ps") is RouteKind.MODEL_LIST
+    assert LMSTUDIO.classify(b"GET", "/api/v0/models") is RouteKind.MODEL_LIST
+    assert LMSTUDIO.classify(b"GET", "/api/v0/models/qwen%2F7b") is RouteKind.MODEL_ROUTED
+    for path in LMSTUDIO_INFERENCE:
+        assert LMSTUDIO.classify(b"POST", path) is RouteKind.INFERENCE
+        assert OLLAMA.classify(b"POST", path) is RouteKind.PASS_THROUGH
+        assert OMLX.classify(b"POST", path) is RouteKind.PASS_THROUGH
+    for profile in (LMSTUDIO, OMLX):
+        assert profile.classify(b"POST", "/api/show") is RouteKind.PASS_THROUGH
+        assert profile.classify(b"GET", "/api/ps") is RouteKind.PASS_THROUGH
+    assert OMLX.classify(b"GET", "/api/v0/models/x") is RouteKind.PASS_THROUGH
+
+
+def test_model_routes_read_the_model_from_the_body_or_the_path() -> None:
+    """``/api/show`` takes ``model``, else ``name``; ``/api/v0/models/{id}`` the decoded path."""
+    show = OLLAMA.model_route(b"POST", "/api/show")
+    assert show is not None
+    assert show.model("/api/show", {"model": "a", "name": "b"}) == "a"
+    assert show.model("/api/show", {"name": "b"}) == "b"
+    assert show.model("/api/show", {"model": " "}) is None
+    assert show.model("/api/show", None) is None
+    lookup = LMSTUDIO.model_route(b"GET", "/api/v0/models/qwen%2F7b")
+    assert lookup is not None
+    assert lookup.model("/api/v0/models/qwen%2F7b", None) == "qwen/7b"
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,14 @@ ANTHROPIC_DATA_STREAM = (
     b'data: {"type":"content_block_delta","delta":{"text":"hi"}}\n\n'
     b'data: {"type": "message_stop"}\n\n'
 )
+RESPONSES_STREAM = (
+    b"event: response.created\n"
+    b'data: {"type":"response.created","response":{"id":"resp_1"}}\n\n'
+    b"event: response.output_text.delta\n"
+    b'data: {"type":"response.output_text.delta","delta":"response.completed"}\n\n'
+    b"event: response.completed\n"
+    b'data: {"type":"response.completed","response":{"id":"resp_1"}}\n\n'
+)
 OLLAMA_STREAM = (
     b'{"model":"m","message":{"role":"assistant","content":"Hel"},"done":false}\n'
     b'{"model":"m","message":{"role":"assistant","content":"lo"},"done":false}\n'
@@ -52,6 +60,7 @@ def byte_by_byte(data: bytes) -> list[bytes]:
         (SSE, OPENAI_STREAM),
         (SSE, ANTHROPIC_EVENT_STREAM),
         (SSE, ANTHROPIC_DATA_STREAM),
+        (SSE, RESPONSES_STREAM),
         (NDJSON, OLLAMA_STREAM),
     ],
 )
@@ -101,6 +110,21 @@ def test_terminal_frame_split_across_arbitrary_chunk_boundaries() -> None:
         for cut in range(len(stream) + 1):
             detector = feed_all(TerminalFrameDetector(content_type), [stream[:cut], stream[cut:]])
             assert detector.seen, (content_type, cut)
+
+
+def test_responses_stream_ends_at_any_of_its_three_terminal_events() -> None:
+    """``response.completed``, ``response.failed`` and ``response.incomplete`` end a Responses API
+    stream, as an ``event:`` line or as the ``data:`` object's type; a delta that mentions one and
+    ``response.in_progress`` do not."""
+    head = RESPONSES_STREAM.rsplit(b"event: response.completed", 1)[0]
+    assert not feed_all(TerminalFrameDetector(SSE), byte_by_byte(head)).seen
+    assert not feed_all(
+        TerminalFrameDetector(SSE), [b'data: {"type":"response.in_progress"}\n\n']
+    ).seen
+    for kind in (b"response.completed", b"response.failed", b"response.incomplete"):
+        assert feed_all(TerminalFrameDetector(SSE), [head, b"event: " + kind + b"\n\n"]).seen
+        data = b'data: {"type":"' + kind + b'","response":{}}\n\n'
+        assert feed_all(TerminalFrameDetector(SSE), byte_by_byte(head + data)).seen
 
 
 @pytest.mark.parametrize(

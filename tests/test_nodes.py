@@ -272,3 +272,38 @@ def test_url_key_normalises_scheme_host_and_port() -> None:
     assert url_key("https://[::1]/x") == ("https", "<loopback>", 443)
     assert url_key("http://a:1") != url_key("https://a:1")
     assert url_key("not a url") is None
+
+
+def test_api_key_in_the_file_is_the_nodes_bearer_credential(tmp_path: Path) -> None:
+    """``api_key`` becomes ``Authorization: Bearer``, trimmed; it stays out of the node's repr."""
+    path = write(
+        tmp_path / "nodes.toml",
+        "[[node]]\nid = 'a'\nurl = 'http://a:1'\napi_key = ' sk-secret '\n"
+        "[[node]]\nid = 'b'\nurl = 'http://b:1'\n",
+    )
+    a, b = load_nodes_file(path, "ollama")
+    assert (a.api_key, a.authorization) == ("sk-secret", b"Bearer sk-secret")
+    assert b.authorization is None
+    assert "sk-secret" not in repr(a)
+
+
+@pytest.mark.parametrize("value", ["''", "1", '"two\\nlines"'])
+def test_a_bad_api_key_is_refused_without_echoing_it(tmp_path: Path, value: str) -> None:
+    path = write(
+        tmp_path / "nodes.toml", f"[[node]]\nid = 'a'\nurl = 'http://a:1'\napi_key = {value}\n"
+    )
+    with pytest.raises(NodesFileError, match="api_key: must be a non-empty single-line string"):
+        load_nodes_file(path, "ollama")
+
+
+def test_url_userinfo_is_basic_authorization_and_never_shown() -> None:
+    """``user:pass@`` (percent-decoded) is Basic; the public URL and the repr drop it; an
+    ``api_key`` wins over it."""
+    node = Node("a", "http://al%20ice:s3cr%3At@[::1]:11434/base")
+    assert node.authorization == b"Basic YWwgaWNlOnMzY3I6dA=="  # base64("al ice:s3cr:t")
+    assert node.public_url == "http://[::1]:11434/base"
+    assert "s3cr" not in repr(node)
+    assert Node("a", "http://u@h:1").authorization == b"Basic dTo="  # base64("u:")
+    keyed = Node("a", "http://u:p@h:1", api_key="k")
+    assert keyed.authorization == b"Bearer k"
+    assert Node("a", "http://h:1").public_url == "http://h:1"

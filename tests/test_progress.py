@@ -49,3 +49,22 @@ def test_busy_waits_are_counted_per_node() -> None:
     book.busy_waited("a")
     book.busy_waited("b")
     assert (book.busy_waits("a"), book.busy_waits("b"), book.busy_waits("c")) == (2, 1, 0)
+
+
+def test_a_shared_book_tells_every_touch_and_counts_a_peers_bytes() -> None:
+    """In a fleet each touch is told (the store rate-limits), and bytes a peer saw from a node
+    count as progress here within the same period rule."""
+    clock = Clock()
+    told: list[str] = []
+    peers: dict[str, float] = {}
+    book = ProgressBook(clock).shared(told.append, peers.get)
+    book.toucher("a")()
+    assert told == ["a"]
+    assert not book.delivered_within("b", 5.0)
+    clock.advance(10)
+    peers["b"] = 8.0
+    assert book.delivered_within("b", 2.0)
+    assert not book.delivered_within("b", 1.0)
+    assert not book.delivered_within("a", 5.0)
+    peers["a"] = 9.5
+    assert book.delivered_within("a", 0.5)

@@ -3,6 +3,7 @@ relay over the real in-process proxy and loopback: streaming, backpressure, hang
 
 from __future__ import annotations
 
+import gc
 import http.client
 import json
 import socket
@@ -11,14 +12,18 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock, deferLater
+from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
+from twisted.logger import capturedLogs
 from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone, ResponseFailed
+from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from twisted.web.resource import Resource
@@ -26,11 +31,12 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from nvpair_tw.attempts import CallerState, Committed
 from nvpair_tw.nodes import Node
-from nvpair_tw.relay import Progress, StallGuard
+from nvpair_tw.relay import Progress, RelayEnd, RelayOutcome, StallGuard, relay
 from nvpair_tw.settings import Settings
 from nvpair_tw.testing import Clusters, ProxyCluster, ProxyHandle, SimulatedEngine, start_proxy
-from nvpair_tw.upstream import ReplayBodyProducer
+from nvpair_tw.upstream import BodyGate, ReplayBodyProducer
 
 MODEL = ("llama3:latest",)
 REQUEST_BODY = json.dumps({"model": "llama3", "stream": True}).encode()
@@ -674,3 +680,361 @@ async def test_a_cancelled_workload_leaves_the_client_an_incomplete_message_not_
         connection.close()
     assert (response.status, first, rest, ending) == (200, HeldStream.FIRST, b"", "IncompleteRead")
     await bounded(reactor, upstream.ended)
+
+
+# ---- relay() itself, deterministic: a real twisted.web Request over a StringTransport, a BodyGate
+# fed by hand, and a task.Clock (mutation testing: docs/testing.md) ------------------------------
+
+
+class _Captured(Resource):
+    """Keeps every request open (the relay answers it)."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[Request] = []
+
+    def render(self, request: Request) -> int:  # type: ignore[override]
+        self.requests.append(request)
+        return NOT_DONE_YET
+
+
+class ClientTransport(StringTransport):
+    """The client's socket: records a reset apart from a clean close."""
+
+    aborted = False
+
+    def abortConnection(self) -> None:
+        self.aborted = True
+        super().abortConnection()
+
+
+@implementer(IPushProducer)
+class UpstreamTransport:
+    """The upstream body's transport: records flow control; stopping it ends the body as a
+    closed connection does."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.gate: BodyGate | None = None
+
+    def pauseProducing(self) -> None:
+        self.calls.append("pause")
+
+    def resumeProducing(self) -> None:
+        self.calls.append("resume")
+
+    def stopProducing(self) -> None:
+        self.calls.append("stop")
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            gate.connectionLost(Failure(ConnectionLost()))
+
+
+@implementer(IResponse)
+class UpstreamResponse:
+    """The committed upstream response (what Twisted's client hands over)."""
+
+    version = (b"HTTP", 1, 1)
+    request = None
+    previousResponse = None
+
+    def __init__(self, code: int, phrase: bytes, headers: Headers, length: int | object) -> None:
+        self.code, self.phrase, self.headers, self.length = code, phrase, headers, length
+
+    def deliverBody(self, protocol: Any) -> None:
+        raise AssertionError("the gate already holds the body")
+
+    def setPreviousResponse(self, response: IResponse) -> None:
+        pass
+
+
+class Relayed:
+    """One ``relay()`` from a committed response to a real server Request, both ends in memory."""
+
+    def __init__(
+        self,
+        *,
+        method: bytes = b"POST",
+        version: bytes = b"HTTP/1.1",
+        code: int = 200,
+        phrase: bytes = b"OK",
+        content_type: bytes | None = b"application/x-ndjson",
+        length: int | object = UNKNOWN_LENGTH,
+        first: bytes = b"",
+        budget: float = 30.0,
+        watch: bool = True,
+    ) -> None:
+        self.clock = Clock()
+        captured = _Captured()
+        site = Site(captured)
+        site.timeOut = None
+        self.client = ClientTransport()
+        self.channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
+        assert self.channel is not None
+        self.channel.makeConnection(self.client)
+        self.channel.dataReceived(
+            method + b" /api/chat " + version + b"\r\nHost: proxy\r\nContent-Length: 0\r\n\r\n"
+        )
+        [self.request] = captured.requests
+        self.caller = CallerState()
+        if watch:  # as the exchange does: a client that goes away abandons the caller
+            self.request.notifyFinish().addErrback(lambda _: self.caller.abandon("client gone"))
+        self.upstream = UpstreamTransport()
+        self.gate = BodyGate(self.clock, 0.0)
+        self.gate.makeConnection(self.upstream)  # type: ignore[arg-type]
+        self.upstream.gate = self.gate
+        if first:
+            self.gate.dataReceived(first)
+        headers = Headers()
+        if content_type is not None:
+            headers.setRawHeaders(b"content-type", [content_type])
+        response = UpstreamResponse(code, phrase, headers, length)
+        committed = Committed(Node("n0", "http://n0.test"), response, self.gate, first)
+        self.outcomes: list[RelayOutcome | Failure] = []
+        Deferred.fromCoroutine(
+            relay(self.request, committed, self.caller, self.clock, budget)
+        ).addBoth(self.outcomes.append)
+
+    def end(self, reason: BaseException) -> None:
+        """The upstream body ends with ``reason``."""
+        self.gate.connectionLost(Failure(reason))
+
+    @property
+    def outcome(self) -> RelayOutcome:
+        [outcome] = self.outcomes
+        assert isinstance(outcome, RelayOutcome), outcome
+        return outcome
+
+    def head(self) -> tuple[bytes, dict[bytes, bytes]]:
+        """The status line and the headers (lower-cased names) the client got."""
+        head = self.client.value().partition(b"\r\n\r\n")[0].split(b"\r\n")
+        return head[0], {
+            name.strip().lower(): value.strip()
+            for name, _, value in (line.partition(b":") for line in head[1:])
+        }
+
+    def body(self) -> bytes:
+        """The body bytes the client got, de-chunked when the answer is chunked."""
+        raw: bytes = self.client.value().partition(b"\r\n\r\n")[2]
+        if self.head()[1].get(b"transfer-encoding") != b"chunked":
+            return raw
+        data = b""
+        while raw:
+            size_line, _, raw = raw.partition(b"\r\n")
+            size = int(size_line, 16)
+            if size == 0:
+                break
+            data, raw = data + raw[:size], raw[size + 2 :]
+        return data
+
+
+def test_relay_forwards_status_phrase_node_and_length_then_finishes() -> None:
+    """A known-length JSON answer: the upstream's status and reason phrase, X-NVPair-Node, the
+    Content-Length (not chunked), the bytes, and a finished, complete outcome."""
+    relayed = Relayed(
+        phrase=b"Fine Thanks", content_type=b"application/json", length=5, first=b"he"
+    )
+    relayed.gate.dataReceived(b"llo")
+    relayed.end(ResponseDone())
+    status, headers = relayed.head()
+    assert status == b"HTTP/1.1 200 Fine Thanks"
+    assert headers[b"x-nvpair-node"] == b"n0"
+    assert headers[b"content-length"] == b"5" and b"transfer-encoding" not in headers
+    assert relayed.body() == b"hello"
+    assert relayed.outcome == RelayOutcome(
+        status=200,
+        end=RelayEnd.FINISHED,
+        error=None,
+        complete=True,
+        terminal_seen=False,
+        streaming=False,
+        sent=5,
+    )
+    assert not relayed.client.disconnecting  # keep-alive: finished, not closed
+
+
+@pytest.mark.parametrize(("method", "code"), [(b"HEAD", 200), (b"POST", 204), (b"POST", 304)])
+def test_bodiless_answers_get_no_content_length(method: bytes, code: int) -> None:
+    """HEAD, 204 and 304 answers carry no Content-Length from the (zero) upstream length."""
+    relayed = Relayed(method=method, code=code, content_type=None, length=0)
+    relayed.end(ResponseDone())
+    status, headers = relayed.head()
+    assert status.startswith(b"HTTP/1.1 %d" % code)
+    assert b"content-length" not in headers
+    assert relayed.outcome.end is RelayEnd.FINISHED
+
+
+def test_commit_on_headers_sends_the_head_at_once_and_nothing_else() -> None:
+    """With nothing held (commit on headers) the head goes out before any body byte, with no
+    body byte of its own; an upstream without Content-Type is relayed as a plain body."""
+    relayed = Relayed(content_type=None)
+    status, headers = relayed.head()
+    assert status == b"HTTP/1.1 200 OK" and headers[b"transfer-encoding"] == b"chunked"
+    assert relayed.body() == b""
+    relayed.gate.dataReceived(b"abc")
+    relayed.end(ResponseDone())
+    assert relayed.body() == b"abc"
+    assert relayed.client.value().endswith(b"0\r\n\r\n")
+    outcome = relayed.outcome
+    assert (outcome.end, outcome.sent, outcome.streaming) == (RelayEnd.FINISHED, 3, False)
+
+
+def test_close_delimited_stream_ending_in_an_unterminated_done_line_is_finished() -> None:
+    """A close-delimited NDJSON stream whose terminal line has no newline still ends complete:
+    the tail is checked at the end, so it is finished, not truncated."""
+    relayed = Relayed(first=b'{"done":false}\n')
+    relayed.gate.dataReceived(b'{"done":true}')
+    relayed.end(PotentialDataLoss())
+    outcome = relayed.outcome
+    assert (outcome.end, outcome.terminal_seen, outcome.streaming) == (
+        RelayEnd.FINISHED,
+        True,
+        True,
+    )
+    assert relayed.client.value().endswith(b"0\r\n\r\n")
+
+
+def test_close_delimited_stream_without_its_terminal_frame_is_truncated() -> None:
+    """The same stream closed before any terminal frame is truncated: no terminating chunk."""
+    relayed = Relayed(first=b'{"done":false}\n')
+    relayed.end(PotentialDataLoss())
+    outcome = relayed.outcome
+    assert (outcome.end, outcome.error) == (RelayEnd.TRUNCATED, "upstream dropped mid-stream")
+    assert not relayed.client.value().endswith(b"0\r\n\r\n")
+
+
+def test_close_delimited_plain_answer_is_finished() -> None:
+    """A non-streaming answer framed by the upstream's close ends finished (nothing to check)."""
+    relayed = Relayed(content_type=b"application/json", first=b'{"a": 1}')
+    relayed.end(PotentialDataLoss())
+    assert relayed.outcome.end is RelayEnd.FINISHED
+    assert relayed.body() == b'{"a": 1}'
+
+
+def test_caller_leaving_mid_answer_stops_the_upstream_and_reports_why() -> None:
+    """The caller goes before the answer is complete: the upstream is stopped and the outcome
+    is caller-gone with the caller's reason."""
+    relayed = Relayed(content_type=b"application/json", length=10, first=b"12345")
+    relayed.caller.abandon("client gone")
+    assert relayed.upstream.calls == ["stop"]
+    assert relayed.outcome == RelayOutcome(
+        status=200,
+        end=RelayEnd.CALLER_GONE,
+        error="client gone",
+        complete=False,
+        terminal_seen=False,
+        streaming=False,
+        sent=5,
+    )
+
+
+def test_caller_leaving_after_the_last_counted_byte_got_the_whole_answer() -> None:
+    """Every Content-Length byte went out before the caller left: no error, complete."""
+    relayed = Relayed(content_type=b"application/json", length=5, first=b"12345")
+    relayed.caller.abandon("client gone")
+    outcome = relayed.outcome
+    assert (outcome.end, outcome.error, outcome.complete) == (RelayEnd.CALLER_GONE, None, True)
+
+
+def test_client_disconnect_mid_answer_ends_the_relay_cleanly() -> None:
+    """The client's connection goes away mid-stream: the relay ends caller-gone without touching
+    the gone request (no unregistering on a request that has no channel)."""
+    relayed = Relayed(first=b'{"done":false}\n')
+    relayed.channel.connectionLost(Failure(ConnectionLost()))
+    assert relayed.upstream.calls == ["stop"]
+    outcome = relayed.outcome
+    assert (outcome.end, outcome.error) == (RelayEnd.CALLER_GONE, "client gone")
+
+
+def test_client_that_stops_reading_for_the_budget_is_reset() -> None:
+    """The client's socket stays full for the whole write-stall budget: the upstream was paused,
+    then the caller is abandoned as ``client stopped reading``, the client reset, the upstream
+    stopped."""
+    relayed = Relayed(first=b'{"done":false}\n', budget=30.0)
+    assert relayed.client.producer is not None
+    relayed.client.producer.pauseProducing()  # what a transport with a full send buffer does
+    assert relayed.upstream.calls == ["pause"]
+    relayed.clock.advance(30.0 - 2**-10)
+    assert relayed.outcomes == [] and not relayed.client.aborted
+    relayed.clock.advance(2**-10)
+    assert relayed.caller.gone == "client stopped reading"
+    assert relayed.client.aborted
+    assert relayed.upstream.calls == ["pause", "stop"]
+    outcome = relayed.outcome
+    assert (outcome.end, outcome.error) == (RelayEnd.CALLER_GONE, "client stopped reading")
+    assert relayed.clock.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize("budget", [1.0, 30.0])
+def test_truncated_chunked_answer_is_closed_then_reset_after_the_budget(budget: float) -> None:
+    """The upstream dies mid-stream: the client connection is closed (FIN, no terminating chunk);
+    a client that does not read the rest is reset exactly at the write-stall budget."""
+    relayed = Relayed(first=b'{"done":false}\n', budget=budget)
+    relayed.end(ConnectionLost())
+    assert relayed.outcome.end is RelayEnd.TRUNCATED
+    assert relayed.client.disconnecting and not relayed.client.aborted
+    assert not relayed.client.value().endswith(b"0\r\n\r\n")
+    [timer] = relayed.clock.getDelayedCalls()
+    assert timer.getTime() == budget
+    relayed.clock.advance(budget - 2**-10)
+    assert not relayed.client.aborted
+    relayed.clock.advance(2**-10)
+    assert relayed.client.aborted
+    assert relayed.clock.getDelayedCalls() == []
+
+
+def test_truncated_answer_read_to_the_end_is_not_reset() -> None:
+    """The client reads what is left and the connection ends before the budget: no reset."""
+    relayed = Relayed(first=b'{"done":false}\n', budget=30.0)
+    relayed.end(ConnectionLost())
+    relayed.channel.connectionLost(Failure(ConnectionDone()))
+    assert relayed.clock.getDelayedCalls() == []
+    relayed.clock.advance(60)
+    assert not relayed.client.aborted
+
+
+def test_truncated_answer_without_a_budget_arms_nothing() -> None:
+    """With the write-stall rule off the truncated answer is only closed, and the connection's
+    end is handled without error."""
+    with capturedLogs() as events:
+        relayed = Relayed(first=b'{"done":false}\n', budget=0.0)
+        relayed.end(ConnectionLost())
+        assert relayed.client.disconnecting and not relayed.client.aborted
+        assert relayed.clock.getDelayedCalls() == []
+        relayed.channel.connectionLost(Failure(ConnectionDone()))
+        del relayed
+        gc.collect()
+    assert [e for e in events if e.get("log_failure") is not None or e.get("isError")] == []
+
+
+def test_truncated_close_delimited_answer_is_reset() -> None:
+    """An HTTP/1.0 client (close-delimited answer) cannot tell a clean close from the end, so a
+    truncated answer is reset."""
+    relayed = Relayed(version=b"HTTP/1.0", first=b'{"done":false}\n')
+    relayed.end(ConnectionLost())
+    assert relayed.outcome.end is RelayEnd.TRUNCATED
+    assert relayed.client.aborted
+
+
+def test_sub_second_budget_arms_the_guard() -> None:
+    """Any positive budget arms the stall timer, a fraction of a second too."""
+    stall_guard, clock, _, stalls = guard(budget=0.5)
+    stall_guard.pauseProducing()
+    assert [call.getTime() for call in clock.getDelayedCalls()] == [0.5]
+    clock.advance(0.5)
+    assert stalls == [None]
+
+
+def test_after_a_stall_the_guard_can_be_paused_and_resumed_again() -> None:
+    """A fired stall timer is forgotten: the next pause arms a fresh one, resume disarms it."""
+    stall_guard, clock, upstream, stalls = guard()
+    stall_guard.pauseProducing()
+    clock.advance(30)
+    assert stalls == [None]
+    stall_guard.pauseProducing()
+    assert [call.getTime() for call in clock.getDelayedCalls()] == [60.0]
+    stall_guard.resumeProducing()
+    assert clock.getDelayedCalls() == []
+    assert upstream.calls == ["pause", "pause", "resume"]

@@ -243,6 +243,58 @@ def test_stop_closes_open_requests_and_cancels_timers(memory_cluster: Make) -> N
     assert slow.body == b"" and slow.truncated
 
 
+def test_a_required_key_refuses_any_other_authorization_with_401(memory_cluster: Make) -> None:
+    """With ``api_key`` set, only ``Authorization: Bearer <key>`` is served; the request is still
+    recorded, so a test sees what was sent."""
+    cluster = serve(memory_cluster, Behaviour.HEALTHY, api_key="k1")
+    assert cluster.fetch("GET", "/api/tags", node="e").status == 401
+    wrong = cluster.fetch("GET", "/api/tags", node="e", headers={"authorization": "Bearer k2"})
+    right = cluster.fetch("GET", "/api/tags", node="e", headers={"authorization": "Bearer k1"})
+    assert (wrong.status, right.status) == (401, 200)
+    assert len(engine_of(cluster).received) == 3
+
+
+def test_issue_14_routes_answer_from_the_engines_models(memory_cluster: Make) -> None:
+    """``/api/show`` (404 for a model it lacks), ``/api/ps`` (the ``loaded`` ones), LM Studio's
+    ``/api/v0/models`` and ``/api/v0/models/{id}``, and OpenAI-style ``/api/v0`` inference."""
+    cluster = serve(
+        memory_cluster, Behaviour.HEALTHY, models=("a:latest", "b:latest"), loaded=("b:latest",)
+    )
+    shown = post(cluster, "/api/show", b'{"model": "a"}')
+    assert (shown.status, shown.json()["details"]) == (200, {"family": "sim"})
+    assert post(cluster, "/api/show", b'{"name": "zzz"}').json() == {
+        "error": "model 'zzz' not found"
+    }
+    ps = cluster.fetch("GET", "/api/ps", node="e").json()
+    assert [m["model"] for m in ps["models"]] == ["b:latest"]
+    v0 = cluster.fetch("GET", "/api/v0/models", node="e").json()
+    assert [(r["id"], r["state"]) for r in v0["data"]] == [
+        ("a:latest", "not-loaded"),
+        ("b:latest", "loaded"),
+    ]
+    assert cluster.fetch("GET", "/api/v0/models/b:latest", node="e").json()["id"] == "b:latest"
+    assert cluster.fetch("GET", "/api/v0/models/c", node="e").status == 404
+    chat = post(cluster, "/api/v0/chat/completions", b'{"model": "a:latest", "stream": true}')
+    assert chat.header("content-type") == "text/event-stream"
+
+
+def test_responses_answer_with_a_numbered_id_and_end_at_response_completed(
+    memory_cluster: Make,
+) -> None:
+    cluster = serve(memory_cluster, Behaviour.HEALTHY, chunks=2, response_prefix="resp_e")
+    plain = post(cluster, "/v1/responses", b'{"model": "m"}')
+    assert (plain.json()["id"], plain.json()["status"]) == ("resp_e_1", "completed")
+    streamed = post(cluster, "/v1/responses", b'{"model": "m", "stream": true}')
+    events = [e.split(b"\n")[0] for e in streamed.body.split(b"\n\n") if e]
+    assert events == [
+        b"event: response.created",
+        b"event: response.output_text.delta",
+        b"event: response.output_text.delta",
+        b"event: response.completed",
+    ]
+    assert b'"id": "resp_e_2"' in streamed.body.split(b"\n\n")[0]
+
+
 # --- residency answers ---------------------------------------------------------------------------
 
 

@@ -649,3 +649,85 @@ def test_bad_admission_options_are_usage_errors(args: list[str]) -> None:
     """Each bad value is a usage error naming the option, not a traceback."""
     with pytest.raises(usage.UsageError, match=args[0].lstrip("-")):
         Options(environ={}).parseOptions(["--engine", "ollama", *args])
+
+
+def test_node_key_file_gives_that_flag_node_its_key(tmp_path: Path) -> None:
+    """``--node-key-file ID=PATH`` reads the key from PATH's first line, for ``--node ID`` only."""
+    key_file = tmp_path / "gpu1.key"
+    key_file.write_text("  sk-from-file  \nignored\n")
+    config = config_of(
+        "-e",
+        "ollama",
+        "--node",
+        "gpu1=http://a:1",
+        "--node",
+        "gpu2=http://b:1",
+        "--node-key-file",
+        f"gpu1={key_file}",
+    )
+    gpu1, gpu2 = config.nodes["ollama"]
+    assert (gpu1.api_key, gpu2.api_key) == ("sk-from-file", None)
+
+
+@pytest.mark.parametrize(
+    ("content", "node", "expected"),
+    [
+        (None, "gpu1", "cannot read"),
+        ("\n\n", "gpu1", "must hold the key on its first line"),
+        ("sk-x", "other", "no --node has this id"),
+    ],
+)
+def test_node_key_file_errors_name_the_file_never_the_key(
+    tmp_path: Path, content: str | None, node: str, expected: str
+) -> None:
+    key_file = tmp_path / "k"
+    if content is not None:
+        key_file.write_text(content)
+    with pytest.raises(usage.UsageError, match=expected) as raised:
+        parse("-e", "ollama", "--node", "gpu1=http://a:1", "--node-key-file", f"{node}={key_file}")
+    assert "sk-x" not in str(raised.value)
+
+
+def test_a_bad_node_url_is_reported_without_its_password() -> None:
+    with pytest.raises(usage.UsageError) as raised:
+        parse("-e", "ollama", "--node", "a=http://u:hunter2@h:99999")
+    assert "hunter2" not in str(raised.value)
+
+
+def test_state_is_off_by_default() -> None:
+    assert config_of("--engine", "ollama").state is None
+
+
+def test_state_url_and_files_resolve_into_the_config(tmp_path: Path) -> None:
+    (tmp_path / "pw").write_text("from-file\n")
+    (tmp_path / "secret").write_bytes(b"hmac-secret\n")
+    state = config_of(
+        "--engine",
+        "ollama",
+        "--state",
+        "redis://:in-url@store.local:6380/3",
+        "--state-password-file",
+        str(tmp_path / "pw"),
+        "--state-secret-file",
+        str(tmp_path / "secret"),
+    ).state
+    assert state is not None
+    assert (state.host, state.port, state.db) == ("store.local", 6380, 3)
+    assert (state.password, state.secret) == ("from-file", b"hmac-secret")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--state", "http://:pw-canary@h/0"),
+        ("--state", "redis://:pw-canary@h/notadb"),
+        ("--state-password-file", "/nonexistent/pw-canary"),
+        ("--state", "redis://h/0", "--state-password-file", "/nonexistent/pw-canary"),
+    ],
+)
+def test_bad_state_options_are_usage_errors_that_never_quote_a_password(
+    args: tuple[str, ...],
+) -> None:
+    with pytest.raises(usage.UsageError) as raised:
+        parse("--engine", "ollama", *args)
+    assert "pw-canary" not in str(raised.value)

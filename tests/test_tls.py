@@ -396,7 +396,8 @@ async def test_ca_file_node_answers_a_chat_and_its_inventory_is_polled(
     assert cluster.facade.inventory.models("gpu") == frozenset(MODELS)
     code, body, node = await chat(cluster)
     assert (code, node) == (200, "gpu")
-    assert json.loads(body)["message"]["content"] == "hello"
+    # a non-streaming chat is assembled from the engine's three streamed pieces (§6.5)
+    assert json.loads(body)["message"]["content"] == "hello0hello1hello2"
     assert engine.inference_count == 1
 
 

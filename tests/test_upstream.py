@@ -1079,3 +1079,143 @@ def test_a_close_delimited_end_is_reported_as_closed_not_complete() -> None:
     gate.start_relay(NOWHERE)
     gate.connectionLost(Failure(PotentialDataLoss()))
     assert gate.done.result is BodyEnd.CLOSED
+
+
+# ---- pinned details (mutation testing: docs/testing.md) -----------------------------------------
+
+
+def test_describe_failure_text() -> None:
+    """Wrapped reasons are joined with ", "; a plain failure is ``Name: message``; string args
+    around raw bytes are kept, joined with ", "."""
+    assert (
+        describe_failure(
+            Failure(ResponseNeverReceived([Failure(ValueError("one")), Failure(KeyError("k"))]))
+        )
+        == "ResponseNeverReceived(ValueError: one, KeyError: 'k')"
+    )
+    assert describe_failure(Failure(ValueError("bad thing "))) == "ValueError: bad thing"
+    assert describe_failure(Failure(ValueError("first", SECRET.encode(), "second"))) == (
+        "ValueError: first, second"
+    )
+    assert describe_failure(Failure(ValueError())) == "ValueError"
+
+
+def test_resume_before_start_does_nothing() -> None:
+    """A resume that arrives before the body was started writes nothing and reports nothing."""
+    written = Written()
+    producer = ReplayBodyProducer(b"abc", written)
+    producer.resumeProducing()
+    assert written.calls == 0
+    consumer = RecordingConsumer()
+    producer.startProducing(consumer)
+    assert (bytes(consumer.data), written.calls) == (b"abc", 1)
+
+
+def test_endpoints_are_made_once_per_scheme_host_and_port() -> None:
+    """The factory reuses a node's endpoint; another scheme, host or port gets its own."""
+    factory = NodeEndpointFactory(cast(IProxyReactor, MemoryReactorClock()), 7.0)
+    first = factory.endpointForURI(URI.fromBytes(b"http://127.0.0.1:11434/api/chat"))
+    assert factory.endpointForURI(URI.fromBytes(b"http://127.0.0.1:11434/api/tags")) is first
+    others = [
+        factory.endpointForURI(URI.fromBytes(node))
+        for node in (
+            b"http://127.0.0.1:11435/",
+            b"http://127.0.0.2:11434/",
+            b"https://127.0.0.1:11434/",
+        )
+    ]
+    assert len({id(endpoint) for endpoint in [first, *others]}) == 4
+
+
+class _Quiescent(Protocol):
+    """A pooled HTTP connection with no request in flight (as the pool sees one)."""
+
+    state = "QUIESCENT"
+
+
+def test_pool_keeps_connections_for_four_idle_seconds_without_retries() -> None:
+    """The shared pool is persistent (32 per host), never retries on its own, and drops an idle
+    connection after 4 s on the clock it was given."""
+    clock = Clock()
+    pool = make_pool(clock)
+    assert pool.persistent is True
+    assert not pool.retryAutomatically
+    assert (pool.maxPersistentPerHost, pool.cachedConnectionTimeout) == (32, 4)
+    idle = _Quiescent()
+    transport = StringTransport()
+    idle.makeConnection(transport)
+    pool._putConnection(("http", b"n0", 11434), idle)  # what a finished response does
+    [expiry] = clock.getDelayedCalls()
+    assert expiry.getTime() == 4
+    clock.advance(4)
+    assert transport.disconnecting
+
+
+def test_upstream_client_dials_with_the_connect_timeout_through_the_persistent_pool() -> None:
+    """``UpstreamClient`` dials a node with its connect timeout and keeps the connection open for
+    reuse (its request does not ask for ``Connection: close``)."""
+    reactor = ResolvingMemoryReactor()
+    pool = make_pool(reactor)
+    client = UpstreamClient(cast(IProxyReactor, reactor), pool, connect_timeout=7.0)
+    attempt = client.request(b"POST", url(11434), Headers(), b"{}", 30.0)
+    [(host, port, factory, timeout, _bind)] = reactor.tcpClients
+    assert (host, port, timeout) == ("127.0.0.1", 11434, 7.0)
+    protocol = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", port))
+    assert protocol is not None
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    sent = transport.value().lower()
+    assert sent.startswith(b"post /api/chat http/1.1\r\n")
+    assert b"connection: close" not in sent
+    attempt.cancel()
+    failure_of(attempt)
+
+
+@implementer(IAgent)
+class WritingAgent:
+    """Records each request and writes its body at once; never answers."""
+
+    def __init__(self) -> None:
+        self.headers: list[Headers | None] = []
+        self.consumer = RecordingConsumer()
+
+    def request(
+        self,
+        method: bytes,
+        uri: bytes,
+        headers: Headers | None = None,
+        bodyProducer: IBodyProducer | None = None,
+    ) -> Deferred[Any]:
+        self.headers.append(headers)
+        assert bodyProducer is not None
+        bodyProducer.startProducing(self.consumer)
+        return Deferred()
+
+
+def test_header_timeout_on_a_clock_names_the_deadline() -> None:
+    """Over any agent (``from_agent``): the headers are passed on, ``on_written`` runs after the
+    body, and silence fails the attempt at the deadline with a HeaderTimeout naming it."""
+    clock = Clock()
+    agent = WritingAgent()
+    client = UpstreamClient.from_agent(agent, clock)
+    headers = Headers({b"content-type": [b"application/json"]})
+    written = Written()
+    attempt = client.request(b"POST", url(1), headers, b"{}", 30.0, on_written=written)
+    assert agent.headers == [headers] and bytes(agent.consumer.data) == b"{}"
+    assert written.calls == 1
+    clock.advance(30)
+    failure = failure_of(attempt)
+    assert failure.check(HeaderTimeout)
+    assert str(failure.value) == "no response headers within 30s"
+    assert clock.getDelayedCalls() == []
+
+
+def test_first_body_timeout_ends_the_gate_with_a_named_budget() -> None:
+    """The first-body timer's failure names the budget, and the gate is ended."""
+    clock = Clock()
+    gate, _ = gate_on(clock, 2.5)
+    clock.advance(2.5)
+    gate.connectionLost(DROPPED)
+    failure = failure_of(gate.first)
+    assert str(failure.value) == "no response body within 2.5s"
+    assert gate.state is GateState.ENDED

@@ -106,6 +106,12 @@
       state.facades = snapshot.facades;
       state.workloads = new Map(snapshot.workloads.map((w) => [w.id, w]));
       state.failovers = snapshot.failovers;
+      const store = document.getElementById("store");
+      store.hidden = !snapshot.store;
+      if (snapshot.store) {
+        store.textContent = "fleet store " + snapshot.store.store + ": " + snapshot.store.state +
+          (snapshot.store.state === "down" ? " (working on local state)" : "");
+      }
       render();
     } catch (error) {
       document.getElementById("connection").textContent = "snapshot failed, retrying";
