@@ -135,7 +135,9 @@ class StatusBoard:
                         "lastSuccess": self.last_success.get((engine, node.id)),
                         "inFlight": sum(
                             1 for w in live if w.engine == engine and w.scheduled_on == node.id
-                        ),
+                        )
+                        + runtime.shared.tunnels.count(engine, node.id),
+                        "tunnels": runtime.shared.tunnels.count(engine, node.id),
                         "reservations": runtime.shared.ledger.reservations(node.id),
                         "cooling": None
                         if cooldown is None

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_affinity -*-
-"""Prefix affinity (SPEC §5.3): request digests and the per-facade warm-node table.
+"""Prefix affinity (docs/behaviour.md §5.3): request digests and the per-facade warm-node table.
 
 Requests that share a conversation prefix should go back to the node that served it, so the
 engine's KV cache is reused. :func:`affinity_key` turns a request into digests (pure, no state);

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_aggregate -*-
-"""Model-list aggregation (SPEC §4.3): ask every node at once, merge in candidate order.
+"""Model-list aggregation (docs/behaviour.md §4.3): ask every node at once, merge in candidate order.
 
 The answer must not depend on which node is fastest, so records are merged in the order the nodes
 were given, the first record of each key winning verbatim. A ``per_node`` list (``/api/ps``) is

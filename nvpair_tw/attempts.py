@@ -167,7 +167,7 @@ def retryable_status(code: int, inference: bool) -> bool:
 
 
 def node_headers(headers: Headers, node: Node) -> Headers:
-    """The plan's headers as sent to ``node``: its own credential replaces the client's (SPEC §3)."""
+    """The plan's headers as sent to ``node``: its own credential replaces the client's (docs/behaviour.md §3)."""
     authorization = node.authorization
     if authorization is None:
         return headers

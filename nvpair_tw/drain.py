@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_drain -*-
-"""Graceful shutdown (SPEC §10): stop accepting, let in-flight workloads finish, then cancel them.
+"""Graceful shutdown (docs/behaviour.md §10): stop accepting, let in-flight workloads finish, then cancel them.
 
 twistd's ``MultiService`` calls every child's ``stopService`` at once (in reverse order, without
 waiting), so "stops last" means nothing there. The drain service is therefore also a container: the

@@ -43,7 +43,7 @@ def tcp_listener(description: str) -> TCPListener | None:
 
 
 def own_urls(description: str) -> list[str]:
-    """The URLs a client would use to reach a listener (for the self-guard, SPEC §3)."""
+    """The URLs a client would use to reach a listener (for the self-guard, docs/behaviour.md §3)."""
     try:
         listener = tcp_listener(description)
     except ValueError:

@@ -126,7 +126,7 @@ def lmstudio_loaded_ids(document: Any) -> list[str]:
 
 @frozen
 class ResidencyFormat:
-    """Where an engine says which models are loaded now (SPEC §6.4), and how to read it.
+    """Where an engine says which models are loaded now (docs/behaviour.md §6.4), and how to read it.
 
     ``loaded`` returns the loaded names as the engine spells them, or raises ``ValueError`` for an
     answer of the wrong shape.
@@ -142,7 +142,7 @@ LMSTUDIO_LOADED = ResidencyFormat(path="/api/v0/models", loaded=lmstudio_loaded_
 
 @frozen
 class ModelListFormat:
-    """How one model-list route is parsed, keyed and wrapped when the proxy merges it (SPEC §4.3).
+    """How one model-list route is parsed, keyed and wrapped when the proxy merges it (docs/behaviour.md §4.3).
 
     ``per_node`` lists (``/api/ps``) are never merged across nodes: each record gains
     ``"nvpair_node": ID`` and is deduplicated only within its own node.
@@ -158,7 +158,7 @@ class ModelListFormat:
 
 @frozen
 class ModelRoute:
-    """A route that is not inference but names a model, routed to an owner of it (SPEC §2.1).
+    """A route that is not inference but names a model, routed to an owner of it (docs/behaviour.md §2.1).
 
     ``path`` is exact, or with ``prefix`` every path below it (``/api/v0/models/{id}``).
     ``model`` reads the model from the path and the parsed JSON body (None: no model named).
@@ -291,7 +291,7 @@ class EngineProfile:
         return next((r for r in self.model_routes if r.matches(method, path)), None)
 
     def matches(self, requested: str, advertised: str) -> bool:
-        """Whether an advertised model name serves a requested one (SPEC §4.1)."""
+        """Whether an advertised model name serves a requested one (docs/behaviour.md §4.1)."""
         return self.normalise(requested.strip()) == self.normalise(advertised.strip())
 
     def advertises(self, requested: str, inventory: frozenset[str] | tuple[str, ...]) -> bool:

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_errors -*-
-"""The proxy's own error responses: compact JSON ``{"error", "code"}`` (SPEC §9).
+"""The proxy's own error responses: compact JSON ``{"error", "code"}`` (docs/behaviour.md §9).
 
 Every error the proxy itself produces goes through here, so each carries ``Content-Type:
 application/json`` and ``X-Content-Type-Options: nosniff`` and never echoes a body or a key.

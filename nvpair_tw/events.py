@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 # The names of the events the proxy publishes: the bus, the control channel's notifications,
-# ``GET /events`` on the admin listener and the log lines all use them (SPEC §7).
+# ``GET /events`` on the admin listener and the log lines all use them (docs/behaviour.md §7).
 WORKLOAD_QUEUED = "workload:queued"
 """A workload waits in the proxy's admission queue, before any dispatch."""
 WORKLOAD_STARTED = "workload:started"

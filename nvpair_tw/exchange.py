@@ -86,7 +86,6 @@ async def forward(
 
     ``target`` is the node an ``X-NVPair-Node`` header chose: the only candidate (§2.1).
     """
-    shared = facade.shared
     route = _route(facade, request, kind, record, target)
     if route is None:
         return
@@ -94,7 +93,7 @@ async def forward(
     if isinstance(ticket, QueueFull):
         _busy(facade, request, record, "every node is busy and the queue is full", "queue-full")
         return
-    workload = shared.workloads.create(facade.engine, route.model) if route.model else None
+    workload = facade.shared.workloads.create(facade.engine, route.model) if route.model else None
     caller = _watch(request, workload, facade)
     if isinstance(ticket, Waiter):
         ticket = await _queue(facade, request, ticket, caller, record, workload)
@@ -103,30 +102,44 @@ async def forward(
     booking = Booking.nothing()
     if ticket is not None:
         route = _bound(route, ticket)
-        booking = Booking.take(shared.ledger, route.candidates[0].id, ticket)
+        booking = Booking.take(facade.shared.ledger, route.candidates[0].id, ticket)
     try:
-        result = await run_attempts(
-            route.plan,
-            route.candidates,
-            shared.client,
-            shared.clock,
-            facade.stalls,
-            caller,
-            booking,
-            _Observer(record, workload),
-            progress=facade.progress,
-        )
-        if isinstance(result, Committed):
-            record.first_byte()
-            remember_response(facade, record.path, result)
-            outcome = await relay(
-                request, result, caller, shared.clock, shared.settings.write_stall_timeout
-            )
-            _conclude(facade, route, result.node, outcome, caller, record, workload)
-        else:
-            _refuse(facade, request, result, record, workload)
+        await _answer(facade, request, route, caller, booking, record, workload)
     finally:
         booking.release()
+
+
+async def _answer(
+    facade: Facade,
+    request: Request,
+    route: _Route,
+    caller: CallerState,
+    booking: Booking,
+    record: RequestRecord,
+    workload: Workload | None,
+) -> None:
+    """The attempts, then the relay of the committed answer (or the refusal), then the end."""
+    shared = facade.shared
+    result = await run_attempts(
+        route.plan,
+        route.candidates,
+        shared.client,
+        shared.clock,
+        facade.stalls,
+        caller,
+        booking,
+        _Observer(record, workload),
+        progress=facade.progress,
+    )
+    if isinstance(result, Committed):
+        record.first_byte()
+        remember_response(facade, record.path, result)
+        outcome = await relay(
+            request, result, caller, shared.clock, shared.settings.write_stall_timeout
+        )
+        _conclude(facade, route, result.node, outcome, caller, record, workload)
+    else:
+        _refuse(facade, request, result, record, workload)
 
 
 async def _queue(
@@ -192,26 +205,12 @@ def _route(
     has no workload, reservation or affinity: its plan moves on past a 404 (``inference``) and
     commits on headers (not ``gated``). A ``target`` is the only candidate, ungated.
     """
-    shared = facade.shared
     inference = kind is RouteKind.INFERENCE
-    routed = kind is RouteKind.MODEL_ROUTED
     assert request.content is not None
     body = request.content.read()
     model, parsed = model_of(body) if inference else (None, None)
-    if routed:
-        route_model = _routed_model(facade, request.method, record.path, body)
-        eligible = facade.eligible(route_model)
-        if route_model and not eligible and target is None:
-            message = f"model '{route_model}' not found"
-            write_error(request, 404, message, "model-not-found")
-            record.publish(shared.bus, status=404, node_id=None, error="model-not-found")
-            return None
-    else:
-        eligible = facade.eligible(model) if target is None else [target]
-    if model and not eligible:
-        message = "no available node advertises the requested model"
-        write_error(request, 502, message, "no-model-owner")
-        record.publish(shared.bus, status=502, node_id=None, error="no-model-owner")
+    eligible = _eligible(facade, request, kind, record, body, model, target)
+    if eligible is None:
         return None
     key: AffinityKey | None = None
     hint: str | None = None
@@ -226,18 +225,63 @@ def _route(
         )
         if model and parsed is not None and record.path == RESPONSES_PATH:
             candidates = _conversation_first(facade, parsed, candidates)
-    settings = shared.settings
+    plan = _plan(facade, request, kind, record.path, body, parsed, model, candidates)
+    warm = candidates[0].id if promoted else None
+    return _Route(plan, model, candidates, key, warm)
+
+
+def _eligible(
+    facade: Facade,
+    request: Request,
+    kind: RouteKind,
+    record: RequestRecord,
+    body: bytes,
+    model: str | None,
+    target: Node | None,
+) -> list[Node] | None:
+    """The capability gate (§4.2): the nodes that may answer, or None after answering 404/502."""
+    bus = facade.shared.bus
+    if kind is RouteKind.MODEL_ROUTED:
+        route_model = _routed_model(facade, request.method, record.path, body)
+        eligible = facade.eligible(route_model)
+        if route_model and not eligible and target is None:
+            write_error(request, 404, f"model '{route_model}' not found", "model-not-found")
+            record.publish(bus, status=404, node_id=None, error="model-not-found")
+            return None
+        return eligible
+    eligible = facade.eligible(model) if target is None else [target]
+    if model and not eligible:
+        message = "no available node advertises the requested model"
+        write_error(request, 502, message, "no-model-owner")
+        record.publish(bus, status=502, node_id=None, error="no-model-owner")
+        return None
+    return eligible
+
+
+def _plan(
+    facade: Facade,
+    request: Request,
+    kind: RouteKind,
+    path: str,
+    body: bytes,
+    parsed: dict[str, Any] | None,
+    model: str | None,
+    candidates: list[Node],
+) -> AttemptPlan:
+    """What every attempt sends and how it commits, its timers and the assembly of §6.5."""
+    settings = facade.shared.settings
+    inference = kind is RouteKind.INFERENCE
     assembly = (
-        plan_assembly(record.path, body, parsed, settings.max_body_size)
+        plan_assembly(path, body, parsed, settings.max_body_size)
         if inference and settings.assembles(facade.engine)
         else None
     )
-    plan = AttemptPlan(
+    return AttemptPlan(
         method=request.method,
         target=target_of(request.uri),
         headers=upstream_request_headers(request.requestHeaders, _client_host(request)),
         body=assembly.body if assembly is not None else body,
-        inference=inference or routed,
+        inference=inference or kind is RouteKind.MODEL_ROUTED,
         gated=inference and facade.first_body_gate,
         header_timeout=settings.response_header_timeout,
         first_body_timeout=settings.first_body_timeout if inference else 0.0,
@@ -245,8 +289,6 @@ def _route(
         first_extra=_cold_allowances(facade, model, candidates) if inference else {},
         busy_max_wait=settings.busy_max_wait,
     )
-    warm = candidates[0].id if promoted else None
-    return _Route(plan, model, candidates, key, warm)
 
 
 def _routed_model(facade: Facade, method: bytes, path: str, body: bytes) -> str | None:

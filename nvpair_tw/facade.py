@@ -24,6 +24,7 @@ from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.reactor import abort
 from nvpair_tw.state import Facade, Shared
+from nvpair_tw.tunnel import TUNNEL_ENGINES, is_upgrade, open_tunnel
 from nvpair_tw.workloads import RequestRecord
 
 __all__ = ["Facade", "FacadeResource", "Shared", "model_of", "target_of"]
@@ -73,7 +74,9 @@ class FacadeResource(Resource):
                 record.publish(shared.bus, status=404, node_id=None, error="unknown-node")
                 return NOT_DONE_YET
         kind = facade.profile.classify(request.method, path)
-        if kind is RouteKind.MODEL_LIST:
+        if facade.engine in TUNNEL_ENGINES and is_upgrade(request):
+            work = Deferred.fromCoroutine(self._tunnel(request, record, chosen))
+        elif kind is RouteKind.MODEL_LIST:
             work = Deferred.fromCoroutine(self._model_list(request, path, record, chosen))
         else:
             work = Deferred.fromCoroutine(forward(facade, request, kind, record, chosen))
@@ -103,6 +106,29 @@ class FacadeResource(Resource):
         else:
             abort(request.transport)
         record.publish(self._facade.shared.bus, status=500, node_id=None, error="internal-error")
+
+    async def _tunnel(self, request: Request, record: RequestRecord, target: Node | None) -> None:
+        """A WebSocket upgrade (§2.1): the base order with demotion, no reservation; or the
+        targeted node alone."""
+        facade = self._facade
+        shared = facade.shared
+        if target is not None:
+            nodes = [target]
+        else:
+            nodes, _ = facade.order(list(facade.directory.nodes()), head_selection=False)
+        assert shared.endpoints is not None
+        await open_tunnel(
+            request,
+            nodes,
+            target_of(request.uri),
+            engine=facade.engine,
+            book=shared.tunnels,
+            endpoints=shared.endpoints,
+            clock=shared.clock,
+            timeout=shared.settings.response_header_timeout,
+            record=record,
+            bus=shared.bus,
+        )
 
     async def _model_list(
         self, request: Request, path: str, record: RequestRecord, target: Node | None

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_fleet,tests.test_fleet_sharing -*-
-"""A fleet of proxies sharing what they learn through Redis or Valkey (SPEC §6.6, ``--state``).
+"""A fleet of proxies sharing what they learn through Redis or Valkey (docs/behaviour.md §6.6, ``--state``).
 
 :class:`FleetStore` keeps one command connection and one pub/sub connection to the store (through
 ``txredisapi``'s protocols, dialled on the injected reactor) and shares, among every proxy that
@@ -7,7 +7,7 @@ names the same store:
 
 - stall cooldowns (:class:`SharedStallTracker`): a key per cooling node with a TTL equal to the
   cooldown, published so peers cool the node too; a success anywhere ends it everywhere;
-- affinity entries (:class:`SharedAffinityTable`): SPEC §5.3 digests (HMAC-SHA-256 under
+- affinity entries (:class:`SharedAffinityTable`): docs/behaviour.md §5.3 digests (HMAC-SHA-256 under
   ``--state-secret-file`` when given) → node id, with the idle TTL as the key's TTL;
 - reservation counts (through :class:`~nvpair_tw.reservations.ReservationLedger`): each proxy
   publishes its own counts, the ledger adds the peers' to its own;
@@ -107,7 +107,7 @@ class FleetStore:
     def note_progress(self, engine: str, node_id: str) -> None:
         """Body bytes arrived from ``node_id`` now: tell the fleet (at most once per node per second).
 
-        The hook for SPEC §6.4's "progress means alive" across a fleet: call it where an attempt
+        The hook for docs/behaviour.md §6.4's "progress means alive" across a fleet: call it where an attempt
         receives body bytes; :meth:`peer_progress` answers when a peer last saw some.
         """
         self._progress.note(engine, node_id)

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_fleet -*-
-"""Where the fleet store is (``--state redis://…``) and the secrets to talk to it (SPEC §6.6).
+"""Where the fleet store is (``--state redis://…``) and the secrets to talk to it (docs/behaviour.md §6.6).
 
 :class:`StateConfig` never shows the password or the secret; :meth:`StateConfig.redact` takes the
 password out of any text before it is logged.

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_fleet -*-
-"""The life of the connections to the fleet store (SPEC §6.6): connect, authenticate, select the
+"""The life of the connections to the fleet store (docs/behaviour.md §6.6): connect, authenticate, select the
 database, subscribe, ping, and reconnect with a capped backoff when the store goes away.
 
 One command connection and one pub/sub connection, through ``txredisapi``'s protocols dialled on

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_fleet_sharing -*-
-"""What a fleet shares through its store (SPEC §6.6), one class per kind of state.
+"""What a fleet shares through its store (docs/behaviour.md §6.6), one class per kind of state.
 
 Each kind writes through a ``write`` function (:meth:`~nvpair_tw.fleet_writer.BatchedWriter.write`),
 applies a peer's published message (``apply``: whether it was applied) and, after a reconnection,
@@ -353,7 +353,7 @@ class SharedStallTracker(StallTracker):
 class SharedAffinityTable(AffinityTable):
     """A facade's affinity table whose entries the fleet shares.
 
-    Entries are keyed by *sealed* digests (HMAC-SHA-256 under the fleet secret, or the SPEC §5.3
+    Entries are keyed by *sealed* digests (HMAC-SHA-256 under the fleet secret, or the docs/behaviour.md §5.3
     digest itself without one), so a peer's entry and a local lookup meet in the same table.
     """
 

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_fleet_wire -*-
-"""What the fleet store holds and carries (SPEC §6.6): key names, published messages, the batch
+"""What the fleet store holds and carries (docs/behaviour.md §6.6): key names, published messages, the batch
 script, and the sealing of affinity digests.
 
 Every key is ``NAMESPACE:KIND:…``; every message is a JSON object ``{"o": proxy id, "t": kind,

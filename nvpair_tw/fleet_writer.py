@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_fleet_writer -*-
-"""The fleet store's bounded, batched, fire-and-forget writer (SPEC §6.6).
+"""The fleet store's bounded, batched, fire-and-forget writer (docs/behaviour.md §6.6).
 
 The request path never waits on the store: a write is queued (at most :data:`MAX_PENDING_WRITES`;
 beyond, the oldest is dropped and counted) and the writes made within :data:`WRITE_BATCH` go out

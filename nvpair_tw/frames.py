@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.test_frames -*-
 """Terminal-frame detection for streamed responses.
 
-Prefix affinity is recorded only when a stream really finished (SPEC §5.3): an SSE ``data: [DONE]``
+Prefix affinity is recorded only when a stream really finished (docs/behaviour.md §5.3): an SSE ``data: [DONE]``
 (OpenAI-style), an Anthropic ``message_stop`` event, an OpenAI Responses API
 ``response.completed`` / ``response.failed`` / ``response.incomplete`` event, or an Ollama NDJSON
 line whose object has ``"done": true``. The detector sits on the hot path of every relayed chunk, so it examines only

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_ingress -*-
-"""Who may talk to a facade: the loopback / API-key / CIDR gate and the identity probe (SPEC §9).
+"""Who may talk to a facade: the loopback / API-key / CIDR gate and the identity probe (docs/behaviour.md §9).
 
 By default only loopback (and UNIX-socket) callers are served, decided from the TCP peer, never
 from forwarding headers. API keys open the gate to other hosts, optionally narrowed to CIDRs.

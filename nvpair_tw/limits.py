@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_limits -*-
-"""Inbound protocol limits for a facade's ``Site`` (SPEC §9, TWISTED.md §3.1 and §3.6).
+"""Inbound protocol limits for a facade's ``Site`` (docs/behaviour.md §9, TWISTED.md §3.1 and §3.6).
 
 Twisted has no request-body cap, answers header-limit violations with a bare 400 and drops an
 over-long line silently. ``make_site`` builds a ``Site`` whose channel and request enforce a body
@@ -11,7 +11,7 @@ Everything here speaks HTTP/1.1 only: an HTTP/2 channel would bypass these limit
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from attrs import field, frozen
 from attrs.validators import gt
@@ -24,7 +24,15 @@ from twisted.web.resource import Resource
 from nvpair_tw.errors import raw_error_response
 from nvpair_tw.logs import LevelledLogger
 
-__all__ = ["MIB", "LimitedChannel", "LimitedRequest", "LimitedSite", "Limits", "make_site"]
+__all__ = [
+    "MIB",
+    "LimitedChannel",
+    "LimitedRequest",
+    "LimitedSite",
+    "Limits",
+    "RawSink",
+    "make_site",
+]
 
 MIB = 1024 * 1024
 _TOO_LARGE = b"Request Header Fields Too Large"
@@ -63,6 +71,14 @@ class Limits:
     max_headers: int = field(default=100, validator=gt(0))
     max_header_bytes: int = field(default=16384, validator=gt(0))
     max_request_line: int = field(default=8192, validator=gt(0))
+
+
+class RawSink(Protocol):
+    """Takes every byte of a channel handed over after an accepted upgrade (a tunnel)."""
+
+    def client_data(self, data: bytes) -> None: ...
+
+    def client_lost(self, reason: Failure) -> None: ...
 
 
 class LimitedRequest(server.Request):
@@ -124,6 +140,7 @@ class LimitedChannel(http.HTTPChannel):
         self._in_head = False
         self._rejected = False
         self._counted = False
+        self._sink: RawSink | None = None
         self.maxHeaders = limits.max_headers
         self.totalHeadersSize = limits.max_header_bytes
         self.MAX_LENGTH = max(limits.max_request_line, limits.max_header_bytes)
@@ -147,7 +164,24 @@ class LimitedChannel(http.HTTPChannel):
             return
         self._counted = True
 
+    def hand_over(self, sink: RawSink) -> bytes:
+        """From now on every byte read goes to ``sink`` untouched (an upgraded connection), and
+        its loss is told to it; returns the bytes already read after the request head.
+
+        Only while the request that asked for the upgrade is being handled (the channel then
+        buffers what follows its head and its idle timeout is off)."""
+        if not self._handlingRequest or self._sink is not None:
+            raise RuntimeError("hand_over is only for the request being handled, once")
+        self._sink = sink
+        self._cancel_head_timer()
+        buffered = b"".join(self._dataBuffer)
+        self._dataBuffer = []
+        self._networkProducer.resumeProducing()  # the channel may have paused a busy reader
+        return buffered
+
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._sink is not None:
+            self._sink.client_lost(reason)
         self._cancel_head_timer()
         site = self._limited_site()
         if self._counted and site is not None:
@@ -189,6 +223,9 @@ class LimitedChannel(http.HTTPChannel):
         self.reject(408, b"Request Timeout", message, "header-timeout")
 
     def dataReceived(self, data: bytes) -> None:
+        if self._sink is not None:
+            self._sink.client_data(data)
+            return
         if self._rejected:
             return
         if data and self._head_timer is None and self.line_mode and not self._handlingRequest:

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_metrics -*-
-"""Prometheus metrics of one proxy process (SPEC §10).
+"""Prometheus metrics of one proxy process (docs/behaviour.md §10).
 
 Counters and histograms are fed by a bus subscriber, so they count exactly what the events say
 (``proxy/request``, ``workload:*``, ``node/cooldown``). Gauges (in-flight workloads, inventory age,
@@ -36,7 +36,7 @@ from nvpair_tw.state import Facade
 __all__ = ["STALL_OUTCOMES", "ProxyMetrics", "RuntimeCollector"]
 
 STALL_OUTCOMES = frozenset({"stall", "first-body-timeout"})
-"""Attempt outcomes that are stalls (SPEC §6.1): both cool the node."""
+"""Attempt outcomes that are stalls (docs/behaviour.md §6.1): both cool the node."""
 
 AFFINITY_PATHS = CHAT_PATHS | COMPLETION_PATHS
 
@@ -97,6 +97,11 @@ _NODE_GAUGES: tuple[tuple[str, str, NodeValue], ...] = (
         "nvpair_slots_in_use",
         "Requests of this facade holding a slot on the node now (docs/behaviour.md 6.4).",
         lambda f, n, now: f.admission.slots_in_use(n),
+    ),
+    (
+        "nvpair_open_tunnels",
+        "WebSocket tunnels open to the node through this facade.",
+        lambda f, n, now: f.shared.tunnels.count(f.engine, n),
     ),
     (
         "nvpair_slots",

@@ -41,6 +41,7 @@ from urllib.parse import unquote, urlsplit
 from attrs import define, evolve, field, frozen
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
 
 from nvpair_tw.engines import ENGINES, EngineProfile
 from nvpair_tw.logs import LevelledLogger
@@ -51,6 +52,7 @@ __all__ = [
     "Node",
     "NodeDirectory",
     "NodesFileError",
+    "NodesFileWatcher",
     "load_nodes_file",
     "public_url",
     "url_key",
@@ -87,7 +89,7 @@ class Node:
 
     @property
     def authorization(self) -> bytes | None:
-        """The ``Authorization`` value every request to this node carries, or None (SPEC §3):
+        """The ``Authorization`` value every request to this node carries, or None (docs/behaviour.md §3):
         ``Bearer <api_key>``, else ``Basic`` from the URL's userinfo."""
         if self.api_key:
             return b"Bearer " + self.api_key.encode("utf-8")
@@ -176,18 +178,8 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         urls = _parse_urls(where, entry.get("url"))
         models = _parse_models(where, entry.get("models"))
         tls = _parse_tls(where, entry, base_dir, urls.values())
-        api_key = entry.get("api_key")
-        if api_key is not None and (
-            not isinstance(api_key, str) or not api_key.strip() or not api_key.isprintable()
-        ):
-            raise NodesFileError(f"{where}: api_key: must be a non-empty single-line string")
-        for address in filter(None, map(https_address, urls.values())):
-            other = tls_at.setdefault(address, (node_id, tls))
-            if other != (node_id, tls) and other[1] != tls:
-                raise NodesFileError(
-                    f"{where}: https://{_netloc(address)} is also node {other[0]!r}'s address,"
-                    " with different TLS settings (ca_file, fingerprint, insecure); make them equal"
-                )
+        api_key = _parse_api_key(where, entry.get("api_key"))
+        _check_shared_tls(where, node_id, tls, urls.values(), tls_at)
         slots = _parse_slots(where, entry.get("slots"))
         url = urls.get(engine, urls.get("*"))
         if url is not None:
@@ -199,10 +191,36 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
                     source="file",
                     slots=slots,
                     tls=tls,
-                    api_key=api_key.strip() if api_key is not None else None,
+                    api_key=api_key,
                 )
             )
     return nodes
+
+
+def _parse_api_key(where: str, api_key: Any) -> str | None:
+    """A node's ``api_key``: absent, or a non-empty single-line string (stripped)."""
+    if api_key is not None and (
+        not isinstance(api_key, str) or not api_key.strip() or not api_key.isprintable()
+    ):
+        raise NodesFileError(f"{where}: api_key: must be a non-empty single-line string")
+    return api_key.strip() if api_key is not None else None
+
+
+def _check_shared_tls(
+    where: str,
+    node_id: str,
+    tls: NodeTLS | None,
+    urls: Collection[str],
+    tls_at: dict[tuple[str, int], tuple[str, NodeTLS | None]],
+) -> None:
+    """Record the node's https addresses in ``tls_at``; two nodes at one address need equal TLS."""
+    for address in filter(None, map(https_address, urls)):
+        other = tls_at.setdefault(address, (node_id, tls))
+        if other != (node_id, tls) and other[1] != tls:
+            raise NodesFileError(
+                f"{where}: https://{_netloc(address)} is also node {other[0]!r}'s address,"
+                " with different TLS settings (ca_file, fingerprint, insecure); make them equal"
+            )
 
 
 def _parse_tls(
@@ -305,9 +323,65 @@ def _as_nodes(nodes: Sequence[Node]) -> tuple[Node, ...]:
 
 
 @define
+class NodesFileWatcher:
+    """Watches a nodes file: checks it every ``interval`` seconds by modification time and size,
+    and hands every good read to ``apply``; a bad one is logged and the previous nodes kept."""
+
+    _path: str
+    _engine: str
+    _clock: IReactorTime
+    _apply: Callable[[list[Node]], None]
+    _log: Logger
+    _interval: float = field(default=2.0, kw_only=True)
+    _signature: _FileSignature = field(default=None, init=False)
+    _watcher: LoopingCall | None = field(default=None, init=False)
+
+    def reload(self) -> bool:
+        """Re-read the file now; True when it was read, False (old set kept) when not."""
+        self._signature = self._stat()
+        try:
+            nodes = load_nodes_file(self._path, self._engine)
+        except NodesFileError as error:
+            self._log.warn("keeping the previous nodes: {why}", why=str(error))
+            return False
+        self._apply(nodes)
+        return True
+
+    def start(self) -> None:
+        """Load the file (a bad file raises :class:`NodesFileError`) and watch it."""
+        if self._watcher is not None:
+            return
+        self._signature = self._stat()
+        self._apply(load_nodes_file(self._path, self._engine))
+        watcher = LoopingCall(self._check)
+        watcher.clock = self._clock
+        watcher.start(self._interval, now=False).addErrback(
+            lambda failure: self._log.failure("nodes file watcher failed", failure)
+        )
+        self._watcher = watcher
+
+    def stop(self) -> None:
+        """Stop watching."""
+        if self._watcher is not None:
+            watcher, self._watcher = self._watcher, None
+            watcher.stop()
+
+    def _stat(self) -> _FileSignature:
+        try:
+            status = os.stat(self._path)
+        except OSError:
+            return None
+        return (status.st_mtime_ns, status.st_size)
+
+    def _check(self) -> None:
+        if self._stat() != self._signature:
+            self.reload()
+
+
+@define
 class NodeDirectory:
-    """The nodes one facade may use: flags, the TOML file (watched), manual (control channel),
-    discovery, default.
+    """The nodes one facade may use: flags, the TOML file (watched by a :class:`NodesFileWatcher`),
+    manual (control channel), discovery, default.
 
     When one id comes from several sources, manual beats discovery beats file beats flag.
     Subscribers are called after every change of the merged view.
@@ -329,10 +403,18 @@ class NodeDirectory:
     _warned: set[tuple[str, str]] = field(factory=set, init=False)
     _warned_insecure: set[tuple[str, str]] = field(factory=set, init=False)
     _subscribers: list[Callable[[], None]] = field(factory=list, init=False)
-    _signature: _FileSignature = field(default=None, init=False)
-    _watcher: LoopingCall | None = field(default=None, init=False)
+    _file: NodesFileWatcher | None = field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
+        if self._nodes_file is not None:
+            self._file = NodesFileWatcher(
+                self._nodes_file,
+                self._engine.name,
+                self._clock,
+                self._set_file_nodes,
+                self.log,
+                interval=self._watch_interval,
+            )
         self._recompute(notify=False)
 
     def nodes(self) -> tuple[Node, ...]:
@@ -381,35 +463,17 @@ class NodeDirectory:
 
     def reload_file(self) -> bool:
         """Re-read the nodes file now; True when it was read, False (old set kept) when not."""
-        if self._nodes_file is None:
-            return False
-        self._signature = self._stat()
-        try:
-            nodes = load_nodes_file(self._nodes_file, self._engine.name)
-        except NodesFileError as error:
-            self.log.warn("keeping the previous nodes: {why}", why=str(error))
-            return False
-        self._set_file_nodes(nodes)
-        return True
+        return self._file is not None and self._file.reload()
 
     def start(self) -> None:
         """Load the nodes file (a bad file raises :class:`NodesFileError`) and watch it."""
-        if self._nodes_file is None or self._watcher is not None:
-            return
-        self._signature = self._stat()
-        self._set_file_nodes(load_nodes_file(self._nodes_file, self._engine.name))
-        watcher = LoopingCall(self._check_file)
-        watcher.clock = self._clock
-        watcher.start(self._watch_interval, now=False).addErrback(
-            lambda failure: self.log.failure("nodes file watcher failed", failure)
-        )
-        self._watcher = watcher
+        if self._file is not None:
+            self._file.start()
 
     def stop(self) -> None:
         """Stop watching the nodes file."""
-        if self._watcher is not None:
-            watcher, self._watcher = self._watcher, None
-            watcher.stop()
+        if self._file is not None:
+            self._file.stop()
 
     def _set_file_nodes(self, nodes: Sequence[Node]) -> None:
         for node in nodes:
@@ -425,18 +489,6 @@ class NodeDirectory:
                 )
         self._file_nodes = tuple(nodes)
         self._recompute()
-
-    def _stat(self) -> _FileSignature:
-        assert self._nodes_file is not None
-        try:
-            status = os.stat(self._nodes_file)
-        except OSError:
-            return None
-        return (status.st_mtime_ns, status.st_size)
-
-    def _check_file(self) -> None:
-        if self._stat() != self._signature:
-            self.reload_file()
 
     def _recompute(self, *, notify: bool = True) -> None:
         merged: dict[str, Node] = {}

@@ -2,10 +2,10 @@
 """The one pure function that decides the order in which a request tries its candidates.
 
 Pin, priority list, reservations, prefix affinity, residency and the stall cooldown all meet here
-(SPEC §5, §6.3, §6.4), in a fixed sequence: base order, head selection, then demotion of cooling
+(docs/behaviour.md §5, §6.3, §6.4), in a fixed sequence: base order, head selection, then demotion of cooling
 nodes, which is always last so nothing can put a cooling node ahead of a ready one.
 
-Head selection without a scheduler (SPEC §5.2): when no priority snapshot is in force
+Head selection without a scheduler (docs/behaviour.md §5.2): when no priority snapshot is in force
 (``snapshot=None``), every eligible node counts as listed, in base order (by id). The view then has
 no baselines (``pending`` and ``gpu_pressure`` are 0) and this proxy's in-flight requests are
 exactly its reservations, so the head is the node with the fewest requests in flight; ties go to a
@@ -67,7 +67,7 @@ def order_candidates(
 
     ``snapshot`` is the scheduler snapshot in force, or None when there is none: head selection
     then balances over every eligible node. ``resident`` holds the ids of nodes where the
-    request's model is known to be loaded; it breaks ties on load (SPEC §5.2, §6.4).
+    request's model is known to be loaded; it breaks ties on load (docs/behaviour.md §5.2, §6.4).
     """
     candidates = tuple(dict.fromkeys(eligible))
     allowed = frozenset(candidates)

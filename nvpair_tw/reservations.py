@@ -1,12 +1,12 @@
 # -*- test-case-name: tests.test_reservations -*-
-"""The process-wide reservation ledger and the scheduler priority snapshot (SPEC §5.4).
+"""The process-wide reservation ledger and the scheduler priority snapshot (docs/behaviour.md §5.4).
 
 The scheduler pushes a generation-stamped snapshot (priority list plus per-node baselines); every
 facade in the process reserves the node it forwards to so that concurrent requests spread out
 before the next snapshot arrives. A newer snapshot replaces the baselines and forgets every
 reservation, so a release stamped with an older generation is dropped.
 
-With ``--state`` (SPEC §6.6) :mod:`nvpair_tw.fleet` follows this process's counts through
+With ``--state`` (docs/behaviour.md §6.6) :mod:`nvpair_tw.fleet` follows this process's counts through
 ``on_change`` and feeds the other proxies' counts in with :meth:`ReservationLedger.set_peers`, so
 ``reservations`` (and every load figure built on it) is fleet-wide; the snapshot stays this
 process's own.
@@ -101,7 +101,7 @@ class ReservationLedger:
 
     @property
     def in_force(self) -> PrioritySnapshot | None:
-        """The scheduler snapshot in force, or None before the first one is applied (SPEC §5.2:
+        """The scheduler snapshot in force, or None before the first one is applied (docs/behaviour.md §5.2:
         head selection then balances over every eligible node)."""
         return self._snapshot if self._applied else None
 

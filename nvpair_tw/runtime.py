@@ -62,7 +62,8 @@ class Runtime:
             self.shared.ingress.start()
 
     def stop(self) -> Deferred[None]:
-        """Stop timers and polls; close idle upstream connections."""
+        """Stop timers and polls; close open tunnels and idle upstream connections."""
+        self.shared.tunnels.close_all()
         for facade in self.facades.values():
             facade.inventory.stop()
             facade.directory.stop()
@@ -123,7 +124,7 @@ def build_runtime(
     shorthand for tests, parsed with :func:`~nvpair_tw.ingress.parse_ingress` (not both).
     ``client`` (attempts) and ``http`` (a treq client for model lists and inventory polls) default
     to clients over the process's pool; ``nvpair_tw.testing.MemoryCluster`` injects in-memory ones.
-    ``state`` (``--state``) shares cooldowns, affinity and reservations with a fleet (SPEC §6.6).
+    ``state`` (``--state``) shares cooldowns, affinity and reservations with a fleet (docs/behaviour.md §6.6).
     """
     if environ is not None:
         if ingress is not None:
@@ -140,6 +141,7 @@ def build_runtime(
     if http is None:
         http = make_http_client(Agent.usingEndpointFactory(reactor, endpoints, pool=pool))
     shared = _shared(reactor, settings, client, http, ingress)
+    shared.endpoints = endpoints
     fleet = FleetStore(reactor, state) if state is not None else None
     if fleet is not None:
         fleet.bind_ledger(shared.ledger)
@@ -261,7 +263,8 @@ def _cooldown_announcer(bus: EventBus, engine: str) -> CooldownListener:
                 "coolingUntil": int(cooldown.until * 1000),
             }
             if cooldown.origin != "local":
-                payload["origin"] = cooldown.origin  # a peer of the fleet stalled (SPEC §6.6)
+                # a peer of the fleet stalled (docs/behaviour.md §6.6)
+                payload["origin"] = cooldown.origin
             bus.publish(NODE_COOLDOWN, payload)
         else:
             bus.publish(NODE_COOLDOWN_ENDED, {"engine": engine, "node_id": node_id, "why": reason})

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_settings -*-
-"""Resolved configuration: flag beats environment beats default, with the warnings SPEC §6.3 asks for."""
+"""Resolved configuration: flag beats environment beats default, with the warnings docs/behaviour.md §6.3 asks for."""
 
 from __future__ import annotations
 
@@ -92,6 +92,8 @@ class Settings:
     affinity_max_entries: int = 10_000
     affinity_ttl: float = 300.0
     max_connections: int = 256
+    max_tunnels: int = 64
+    """WebSocket tunnels open at once, process-wide (503 ``too-many-tunnels`` beyond, §2.1)."""
     shutdown_grace: float = 10.0
     model_list_timeout: float = 10.0
     default_slots: int = 0

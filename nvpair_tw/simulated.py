@@ -29,6 +29,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from nvpair_tw.reactor import abort
+from nvpair_tw.simulated_replies import reply_frames, route_answer, stream_kind
 
 __all__ = [
     "Behaviour",
@@ -65,6 +66,12 @@ class Received:
     path: bytes
     headers: dict[bytes, list[bytes]]
     body: bytes
+
+    @classmethod
+    def of(cls, request: Request, body: bytes) -> Received:
+        """``request`` (whose body was ``body``) as received, header names lowercased."""
+        headers = {k.lower(): list(v) for k, v in request.requestHeaders.getAllRawHeaders()}
+        return cls(request.method, request.uri, headers, body)
 
 
 Policy = Callable[[int, bytes], Behaviour]
@@ -129,39 +136,17 @@ class SimulatedEngine(Resource):
         assert request.content is not None
         body = request.content.read()
         path = request.path
-        self.received.append(
-            Received(
-                request.method,
-                request.uri,
-                {k.lower(): list(v) for k, v in request.requestHeaders.getAllRawHeaders()},
-                body,
-            )
-        )
+        self.received.append(Received.of(request, body))
         if self.api_key is not None and request.requestHeaders.getRawHeaders(b"authorization") != [
             f"Bearer {self.api_key}".encode()
         ]:
             request.setResponseCode(401)
             return self._json(request, {"error": "unauthorized"})
-        if request.method == b"GET":
-            answer = self._listing(path)
-            if answer is not None:
-                status, document = answer
-                request.setResponseCode(status)
-                return self._json(request, document)
-        if request.method == b"POST" and path == b"/api/show":
-            wanted = _requested_model(body)
-            if wanted not in self.models and f"{wanted}:latest" not in self.models:
-                request.setResponseCode(404)
-                return self._json(request, {"error": f"model '{wanted}' not found"})
-        if request.method == b"GET" and path == b"/api/tags":
-            return self._json(request, {"models": [{"name": m, "model": m} for m in self.models]})
-        if request.method == b"GET" and path == b"/v1/models":
-            return self._json(
-                request,
-                {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]},
-            )
-        if request.method != b"POST":
-            return self._json(request, {"version": "0.0.0-simulated"})
+        answer = route_answer(request.method, path, body, self.models, self.loaded)
+        if answer is not None:
+            status, document = answer
+            request.setResponseCode(status)
+            return self._json(request, document)
         self.inference_count += 1
         behaviour = self.policy(self.inference_count, path)
         self._open.append(request)
@@ -171,35 +156,6 @@ class SimulatedEngine(Resource):
         else:
             self._act(request, behaviour, body)
         return NOT_DONE_YET
-
-    def _listing(self, path: bytes) -> tuple[int, Any] | None:
-        """The GET routes answered from the engine's models: ``/api/ps`` (the ``loaded`` ones),
-        LM Studio's ``/api/v0/models`` (every model with its ``state``) — both 404 while
-        ``loaded`` is None — and ``/api/v0/models/{id}`` (404 for a model it lacks)."""
-        loaded = () if self.loaded is None else tuple(self.loaded)
-        names = list(dict.fromkeys([*self.models, *loaded]))
-        records = [
-            {
-                "id": m,
-                "object": "model",
-                "type": "llm",
-                "state": "loaded" if m in loaded else "not-loaded",
-            }
-            for m in names
-        ]
-        if path.startswith(b"/api/v0/models/"):
-            wanted = path[len(b"/api/v0/models/") :].decode("utf-8", "replace")
-            for record in records:
-                if record["id"] == wanted:
-                    return 200, record
-            return 404, {"error": f"model '{wanted}' not found"}
-        if path not in (b"/api/ps", b"/api/v0/models"):
-            return None
-        if self.loaded is None:
-            return 404, {"error": "not found"}
-        if path == b"/api/ps":
-            return 200, {"models": [{"name": m, "model": m, "size_vram": 1} for m in loaded]}
-        return 200, {"object": "list", "data": records}
 
     def _closed(self, _result: object, request: Request) -> None:
         if request in self._open:
@@ -272,108 +228,7 @@ class SimulatedEngine(Resource):
         return json.dumps(document).encode()
 
 
-def _requested_model(body: bytes) -> str:
-    """The ``model`` (else ``name``) of an ``/api/show`` body, or ``""``."""
-    try:
-        parsed = json.loads(body) if body else {}
-    except ValueError:
-        parsed = {}
-    wanted = parsed.get("model") or parsed.get("name") if isinstance(parsed, dict) else ""
-    return wanted if isinstance(wanted, str) else ""
-
-
-def _ollama_style(path: bytes) -> bool:
-    """Ollama's own routes; LM Studio's ``/api/v0/...`` answer OpenAI-style."""
-    return path.startswith(b"/api/") and not path.startswith(b"/api/v0/")
-
-
 def _hang_up(request: Request) -> None:
     """Close after flushing what was written (the client sees a truncated response)."""
     if request.transport is not None:
         request.transport.loseConnection()
-
-
-def stream_kind(path: bytes, body: bytes) -> tuple[bool, bytes]:
-    """Whether a request to ``path`` with ``body`` streams, and the answer's content type.
-
-    Ollama routes (``/api/...``) stream unless ``"stream": false``; OpenAI-style routes stream
-    only with ``"stream": true``.
-    """
-    try:
-        parsed = json.loads(body) if body else {}
-    except ValueError:
-        parsed = {}
-    if not isinstance(parsed, dict):
-        parsed = {}
-    if _ollama_style(path):
-        streaming = bool(parsed.get("stream", True)) and path in (b"/api/chat", b"/api/generate")
-        return streaming, b"application/x-ndjson" if streaming else b"application/json"
-    streaming = bool(parsed.get("stream", False))
-    return streaming, b"text/event-stream" if streaming else b"application/json"
-
-
-def reply_frames(
-    path: bytes, streaming: bool, chunks: int, text: str, *, response_id: str = "resp_1"
-) -> list[bytes]:
-    """The frames of one answer: ``chunks`` NDJSON lines or SSE events and the closing frame
-    (``done`` / ``[DONE]`` / ``response.completed``) when streaming, else one JSON document.
-    ``/v1/responses`` answers carry ``response_id``; ``/api/show`` answers a model's details."""
-    if path == b"/api/show":
-        return [json.dumps({"modelfile": "# simulated", "details": {"family": "sim"}}).encode()]
-    if path == b"/v1/responses":
-        return _responses_frames(streaming, chunks, text, response_id)
-    if _ollama_style(path):
-        if not streaming:
-            return [
-                json.dumps(
-                    {"message": {"role": "assistant", "content": text}, "done": True}
-                ).encode()
-            ]
-        parts = [
-            json.dumps(
-                {"message": {"role": "assistant", "content": f"{text}{i}"}, "done": False}
-            ).encode()
-            + b"\n"
-            for i in range(chunks)
-        ]
-        return [*parts, json.dumps({"done": True, "done_reason": "stop"}).encode() + b"\n"]
-    if not streaming:
-        return [
-            json.dumps(
-                {
-                    "object": "chat.completion",
-                    "choices": [{"message": {"role": "assistant", "content": text}}],
-                }
-            ).encode()
-        ]
-    parts = [
-        b"data: "
-        + json.dumps({"choices": [{"delta": {"content": f"{text}{i}"}}]}).encode()
-        + b"\n\n"
-        for i in range(chunks)
-    ]
-    return [*parts, b"data: [DONE]\n\n"]
-
-
-def _responses_frames(streaming: bool, chunks: int, text: str, response_id: str) -> list[bytes]:
-    """An OpenAI Responses API answer: SSE events from ``response.created`` to
-    ``response.completed``, or the response object."""
-    done = {
-        "id": response_id,
-        "object": "response",
-        "status": "completed",
-        "output": [{"type": "message", "content": [{"type": "output_text", "text": text}]}],
-    }
-    if not streaming:
-        return [json.dumps(done).encode()]
-
-    def event(kind: str, data: dict[str, Any]) -> bytes:
-        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
-
-    created = {"id": response_id, "object": "response", "status": "in_progress", "output": []}
-    parts = [event("response.output_text.delta", {"delta": f"{text}{i}"}) for i in range(chunks)]
-    return [
-        event("response.created", {"response": created}),
-        *parts,
-        event("response.completed", {"response": done}),
-    ]

@@ -1,11 +1,11 @@
 # -*- test-case-name: tests.test_stalls -*-
-"""The per-facade stall cooldown (SPEC §6.3).
+"""The per-facade stall cooldown (docs/behaviour.md §6.3).
 
 A node that stalled (no headers within the deadline, or silence past an enabled first-body timeout) is
 *cooling* for one response-header timeout: ordering puts it behind its ready peers, never excludes it.
 Expiry or a successful response from the node ends the cooldown. Nothing is persisted; with
 ``--state`` :mod:`nvpair_tw.fleet` shares cooldowns with a fleet's other proxies through
-:meth:`StallTracker.install` and :meth:`StallTracker.end` (SPEC §6.6).
+:meth:`StallTracker.install` and :meth:`StallTracker.end` (docs/behaviour.md §6.6).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from __future__ import annotations
 from attrs import Factory, define
 from treq.client import HTTPClient
 from twisted.internet.interfaces import IReactorTime
+from twisted.web.iweb import IAgentEndpointFactory
 
 from nvpair_tw.admission import Admission
 from nvpair_tw.affinity import AffinityTable
@@ -27,6 +28,7 @@ from nvpair_tw.progress import ProgressBook
 from nvpair_tw.reservations import ReservationLedger
 from nvpair_tw.settings import Settings
 from nvpair_tw.stalls import IStallTracker
+from nvpair_tw.tunnel import TunnelBook
 from nvpair_tw.upstream import UpstreamClient
 from nvpair_tw.workloads import WorkloadRegistry
 
@@ -46,6 +48,12 @@ class Shared:
     settings: Settings
     ingress: IngressPolicy | None = None
     draining: bool = False
+    endpoints: IAgentEndpointFactory | None = None
+    """How nodes are dialled outside the agent (WebSocket tunnels, §2.1)."""
+    tunnels: TunnelBook = Factory(
+        lambda self: TunnelBook(self.settings.max_tunnels), takes_self=True
+    )
+    """The open WebSocket tunnels and their cap."""
 
 
 @define

@@ -171,6 +171,7 @@ _PARAMETERS: list[list[str | None]] = [
     ["affinity-ttl", None, "5m", "Idle time after which an affinity entry is forgotten."],
     ["write-stall-timeout", None, "30s", "Drop a client that accepts no bytes this long."],
     ["max-connections", None, "256", "Open client connections per facade (503 beyond)."],
+    ["max-tunnels", None, "64", "Open WebSocket tunnels, process-wide (503 beyond)."],
     [
         "control",
         None,
@@ -390,6 +391,7 @@ def _settings(options: Options, engines: list[str], header: float, first: float)
         affinity_max_entries=_count(options, "affinity-max-entries", int),
         affinity_ttl=_positive(options, "affinity-ttl"),
         max_connections=_count(options, "max-connections", int),
+        max_tunnels=_count(options, "max-tunnels", int),
         shutdown_grace=_positive(options, "shutdown-grace", zero_ok=True),
         default_slots=_count(options, "default-slots", int, zero_ok=True),
         queue_size=_count(options, "queue-size", int),

@@ -14,7 +14,7 @@ Any other HTTPS node gets Twisted's :class:`BrowserLikePolicyForHTTPS` (the syst
 the nodes in force *per connection*, so a reloaded nodes file applies to the next connection.
 :func:`tls_endpoint` wraps a dialling endpoint in TLS and fires its ``connect`` only once the handshake
 has completed (bounded by the connect timeout): dial and TLS time never count toward the
-response-header deadline (SPEC §6.3), and every handshake failure — a certificate the node's trust
+response-header deadline (docs/behaviour.md §6.3), and every handshake failure — a certificate the node's trust
 rejects, a pin mismatch, a plain-HTTP server on an https URL — is a :class:`TLSHandshakeFailed`, a
 ``ConnectError``: a fast failure that moves on to the next node and never cools it.
 """

@@ -2,9 +2,9 @@
 """One attempt against one node: the shared pool, the replayed body, the header deadline, the body gate.
 
 The response-header deadline is armed by :class:`ReplayBodyProducer` when the last request byte has been
-handed to the transport, so dial, TLS and pool wait never count (SPEC §6.3). :class:`BodyGate` holds the
+handed to the transport, so dial, TLS and pool wait never count (docs/behaviour.md §6.3). :class:`BodyGate` holds the
 first body chunk (or a clean empty end) so the caller can decide to commit before anything reaches the
-client (SPEC §6.2), then relays the rest as it arrives.
+client (docs/behaviour.md §6.2), then relays the rest as it arrives.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ def make_pool(
 
 @frozen
 class BusyWait:
-    """When the header deadline may be extended because the node shows progress (SPEC §6.4).
+    """When the header deadline may be extended because the node shows progress (docs/behaviour.md §6.4).
 
     ``working()`` answers whether the node delivered body bytes to another attempt within the last
     deadline period; while it does, an expired deadline is re-armed for another period (shortened
@@ -430,7 +430,7 @@ class BodyGate(Protocol):
         if not data:
             return
         if self._on_bytes is not None:
-            self._on_bytes()  # progress: the node is delivering (SPEC §6.4)
+            self._on_bytes()  # progress: the node is delivering (docs/behaviour.md §6.4)
         state = self._state
         if state is GateState.RELAYING:
             assert self._sink is not None

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_workloads -*-
-"""Workloads (SPEC §7) and the per-request record.
+"""Workloads (docs/behaviour.md §7) and the per-request record.
 
 A workload is one inference request with a model, whatever the number of attempts. Its one terminal
 guard makes sure exactly one terminal event is published however many exit paths race to end it.
@@ -113,7 +113,7 @@ class Workload:
         return self._end(WorkloadState.CANCELLED, error)
 
     def info(self) -> dict[str, Any]:
-        """The ``workloadInfo`` of SPEC §7."""
+        """The ``workloadInfo`` of docs/behaviour.md §7."""
         return {
             "id": self.id,
             "runId": self._run_id,

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_durations -*-
-"""Go-style durations: the syntax SPEC §6.3 accepts, and what it rejects."""
+"""Go-style durations: the syntax docs/behaviour.md §6.3 accepts, and what it rejects."""
 
 from __future__ import annotations
 

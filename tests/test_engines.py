@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_engines -*-
-"""Engine profiles: route classification (SPEC §2), name matching (§4.1), inventory parsing (§3, §4.3)."""
+"""Engine profiles: route classification (docs/behaviour.md §2), name matching (§4.1), inventory parsing (§3, §4.3)."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ PASS_THROUGH = [
 
 
 def test_all_three_engines_are_registered() -> None:
-    """``ENGINES`` holds ollama, lmstudio and omlx with SPEC §1's default listeners and nodes."""
+    """``ENGINES`` holds ollama, lmstudio and omlx with docs/behaviour.md §1's default listeners and nodes."""
     assert {name: (p.default_listen, p.default_node_url) for name, p in ENGINES.items()} == {
         "ollama": ("tcp:11435:interface=127.0.0.1", "http://127.0.0.1:11434"),
         "lmstudio": ("tcp:1235:interface=127.0.0.1", "http://127.0.0.1:1234"),
@@ -252,7 +252,7 @@ def test_inventory_formats_per_engine() -> None:
     assert OPENAI_MODELS.list_field == "data"
 
 
-# --- residency (SPEC §6.4) -----------------------------------------------------------------------
+# --- residency (docs/behaviour.md §6.4) -----------------------------------------------------------------------
 
 
 def test_residency_endpoint_is_engine_data() -> None:

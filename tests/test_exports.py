@@ -12,7 +12,7 @@ import pytest
 import nvpair_tw
 from nvpair_tw import _version, events
 
-# The wire names of the published events (SPEC §7, the control channel, GET /events).
+# The wire names of the published events (docs/behaviour.md §7, the control channel, GET /events).
 EVENT_NAMES = {
     "WORKLOAD_QUEUED": "workload:queued",
     "WORKLOAD_STARTED": "workload:started",

@@ -1,4 +1,4 @@
-"""A fleet of proxies sharing what they learn through a real redis-server (SPEC §6.6).
+"""A fleet of proxies sharing what they learn through a real redis-server (docs/behaviour.md §6.6).
 
 Every test starts its own ``redis-server`` (the Debian package; a missing binary fails the test)
 on a free loopback port with persistence off, and two proxies in this process, each with its own
@@ -57,7 +57,7 @@ from nvpair_tw.testing import (
 MODEL = ("llama3:latest",)
 CANARY = "canary-7f3a9-do-not-store"
 PEER_BOUND = 0.1
-"""Seconds: a peer applies a change within this (SPEC §6.6)."""
+"""Seconds: a peer applies a change within this (docs/behaviour.md §6.6)."""
 BACK_BOUND = 5.0
 """Seconds: after the store returns, a new cooldown reaches the peer within this."""
 
@@ -587,7 +587,7 @@ async def test_no_prompt_text_reaches_the_store(
     stored = redis.everything()
     assert "nvpair:aff:" in stored and "nvpair:cool:" in stored
     assert CANARY not in stored
-    # Sealed: the plain SPEC §5.3 digest is not what is stored.
+    # Sealed: the plain docs/behaviour.md §5.3 digest is not what is stored.
     key = affinity_key("/api/chat", "llama3:latest", chat(CANARY, "ok", CANARY))
     assert key is not None and key.key.hex() not in stored
 

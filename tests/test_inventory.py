@@ -414,7 +414,7 @@ async def test_loopback_poll_and_timeouts(
         assert clock.getDelayedCalls() == []
 
 
-# --- residency (SPEC §6.4): which models are loaded, polled with the inventory -------------------
+# --- residency (docs/behaviour.md §6.4): which models are loaded, polled with the inventory -------------------
 
 
 def ps(*names: str) -> bytes:

@@ -296,7 +296,7 @@ def test_order_properties(
         assert not result.reserve
 
 
-# --- Spreading without a scheduler, and residency (issue 13, SPEC §5.2 / §6.4) ------------------
+# --- Spreading without a scheduler, and residency (issue 13, docs/behaviour.md §5.2 / §6.4) ------------------
 # Kept apart from the sections above on purpose: these tests belong to the residency branch.
 
 

@@ -1,4 +1,4 @@
-"""No prompt, reply or credential reaches an event, a log line or a request record (SPEC §7, §9).
+"""No prompt, reply or credential reaches an event, a log line or a request record (docs/behaviour.md §7, §9).
 
 Canary strings ride in system and user messages, in the engine's reply and in API keys and
 caller tokens, through failover, a 502, a 413, a malformed body and the key checks; every bus

@@ -65,7 +65,7 @@ def log_lines() -> Iterator[LogLines]:
     globalLogPublisher.removeObserver(lines)
 
 
-# --- per-node credentials (SPEC §3) -------------------------------------------------------------
+# --- per-node credentials (docs/behaviour.md §3) -------------------------------------------------------------
 
 
 def keyed_cluster(make: Make, clock: Clock, **kw: Any) -> MemoryCluster:

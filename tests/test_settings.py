@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_settings -*-
-"""The two timer settings: flag beats environment beats default, with SPEC §6.3's warnings."""
+"""The two timer settings: flag beats environment beats default, with docs/behaviour.md §6.3's warnings."""
 
 from __future__ import annotations
 
@@ -122,5 +122,5 @@ def test_the_two_settings_are_independent() -> None:
 
 
 def test_the_cooldown_is_one_response_header_timeout() -> None:
-    """A stalled node cools for exactly the response-header timeout (SPEC §6.3)."""
+    """A stalled node cools for exactly the response-header timeout (docs/behaviour.md §6.3)."""
     assert Settings(response_header_timeout=42.0).cooldown == 42.0

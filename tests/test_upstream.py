@@ -469,7 +469,7 @@ async def test_garbage_response_is_described_without_its_bytes(
     assert SECRET not in text
 
 
-# ---- The header deadline on a clock: cold-load allowance and busy waits (SPEC §6.4) ----------
+# ---- The header deadline on a clock: cold-load allowance and busy waits (docs/behaviour.md §6.4) ----------
 
 
 @implementer(IAgent)
