@@ -116,7 +116,8 @@ class StatusBoard:
             )
 
     def state(self, listening: Listening) -> dict[str, Any]:
-        """The ``/api/state`` snapshot: facades, nodes, live workloads, recent failovers."""
+        """The ``/api/state`` snapshot: facades (with their queue depth), nodes (with slots in use,
+        busy waits and the models loaded, ``None`` when unknown), live workloads, recent failovers."""
         runtime = self._runtime
         live = runtime.shared.workloads.live()
         facades = []
@@ -124,6 +125,7 @@ class StatusBoard:
             nodes = []
             for node in facade.directory.nodes():
                 cooldown = facade.stalls.cooldown(node.id)
+                loaded = facade.inventory.loaded(node.id)
                 nodes.append(
                     {
                         "id": node.id,
@@ -139,6 +141,10 @@ class StatusBoard:
                         + runtime.shared.tunnels.count(engine, node.id),
                         "tunnels": runtime.shared.tunnels.count(engine, node.id),
                         "reservations": runtime.shared.ledger.reservations(node.id),
+                        "slots": facade.admission.slots(node.id),
+                        "slotsInUse": facade.admission.slots_in_use(node.id),
+                        "busyWaits": facade.progress.busy_waits(node.id),
+                        "loaded": None if loaded is None else sorted(loaded),
                         "cooling": None
                         if cooldown is None
                         else {"until": _ms(cooldown.until), "reason": cooldown.reason},
@@ -149,6 +155,7 @@ class StatusBoard:
                     "engine": engine,
                     "listening": listening(engine),
                     "pin": facade.pin,
+                    "queueDepth": facade.admission.queue_depth,
                     "nodes": nodes,
                 }
             )

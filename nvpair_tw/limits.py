@@ -122,7 +122,31 @@ class LimitedRequest(server.Request):
             channel.loseConnection()
 
 
-class LimitedChannel(http.HTTPChannel):
+class _HandOver(http.HTTPChannel):
+    """The part of a channel that can hand its connection over to a tunnel (a WebSocket upgrade)."""
+
+    _sink: RawSink | None = None
+
+    def hand_over(self, sink: RawSink) -> bytes:
+        """From now on every byte read goes to ``sink`` untouched (an upgraded connection), and
+        its loss is told to it; returns the bytes already read after the request head.
+
+        Only while the request that asked for the upgrade is being handled (the channel then
+        buffers what follows its head and its idle timeout is off)."""
+        if not self._handlingRequest or self._sink is not None:
+            raise RuntimeError("hand_over is only for the request being handled, once")
+        self._sink = sink
+        self._handed_over()
+        buffered = b"".join(self._dataBuffer)
+        self._dataBuffer = []
+        self._networkProducer.resumeProducing()  # the channel may have paused a busy reader
+        return buffered
+
+    def _handed_over(self) -> None:
+        """What the channel stops doing once its connection is a tunnel's."""
+
+
+class LimitedChannel(_HandOver):
     """An ``HTTPChannel`` that answers limit violations with JSON errors and then closes.
 
     States: between requests (the idle timeout runs), reading a request head (the header-read
@@ -140,7 +164,6 @@ class LimitedChannel(http.HTTPChannel):
         self._in_head = False
         self._rejected = False
         self._counted = False
-        self._sink: RawSink | None = None
         self.maxHeaders = limits.max_headers
         self.totalHeadersSize = limits.max_header_bytes
         self.MAX_LENGTH = max(limits.max_request_line, limits.max_header_bytes)
@@ -157,27 +180,12 @@ class LimitedChannel(http.HTTPChannel):
     def connectionMade(self) -> None:
         super().connectionMade()
         site = self._limited_site()
-        if site is None:
-            return
-        if not site.admit():
+        self._counted = site is not None and site.admit()
+        if site is not None and not self._counted:
             self.reject(503, b"Service Unavailable", "too many connections", "too-many-connections")
-            return
-        self._counted = True
 
-    def hand_over(self, sink: RawSink) -> bytes:
-        """From now on every byte read goes to ``sink`` untouched (an upgraded connection), and
-        its loss is told to it; returns the bytes already read after the request head.
-
-        Only while the request that asked for the upgrade is being handled (the channel then
-        buffers what follows its head and its idle timeout is off)."""
-        if not self._handlingRequest or self._sink is not None:
-            raise RuntimeError("hand_over is only for the request being handled, once")
-        self._sink = sink
+    def _handed_over(self) -> None:
         self._cancel_head_timer()
-        buffered = b"".join(self._dataBuffer)
-        self._dataBuffer = []
-        self._networkProducer.resumeProducing()  # the channel may have paused a busy reader
-        return buffered
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._sink is not None:
@@ -203,19 +211,16 @@ class LimitedChannel(http.HTTPChannel):
         self._rejected = True
         self._cancel_head_timer()
         site = self._limited_site()
-        if site is not None and site.on_reject is not None:
-            method = request.method.decode("latin-1") if request is not None else "-"
-            path = request.uri.partition(b"?")[0].decode("latin-1") if request is not None else "-"
-            site.on_reject(status, code, method, path)
+        if site is not None:
+            site.rejected(status, code, request)
         if self.transport is not None:
             self.transport.write(raw_error_response(status, reason, message, code))
             self.loseConnection()
 
     def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None:
-            if self._head_timer.active():
-                self._head_timer.cancel()
-            self._head_timer = None
+        if self._head_timer is not None and self._head_timer.active():
+            self._head_timer.cancel()
+        self._head_timer = None
 
     def _header_timed_out(self) -> None:
         self._head_timer = None
@@ -324,6 +329,14 @@ class LimitedSite(server.Site):
             return False
         self.open_connections += 1
         return True
+
+    def rejected(self, status: int, code: str, request: server.Request | None) -> None:
+        """Tell ``on_reject`` (the request record) about a rejection made below the facade."""
+        if self.on_reject is None:
+            return
+        method = request.method.decode("latin-1") if request is not None else "-"
+        path = request.uri.partition(b"?")[0].decode("latin-1") if request is not None else "-"
+        self.on_reject(status, code, method, path)
 
     def log(self, request: http.Request) -> None:
         """No access log: every request already ends in a structured ``proxy/request`` record,

@@ -470,18 +470,7 @@ async def open_tunnel(
                 last = answer
                 continue
             record.attempt_ended(AttemptOutcome.COMMITTED.value)
-            channel = request.channel
-            if not isinstance(channel, LimitedChannel):
-                close(answer.side.transport)
-                write_error(request, 500, "this listener cannot carry a tunnel", "internal-error")
-                record.publish(bus, status=500, node_id=None, error="internal-error")
-                return
-            record.first_byte()
-            tunnel.open(node.id, channel, answer.side.transport, answer.side.attach(tunnel))
-            if answer.side.lost:
-                tunnel.node_lost()
-            await tunnel.closed
-            record.publish(bus, status=101, node_id=node.id, error=None)
+            await _splice(request, tunnel, node, answer, record, bus)
             return
     finally:
         tunnel.close()
@@ -493,6 +482,30 @@ async def open_tunnel(
     else:
         write_error(request, 502, failure, "upstream-error")
         record.publish(bus, status=502, node_id=None, error="upstream-error")
+
+
+async def _splice(
+    request: Request,
+    tunnel: Tunnel,
+    node: Node,
+    answer: _Switched,
+    record: RequestRecord,
+    bus: EventBus,
+) -> None:
+    """After the node's 101: splice the client's channel and the node's connection until one
+    closes, then publish the record."""
+    channel = request.channel
+    if not isinstance(channel, LimitedChannel):
+        close(answer.side.transport)
+        write_error(request, 500, "this listener cannot carry a tunnel", "internal-error")
+        record.publish(bus, status=500, node_id=None, error="internal-error")
+        return
+    record.first_byte()
+    tunnel.open(node.id, channel, answer.side.transport, answer.side.attach(tunnel))
+    if answer.side.lost:
+        tunnel.node_lost()
+    await tunnel.closed
+    record.publish(bus, status=101, node_id=node.id, error=None)
 
 
 def _relay_answer(request: Request, answer: _Answer) -> None:

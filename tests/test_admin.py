@@ -9,7 +9,7 @@ from typing import Any, TypeVar, cast
 import pytest_twisted
 import treq
 from treq.testing import StubTreq
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
@@ -26,6 +26,7 @@ from nvpair_tw.admin import (
     admin_resource,
     readiness,
 )
+from nvpair_tw.admission import Slot, Waiter
 from nvpair_tw.events import EventBus
 from nvpair_tw.metrics import ProxyMetrics
 from nvpair_tw.nodes import Node
@@ -172,6 +173,42 @@ def test_state_snapshot_shows_nodes_cooldowns_in_flight_and_failovers() -> None:
         "committed",
     ]
     facade.stalls.clear("b")
+
+
+def test_state_snapshot_shows_slots_queue_depth_busy_waits_and_residency() -> None:
+    """/api/state: each node's slots and slots in use (0 = unlimited), busy waits and loaded models
+    (None when unknown); each facade's queue depth."""
+    _, runtime = _runtime(
+        [
+            Node("a", "http://127.0.0.1:1", STATIC, slots=1),
+            Node("b", "http://127.0.0.1:2", slots=3),
+            Node("c", "http://127.0.0.1:3", STATIC),
+        ]
+    )
+    client = _client(runtime)
+    facade = runtime.facades["ollama"]
+    a, b = facade.directory.get("a"), facade.directory.get("b")
+    assert a is not None and b is not None
+    holding = facade.admission.admit([a])
+    queued = facade.admission.admit([a])
+    assert isinstance(holding, Slot) and isinstance(queued, Waiter)
+    queued.bound.addErrback(lambda failure: failure.trap(CancelledError))
+    facade.progress.busy_waited("a")
+    facade.progress.busy_waited("a")
+    facade.inventory.record_models(b, frozenset({"llama3:latest", "qwen:7b"}), 1_700_000_000.0)
+    facade.inventory.record_loaded(b, frozenset({"qwen:7b"}), 1_700_000_000.0)
+    _, _, body = _get(client, "/api/state")
+    [ollama] = json.loads(body)["facades"]
+    assert ollama["queueDepth"] == 1
+    shown = {
+        n["id"]: (n["slotsInUse"], n["slots"], n["busyWaits"], n["loaded"]) for n in ollama["nodes"]
+    }
+    assert shown == {"a": (1, 1, 2, None), "b": (0, 3, 0, ["qwen:7b"]), "c": (0, 0, 0, None)}
+    queued.bound.cancel()
+    holding.release()
+    _, _, body = _get(client, "/api/state")
+    [ollama] = json.loads(body)["facades"]
+    assert ollama["queueDepth"] == 0 and ollama["nodes"][0]["slotsInUse"] == 0
 
 
 def test_unknown_paths_and_methods_get_json_errors() -> None:

@@ -15,9 +15,11 @@ from typing import Any, TypeVar, cast
 
 import pytest
 import pytest_twisted
+from twisted.internet.defer import CancelledError
 from twisted.internet.threads import deferToThread
 
 from nvpair_tw.admin import AdminService
+from nvpair_tw.admission import Slot, Waiter
 from nvpair_tw.nodes import Node
 from nvpair_tw.settings import Settings
 from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine, start_proxy
@@ -137,3 +139,86 @@ async def test_status_page_shows_a_cooldown_come_and_go_and_never_a_prompt(react
     assert "a-frozen stall" in seen["failover_text"]
     assert "b-healthy committed" in seen["failover_text"]
     assert CANARY not in seen["html"] and CANARY not in seen["text"]
+
+
+HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
+
+
+def _read_busy_page(admin_url: str) -> dict[str, Any]:
+    """In a worker thread: load the page once the cluster is set up and read the busy columns."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict[str, Any] = {"errors": []}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda error: seen["errors"].append(str(error)))
+            page.goto(admin_url + "/")
+            page.wait_for_selector('tr[data-node="ollama/a-busy"] td.slots', timeout=10_000)
+            for node_id in ("a-busy", "b-loaded", "c-unknown", "d-unlimited"):
+                row = f'tr[data-node="ollama/{node_id}"]'
+                seen[node_id] = {
+                    cls: page.inner_text(f"{row} td.{cls}")
+                    for cls in ("slots", "busy-waits", "loaded")
+                }
+            seen["queue"] = page.inner_text("h2 .queue-depth")
+            seen["title"] = page.title()
+            seen["images"] = page.eval_on_selector_all("img", "images => images.length")
+        finally:
+            browser.close()
+    return seen
+
+
+@pytest.mark.browser
+@on_reactor
+async def test_status_page_shows_slots_queue_busy_waits_and_residency(reactor: Any) -> None:
+    """Per node: slots in use / slots (unlimited when 0), busy waits and the loaded models (or
+    "unknown"); per facade: the queue depth. A hostile model name is shown as text, never markup."""
+    _require_browser()
+    resident = SimulatedEngine(reactor, loaded=("llama3:latest", HOSTILE))
+    loaded = await start_engine(reactor, resident)
+    proxy = await start_proxy(
+        reactor,
+        {
+            "ollama": [
+                Node("a-busy", "http://127.0.0.1:1", ("llama3:latest",), slots=1),
+                Node("b-loaded", loaded.url, None, slots=2),
+                Node("c-unknown", "http://127.0.0.1:1", ("llama3:latest",), slots=0),
+                Node("d-unlimited", "http://127.0.0.1:1", ("llama3:latest",)),
+            ]
+        },
+    )
+    facade = proxy.runtime.facades["ollama"]
+    await facade.inventory.poll_now()
+    busy = facade.directory.get("a-busy")
+    assert busy is not None
+    holding = facade.admission.admit([busy])
+    queued = facade.admission.admit([busy])
+    assert isinstance(holding, Slot) and isinstance(queued, Waiter)
+    queued.bound.addErrback(lambda failure: failure.trap(CancelledError))
+    for _ in range(3):
+        facade.progress.busy_waited("a-busy")
+    admin = AdminService(reactor, proxy.runtime, "tcp:0:interface=127.0.0.1")
+    admin.startService()
+    try:
+        port = (await admin.listener.ready).getHost().port  # type: ignore[attr-defined]
+        seen = await deferToThread(_read_busy_page, f"http://127.0.0.1:{port}")
+    finally:
+        queued.bound.cancel()
+        holding.release()
+        await admin.stopService()
+        await proxy.stop()
+        await loaded.stop()
+    assert seen["errors"] == []
+    assert seen["a-busy"] == {"slots": "1 / 1", "busy-waits": "3", "loaded": "unknown"}
+    assert seen["queue"] == "1"
+    assert seen["b-loaded"] == {
+        "slots": "0 / 2",
+        "busy-waits": "0",
+        "loaded": f"{HOSTILE}, llama3:latest",
+    }
+    assert seen["c-unknown"]["slots"] == "0 / ∞ unlimited"
+    assert seen["c-unknown"]["loaded"] == "unknown"
+    assert seen["d-unlimited"]["slots"] == "0 / ∞ unlimited"
+    assert seen["title"] == "nvpair-tw status" and seen["images"] == 0

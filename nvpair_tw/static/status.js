@@ -51,12 +51,14 @@
       title.appendChild(el("span", facade.listening ? "listening" : "not listening",
         facade.listening ? "ready" : "bad"));
       if (facade.pin) title.appendChild(el("span", " · pinned to " + facade.pin, "muted"));
+      title.appendChild(el("span", " · queue: ", "muted"));
+      title.appendChild(el("span", facade.queueDepth || 0, "queue-depth"));
       root.appendChild(title);
       const table = el("table");
       table.dataset.engine = facade.engine;
       const head = el("thead");
-      head.appendChild(row(["node", "url", "inventory", "in flight", "reservations",
-        "cooldown", "last success"].map((t) => el("th", t))));
+      head.appendChild(row(["node", "url", "inventory", "loaded", "slots", "busy waits",
+        "in flight", "reservations", "cooldown", "last success"].map((t) => el("th", t))));
       table.appendChild(head);
       const body = el("tbody");
       for (const node of facade.nodes) {
@@ -72,8 +74,14 @@
         } else {
           cooldown = el("td", "ready", "cooldown ready");
         }
+        const loaded = Array.isArray(node.loaded)
+          ? (node.loaded.length ? node.loaded.join(", ") : "none")
+          : "unknown";
+        const slots = (node.slotsInUse || 0) + " / " + (node.slots ? node.slots : "∞ unlimited");
         const tr = row([el("td", node.id), el("td", node.url, "muted"),
           el("td", models, node.inventoryKnown ? "" : "bad"),
+          el("td", loaded, Array.isArray(node.loaded) ? "loaded" : "loaded muted"),
+          el("td", slots, "slots"), el("td", node.busyWaits || 0, "busy-waits"),
           el("td", inflight.get(facade.engine + "/" + node.id) || 0, "inflight"),
           el("td", node.reservations), cooldown, el("td", ago(node.lastSuccess), "last-success")]);
         tr.dataset.node = facade.engine + "/" + node.id;
@@ -118,7 +126,21 @@
     }
   }
 
+  // Slots, queue depth and busy waits have no events of their own: a workload or request event
+  // (which is when they change) refreshes the snapshot, at most once per REFRESH_MS.
+  const REFRESH_MS = 250;
+  let refresh = null;
+  function refreshSoon() {
+    if (refresh === null) {
+      refresh = setTimeout(() => {
+        refresh = null;
+        load();
+      }, REFRESH_MS);
+    }
+  }
+
   const handlers = {
+    "workload:queued": (p) => state.workloads.set(p.workload.id, p.workload),
     "workload:started": (p) => state.workloads.set(p.workload.id, p.workload),
     "workload:completed": (p) => state.workloads.delete(p.workload.id),
     "workload:errored": (p) => state.workloads.delete(p.workload.id),
@@ -156,6 +178,7 @@
     events.addEventListener(name, (message) => {
       handle(JSON.parse(message.data));
       render();
+      if (name.startsWith("workload:") || name === "proxy/request") refreshSoon();
     });
   }
   setInterval(render, 500);
