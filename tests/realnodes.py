@@ -121,7 +121,8 @@ def real_nodes(envs: Sequence[Mapping[str, str]]) -> Iterator[list[RealOllama]]:
 
 
 class ProxyProcess:
-    """``python -m twisted nvpair`` with JSON logs; its events are read back from the log."""
+    """``python -m twisted nvpair`` with JSON logs (``--log-format=json``, one event per record); its
+    events are read back from the log."""
 
     def __init__(self, args: Sequence[str], workdir: Path) -> None:
         (port,) = free_ports(1)
@@ -131,7 +132,7 @@ class ProxyProcess:
             sys.executable,
             "-m",
             "twisted",
-            "--logger=nvpair_tw.logs.compactJson",
+            "--log-format=json",
             "nvpair",
             "--listen",
             f"tcp:{port}:interface=127.0.0.1",
@@ -184,7 +185,7 @@ class ProxyProcess:
     def events(self, name: str) -> list[dict[str, Any]]:
         """Every JSON log line whose event name (``event`` field) is ``name``."""
         found = []
-        for line in self.log.read_text(errors="replace").splitlines():
+        for line in self.log.read_text(errors="replace").replace("\x1e", "\n").splitlines():
             try:
                 entry = json.loads(line)
             except ValueError:
