@@ -119,9 +119,10 @@ def test_a_burst_on_one_slot_nodes_is_answered_without_a_cooldown(
     assert via_time <= 1.5 * direct_time, (via_time, direct_time)
 
 
+@pytest.mark.parametrize("round_", ROUNDS)
 @pytest.mark.parametrize("path", ["/api/chat", "/v1/chat/completions"])
 def test_a_long_non_streaming_generation_is_not_a_stall(
-    proxy_for: Callable[..., ProxyProcess], path: str
+    proxy_for: Callable[..., ProxyProcess], path: str, round_: int
 ) -> None:
     """A non-streaming answer that takes well over the 1 s deadline is served by one node, with no
     cooldown and no second attempt."""
@@ -142,8 +143,9 @@ def test_a_long_non_streaming_generation_is_not_a_stall(
     assert record["node_id"] == node
 
 
+@pytest.mark.parametrize("round_", ROUNDS)
 def test_a_cold_load_longer_than_the_deadline_is_served_without_a_cooldown(
-    proxy_for: Callable[..., ProxyProcess],
+    proxy_for: Callable[..., ProxyProcess], round_: int
 ) -> None:
     """A node that unloads after every request (OLLAMA_KEEP_ALIVE=0) and a deadline of half the
     measured load time: the proxy knows the model is not loaded, allows for the load, and serves."""
@@ -173,7 +175,10 @@ def test_a_cold_load_longer_than_the_deadline_is_served_without_a_cooldown(
     assert proxy.events("node/cooldown") == []
 
 
-def test_a_frozen_node_costs_one_deadline_once(proxy_for: Callable[..., ProxyProcess]) -> None:
+@pytest.mark.parametrize("round_", ROUNDS)
+def test_a_frozen_node_costs_one_deadline_once(
+    proxy_for: Callable[..., ProxyProcess], round_: int
+) -> None:
     """SIGSTOP on node a's process group: the first request waits one deadline there and is served
     by b; the next ones go straight to b; exactly one cooldown is recorded."""
     with real_nodes([ONE_SLOT, ONE_SLOT]) as nodes:
@@ -192,8 +197,9 @@ def test_a_frozen_node_costs_one_deadline_once(proxy_for: Callable[..., ProxyPro
     assert [c["node_id"] for c in proxy.events("node/cooldown")] == ["a"]
 
 
+@pytest.mark.parametrize("round_", ROUNDS)
 def test_a_node_killed_mid_stream_leaves_a_truncated_answer(
-    proxy_for: Callable[..., ProxyProcess],
+    proxy_for: Callable[..., ProxyProcess], round_: int
 ) -> None:
     """SIGKILL on the serving node in the middle of a stream: the client keeps the lines it was
     sent, then sees an incomplete message; the workload fails; no other node is asked."""
