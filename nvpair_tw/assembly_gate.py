@@ -9,7 +9,7 @@ from collections.abc import Callable
 from enum import Enum
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed
@@ -20,7 +20,7 @@ from zope.interface import implementer
 
 from nvpair_tw.assembly_frames import Assembled, AssemblyError, Dialect
 from nvpair_tw.assembly_lines import Assembler
-from nvpair_tw.upstream import BodyEnd, FirstBodyTimeout, GateStateError
+from nvpair_tw.upstream import BodyEnd, FirstBodyTimeout, FirstBodyTimer, GateStateError
 
 __all__ = ["ANSWER_CONTENT_TYPE", "AssembledResponse", "AssemblyGate", "AssemblyState"]
 
@@ -61,7 +61,7 @@ def _failed(error: AssemblyError) -> Failure:
     return Failure(ResponseFailed([Failure(error)]))
 
 
-class AssemblyGate(Protocol):
+class AssemblyGate(FirstBodyTimer):
     """Folds a streamed upstream body into one answer and commits only when it is whole.
 
     The sibling of :class:`~nvpair_tw.upstream.BodyGate` for assembled attempts (docs/behaviour.md
@@ -110,11 +110,7 @@ class AssemblyGate(Protocol):
         self._state = AssemblyState.AWAITING_FIRST
         self._upstream_ended = False
         self._assembler = Assembler(dialect, limit)
-        self._timed_out = False
-        self._timeout = first_body_timeout
-        self._timer: IDelayedCall | None = None
-        if first_body_timeout > 0:
-            self._timer = clock.callLater(first_body_timeout, self._no_first_body)
+        self._arm(clock, first_body_timeout)
 
     @property
     def state(self) -> AssemblyState:
@@ -125,22 +121,6 @@ class AssemblyGate(Protocol):
     def held(self) -> int:
         """Characters the assembler keeps now."""
         return self._assembler.held
-
-    def _no_first_body(self) -> None:
-        self._timer = None
-        self._timed_out = True
-        self.stop()
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def stop(self) -> None:
-        """Close the upstream body (caller gone, timer expired, assembly failed); always legal."""
-        self._disarm()
-        if self.transport is not None:
-            IPushProducer(self.transport).stopProducing()
 
     def producer(self) -> IPushProducer:
         """Flow control for the relay: the answer is in memory, so there is nothing to pause."""

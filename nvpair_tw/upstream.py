@@ -61,6 +61,7 @@ __all__ = [
     "BusyWait",
     "Discard",
     "FirstBodyTimeout",
+    "FirstBodyTimer",
     "GateState",
     "GateStateError",
     "HeaderTimeout",
@@ -354,7 +355,42 @@ class BodyEnd(Enum):
     """Framed by the node closing the connection: complete or cut short, the framing cannot tell."""
 
 
-class BodyGate(Protocol):
+class FirstBodyTimer(Protocol):
+    """What both body gates share: the opt-in first-body timer, and :meth:`stop`.
+
+    @ivar _timer: The first-body timer, armed by :meth:`_arm` when the budget is positive.
+    @ivar _timed_out: Whether the timer cut the body (a cut that looks clean is still a timeout).
+    @ivar _timeout: The budget, for the error text.
+    """
+
+    _timer: IDelayedCall | None = None
+    _timed_out = False
+    _timeout = 0.0
+
+    def _arm(self, clock: IReactorTime, first_body_timeout: float) -> None:
+        self._timeout = first_body_timeout
+        if first_body_timeout > 0:
+            self._timer = clock.callLater(first_body_timeout, self._no_first_body)
+
+    def _no_first_body(self) -> None:
+        self._timer = None
+        self._timed_out = True
+        self.stop()
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def stop(self) -> None:
+        """Close the upstream body (caller gone, timer expired, or given up); legal in every
+        state."""
+        self._disarm()
+        if self.transport is not None:
+            IPushProducer(self.transport).stopProducing()
+
+
+class BodyGate(FirstBodyTimer):
     """Holds a response body until the caller commits, then relays it; a named state machine.
 
     @ivar _state: One of L{GateState}:
@@ -394,32 +430,12 @@ class BodyGate(Protocol):
         self._sink: Callable[[bytes], None] | None = None
         self._held: list[bytes] = []
         self._ending: Failure | None = None
-        self._timed_out = False
-        self._timeout = first_body_timeout
-        self._timer: IDelayedCall | None = None
-        if first_body_timeout > 0:
-            self._timer = clock.callLater(first_body_timeout, self._no_first_body)
+        self._arm(clock, first_body_timeout)
 
     @property
     def state(self) -> GateState:
         """The current state (read-only; transitions happen through the methods)."""
         return self._state
-
-    def _no_first_body(self) -> None:
-        self._timer = None
-        self._timed_out = True
-        self.stop()
-
-    def _disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-    def stop(self) -> None:
-        """Close the upstream body (caller gone, or timer expired); legal in every state."""
-        self._disarm()
-        if self.transport is not None:
-            IPushProducer(self.transport).stopProducing()
 
     def producer(self) -> IPushProducer:
         """The upstream socket as a push producer (pause it when the client cannot keep up)."""
