@@ -19,14 +19,15 @@ _LOOPBACK_OR_ANY = ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost")
 
 @frozen
 class TCPListener:
-    """A ``tcp:``/``tcp6:`` description's interface and port."""
+    """A ``tcp:``/``tcp6:`` description's interface, port and backlog (Twisted's default 50)."""
 
     interface: str
     port: int
+    backlog: int = 50
 
 
 def tcp_listener(description: str) -> TCPListener | None:
-    """Parse ``tcp:PORT[:interface=X]`` / ``tcp6:port=PORT:...`` (escaped colons allowed).
+    """Parse ``tcp:PORT[:interface=X][:backlog=N]`` / ``tcp6:port=PORT:...`` (escaped colons allowed).
 
     Returns None for other endpoint types; raises ``ValueError`` for a missing or impossible port.
     """
@@ -38,8 +39,11 @@ def tcp_listener(description: str) -> TCPListener | None:
     port = options.get("port", positional[0] if positional else "")
     if not port.isdigit() or int(port) > 65535:
         raise ValueError(f"port must be a number from 0 to 65535, not {port!r}")
+    backlog = options.get("backlog", "50")
+    if not backlog.isdigit():
+        raise ValueError(f"backlog must be a number, not {backlog!r}")
     default = "::" if parts[0] == "tcp6" else "0.0.0.0"
-    return TCPListener(options.get("interface", default), int(port))
+    return TCPListener(options.get("interface", default), int(port), int(backlog))
 
 
 def own_urls(description: str) -> list[str]:

@@ -18,6 +18,7 @@ from enum import Enum
 
 from attrs import frozen
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.web.http import NO_BODY_CODES, HTTPChannel
 from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 from zope.interface import implementer
@@ -157,11 +158,11 @@ async def relay(
     _write_head(request, response, committed.node.id)
     content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
     progress = Progress(content_type.decode("latin-1"), response.length)
-    sink = progress.wrap(request.write)
     if committed.first:
-        sink(committed.first)
+        progress.wrap(request.write)(committed.first)
     else:
         request.write(b"")  # the head goes out now, even before the first body byte
+    sink = progress.wrap(_body_writer(request))
     end = await _pump(request, committed.gate, sink, caller, clock, write_stall_timeout)
     if end is not None:
         progress.frames.finish()
@@ -231,6 +232,37 @@ def _write_head(request: Request, response: IResponse, node_id: str) -> None:
     ):
         # Twisted's client moves Content-Length into ``response.length``; keep the framing.
         request.setHeader(b"content-length", b"%d" % response.length)
+
+
+def _body_writer(request: Request) -> Callable[[bytes], None]:
+    """How the rest of the body is written once the head is out.
+
+    After the head, Twisted's ``Request.write`` only adds the chunk framing (and counts
+    ``sentLength``, which nothing here reads) on its way through three calls to the transport; on
+    an HTTP/1.1 channel the relay writes the same bytes to the transport itself, one write per
+    upstream read (docs/performance.md, "Many slow streams"). Anything unusual (HEAD, a body-less
+    status, an encoder, another channel type) keeps ``request.write``.
+    """
+    channel = request.channel
+    if (
+        not isinstance(channel, HTTPChannel)
+        or channel.transport is None
+        or not request.startedWriting
+        or request.finished
+        or request.method == b"HEAD"
+        or request.code in NO_BODY_CODES
+        or getattr(request, "_encoder", None) is not None
+    ):
+        return request.write
+    transport = channel.transport
+    if not request.chunked:
+        return transport.write
+
+    def write_chunk(data: bytes) -> None:
+        if data:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    return write_chunk
 
 
 def cut(request: Request, clock: IReactorTime, budget: float) -> None:

@@ -9,6 +9,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory
 from twisted.python.failure import Failure
 
+from nvpair_tw.eager import eager_endpoint
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime
@@ -48,7 +49,10 @@ class ListenerService(service.Service):
 
     def startService(self) -> None:
         super().startService()
-        listening = serverFromString(self._reactor, self.description).listen(self._factory)
+        endpoint = eager_endpoint(self._reactor, self.description)
+        if endpoint is None:
+            endpoint = serverFromString(self._reactor, self.description)
+        listening = endpoint.listen(self._factory)
 
         def listened(port: IListeningPort) -> IListeningPort:
             self.port = port
