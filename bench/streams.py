@@ -45,9 +45,8 @@ RELAY_CONNS = (1, 64)
 # what nginx relays, so the generator would be the limit. 50 events (~10 KiB) per send lifts that
 # ceiling to ~1M/s; every event is still its own HTTP chunk. --relay-batch 1 restores per-event sends.
 RELAY_BATCH = 50
-GENERATOR_BOUND = (
-    90.0  # core 1 (engine + client) at least this busy: the generator may be the limit
-)
+# Core 1 (engine + client) at least this busy: the generator may have been the limit.
+GENERATOR_BOUND = 90.0
 # A socket its process still holds: ESTABLISHED, SYN_RECV, CLOSE_WAIT (/proc/net/tcp states).
 HELD = {"01", "03", "08"}
 FD_SLACK = 8
@@ -640,7 +639,12 @@ def main() -> None:
         help=f"events per engine write in the relay bursts, 1-64 (default {RELAY_BATCH})",
     )
     parser.add_argument("--only", choices=("slow", "relay"), help="run one scenario")
-    parser.add_argument("--chart", type=Path, default=REPO / "docs" / "performance-streams.png")
+    parser.add_argument(
+        "--chart",
+        type=Path,
+        default=REPO / "docs" / "performance-streams.png",
+        help="where to draw the chart (default docs/performance-streams.png)",
+    )
     args = parser.parse_args()
     mode = QUICK if args.quick else FULL
     if args.streams:
@@ -685,7 +689,10 @@ def main() -> None:
         ),
         flush=True,
     )
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every process is stopped
+    # Unwind through running()'s finally, which stops every process: SIGTERM as an exit, SIGINT
+    # as KeyboardInterrupt even when started with SIGINT ignored (a background job).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.time()
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(started))
     results_dir = BENCH / "results"
@@ -750,4 +757,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("\ninterrupted: every process started was stopped", file=sys.stderr)
+        sys.exit(130)
