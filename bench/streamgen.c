@@ -20,8 +20,10 @@
  *
  *   streamgen relay PORT PATH CONNS EVENTS SECONDS [BATCH]
  *       CONNS keep-alive connections, each requesting burst streams (rate 0, "bench_batch":BATCH)
- *       of EVENTS events back to back for SECONDS; prints the token events received before the deadline (partial
- *       responses included), responses, errors and the elapsed seconds as one JSON line.
+ *       of EVENTS events back to back for SECONDS; prints the token events received before the
+ *       deadline (partial responses included), responses, errors and the elapsed seconds as one
+ *       JSON line. A connection the server closes between two responses is reopened (nginx
+ *       closes one after keepalive_requests); that is not an error.
  *
  * One process, one thread, epoll, no allocation on the hot path: the point is that neither the
  * engine nor the client is the limit (a direct run shows their ceiling). Built by bench/streams.py
@@ -48,7 +50,7 @@
 #define MAX_EVENTS 512
 #define IN_CAP 8192
 #define BUCKETS 2000000 /* 1 us buckets up to 2 s */
-#define SLOW_BUCKETS 600000 /* then 1 ms buckets up to 602 s (a saturated proxy queues for seconds) */
+#define SLOW_BUCKETS 600000 /* then 1 ms buckets up to 602 s (a saturated proxy queues) */
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -620,9 +622,10 @@ static void relay_reset(client *k) {
 
 /*
  * streamgen relay PORT PATH CONNS EVENTS SECONDS [BATCH]: CONNS keep-alive connections, each
- * asking for burst streams (rate 0) of EVENTS events, BATCH per send, back to back for SECONDS. Counts every token event
- * received before the deadline (partial responses included), so events / seconds is the relay
- * rate and the proxy's CPU over the run divided by events is its cost per chunk.
+ * asking for burst streams (rate 0) of EVENTS events, BATCH per send, back to back for SECONDS.
+ * Counts every token event received before the deadline (partial responses included), so
+ * events / seconds is the relay rate and the proxy's CPU over the run divided by events is its
+ * cost per chunk.
  */
 static int relay(int argc, char **argv) {
     if (argc < 7) {
@@ -715,6 +718,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "load") == 0) return load(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "relay") == 0) return relay(argc, argv);
     fprintf(stderr, "usage: streamgen serve PORT | streamgen load PORT PATH STREAMS RATE EVENTS "
-                    "RAMP WARM WINDOW TIMEOUT | streamgen relay PORT PATH CONNS EVENTS SECONDS [BATCH]\n");
+                    "RAMP WARM WINDOW TIMEOUT | streamgen relay PORT PATH CONNS EVENTS SECONDS "
+                    "[BATCH]\n");
     return 2;
 }
