@@ -7,7 +7,8 @@
  *       llama3:latest; POST /api/chat streams Ollama NDJSON, any other POST streams OpenAI SSE.
  *       The request body's "bench_rate":R and "bench_events":E give the rate (events per second;
  *       0 = all at once) and the number of token events; every token event is its own HTTP chunk
- *       and carries "t":<CLOCK_MONOTONIC ns at send>. Streams are paced from their own arrival
+ *       and carries "t":<CLOCK_MONOTONIC ns at send>; "bench_batch":K (burst only, 1-64, default
+ *       1) writes a burst K events per send. Streams are paced from their own arrival
  *       time, one timerfd for all of them. HTTP/1.1: chunked and keep-alive; HTTP/1.0: closed.
  *
  *   streamgen load PORT PATH STREAMS RATE EVENTS RAMP_S WARM_S WINDOW_S TIMEOUT_S
@@ -16,6 +17,13 @@
  *       gives one latency sample (receive time minus send time, both CLOCK_MONOTONIC on this
  *       machine). Prints one JSON line: streams, completed, errors, samples and the latency
  *       percentiles in microseconds.
+ *
+ *   streamgen relay PORT PATH CONNS EVENTS SECONDS [BATCH]
+ *       CONNS keep-alive connections, each requesting burst streams (rate 0, "bench_batch":BATCH)
+ *       of EVENTS events back to back for SECONDS; prints the token events received before the
+ *       deadline (partial responses included), responses, errors and the elapsed seconds as one
+ *       JSON line. A connection the server closes between two responses is reopened (nginx
+ *       closes one after keepalive_requests); that is not an error.
  *
  * One process, one thread, epoll, no allocation on the hot path: the point is that neither the
  * engine nor the client is the limit (a direct run shows their ceiling). Built by bench/streams.py
@@ -42,6 +50,7 @@
 #define MAX_EVENTS 512
 #define IN_CAP 8192
 #define BUCKETS 2000000 /* 1 us buckets up to 2 s */
+#define SLOW_BUCKETS 600000 /* then 1 ms buckets up to 602 s (a saturated proxy queues) */
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -77,6 +86,7 @@ typedef struct conn {
     int chunked;       /* HTTP/1.1: chunked + keep-alive; else close-delimited */
     uint64_t period;   /* ns between events; 0 = burst */
     long events, sent;
+    long batch;        /* burst: events per send (default 1: one send per event) */
     char in[IN_CAP];
     size_t in_len;
     char *out;         /* bytes the socket did not take yet */
@@ -278,6 +288,8 @@ static int serve_requests(conn *c) {
             c->ndjson = strncmp(c->in, "POST /api/chat ", 15) == 0;
             long rate = body_number(body, (size_t)length, "\"bench_rate\":", 20);
             c->events = body_number(body, (size_t)length, "\"bench_events\":", 100);
+            c->batch = body_number(body, (size_t)length, "\"bench_batch\":", 1);
+            if (c->batch > 64) c->batch = 64;
             c->period = rate > 0 ? 1000000000ull / (uint64_t)rate : 0;
             c->sent = 0;
             c->streaming = 1;
@@ -289,9 +301,27 @@ static int serve_requests(conn *c) {
             if (c->period) {
                 if (!tick(c)) return 0;
                 if (c->streaming) heap_push(now_ns() + c->period, c);
-            } else {
+            } else if (c->batch <= 1) {
                 while (c->streaming)
                     if (!tick(c)) return 0;
+            } else {
+                /* A burst written `batch` events per send (each still its own HTTP chunk). */
+                static char burst[64 * 512];
+                size_t used = 0;
+                int alive = 1;
+                while (c->streaming && alive) {
+                    used += token_event(c, burst + used);
+                    if (++c->sent >= c->events) {
+                        c->streaming = 0;
+                        used += final_event(c, burst + used);
+                    }
+                    if (!c->streaming || c->sent % c->batch == 0) {
+                        alive = send_bytes(c, burst, used);
+                        used = 0;
+                    }
+                }
+                if (!alive) return 0;
+                if (!c->chunked && c->out_len == c->out_off) return 0; /* close-delimited: done */
             }
         }
         memmove(c->in, c->in + head + length, c->in_len - head - (size_t)length);
@@ -392,9 +422,12 @@ typedef struct {
     int fd, state, status_seen;
     char carry[64];
     size_t carry_len;
+    int ended;    /* relay: the stream's end marker was seen in this response */
+    char tail[8]; /* relay: the last bytes received, to see the terminating chunk */
+    size_t tail_len;
 } client;
 
-static uint32_t *hist;
+static uint32_t *hist, *slow_hist;
 static uint64_t samples, over, max_us, sum_us;
 
 static void record(uint64_t latency_ns) {
@@ -402,8 +435,13 @@ static void record(uint64_t latency_ns) {
     if (us > max_us) max_us = us;
     sum_us += us;
     samples++;
-    if (us < BUCKETS) hist[us]++;
-    else over++;
+    if (us < BUCKETS) {
+        hist[us]++;
+    } else {
+        over++;
+        uint64_t ms = (us - BUCKETS) / 1000;
+        slow_hist[ms < SLOW_BUCKETS ? ms : SLOW_BUCKETS - 1]++;
+    }
 }
 
 static uint64_t percentile(double q) {
@@ -411,6 +449,10 @@ static uint64_t percentile(double q) {
     for (uint64_t i = 0; i < BUCKETS; i++) {
         seen += hist[i];
         if (seen > rank) return i;
+    }
+    for (uint64_t i = 0; i < SLOW_BUCKETS; i++) {
+        seen += slow_hist[i];
+        if (seen > rank) return BUCKETS + i * 1000;
     }
     return max_us;
 }
@@ -458,8 +500,9 @@ static int load(int argc, char **argv) {
            timeout = atof(argv[10]);
     int ndjson = strcmp(path, "/api/chat") == 0;
     hist = calloc(BUCKETS, sizeof(uint32_t));
+    slow_hist = calloc(SLOW_BUCKETS, sizeof(uint32_t));
     client *clients = calloc((size_t)streams, sizeof(client));
-    if (!hist || !clients) die("calloc");
+    if (!hist || !slow_hist || !clients) die("calloc");
     char body[512], request[1024];
     int blen = snprintf(body, sizeof body,
                         "{\"model\":\"llama3\",\"stream\":true,\"bench_rate\":%ld,\"bench_events\":%ld,"
@@ -539,12 +582,143 @@ static int load(int argc, char **argv) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ relay */
+
+static void keep_tail(client *k, const char *data, size_t len) {
+    char t[16];
+    size_t n = k->tail_len, take = len > 8 ? 8 : len;
+    memcpy(t, k->tail, n);
+    memcpy(t + n, data + len - take, take);
+    n += take;
+    if (n > 8) {
+        memmove(t, t + n - 8, 8);
+        n = 8;
+    }
+    memcpy(k->tail, t, n);
+    k->tail_len = n;
+}
+
+/* A fresh connection with the request sent; 0 = could not connect. */
+static int relay_open(client *k, const struct sockaddr_in *addr, const char *request, int rlen) {
+    int one = 1;
+    k->fd = socket(AF_INET, SOCK_STREAM, 0);
+    setsockopt(k->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (connect(k->fd, (const struct sockaddr *)addr, sizeof *addr) < 0 ||
+        send(k->fd, request, (size_t)rlen, MSG_NOSIGNAL) != rlen) {
+        close(k->fd);
+        k->fd = -1;
+        return 0;
+    }
+    nonblock(k->fd);
+    struct epoll_event ev = {.events = EPOLLIN, .data.ptr = k};
+    epoll_ctl(epfd, EPOLL_CTL_ADD, k->fd, &ev);
+    return 1;
+}
+
+static void relay_reset(client *k) {
+    k->status_seen = k->ended = 0;
+    k->carry_len = k->tail_len = 0;
+}
+
+/*
+ * streamgen relay PORT PATH CONNS EVENTS SECONDS [BATCH]: CONNS keep-alive connections, each
+ * asking for burst streams (rate 0) of EVENTS events, BATCH per send, back to back for SECONDS.
+ * Counts every token event received before the deadline (partial responses included), so
+ * events / seconds is the relay rate and the proxy's CPU over the run divided by events is its
+ * cost per chunk.
+ */
+static int relay(int argc, char **argv) {
+    if (argc < 7) {
+        fprintf(stderr, "usage: streamgen relay PORT PATH CONNS EVENTS SECONDS [BATCH]\n");
+        return 2;
+    }
+    int port = atoi(argv[2]);
+    const char *path = argv[3];
+    int conns = atoi(argv[4]);
+    long events_each = atol(argv[5]);
+    double seconds = atof(argv[6]);
+    long batch = argc > 7 ? atol(argv[7]) : 1;
+    int ndjson = strcmp(path, "/api/chat") == 0;
+    hist = calloc(BUCKETS, sizeof(uint32_t));
+    slow_hist = calloc(SLOW_BUCKETS, sizeof(uint32_t));
+    client *clients = calloc((size_t)conns, sizeof(client));
+    if (!hist || !slow_hist || !clients) die("calloc");
+    char body[512], request[1024];
+    int blen = snprintf(body, sizeof body,
+                        "{\"model\":\"llama3\",\"stream\":true,\"bench_rate\":0,\"bench_events\":%ld,"
+                        "\"bench_batch\":%ld,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+                        events_each, batch);
+    int rlen = snprintf(request, sizeof request,
+                        "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                        "Content-Length: %d\r\n\r\n%s",
+                        path, blen, body);
+    epfd = epoll_create1(0);
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    uint64_t start = now_ns(), deadline = start + (uint64_t)(seconds * 1e9);
+    long responses = 0, errors = 0, reconnects = 0;
+    for (int i = 0; i < conns; i++)
+        if (!relay_open(&clients[i], &addr, request, rlen)) errors++;
+    struct epoll_event events[MAX_EVENTS];
+    static char data[65536];
+    uint64_t now;
+    while ((now = now_ns()) < deadline) {
+        int wait_ms = (int)((deadline - now) / 1000000) + 1;
+        int n = epoll_wait(epfd, events, MAX_EVENTS, wait_ms < 50 ? wait_ms : 50);
+        for (int i = 0; i < n; i++) {
+            client *k = events[i].data.ptr;
+            ssize_t got = recv(k->fd, data, sizeof data, 0);
+            if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+            uint64_t t = now_ns();
+            int done = 0, failed = 0, closed = 0;
+            if (got > 0) {
+                if (!k->status_seen) {
+                    k->status_seen = 1;
+                    if (got < 12 || memcmp(data + 9, "200", 3) != 0) failed = 1;
+                }
+                if (!failed) {
+                    if (scan(k, data, (size_t)got, t, start, deadline, ndjson)) k->ended = 1;
+                    keep_tail(k, data, (size_t)got);
+                    done = k->ended && k->tail_len >= 5 &&
+                           memcmp(k->tail + k->tail_len - 5, "0\r\n\r\n", 5) == 0;
+                }
+            } else if (got == 0 && k->ended) {
+                done = 2; /* close-delimited answer */
+            } else if (!k->status_seen) {
+                closed = 1; /* a keep-alive close between responses (nginx: keepalive_requests) */
+            } else {
+                failed = 1;
+            }
+            if (done) responses++;
+            if (failed) errors++;
+            if (done == 1) {
+                relay_reset(k);
+                if (send(k->fd, request, (size_t)rlen, MSG_NOSIGNAL) != rlen) done = 2, errors++;
+            }
+            if (done == 2 || failed || closed) {
+                epoll_ctl(epfd, EPOLL_CTL_DEL, k->fd, NULL);
+                close(k->fd);
+                relay_reset(k);
+                reconnects++;
+                if (now_ns() < deadline && !relay_open(k, &addr, request, rlen)) errors++;
+            }
+        }
+    }
+    double elapsed = (double)(now_ns() - start) / 1e9;
+    printf("{\"conns\":%d,\"events\":%llu,\"responses\":%ld,\"errors\":%ld,\"reconnects\":%ld,"
+           "\"seconds\":%.3f}\n",
+           conns, (unsigned long long)samples, responses, errors, reconnects, elapsed);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     raise_nofile();
     if (argc >= 3 && strcmp(argv[1], "serve") == 0) serve(atoi(argv[2]));
     if (argc >= 2 && strcmp(argv[1], "load") == 0) return load(argc, argv);
+    if (argc >= 2 && strcmp(argv[1], "relay") == 0) return relay(argc, argv);
     fprintf(stderr, "usage: streamgen serve PORT | streamgen load PORT PATH STREAMS RATE EVENTS "
-                    "RAMP WARM WINDOW TIMEOUT\n");
+                    "RAMP WARM WINDOW TIMEOUT | streamgen relay PORT PATH CONNS EVENTS SECONDS "
+                    "[BATCH]\n");
     return 2;
 }
