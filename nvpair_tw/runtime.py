@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from attrs import define, field
 from treq.client import HTTPClient
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgent
 
@@ -84,11 +84,10 @@ class Runtime:
 
     def close_idle(self) -> Deferred[None]:
         """Close the idle upstream connections (of whichever client the process uses)."""
-        closed: Deferred[None] = self.pool.closeCachedConnections()
+        closing: list[Deferred[None]] = [self.pool.closeCachedConnections()]
         if self.native is not None:
-            native = self.native
-            closed.addCallback(lambda _: native.close())
-        return closed
+            closing.append(self.native.close())
+        return gatherResults(closing).addCallback(lambda _: None)
 
     def site_for(self, engine: str) -> LimitedSite:
         """The limited Site of one facade (built once)."""
