@@ -257,25 +257,20 @@ async def test_sse_burst_costs_one_call_per_read_natively_and_one_per_chunk_on_t
     assert len(native.calls) <= 3  # ~23 KB: one or two socket reads
 
 
-@pytest_twisted.ensureDeferred
-async def test_body_bytes_before_deliver_body_are_handed_over_in_one_call(
-    reactor: Any, agent: NodeAgent, listen: Callable[[Any], int]
-) -> None:
-    """Body data buffered before ``deliverBody`` reaches the protocol at once, then the end."""
-    events = [b"a" * 10, b"b" * 10]
-
-    def reply(connection: ServerConnection, head: bytes) -> None:
-        connection.write(CHUNKED_HEAD + b"a\r\n" + events[0] + b"\r\n")
-        reactor.callLater(0, connection.write, b"a\r\n" + events[1] + b"\r\n0\r\n\r\n")
-
-    port = listen(ScriptedNode(reply))
-    response = await agent.request(b"GET", url(port))
-    while not agent.idle_count():  # the body is complete once the connection is idle again
-        await deferLater(reactor, 0.001, lambda: None)
+def test_body_bytes_before_deliver_body_are_handed_over_in_one_call() -> None:
+    """Body data of several reads buffered before ``deliverBody`` reaches the protocol at once,
+    then the end; a second ``deliverBody`` is illegal."""
+    protocol, _, released = connected()
+    responses: list[IResponse] = []
+    send(protocol).addCallback(responses.append)
+    protocol.dataReceived(CHUNKED_HEAD + b"a\r\n" + b"a" * 10 + b"\r\n")
+    protocol.dataReceived(b"a\r\n" + b"b" * 10 + b"\r\n0\r\n\r\n")
+    assert released == [protocol]  # complete: the connection is idle again before delivery
+    [response] = responses
     collect = Collect()
     response.deliverBody(collect)
-    assert collect.calls == [b"".join(events)]
-    assert collect.done.called
+    assert collect.calls == [b"a" * 10 + b"b" * 10]
+    assert collect.ended is not None and collect.ended.check(ResponseDone)
     with pytest.raises(ClientStateError):
         response.deliverBody(Collect())
 
@@ -349,6 +344,16 @@ async def test_interim_100_continue_is_skipped(
 # ---- the request ------------------------------------------------------------------------------
 
 
+class CountingProducer(ReplayBodyProducer):
+    """The replayed body, counting how often the transport paused it."""
+
+    pauses = 0
+
+    def pauseProducing(self) -> None:
+        self.pauses += 1
+        super().pauseProducing()
+
+
 @pytest_twisted.ensureDeferred
 async def test_request_carries_host_headers_and_content_length_and_reports_written(
     agent: NodeAgent, listen: Callable[[Any], int]
@@ -357,9 +362,9 @@ async def test_request_carries_host_headers_and_content_length_and_reports_writt
     replayed body's ``on_written`` fires once the last byte is handed over."""
     node = ScriptedNode(answer(length_reply(b"ok")))
     port = listen(node)
-    body = b"z" * 200_000  # larger than a socket buffer: the producer is paused and resumed
+    body = b"z" * 4_000_000  # more than the socket buffers: the producer is paused and resumed
     written: list[int] = []
-    producer = ReplayBodyProducer(body, lambda: written.append(1))
+    producer = CountingProducer(body, lambda: written.append(1))
     response = await agent.request(
         b"POST", url(port, b"/api/chat?x=1"), Headers({b"x-trace": [b"abc"]}), producer
     )
@@ -373,10 +378,11 @@ async def test_request_carries_host_headers_and_content_length_and_reports_writt
     assert set(lines[1:]) == {
         b"Host: 127.0.0.1:%d" % port,
         b"X-Trace: abc",
-        b"Content-Length: 200000",
+        b"Content-Length: 4000000",
     }
     assert sent == body
     assert written == [1]
+    assert producer.pauses > 0  # the transport pushed back and the body still arrived whole
     assert response.request.method == b"POST"
     assert response.request.absoluteURI == url(port, b"/api/chat?x=1")
 
