@@ -153,7 +153,7 @@ async def agent(reactor: Any) -> AsyncIterator[NodeAgent]:
     """A NodeAgent over loopback on the real reactor; idle connections closed afterwards."""
     made = NodeAgent(reactor, Loopback(reactor))
     yield made
-    await made.close()
+    await made.close().addTimeout(5, reactor)  # bounded: a broken client fails, never hangs
 
 
 class Collect(Protocol):
