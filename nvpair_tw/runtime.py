@@ -10,8 +10,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from attrs import define, field
 from treq.client import HTTPClient
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import IAgent
 
 from nvpair_tw.admission import Admission, slot_limit
 from nvpair_tw.affinity import AffinityTable
@@ -23,6 +24,7 @@ from nvpair_tw.ingress import IngressConfig, IngressPolicy, parse_ingress
 from nvpair_tw.inventory import InventoryBook, make_http_client
 from nvpair_tw.limits import LimitedSite, make_site
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodeclient import NodeAgent
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.reservations import ReservationLedger
@@ -32,7 +34,7 @@ from nvpair_tw.tls import NodeTrustPolicy
 from nvpair_tw.upstream import NodeEndpointFactory, UpstreamClient, make_pool
 from nvpair_tw.workloads import RequestRecord, WorkloadRegistry
 
-__all__ = ["Runtime", "StallTrackerFactory", "build_runtime"]
+__all__ = ["Runtime", "StallTrackerFactory", "build_runtime", "upstream_agent"]
 
 log = LevelledLogger()
 
@@ -50,6 +52,8 @@ class Runtime:
     pool: HTTPConnectionPool
     sites: dict[str, LimitedSite] = field(factory=dict)
     fleet: FleetStore | None = None
+    native: NodeAgent | None = None
+    """The upstream client when ``--upstream-client native`` (``pool`` then holds nothing)."""
 
     def start(self) -> None:
         """Load node files, start watching and polling (and connecting to the fleet store)."""
@@ -72,11 +76,18 @@ class Runtime:
                 stop()
         if self.shared.ingress is not None:
             self.shared.ingress.stop()
-        closed: Deferred[None] = self.pool.closeCachedConnections()
+        closed = self.close_idle()
         if self.fleet is not None:
             fleet = self.fleet
             closed.addCallback(lambda _: fleet.stop())
         return closed
+
+    def close_idle(self) -> Deferred[None]:
+        """Close the idle upstream connections (of whichever client the process uses)."""
+        closing: list[Deferred[None]] = [self.pool.closeCachedConnections()]
+        if self.native is not None:
+            closing.append(self.native.close())
+        return gatherResults(closing).addCallback(lambda _: None)
 
     def site_for(self, engine: str) -> LimitedSite:
         """The limited Site of one facade (built once)."""
@@ -136,10 +147,11 @@ def build_runtime(
     # (read from every facade's nodes when a connection starts) and the same IP-literal dialling.
     trust = NodeTrustPolicy(lambda: [n for f in facades.values() for n in f.directory.nodes()])
     endpoints = NodeEndpointFactory(reactor, settings.connect_timeout, tls=trust)
+    agent = upstream_agent(settings.upstream_client, reactor, endpoints, pool)
     if client is None:
-        client = UpstreamClient(reactor, pool, settings.connect_timeout, endpoints=endpoints)
+        client = UpstreamClient.from_agent(agent, reactor)
     if http is None:
-        http = make_http_client(Agent.usingEndpointFactory(reactor, endpoints, pool=pool))
+        http = make_http_client(agent)
     shared = _shared(reactor, settings, client, http, ingress)
     shared.endpoints = endpoints
     fleet = FleetStore(reactor, state) if state is not None else None
@@ -155,7 +167,22 @@ def build_runtime(
             stall_tracker=stall_tracker,
             fleet=fleet,
         )
-    return Runtime(reactor, settings, shared, facades, pool, fleet=fleet)
+    native = agent if isinstance(agent, NodeAgent) else None
+    return Runtime(reactor, settings, shared, facades, pool, fleet=fleet, native=native)
+
+
+def upstream_agent(
+    kind: str, reactor: IProxyReactor, endpoints: NodeEndpointFactory, pool: HTTPConnectionPool
+) -> IAgent:
+    """The agent of the upstream hop (inference and control-plane reads): ``native`` is
+    :class:`~nvpair_tw.nodeclient.NodeAgent` (``pool`` unused), ``twisted`` is Twisted's ``Agent``
+    over ``pool`` (docs/architecture.md, "The upstream hop")."""
+    if kind == "native":
+        return NodeAgent(reactor, endpoints)
+    if kind == "twisted":
+        agent: IAgent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
+        return agent
+    raise ValueError(f"unknown upstream client {kind!r}")
 
 
 def _shared(

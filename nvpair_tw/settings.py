@@ -13,6 +13,7 @@ __all__ = [
     "ASSEMBLE_BY_DEFAULT",
     "FIRST_BODY_ENV",
     "RESPONSE_HEADER_ENV",
+    "UPSTREAM_CLIENTS",
     "Resolved",
     "Settings",
     "resolve_first_body_timeout",
@@ -22,6 +23,8 @@ __all__ = [
 DEFAULT_RESPONSE_HEADER_TIMEOUT = 120.0
 DEFAULT_FIRST_BODY_TIMEOUT = 0.0
 ASSEMBLE_BY_DEFAULT = frozenset({"ollama"})
+UPSTREAM_CLIENTS = ("native", "twisted")
+"""What ``--upstream-client`` accepts; the first is the default."""
 RESPONSE_HEADER_ENV = "NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT"
 FIRST_BODY_ENV = "NVPAIR_PROXY_FIRST_BODY_TIMEOUT"
 
@@ -111,6 +114,9 @@ class Settings:
     """Per engine: send non-streaming inference upstream as a stream and assemble the answer
     (docs/behaviour.md §6.5); an engine not named uses its default (on for ollama only)."""
     extra: Mapping[str, str] = field(factory=dict)
+    upstream_client: str = "native"
+    """The HTTP client of the upstream hop: ``native`` (:class:`nvpair_tw.nodeclient.NodeAgent`)
+    or ``twisted`` (Twisted's ``Agent`` over ``upstream.make_pool``); ``--upstream-client``."""
 
     @property
     def cooldown(self) -> float:

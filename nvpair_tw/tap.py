@@ -30,6 +30,7 @@ from nvpair_tw.logs import LevelledLogger, parse_level, set_level
 from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.settings import (
+    UPSTREAM_CLIENTS,
     Resolved,
     Settings,
     resolve_first_body_timeout,
@@ -220,6 +221,13 @@ _PARAMETERS: list[list[str | None]] = [
         None,
         "File holding a secret: affinity digests go to the store as HMAC-SHA-256 under it.",
     ],
+    [
+        "upstream-client",
+        None,
+        "native",
+        "HTTP client for requests to nodes: native (coalescing keep-alive client) or twisted "
+        "(Twisted's Agent and connection pool).",
+    ],
     ["log-level", None, "info", "debug, info, warn or error."],
 ]
 
@@ -401,7 +409,16 @@ def _settings(options: Options, engines: list[str], header: float, first: float)
             None if load_timeout is None else _positive(options, "load-timeout", zero_ok=True)
         ),
         assemble=_assemble_by_engine(options["assemble"], engines),
+        upstream_client=_upstream_client(options["upstream-client"]),
     )
+
+
+def _upstream_client(name: str) -> str:
+    if name not in UPSTREAM_CLIENTS:
+        raise ValueError(
+            f"--upstream-client must be one of {', '.join(UPSTREAM_CLIENTS)}, not {name!r}"
+        )
+    return name
 
 
 def _flag_nodes(options: Options, engines: list[str]) -> dict[str, tuple[Node, ...]]:

@@ -32,6 +32,7 @@ from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
 from nvpair_tw.inventory import make_http_client
+from nvpair_tw.nodeclient import NodeAgent
 from nvpair_tw.testing import Clusters, MemoryCluster
 
 E2E_TIMEOUT = 960.0
@@ -257,9 +258,15 @@ class LoopbackEndpoints:
         return TCP4ClientEndpoint(self._reactor, uri.host.decode(), uri.port, timeout=5)
 
 
-@pytest.fixture
-def http(reactor: Any) -> Iterator[HTTPClient]:
-    """A cookie-less treq client over a persistent pool that is closed afterwards."""
+@pytest.fixture(params=["native", "twisted"])
+def http(reactor: Any, request: pytest.FixtureRequest) -> Iterator[HTTPClient]:
+    """A cookie-less treq client over each upstream agent (``--upstream-client``): the project's
+    NodeAgent, or Twisted's Agent over a persistent pool; idle connections closed afterwards."""
+    if request.param == "native":
+        native = NodeAgent(reactor, LoopbackEndpoints(reactor))
+        yield make_http_client(native)
+        pytest_twisted.blockon(native.close())
+        return
     pool = HTTPConnectionPool(reactor, persistent=True)
     pool.retryAutomatically = False
     yield make_http_client(Agent.usingEndpointFactory(reactor, LoopbackEndpoints(reactor), pool))

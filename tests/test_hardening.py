@@ -512,7 +512,7 @@ async def test_slowloris_connections_get_408_and_normal_clients_are_served(
     site = stack.site(header_timeout=1.0)
     port = listen(site)
     url = f"http://127.0.0.1:{port}"
-    await stack.proxy.runtime.pool.closeCachedConnections()
+    await stack.proxy.runtime.close_idle()
     baseline = fd_count()
 
     endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", port)
@@ -532,7 +532,7 @@ async def test_slowloris_connections_get_408_and_normal_clients_are_served(
         assert headers[b"content-type"] == b"application/json"
         assert json.loads(payload)["code"] == "header-timeout"
 
-    await stack.proxy.runtime.pool.closeCachedConnections()
+    await stack.proxy.runtime.close_idle()
     assert await fds_back_to(reactor, baseline) == baseline
     assert site.open_connections == 0
     del slow, answers

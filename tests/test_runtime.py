@@ -11,12 +11,16 @@ from typing import Any, cast
 import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred
-from twisted.internet.testing import MemoryReactorClock
+from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.python.failure import Failure
+from twisted.web.client import Agent
 from twisted.web.http_headers import Headers
 
 from nvpair_tw.events import Event
 from nvpair_tw.facade import FacadeResource
 from nvpair_tw.ingress import parse_ingress
+from nvpair_tw.nodeclient import NodeAgent, NodeClientProtocol
 from nvpair_tw.nodes import Node
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.runtime import Runtime, build_runtime
@@ -200,3 +204,38 @@ def test_stop_cancels_polls_and_cooldown_timers_and_closes_the_pool() -> None:
     assert closed.called
     assert clock.getDelayedCalls() == []
     assert runtime.facades["ollama"].stalls.cooling() == frozenset()
+
+
+def test_the_native_upstream_client_is_the_default_for_attempts_and_reads() -> None:
+    """``--upstream-client native`` (the default): attempts and control-plane reads share one
+    NodeAgent; ``twisted``: both go through Twisted's Agent over the runtime's pool."""
+    _, native, _ = _runtime()
+    assert isinstance(native.native, NodeAgent)
+    assert native.shared.client.agent is native.native
+    assert native.shared.http._agent is native.native
+    _, stock, _ = _runtime(Settings(upstream_client="twisted"))
+    assert stock.native is None
+    assert isinstance(stock.shared.client.agent, Agent)
+    assert stock.shared.client.agent._pool is stock.pool
+    assert stock.shared.http._agent is stock.shared.client.agent
+
+
+def test_an_unknown_upstream_client_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown upstream client"):
+        _runtime(Settings(upstream_client="curl"))
+
+
+def test_stop_closes_the_native_clients_idle_connections() -> None:
+    """Stop closes the NodeAgent's idle connections too, and fires once they are gone."""
+    _, runtime, _ = _runtime()
+    assert runtime.native is not None
+    idle = NodeClientProtocol(runtime.native._release, runtime.native._lost)
+    transport = StringTransport()
+    idle.makeConnection(transport)
+    runtime.native._keys[idle] = (b"http", b"127.0.0.1", 1001)
+    runtime.native._release(idle)  # what a complete response does
+    assert runtime.native.idle_count() == 1
+    closed = runtime.stop()
+    assert transport.disconnecting and not closed.called
+    idle.connectionLost(Failure(ConnectionDone()))
+    assert closed.called

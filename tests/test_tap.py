@@ -374,6 +374,15 @@ def test_log_level_option() -> None:
         parse("-e", "ollama", "--log-level", "bogus")
 
 
+def test_upstream_client_option() -> None:
+    """``--upstream-client`` picks the upstream hop's HTTP client (native by default)."""
+    assert config_of("-e", "ollama").settings.upstream_client == "native"
+    chosen = config_of("-e", "ollama", "--upstream-client", "twisted").settings.upstream_client
+    assert chosen == "twisted"
+    with pytest.raises(usage.UsageError, match="--upstream-client must be one of native, twisted"):
+        parse("-e", "ollama", "--upstream-client", "curl")
+
+
 def test_nodes_file_is_checked(tmp_path: Path) -> None:
     """A readable, valid ``--nodes`` file is accepted; bad TOML or a missing file is a usage error."""
     good = tmp_path / "nodes.toml"

@@ -57,6 +57,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from nvpair_tw.nodeclient import NodeAgent
 from nvpair_tw.reactor import IProxyReactor
 from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine
 from nvpair_tw.upstream import (
@@ -274,12 +275,38 @@ def test_describe_failure_leaves_out_raw_protocol_bytes() -> None:
 # ---- the header deadline over loopback ----------------------------------------------------------
 
 
-@pytest_twisted.async_yield_fixture()
-async def upstream(reactor: Any) -> AsyncIterator[UpstreamClient]:
-    """An UpstreamClient on its own pool, closed after the test."""
+CLIENTS = ["native", "twisted"]
+"""The two agents of the upstream hop (``--upstream-client``): every loopback test runs on both."""
+
+
+@pytest.fixture(params=CLIENTS)
+def client_kind(request: pytest.FixtureRequest) -> str:
+    kind: str = request.param
+    return kind
+
+
+def agent_for(
+    kind: str, reactor: Any, endpoints: IAgentEndpointFactory
+) -> tuple[IAgent, Callable[[], Deferred[None]]]:
+    """The agent of ``kind`` over ``endpoints`` and how to close its idle connections."""
+    if kind == "native":
+        native = NodeAgent(reactor, endpoints)
+        return native, native.close
     pool = make_pool(reactor)
-    yield UpstreamClient(reactor, pool, connect_timeout=5.0)
-    await pool.closeCachedConnections()
+    return Agent.usingEndpointFactory(reactor, endpoints, pool=pool), pool.closeCachedConnections
+
+
+@pytest_twisted.async_yield_fixture()
+async def upstream(reactor: Any, client_kind: str) -> AsyncIterator[UpstreamClient]:
+    """An UpstreamClient over its own agent (each kind), idle connections closed after the test."""
+    if client_kind == "twisted":
+        pool = make_pool(reactor)
+        yield UpstreamClient(reactor, pool, connect_timeout=5.0)
+        await pool.closeCachedConnections()
+        return
+    agent, close = agent_for(client_kind, reactor, NodeEndpointFactory(reactor, 5.0))
+    yield UpstreamClient.from_agent(agent, reactor)
+    await close()
 
 
 @implementer(IStreamClientEndpoint)
@@ -337,14 +364,13 @@ async def connection_closed(reactor: Any, finished: Deferred[None]) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_header_deadline_excludes_a_slow_connect(
-    reactor: Any, upstream: UpstreamClient
+    reactor: Any, upstream: UpstreamClient, client_kind: str
 ) -> None:
     """Behind a 0.6 s connect, a 0.4 s header deadline still gets the answer, which a 0.4 s
     timeout counted from the call misses."""
     handle = await start_engine(reactor, SimulatedEngine(reactor, header_delay=0.1))
     try:
-        pool = make_pool(reactor)
-        upstream.agent = Agent.usingEndpointFactory(reactor, SlowConnects(reactor, 0.6), pool=pool)
+        upstream.agent, close = agent_for(client_kind, reactor, SlowConnects(reactor, 0.6))
         target = handle.url.encode() + b"/api/chat"
 
         control = upstream.agent.request(
@@ -365,7 +391,7 @@ async def test_header_deadline_excludes_a_slow_connect(
             on_written=lambda: written.append(reactor.seconds()),
         )
         content = await treq.content(response)
-        await pool.closeCachedConnections()
+        await close()
     finally:
         await handle.stop()
     assert response.code == 200 and b"hello" in content
@@ -412,21 +438,23 @@ class TimersSeen:
 
 
 @pytest_twisted.ensureDeferred
-async def test_refused_connect_fails_fast_with_connect_error(reactor: Any) -> None:
+async def test_refused_connect_fails_fast_with_connect_error(
+    reactor: Any, client_kind: str
+) -> None:
     """A refused IP-literal dial is a ConnectError before any timer fires (no 0.3 s happy-eyeballs
     wait, no connect timeout), and the header deadline is never armed."""
     port = reactor.listenTCP(0, Factory.forProtocol(Protocol), interface="127.0.0.1")
     number = port.getHost().port
     await port.stopListening()
     seen = cast(IProxyReactor, TimersSeen(reactor))
-    pool = make_pool(seen)
-    upstream = UpstreamClient(seen, pool, connect_timeout=5.0)
+    agent, close = agent_for(client_kind, seen, NodeEndpointFactory(seen, 5.0))
+    upstream = UpstreamClient.from_agent(agent, seen)
     written = Written()
     try:
         with pytest.raises(ConnectError):
             await upstream.request(b"POST", url(number), Headers(), BODY, 5.0, on_written=written)
     finally:
-        await pool.closeCachedConnections()
+        await close()
     assert [call for call in cast(TimersSeen, seen).timers if call.called] == []
     assert written.calls == 0
 
@@ -1151,12 +1179,19 @@ def test_pool_keeps_connections_for_four_idle_seconds_without_retries() -> None:
     assert transport.disconnecting
 
 
-def test_upstream_client_dials_with_the_connect_timeout_through_the_persistent_pool() -> None:
+@pytest.mark.parametrize("client_kind", CLIENTS)
+def test_upstream_client_dials_with_the_connect_timeout_through_the_persistent_pool(
+    client_kind: str,
+) -> None:
     """``UpstreamClient`` dials a node with its connect timeout and keeps the connection open for
     reuse (its request does not ask for ``Connection: close``)."""
     reactor = ResolvingMemoryReactor()
-    pool = make_pool(reactor)
-    client = UpstreamClient(cast(IProxyReactor, reactor), pool, connect_timeout=7.0)
+    if client_kind == "twisted":
+        client = UpstreamClient(cast(IProxyReactor, reactor), make_pool(reactor), 7.0)
+    else:
+        endpoints = NodeEndpointFactory(cast(IProxyReactor, reactor), 7.0)
+        agent, _close = agent_for(client_kind, reactor, endpoints)
+        client = UpstreamClient.from_agent(agent, reactor)
     attempt = client.request(b"POST", url(11434), Headers(), b"{}", 30.0)
     [(host, port, factory, timeout, _bind)] = reactor.tcpClients
     assert (host, port, timeout) == ("127.0.0.1", 11434, 7.0)
