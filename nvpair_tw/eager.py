@@ -17,7 +17,10 @@ that has file descriptors (the real one); everything else keeps ``serverFromStri
 
 from __future__ import annotations
 
+import contextlib
+import socket
 from collections.abc import Iterable
+from typing import Any
 
 from twisted.internet import tcp
 from twisted.internet.defer import Deferred, execute
@@ -36,7 +39,16 @@ __all__ = ["EagerPort", "EagerServer", "EagerTCPServerEndpoint", "eager_endpoint
 
 
 class EagerServer(tcp.Server):
-    """A server connection whose ``write`` sends at once when its queue is empty."""
+    """A server connection whose ``write`` sends at once when its queue is empty.
+
+    It also sets ``TCP_NODELAY``, as nginx does on keep-alive connections: a token written 50 ms
+    after the last one must not wait for the client's delayed ACK of it (Nagle's algorithm).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        with contextlib.suppress(OSError):
+            self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _sendable(self) -> bool:
         """Nothing queued, open for writing, no TLS layered on the transport itself."""

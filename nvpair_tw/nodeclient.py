@@ -21,6 +21,7 @@ was read, neither side said ``Connection: close`` and the body was not close-del
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 from enum import Enum
@@ -82,6 +83,8 @@ _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _TARGET = re.compile(rb"[\x21-\x7e]+\Z")
 _VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])\Z")
 _HEX = frozenset(b"0123456789abcdefABCDEF")
+# A whole chunk-size line as engines send it (size, optional extensions, CRLF): the fast path.
+_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\r\n]*)?\r\n")
 _Key = tuple[bytes, bytes, int]
 
 
@@ -135,6 +138,41 @@ class ChunkedDecoder:
     def feed(self, data: bytes) -> tuple[bytes, bytes | None]:
         """The payload in ``data`` and, once the last chunk and the trailers are complete, the
         bytes after them (``None`` while the body goes on). Raises :class:`BadResponse`."""
+        if self._state is _Chunk.SIZE and not self._partial:
+            # Fast path: whole non-empty chunks back to back from the start of ``data`` (a token
+            # stream's usual read); anything else from the first irregular byte on (the last chunk,
+            # a chunk cut by the read, lenient or bad framing) takes the general path below.
+            pos, parts = self._whole_chunks(data)
+            if pos == len(data):
+                return (parts[0] if len(parts) == 1 else b"".join(parts)), None
+            if pos:
+                payload, after = self._feed(data[pos:])
+                parts.append(payload)
+                return b"".join(parts), after
+        return self._feed(data)
+
+    @staticmethod
+    def _whole_chunks(data: bytes) -> tuple[int, list[bytes]]:
+        """Where the run of complete, regular, non-empty chunks at the start of ``data`` ends, and
+        their payloads."""
+        parts: list[bytes] = []
+        pos, end = 0, len(data)
+        match = _SIZE_LINE.match
+        while pos < end:
+            line = match(data, pos)
+            if line is None:
+                break
+            size = int(line.group(1), 16)
+            start = line.end()
+            stop = start + size
+            if not size or data[stop : stop + 2] != b"\r\n":
+                break
+            parts.append(data[start:stop])
+            pos = stop + 2
+        return pos, parts
+
+    def _feed(self, data: bytes) -> tuple[bytes, bytes | None]:
+        """The general path: any framing state, any split, lenient line ends."""
         if self._state is _Chunk.DONE:
             raise ClientStateError("feed after the last chunk")
         if self._partial:
@@ -379,6 +417,14 @@ class NodeClientProtocol(Protocol):
     def state(self) -> ClientState:
         """The current state (read-only; transitions happen through the methods)."""
         return self._state
+
+    def connectionMade(self) -> None:
+        # A request goes out whole and its answer is awaited: never hold a segment back for the
+        # node's delayed ACK (Nagle's algorithm), as nginx's proxy does not either.
+        no_delay = getattr(self.transport, "setTcpNoDelay", None)
+        if no_delay is not None:
+            with contextlib.suppress(OSError):
+                no_delay(True)
 
     # ---- request ----------------------------------------------------------------------------
 

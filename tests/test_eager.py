@@ -99,6 +99,16 @@ async def test_a_write_on_an_idle_connection_reaches_the_peer_without_a_reactor_
 
 
 @pytest_twisted.ensureDeferred
+async def test_connections_do_not_wait_for_the_clients_ack_to_send_the_next_token(
+    pair: Pair,
+) -> None:
+    """``TCP_NODELAY`` is set: Nagle's algorithm would hold a small write behind an unacked one."""
+    transport = await pair.open()
+    assert transport.socket.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    await pair.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_what_the_kernel_does_not_take_is_queued_in_order_and_pauses_the_producer(
     pair: Pair,
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import select
+import socket
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
@@ -436,6 +437,18 @@ async def test_a_complete_response_leaves_the_connection_for_the_next_request(
         assert collect.body == b"ab" and ended.check(ResponseDone)
     assert node.accepted == 1
     assert agent.idle_count((b"http", b"127.0.0.1", port)) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_node_connections_send_without_waiting_for_acks(
+    agent: NodeAgent, listen: Callable[[Any], int]
+) -> None:
+    """``TCP_NODELAY`` on every node connection (the idle one is inspected after its answer)."""
+    port = listen(ScriptedNode(answer(CHUNKED_HEAD + chunked([b"a"]))))
+    await fetch(agent, port)
+    [connection] = agent._idle[(b"http", b"127.0.0.1", port)]
+    handle = connection.transport.getHandle()  # type: ignore[union-attr]
+    assert handle.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
 
 
 @pytest_twisted.ensureDeferred
