@@ -44,6 +44,7 @@ CONTENDERS = ("direct", "nvpair-tw", "rpr", "nginx")
 LABELS = {
     "direct": "direct (no proxy)",
     "nvpair-tw": "nvpair-tw",
+    "nvpair-agent": "nvpair-tw (stock Agent)",
     "rpr": "ReverseProxyResource",
     "nginx": "nginx",
 }

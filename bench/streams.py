@@ -37,7 +37,7 @@ from run import BENCH, LABELS, PY, REPO, Harness, Server, fmt, free_port, open_f
 
 RATE = 20  # tokens per second per slow stream
 FRAMINGS = {"sse": "/v1/chat/completions", "ndjson": "/api/chat"}
-CONTENDERS = ("direct", "nvpair-tw", "rpr", "nginx")
+CONTENDERS = ("direct", "nvpair-tw", "nvpair-agent", "rpr", "nginx")
 RELAY_EVENTS = 1000  # events per burst response in the relay scenario
 RELAY_CONNS = (1, 64)
 # Events per engine write in a burst. One send per event costs the engine ~2-6 µs of syscall and
@@ -210,12 +210,15 @@ class Bench:
         if name == "direct":
             return self.engine
         up, port = self.engine.port, free_port()
-        if name == "nvpair-tw":
+        if name in ("nvpair-tw", "nvpair-agent"):
             # --assemble off: the relay is compared with RPR and nginx, which never assemble.
+            # nvpair-agent: the same proxy over Twisted's stock Agent (--upstream-client twisted).
             argv = [PY, "-m", "twisted", "nvpair", "--engine", "ollama", "--assemble", "off"]
             argv += ["--listen", f"tcp:{port}:interface=127.0.0.1:backlog=4096"]
             argv += ["--node", f"a=http://127.0.0.1:{up}", "--admin", "none", "--log-level"]
             argv += ["warn", "--max-connections", str(max(8192, 4 * self.max_streams))]
+            if name == "nvpair-agent":
+                argv += ["--upstream-client", "twisted"]
         elif name == "rpr":
             argv = [PY, str(BENCH / "rpr.py"), str(port), str(up)]
         else:
@@ -630,7 +633,7 @@ def main() -> None:
     parser.add_argument(
         "--contenders",
         default=",".join(CONTENDERS),
-        help="comma-separated subset of direct,nvpair-tw,rpr,nginx (direct always runs)",
+        help="comma-separated subset of direct,nvpair-tw,nvpair-agent,rpr,nginx (direct always runs)",
     )
     parser.add_argument(
         "--relay-batch",
