@@ -25,6 +25,8 @@ MAX_LINE_BYTES = 1 << 20
 
 # Pre-checks: a complete line is parsed only if the region holding it matches one of these.
 _SSE_HINT = re.compile(rb"\[DONE\]|message_stop|response\.(?:completed|failed|incomplete)")
+# The same pre-check as substrings: what a terminal SSE line must contain.
+_SSE_MARKERS = (b"[DONE]", b"message_stop", b"response.")
 # The terminal event types: Anthropic's, and the OpenAI Responses API's three endings.
 _TERMINAL_TYPES = frozenset(
     {"message_stop", "response.completed", "response.failed", "response.incomplete"}
@@ -111,12 +113,19 @@ class TerminalFrameDetector:
             if self.seen:
                 return
         hint = _SSE_HINT if self._sse else _NDJSON_HINT
-        if start < end and hint.search(chunk, start, end):
+        if start < end and self._may_end(chunk, start, end):
             for line in chunk[start:end].split(b"\n"):
                 if hint.search(line) and self._is_terminal(line):
                     self._finished()
                     return
         self._keep(chunk[end + 1 :])
+
+    def _may_end(self, chunk: bytes, start: int, end: int) -> bool:
+        """The pre-check over the complete lines of a chunk. For SSE, three substring searches
+        (C speed, several times faster than the alternation regex over a 50 KB burst)."""
+        if self._sse:
+            return any(chunk.find(marker, start, end) >= 0 for marker in _SSE_MARKERS)
+        return _NDJSON_HINT.search(chunk, start, end) is not None
 
     def finish(self) -> None:
         """At a clean end of body, examine a last line the engine did not end with a newline."""

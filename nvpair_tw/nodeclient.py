@@ -139,12 +139,13 @@ class ChunkedDecoder:
         """The payload in ``data`` and, once the last chunk and the trailers are complete, the
         bytes after them (``None`` while the body goes on). Raises :class:`BadResponse`."""
         if self._state is _Chunk.SIZE and not self._partial:
-            # Fast path: whole non-empty chunks back to back from the start of ``data`` (a token
-            # stream's usual read); anything else from the first irregular byte on (the last chunk,
-            # a chunk cut by the read, lenient or bad framing) takes the general path below.
-            pos, parts = self._whole_chunks(data)
+            # Fast path: whole non-empty chunks back to back (a token stream's usual read); the
+            # general path below takes over at the first irregular byte (the last chunk, a chunk
+            # cut by the read, lenient or bad framing) and hands back here at the next chunk.
+            parts: list[bytes | memoryview] = []
+            pos = self._whole_chunks(data, 0, parts)
             if pos == len(data):
-                return (parts[0] if len(parts) == 1 else b"".join(parts)), None
+                return (bytes(parts[0]) if len(parts) == 1 else b"".join(parts)), None
             if pos:
                 payload, after = self._feed(data[pos:])
                 parts.append(payload)
@@ -152,11 +153,10 @@ class ChunkedDecoder:
         return self._feed(data)
 
     @staticmethod
-    def _whole_chunks(data: bytes) -> tuple[int, list[bytes]]:
-        """Where the run of complete, regular, non-empty chunks at the start of ``data`` ends, and
-        their payloads."""
-        parts: list[bytes] = []
-        pos, end = 0, len(data)
+    def _whole_chunks(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int:
+        """Append the payloads of the run of complete, regular, non-empty chunks at ``pos`` to
+        ``parts``; where the run ends."""
+        end = len(data)
         match = _SIZE_LINE.match
         while pos < end:
             line = match(data, pos)
@@ -169,7 +169,7 @@ class ChunkedDecoder:
                 break
             parts.append(data[start:stop])
             pos = stop + 2
-        return pos, parts
+        return pos
 
     def _feed(self, data: bytes) -> tuple[bytes, bytes | None]:
         """The general path: any framing state, any split, lenient line ends."""
@@ -178,9 +178,13 @@ class ChunkedDecoder:
         if self._partial:
             data, self._partial = self._partial + data, b""
         view = memoryview(data)
-        parts: list[memoryview] = []
+        parts: list[bytes | memoryview] = []
         pos, end = 0, len(data)
         while pos < end:
+            if self._state is _Chunk.SIZE:
+                pos = self._whole_chunks(data, pos, parts)
+                if pos >= end:
+                    break
             if self._state is _Chunk.DATA:
                 take = min(self._remaining, end - pos)
                 parts.append(view[pos : pos + take])
