@@ -152,6 +152,20 @@ async def test_what_the_kernel_does_not_take_is_queued_in_order_and_pauses_the_p
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_sequence_the_kernel_takes_only_in_part_arrives_whole(pair: Pair) -> None:
+    """``writeSequence`` on an idle connection: one send of the joined pieces, the rest queued."""
+    transport = await pair.open(rcvbuf=4096)
+    transport.socket.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    pieces = [bytes([n]) * 65536 for n in range(16)]  # 1 MiB in 16 pieces
+    transport.writeSequence(pieces)
+    assert 0 < transport._tempDataLen < len(pieces) * 65536
+    transport.loseConnection()
+    assert await pair.read_all() == b"".join(pieces)
+    await pair.lost
+    await pair.close()
+
+
+@pytest_twisted.ensureDeferred
 async def test_writes_after_lose_connection_still_arrive_before_the_close(pair: Pair) -> None:
     """As with Twisted's transport: what is written before the flush goes out, then the FIN."""
     transport = await pair.open()

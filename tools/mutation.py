@@ -33,6 +33,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     "upstream": ("tests/test_upstream.py",),
     "relay": ("tests/test_relay.py",),
     "frames": ("tests/test_frames.py",),
+    "eager": ("tests/test_eager.py",),
+    "nodeclient": ("tests/test_nodeclient.py",),
 }
 """Module of ``nvpair_tw`` → the test files that must kill its mutants."""
 
