@@ -27,6 +27,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, cast
 
+from attrs import frozen
 from twisted.internet.abstract import isIPv6Address
 from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults, succeed
 from twisted.internet.interfaces import (
@@ -64,13 +65,16 @@ __all__ = [
     "MAX_HEADERS",
     "MAX_LINE",
     "BadResponse",
+    "BodyReader",
     "ChunkedDecoder",
     "ClientRequest",
     "ClientState",
     "ClientStateError",
+    "HeadParser",
     "NodeAgent",
     "NodeClientProtocol",
     "Response",
+    "ResponseHead",
 ]
 
 MAX_LINE = 16384
@@ -367,6 +371,117 @@ def _tokens(headers: Headers, name: bytes) -> list[bytes]:
     ]
 
 
+@frozen
+class ResponseHead:
+    """A complete response head (interim 1xx heads skipped) and the bytes that followed it."""
+
+    version: tuple[bytes, int, int]
+    code: int
+    phrase: bytes
+    headers: Headers
+    rest: bytes
+
+
+class HeadParser:
+    """Reads one response head from successive reads; raises :class:`BadResponse` on a bad one
+    (line or header count over the limits, a malformed status line or header)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._status: tuple[tuple[bytes, int, int], int, bytes] | None = None
+        self._raw_headers: list[tuple[bytes, bytes]] = []
+
+    def feed(self, data: bytes) -> ResponseHead | None:
+        """The head once it is complete, else None (the bytes are kept for the next read)."""
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        while True:
+            eol = buffer.find(b"\n", start, start + MAX_LINE + 1)
+            if eol < 0:
+                if len(buffer) - start > MAX_LINE:
+                    raise BadResponse("response head line too long")
+                del buffer[:start]
+                return None
+            line = bytes(buffer[start:eol]).removesuffix(b"\r")
+            start = eol + 1
+            if self._status is None:
+                self._status = _status_line(line)
+            elif line:
+                self._header_line(line)
+            elif 100 <= self._status[1] < 200 and self._status[1] != 101:
+                self._status, self._raw_headers = None, []  # interim: skip
+            else:
+                version, code, phrase = self._status
+                headers = Headers()
+                for name, value in self._raw_headers:
+                    headers.addRawHeader(name, value)
+                return ResponseHead(version, code, phrase, headers, bytes(buffer[start:]))
+
+    def _header_line(self, line: bytes) -> None:
+        if len(self._raw_headers) >= MAX_HEADERS:
+            raise BadResponse("too many response headers")
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.match(name):
+            raise BadResponse("malformed response header")
+        self._raw_headers.append((name, value.strip(b" \t")))
+
+
+class BodyReader:
+    """The framing of one response body: what :meth:`feed` returns is the payload of a read and,
+    once the body is complete, the bytes after it (None while it goes on).
+
+    @ivar length: ``Response.length``: an int, or ``UNKNOWN_LENGTH``.
+    @ivar reusable: Whether the framing and the head allow the connection to be reused.
+    """
+
+    def __init__(self, method: bytes, head: ResponseHead) -> None:
+        headers = head.headers
+        self._chunks: ChunkedDecoder | None = None
+        self._remaining = 0
+        self.length: int | object = UNKNOWN_LENGTH
+        if method == b"HEAD" or head.code in (204, 304):
+            self.framing, self.length = _Framing.NONE, 0
+        elif headers.hasHeader(b"transfer-encoding"):
+            if _tokens(headers, b"transfer-encoding")[-1:] == [b"chunked"]:
+                self.framing = _Framing.CHUNKED
+                self._chunks = ChunkedDecoder()
+            else:
+                self.framing = _Framing.CLOSE
+        elif headers.hasHeader(b"content-length"):
+            lengths = set(_tokens(headers, b"content-length"))
+            if len(lengths) != 1 or not next(iter(lengths)).isdigit():
+                raise BadResponse("malformed Content-Length")
+            self._remaining = self.length = int(next(iter(lengths)))
+            self.framing = _Framing.LENGTH if self.length else _Framing.NONE
+        else:
+            self.framing = _Framing.CLOSE
+        self.reusable = not (
+            head.version[1:] != (1, 1)
+            or self.framing is _Framing.CLOSE
+            or b"close" in _tokens(headers, b"connection")
+        )
+
+    @property
+    def empty(self) -> bool:
+        """No body at all (HEAD, 204, 304, ``Content-Length: 0``)."""
+        return self.framing is _Framing.NONE
+
+    @property
+    def close_delimited(self) -> bool:
+        return self.framing is _Framing.CLOSE
+
+    def feed(self, data: bytes) -> tuple[bytes, bytes | None]:
+        """Raises :class:`BadResponse` on bad chunk framing."""
+        if self._chunks is not None:
+            return self._chunks.feed(data)
+        if self.framing is _Framing.LENGTH:
+            take = data[: self._remaining]
+            self._remaining -= len(take)
+            return take, (data[len(take) :] if not self._remaining else None)
+        return data, None
+
+
 class NodeClientProtocol(Protocol):
     """One keep-alive HTTP/1.1 connection to a node; one request at a time; a named state machine.
 
@@ -399,7 +514,7 @@ class NodeClientProtocol(Protocol):
         self._release = release
         self._lost = lost
         self._state = ClientState.IDLE
-        self._buffer = bytearray()
+        self._parser = HeadParser()
         self._seen = False
         self._deferred: Deferred[IResponse] | None = None
         self._request: ClientRequest | None = None
@@ -407,14 +522,10 @@ class NodeClientProtocol(Protocol):
         self._length = 0
         self._consumer: _BodyConsumer | None = None
         self._response: Response | None = None
-        self._framing = _Framing.NONE
-        self._remaining = 0
-        self._chunks: ChunkedDecoder | None = None
+        self._reader: BodyReader | None = None
         self._reusable = False
         self._stopped = False
         self._paused = False
-        self._status: tuple[tuple[bytes, int, int], int, bytes] | None = None
-        self._raw_headers: list[tuple[bytes, bytes]] = []
         self._closed_waiters: list[Deferred[None]] = []
 
     @property
@@ -537,83 +648,35 @@ class NodeClientProtocol(Protocol):
                 self._body(data)
         elif state in (ClientState.WRITING, ClientState.AWAITING_HEADERS):
             self._seen = True
-            self._buffer += data
-            self._head()
+            self._head(data)
         elif state is ClientState.IDLE:  # nothing was asked: the connection is unusable
             self._reusable = False
             abort(self.transport)
 
-    def _head(self) -> None:
-        buffer = self._buffer
-        start = 0
+    def _head(self, data: bytes) -> None:
         try:
-            while True:
-                eol = buffer.find(b"\n", start, start + MAX_LINE + 1)
-                if eol < 0:
-                    if len(buffer) - start > MAX_LINE:
-                        raise BadResponse("response head line too long")
-                    del buffer[:start]
-                    return
-                line = bytes(buffer[start:eol]).removesuffix(b"\r")
-                start = eol + 1
-                if self._status is None:
-                    self._status = _status_line(line)
-                elif line:
-                    self._header_line(line)
-                elif 100 <= self._status[1] < 200 and self._status[1] != 101:
-                    self._status, self._raw_headers = None, []  # interim: skip
-                else:
-                    rest = bytes(buffer[start:])
-                    buffer.clear()
-                    self._headers_complete(rest)
-                    return
+            head = self._parser.feed(data)
+            if head is None:
+                return
+            assert self._request is not None
+            self._parser = HeadParser()
+            self._reader = reader = BodyReader(self._request.method, head)
         except BadResponse as error:
             self._reusable = False
             self._stop_producer()
             self._fail_request(ResponseFailed([Failure(error)]))
             abort(self.transport)
-
-    def _header_line(self, line: bytes) -> None:
-        if len(self._raw_headers) >= MAX_HEADERS:
-            raise BadResponse("too many response headers")
-        name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.match(name):
-            raise BadResponse("malformed response header")
-        self._raw_headers.append((name, value.strip(b" \t")))
-
-    def _headers_complete(self, rest: bytes) -> None:
-        assert self._status is not None and self._request is not None
-        version, code, phrase = self._status
-        headers = Headers()
-        for name, value in self._raw_headers:
-            headers.addRawHeader(name, value)
-        self._status, self._raw_headers = None, []
-        length: int | object
-        if self._request.method == b"HEAD" or code in (204, 304):
-            self._framing, length = _Framing.NONE, 0
-        elif headers.hasHeader(b"transfer-encoding"):
-            if _tokens(headers, b"transfer-encoding")[-1:] == [b"chunked"]:
-                self._framing, length = _Framing.CHUNKED, UNKNOWN_LENGTH
-                self._chunks = ChunkedDecoder()
-            else:
-                self._framing, length = _Framing.CLOSE, UNKNOWN_LENGTH
-        elif headers.hasHeader(b"content-length"):
-            lengths = set(_tokens(headers, b"content-length"))
-            if len(lengths) != 1 or not next(iter(lengths)).isdigit():
-                raise BadResponse("malformed Content-Length")
-            self._remaining = length = int(next(iter(lengths)))
-            self._framing = _Framing.LENGTH if length else _Framing.NONE
-        else:
-            self._framing, length = _Framing.CLOSE, UNKNOWN_LENGTH
-        if (
-            version[1:] != (1, 1)
-            or self._framing is _Framing.CLOSE
-            or b"close" in _tokens(headers, b"connection")
-        ):
+            return
+        if not reader.reusable:
             self._reusable = False
-        assert self.transport is not None
         self._response = Response(
-            version, code, phrase, headers, length, self._request, _BodyTransport(self)
+            head.version,
+            head.code,
+            head.phrase,
+            head.headers,
+            reader.length,
+            self._request,
+            _BodyTransport(self),
         )
         self._state = ClientState.BODY
         deferred, self._deferred = self._deferred, None
@@ -621,42 +684,28 @@ class NodeClientProtocol(Protocol):
         deferred.callback(self._response)
         if self._state is not ClientState.BODY or self._stopped:
             return
-        if self._framing is _Framing.NONE:
-            if rest:
+        if reader.empty:
+            if head.rest:
                 self._reusable = False
             self._body_done()
-        elif rest:
-            self._body(rest)
+        elif head.rest:
+            self._body(head.rest)
 
     def _body(self, data: bytes) -> None:
-        assert self._response is not None
-        framing = self._framing
-        if framing is _Framing.CHUNKED:
-            assert self._chunks is not None
-            try:
-                payload, after = self._chunks.feed(data)
-            except BadResponse as error:
+        assert self._response is not None and self._reader is not None
+        try:
+            payload, after = self._reader.feed(data)
+        except BadResponse as error:
+            self._reusable = False
+            self._end_body(Failure(ResponseFailed([Failure(error)], self._response)))
+            abort(self.transport)
+            return
+        if payload:
+            self._response.body_data(payload)
+        if after is not None and self._state is ClientState.BODY and not self._stopped:
+            if after:
                 self._reusable = False
-                self._end_body(Failure(ResponseFailed([Failure(error)], self._response)))
-                abort(self.transport)
-                return
-            if payload:
-                self._response.body_data(payload)
-            if after is not None and self._state is ClientState.BODY and not self._stopped:
-                if after:
-                    self._reusable = False
-                self._body_done()
-        elif framing is _Framing.LENGTH:
-            take = data[: self._remaining]
-            self._remaining -= len(take)
-            if take:
-                self._response.body_data(take)
-            if not self._remaining and self._state is ClientState.BODY and not self._stopped:
-                if len(data) > len(take):
-                    self._reusable = False
-                self._body_done()
-        elif framing is _Framing.CLOSE:
-            self._response.body_data(data)
+            self._body_done()
 
     def _body_done(self) -> None:
         """The framing says the body is complete: release the connection, then tell the body."""
@@ -725,7 +774,7 @@ class NodeClientProtocol(Protocol):
             self._fail_request(kind([reason]))
         elif state is ClientState.BODY:
             self._stop_producer()
-            if self._framing is _Framing.CLOSE:
+            if self._reader is not None and self._reader.close_delimited:
                 self._end_body(Failure(PotentialDataLoss()))
             else:
                 self._end_body(Failure(ResponseFailed([reason, Failure(_DataLoss())])))
