@@ -5,7 +5,13 @@ from __future__ import annotations
 
 from twisted.web.http_headers import Headers
 
-__all__ = ["HOP_BY_HOP", "TARGET_HEADER", "forward_headers", "upstream_request_headers"]
+__all__ = [
+    "HOP_BY_HOP",
+    "TARGET_HEADER",
+    "forward_headers",
+    "header_tokens",
+    "upstream_request_headers",
+]
 
 TARGET_HEADER = b"x-nvpair-node"
 """Chooses the one node a request goes to (docs/behaviour.md §2.1); never forwarded."""
@@ -26,13 +32,19 @@ HOP_BY_HOP = frozenset(
 _REQUEST_DROP = frozenset({b"host", b"content-length", b"expect", TARGET_HEADER})
 
 
+def header_tokens(headers: Headers, name: bytes) -> list[bytes]:
+    """The comma-separated tokens of every ``name`` header, in order, stripped and lower-cased."""
+    return [
+        token.strip().lower()
+        for value in headers.getRawHeaders(name, [])
+        for token in value.split(b",")
+        if token.strip()
+    ]
+
+
 def forward_headers(source: Headers, drop: frozenset[bytes] = frozenset()) -> Headers:
     """Copy end-to-end headers: hop-by-hop ones, those ``Connection`` lists and ``drop`` are left out."""
-    listed = {
-        token.strip().lower()
-        for value in source.getRawHeaders(b"connection", [])
-        for token in value.split(b",")
-    }
+    listed = set(header_tokens(source, b"connection"))
     out = Headers()
     for name, values in source.getAllRawHeaders():
         lower = name.lower()

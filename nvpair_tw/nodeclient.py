@@ -59,6 +59,7 @@ from twisted.web.iweb import (
 )
 from zope.interface import implementer
 
+from nvpair_tw.headers import header_tokens
 from nvpair_tw.reactor import IProxyReactor, abort, close
 
 __all__ = [
@@ -362,15 +363,6 @@ class _BodyConsumer:
         self._protocol.write_body(data)
 
 
-def _tokens(headers: Headers, name: bytes) -> list[bytes]:
-    return [
-        token.strip().lower()
-        for value in headers.getRawHeaders(name, [])
-        for token in value.split(b",")
-        if token.strip()
-    ]
-
-
 @frozen
 class ResponseHead:
     """A complete response head (interim 1xx heads skipped) and the bytes that followed it."""
@@ -443,13 +435,13 @@ class BodyReader:
         if method == b"HEAD" or head.code in (204, 304):
             self.framing, self.length = _Framing.NONE, 0
         elif headers.hasHeader(b"transfer-encoding"):
-            if _tokens(headers, b"transfer-encoding")[-1:] == [b"chunked"]:
+            if header_tokens(headers, b"transfer-encoding")[-1:] == [b"chunked"]:
                 self.framing = _Framing.CHUNKED
                 self._chunks = ChunkedDecoder()
             else:
                 self.framing = _Framing.CLOSE
         elif headers.hasHeader(b"content-length"):
-            lengths = set(_tokens(headers, b"content-length"))
+            lengths = set(header_tokens(headers, b"content-length"))
             if len(lengths) != 1 or not next(iter(lengths)).isdigit():
                 raise BadResponse("malformed Content-Length")
             self._remaining = self.length = int(next(iter(lengths)))
@@ -459,7 +451,7 @@ class BodyReader:
         self.reusable = not (
             head.version[1:] != (1, 1)
             or self.framing is _Framing.CLOSE
-            or b"close" in _tokens(headers, b"connection")
+            or b"close" in header_tokens(headers, b"connection")
         )
 
     @property
@@ -957,7 +949,7 @@ def _head(
     if headers is None or not headers.hasHeader(b"host"):
         lines += [b"Host: ", _host_value(uri.scheme, uri.host, uri.port), b"\r\n"]
     if headers is not None:
-        persistent = b"close" not in _tokens(headers, b"connection")
+        persistent = b"close" not in header_tokens(headers, b"connection")
         for name, values in headers.getAllRawHeaders():
             for value in values:
                 lines += [name, b": ", value, b"\r\n"]

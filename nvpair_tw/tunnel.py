@@ -19,7 +19,7 @@ reaches the client untouched.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -37,7 +37,7 @@ from zope.interface import implementer
 
 from nvpair_tw.errors import write_error
 from nvpair_tw.events import EventBus
-from nvpair_tw.headers import HOP_BY_HOP, forward_headers, upstream_request_headers
+from nvpair_tw.headers import HOP_BY_HOP, forward_headers, header_tokens, upstream_request_headers
 from nvpair_tw.limits import LimitedChannel
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
@@ -95,13 +95,9 @@ def is_upgrade(request: Request) -> bool:
     if request.method != b"GET":
         return False
     headers = request.requestHeaders
-    upgrade = _tokens(headers.getRawHeaders(b"upgrade", []))
-    connection = _tokens(headers.getRawHeaders(b"connection", []))
+    upgrade = header_tokens(headers, b"upgrade")
+    connection = header_tokens(headers, b"connection")
     return b"websocket" in upgrade and b"upgrade" in connection
-
-
-def _tokens(values: Sequence[bytes]) -> set[bytes]:
-    return {t.strip().lower() for v in values for t in v.split(b",")}
 
 
 def _pending(transport: Any) -> int:

@@ -11,7 +11,12 @@ import treq
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 
-from nvpair_tw.headers import HOP_BY_HOP, forward_headers, upstream_request_headers
+from nvpair_tw.headers import (
+    HOP_BY_HOP,
+    forward_headers,
+    header_tokens,
+    upstream_request_headers,
+)
 from nvpair_tw.nodes import Node
 from nvpair_tw.testing import SimulatedEngine, start_engine, start_proxy
 from nvpair_tw.upstream import ReplayBodyProducer
@@ -54,6 +59,12 @@ def test_hop_by_hop_and_connection_listed_headers_are_dropped() -> None:
     out = forward_headers(headers(HOP_HEADERS, END_TO_END))
     assert names(out) == {name.lower() for name in END_TO_END}
     assert {name.lower() for name in HOP_HEADERS} >= HOP_BY_HOP
+
+
+def test_header_tokens_are_split_stripped_lowercased_in_order_across_values() -> None:
+    headers = Headers({b"Connection": [b"Keep-Alive , Upgrade", b",close,"]})
+    assert header_tokens(headers, b"connection") == [b"keep-alive", b"upgrade", b"close"]
+    assert header_tokens(headers, b"transfer-encoding") == []
 
 
 def test_end_to_end_headers_keep_all_their_values() -> None:
