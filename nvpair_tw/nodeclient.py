@@ -140,23 +140,6 @@ class ChunkedDecoder:
         self._partial = b""
         self._trailers = 0
 
-    def feed(self, data: bytes) -> tuple[bytes, bytes | None]:
-        """The payload in ``data`` and, once the last chunk and the trailers are complete, the
-        bytes after them (``None`` while the body goes on). Raises :class:`BadResponse`."""
-        if self._state is _Chunk.SIZE and not self._partial:
-            # Fast path: whole non-empty chunks back to back (a token stream's usual read); the
-            # general path below takes over at the first irregular byte (the last chunk, a chunk
-            # cut by the read, lenient or bad framing) and hands back here at the next chunk.
-            parts: list[bytes | memoryview] = []
-            pos = self._whole_chunks(data, 0, parts)
-            if pos == len(data):
-                return (bytes(parts[0]) if len(parts) == 1 else b"".join(parts)), None
-            if pos:
-                payload, after = self._feed(data[pos:])
-                parts.append(payload)
-                return b"".join(parts), after
-        return self._feed(data)
-
     @staticmethod
     def _whole_chunks(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int:
         """Append the payloads of the run of complete, regular, non-empty chunks at ``pos`` to
@@ -176,8 +159,15 @@ class ChunkedDecoder:
             pos = stop + 2
         return pos
 
-    def _feed(self, data: bytes) -> tuple[bytes, bytes | None]:
-        """The general path: any framing state, any split, lenient line ends."""
+    def feed(self, data: bytes) -> tuple[bytes, bytes | None]:
+        """The payload in ``data`` and, once the last chunk and the trailers are complete, the
+        bytes after them (``None`` while the body goes on). Raises :class:`BadResponse`.
+
+        Runs of whole, regular chunks (a token stream's usual read) go through
+        :meth:`_whole_chunks`, one regular-expression match each; anything else (a chunk cut by
+        the read, the last chunk and trailers, lenient or bad framing) line by line, after which
+        the next chunk boundary goes back to the fast path.
+        """
         if self._state is _Chunk.DONE:
             raise ClientStateError("feed after the last chunk")
         if self._partial:
