@@ -487,6 +487,20 @@ static int scan(client *k, const char *data, size_t len, uint64_t recv_ns, uint6
     return ended;
 }
 
+/* The streaming POST both clients send: RATE events/s (0 = burst, BATCH events per engine write). */
+static int stream_request(char *out, size_t cap, const char *path, long rate, long events,
+                          long batch) {
+    char body[512];
+    int blen = snprintf(body, sizeof body,
+                        "{\"model\":\"llama3\",\"stream\":true,\"bench_rate\":%ld,\"bench_events\":%ld,"
+                        "\"bench_batch\":%ld,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
+                        rate, events, batch);
+    return snprintf(out, cap,
+                    "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    "Content-Length: %d\r\n\r\n%s",
+                    path, blen, body);
+}
+
 static int load(int argc, char **argv) {
     if (argc < 11) {
         fprintf(stderr, "usage: streamgen load PORT PATH STREAMS RATE EVENTS RAMP WARM WINDOW TIMEOUT\n");
@@ -503,15 +517,8 @@ static int load(int argc, char **argv) {
     slow_hist = calloc(SLOW_BUCKETS, sizeof(uint32_t));
     client *clients = calloc((size_t)streams, sizeof(client));
     if (!hist || !slow_hist || !clients) die("calloc");
-    char body[512], request[1024];
-    int blen = snprintf(body, sizeof body,
-                        "{\"model\":\"llama3\",\"stream\":true,\"bench_rate\":%ld,\"bench_events\":%ld,"
-                        "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
-                        rate, events_each);
-    int rlen = snprintf(request, sizeof request,
-                        "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                        "Content-Length: %d\r\n\r\n%s",
-                        path, blen, body);
+    char request[1024];
+    int rlen = stream_request(request, sizeof request, path, rate, events_each, 1);
     epfd = epoll_create1(0);
     uint64_t start = now_ns();
     uint64_t lo = start + (uint64_t)((ramp + warm) * 1e9), hi = lo + (uint64_t)(window * 1e9);
@@ -643,15 +650,8 @@ static int relay(int argc, char **argv) {
     slow_hist = calloc(SLOW_BUCKETS, sizeof(uint32_t));
     client *clients = calloc((size_t)conns, sizeof(client));
     if (!hist || !slow_hist || !clients) die("calloc");
-    char body[512], request[1024];
-    int blen = snprintf(body, sizeof body,
-                        "{\"model\":\"llama3\",\"stream\":true,\"bench_rate\":0,\"bench_events\":%ld,"
-                        "\"bench_batch\":%ld,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
-                        events_each, batch);
-    int rlen = snprintf(request, sizeof request,
-                        "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                        "Content-Length: %d\r\n\r\n%s",
-                        path, blen, body);
+    char request[1024];
+    int rlen = stream_request(request, sizeof request, path, 0, events_each, batch);
     epfd = epoll_create1(0);
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
