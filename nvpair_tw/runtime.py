@@ -177,8 +177,13 @@ def upstream_agent(
     """The agent of the upstream hop (inference and control-plane reads): ``native`` is
     :class:`~nvpair_tw.nodeclient.NodeAgent` (``pool`` unused), ``twisted`` is Twisted's ``Agent``
     over ``pool`` (docs/architecture.md, "The upstream hop")."""
-    if kind == "native":
-        return NodeAgent(reactor, endpoints)
+    if kind == "native":  # the same keep-alive policy as the pool's (upstream.make_pool)
+        return NodeAgent(
+            reactor,
+            endpoints,
+            max_idle_per_host=pool.maxPersistentPerHost,
+            idle_seconds=pool.cachedConnectionTimeout,
+        )
     if kind == "twisted":
         agent: IAgent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
         return agent

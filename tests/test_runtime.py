@@ -220,6 +220,14 @@ def test_the_native_upstream_client_is_the_default_for_attempts_and_reads() -> N
     assert stock.shared.http._agent is stock.shared.client.agent
 
 
+def test_the_native_client_keeps_connections_alive_like_the_pool() -> None:
+    """One keep-alive policy: the NodeAgent takes the pool's idle limit and idle expiry."""
+    _, runtime, _ = _runtime()
+    assert runtime.native is not None
+    assert runtime.native.max_idle_per_host == runtime.pool.maxPersistentPerHost == 32
+    assert runtime.native.idle_seconds == runtime.pool.cachedConnectionTimeout == 4
+
+
 def test_an_unknown_upstream_client_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown upstream client"):
         _runtime(Settings(upstream_client="curl"))
