@@ -130,8 +130,8 @@ def test_a_long_non_streaming_generation_is_not_a_stall(
         proxy = proxy_for(nodes, "--response-header-timeout", "1s")
         # Warm both, so the 1 s deadline meets a long generation and not a model load (loading
         # has its own scenario below; a cold load took over 2 s once on a loaded CI machine).
-        for node in nodes:
-            assert post(f"{node.url}/api/chat", chat(False, 1))[0] == 200
+        for warm in nodes:
+            assert post(f"{warm.url}/api/chat", chat(False, 1))[0] == 200
         if path == "/api/chat":
             body = chat(False, 160)
         else:
