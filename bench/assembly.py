@@ -4,8 +4,8 @@
 "Assembly"). Two measurements, both single-process and deterministic (no sockets):
 
 - **fold**: the stream's bytes, one token per chunk as engines send them, fed to
-  :class:`nvpair_tw.assembly.Assembler` (then the answer serialised), against the work the relay does
-  per chunk of the same stream (:class:`nvpair_tw.relay.Progress`: counting and terminal-frame
+  :class:`nvpair_tw.assembly._whole.Assembler` (then the answer serialised), against the work the relay does
+  per chunk of the same stream (:class:`nvpair_tw.corridor._relay.Progress`: counting and terminal-frame
   detection, then a write). CPU is ``time.process_time``; memory is the ``tracemalloc`` peak while
   the stream passes (the relay keeps nothing but the unfinished line; the assembler keeps the answer).
 - **corridor**: whole requests through a :class:`nvpair_tw.testing.MemoryCluster` (facade, attempt
@@ -26,9 +26,9 @@ from collections.abc import Callable
 
 from twisted.internet.task import Clock
 
-from nvpair_tw.assembly import Assembler, Dialect
-from nvpair_tw.relay import Progress
-from nvpair_tw.simulated import SimulatedEngine
+from nvpair_tw.assembly._whole import Assembler, Dialect
+from nvpair_tw.corridor._relay import Progress
+from nvpair_tw.simulated._engine import SimulatedEngine
 from nvpair_tw.testing import MemoryCluster
 
 WORD = " token"

@@ -4,7 +4,7 @@
 "Queueing"). Two one-slot nodes take N requests at once (2 bound, N - 2 queued); the baseline is the
 same N requests on the same two nodes with unlimited slots (none queued). Two measurements:
 
-- **admission** (single process, no sockets): :class:`nvpair_tw.admission.Admission` on the *real*
+- **admission** (single process, no sockets): :class:`nvpair_tw.selection._admission.Admission` on the *real*
   reactor — ``task.Clock.callLater`` re-sorts its whole list on every call, which would dominate
   1,000 queue timers, while the reactor's timers are a heap. Per request: admit, wait, bind (the
   waiter's Deferred fires with its slot), release (which binds the next waiter); the reactor's
@@ -30,10 +30,10 @@ import treq
 from twisted.internet import defer, task
 from twisted.internet.task import Clock
 
-from nvpair_tw.admission import Admission, Slot, Waiter, slot_limit
-from nvpair_tw.nodes import Node
-from nvpair_tw.settings import Settings
-from nvpair_tw.simulated import SimulatedEngine
+from nvpair_tw.core._resolved import Settings
+from nvpair_tw.nodes._directory import Node
+from nvpair_tw.selection._admission import Admission, Slot, Waiter, slot_limit
+from nvpair_tw.simulated._engine import SimulatedEngine
 from nvpair_tw.testing import http_client, start_engine, start_proxy
 
 MODELS = ("llama3:latest",)

@@ -44,13 +44,13 @@ from zope.interface import implementer
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from nvpair_tw.aggregate import aggregate_model_list  # noqa: E402
-from nvpair_tw.engines import TAGS  # noqa: E402
-from nvpair_tw.inventory import ReadError, get_json, make_http_client  # noqa: E402
-from nvpair_tw.nodes import Node  # noqa: E402
-from nvpair_tw.settings import Settings  # noqa: E402
+from nvpair_tw.core._engines import TAGS  # noqa: E402
+from nvpair_tw.core._resolved import Settings  # noqa: E402
+from nvpair_tw.corridor._aggregate import aggregate_model_list  # noqa: E402
+from nvpair_tw.nodes._directory import Node  # noqa: E402
+from nvpair_tw.selection._inventory import ReadError, get_json, make_http_client  # noqa: E402
 from nvpair_tw.testing import SimulatedEngine, start_engine, start_proxy  # noqa: E402
-from nvpair_tw.upstream import UpstreamClient, make_pool  # noqa: E402
+from nvpair_tw.upstream._attempt import UpstreamClient, make_pool  # noqa: E402
 
 __all__ = ["main"]
 

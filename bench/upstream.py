@@ -2,7 +2,7 @@
 
 The default is a minimal asyncio HTTP/1.1 server with pre-built replies, so the "direct" baseline
 measures the load generator and the kernel rather than a Python web framework. ``--simulated`` runs
-:class:`nvpair_tw.simulated.SimulatedEngine` instead (same routes, slower, used to compare).
+:class:`nvpair_tw.simulated._engine.SimulatedEngine` instead (same routes, slower, used to compare).
 
 Routes: ``GET /api/tags`` and ``/v1/models`` list ``llama3:latest``; ``POST /api/chat`` with
 ``"stream": false`` answers one JSON object; ``POST /v1/chat/completions`` with ``"stream": true``
@@ -164,10 +164,10 @@ async def serve(config: argparse.Namespace) -> None:
 
 
 def simulated(config: argparse.Namespace) -> None:
-    """Serve nvpair_tw.simulated.SimulatedEngine (the Twisted fake engine) instead."""
+    """Serve nvpair_tw.simulated._engine.SimulatedEngine (the Twisted fake engine) instead."""
     from twisted.internet import reactor
 
-    from nvpair_tw.simulated import Behaviour, SimulatedEngine, always
+    from nvpair_tw.simulated._engine import Behaviour, SimulatedEngine, always
 
     engine = SimulatedEngine(
         reactor,  # type: ignore[arg-type]

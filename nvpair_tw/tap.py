@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.test_tap -*-
 """``twistd nvpair``: command-line options and ``makeService``, the only user of the global reactor.
 
-``Options`` turns the command line and the environment into a :class:`~nvpair_tw.config.Config`
+``Options`` turns the command line and the environment into a :class:`~nvpair_tw.app._config.Config`
 and has no other effect; ``makeService`` applies it (the log level) and assembles the services.
 """
 
@@ -19,23 +19,22 @@ from twisted.internet.endpoints import serverFromString
 from twisted.python import usage
 
 from nvpair_tw import __version__
-from nvpair_tw.assemble import assemble
-from nvpair_tw.config import Config
-from nvpair_tw.durations import parse_duration
-from nvpair_tw.endpoints import tcp_listener
-from nvpair_tw.engines import ENGINES
-from nvpair_tw.fleet import StateConfig, parse_state_url, read_secret
-from nvpair_tw.ingress import IngressConfigError, parse_ingress
-from nvpair_tw.logs import LevelledLogger, parse_level, set_level
-from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url
-from nvpair_tw.reactor import IProxyReactor
-from nvpair_tw.settings import (
+from nvpair_tw.app import Config, assemble
+from nvpair_tw.core import (
+    ENGINES,
     UPSTREAM_CLIENTS,
+    IProxyReactor,
     Resolved,
     Settings,
+    parse_duration,
     resolve_first_body_timeout,
     resolve_response_header_timeout,
 )
+from nvpair_tw.fleet import StateConfig, parse_state_url, read_secret
+from nvpair_tw.inbound import IngressConfigError, parse_ingress
+from nvpair_tw.logs import LevelledLogger, parse_level, set_level
+from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url
+from nvpair_tw.runtime import tcp_listener
 
 __all__ = ["Options", "makeService", "parse_size"]
 

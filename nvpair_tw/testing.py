@@ -2,8 +2,8 @@
 """Test doubles for the proxy: in-memory (no sockets) and loopback clusters of simulated engines.
 
 :class:`MemoryCluster` is to the proxy what ``treq.testing.StubTreq`` is to a treq client: it runs
-one or more real facades (built by :func:`nvpair_tw.runtime.build_runtime`) over
-:class:`~nvpair_tw.simulated.SimulatedEngine` nodes, with every connection (client to facade, facade
+one or more real facades (built by :func:`nvpair_tw.runtime._process.build_runtime`) over
+:class:`~nvpair_tw.simulated._engine.SimulatedEngine` nodes, with every connection (client to facade, facade
 to node) held in memory and every timer on one ``task.Clock``. Nothing listens and nothing waits: a
 test sends a request, then moves time with :meth:`MemoryCluster.flush` and
 :meth:`MemoryCluster.advance` and looks at what arrived. For example::
@@ -21,7 +21,7 @@ Bytes move through ``twisted.test.iosim`` transports, so the proxy sees HTTP/1.1
 buffers, backpressure or connection refusal timing. Tests about those use :class:`ProxyCluster`,
 :func:`start_engine` and :func:`start_proxy`, which listen on real loopback ports.
 
-The simulated engine itself lives in :mod:`nvpair_tw.simulated` (production code, ``--demo`` uses
+The simulated engine itself lives in :mod:`nvpair_tw.simulated._engine` (production code, ``--demo`` uses
 it) and is re-exported here for tests.
 """
 
@@ -58,16 +58,13 @@ from twisted.web.resource import IResource
 from twisted.web.server import Site
 from zope.interface import implementer
 
-from nvpair_tw.endpoints import tcp_listener
-from nvpair_tw.engines import ENGINES
+from nvpair_tw.core import ENGINES, IProxyReactor, Settings
+from nvpair_tw.corridor import FacadeState
 from nvpair_tw.events import Event
-from nvpair_tw.facade import Facade
 from nvpair_tw.fleet import StateConfig
-from nvpair_tw.inventory import make_http_client
 from nvpair_tw.nodes import Node
-from nvpair_tw.reactor import IProxyReactor
-from nvpair_tw.runtime import Runtime, StallTrackerFactory, build_runtime
-from nvpair_tw.settings import Settings
+from nvpair_tw.runtime import Runtime, StallTrackerFactory, build_runtime, tcp_listener
+from nvpair_tw.selection import make_http_client
 from nvpair_tw.simulated import (
     Behaviour,
     Policy,
@@ -455,13 +452,13 @@ class MemoryCluster(_Requests):
 
     :param clock: the only clock: the facades, the engines (build them with it), the pools and
         every connection use it. Time moves only in :meth:`flush` and :meth:`advance`.
-    :param engines: node id to engine (a :class:`~nvpair_tw.simulated.SimulatedEngine` or any
+    :param engines: node id to engine (a :class:`~nvpair_tw.simulated._engine.SimulatedEngine` or any
         ``IResource``), served at :meth:`url` (``http://<id>.node.test:11434``).
     :param facades: the engine kinds to run a facade for (``"ollama"``, ``"lmstudio"``, ``"omlx"``).
     :param settings: the proxy's settings (defaults: ``Settings()``).
     :param nodes: each facade's nodes, in order: an engine's id stands for :meth:`node` (it
         advertises a simulated engine's ``models``, so no inventory poll is needed); a
-        :class:`~nvpair_tw.nodes.Node` is taken as is (a URL nobody serves is refused). By
+        :class:`~nvpair_tw.nodes._directory.Node` is taken as is (a URL nobody serves is refused). By
         default every facade gets every engine.
     :param environ: environment for the ingress policy (API keys), as ``build_runtime`` takes it.
     :param stall_tracker: a stall-tracker factory, as ``build_runtime`` takes it.
@@ -551,7 +548,7 @@ class MemoryCluster(_Requests):
     def _base_url(self, facade: str | None, node: str | None) -> str:
         return self.url(node) if node is not None else self.facade_url(facade)
 
-    def facade(self, facade: str | None = None) -> Facade:
+    def facade(self, facade: str | None = None) -> FacadeState:
         """A facade's state (the first one by default)."""
         return self.runtime.facades[
             facade if facade is not None else next(iter(self._facade_ports))
@@ -711,7 +708,7 @@ class ProxyCluster:
         return self.proxy.url()
 
     @property
-    def facade(self) -> Facade:
+    def facade(self) -> FacadeState:
         """The proxy's facade."""
         assert self.proxy is not None
         return self.proxy.runtime.facades[self.engine_name]

@@ -31,9 +31,9 @@ from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
-from nvpair_tw.inventory import make_http_client
-from nvpair_tw.nodeclient import NodeAgent
+from nvpair_tw.selection._inventory import make_http_client
 from nvpair_tw.testing import Clusters, MemoryCluster
+from nvpair_tw.upstream._nodeclient import NodeAgent
 
 E2E_TIMEOUT = 960.0
 """Seconds an ``e2e`` test may take (setup included): more than the engine fixture's own 900 s

@@ -10,6 +10,7 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.logger import Logger, LogLevel, capturedLogs, formatEvent
 
+from nvpair_tw.corridor._workloads import RequestRecord
 from nvpair_tw.events import (
     PROXY_REQUEST,
     Event,
@@ -18,7 +19,6 @@ from nvpair_tw.events import (
     log_events,
 )
 from nvpair_tw.logs import LevelledLogger, current_level, set_level
-from nvpair_tw.workloads import RequestRecord
 
 
 def _bus(max_pending: int = 1000) -> tuple[Clock, EventBus]:

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
+from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -23,16 +25,143 @@ EVENT_NAMES = {
     "NODE_COOLDOWN_ENDED": "node/cooldown-ended",
 }
 
+# Each package's public face: what other packages (and users of nvpair_tw.testing) may import.
+# A change to a face is a change to the design: update this table with it.
+FACES: dict[str, list[str]] = {
+    "app": ["Config", "assemble"],
+    "assembly": ["Assembly", "AssemblyGate", "plan_assembly"],
+    "core": [
+        "ENGINES",
+        "HOP_BY_HOP",
+        "RESPONSES_PATH",
+        "TARGET_HEADER",
+        "UPSTREAM_CLIENTS",
+        "EngineProfile",
+        "IProxyReactor",
+        "ModelListFormat",
+        "ResidencyFormat",
+        "Resolved",
+        "RouteKind",
+        "Settings",
+        "abort",
+        "close",
+        "format_duration",
+        "forward_headers",
+        "header_tokens",
+        "parse_duration",
+        "raw_error_response",
+        "resolve_first_body_timeout",
+        "resolve_response_header_timeout",
+        "upstream_request_headers",
+        "write_error",
+    ],
+    "corridor": ["FacadeResource", "FacadeState", "RequestRecord", "Shared", "WorkloadRegistry"],
+    "fleet": ["FleetStore", "StateConfig", "parse_state_url", "read_secret"],
+    "inbound": [
+        "IngressConfig",
+        "IngressConfigError",
+        "IngressPolicy",
+        "LimitedChannel",
+        "LimitedSite",
+        "Rejection",
+        "make_site",
+        "parse_ingress",
+    ],
+    "nodes": [
+        "Node",
+        "NodeDirectory",
+        "NodeTrustPolicy",
+        "NodesFileError",
+        "load_nodes_file",
+        "public_url",
+        "tls_endpoint",
+        "validate_url",
+    ],
+    "ops": ["admin_service", "adopt_all", "control_service", "drain_service"],
+    "runtime": [
+        "ListenerService",
+        "Runtime",
+        "RuntimeService",
+        "StallTrackerFactory",
+        "build_runtime",
+        "own_urls",
+        "tcp_listener",
+    ],
+    "selection": [
+        "CHAT_PATHS",
+        "COMPLETION_PATHS",
+        "RETRY_AFTER_SECONDS",
+        "Admission",
+        "AffinityKey",
+        "AffinityTable",
+        "Booking",
+        "Cooldown",
+        "CooldownListener",
+        "IStallTracker",
+        "InventoryBook",
+        "ProgressBook",
+        "QueueFull",
+        "QueueTimeout",
+        "ReadError",
+        "ReservationLedger",
+        "Slot",
+        "StallTracker",
+        "Waiter",
+        "affinity_key",
+        "get_json",
+        "join_url",
+        "make_http_client",
+        "make_rank",
+        "order_candidates",
+        "slot_limit",
+    ],
+    "simulated": [
+        "Behaviour",
+        "Policy",
+        "Received",
+        "SimulatedEngine",
+        "alternate",
+        "always",
+        "reply_frames",
+        "stream_kind",
+    ],
+    "upstream": [
+        "MAX_JSON_BYTES",
+        "TRANSPORT_FAILURES",
+        "BodyEnd",
+        "BodyGate",
+        "BusyWait",
+        "Discard",
+        "FirstBodyTimeout",
+        "FirstBodyTimer",
+        "GateStateError",
+        "HeaderTimeout",
+        "NodeAgent",
+        "NodeEndpointFactory",
+        "ReadError",
+        "UpstreamClient",
+        "describe_failure",
+        "get_json",
+        "is_cancellation",
+        "join_url",
+        "make_http_client",
+        "make_pool",
+        "node_url",
+    ],
+}
+
+
 # Modules without an ``__all__`` yet: the testing/demo split (simulated.py + testing.py) adds it.
 # strict: once they have one this fails, so the entry is removed.
 NO_ALL_YET: set[str] = set()
 
 
 def _modules() -> list[str]:
+    """Every module of the tree, packages and their private modules included."""
     return sorted(
-        f"nvpair_tw.{info.name}"
-        for info in pkgutil.iter_modules(nvpair_tw.__path__)
-        if not info.ispkg
+        info.name
+        for info in pkgutil.walk_packages(nvpair_tw.__path__, "nvpair_tw.")
+        if info.name != "nvpair_tw.static"
     )
 
 
@@ -102,3 +231,61 @@ def test_module_declares_all_and_every_name_resolves(name: str) -> None:
     assert len(names) == len(set(names)), f"{name}.__all__ repeats a name"
     missing = [n for n in names if not hasattr(module, n)]
     assert missing == [], f"{name}.__all__ names what it does not define: {missing}"
+
+
+@pytest.mark.parametrize("package", sorted(FACES))
+def test_package_face_is_pinned(package: str) -> None:
+    """Each subpackage's ``__init__`` exports exactly the names pinned in ``FACES``."""
+    module = importlib.import_module(f"nvpair_tw.{package}")
+    assert sorted(_with_all(module)) == sorted(FACES[package])
+
+
+def test_every_subpackage_has_a_pinned_face() -> None:
+    """A new subpackage must declare its face here too."""
+    packages = {info.name for info in pkgutil.iter_modules(nvpair_tw.__path__) if info.ispkg} - {
+        "static"
+    }
+    assert packages == set(FACES)
+
+
+def test_modules_of_a_subpackage_are_private() -> None:
+    """Behind each face, every module is private (``_name.py``)."""
+    public = [
+        name
+        for name in _modules()
+        if name.count(".") == 2 and not name.rsplit(".", 1)[1].startswith("_")
+    ]
+    assert public == []
+
+
+def _private_imports_across_packages(path: Path, own: str | None) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        modules: list[str] = []
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [node.module]
+        elif isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        for module in modules:
+            parts = module.split(".")
+            if (
+                len(parts) >= 3
+                and parts[0] == "nvpair_tw"
+                and parts[1] in FACES
+                and parts[1] != own
+                and parts[2].startswith("_")
+            ):
+                found.append(f"{path}:{node.lineno} imports {module}")
+    return found
+
+
+def test_code_outside_a_package_imports_only_its_face() -> None:
+    """No module of ``nvpair_tw`` imports another package's private module: across packages,
+    the face is the only way in."""
+    root = Path(nvpair_tw.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(root).parts
+        own = parts[0] if len(parts) > 1 else None
+        found += _private_imports_across_packages(path, own)
+    assert found == []

@@ -20,15 +20,15 @@ from twisted.python import usage
 from zope.interface.verify import verifyObject
 
 from nvpair_tw import __version__
-from nvpair_tw.assemble import assemble
-from nvpair_tw.config import Config
-from nvpair_tw.engines import ENGINES
-from nvpair_tw.ingress import KEYS_FILE_VAR, KEYS_VAR, IngressPolicy
+from nvpair_tw.app._config import Config
+from nvpair_tw.app._wiring import assemble
+from nvpair_tw.core._engines import ENGINES
+from nvpair_tw.core._reactor import IProxyReactor
+from nvpair_tw.core._resolved import FIRST_BODY_ENV, RESPONSE_HEADER_ENV, Settings
+from nvpair_tw.inbound._ingress import KEYS_FILE_VAR, KEYS_VAR, IngressPolicy
 from nvpair_tw.logs import current_level, set_level
-from nvpair_tw.nodes import Node
-from nvpair_tw.reactor import IProxyReactor
-from nvpair_tw.service import ListenerService
-from nvpair_tw.settings import FIRST_BODY_ENV, RESPONSE_HEADER_ENV, Settings
+from nvpair_tw.nodes._directory import Node
+from nvpair_tw.runtime._service import ListenerService
 from nvpair_tw.tap import Options, makeService, parse_size
 
 REPO = Path(__file__).resolve().parent.parent
@@ -605,8 +605,8 @@ def test_make_service_at_debug_lets_debug_through() -> None:
     ("module", "absent"),
     [
         ("nvpair_tw.tap", "twisted.internet.testing"),
-        ("nvpair_tw.assemble", "nvpair_tw.tap"),
-        ("nvpair_tw.config", "twisted.internet.reactor"),
+        ("nvpair_tw.app._wiring", "nvpair_tw.tap"),
+        ("nvpair_tw.app._config", "twisted.internet.reactor"),
     ],
 )
 def test_import_graph(module: str, absent: str) -> None:

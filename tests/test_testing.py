@@ -20,9 +20,9 @@ from twisted.web.client import ResponseNeverReceived
 from twisted.web.resource import Resource
 
 import nvpair_tw
-from nvpair_tw.nodes import Node
-from nvpair_tw.settings import Settings
-from nvpair_tw.simulated import Behaviour, SimulatedEngine, always
+from nvpair_tw.core._resolved import Settings
+from nvpair_tw.nodes._directory import Node
+from nvpair_tw.simulated._engine import Behaviour, SimulatedEngine, always
 from nvpair_tw.testing import Clusters, MemoryCluster, ProxyCluster
 
 CHAT = json.dumps({"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}).encode()

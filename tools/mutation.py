@@ -26,17 +26,23 @@ __all__ = ["MODULES", "main"]
 REPO = Path(__file__).resolve().parent.parent
 WORK = REPO / ".mutation"
 
-MODULES: dict[str, tuple[str, ...]] = {
-    "attempts": ("tests/test_attempts.py",),
-    "stalls": ("tests/test_stalls.py",),
-    "ordering": ("tests/test_ordering.py",),
-    "upstream": ("tests/test_upstream.py",),
-    "relay": ("tests/test_relay.py",),
-    "frames": ("tests/test_frames.py",),
-    "eager": ("tests/test_eager.py",),
-    "nodeclient": ("tests/test_nodeclient.py",),
+MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "attempts": ("corridor/_attempts.py", ("tests/corridor/test_attempts.py",)),
+    "stalls": ("selection/_stalls.py", ("tests/selection/test_stalls.py",)),
+    "ordering": ("selection/_ordering.py", ("tests/selection/test_ordering.py",)),
+    "upstream": ("upstream/_attempt.py", ("tests/upstream/test_attempt.py",)),
+    "relay": ("corridor/_relay.py", ("tests/corridor/test_relay.py",)),
+    "frames": ("corridor/_terminal.py", ("tests/corridor/test_terminal.py",)),
+    "eager": ("runtime/_eager.py", ("tests/runtime/test_eager.py",)),
+    "nodeclient": ("upstream/_nodeclient.py", ("tests/upstream/test_nodeclient.py",)),
 }
-"""Module of ``nvpair_tw`` → the test files that must kill its mutants."""
+"""Short name → (its file under ``nvpair_tw/``, the test files that must kill its mutants)."""
+
+
+def _dotted(source: str) -> str:
+    """``corridor/_attempts.py`` → ``nvpair_tw.corridor._attempts``: how mutmut names mutants."""
+    return "nvpair_tw." + source.removesuffix(".py").replace("/", ".")
+
 
 COPIED = ("nvpair_tw", "tests", "setup.cfg", "tools")
 KILLED = ("killed", "timeout", "caught by type check")
@@ -47,7 +53,7 @@ def _toml_list(items: list[str]) -> str:
     return "[" + ", ".join(f'"{item}"' for item in items) + "]"
 
 
-def prepare(module: str, tests: tuple[str, ...]) -> Path:
+def prepare(module: str, source: str, tests: tuple[str, ...]) -> Path:
     """``.mutation/<module>/``: fresh copies of the sources and tests, and the mutmut table."""
     where = WORK / module
     # mutmut keeps verdicts per mutated function and does not notice changed tests: start afresh
@@ -55,17 +61,17 @@ def prepare(module: str, tests: tuple[str, ...]) -> Path:
     where.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "dropin.cache")
     for name in COPIED:
-        source, target = REPO / name, where / name
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=ignore, dirs_exist_ok=True)
+        original, target = REPO / name, where / name
+        if original.is_dir():
+            shutil.copytree(original, target, ignore=ignore, dirs_exist_ok=True)
         else:
-            shutil.copy2(source, target)
+            shutil.copy2(original, target)
     table = "\n".join(
         [
             "",
             "[tool.mutmut]",
             'source_paths = ["nvpair_tw"]',
-            f'only_mutate = ["nvpair_tw/{module}.py"]',
+            f'only_mutate = ["nvpair_tw/{source}"]',
             f"pytest_add_cli_args_test_selection = {_toml_list(list(tests))}",
             'also_copy = ["tools"]',
             # a fresh reactor per in-process pytest run; no pytest-timeout: mutmut has its own
@@ -79,11 +85,12 @@ def prepare(module: str, tests: tuple[str, ...]) -> Path:
     return where
 
 
-def run(module: str, tests: tuple[str, ...], max_children: int) -> tuple[int, int, list[str]]:
+def run(module: str, max_children: int) -> tuple[int, int, list[str]]:
     """Run mutmut for ``module``; (killed, total, surviving mutant names)."""
-    where = prepare(module, tests)
+    source, tests = MODULES[module]
+    where = prepare(module, source, tests)
     env = {**os.environ, "PYTHONPATH": ""}
-    print(f"== {module}: mutating nvpair_tw/{module}.py against {' '.join(tests)}", flush=True)
+    print(f"== {module}: mutating nvpair_tw/{source} against {' '.join(tests)}", flush=True)
     subprocess.run(
         [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
         cwd=where,
@@ -99,7 +106,11 @@ def run(module: str, tests: tuple[str, ...], max_children: int) -> tuple[int, in
         text=True,
     ).stdout
     statuses = re.findall(r"^\s*(\S+): (\S.*)$", listing, flags=re.MULTILINE)
-    mutants = [(name, status.strip()) for name, status in statuses if f".{module}." in name]
+    mutants = [
+        (name, status.strip())
+        for name, status in statuses
+        if name.startswith(_dotted(source) + ".")
+    ]
     survivors = [name for name, status in mutants if status not in KILLED]
     return len(mutants) - len(survivors), len(mutants), survivors
 
@@ -116,7 +127,7 @@ def main() -> None:
     scores: list[tuple[str, int, int]] = []
     failed = False
     for module in options.modules or list(MODULES):
-        killed, total, survivors = run(module, MODULES[module], options.max_children)
+        killed, total, survivors = run(module, options.max_children)
         scores.append((module, killed, total))
         where = WORK / module
         for name in survivors:

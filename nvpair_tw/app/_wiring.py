@@ -1,0 +1,93 @@
+# -*- test-case-name: tests.app.test_wiring -*-
+"""From a :class:`~nvpair_tw.app._config.Config` to a ``MultiService``: runtime, listeners, control, admin."""
+
+from __future__ import annotations
+
+from twisted.application import service
+
+from nvpair_tw.app._config import Config
+from nvpair_tw.core import IProxyReactor, format_duration
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node
+from nvpair_tw.runtime import ListenerService, Runtime, RuntimeService, build_runtime, own_urls
+
+__all__ = ["assemble"]
+
+__all__ = ["assemble"]
+
+log = LevelledLogger(namespace="nvpair_tw.assemble")
+
+
+def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
+    """Everything ``twistd nvpair`` runs, on the reactor it is given; nothing is started."""
+    top = service.MultiService()
+    settings = config.settings
+    engines = list(config.engines)
+    nodes: dict[str, list[Node]] = {e: list(config.nodes.get(e, ())) for e in engines}
+    if config.demo:
+        from nvpair_tw.app._demo import demo_nodes
+
+        demo_nodes(reactor, engines, nodes).setServiceParent(top)
+    runtime = build_runtime(
+        reactor,
+        settings,
+        engines,
+        nodes=nodes,
+        nodes_file=config.nodes_file,
+        ingress=config.ingress,
+        state=config.state,
+    )
+    if config.state is not None:
+        log.info(
+            "fleet store {store}: sharing cooldowns, affinity and reservations",
+            store=str(config.state),
+        )
+    for warning in config.warnings:
+        log.warn("{warning}", warning=warning)
+    sources = config.sources
+    log.info(
+        "timeouts: connect {connect}, response-header {header} ({header_source}), "
+        "first-body {first} ({first_source}), cooldown {cooldown}",
+        connect=format_duration(settings.connect_timeout),
+        header=format_duration(settings.response_header_timeout),
+        header_source=sources.get("response-header-timeout", "default"),
+        first=(
+            format_duration(settings.first_body_timeout)
+            if settings.first_body_timeout > 0
+            else "disabled"
+        ),
+        first_source=sources.get("first-body-timeout", "default"),
+        cooldown=format_duration(settings.cooldown),
+    )
+    RuntimeService(runtime).setServiceParent(top)
+    for engine in engines:
+        description = config.listen[engine]
+        runtime.facades[engine].directory.exclude_urls(own_urls(description))
+        ListenerService(
+            reactor, description, runtime.site_for(engine), f"{engine} facade"
+        ).setServiceParent(top)
+    _optional_services(reactor, runtime, config, top)
+    return top
+
+
+def _optional_services(
+    reactor: IProxyReactor, runtime: Runtime, config: Config, top: service.MultiService
+) -> None:
+    """Control channel and admin listener, when configured; then the drain service around it all.
+
+    ``MultiService`` stops its children all at once, so every service is moved under the drain
+    service, which on stop closes the facade listeners, drains in-flight workloads while admin and
+    control still run, then stops the rest one by one (last added first; the pool closes last).
+    """
+    from nvpair_tw.ops import adopt_all, drain_service
+
+    listeners = [child for child in top if isinstance(child, ListenerService)]
+    if config.control is not None:
+        from nvpair_tw.ops import control_service
+
+        control_service(reactor, runtime, config.control).setServiceParent(top)
+    if config.admin is not None:
+        from nvpair_tw.ops import admin_service
+
+        admin_service(reactor, runtime, config.admin).setServiceParent(top)
+    adopt_all(top, drain_service(reactor, runtime, listeners))

@@ -1,0 +1,10 @@
+"""Whole answers assembled from streamed work (docs/behaviour.md §6.5): the gate, the line splitter and
+one folder per dialect.
+"""
+
+from __future__ import annotations
+
+from nvpair_tw.assembly._gate import AssemblyGate
+from nvpair_tw.assembly._whole import Assembly, plan_assembly
+
+__all__ = ["Assembly", "AssemblyGate", "plan_assembly"]

@@ -1,0 +1,236 @@
+# -*- test-case-name: tests.assembly.test_whole -*-
+"""Folding an OpenAI server-sent-event stream (``/v1/chat/completions``, ``/v1/completions``)
+into its answer: the events, the per-choice fold, and the answer built from the choices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import define, field
+
+from nvpair_tw.assembly._frames import (
+    Assembled,
+    Dialect,
+    MalformedStream,
+    Tally,
+    Text,
+    dump,
+    parse_object,
+)
+
+__all__ = ["Choice", "OpenAIFolder"]
+
+
+@define
+class Choice:
+    """One OpenAI choice being assembled (by ``index``)."""
+
+    template: dict[str, Any]
+    texts: dict[str, Text] = field(factory=dict)
+    nulls: set[str] = field(factory=set)
+    others: dict[str, Any] = field(factory=dict)
+    tools: dict[int, dict[str, Any]] = field(factory=dict)
+    finish_reason: Any = None
+    logprobs: Any = None
+    logprobs_seen: bool = False
+
+
+@define
+class OpenAIFolder:
+    """Folds SSE lines: ``data:`` lines gather into an event at the blank line; each event's
+    chunk grows the choices; ``data: [DONE]`` makes the answer (an error event, a 500)."""
+
+    dialect: Dialect
+    tally: Tally
+    _data: list[str] = field(factory=list, init=False, repr=False)
+    _data_size: int = field(default=0, init=False, repr=False)
+    _top: dict[str, Any] = field(factory=dict, init=False, repr=False)
+    _choices: dict[int, Choice] = field(factory=dict, init=False, repr=False)
+    _usage: Any = field(default=None, init=False, repr=False)
+
+    @property
+    def pending(self) -> int:
+        """Characters of the event being gathered (its ``data:`` lines so far)."""
+        return self._data_size
+
+    def line(self, line: bytes) -> Assembled | None:
+        """Fold one line (without its newline); the answer once the terminal event is complete."""
+        if not line:
+            if self._data:
+                data, self._data, self._data_size = "\n".join(self._data), [], 0
+                return self._event(data)
+            return None
+        name, _, value = line.partition(b":")
+        if name == b"data":
+            text = value[1:] if value.startswith(b" ") else value
+            try:
+                self._data.append(text.decode("utf-8"))
+            except UnicodeDecodeError as error:
+                raise MalformedStream("an event is not UTF-8") from error
+            self._data_size += len(text)
+            self.tally.check(self._data_size)
+        return None
+
+    def end(self) -> Assembled | None:
+        """At the end of the body: an event not followed by its blank line still counts."""
+        return self.line(b"")
+
+    def _event(self, data: str) -> Assembled | None:
+        if data.strip() == "[DONE]":
+            return Assembled(200, dump(self._answer()))
+        obj = parse_object(data.encode("utf-8"))
+        if "error" in obj:
+            return Assembled(500, dump({"error": obj["error"]}))
+        for key, value in obj.items():
+            if key == "usage":
+                self._top.setdefault(key, None)  # a place in the engine's field order
+                if isinstance(value, dict):
+                    self._usage = value
+            elif key == "choices":
+                self._top.setdefault(key, None)
+            else:
+                self._top[key] = value
+        choices = obj.get("choices")
+        if not isinstance(choices, list):
+            return None
+        for position, fragment in enumerate(choices):
+            if not isinstance(fragment, dict):
+                raise MalformedStream("a choice is not an object")
+            index = fragment.get("index", position)
+            if not isinstance(index, int):
+                raise MalformedStream("a choice index is not an integer")
+            choice = self._choices.get(index)
+            if choice is None:
+                choice = self._choices[index] = Choice(fragment)
+            self._fold_choice(choice, fragment)
+        return None
+
+    def _fold_choice(self, choice: Choice, fragment: dict[str, Any]) -> None:
+        if fragment.get("finish_reason") is not None:
+            choice.finish_reason = fragment["finish_reason"]
+        if "logprobs" in fragment:
+            choice.logprobs_seen = True
+            _fold_logprobs(self.tally, choice, fragment["logprobs"])
+        if self.dialect is Dialect.OPENAI_COMPLETIONS:
+            self.tally.grow(choice.texts, "text", fragment.get("text"))
+            return
+        delta = fragment.get("delta")
+        if not isinstance(delta, dict):
+            return
+        for key, value in delta.items():
+            if key == "tool_calls":
+                if isinstance(value, list):
+                    _fold_tool_calls(self.tally, choice, value)
+            elif key == "role":
+                if value:
+                    choice.others["role"] = value
+            elif isinstance(value, str):
+                self.tally.grow(choice.texts, key, value)
+                choice.texts.setdefault(key, Text())
+            elif value is None:
+                choice.nulls.add(key)
+            else:
+                choice.others[key] = value
+
+    def _answer(self) -> dict[str, Any]:
+        chat = self.dialect is Dialect.OPENAI_CHAT
+        choices = [_choice_answer(c, chat) for _, c in sorted(self._choices.items())]
+        kind = "chat.completion" if chat else "text_completion"
+        answer: dict[str, Any] = {}
+        for key, value in self._top.items():
+            if key == "object":
+                answer[key] = kind
+            elif key == "choices":
+                answer[key] = choices
+            elif key == "usage":
+                if self._usage is not None:
+                    answer[key] = self._usage
+            else:
+                answer[key] = value
+        answer.setdefault("object", kind)
+        answer.setdefault("choices", choices)
+        if self._usage is not None:
+            answer.setdefault("usage", self._usage)
+        return answer
+
+
+def _fold_logprobs(tally: Tally, choice: Choice, value: Any) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict):
+        choice.logprobs = value
+        return
+    if not isinstance(choice.logprobs, dict):
+        choice.logprobs = {}
+    for key, item in value.items():
+        if isinstance(item, list):
+            kept = choice.logprobs.get(key)
+            choice.logprobs[key] = (kept if isinstance(kept, list) else []) + item
+            tally.held += len(dump(item))
+            tally.check()
+        else:
+            choice.logprobs[key] = item
+
+
+def _fold_tool_calls(tally: Tally, choice: Choice, fragments: list[Any]) -> None:
+    for fragment in fragments:
+        if not isinstance(fragment, dict):
+            raise MalformedStream("a tool call is not an object")
+        index = fragment.get("index")
+        if not isinstance(index, int):
+            # no index: a fragment with an id starts a call, one without continues the last
+            fresh = bool(fragment.get("id")) or not choice.tools
+            index = len(choice.tools) if fresh else max(choice.tools)
+        call = choice.tools.setdefault(index, {})
+        for key, value in fragment.items():
+            if key == "function" and isinstance(value, dict):
+                function = call.setdefault("function", {})
+                for name, part in value.items():
+                    if isinstance(part, str) and isinstance(function.get(name), str):
+                        function[name] += part
+                    elif name not in function or part is not None:
+                        function[name] = part
+                    if isinstance(part, str):
+                        tally.held += len(part)
+            elif key not in call or (value is not None and value != ""):
+                call[key] = value
+        tally.check()
+
+
+def _choice_answer(choice: Choice, chat: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in choice.template:
+        if key == "delta":
+            out["message"] = _message(choice)
+        elif key == "text":
+            out["text"] = choice.texts.get("text", Text()).text()
+        elif key == "finish_reason":
+            out[key] = choice.finish_reason
+        elif key == "logprobs":
+            out[key] = choice.logprobs
+        else:
+            out[key] = choice.template[key]
+    if chat and "message" not in out:
+        out["message"] = _message(choice)
+    if not chat and "text" not in out:
+        out["text"] = choice.texts.get("text", Text()).text()
+    out.setdefault("finish_reason", choice.finish_reason)
+    if choice.logprobs_seen:
+        out.setdefault("logprobs", choice.logprobs)
+    return out
+
+
+def _message(choice: Choice) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": choice.others.get("role", "assistant")}
+    for key in ("content", *choice.texts, *sorted(choice.nulls)):
+        if key in message:
+            continue
+        if key in choice.texts:
+            message[key] = choice.texts[key].text()
+        elif key in choice.nulls or key == "content":
+            message[key] = None
+    for key, value in choice.others.items():
+        message.setdefault(key, value)
+    if choice.tools:
+        message["tool_calls"] = [call for _, call in sorted(choice.tools.items())]
+    return message

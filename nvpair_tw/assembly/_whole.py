@@ -1,0 +1,200 @@
+# -*- test-case-name: tests.assembly.test_whole -*-
+"""Whole answers assembled from streamed work (docs/behaviour.md §6.5).
+
+A non-streaming inference request is sent upstream as a stream, so headers and body bytes arrive with
+the first token and the deadlines measure time to first token; the proxy folds the stream back into
+the single JSON answer the client asked for. Three parts, the first two pure; this module plans
+and re-exports the others' public names:
+
+- :func:`plan_assembly` decides whether a request is assembled (route and body) and rewrites its
+  body: ``"stream": true`` (and, on the OpenAI routes, ``stream_options.include_usage``) spliced
+  into the client's own bytes, every other byte left as the client sent it;
+- :class:`Assembler` (``assembly_lines``) folds the stream's frames into the answer, keeping only
+  the growing answer and the unfinished last line, capped; the frames are folded per API family
+  (``assembly_ollama`` for NDJSON objects, ``assembly_openai`` for SSE chunks), on what they share
+  (``assembly_frames``);
+- :class:`AssemblyGate` (``assembly_gate``), the sibling of :class:`~nvpair_tw.upstream._attempt.BodyGate` for assembled
+  attempts: its ``first`` fires only with the whole answer, so the attempt loop commits then and a
+  node that dies before the terminal object has sent the client nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from attrs import frozen
+
+from nvpair_tw.assembly._frames import (
+    AnswerTooLarge,
+    Assembled,
+    AssemblyError,
+    Dialect,
+    MalformedStream,
+    StreamCut,
+)
+from nvpair_tw.assembly._gate import (
+    ANSWER_CONTENT_TYPE,
+    AssembledResponse,
+    AssemblyGate,
+    AssemblyState,
+)
+from nvpair_tw.assembly._lines import Assembler
+
+__all__ = [
+    "ANSWER_CONTENT_TYPE",
+    "AnswerTooLarge",
+    "Assembled",
+    "AssembledResponse",
+    "Assembler",
+    "Assembly",
+    "AssemblyError",
+    "AssemblyGate",
+    "AssemblyState",
+    "Dialect",
+    "MalformedStream",
+    "StreamCut",
+    "plan_assembly",
+    "rewrite_body",
+]
+
+_BY_PATH = {d.value: d for d in Dialect}
+
+
+@frozen
+class Assembly:
+    """An assembled request: its route's dialect, the body sent upstream, and the answer's cap."""
+
+    dialect: Dialect
+    body: bytes
+    limit: int
+
+    def accepts(self, content_type: bytes | None) -> bool:
+        """Whether an upstream 2xx with ``content_type`` is the stream to assemble.
+
+        An engine that answered with a whole JSON document anyway is relayed as it is.
+        """
+        media = (content_type or b"").split(b";", 1)[0].strip().lower().decode("latin-1")
+        return media == self.dialect.stream_type
+
+
+def plan_assembly(
+    path: str, body: bytes, parsed: Mapping[str, Any] | None, limit: int
+) -> Assembly | None:
+    """The assembly of a request to ``path`` whose body ``parsed`` to a JSON object, or None.
+
+    Ollama ``/api/chat`` and ``/api/generate`` stream unless ``"stream": false``; the OpenAI routes
+    stream only with ``"stream": true`` (absent or null is non-streaming). A ``stream`` of another
+    type, an OpenAI ``stream_options`` that is neither an object nor null, or a body that is not
+    UTF-8 is left alone: the engine answers it as it would have.
+    """
+    dialect = _BY_PATH.get(path)
+    if dialect is None or parsed is None:
+        return None
+    stream = parsed.get("stream", None)
+    if dialect.sse:
+        if stream is not None and stream is not False:
+            return None
+        options = parsed.get("stream_options")
+        if options is not None and not isinstance(options, dict):
+            return None
+    elif stream is not False:
+        return None
+    try:
+        rewritten = rewrite_body(dialect, body)
+    except ValueError:
+        return None
+    return Assembly(dialect, rewritten, limit)
+
+
+def rewrite_body(dialect: Dialect, body: bytes) -> bytes:
+    """``body`` with ``"stream": true`` (and ``stream_options.include_usage: true`` for OpenAI).
+
+    Only those members' values are replaced (every duplicate of them), or the members inserted
+    first; every other byte is the client's. Raises ``ValueError`` for a body that is not one UTF-8
+    JSON object.
+    """
+    text = body.decode("utf-8")
+    start = _skip(text, 0)
+    members, end = _members(text, start)
+    if _skip(text, end) != len(text):
+        raise ValueError("trailing data after the JSON object")
+    wanted = {"stream": "true"}
+    edits: list[tuple[int, int, str]] = []
+    if dialect.sse:
+        options = [(s, e) for key, s, e in members if key == "stream_options"]
+        if not options:
+            wanted["stream_options"] = '{"include_usage":true}'
+        for value_start, value_end in options:
+            if text[value_start] == "{":
+                nested, _ = _members(text, value_start)
+                edits.extend(_assign(text, value_start, nested, {"include_usage": "true"}))
+            else:
+                edits.append((value_start, value_end, '{"include_usage":true}'))
+    edits.extend(_assign(text, start, members, wanted))
+    out = text
+    for s, e, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
+        out = out[:s] + replacement + out[e:]
+    return out.encode("utf-8")
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+_DECODER = json.JSONDecoder()
+
+
+def _skip(text: str, index: int) -> int:
+    """The index of the first non-whitespace character at or after ``index``."""
+    match = _WS.match(text, index)
+    return match.end() if match is not None else index
+
+
+def _members(text: str, start: int) -> tuple[list[tuple[str, int, int]], int]:
+    """The members of the JSON object at ``start``: (key, value start, value end); and its end."""
+    if text[start : start + 1] != "{":
+        raise ValueError("not a JSON object")
+    members: list[tuple[str, int, int]] = []
+    index = _skip(text, start + 1)
+    if text[index : index + 1] == "}":
+        return members, index + 1
+    while True:
+        if text[index : index + 1] != '"':
+            raise ValueError("expected a member name")
+        key, index = json.decoder.scanstring(text, index + 1)  # type: ignore[attr-defined]
+        index = _skip(text, index)
+        if text[index : index + 1] != ":":
+            raise ValueError("expected ':'")
+        value_start = _skip(text, index + 1)
+        try:
+            _, value_end = _DECODER.raw_decode(text, value_start)
+        except (json.JSONDecodeError, RecursionError) as error:
+            raise ValueError("bad member value") from error
+        members.append((key, value_start, value_end))
+        index = _skip(text, value_end)
+        separator = text[index : index + 1]
+        if separator == "}":
+            return members, index + 1
+        if separator != ",":
+            raise ValueError("expected ',' or '}'")
+        index = _skip(text, index + 1)
+
+
+def _assign(
+    text: str, start: int, members: list[tuple[str, int, int]], values: dict[str, str]
+) -> list[tuple[int, int, str]]:
+    """Edits giving the object at ``start`` each member of ``values`` (raw JSON texts)."""
+    edits: list[tuple[int, int, str]] = []
+    missing: list[str] = []
+    for key, value in values.items():
+        spans = [(s, e) for k, s, e in members if k == key]
+        edits.extend((s, e, value) for s, e in spans)
+        if not spans:
+            missing.append(json.dumps(key) + ":" + value)
+    if missing:
+        inserted = ",".join(missing)
+        if members:
+            edits.append((start + 1, start + 1, inserted + ","))
+        else:
+            edits.append((start + 1, text.index("}", start), inserted))
+    return edits

@@ -1,0 +1,57 @@
+"""The building blocks every room uses: engine profiles, durations, resolved settings, the proxy's own
+error responses, header forwarding and the reactor interface.
+"""
+
+from __future__ import annotations
+
+from nvpair_tw.core._durations import format_duration, parse_duration
+from nvpair_tw.core._engines import (
+    ENGINES,
+    RESPONSES_PATH,
+    EngineProfile,
+    ModelListFormat,
+    ResidencyFormat,
+    RouteKind,
+)
+from nvpair_tw.core._errors import raw_error_response, write_error
+from nvpair_tw.core._headers import (
+    HOP_BY_HOP,
+    TARGET_HEADER,
+    forward_headers,
+    header_tokens,
+    upstream_request_headers,
+)
+from nvpair_tw.core._reactor import IProxyReactor, abort, close
+from nvpair_tw.core._resolved import (
+    UPSTREAM_CLIENTS,
+    Resolved,
+    Settings,
+    resolve_first_body_timeout,
+    resolve_response_header_timeout,
+)
+
+__all__ = [
+    "ENGINES",
+    "HOP_BY_HOP",
+    "RESPONSES_PATH",
+    "TARGET_HEADER",
+    "UPSTREAM_CLIENTS",
+    "EngineProfile",
+    "IProxyReactor",
+    "ModelListFormat",
+    "ResidencyFormat",
+    "Resolved",
+    "RouteKind",
+    "Settings",
+    "abort",
+    "close",
+    "format_duration",
+    "forward_headers",
+    "header_tokens",
+    "parse_duration",
+    "raw_error_response",
+    "resolve_first_body_timeout",
+    "resolve_response_header_timeout",
+    "upstream_request_headers",
+    "write_error",
+]

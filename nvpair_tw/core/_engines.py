@@ -1,0 +1,336 @@
+# -*- test-case-name: tests.core.test_engines -*-
+"""Engine profiles: everything that differs between ollama, lmstudio and omlx, as data.
+
+A facade never asks which engine it is; it asks its profile (routes, model-name matching,
+inventory format, defaults). A fourth engine is a new row in :data:`ENGINES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any
+from urllib.parse import unquote
+
+from attrs import field, frozen
+
+__all__ = [
+    "ENGINES",
+    "LMSTUDIO",
+    "LMSTUDIO_LOADED",
+    "LMSTUDIO_MODELS",
+    "OLLAMA",
+    "OLLAMA_PS",
+    "OMLX",
+    "OPENAI_MODELS",
+    "PS",
+    "RESPONSES_PATH",
+    "TAGS",
+    "EngineProfile",
+    "ModelListFormat",
+    "ModelRoute",
+    "ResidencyFormat",
+    "RouteKind",
+    "lmstudio_loaded_ids",
+    "normalise_ollama",
+    "openai_model_ids",
+    "ps_names",
+    "tags_names",
+]
+
+
+class RouteKind(Enum):
+    """How a facade treats a request."""
+
+    INFERENCE = "inference"
+    MODEL_LIST = "model-list"
+    MODEL_ROUTED = "model-routed"
+    PASS_THROUGH = "pass-through"
+
+
+def normalise_ollama(name: str) -> str:
+    """Ollama names: trim; a name without ``:`` or ``@`` after its last ``/`` gets ``:latest``."""
+    trimmed = name.strip()
+    tail = trimmed.rsplit("/", 1)[-1]
+    if trimmed and ":" not in tail and "@" not in tail:
+        return trimmed + ":latest"
+    return trimmed
+
+
+def _normalise_exact(name: str) -> str:
+    """LM Studio names compare exactly."""
+    return name
+
+
+def _normalise_casefold(name: str) -> str:
+    """oMLX names compare case-insensitively."""
+    return name.casefold()
+
+
+def tags_names(document: Any) -> list[str]:
+    """Model names from an Ollama ``/api/tags`` answer: ``models[].model``, else ``.name``."""
+    names: list[str] = []
+    if not isinstance(document, dict):
+        raise ValueError("tags answer is not an object")
+    models = document.get("models")
+    if not isinstance(models, list):
+        raise ValueError("tags answer has no models list")
+    for record in models:
+        if not isinstance(record, dict):
+            continue
+        name = record.get("model")
+        if not isinstance(name, str) or not name:
+            name = record.get("name")
+        if isinstance(name, str) and name:
+            names.append(name)
+    return names
+
+
+def openai_model_ids(document: Any) -> list[str]:
+    """Model ids from an OpenAI-style ``/v1/models`` answer: ``data[].id``."""
+    if not isinstance(document, dict):
+        raise ValueError("models answer is not an object")
+    data = document.get("data")
+    if not isinstance(data, list):
+        raise ValueError("models answer has no data list")
+    return [
+        record["id"]
+        for record in data
+        if isinstance(record, dict) and isinstance(record.get("id"), str) and record["id"]
+    ]
+
+
+def ps_names(document: Any) -> list[str]:
+    """Loaded model names from an Ollama ``/api/ps`` answer: ``models[].model``, else ``.name``
+    (the same shape as ``/api/tags``)."""
+    return tags_names(document)
+
+
+def lmstudio_loaded_ids(document: Any) -> list[str]:
+    """Loaded model ids from an LM Studio ``/api/v0/models`` answer: ``data[].id`` of the records
+    whose ``state`` is ``"loaded"``."""
+    if not isinstance(document, dict):
+        raise ValueError("models answer is not an object")
+    data = document.get("data")
+    if not isinstance(data, list):
+        raise ValueError("models answer has no data list")
+    return [
+        record["id"]
+        for record in data
+        if isinstance(record, dict)
+        and isinstance(record.get("id"), str)
+        and record["id"]
+        and record.get("state") == "loaded"
+    ]
+
+
+@frozen
+class ResidencyFormat:
+    """Where an engine says which models are loaded now (docs/behaviour.md §6.4), and how to read it.
+
+    ``loaded`` returns the loaded names as the engine spells them, or raises ``ValueError`` for an
+    answer of the wrong shape.
+    """
+
+    path: str
+    loaded: Callable[[Any], list[str]]
+
+
+OLLAMA_PS = ResidencyFormat(path="/api/ps", loaded=ps_names)
+LMSTUDIO_LOADED = ResidencyFormat(path="/api/v0/models", loaded=lmstudio_loaded_ids)
+
+
+@frozen
+class ModelListFormat:
+    """How one model-list route is parsed, keyed and wrapped when the proxy merges it (docs/behaviour.md §4.3).
+
+    ``per_node`` lists (``/api/ps``) are never merged across nodes: each record gains
+    ``"nvpair_node": ID`` and is deduplicated only within its own node.
+    """
+
+    path: str
+    list_field: str
+    names: Callable[[Any], list[str]]
+    record_key: Callable[[dict[str, Any]], str | None]
+    envelope: Callable[[list[Any]], dict[str, Any]]
+    per_node: bool = field(default=False, kw_only=True)
+
+
+@frozen
+class ModelRoute:
+    """A route that is not inference but names a model, routed to an owner of it (docs/behaviour.md §2.1).
+
+    ``path`` is exact, or with ``prefix`` every path below it (``/api/v0/models/{id}``).
+    ``model`` reads the model from the path and the parsed JSON body (None: no model named).
+    """
+
+    method: bytes
+    path: str
+    model: Callable[[str, Any], str | None]
+    prefix: bool = False
+
+    def matches(self, method: bytes, path: str) -> bool:
+        if method != self.method:
+            return False
+        if self.prefix:
+            return path.startswith(self.path) and len(path) > len(self.path)
+        return path == self.path
+
+
+def _show_model(_path: str, body: Any) -> str | None:
+    """``/api/show`` names its model as ``model`` (current clients) or ``name`` (older ones)."""
+    if not isinstance(body, dict):
+        return None
+    for name in ("model", "name"):
+        value = body.get(name)
+        if isinstance(value, str) and value.strip():
+            return value
+    return None
+
+
+def _path_model(prefix: str) -> Callable[[str, Any], str | None]:
+    def model(path: str, _body: Any) -> str | None:
+        return unquote(path[len(prefix) :]) or None
+
+    return model
+
+
+def _tags_key(record: dict[str, Any]) -> str | None:
+    name = record.get("model")
+    if not isinstance(name, str) or not name:
+        name = record.get("name")
+    return normalise_ollama(name) if isinstance(name, str) and name else None
+
+
+def _openai_key(record: dict[str, Any]) -> str | None:
+    ident = record.get("id")
+    return ident if isinstance(ident, str) and ident else None
+
+
+TAGS = ModelListFormat(
+    path="/api/tags",
+    list_field="models",
+    names=tags_names,
+    record_key=_tags_key,
+    envelope=lambda records: {"models": records},
+)
+PS = ModelListFormat(
+    path="/api/ps",
+    list_field="models",
+    names=tags_names,
+    record_key=_tags_key,
+    envelope=lambda records: {"models": records},
+    per_node=True,
+)
+LMSTUDIO_MODELS = ModelListFormat(
+    path="/api/v0/models",
+    list_field="data",
+    names=openai_model_ids,
+    record_key=_openai_key,
+    envelope=lambda records: {"object": "list", "data": records},
+)
+OPENAI_MODELS = ModelListFormat(
+    path="/v1/models",
+    list_field="data",
+    names=openai_model_ids,
+    record_key=_openai_key,
+    envelope=lambda records: {"object": "list", "data": records},
+)
+
+RESPONSES_PATH = "/v1/responses"
+_OPENAI_INFERENCE = frozenset(
+    {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages", RESPONSES_PATH}
+)
+_LMSTUDIO_INFERENCE = frozenset(
+    {"/api/v0/chat/completions", "/api/v0/completions", "/api/v0/embeddings"}
+)
+_LMSTUDIO_MODEL = "/api/v0/models/"
+_OLLAMA_INFERENCE = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
+AFFINITY_PATHS = frozenset(
+    {
+        "/v1/chat/completions",
+        "/api/chat",
+        "/v1/completions",
+        "/api/generate",
+        "/api/v0/chat/completions",
+        "/api/v0/completions",
+    }
+)
+
+
+@frozen
+class EngineProfile:
+    """One engine's routes, defaults and model-name rule.
+
+    ``residency`` is where the inventory poll learns which models are loaded, or None when the
+    engine has no such endpoint (residency then stays unknown).
+    """
+
+    name: str
+    inference_paths: frozenset[str]
+    model_lists: Mapping[str, ModelListFormat]
+    inventory: ModelListFormat
+    default_listen: str
+    default_node_url: str
+    normalise: Callable[[str], str]
+    model_routes: tuple[ModelRoute, ...] = field(default=(), kw_only=True)
+    residency: ResidencyFormat | None = None
+
+    def classify(self, method: bytes, path: str) -> RouteKind:
+        """Classify by method and exact path (the query is not part of ``path``)."""
+        if method == b"POST" and path in self.inference_paths:
+            return RouteKind.INFERENCE
+        if method == b"GET" and path in self.model_lists:
+            return RouteKind.MODEL_LIST
+        if self.model_route(method, path) is not None:
+            return RouteKind.MODEL_ROUTED
+        return RouteKind.PASS_THROUGH
+
+    def model_route(self, method: bytes, path: str) -> ModelRoute | None:
+        """The model-routed route this request takes, if any."""
+        return next((r for r in self.model_routes if r.matches(method, path)), None)
+
+    def matches(self, requested: str, advertised: str) -> bool:
+        """Whether an advertised model name serves a requested one (docs/behaviour.md §4.1)."""
+        return self.normalise(requested.strip()) == self.normalise(advertised.strip())
+
+    def advertises(self, requested: str, inventory: frozenset[str] | tuple[str, ...]) -> bool:
+        """Whether any name of an inventory matches the requested model."""
+        wanted = self.normalise(requested.strip())
+        return any(self.normalise(name.strip()) == wanted for name in inventory)
+
+
+OLLAMA = EngineProfile(
+    name="ollama",
+    inference_paths=_OLLAMA_INFERENCE | _OPENAI_INFERENCE,
+    model_lists={TAGS.path: TAGS, OPENAI_MODELS.path: OPENAI_MODELS, PS.path: PS},
+    inventory=TAGS,
+    default_listen="tcp:11435:interface=127.0.0.1",
+    default_node_url="http://127.0.0.1:11434",
+    normalise=normalise_ollama,
+    model_routes=(ModelRoute(b"POST", "/api/show", _show_model),),
+    residency=OLLAMA_PS,
+)
+LMSTUDIO = EngineProfile(
+    name="lmstudio",
+    inference_paths=_OPENAI_INFERENCE | _LMSTUDIO_INFERENCE,
+    model_lists={OPENAI_MODELS.path: OPENAI_MODELS, LMSTUDIO_MODELS.path: LMSTUDIO_MODELS},
+    inventory=OPENAI_MODELS,
+    default_listen="tcp:1235:interface=127.0.0.1",
+    default_node_url="http://127.0.0.1:1234",
+    normalise=_normalise_exact,
+    model_routes=(ModelRoute(b"GET", _LMSTUDIO_MODEL, _path_model(_LMSTUDIO_MODEL), prefix=True),),
+    residency=LMSTUDIO_LOADED,
+)
+OMLX = EngineProfile(
+    name="omlx",
+    inference_paths=_OPENAI_INFERENCE,
+    model_lists={OPENAI_MODELS.path: OPENAI_MODELS},
+    inventory=OPENAI_MODELS,
+    default_listen="tcp:8001:interface=127.0.0.1",
+    default_node_url="http://127.0.0.1:8000",
+    normalise=_normalise_casefold,
+    residency=None,
+)
+
+ENGINES: Mapping[str, EngineProfile] = {p.name: p for p in (OLLAMA, LMSTUDIO, OMLX)}

@@ -1,0 +1,133 @@
+# -*- test-case-name: tests.core.test_resolved -*-
+"""Resolved configuration: flag beats environment beats default, with the warnings docs/behaviour.md §6.3 asks for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from attrs import field, frozen
+
+from nvpair_tw.core._durations import parse_duration
+
+__all__ = [
+    "ASSEMBLE_BY_DEFAULT",
+    "FIRST_BODY_ENV",
+    "RESPONSE_HEADER_ENV",
+    "UPSTREAM_CLIENTS",
+    "Resolved",
+    "Settings",
+    "resolve_first_body_timeout",
+    "resolve_response_header_timeout",
+]
+
+DEFAULT_RESPONSE_HEADER_TIMEOUT = 120.0
+DEFAULT_FIRST_BODY_TIMEOUT = 0.0
+ASSEMBLE_BY_DEFAULT = frozenset({"ollama"})
+UPSTREAM_CLIENTS = ("native", "twisted")
+"""What ``--upstream-client`` accepts; the first is the default."""
+RESPONSE_HEADER_ENV = "NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT"
+FIRST_BODY_ENV = "NVPAIR_PROXY_FIRST_BODY_TIMEOUT"
+
+
+@frozen
+class Resolved:
+    """A resolved duration, where it came from, and the warning to log (if any)."""
+
+    seconds: float
+    source: str
+    warning: str | None = None
+
+
+def resolve_response_header_timeout(flag: str | None, environ: Mapping[str, str]) -> Resolved:
+    """Flag > environment > 120 s; missing, unparseable or non-positive → a warning and 120 s."""
+    raw, source = _pick(flag, environ, RESPONSE_HEADER_ENV)
+    if raw is None:
+        return Resolved(DEFAULT_RESPONSE_HEADER_TIMEOUT, "default")
+    try:
+        value = parse_duration(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        return Resolved(
+            DEFAULT_RESPONSE_HEADER_TIMEOUT,
+            "default",
+            f"invalid response-header timeout {raw!r} from {source}; "
+            f"using {DEFAULT_RESPONSE_HEADER_TIMEOUT:g}s",
+        )
+    return Resolved(value, source)
+
+
+def resolve_first_body_timeout(flag: str | None, environ: Mapping[str, str]) -> Resolved:
+    """Flag > environment > 0 (disabled); an explicit 0 disables; invalid or negative → disabled + warning."""
+    raw, source = _pick(flag, environ, FIRST_BODY_ENV)
+    if raw is None:
+        return Resolved(DEFAULT_FIRST_BODY_TIMEOUT, "default")
+    try:
+        value = parse_duration(raw)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        return Resolved(
+            0.0, "default", f"invalid first-body timeout {raw!r} from {source}; leaving it disabled"
+        )
+    return Resolved(value, source)
+
+
+def _pick(flag: str | None, environ: Mapping[str, str], name: str) -> tuple[str | None, str]:
+    if flag is not None:
+        return flag, "flag"
+    if name in environ:
+        return environ[name], f"${name}"
+    return None, "default"
+
+
+@frozen
+class Settings:
+    """Everything a facade needs to know about timing and limits, resolved once at start."""
+
+    connect_timeout: float = 10.0
+    response_header_timeout: float = DEFAULT_RESPONSE_HEADER_TIMEOUT
+    first_body_timeout: float = DEFAULT_FIRST_BODY_TIMEOUT
+    max_body_size: int = 32 * 1024 * 1024
+    write_stall_timeout: float = 30.0
+    inventory_interval: float = 10.0
+    inventory_timeout: float = 10.0
+    affinity_max_entries: int = 10_000
+    affinity_ttl: float = 300.0
+    max_connections: int = 256
+    max_tunnels: int = 64
+    """WebSocket tunnels open at once, process-wide (503 ``too-many-tunnels`` beyond, §2.1)."""
+    shutdown_grace: float = 10.0
+    model_list_timeout: float = 10.0
+    default_slots: int = 0
+    """Slots per node without its own ``slots``; 0 = unlimited (docs/behaviour.md §6.4)."""
+    queue_size: int = 256
+    """Inference requests that may wait for a slot per facade (503 ``queue-full`` beyond)."""
+    queue_timeout: float = 600.0
+    """How long a request may wait for a slot (503 ``queue-timeout`` after)."""
+    busy_max_wait: float = 1800.0
+    """How long a header wait may be extended while the node shows progress elsewhere."""
+    load_timeout: float | None = None
+    """Added to the first deadline on a node known not to have the model loaded; None = the
+    response-header timeout."""
+    assemble: Mapping[str, bool] = field(factory=dict)
+    """Per engine: send non-streaming inference upstream as a stream and assemble the answer
+    (docs/behaviour.md §6.5); an engine not named uses its default (on for ollama only)."""
+    extra: Mapping[str, str] = field(factory=dict)
+    upstream_client: str = "native"
+    """The HTTP client of the upstream hop: ``native`` (:class:`nvpair_tw.upstream._nodeclient.NodeAgent`)
+    or ``twisted`` (Twisted's ``Agent`` over ``upstream.make_pool``); ``--upstream-client``."""
+
+    @property
+    def cooldown(self) -> float:
+        """A stalled node cools for one response-header timeout."""
+        return self.response_header_timeout
+
+    @property
+    def cold_load_allowance(self) -> float:
+        """What a node known not to have the model loaded gets added to its first deadline."""
+        return self.response_header_timeout if self.load_timeout is None else self.load_timeout
+
+    def assembles(self, engine: str) -> bool:
+        """Whether ``engine``'s facade assembles whole answers from streamed work."""
+        return self.assemble.get(engine, engine in ASSEMBLE_BY_DEFAULT)

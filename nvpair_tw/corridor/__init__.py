@@ -1,0 +1,11 @@
+"""One request's walk: facade, route, attempts, relay; the facade's state, workloads, the tunnel,
+model-list aggregation and terminal-frame detection.
+"""
+
+from __future__ import annotations
+
+from nvpair_tw.corridor._facade import FacadeResource
+from nvpair_tw.corridor._state import FacadeState, Shared
+from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry
+
+__all__ = ["FacadeResource", "FacadeState", "RequestRecord", "Shared", "WorkloadRegistry"]

@@ -1,0 +1,106 @@
+# -*- test-case-name: tests.corridor.test_aggregate -*-
+"""Model-list aggregation (docs/behaviour.md §4.3): ask every node at once, merge in candidate order.
+
+The answer must not depend on which node is fastest, so records are merged in the order the nodes
+were given, the first record of each key winning verbatim. A ``per_node`` list (``/api/ps``) is
+never merged across nodes: each record gains ``"nvpair_node": ID``. No client header is ever
+forwarded; a node's own credential is sent to it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from attrs import frozen
+from treq.client import HTTPClient
+from twisted.internet.defer import Deferred, FirstError, gatherResults
+from twisted.internet.interfaces import IReactorTime
+
+from nvpair_tw.core import ModelListFormat
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node
+from nvpair_tw.selection import ReadError, get_json, join_url
+
+__all__ = ["UNAVAILABLE_BODY", "AggregateResult", "aggregate_model_list"]
+
+log = LevelledLogger(namespace="nvpair_tw.aggregate")
+
+UNAVAILABLE_BODY = json.dumps(
+    {"error": "model inventory unavailable", "code": "inventory-unavailable"}
+).encode()
+
+
+@frozen
+class AggregateResult:
+    """The merged answer: 200 with the engine's envelope, or 503 when no node answered well."""
+
+    status: int
+    body: bytes
+
+
+async def aggregate_model_list(
+    fmt: ModelListFormat,
+    nodes: Sequence[Node],
+    path_and_query: str,
+    http: HTTPClient,
+    clock: IReactorTime,
+    *,
+    timeout: float = 10.0,
+) -> AggregateResult:
+    """Fan ``path_and_query`` out to every node (in candidate order) and merge the answers.
+
+    Cancelling the coroutine's Deferred cancels every read; it then fails with ``CancelledError``.
+    """
+    reads = [
+        Deferred.fromCoroutine(_records(fmt, node, path_and_query, http, clock, timeout))
+        for node in nodes
+    ]
+    try:
+        answers = await gatherResults(reads, consumeErrors=True)
+    except FirstError as error:  # only cancellation gets here: _records skips every node fault
+        error.subFailure.raiseException()
+    good = [records for records in answers if records is not None]
+    if not good:
+        return AggregateResult(status=503, body=UNAVAILABLE_BODY)
+    merged: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    for node, records in zip(nodes, answers, strict=True):
+        if records is None:
+            continue
+        for key, record in records:
+            slot = (key, node.id if fmt.per_node else "")
+            if slot not in seen:
+                seen.add(slot)
+                merged.append({**record, "nvpair_node": node.id} if fmt.per_node else record)
+    return AggregateResult(status=200, body=json.dumps(fmt.envelope(merged)).encode())
+
+
+async def _records(
+    fmt: ModelListFormat,
+    node: Node,
+    path_and_query: str,
+    http: HTTPClient,
+    clock: IReactorTime,
+    timeout: float,
+) -> list[tuple[str, dict[str, Any]]] | None:
+    """One node's keyed records, or None when it is down, non-200 or malformed."""
+    url = join_url(node.public_url, path_and_query)
+    try:
+        document = await get_json(
+            http, clock, url, timeout=timeout, authorization=node.authorization
+        )
+    except ReadError as error:
+        log.debug("model list from {node} skipped: {why}", node=node.id, why=str(error))
+        return None
+    listed = document.get(fmt.list_field) if isinstance(document, dict) else None
+    if not isinstance(listed, list):
+        log.debug("model list from {node} skipped: {why}", node=node.id, why="malformed list")
+        return None
+    keyed: list[tuple[str, dict[str, Any]]] = []
+    for record in listed:
+        key = fmt.record_key(record) if isinstance(record, dict) else None
+        if key is not None:
+            keyed.append((key, record))
+    return keyed

@@ -1,0 +1,386 @@
+# -*- test-case-name: tests.corridor.test_attempts -*-
+"""The candidate loop: one pass over the ordered nodes, the outcome table, the commit point.
+
+See docs/behaviour.md §6.1 (the outcome table) and §6.2 (the commit point). Each node is tried at
+most once with the same replayed body. A stall (header deadline, or an enabled first-body timeout)
+cools the node; fast failures and the caller's departure never do. Inference commits on the first
+body byte (or a clean empty end), other routes on response headers. Nothing reaches the client
+before :class:`Committed` is returned, and every :class:`Committed` carries the gate that holds the
+body, so the relay is the only stage that writes to the client.
+
+Busy is not stalled (§6.4): with a :class:`~nvpair_tw.selection._progress.ProgressBook`, every inference
+body chunk is recorded per node, and a header deadline that expires on a node that delivered
+bytes to another attempt within the last period is re-armed (a busy wait, reported through
+:meth:`AttemptObserver.busy_wait`) instead of stalling, up to ``AttemptPlan.busy_max_wait``.
+A node known to be cold gets ``AttemptPlan.first_extra[node]`` added to its first deadline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from attrs import define, field, frozen
+from twisted.internet.error import ConnectError, DNSLookupError
+from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
+
+from nvpair_tw.assembly import Assembly, AssemblyGate
+from nvpair_tw.corridor._workloads import AttemptOutcome, status_outcome
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node
+from nvpair_tw.selection import Booking, IStallTracker, ProgressBook
+from nvpair_tw.upstream import (
+    TRANSPORT_FAILURES,
+    BodyGate,
+    BusyWait,
+    Discard,
+    FirstBodyTimeout,
+    HeaderTimeout,
+    UpstreamClient,
+    describe_failure,
+    is_cancellation,
+    node_url,
+)
+
+__all__ = [
+    "Abandoned",
+    "AttemptObserver",
+    "AttemptPlan",
+    "CallerState",
+    "Committed",
+    "Exhausted",
+    "Result",
+    "classify_failure",
+    "node_headers",
+    "retryable_status",
+    "run_attempts",
+]
+
+log = LevelledLogger(namespace="nvpair_tw.attempts")
+
+
+@frozen
+class AttemptPlan:
+    """What every attempt of one request sends, and how it may commit."""
+
+    method: bytes
+    target: bytes
+    headers: Headers
+    body: bytes
+    inference: bool
+    gated: bool
+    header_timeout: float
+    first_body_timeout: float
+    assembly: Assembly | None = None
+    """Set when ``body`` is a non-streaming request rewritten to stream: a 2xx stream is folded
+    into one answer and commits only when whole (docs/behaviour.md §6.5)."""
+    first_extra: Mapping[str, float] = field(factory=dict)
+    """Per node id: seconds added to the first header deadline (a cold-load allowance)."""
+    busy_max_wait: float = 0.0
+    """How much a header wait may be extended while the node shows progress (0: never)."""
+
+
+@frozen
+class Committed:
+    """The client's answer: ``response`` from ``node``, its body held by ``gate``.
+
+    For a gated commit ``first`` is the first body chunk (``b""`` for a clean empty end) and the gate
+    holds the rest; for a commit on headers the gate has seen nothing yet and ``first`` is ``b""``.
+    For an assembled answer ``first`` is the whole answer, ``response`` its client-facing status
+    and headers, and the gate holds nothing more.
+    """
+
+    node: Node
+    response: IResponse
+    gate: BodyGate | AssemblyGate
+    first: bytes
+
+
+@frozen
+class Exhausted:
+    """Every candidate failed; the client gets a JSON error with ``status``."""
+
+    status: int
+    reason: str
+
+
+@frozen
+class Abandoned:
+    """The caller went away (or the workload was cancelled); nothing more is sent."""
+
+    reason: str
+
+
+Result = Committed | Exhausted | Abandoned
+
+
+@define
+class CallerState:
+    """Whether the caller is still there, and what to stop when it leaves.
+
+    Changed only through its methods: :meth:`track` names what is in flight now (an attempt's
+    ``cancel`` or a gate's ``stop``), :meth:`abandon` records the departure and stops it.
+    """
+
+    _gone: str | None = field(default=None, init=False)
+    _stop: Callable[[], object] | None = field(default=None, init=False)
+
+    @property
+    def gone(self) -> str | None:
+        """Why the caller left, or None while it is there."""
+        return self._gone
+
+    def track(self, stop: Callable[[], object] | None) -> None:
+        """``stop`` is what to call if the caller leaves now (None: nothing in flight)."""
+        self._stop = stop
+
+    def abandon(self, reason: str) -> None:
+        """The caller left: stop whatever is in flight; the first reason wins."""
+        if self._gone is not None:
+            return
+        self._gone = reason
+        if self._stop is not None:
+            # Cancelling an attempt that has ended, or stopping an ended gate, is a no-op.
+            self._stop()
+
+
+class AttemptObserver:
+    """What the loop reports as it goes (the facade feeds the record and the workload from it)."""
+
+    def attempt_started(self, node: Node) -> None:
+        """An attempt is about to be sent to ``node``."""
+
+    def attempt_ended(self, node: Node, outcome: str) -> None:
+        """The attempt to ``node`` ended with ``outcome`` (docs/behaviour.md §7 outcome names)."""
+
+    def busy_wait(self, node: Node) -> None:
+        """The attempt to ``node`` waits one more period: the node shows progress elsewhere."""
+
+
+def retryable_status(code: int, inference: bool) -> bool:
+    """408, 429, any 5xx, and 404 on inference routes (stale inventory) move on."""
+    return code in (408, 429) or code >= 500 or (inference and code == 404)
+
+
+def node_headers(headers: Headers, node: Node) -> Headers:
+    """The plan's headers as sent to ``node``: its own credential replaces the client's (docs/behaviour.md §3)."""
+    authorization = node.authorization
+    if authorization is None:
+        return headers
+    out = headers.copy()
+    out.setRawHeaders(b"authorization", [authorization])
+    return out
+
+
+_STALLS = (AttemptOutcome.STALL, AttemptOutcome.FIRST_BODY_TIMEOUT)
+
+
+def classify_failure(failure: Failure, caller_gone: str | None) -> AttemptOutcome:
+    """The outcome of an attempt that failed before commit (docs/behaviour.md §6.1).
+
+    The caller's departure (or a cancellation) wins over whatever the transport reported. A failure
+    that is not a transport failure is a bug and is raised again.
+    """
+    if caller_gone is not None or is_cancellation(failure):
+        return AttemptOutcome.CANCELLED
+    if failure.check(HeaderTimeout):
+        return AttemptOutcome.STALL
+    if failure.check(FirstBodyTimeout):
+        return AttemptOutcome.FIRST_BODY_TIMEOUT
+    if failure.check(ConnectError, DNSLookupError):
+        return AttemptOutcome.CONNECT_ERROR
+    if failure.check(*TRANSPORT_FAILURES):
+        return AttemptOutcome.DROPPED
+    failure.raiseException()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@frozen
+class _Progress:
+    """One attempt's link to the progress record: its busy-wait rule and its per-chunk touch."""
+
+    busy: BusyWait | None
+    touch: Callable[[], None] | None
+
+
+def _progress_for(
+    plan: AttemptPlan, node: Node, book: ProgressBook | None, observer: AttemptObserver
+) -> _Progress | None:
+    """Busy waits for every attempt (when enabled); only inference bodies count as progress."""
+    if book is None:
+        return None
+    busy: BusyWait | None = None
+    if plan.busy_max_wait > 0:
+
+        def working() -> bool:
+            return book.delivered_within(node.id, plan.header_timeout)
+
+        def waited() -> None:
+            book.busy_waited(node.id)
+            observer.busy_wait(node)
+            log.debug("{node} shows progress elsewhere: header wait extended", node=node.id)
+
+        busy = BusyWait(working, plan.busy_max_wait, waited)
+    return _Progress(busy, book.toucher(node.id) if plan.inference else None)
+
+
+@frozen
+class _Failed:
+    """One attempt failed before commit."""
+
+    outcome: AttemptOutcome
+    failure: Failure | None
+
+
+async def _attempt(
+    plan: AttemptPlan,
+    node: Node,
+    client: UpstreamClient,
+    clock: IReactorTime,
+    caller: CallerState,
+    is_last: bool,
+    progress: _Progress | None = None,
+) -> Committed | _Failed | str:
+    """One node: a commit, a failure, or a retryable status's outcome name."""
+    attempt = client.request(
+        plan.method,
+        node_url(node.url, plan.target),
+        node_headers(plan.headers, node),
+        plan.body,
+        plan.header_timeout,
+        first_extra=plan.first_extra.get(node.id, 0.0),
+        busy=progress.busy if progress is not None else None,
+    )
+    caller.track(attempt.cancel)
+    try:
+        response = await attempt
+    except Exception:
+        failure = Failure()
+        caller.track(None)
+        return _Failed(classify_failure(failure, caller.gone), failure)
+    if retryable_status(response.code, plan.inference) and not is_last:
+        caller.track(None)
+        response.deliverBody(Discard())
+        return status_outcome(response.code)
+    if plan.assembly is not None and _assembles(plan.assembly, response):
+        touch = progress.touch if progress is not None else None
+        return await _assembled(plan, plan.assembly, node, response, clock, caller, is_last, touch)
+    gate = BodyGate(
+        clock,
+        plan.first_body_timeout if plan.gated else 0.0,
+        progress.touch if progress is not None else None,
+    )
+    caller.track(gate.stop)
+    response.deliverBody(gate)
+    if not plan.gated:
+        return Committed(node, response, gate, b"")
+    first = await _first(gate, caller)
+    return first if isinstance(first, _Failed) else Committed(node, response, gate, first)
+
+
+async def _first(gate: BodyGate | AssemblyGate, caller: CallerState) -> bytes | _Failed:
+    """The gate's first bytes (the whole answer for an assembly gate), or why the attempt failed
+    before them (the caller's departure wins)."""
+    try:
+        first = await gate.first
+    except Exception:
+        failure = Failure()
+        caller.track(None)
+        return _Failed(classify_failure(failure, caller.gone), failure)
+    if caller.gone is not None:
+        gate.stop()
+        return _Failed(AttemptOutcome.CANCELLED, None)
+    return first
+
+
+def _assembles(assembly: Assembly, response: IResponse) -> bool:
+    """A 2xx stream of the route's kind is assembled; anything else is relayed as it is."""
+    content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
+    return 200 <= response.code < 300 and assembly.accepts(content_type)
+
+
+async def _assembled(
+    plan: AttemptPlan,
+    assembly: Assembly,
+    node: Node,
+    response: IResponse,
+    clock: IReactorTime,
+    caller: CallerState,
+    is_last: bool,
+    on_bytes: Callable[[], None] | None,
+) -> Committed | _Failed | str:
+    """An assembled attempt: commits with the whole answer, or fails like a pre-commit drop."""
+    timeout = plan.first_body_timeout if plan.gated else 0.0
+    gate = AssemblyGate(clock, timeout, assembly.dialect, assembly.limit, on_bytes)
+    caller.track(gate.stop)
+    response.deliverBody(gate)
+    answer = await _first(gate, caller)
+    if isinstance(answer, _Failed):
+        return answer
+    whole = gate.response(response)
+    if retryable_status(whole.code, plan.inference) and not is_last:
+        caller.track(None)
+        return status_outcome(whole.code)
+    return Committed(node, whole, gate, answer)
+
+
+async def run_attempts(
+    plan: AttemptPlan,
+    candidates: Sequence[Node],
+    client: UpstreamClient,
+    clock: IReactorTime,
+    stalls: IStallTracker,
+    caller: CallerState,
+    booking: Booking,
+    observer: AttemptObserver,
+    *,
+    progress: ProgressBook | None = None,
+) -> Result:
+    """Walk the candidates once; return the committed answer, the final error, or abandonment.
+
+    With ``progress``, inference body bytes are recorded per node and a silent node that shows
+    progress elsewhere is waited for rather than stalled (docs/behaviour.md §6.4).
+    """
+    last: _Failed | None = None
+    for index, node in enumerate(candidates):
+        if caller.gone is not None:
+            return Abandoned(caller.gone)
+        booking.move(node.id)
+        observer.attempt_started(node)
+        step = await _attempt(
+            plan,
+            node,
+            client,
+            clock,
+            caller,
+            index == len(candidates) - 1,
+            _progress_for(plan, node, progress, observer),
+        )
+        if isinstance(step, Committed):
+            observer.attempt_ended(node, AttemptOutcome.COMMITTED.value)
+            if 200 <= step.response.code < 300:
+                stalls.clear(node.id)
+            return step
+        if isinstance(step, str):
+            observer.attempt_ended(node, step)
+            last = None
+            continue
+        observer.attempt_ended(node, step.outcome.value)
+        if step.outcome is AttemptOutcome.CANCELLED or step.failure is None:
+            return Abandoned(caller.gone or "cancelled")
+        why = describe_failure(step.failure)
+        if step.outcome in _STALLS:
+            stalls.cool(node.id, why)
+        log.info("attempt to {node} failed: {why}", node=node.id, why=why)
+        last = step
+    return _exhausted(last)
+
+
+def _exhausted(last: _Failed | None) -> Exhausted:
+    """Every candidate failed: 504 after an opt-in first-body timeout, else 502, naming the last."""
+    if last is None or last.failure is None:
+        return Exhausted(502, "upstream error: no candidate answered")
+    status = 504 if last.outcome is AttemptOutcome.FIRST_BODY_TIMEOUT else 502
+    return Exhausted(status, f"upstream error: {describe_failure(last.failure)}")

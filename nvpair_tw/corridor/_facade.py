@@ -1,0 +1,161 @@
+# -*- test-case-name: tests.corridor.test_facade -*-
+"""One engine's facade: the resource that classifies a request and hands it on.
+
+Every request gets an id and a record; the ingress policy and the drain come first; then the route
+kind decides (docs/behaviour.md §2): model lists are answered from every node here, everything else
+is handed to :func:`nvpair_tw.corridor._exchange.forward`, which walks the corridor (order → attempts →
+relay) and concludes it.
+"""
+
+from __future__ import annotations
+
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request
+
+from nvpair_tw.core import TARGET_HEADER, RouteKind, abort, write_error
+from nvpair_tw.corridor._aggregate import aggregate_model_list
+from nvpair_tw.corridor._exchange import forward, model_of, target_of
+from nvpair_tw.corridor._state import FacadeState, Shared
+from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, is_upgrade, open_tunnel
+from nvpair_tw.corridor._workloads import RequestRecord
+from nvpair_tw.inbound import Rejection
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node
+
+__all__ = ["FacadeResource", "FacadeState", "Shared", "model_of", "target_of"]
+
+log = LevelledLogger(namespace="nvpair_tw.facade")
+
+_BAD_TARGET = Rejection(400, "bad-request", "malformed request target")
+_SHUTTING_DOWN = Rejection(503, "shutting-down", "the proxy is shutting down")
+
+
+class FacadeResource(Resource):
+    """The whole resource tree of one facade: a leaf that classifies by method and exact path."""
+
+    isLeaf = True
+
+    def __init__(self, facade: FacadeState) -> None:
+        super().__init__()
+        self._facade = facade
+
+    def render(self, request: Request) -> bytes | int:  # type: ignore[override]
+        request.defaultContentType = None
+        facade = self._facade
+        shared = facade.shared
+        request_id = shared.workloads.next_request_id()
+        request.responseHeaders.setRawHeaders(b"x-nvpair-request-id", [request_id.encode()])
+        try:
+            target: bytes | None = target_of(request.uri)
+        except ValueError:
+            target = None
+        path = (target or request.uri).partition(b"?")[0].decode("latin-1")
+        method = request.method.decode("latin-1")
+        record = RequestRecord.begin(shared.clock, request_id, facade.engine, method, path)
+        rejection = self._rejection(request, target)
+        if rejection is not None:
+            write_error(
+                request, rejection.status, rejection.message, rejection.code, rejection.headers
+            )
+            record.publish(shared.bus, status=rejection.status, node_id=None, error=rejection.code)
+            return NOT_DONE_YET
+        wanted = request.requestHeaders.getRawHeaders(TARGET_HEADER)
+        request.requestHeaders.removeHeader(TARGET_HEADER)
+        chosen: Node | None = None
+        if wanted is not None:
+            chosen = facade.directory.get(wanted[0].decode("latin-1").strip())
+            if chosen is None or len(wanted) > 1:
+                write_error(request, 404, "unknown node", "unknown-node")
+                record.publish(shared.bus, status=404, node_id=None, error="unknown-node")
+                return NOT_DONE_YET
+        kind = facade.profile.classify(request.method, path)
+        if facade.engine in TUNNEL_ENGINES and is_upgrade(request):
+            work = Deferred.fromCoroutine(self._tunnel(request, record, chosen))
+        elif kind is RouteKind.MODEL_LIST:
+            work = Deferred.fromCoroutine(self._model_list(request, path, record, chosen))
+        else:
+            work = Deferred.fromCoroutine(forward(facade, request, kind, record, chosen))
+        work.addErrback(self._crashed, request, record)
+        return NOT_DONE_YET
+
+    def _rejection(self, request: Request, target: bytes | None) -> Rejection | None:
+        """Why this request is answered here at once: a bad target, ingress, or the drain."""
+        shared = self._facade.shared
+        if target is None:
+            return _BAD_TARGET
+        if shared.ingress is not None:
+            peer = request.getClientAddress()
+            refused = shared.ingress.check(peer, request.requestHeaders)
+            if refused is not None:
+                return refused
+            shared.ingress.strip_credentials(peer, request.requestHeaders)
+        if shared.draining:
+            request.setHeader(b"connection", b"close")
+            return _SHUTTING_DOWN
+        return None
+
+    def _crashed(self, failure: Failure, request: Request, record: RequestRecord) -> None:
+        log.failure("request handling failed", failure, engine=self._facade.engine)
+        if not request.startedWriting and not request.finished:
+            write_error(request, 500, "internal proxy error", "internal-error")
+        else:
+            abort(request.transport)
+        record.publish(self._facade.shared.bus, status=500, node_id=None, error="internal-error")
+
+    async def _tunnel(self, request: Request, record: RequestRecord, target: Node | None) -> None:
+        """A WebSocket upgrade (§2.1): the base order with demotion, no reservation; or the
+        targeted node alone."""
+        facade = self._facade
+        shared = facade.shared
+        if target is not None:
+            nodes = [target]
+        else:
+            nodes, _ = facade.order(list(facade.directory.nodes()), head_selection=False)
+        assert shared.endpoints is not None
+        await open_tunnel(
+            request,
+            nodes,
+            target_of(request.uri),
+            engine=facade.engine,
+            book=shared.tunnels,
+            endpoints=shared.endpoints,
+            clock=shared.clock,
+            timeout=shared.settings.response_header_timeout,
+            record=record,
+            bus=shared.bus,
+        )
+
+    async def _model_list(
+        self, request: Request, path: str, record: RequestRecord, target: Node | None
+    ) -> None:
+        """Answer a model list from every node at once (docs/behaviour.md §4.3), or from the
+        targeted node alone."""
+        facade = self._facade
+        fmt = facade.profile.model_lists[path]
+        if target is not None:
+            nodes = [target]
+        else:
+            nodes, _ = facade.order(list(facade.directory.nodes()), head_selection=False)
+        result = await aggregate_model_list(
+            fmt,
+            nodes,
+            target_of(request.uri).decode("latin-1"),
+            facade.shared.http,
+            facade.shared.clock,
+            timeout=facade.shared.settings.model_list_timeout,
+        )
+        if not request.finished and request.channel is not None:
+            request.setResponseCode(result.status)
+            request.setHeader(b"content-type", b"application/json")
+            request.setHeader(b"x-content-type-options", b"nosniff")
+            request.setHeader(b"content-length", b"%d" % len(result.body))
+            request.write(result.body)
+            request.finish()
+        record.publish(
+            facade.shared.bus,
+            status=result.status,
+            node_id=None,
+            error=None if result.status == 200 else "inventory-unavailable",
+        )

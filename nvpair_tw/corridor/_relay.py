@@ -1,0 +1,305 @@
+# -*- test-case-name: tests.corridor.test_relay -*-
+"""A committed response on its way to the client, from the first byte to the end.
+
+See docs/behaviour.md §6.2. After commit nothing is replayed: the client gets the upstream's bytes as
+they arrive, the upstream is paused while the client's socket is full, and a client that accepts
+nothing for the write-stall budget is reset. When the upstream dies mid-stream every byte already
+received is delivered and the client connection is then closed *without* the end of the framing (no
+terminating chunk, fewer bytes than the declared ``Content-Length``), so the client sees an
+incomplete message; a reset is kept for the one framing where a clean close would look complete
+(a close-delimited answer to the client). :func:`relay` returns a :class:`RelayOutcome` and writes
+nothing into its caller's state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+
+from attrs import frozen
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.web.http import NO_BODY_CODES, HTTPChannel
+from twisted.web.iweb import IResponse
+from twisted.web.server import Request
+from zope.interface import implementer
+
+from nvpair_tw.assembly import AssemblyGate
+from nvpair_tw.core import abort, close, forward_headers
+from nvpair_tw.corridor._attempts import CallerState, Committed
+from nvpair_tw.corridor._terminal import TerminalFrameDetector
+from nvpair_tw.upstream import BodyEnd, BodyGate
+
+__all__ = ["Progress", "RelayEnd", "RelayOutcome", "StallGuard", "cut", "relay"]
+
+DROPPED_MID_STREAM = "upstream dropped mid-stream"
+CLIENT_STOPPED_READING = "client stopped reading"
+
+
+@implementer(IPushProducer)
+class StallGuard:
+    """Forwards the client's flow control to the upstream; fires ``on_stall`` if paused too long."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        upstream: IPushProducer,
+        budget: float,
+        on_stall: Callable[[], None],
+    ) -> None:
+        self._clock = clock
+        self._upstream = upstream
+        self._budget = budget
+        self._on_stall = on_stall
+        self._timer: IDelayedCall | None = None
+
+    def pauseProducing(self) -> None:
+        self._upstream.pauseProducing()
+        if self._timer is None and self._budget > 0:
+            self._timer = self._clock.callLater(self._budget, self._stalled)
+
+    def resumeProducing(self) -> None:
+        self.cancel()
+        self._upstream.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self.cancel()
+        self._upstream.stopProducing()
+
+    def cancel(self) -> None:
+        """Disarm the stall timer (every exit path calls this)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _stalled(self) -> None:
+        self._timer = None
+        self._on_stall()
+
+
+class Progress:
+    """What has been relayed: bytes, and whether the answer is already complete for the client.
+
+    Complete means the stream's terminal frame passed (SSE ``[DONE]``, NDJSON ``"done": true``) or every
+    ``Content-Length`` byte did: a client that hangs up after that got its whole answer.
+    """
+
+    def __init__(self, content_type: str | None, length: int | object) -> None:
+        self.sent = 0
+        self._length = length if isinstance(length, int) else None  # UNKNOWN_LENGTH is a str
+        self.frames = TerminalFrameDetector(content_type)
+
+    def wrap(self, write: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        """A sink that counts and watches frames before writing."""
+        feed = self.frames.feed
+        streaming = self.frames.streaming
+
+        def sink(data: bytes) -> None:
+            self.sent += len(data)
+            if streaming:
+                feed(data)
+            write(data)
+
+        return sink
+
+    @property
+    def streaming(self) -> bool:
+        return self.frames.streaming
+
+    @property
+    def complete(self) -> bool:
+        if self.frames.seen:
+            return True
+        return self._length is not None and self.sent >= self._length
+
+
+class RelayEnd(Enum):
+    """How a relay ended."""
+
+    FINISHED = "finished"
+    """The upstream body ended cleanly and the client's response was finished."""
+
+    TRUNCATED = "truncated"
+    """The upstream died (or a close-delimited stream ended before its terminal frame): what
+    arrived was delivered and the client connection closed without the end of the framing."""
+
+    CALLER_GONE = "caller-gone"
+    """The client left, stopped reading, or the workload was cancelled."""
+
+
+@frozen
+class RelayOutcome:
+    """What the relay did: the facade turns it into the workload's end, affinity and the record.
+
+    ``error`` is what the record reports (None when the client got the whole answer); ``complete``
+    says whether the client got the whole answer, even if it hung up right after it;
+    ``terminal_seen`` whether a stream's terminal frame passed; ``streaming`` whether the body was
+    an SSE or NDJSON stream.
+    """
+
+    status: int
+    end: RelayEnd
+    error: str | None
+    complete: bool
+    terminal_seen: bool
+    streaming: bool
+    sent: int
+
+
+async def relay(
+    request: Request,
+    committed: Committed,
+    caller: CallerState,
+    clock: IReactorTime,
+    write_stall_timeout: float,
+) -> RelayOutcome:
+    """Relay ``committed`` to ``request`` until the body ends, the upstream dies or the caller goes."""
+    response = committed.response
+    _write_head(request, response, committed.node.id)
+    content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
+    progress = Progress(content_type.decode("latin-1"), response.length)
+    if committed.first:
+        progress.wrap(request.write)(committed.first)
+    else:
+        request.write(b"")  # the head goes out now, even before the first body byte
+    sink = progress.wrap(_body_writer(request))
+    end = await _pump(request, committed.gate, sink, caller, clock, write_stall_timeout)
+    if end is not None:
+        progress.frames.finish()
+
+    def outcome(how: RelayEnd, error: str | None) -> RelayOutcome:
+        return RelayOutcome(
+            status=response.code,
+            end=how,
+            error=error,
+            complete=progress.complete,
+            terminal_seen=progress.frames.seen,
+            streaming=progress.streaming,
+            sent=progress.sent,
+        )
+
+    if caller.gone is not None:
+        return outcome(RelayEnd.CALLER_GONE, None if progress.complete else caller.gone)
+    if end is None or (end is BodyEnd.CLOSED and progress.streaming and not progress.frames.seen):
+        cut(request, clock, write_stall_timeout)
+        return outcome(RelayEnd.TRUNCATED, DROPPED_MID_STREAM)
+    request.finish()
+    return outcome(RelayEnd.FINISHED, None)
+
+
+async def _pump(
+    request: Request,
+    gate: BodyGate | AssemblyGate,
+    sink: Callable[[bytes], None],
+    caller: CallerState,
+    clock: IReactorTime,
+    write_stall_timeout: float,
+) -> BodyEnd | None:
+    """Relay the gate's body into ``sink`` under the client's flow control; how it ended (None:
+    the upstream dropped it, or the caller's departure cut it)."""
+
+    def write_stalled() -> None:
+        caller.abandon(CLIENT_STOPPED_READING)
+        abort(request.transport)
+
+    guard = StallGuard(clock, gate.producer(), write_stall_timeout, write_stalled)
+    registered = _connected(request)
+    if registered:
+        request.registerProducer(guard, True)
+    caller.track(gate.stop)
+    gate.start_relay(sink)
+    try:
+        return await gate.done
+    except Exception:
+        return None
+    finally:
+        guard.cancel()
+        caller.track(None)
+        if registered and _connected(request):
+            request.unregisterProducer()
+
+
+def _write_head(request: Request, response: IResponse, node_id: str) -> None:
+    """Status, the forwarded headers, ``X-NVPair-Node`` and the upstream's framing."""
+    request.setResponseCode(response.code, response.phrase)
+    for name, values in forward_headers(response.headers).getAllRawHeaders():
+        request.responseHeaders.setRawHeaders(name, list(values))
+    request.responseHeaders.setRawHeaders(b"x-nvpair-node", [node_id.encode()])
+    if (
+        isinstance(response.length, int)
+        and request.method != b"HEAD"
+        and response.code not in (204, 304)
+    ):
+        # Twisted's client moves Content-Length into ``response.length``; keep the framing.
+        request.setHeader(b"content-length", b"%d" % response.length)
+
+
+def _body_writer(request: Request) -> Callable[[bytes], None]:
+    """How the rest of the body is written once the head is out.
+
+    After the head, Twisted's ``Request.write`` only adds the chunk framing (and counts
+    ``sentLength``, which nothing here reads) on its way through three calls to the transport; on
+    an HTTP/1.1 channel the relay writes the same bytes to the transport itself, one write per
+    upstream read (docs/performance.md, "Many slow streams"). Anything unusual (HEAD, a body-less
+    status, an encoder, another channel type) keeps ``request.write``.
+    """
+    channel = request.channel
+    if (
+        not isinstance(channel, HTTPChannel)
+        or channel.transport is None
+        or not request.startedWriting
+        or request.finished
+        or request.method == b"HEAD"
+        or request.code in NO_BODY_CODES
+        or getattr(request, "_encoder", None) is not None
+    ):
+        return request.write
+    transport = channel.transport
+    if not request.chunked:
+        return transport.write
+
+    def write_chunk(data: bytes) -> None:
+        if data:
+            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+
+    return write_chunk
+
+
+def cut(request: Request, clock: IReactorTime, budget: float) -> None:
+    """End an unfinished answer so the client can tell (docs/behaviour.md §6.2).
+
+    Used when the node died mid-stream, and when the proxy itself ends a request early (a
+    cancelled workload, the drain's deadline); nothing written yet: a plain close.
+
+    Chunked or ``Content-Length`` framing: close after the bytes already written (FIN); the missing
+    terminating chunk or the short count tells the client. A client that does not read what is
+    left is reset after ``budget``. Close-delimited framing (an HTTP/1.0 client, no length): a
+    clean close would look complete, so reset.
+    """
+    transport = request.transport
+    if not _connected(request) or transport is None:
+        return
+    if _close_delimited(request):
+        abort(transport)
+        return
+    lost = request.notifyFinish()
+    timer: IDelayedCall | None = clock.callLater(budget, abort, transport) if budget > 0 else None
+
+    def ended(_: object) -> None:
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    lost.addBoth(ended)
+    close(transport)
+
+
+def _close_delimited(request: Request) -> bool:
+    """Whether the client's response has started and is framed by closing the connection."""
+    return (
+        bool(request.startedWriting)
+        and not request.chunked
+        and not request.responseHeaders.hasHeader(b"content-length")
+    )
+
+
+def _connected(request: Request) -> bool:
+    return request.channel is not None

@@ -1,0 +1,116 @@
+# -*- test-case-name: tests.corridor.test_state -*-
+"""The state a facade keeps, and the state every facade of one process shares.
+
+:class:`FacadeState` holds one engine's per-facade state (the pin, stall cooldowns, the affinity table,
+the node directory and inventory, the admission slots and queue, the progress record) and answers
+the two questions the corridor asks of it: which nodes
+may serve a model (docs/behaviour.md §4.2) and in what order (§5). :class:`Shared` is what every
+facade of a process shares: the clock, the upstream clients, the reservation ledger, the workloads
+and the event bus.
+"""
+
+from __future__ import annotations
+
+from attrs import Factory, define
+from treq.client import HTTPClient
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.iweb import IAgentEndpointFactory
+
+from nvpair_tw.core import EngineProfile, Settings
+from nvpair_tw.corridor._tunnel import TunnelBook
+from nvpair_tw.corridor._workloads import WorkloadRegistry
+from nvpair_tw.events import EventBus
+from nvpair_tw.inbound import IngressPolicy
+from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.selection import (
+    Admission,
+    AffinityTable,
+    InventoryBook,
+    IStallTracker,
+    ProgressBook,
+    ReservationLedger,
+    order_candidates,
+)
+from nvpair_tw.upstream import UpstreamClient
+
+__all__ = ["FacadeState", "Shared"]
+
+
+@define
+class Shared:
+    """What every facade of one process shares: clock, clients, ledger, workloads, events."""
+
+    clock: IReactorTime
+    client: UpstreamClient
+    http: HTTPClient
+    ledger: ReservationLedger
+    workloads: WorkloadRegistry
+    bus: EventBus
+    settings: Settings
+    ingress: IngressPolicy | None = None
+    draining: bool = False
+    endpoints: IAgentEndpointFactory | None = None
+    """How nodes are dialled outside the agent (WebSocket tunnels, §2.1)."""
+    tunnels: TunnelBook = Factory(
+        lambda self: TunnelBook(self.settings.max_tunnels), takes_self=True
+    )
+    """The open WebSocket tunnels and their cap."""
+
+
+@define
+class FacadeState:
+    """The state of one engine's facade."""
+
+    profile: EngineProfile
+    shared: Shared
+    directory: NodeDirectory
+    inventory: InventoryBook
+    stalls: IStallTracker
+    affinity: AffinityTable
+    admission: Admission
+    pin: str | None = None
+    first_body_gate: bool = True
+    progress: ProgressBook = Factory(lambda self: ProgressBook(self.shared.clock), takes_self=True)
+    """When each node last delivered inference body bytes, and its busy waits (§6.4)."""
+
+    @property
+    def engine(self) -> str:
+        return self.profile.name
+
+    def eligible(self, model: str | None) -> list[Node]:
+        """Nodes allowed for a request: owners of the model (docs/behaviour.md §4.2), or every node."""
+        nodes = list(self.directory.nodes())
+        if not model:
+            return nodes
+        return [n for n in nodes if self.inventory.advertises(n.id, model)]
+
+    def order(
+        self,
+        nodes: list[Node],
+        *,
+        head_selection: bool,
+        affinity_hint: str | None = None,
+        model: str | None = None,
+    ) -> tuple[list[Node], bool]:
+        """Candidate order for ``nodes`` (§5): (ordered nodes, whether the warm node was promoted).
+
+        With head selection and a ``model``, the nodes where the model is known resident (§6.4)
+        win ties on load.
+        """
+        by_id = {n.id: n for n in nodes}
+        resident = (
+            {n.id for n in nodes if self.inventory.resident(n.id, model)}
+            if head_selection and model
+            else set()
+        )
+        ordering = order_candidates(
+            [n.id for n in nodes],
+            pin=self.pin or None,
+            snapshot=self.shared.ledger.in_force,
+            ledger_view=self.shared.ledger,
+            affinity_hint=affinity_hint,
+            head_selection=head_selection,
+            cooling=self.stalls.cooling(),
+            resident=resident,
+        )
+        return [by_id[i] for i in ordering.nodes], ordering.affinity

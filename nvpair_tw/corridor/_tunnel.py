@@ -1,0 +1,524 @@
+# -*- test-case-name: tests.corridor.test_tunnel -*-
+"""The WebSocket tunnel of the lmstudio facade (docs/behaviour.md §2.1).
+
+A ``GET`` with ``Upgrade: websocket`` is tried against the candidates in order. The upgrade
+request is written to each node by hand (raw HTTP/1.1 over the runtime's endpoint factory, so TLS
+trust and IP-literal dialling are the same as for every other request); until a node answers
+``101 Switching Protocols`` nothing is committed, so a refusal, a timeout or any other status
+moves on to the next node, and the last node's non-101 answer becomes the client's answer. After
+the 101 the node's response head is relayed verbatim and the two connections are spliced
+byte-for-byte, each transport registered as the other's push producer (backpressure both ways),
+until either side closes, which closes the other.
+
+Why a raw splice and not ``twisted.web.websocket`` or autobahn: the proxy need not understand a
+single frame (no inspection, no rewriting), a frame-level proxy would parse and re-serialise every
+frame and would have to agree with both peers on extensions (``permessage-deflate``) and limits,
+and the node's own handshake answer (``Sec-WebSocket-Accept``, chosen subprotocol, extensions)
+reaches the client untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+from attrs import define, field, frozen
+from twisted.internet.defer import Deferred
+from twisted.internet.endpoints import connectProtocol
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.python.failure import Failure
+from twisted.web.client import URI
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory
+from twisted.web.server import Request
+from zope.interface import implementer
+
+from nvpair_tw.core import (
+    HOP_BY_HOP,
+    abort,
+    close,
+    forward_headers,
+    header_tokens,
+    upstream_request_headers,
+    write_error,
+)
+from nvpair_tw.corridor._workloads import AttemptOutcome, RequestRecord, status_outcome
+from nvpair_tw.events import EventBus
+from nvpair_tw.inbound import LimitedChannel
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node
+
+__all__ = [
+    "TUNNEL_ENGINES",
+    "IllegalTunnelCall",
+    "Tunnel",
+    "TunnelBook",
+    "TunnelState",
+    "is_upgrade",
+    "open_tunnel",
+]
+
+TUNNEL_ENGINES = frozenset({"lmstudio"})
+"""Facades that carry WebSocket upgrades (the LM Studio SDK channel)."""
+
+MAX_HEAD_BYTES = 64 * 1024
+"""A node's response head longer than this is a failed attempt."""
+MAX_REFUSAL_BODY = 1024 * 1024
+"""The largest non-101 answer body relayed to the client (a longer one: 502)."""
+
+_log = LevelledLogger(namespace="nvpair_tw.tunnel")
+
+
+class IllegalTunnelCall(Exception):
+    """A :class:`Tunnel` method was called in a state where it is not allowed."""
+
+
+class TunnelState(Enum):
+    """The states of a :class:`Tunnel`.
+
+    ``HANDSHAKE``: the upgrade request is being tried against the candidates; nothing has reached
+    the client. Allowed: :meth:`Tunnel.open`, :meth:`Tunnel.close`.
+
+    ``OPEN``: a node answered 101, its head went to the client, the connections are spliced.
+    Allowed: :meth:`Tunnel.client_data`, :meth:`Tunnel.node_data`, :meth:`Tunnel.client_lost`,
+    :meth:`Tunnel.node_lost`, :meth:`Tunnel.close`.
+
+    ``CLOSED``: either side closed and the other was closed too (terminal). :meth:`Tunnel.close`
+    and the ``*_lost`` notifications are no-ops; data raises.
+
+    Any other call raises :class:`IllegalTunnelCall`.
+    """
+
+    HANDSHAKE = "handshake"
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+def is_upgrade(request: Request) -> bool:
+    """A ``GET`` asking to switch to WebSocket (``Upgrade: websocket``, ``Connection: upgrade``)."""
+    if request.method != b"GET":
+        return False
+    headers = request.requestHeaders
+    upgrade = header_tokens(headers, b"upgrade")
+    connection = header_tokens(headers, b"connection")
+    return b"websocket" in upgrade and b"upgrade" in connection
+
+
+def _pending(transport: Any) -> int:
+    """Bytes a transport holds unsent in user space (0 when it does not say)."""
+    buffered = getattr(transport, "dataBuffer", b"")
+    offset = getattr(transport, "offset", 0)
+    temp = getattr(transport, "_tempDataLen", 0)
+    size = len(buffered) - offset + temp if isinstance(buffered, bytes | bytearray) else temp
+    return size if isinstance(size, int) else 0
+
+
+@define
+class TunnelBook:
+    """The open tunnels of a process: the ``--max-tunnels`` cap and the count per node."""
+
+    limit: int
+    tunnels: set[Tunnel] = field(factory=set)
+    peak_held: int = 0
+    """The most bytes one tunnel ever held unsent in the proxy (both directions)."""
+    on_pause: Callable[[Tunnel, str], None] | None = None
+    """Called with ``"node"`` when a node's reading is paused because its client is slow, and
+    ``"client"`` when a client's reading is paused because its node is slow."""
+
+    def admit(self, engine: str) -> Tunnel | None:
+        """A new tunnel in ``HANDSHAKE``, or None at the cap."""
+        if len(self.tunnels) >= self.limit:
+            return None
+        tunnel = Tunnel(self, engine)
+        self.tunnels.add(tunnel)
+        return tunnel
+
+    def count(self, engine: str, node_id: str) -> int:
+        """Open tunnels to ``node_id`` through ``engine``'s facade (in flight on that node)."""
+        return sum(
+            1
+            for t in self.tunnels
+            if t.state is TunnelState.OPEN and t.engine == engine and t.node_id == node_id
+        )
+
+    def note_held(self, held: int) -> None:
+        self.peak_held = max(self.peak_held, held)
+
+    def close_all(self) -> None:
+        """Close every tunnel (the process stops)."""
+        for tunnel in list(self.tunnels):
+            tunnel.close()
+
+
+@implementer(IPushProducer)
+@define
+class _Valve:
+    """One side's transport as the other side's producer, reporting pauses."""
+
+    tunnel: Tunnel
+    transport: Any
+    side: str
+
+    def pauseProducing(self) -> None:
+        self.transport.pauseProducing()
+        self.tunnel.paused(self.side)
+
+    def resumeProducing(self) -> None:
+        self.transport.resumeProducing()
+
+    def stopProducing(self) -> None:
+        close(self.transport)
+
+
+@define(eq=False)
+class Tunnel:
+    """One upgraded connection: the client's channel spliced to one node (see :class:`TunnelState`)."""
+
+    book: TunnelBook
+    engine: str
+    state: TunnelState = TunnelState.HANDSHAKE
+    node_id: str | None = None
+    _channel: LimitedChannel | None = None
+    _node: Any = None
+    closed: Deferred[None] = field(factory=Deferred)
+    """Fires once the tunnel is ``CLOSED`` and both connections are gone."""
+    _client_gone: bool = False
+    _node_gone: bool = False
+
+    def _require(self, *states: TunnelState) -> None:
+        if self.state not in states:
+            raise IllegalTunnelCall(f"not allowed in state {self.state.name}")
+
+    def open(self, node_id: str, channel: LimitedChannel, node: Any, head: bytes) -> None:
+        """The node answered 101 with ``head`` (and maybe frames): relay it and splice."""
+        self._require(TunnelState.HANDSHAKE)
+        self.state = TunnelState.OPEN
+        self.node_id = node_id
+        self._channel = channel
+        self._node = node
+        client = channel.transport
+        assert client is not None
+        buffered = channel.hand_over(self)
+        channel.registerProducer(_Valve(self, node, "node"), True)
+        node.registerProducer(_Valve(self, client, "client"), True)
+        client.write(head)
+        self.book.note_held(_pending(client))
+        if buffered:
+            self.client_data(buffered)
+
+    def client_data(self, data: bytes) -> None:
+        """Bytes from the client: to the node as they are."""
+        self._require(TunnelState.OPEN)
+        self._node.write(data)
+        self.book.note_held(_pending(self._node))
+
+    def node_data(self, data: bytes) -> None:
+        """Bytes from the node: to the client as they are."""
+        self._require(TunnelState.OPEN)
+        assert self._channel is not None
+        client = self._channel.transport
+        assert client is not None
+        client.write(data)
+        self.book.note_held(_pending(client))
+
+    def paused(self, side: str) -> None:
+        """``side``'s reading was paused (its peer's transport is full)."""
+        if self.book.on_pause is not None:
+            self.book.on_pause(self, side)
+
+    def client_lost(self, reason: Failure = connectionDone) -> None:
+        """The client's connection is gone: close the node's."""
+        self._require(TunnelState.OPEN, TunnelState.CLOSED)
+        self._client_gone = True
+        self.close()
+        self._settle()
+
+    def node_lost(self, reason: Failure = connectionDone) -> None:
+        """The node's connection is gone: close the client's (after what was written to it)."""
+        self._require(TunnelState.OPEN, TunnelState.CLOSED)
+        self._node_gone = True
+        self.close()
+        self._settle()
+
+    def close(self) -> None:
+        """Close both sides (each after its pending bytes); idempotent. :attr:`closed` fires once
+        both connections are gone (at once when no node was spliced)."""
+        if self.state is TunnelState.CLOSED:
+            return
+        spliced = self.state is TunnelState.OPEN
+        self.state = TunnelState.CLOSED
+        self.book.tunnels.discard(self)
+        if not spliced:
+            self._client_gone = self._node_gone = True
+        if self._node is not None and not self._node_gone:
+            self._node.unregisterProducer()
+            close(self._node)
+        if self._channel is not None and not self._client_gone:
+            self._channel.unregisterProducer()
+            close(self._channel.transport)
+        self._settle()
+
+    def _settle(self) -> None:
+        if self._client_gone and self._node_gone and not self.closed.called:
+            self.closed.callback(None)
+
+
+# --- the handshake with one node -----------------------------------------------------------------
+
+
+@frozen
+class _Switched:
+    side: _NodeSide
+    """The node's connection, holding its 101 head and what followed (see ``attach``)."""
+
+
+@frozen
+class _Answer:
+    status: int
+    headers: Headers
+    body: bytes
+
+
+class _HandshakeFailed(Exception):
+    def __init__(self, outcome: str, message: str) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+
+
+class _NodeSide(Protocol):
+    """The node's connection: reads the answer head, then (after a 101) feeds the tunnel."""
+
+    def __init__(self, request_head: bytes) -> None:
+        self._request = request_head
+        self._buffer = b""
+        self.answer: Deferred[_Switched | _Answer] = Deferred()
+        self.tunnel: Tunnel | None = None
+        self._status = 0
+        self._headers = Headers()
+        self._length: int | None = None
+        self._switched = False
+        self._early = b""
+        self.lost = False
+
+    def attach(self, tunnel: Tunnel) -> bytes:
+        """Feed the tunnel from now on; returns the 101 head and what followed it so far."""
+        self.tunnel = tunnel
+        early, self._early = self._early, b""
+        return early
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(self._request)
+
+    def _fail(self, outcome: str, message: str) -> None:
+        if not self.answer.called:
+            self.answer.errback(_HandshakeFailed(outcome, message))
+        abort(self.transport)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.tunnel is not None:
+            self.tunnel.node_data(data)
+            return
+        if self._switched:
+            self._early += data
+            return
+        if self.answer.called:
+            return
+        self._buffer += data
+        if self._status:
+            self._refusal_body()
+            return
+        end = self._buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(self._buffer) > MAX_HEAD_BYTES:
+                self._fail(AttemptOutcome.DROPPED.value, "the node's answer head is too long")
+            return
+        head, self._buffer = self._buffer[: end + 4], self._buffer[end + 4 :]
+        lines = head[:-4].split(b"\r\n")
+        parts = lines[0].split(b" ", 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+            self._fail(AttemptOutcome.DROPPED.value, "the node's answer is not HTTP/1.1")
+            return
+        status = int(parts[1])
+        if status == 101:
+            self._switched = True
+            self._early, self._buffer = head + self._buffer, b""
+            self.answer.callback(_Switched(self))
+            return
+        self._status = status
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip():
+                self._headers.addRawHeader(name.strip(), value.strip())
+        length = self._headers.getRawHeaders(b"content-length", [])
+        chunked = any(
+            b"chunked" in v.lower() for v in self._headers.getRawHeaders(b"transfer-encoding", [])
+        )
+        if chunked:
+            self._fail(status_outcome(status), f"the node answered {status}")
+            return
+        self._length = int(length[0]) if length and length[0].isdigit() else None
+        if self._length is None and status in (204, 304):
+            self._length = 0
+        self._refusal_body()
+
+    def _refusal_body(self) -> None:
+        if len(self._buffer) > MAX_REFUSAL_BODY:
+            self._fail(status_outcome(self._status), f"the node answered {self._status}")
+        elif self._length is not None and len(self._buffer) >= self._length:
+            body = self._buffer[: self._length]
+            self.answer.callback(_Answer(self._status, self._headers, body))
+            close(self.transport)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self.tunnel is not None:
+            self.tunnel.node_lost(reason)
+        elif self._switched:
+            self.lost = True  # before the tunnel attached: open_tunnel tells it
+        elif not self.answer.called:
+            if self._status and self._length is None:
+                self.answer.callback(_Answer(self._status, self._headers, self._buffer))
+            else:
+                self._fail(AttemptOutcome.DROPPED.value, "the node closed during the handshake")
+
+
+def _request_head(request: Request, node: Node, target: bytes, uri: URI) -> bytes:
+    """The upgrade request toward ``node``: end-to-end headers, the upgrade, its credentials."""
+    host = getattr(request.getClientAddress(), "host", None)
+    headers = upstream_request_headers(
+        request.requestHeaders, host if isinstance(host, str) else None
+    )
+    headers.setRawHeaders(b"upgrade", request.requestHeaders.getRawHeaders(b"upgrade", []))
+    headers.setRawHeaders(b"connection", [b"Upgrade"])
+    authorization = node.authorization
+    if authorization is not None:
+        headers.setRawHeaders(b"authorization", [authorization])
+    default = 443 if uri.scheme == b"https" else 80
+    netloc = uri.host if uri.port == default else b"%s:%d" % (uri.host, uri.port)
+    lines = [b"GET " + target + b" HTTP/1.1", b"Host: " + netloc]
+    for name, values in headers.getAllRawHeaders():
+        lines.extend(name + b": " + value for value in values)
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+async def _handshake(
+    request: Request,
+    node: Node,
+    target: bytes,
+    endpoints: IAgentEndpointFactory,
+    clock: IReactorTime,
+    timeout: float,
+) -> _Switched | _Answer:
+    """Try the upgrade on one node; raises :class:`_HandshakeFailed`."""
+    base = node.public_url.rstrip("/").encode("utf-8")
+    uri = URI.fromBytes(base + target)
+    side = _NodeSide(_request_head(request, node, target, uri))
+    try:
+        await connectProtocol(endpoints.endpointForURI(uri), side)
+    except Exception as error:
+        raise _HandshakeFailed(AttemptOutcome.CONNECT_ERROR.value, "connection failed") from error
+    timer: IDelayedCall = clock.callLater(
+        timeout, side._fail, AttemptOutcome.STALL.value, "no answer to the upgrade"
+    )
+    try:
+        return await side.answer
+    finally:
+        if timer.active():
+            timer.cancel()
+
+
+async def open_tunnel(
+    request: Request,
+    candidates: list[Node],
+    target: bytes,
+    *,
+    engine: str,
+    book: TunnelBook,
+    endpoints: IAgentEndpointFactory,
+    clock: IReactorTime,
+    timeout: float,
+    record: RequestRecord,
+    bus: EventBus,
+) -> None:
+    """Try ``candidates`` in order until one switches protocols; splice; conclude on close."""
+    tunnel = book.admit(engine)
+    if tunnel is None:
+        write_error(request, 503, "too many open tunnels", "too-many-tunnels")
+        record.publish(bus, status=503, node_id=None, error="too-many-tunnels")
+        return
+    gone: list[bool] = []
+    request.notifyFinish().addErrback(lambda _: gone.append(True))
+    last: _Answer | None = None
+    failure = "no node accepted the upgrade"
+    try:
+        for node in candidates:
+            record.attempt_started(node.id)
+            try:
+                answer = await _handshake(request, node, target, endpoints, clock, timeout)
+            except _HandshakeFailed as error:
+                record.attempt_ended(error.outcome)
+                failure = f"{node.id}: {error}"
+                last = None
+                continue
+            if gone or tunnel.state is TunnelState.CLOSED:
+                record.attempt_ended(AttemptOutcome.CANCELLED.value)
+                if isinstance(answer, _Switched):
+                    close(answer.side.transport)
+                break
+            if isinstance(answer, _Answer):
+                record.attempt_ended(status_outcome(answer.status))
+                last = answer
+                continue
+            record.attempt_ended(AttemptOutcome.COMMITTED.value)
+            await _splice(request, tunnel, node, answer, record, bus)
+            return
+    finally:
+        tunnel.close()
+    if gone:
+        record.publish(bus, status=499, node_id=None, error="client disconnected")
+    elif last is not None:
+        _relay_answer(request, last)
+        record.publish(bus, status=last.status, node_id=None, error=status_outcome(last.status))
+    else:
+        write_error(request, 502, failure, "upstream-error")
+        record.publish(bus, status=502, node_id=None, error="upstream-error")
+
+
+async def _splice(
+    request: Request,
+    tunnel: Tunnel,
+    node: Node,
+    answer: _Switched,
+    record: RequestRecord,
+    bus: EventBus,
+) -> None:
+    """After the node's 101: splice the client's channel and the node's connection until one
+    closes, then publish the record."""
+    channel = request.channel
+    if not isinstance(channel, LimitedChannel):
+        close(answer.side.transport)
+        write_error(request, 500, "this listener cannot carry a tunnel", "internal-error")
+        record.publish(bus, status=500, node_id=None, error="internal-error")
+        return
+    record.first_byte()
+    tunnel.open(node.id, channel, answer.side.transport, answer.side.attach(tunnel))
+    if answer.side.lost:
+        tunnel.node_lost()
+    await tunnel.closed
+    record.publish(bus, status=101, node_id=node.id, error=None)
+
+
+def _relay_answer(request: Request, answer: _Answer) -> None:
+    """The last node's non-101 answer as the client's (end-to-end headers, the body)."""
+    if request.finished or request.channel is None:
+        return
+    request.setResponseCode(answer.status)
+    drop = frozenset({b"content-length", *HOP_BY_HOP})
+    for name, values in forward_headers(answer.headers, drop).getAllRawHeaders():
+        request.responseHeaders.setRawHeaders(name, list(values))
+    request.setHeader(b"content-length", b"%d" % len(answer.body))
+    request.setHeader(b"connection", b"close")
+    request.write(answer.body)
+    request.finish()

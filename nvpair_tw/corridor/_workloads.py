@@ -1,0 +1,369 @@
+# -*- test-case-name: tests.corridor.test_workloads -*-
+"""Workloads (docs/behaviour.md §7) and the per-request record.
+
+A workload is one inference request with a model, whatever the number of attempts. Its one terminal
+guard makes sure exactly one terminal event is published however many exit paths race to end it.
+The request record gathers the metadata of one request (rejections included) for ``proxy/request``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from enum import Enum
+from typing import Any
+
+from attrs import define, field, frozen, setters
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import LogLevel
+
+from nvpair_tw.events import (
+    PROXY_REQUEST,
+    WORKLOAD_COMPLETED,
+    WORKLOAD_ERRORED,
+    WORKLOAD_QUEUED,
+    WORKLOAD_STARTED,
+    EventBus,
+)
+from nvpair_tw.logs import LevelledLogger
+
+__all__ = [
+    "Attempt",
+    "AttemptOutcome",
+    "RequestRecord",
+    "Workload",
+    "WorkloadRegistry",
+    "WorkloadState",
+    "status_outcome",
+]
+
+# An attempt still open when the next one starts or the record is published.
+UNFINISHED = "unfinished"
+
+
+class WorkloadState(Enum):
+    """The ``state`` of a workload once queued or dispatched."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_TERMINAL = frozenset({WorkloadState.COMPLETED, WorkloadState.FAILED, WorkloadState.CANCELLED})
+
+
+def _ms(clock: IReactorTime) -> int:
+    return int(clock.seconds() * 1000)
+
+
+@define(eq=False)
+class Workload:
+    """One workload; made by `WorkloadRegistry.create`, ended exactly once."""
+
+    id: int
+    engine: str
+    model: str
+    _run_id: str
+    _clock: IReactorTime
+    _bus: EventBus
+    _on_terminal: Callable[[Workload], None]
+    created_at: int
+    state: WorkloadState | None = field(init=False, default=None)
+    scheduled_on: str | None = field(init=False, default=None)
+    started_at: int | None = field(init=False, default=None)
+    completed_at: int | None = field(init=False, default=None)
+    error: str | None = field(init=False, default=None)
+    seq: int = field(init=False, default=0)
+    cancel_hook: Callable[[str], None] | None = field(init=False, default=None)
+
+    @property
+    def terminal(self) -> bool:
+        """Whether the workload has ended (its terminal event is published)."""
+        return self.state in _TERMINAL
+
+    def queued(self) -> None:
+        """Waiting for a slot in the proxy (§6.4): publish ``workload:queued`` (before any dispatch)."""
+        if self.state is not None:
+            return
+        self.state = WorkloadState.QUEUED
+        self._publish(WORKLOAD_QUEUED)
+
+    def running(self, node_id: str) -> None:
+        """Dispatched to ``node_id``: publish ``workload:started`` if that is a new node."""
+        if self.terminal or (self.state is not None and node_id == self.scheduled_on):
+            return
+        self.state = WorkloadState.RUNNING
+        self.scheduled_on = node_id
+        if self.started_at is None:
+            self.started_at = _ms(self._clock)
+        self._publish(WORKLOAD_STARTED)
+
+    def complete(self) -> bool:
+        """End as completed; ``True`` if this call ended the workload."""
+        return self._end(WorkloadState.COMPLETED, None)
+
+    def fail(self, error: str) -> bool:
+        """End as failed with ``error``; ``True`` if this call ended the workload."""
+        return self._end(WorkloadState.FAILED, error)
+
+    def cancel(self, error: str) -> bool:
+        """End as cancelled with ``error``; ``True`` if this call ended the workload."""
+        return self._end(WorkloadState.CANCELLED, error)
+
+    def info(self) -> dict[str, Any]:
+        """The ``workloadInfo`` of docs/behaviour.md §7."""
+        return {
+            "id": self.id,
+            "runId": self._run_id,
+            "engine": self.engine,
+            "model": self.model,
+            "state": None if self.state is None else self.state.value,
+            "scheduledOn": self.scheduled_on,
+            "createdAt": self.created_at,
+            "startedAt": self.started_at,
+            "completedAt": self.completed_at,
+            "error": self.error,
+            "seq": self.seq,
+        }
+
+    def _end(self, state: WorkloadState, error: str | None) -> bool:
+        if self.terminal:
+            return False
+        self.state = state
+        self.error = error
+        self.completed_at = _ms(self._clock)
+        self._on_terminal(self)
+        self._publish(WORKLOAD_COMPLETED if state is WorkloadState.COMPLETED else WORKLOAD_ERRORED)
+        return True
+
+    def _publish(self, name: str) -> None:
+        self.seq += 1
+        self._bus.publish(name, {"workload": self.info()})
+
+
+def _run_id_or_new(value: str | None) -> str:
+    return secrets.token_hex(8) if value is None else value
+
+
+@define(eq=False, on_setattr=setters.NO_OP)
+class WorkloadRegistry:
+    """Per process: the workload id counter, a random ``run_id`` and the live workloads."""
+
+    log = LevelledLogger(namespace="nvpair_tw.workloads")
+
+    _clock: IReactorTime
+    _bus: EventBus
+    run_id: str = field(default=None, converter=_run_id_or_new)
+    _live: dict[int, Workload] = field(init=False, factory=dict)
+    _last_workload_id: int = field(init=False, default=0)
+    _last_request: int = field(init=False, default=0)
+
+    def create(self, engine: str, model: str) -> Workload:
+        """A new live workload; no event until its first dispatch (`Workload.running`)."""
+        self._last_workload_id += 1
+        workload = Workload(
+            self._last_workload_id,
+            engine,
+            model,
+            self.run_id,
+            self._clock,
+            self._bus,
+            self._forget,
+            _ms(self._clock),
+        )
+        self._live[workload.id] = workload
+        return workload
+
+    def get(self, workload_id: int) -> Workload | None:
+        """The live workload with this id, or ``None``."""
+        return self._live.get(workload_id)
+
+    def live(self) -> list[Workload]:
+        """The workloads not yet terminal, oldest first."""
+        return list(self._live.values())
+
+    def cancel(self, workload_id: int, reason: str = "cancelled by request") -> bool:
+        """Ask a live workload to stop; ``False`` if no live workload has this id.
+
+        The workload's ``cancel_hook`` aborts its request, whose path then ends the workload; with
+        no hook (or a hook that raises) the workload is cancelled here.
+        """
+        workload = self._live.get(workload_id)
+        if workload is None:
+            return False
+        hook = workload.cancel_hook
+        if hook is None:
+            workload.cancel(reason)
+            return True
+        try:
+            hook(reason)
+        except Exception:
+            self.log.failure(
+                "cancel hook of workload {workload_id} failed",
+                level=LogLevel.error,
+                workload_id=workload_id,
+            )
+            workload.cancel(reason)
+        return True
+
+    def next_request_id(self) -> str:
+        """A request id unique in this process: ``<run_id>-<n>``."""
+        self._last_request += 1
+        return f"{self.run_id}-{self._last_request}"
+
+    def _forget(self, workload: Workload) -> None:
+        self._live.pop(workload.id, None)
+
+
+class AttemptOutcome(Enum):
+    """How one attempt ended; status outcomes are `status_outcome` strings."""
+
+    CONNECT_ERROR = "connect-error"
+    STALL = "stall"
+    DROPPED = "dropped"
+    FIRST_BODY_TIMEOUT = "first-body-timeout"
+    COMMITTED = "committed"
+    CANCELLED = "cancelled"
+
+
+def status_outcome(code: int) -> str:
+    """The outcome of an attempt answered with HTTP status ``code``: ``status-<code>``."""
+    return f"status-{code}"
+
+
+@frozen
+class Attempt:
+    """One closed attempt of a request."""
+
+    node_id: str
+    outcome: str
+    ms: int
+    busy_waits: int = 0
+    """Header-deadline periods waited because the node showed progress elsewhere (§6.4)."""
+
+
+def _strip_query(path: str) -> str:
+    return path.split("?", 1)[0]
+
+
+def _elapsed_ms(start: float, end: float) -> int:
+    return round((end - start) * 1000)
+
+
+@define(eq=False, on_setattr=setters.NO_OP)
+class RequestRecord:
+    """One per request (rejections included); published once as ``proxy/request``.
+
+    ``started`` and ``first_byte_at`` are clock seconds; ``path`` never carries the query string.
+    """
+
+    _clock: IReactorTime
+    id: str
+    engine: str
+    method: str
+    path: str = field(converter=_strip_query)
+    started: float
+    node_id: str | None = field(init=False, default=None)
+    status: int | None = field(init=False, default=None)
+    error: str | None = field(init=False, default=None)
+    cache_affinity: bool = field(init=False, default=False)
+    attempts: list[Attempt] = field(init=False, factory=list)
+    first_byte_at: float | None = field(init=False, default=None)
+    queued_ms: int = field(init=False, default=0)
+    ended: float | None = field(init=False, default=None)
+    _current: tuple[str, float] | None = field(init=False, default=None)
+    _busy_waits: int = field(init=False, default=0)
+
+    @classmethod
+    def begin(
+        cls, clock: IReactorTime, request_id: str, engine: str, method: str, path: str
+    ) -> RequestRecord:
+        """Start the record of a request now."""
+        return cls(clock, request_id, engine, method, path, clock.seconds())
+
+    @property
+    def published(self) -> bool:
+        """Whether `publish` has run."""
+        return self.ended is not None
+
+    def attempt_started(self, node_id: str) -> None:
+        """An attempt to ``node_id`` starts now (an attempt still open is closed ``unfinished``)."""
+        self._close_attempt(UNFINISHED)
+        self._current = (node_id, self._clock.seconds())
+        self._busy_waits = 0
+
+    def busy_wait(self) -> None:
+        """The current attempt waits one more deadline period (its node shows progress)."""
+        if self._current is not None:
+            self._busy_waits += 1
+
+    def attempt_ended(self, outcome: str) -> None:
+        """Close the current attempt with ``outcome``; a no-op if none is open."""
+        self._close_attempt(outcome)
+
+    def queued_for(self, seconds: float) -> None:
+        """The request waited ``seconds`` for a slot before its dispatch (or its 503)."""
+        self.queued_ms = round(seconds * 1000)
+
+    def first_byte(self) -> None:
+        """The first response byte went to the client now; later calls are no-ops."""
+        if self.first_byte_at is None:
+            self.first_byte_at = self._clock.seconds()
+
+    def publish(
+        self,
+        bus: EventBus,
+        *,
+        status: int,
+        node_id: str | None,
+        error: str | None,
+        cache_affinity: bool = False,
+    ) -> bool:
+        """Finish the record and publish ``proxy/request`` once; ``False`` on repeat calls."""
+        if self.published:
+            return False
+        self._close_attempt(UNFINISHED)
+        self.ended = self._clock.seconds()
+        self.status = status
+        self.node_id = node_id
+        self.error = error
+        self.cache_affinity = cache_affinity
+        bus.publish(PROXY_REQUEST, self.to_payload())
+        return True
+
+    def to_payload(self) -> dict[str, Any]:
+        """The ``proxy/request`` payload (durations in ms; up to now if not yet published)."""
+        end = self._clock.seconds() if self.ended is None else self.ended
+        ttfb = self.first_byte_at
+        return {
+            "id": self.id,
+            "engine": self.engine,
+            "node_id": self.node_id,
+            "method": self.method,
+            "path": self.path,
+            "status": self.status,
+            "duration_ms": _elapsed_ms(self.started, end),
+            "ttfb_ms": None if ttfb is None else _elapsed_ms(self.started, ttfb),
+            "error": self.error,
+            "attempts": [
+                {
+                    "node_id": a.node_id,
+                    "outcome": a.outcome,
+                    "ms": a.ms,
+                    "busy_waits": a.busy_waits,
+                }
+                for a in self.attempts
+            ],
+            "cache_affinity": self.cache_affinity,
+            "queued_ms": self.queued_ms,
+        }
+
+    def _close_attempt(self, outcome: str) -> None:
+        if self._current is None:
+            return
+        node_id, start = self._current
+        self._current = None
+        elapsed = _elapsed_ms(start, self._clock.seconds())
+        self.attempts.append(Attempt(node_id, outcome, elapsed, self._busy_waits))

@@ -1,0 +1,383 @@
+# -*- test-case-name: tests.fleet.test_sharing -*-
+"""What a fleet shares through its store (docs/behaviour.md §6.6), one class per kind of state.
+
+Each kind writes through a ``write`` function (:meth:`~nvpair_tw.fleet._writer.BatchedWriter.write`),
+applies a peer's published message (``apply``: whether it was applied) and, after a reconnection,
+the keys read back from the store (``resync``). Anything malformed is ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from attrs import define, field, setters
+from twisted.internet.interfaces import IDelayedCall
+
+from nvpair_tw.core import IProxyReactor
+from nvpair_tw.fleet._wire import Codec, Command, Op, json_object
+from nvpair_tw.selection import (
+    AffinityKey,
+    AffinityTable,
+    Cooldown,
+    CooldownListener,
+    ReservationLedger,
+    StallTracker,
+)
+
+__all__ = [
+    "PROGRESS_EVERY",
+    "RESERVATION_BATCH",
+    "RESERVATION_TTL",
+    "SharedAffinity",
+    "SharedAffinityTable",
+    "SharedCooldowns",
+    "SharedProgress",
+    "SharedReservations",
+    "SharedStallTracker",
+]
+
+RESERVATION_TTL = 10.0
+"""A peer's reservation counts are forgotten when not refreshed for this long."""
+RESERVATION_BATCH = 0.01
+"""Seconds: reservation changes within this window go out as one publish."""
+PROGRESS_EVERY = 1.0
+
+Write = Callable[[Command], None]
+
+
+class _Sharing:
+    """What every kind of shared state is given: the clock, the codec, the writer and whether the
+    store is up now."""
+
+    def __init__(
+        self, reactor: IProxyReactor, codec: Codec, write: Write, up: Callable[[], bool]
+    ) -> None:
+        self._reactor = reactor
+        self._codec = codec
+        self._write = write
+        self._up = up
+
+
+class SharedCooldowns(_Sharing):
+    """Stall cooldowns: a key per cooling node with a TTL equal to what is left of the cooldown,
+    published so peers cool the node too; a success anywhere ends it everywhere."""
+
+    def __init__(
+        self, reactor: IProxyReactor, codec: Codec, write: Write, up: Callable[[], bool]
+    ) -> None:
+        super().__init__(reactor, codec, write, up)
+        self.trackers: dict[str, SharedStallTracker] = {}
+
+    def tracker(
+        self, engine: str, period: float, on_change: CooldownListener | None
+    ) -> SharedStallTracker:
+        tracker = SharedStallTracker(self._reactor, period, on_change, store=self, engine=engine)
+        self.trackers[engine] = tracker
+        return tracker
+
+    def share_cooldown(self, engine: str, cooldown: Cooldown) -> None:
+        """Store and publish a local stall's cooldown (TTL = what is left of it when sent).
+
+        While the store is away nothing is queued: when it is back every local cooldown still
+        running is shared again (:meth:`reshare`), with what is left of it then.
+        """
+        if not self._up():
+            return
+        key = self._codec.key("cool", engine, cooldown.node_id)
+        value = json.dumps({"e": engine, "n": cooldown.node_id, "r": cooldown.reason})
+
+        def send() -> list[Op]:
+            left = int((cooldown.until - self._reactor.seconds()) * 1000)
+            if left <= 0:
+                return []
+            message = self._codec.message(
+                "cool", e=engine, n=cooldown.node_id, r=cooldown.reason, ttl=left
+            )
+            return [("set", key, value, left), ("pub", message)]
+
+        self._write(send)
+
+    def share_clear(self, engine: str, node_id: str) -> None:
+        """Delete and publish the end of a cooldown (a success on this proxy)."""
+        key = self._codec.key("cool", engine, node_id)
+        message = self._codec.message("clear", e=engine, n=node_id)
+
+        def send() -> list[Op]:
+            return [("del", key), ("pub", message)]
+
+        self._write(send)
+
+    def reshare(self) -> None:
+        """The store is back: share the cooldowns this proxy saw while it was away."""
+        for engine, stalls in self.trackers.items():
+            for node in stalls.cooling():
+                cooldown = stalls.cooldown(node)
+                if cooldown is not None and cooldown.origin == "local":
+                    self.share_cooldown(engine, cooldown)
+
+    def apply(self, kind: str, engine: str, node: str, message: Mapping[str, Any]) -> bool:
+        stalls = self.trackers.get(engine)
+        if stalls is None:
+            return False
+        if kind == "clear":
+            stalls.end(node, "peer-success")
+            return True
+        ttl = message.get("ttl")
+        if not isinstance(ttl, int) or ttl <= 0:
+            return False
+        stalls.apply_peer(node, str(message.get("r") or "stall"), ttl / 1000)
+        return True
+
+    def resync(self, value: Any, ttl: Any) -> None:
+        entry = json_object(value)
+        if entry is None or not isinstance(ttl, int) or ttl <= 0:
+            return
+        engine, node = entry.get("e"), entry.get("n")
+        stalls = self.trackers.get(engine) if isinstance(engine, str) else None
+        if stalls is not None and isinstance(node, str) and node not in stalls.cooling():
+            stalls.apply_peer(node, str(entry.get("r") or "stall"), ttl / 1000)
+
+    def stop(self) -> None:
+        for stalls in self.trackers.values():
+            stalls.stop()
+
+
+class SharedAffinity(_Sharing):
+    """Affinity entries: sealed digest → node id, with the idle TTL as the key's TTL."""
+
+    def __init__(
+        self,
+        reactor: IProxyReactor,
+        codec: Codec,
+        write: Write,
+        up: Callable[[], bool],
+        *,
+        seal: Callable[[bytes], bytes],
+    ) -> None:
+        super().__init__(reactor, codec, write, up)
+        self._seal = seal
+        self.tables: dict[str, SharedAffinityTable] = {}
+
+    def table(self, engine: str, max_entries: int, idle_ttl: float) -> SharedAffinityTable:
+        table = SharedAffinityTable(
+            self._reactor,
+            max_entries,
+            idle_ttl,
+            seal=self._seal,
+            share=lambda model, digest, node: self.share(engine, model, digest, node),
+        )
+        self.tables[engine] = table
+        return table
+
+    def share(self, engine: str, model: str, digest: bytes, node_id: str) -> None:
+        table = self.tables.get(engine)
+        ttl = int((table.idle_ttl if table is not None else 300.0) * 1000)
+        hexdigest = digest.hex()
+        model_hash = hashlib.sha256(model.encode()).hexdigest()[:16]
+        key = self._codec.key("aff", engine, model_hash, hexdigest)
+        value = json.dumps({"e": engine, "m": model, "d": hexdigest, "n": node_id})
+        message = self._codec.message("aff", e=engine, m=model, d=hexdigest, n=node_id)
+
+        def send() -> list[Op]:
+            return [("set", key, value, ttl), ("pub", message)]
+
+        self._write(send)
+
+    def apply(self, engine: str, node: str, message: Mapping[str, Any]) -> bool:
+        table = self.tables.get(engine)
+        model, digest = message.get("m"), message.get("d")
+        if table is None or not isinstance(model, str) or not isinstance(digest, str):
+            return False
+        table.learn(model, bytes.fromhex(digest), node)
+        return True
+
+    def resync(self, value: Any) -> None:
+        entry = json_object(value)
+        if entry is None:
+            return
+        engine, model, digest, node = (entry.get(k) for k in ("e", "m", "d", "n"))
+        table = self.tables.get(engine) if isinstance(engine, str) else None
+        if table is None or not all(isinstance(v, str) for v in (model, digest, node)):
+            return
+        try:
+            table.learn(str(model), bytes.fromhex(str(digest)), str(node))
+        except ValueError:
+            return
+
+
+class SharedReservations(_Sharing):
+    """Reservation counts: each proxy publishes its own (a key refreshed by the heartbeat, with
+    :data:`RESERVATION_TTL`), and the ledger adds the peers' to its own."""
+
+    def __init__(
+        self, reactor: IProxyReactor, codec: Codec, write: Write, up: Callable[[], bool]
+    ) -> None:
+        super().__init__(reactor, codec, write, up)
+        self._ledger: ReservationLedger | None = None
+        self._timer: IDelayedCall | None = None
+        self._published: dict[str, int] = {}
+        self._peers: dict[str, tuple[dict[str, int], float]] = {}
+
+    def bind(self, ledger: ReservationLedger) -> None:
+        self._ledger = ledger
+        ledger.on_change = self._changed
+
+    def _changed(self) -> None:
+        # Coalesce a burst (a move is a release and a reserve; a short request reserves and
+        # releases) into one publish, off the request path and well inside the 100 ms bound.
+        if self._timer is None:
+            self._timer = self._reactor.callLater(RESERVATION_BATCH, self.send, False)
+
+    def send(self, refresh: bool = True) -> None:
+        """Publish this proxy's counts: when they changed since the last publish, or always on a
+        ``refresh`` (the heartbeat, which keeps the stored key and the peers' view alive)."""
+        self.stop()
+        counts = self._ledger.local_counts() if self._ledger is not None else {}
+        if not refresh and counts == self._published:
+            return
+        self._published = counts
+        key = self._codec.key("res", self._codec.proxy_id)
+        value = json.dumps(counts, separators=(",", ":"))
+        message = self._codec.message("res", c=counts)
+        if not self._up():
+            return  # resent whole on reconnect: a queued count would only be stale
+
+        def send() -> list[Op]:
+            return [("set", key, value, int(RESERVATION_TTL * 1000)), ("pub", message)]
+
+        self._write(send)
+
+    def beat(self) -> None:
+        """The heartbeat: forget peers not heard from for a while, refresh our own counts."""
+        now = self._reactor.seconds()
+        for proxy, (_counts, heard) in list(self._peers.items()):
+            if now - heard > RESERVATION_TTL:
+                del self._peers[proxy]
+                self.settle()
+        if self._ledger is not None and self._ledger.local_counts():
+            self.send()
+
+    def apply(self, message: Mapping[str, Any]) -> bool:
+        counts, origin = message.get("c"), message.get("o")
+        if not isinstance(origin, str) or not isinstance(counts, dict):
+            return False
+        clean = {str(k): int(v) for k, v in counts.items() if isinstance(v, int)}
+        self._peers[origin] = (clean, self._reactor.seconds())
+        self.settle()
+        return True
+
+    def resync(self, proxy: str, value: Any, now: float) -> None:
+        counts = json_object(value)
+        if proxy != self._codec.proxy_id and counts is not None:
+            clean = {str(n): c for n, c in counts.items() if isinstance(c, int)}
+            self._peers[proxy] = (clean, now)
+
+    def forget_peers(self) -> None:
+        self._peers.clear()
+        self.settle()
+
+    def settle(self) -> None:
+        """Give the ledger the sum of the peers' counts."""
+        if self._ledger is None:
+            return
+        total: dict[str, int] = {}
+        for counts, _heard in self._peers.values():
+            for node, n in counts.items():
+                total[node] = total.get(node, 0) + n
+        self._ledger.set_peers(total)
+
+    def stop(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+
+class SharedProgress(_Sharing):
+    """When each node last sent body bytes: told at most once per node per :data:`PROGRESS_EVERY`
+    seconds, and when a peer last saw some (local clock)."""
+
+    def __init__(
+        self, reactor: IProxyReactor, codec: Codec, write: Write, up: Callable[[], bool]
+    ) -> None:
+        super().__init__(reactor, codec, write, up)
+        self._sent: dict[tuple[str, str], float] = {}
+        self._heard: dict[tuple[str, str], float] = {}
+
+    def note(self, engine: str, node_id: str) -> None:
+        now = self._reactor.seconds()
+        last = self._sent.get((engine, node_id))
+        if last is not None and now - last < PROGRESS_EVERY:
+            return
+        self._sent[(engine, node_id)] = now
+        message = self._codec.message("prog", e=engine, n=node_id)
+        self._write(lambda: [("pub", message)])
+
+    def peer(self, engine: str, node_id: str) -> float | None:
+        return self._heard.get((engine, node_id))
+
+    def apply(self, engine: str, node: str) -> bool:
+        self._heard[(engine, node)] = self._reactor.seconds()
+        return True
+
+
+class SharedStallTracker(StallTracker):
+    """A facade's cooldowns, shared with the fleet: a local stall is stored and published, a
+    peer's is applied with ``origin="peer"``, and a success here ends the cooldown everywhere."""
+
+    def __init__(
+        self,
+        clock: IProxyReactor,
+        period: float,
+        on_change: CooldownListener | None,
+        *,
+        store: SharedCooldowns,
+        engine: str,
+    ) -> None:
+        super().__init__(clock, period, on_change)
+        self._store = store
+        self._engine = engine
+
+    def cool(self, node_id: str, reason: str) -> None:
+        cooldown = self.install(node_id, reason, self.period)
+        self._store.share_cooldown(self._engine, cooldown)
+
+    def clear(self, node_id: str) -> None:
+        # Only a node that is cooling (here, so in the fleet) costs a write.
+        if self.end(node_id, "success"):
+            self._store.share_clear(self._engine, node_id)
+
+    def apply_peer(self, node_id: str, reason: str, period: float) -> None:
+        """Another proxy saw ``node_id`` stall: cool it here for what is left of its cooldown."""
+        self.install(node_id, reason, period, origin="peer")
+
+
+@define(on_setattr=setters.NO_OP)
+class SharedAffinityTable(AffinityTable):
+    """A facade's affinity table whose entries the fleet shares.
+
+    Entries are keyed by *sealed* digests (HMAC-SHA-256 under the fleet secret, or the docs/behaviour.md §5.3
+    digest itself without one), so a peer's entry and a local lookup meet in the same table.
+    """
+
+    _seal: Callable[[bytes], bytes] = field(kw_only=True, default=lambda d: d)
+    _share: Callable[[str, bytes, str], None] | None = field(kw_only=True, default=None)
+
+    def _sealed(self, key: AffinityKey) -> AffinityKey:
+        seal = self._seal
+        return AffinityKey(key.model, seal(key.key), tuple(seal(d) for d in key.lookups))
+
+    def lookup(self, key: AffinityKey) -> str | None:
+        return super().lookup(self._sealed(key))
+
+    def record(self, key: AffinityKey, node_id: str) -> None:
+        sealed = self._sealed(key)
+        super().record(sealed, node_id)
+        if self._share is not None:
+            self._share(sealed.model, sealed.key, node_id)
+
+    def learn(self, model: str, sealed_digest: bytes, node_id: str) -> None:
+        """A peer's entry (already sealed): remember it here without sharing it again."""
+        super().record(AffinityKey(model, sealed_digest, (sealed_digest,)), node_id)

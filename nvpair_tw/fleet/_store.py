@@ -1,0 +1,221 @@
+# -*- test-case-name: tests.fleet.test_store,tests.fleet.test_sharing -*-
+"""A fleet of proxies sharing what they learn through Redis or Valkey (docs/behaviour.md §6.6, ``--state``).
+
+:class:`FleetStore` keeps one command connection and one pub/sub connection to the store (through
+``txredisapi``'s protocols, dialled on the injected reactor) and shares, among every proxy that
+names the same store:
+
+- stall cooldowns (:class:`SharedStallTracker`): a key per cooling node with a TTL equal to the
+  cooldown, published so peers cool the node too; a success anywhere ends it everywhere;
+- affinity entries (:class:`SharedAffinityTable`): docs/behaviour.md §5.3 digests (HMAC-SHA-256 under
+  ``--state-secret-file`` when given) → node id, with the idle TTL as the key's TTL;
+- reservation counts (through :class:`~nvpair_tw.selection._reservations.ReservationLedger`): each proxy
+  publishes its own counts, the ledger adds the peers' to its own;
+- the time each node last sent body bytes (:meth:`FleetStore.note_progress`, at most once per node
+  per second), readable with :meth:`FleetStore.peer_progress`.
+
+The request path never waits on the store: decisions read local state that the subscriber keeps
+current, and writes go out fire-and-forget, bounded (:data:`MAX_PENDING_WRITES` in flight, the same
+number queued while the store is away; beyond, the oldest are dropped and counted). When the store
+goes away the proxy logs one warning, keeps working on local state, reconnects with a backoff capped
+at :data:`BACKOFF_CAP` seconds, logs one line when it is back and resynchronises (reads every shared
+key, then writes its own state). A wrong type, a missing or flushed key or a garbled message is
+ignored. The password is never logged: :class:`StateConfig` never shows it.
+
+This module is the facade; the pieces each have a module of their own: where the store is
+(:mod:`~nvpair_tw.fleet._config`), the keys and messages (:mod:`~nvpair_tw.fleet._wire`), the
+connections' life (:mod:`~nvpair_tw.fleet._session`), the bounded batched writer
+(:mod:`~nvpair_tw.fleet._writer`) and each kind of shared state (:mod:`~nvpair_tw.fleet._sharing`).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from twisted.internet.defer import Deferred
+
+from nvpair_tw.core import IProxyReactor
+from nvpair_tw.fleet._config import StateConfig, parse_state_url, read_secret
+from nvpair_tw.fleet._session import BACKOFF_CAP, Session, next_backoff, read_all
+from nvpair_tw.fleet._sharing import (
+    SharedAffinity,
+    SharedAffinityTable,
+    SharedCooldowns,
+    SharedProgress,
+    SharedReservations,
+    SharedStallTracker,
+)
+from nvpair_tw.fleet._wire import Codec, sealer
+from nvpair_tw.fleet._writer import MAX_PENDING_WRITES, BatchedWriter
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.selection import CooldownListener, ReservationLedger
+
+__all__ = [
+    "BACKOFF_CAP",
+    "MAX_PENDING_WRITES",
+    "FleetStore",
+    "SharedAffinityTable",
+    "SharedStallTracker",
+    "StateConfig",
+    "next_backoff",
+    "parse_state_url",
+    "read_secret",
+]
+
+log = LevelledLogger(namespace="nvpair_tw.fleet")
+
+
+class FleetStore:
+    """The connection to the fleet store and everything shared through it (one per process)."""
+
+    def __init__(
+        self, reactor: IProxyReactor, config: StateConfig, *, proxy_id: str | None = None
+    ) -> None:
+        self._reactor = reactor
+        self.config = config
+        self.proxy_id = proxy_id or uuid.uuid4().hex
+        self.applied = 0
+        """How many peers' messages were applied here."""
+        self._codec = codec = Codec(self.proxy_id, config.namespace)
+        self._session = Session(reactor, config, channel=codec.channel, hooks=self)
+        self._writer = BatchedWriter(reactor, config, codec, self._session.connection)
+        parts = (reactor, codec, self._writer.write, lambda: self.up)
+        self._cooldowns = SharedCooldowns(*parts)
+        self._affinity = SharedAffinity(*parts, seal=sealer(config.secret))
+        self._reservations = SharedReservations(*parts)
+        self._progress = SharedProgress(*parts)
+
+    # --- what the runtime wires -----------------------------------------------------------------
+
+    def stall_tracker(
+        self, engine: str, period: float, on_change: CooldownListener | None
+    ) -> SharedStallTracker:
+        """The stall tracker of ``engine``'s facade, sharing its cooldowns."""
+        return self._cooldowns.tracker(engine, period, on_change)
+
+    def affinity_table(self, engine: str, max_entries: int, idle_ttl: float) -> SharedAffinityTable:
+        """The affinity table of ``engine``'s facade, sharing its entries."""
+        return self._affinity.table(engine, max_entries, idle_ttl)
+
+    def bind_ledger(self, ledger: ReservationLedger) -> None:
+        """Share this process's reservation counts and add the peers' to ``ledger``."""
+        self._reservations.bind(ledger)
+
+    def note_progress(self, engine: str, node_id: str) -> None:
+        """Body bytes arrived from ``node_id`` now: tell the fleet (at most once per node per second).
+
+        The hook for docs/behaviour.md §6.4's "progress means alive" across a fleet: call it where an attempt
+        receives body bytes; :meth:`peer_progress` answers when a peer last saw some.
+        """
+        self._progress.note(engine, node_id)
+
+    def peer_progress(self, engine: str, node_id: str) -> float | None:
+        """When (local clock seconds) a peer last reported body bytes from ``node_id``, or None."""
+        return self._progress.peer(engine, node_id)
+
+    # --- life cycle -----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Connect in the background; the proxy serves on local state meanwhile."""
+        self._session.start()
+
+    def stop(self) -> Deferred[None]:
+        """Stop reconnecting, cancel timers, close the connections."""
+        self._reservations.stop()
+        self._writer.stop()
+        closed = self._session.stop()
+        self._cooldowns.stop()
+        return closed
+
+    # --- the session's hooks --------------------------------------------------------------------
+
+    def on_message(self, raw: bytes | str) -> None:
+        """A published change: apply it locally. Anything malformed is ignored."""
+        try:
+            messages = self._codec.decode(raw)
+        except Exception as error:  # a hand-written or foreign message must never hurt the proxy
+            log.debug("fleet store: ignored a message ({error})", error=type(error).__name__)
+            return
+        for message in messages:
+            try:
+                if self._apply(message):
+                    self.applied += 1
+            except Exception as error:  # a peer's bad message costs only itself
+                log.debug("fleet store: ignored a message ({error})", error=type(error).__name__)
+
+    def _apply(self, message: Mapping[str, Any]) -> bool:
+        kind, engine, node = message.get("t"), message.get("e"), message.get("n")
+        if kind == "res":
+            return self._reservations.apply(message)
+        if not isinstance(engine, str) or not isinstance(node, str):
+            return False
+        if kind in ("cool", "clear"):
+            return self._cooldowns.apply(kind, engine, node, message)
+        if kind == "aff":
+            return self._affinity.apply(engine, node, message)
+        return kind == "prog" and self._progress.apply(engine, node)
+
+    async def resync(self, cmd: Any) -> None:
+        """Read every shared key into local state (this proxy's own is written once up)."""
+        values, ttls = await read_all(self._session.dialer, cmd, self._codec.prefix("cool"))
+        now = self._reactor.seconds()
+        for key, ttl in ttls.items():
+            self._cooldowns.resync(values.get(key), ttl)
+        affinity, reservations = self._codec.prefix("aff"), self._codec.prefix("res")
+        for key, value in values.items():
+            if key.startswith(affinity):
+                self._affinity.resync(value)
+            elif key.startswith(reservations):
+                self._reservations.resync(key[len(reservations) :], value, now)
+        self._reservations.settle()
+
+    def on_up(self) -> None:
+        """Up: share the cooldowns this proxy saw while the store was away, send what is queued."""
+        self._cooldowns.reshare()
+        self._writer.connected()
+
+    def on_beat(self) -> None:
+        self._reservations.beat()
+
+    def on_down(self, lost: bool) -> None:
+        self._writer.disconnected()
+        if lost:
+            self._reservations.forget_peers()
+
+    # --- what the admin listener and the metrics show -------------------------------------------
+
+    @property
+    def up(self) -> bool:
+        """Whether the store is connected (else the proxy works on local state)."""
+        return self._session.up
+
+    @property
+    def since(self) -> float | None:
+        """When the store last came up or went away (reactor seconds), None before either."""
+        return self._session.since
+
+    @property
+    def lost_count(self) -> int:
+        """How many times a connected store was lost."""
+        return self._session.lost_count
+
+    @property
+    def dropped(self) -> int:
+        """Writes dropped because the bounded queue was full."""
+        return self._writer.dropped
+
+    @property
+    def write_refused(self) -> bool:
+        """Whether the store refused a batch since it was last connected."""
+        return self._writer.write_refused
+
+    def status(self) -> dict[str, Any]:
+        """The store's state for ``/readyz`` and the status page (never the password)."""
+        return {
+            "store": str(self.config),
+            "state": "up" if self.up else "down",
+            "since": None if self.since is None else int(self.since * 1000),
+            "dropped_writes": self.dropped,
+        }

@@ -1,0 +1,23 @@
+"""The client side of the wire: protocol limits on a facade's ``Site`` and who may talk to it."""
+
+from __future__ import annotations
+
+from nvpair_tw.inbound._ingress import (
+    IngressConfig,
+    IngressConfigError,
+    IngressPolicy,
+    Rejection,
+    parse_ingress,
+)
+from nvpair_tw.inbound._limits import LimitedChannel, LimitedSite, make_site
+
+__all__ = [
+    "IngressConfig",
+    "IngressConfigError",
+    "IngressPolicy",
+    "LimitedChannel",
+    "LimitedSite",
+    "Rejection",
+    "make_site",
+    "parse_ingress",
+]

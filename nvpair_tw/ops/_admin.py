@@ -1,0 +1,439 @@
+# -*- test-case-name: tests.ops.test_admin -*-
+"""The admin listener (SPEC §10): metrics, health, readiness, the live status page and its events.
+
+A separate ``Site`` (``--admin``, loopback by default) so operators never share a port with clients.
+Everything it shows is derived from the runtime's state and the event bus, which carry metadata only:
+no prompt, body or credential can reach the page, the JSON or the event stream.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Mapping
+from enum import Enum
+from importlib import resources
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST
+from twisted.application import service
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+from zope.interface import implementer
+
+from nvpair_tw.core import IProxyReactor
+from nvpair_tw.events import PROXY_REQUEST, Event, EventBus, Subscription
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.ops._metrics import ProxyMetrics
+from nvpair_tw.runtime import ListenerService, Runtime
+
+__all__ = [
+    "AdminService",
+    "EventStream",
+    "StatusBoard",
+    "StreamState",
+    "admin_resource",
+    "admin_service",
+    "readiness",
+]
+
+log = LevelledLogger(namespace="nvpair_tw.admin")
+
+KEEPALIVE_INTERVAL = 15.0
+SSE_MAX_PENDING = 256
+RECENT_FAILOVERS = 20
+
+Listening = Callable[[str], bool]
+
+
+def _ms(seconds: float | None) -> int | None:
+    return None if seconds is None else int(seconds * 1000)
+
+
+def site_listening(runtime: Runtime) -> Listening:
+    """Whether a facade's ``Site`` has a listening port (``Factory.numPorts`` counts them)."""
+
+    def listening(engine: str) -> bool:
+        site = runtime.sites.get(engine)
+        return site is not None and site.numPorts > 0
+
+    return listening
+
+
+def readiness(runtime: Runtime, listening: Listening) -> str | None:
+    """``None`` when ready; else why not (a facade not listening, or no inventory known anywhere)."""
+    for engine in runtime.facades:
+        if not listening(engine):
+            return f"{engine} facade is not listening"
+    for facade in runtime.facades.values():
+        if any(facade.inventory.known(node.id) for node in facade.directory.nodes()):
+            return None
+    return "no node has a known inventory yet"
+
+
+class StatusBoard:
+    """What the status page needs beyond live state: recent failovers and each node's last success."""
+
+    def __init__(self, runtime: Runtime, keep: int = RECENT_FAILOVERS) -> None:
+        self._runtime = runtime
+        self.failovers: deque[dict[str, Any]] = deque(maxlen=keep)
+        self.last_success: dict[tuple[str, str], int] = {}
+        self._subscription: Subscription | None = runtime.shared.bus.subscribe(
+            self._observe, name="status-board"
+        )
+
+    def close(self) -> None:
+        """Stop following the bus."""
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
+
+    def _observe(self, event: Event) -> None:
+        if event.name != PROXY_REQUEST:
+            return
+        payload = event.payload
+        engine, node_id, status = (
+            payload.get("engine"),
+            payload.get("node_id"),
+            payload.get("status"),
+        )
+        if isinstance(status, int) and 200 <= status < 300 and isinstance(node_id, str):
+            self.last_success[(str(engine), node_id)] = int(event.time * 1000)
+        attempts = payload.get("attempts")
+        if isinstance(attempts, list) and len(attempts) > 1:
+            self.failovers.appendleft(
+                {
+                    "at": int(event.time * 1000),
+                    "id": payload.get("id"),
+                    "engine": engine,
+                    "path": payload.get("path"),
+                    "node_id": node_id,
+                    "status": status,
+                    "attempts": attempts,
+                }
+            )
+
+    def state(self, listening: Listening) -> dict[str, Any]:
+        """The ``/api/state`` snapshot: facades (with their queue depth), nodes (with slots in use,
+        busy waits and the models loaded, ``None`` when unknown), live workloads, recent failovers."""
+        runtime = self._runtime
+        live = runtime.shared.workloads.live()
+        facades = []
+        for engine, facade in runtime.facades.items():
+            nodes = []
+            for node in facade.directory.nodes():
+                cooldown = facade.stalls.cooldown(node.id)
+                loaded = facade.inventory.loaded(node.id)
+                nodes.append(
+                    {
+                        "id": node.id,
+                        "url": node.public_url,
+                        "source": node.source,
+                        "models": sorted(facade.inventory.models(node.id)),
+                        "inventoryKnown": facade.inventory.known(node.id),
+                        "inventoryAt": _ms(facade.inventory.last_success(node.id)),
+                        "lastSuccess": self.last_success.get((engine, node.id)),
+                        "inFlight": sum(
+                            1 for w in live if w.engine == engine and w.scheduled_on == node.id
+                        )
+                        + runtime.shared.tunnels.count(engine, node.id),
+                        "tunnels": runtime.shared.tunnels.count(engine, node.id),
+                        "reservations": runtime.shared.ledger.reservations(node.id),
+                        "slots": facade.admission.slots(node.id),
+                        "slotsInUse": facade.admission.slots_in_use(node.id),
+                        "busyWaits": facade.progress.busy_waits(node.id),
+                        "loaded": None if loaded is None else sorted(loaded),
+                        "cooling": None
+                        if cooldown is None
+                        else {"until": _ms(cooldown.until), "reason": cooldown.reason},
+                    }
+                )
+            facades.append(
+                {
+                    "engine": engine,
+                    "listening": listening(engine),
+                    "pin": facade.pin,
+                    "queueDepth": facade.admission.queue_depth,
+                    "nodes": nodes,
+                }
+            )
+        return {
+            "now": _ms(runtime.reactor.seconds()),
+            "runId": runtime.shared.workloads.run_id,
+            "facades": facades,
+            "workloads": [w.info() for w in live],
+            "failovers": list(self.failovers),
+            "store": None if runtime.fleet is None else runtime.fleet.status(),
+        }
+
+
+class StreamState(Enum):
+    """An ``/events`` stream is open until the client leaves, falls behind, or the admin stops."""
+
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+def sse_frame(event: Event) -> bytes:
+    """One server-sent-events frame; JSON never contains a raw newline, so one ``data:`` line."""
+    data = json.dumps(event.payload, separators=(",", ":"), default=str)
+    return f"event: {event.name}\ndata: {data}\n\n".encode()
+
+
+@implementer(IPushProducer)
+class EventStream:
+    """One ``/events`` client: every bus event as an SSE frame, paced by the client's transport.
+
+    The HTTP channel pauses and resumes this producer as the socket buffer fills and drains; the bus
+    subscription follows, queueing up to ``max_pending`` events, past which the bus drops it and the
+    client is disconnected (it fell behind). A comment line every ``keepalive`` seconds keeps
+    intermediaries from timing the stream out.
+    """
+
+    def __init__(
+        self,
+        request: Request,
+        bus: EventBus,
+        clock: IReactorTime,
+        *,
+        keepalive: float = KEEPALIVE_INTERVAL,
+        max_pending: int = SSE_MAX_PENDING,
+        on_closed: Callable[[EventStream], None] = lambda _stream: None,
+    ) -> None:
+        self._request = request
+        self._bus = bus
+        self._clock = clock
+        self._keepalive = keepalive
+        self._max_pending = max_pending
+        self._on_closed = on_closed
+        self.state = StreamState.OPEN
+        self._subscription: Subscription | None = None
+        self._timer: IDelayedCall | None = None
+
+    def start(self) -> None:
+        """Send the headers, subscribe, register as the request's producer, start keep-alives."""
+        request = self._request
+        request.setHeader(b"content-type", b"text/event-stream; charset=utf-8")
+        request.setHeader(b"cache-control", b"no-cache")
+        request.setHeader(b"x-accel-buffering", b"no")
+        request.setHeader(b"x-content-type-options", b"nosniff")
+        request.notifyFinish().addBoth(self._gone)
+        request.write(b"retry: 3000\n\n")
+        if self.state is not StreamState.OPEN:
+            return
+        self._subscription = self._bus.subscribe(
+            self._deliver,
+            name="sse",
+            on_dropped=self._fell_behind,
+            max_pending=self._max_pending,
+        )
+        request.registerProducer(self, True)
+        self._schedule()
+
+    def close(self) -> None:
+        """End the stream cleanly (the admin listener is stopping)."""
+        if self.state is not StreamState.OPEN:
+            return
+        self._shut()
+        self._request.unregisterProducer()
+        self._request.finish()
+
+    def pauseProducing(self) -> None:
+        if self._subscription is not None:
+            self._subscription.pause()
+
+    def resumeProducing(self) -> None:
+        if self._subscription is not None:
+            self._subscription.resume()
+
+    def stopProducing(self) -> None:
+        self._shut()
+
+    def _deliver(self, event: Event) -> None:
+        self._request.write(sse_frame(event))
+
+    def _schedule(self) -> None:
+        self._timer = self._clock.callLater(self._keepalive, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self.state is StreamState.OPEN:
+            self._request.write(b": keep-alive\n\n")
+            self._schedule()
+
+    def _fell_behind(self, reason: str) -> None:
+        log.warn("status event stream dropped: {reason}", reason=reason)
+        self._shut()
+        transport = getattr(self._request, "transport", None)
+        if transport is not None:
+            transport.abortConnection()
+
+    def _gone(self, result: object) -> None:
+        self._shut()  # a failure here is the client leaving: expected, nothing to report
+
+    def _shut(self) -> None:
+        if self.state is StreamState.CLOSED:
+            return
+        self.state = StreamState.CLOSED
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._subscription is not None:
+            self._subscription.close()
+            self._subscription = None
+        self._on_closed(self)
+
+
+def _json(request: Request, status: int, document: Mapping[str, Any]) -> bytes:
+    request.setResponseCode(status)
+    request.setHeader(b"content-type", b"application/json")
+    request.setHeader(b"x-content-type-options", b"nosniff")
+    request.setHeader(b"cache-control", b"no-store")
+    return json.dumps(document, separators=(",", ":"), default=str).encode()
+
+
+class _Get(Resource):
+    """A leaf answering GET (and HEAD) only, with JSON errors otherwise."""
+
+    isLeaf = True
+
+    def __init__(self, handler: Callable[[Request], bytes | int]) -> None:
+        super().__init__()
+        self._handler = handler
+
+    def render(self, request: Request) -> bytes | int:  # type: ignore[override]
+        if request.method not in (b"GET", b"HEAD"):
+            request.setHeader(b"allow", b"GET, HEAD")
+            return _json(
+                request, 405, {"error": "method not allowed", "code": "method-not-allowed"}
+            )
+        return self._handler(request)
+
+
+class _Root(Resource):
+    def getChild(self, path: bytes, request: Request) -> IResource:  # type: ignore[override]
+        return _Get(lambda r: _json(r, 404, {"error": "not found", "code": "not-found"}))
+
+
+def _static(name: str) -> bytes:
+    return resources.files("nvpair_tw").joinpath("static", name).read_bytes()
+
+
+_PAGE_POLICY = (
+    b"default-src 'none'; script-src 'self'; connect-src 'self'; "
+    b"style-src 'unsafe-inline'; base-uri 'none'; frame-ancestors 'none'"
+)
+
+
+def _file(body: bytes, content_type: bytes) -> Callable[[Request], bytes]:
+    def serve(request: Request) -> bytes:
+        request.setHeader(b"content-type", content_type)
+        request.setHeader(b"x-content-type-options", b"nosniff")
+        request.setHeader(b"content-security-policy", _PAGE_POLICY)
+        request.setHeader(b"cache-control", b"no-cache")
+        return body
+
+    return serve
+
+
+def admin_resource(
+    runtime: Runtime,
+    metrics: ProxyMetrics,
+    board: StatusBoard,
+    listening: Listening,
+    open_stream: Callable[[Request], None],
+) -> Resource:
+    """The admin resource tree: ``/``, ``/status.js``, ``/metrics``, ``/healthz``, ``/readyz``,
+    ``/api/state`` and ``/events``."""
+
+    def serve_metrics(request: Request) -> bytes:
+        request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
+        return metrics.exposition()
+
+    def serve_ready(request: Request) -> bytes:
+        reason = readiness(runtime, listening)
+        if reason is None:
+            ready: dict[str, Any] = {"status": "ready"}
+            if runtime.fleet is not None:
+                # The store is an optimisation, never a dependency: ready either way (SPEC §6.6).
+                ready["state"] = runtime.fleet.status()
+            return _json(request, 200, ready)
+        return _json(request, 503, {"error": reason, "code": "not-ready"})
+
+    def serve_events(request: Request) -> int:
+        open_stream(request)
+        return NOT_DONE_YET
+
+    root = _Root()
+    root.putChild(b"", _Get(_file(_static("status.html"), b"text/html; charset=utf-8")))
+    root.putChild(
+        b"status.js", _Get(_file(_static("status.js"), b"text/javascript; charset=utf-8"))
+    )
+    root.putChild(b"metrics", _Get(serve_metrics))
+    root.putChild(b"healthz", _Get(lambda r: _json(r, 200, {"status": "ok"})))
+    root.putChild(b"readyz", _Get(serve_ready))
+    root.putChild(b"events", _Get(serve_events))
+    api = _Root()
+    api.putChild(b"state", _Get(lambda r: _json(r, 200, board.state(listening))))
+    root.putChild(b"api", api)
+    return root
+
+
+class _QuietSite(Site):
+    """No access log: the status page polls and streams, and its lines would drown the proxy's."""
+
+    noisy = False
+
+    def log(self, request: Any) -> None:
+        pass
+
+
+class AdminService(service.MultiService):
+    """The admin listener with its metrics, status board and open event streams."""
+
+    def __init__(
+        self,
+        reactor: IProxyReactor,
+        runtime: Runtime,
+        description: str,
+        *,
+        listening: Listening | None = None,
+        keepalive: float = KEEPALIVE_INTERVAL,
+    ) -> None:
+        super().__init__()
+        self._reactor = reactor
+        self._runtime = runtime
+        self._keepalive = keepalive
+        self.metrics = ProxyMetrics(runtime)
+        self.board = StatusBoard(runtime)
+        self.streams: set[EventStream] = set()
+        self.listening = listening if listening is not None else site_listening(runtime)
+        root = admin_resource(runtime, self.metrics, self.board, self.listening, self._open)
+        self.site = _QuietSite(root, reactor=reactor)
+        self.listener = ListenerService(reactor, description, self.site, "admin")
+        self.listener.setServiceParent(self)
+
+    def _open(self, request: Request) -> None:
+        stream = EventStream(
+            request,
+            self._runtime.shared.bus,
+            self._reactor,
+            keepalive=self._keepalive,
+            on_closed=self.streams.discard,
+        )
+        self.streams.add(stream)
+        stream.start()
+
+    def stopService(self) -> Any:
+        stopped = super().stopService()
+        for stream in list(self.streams):
+            stream.close()
+        self.metrics.close()
+        self.board.close()
+        return stopped
+
+
+def admin_service(reactor: IProxyReactor, runtime: Runtime, description: str) -> AdminService:
+    """The ``--admin`` listener on ``description`` (a Twisted server endpoint string)."""
+    return AdminService(reactor, runtime, description)

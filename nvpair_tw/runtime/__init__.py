@@ -1,0 +1,17 @@
+"""One process put together: the shared pool and clients, twistd services, listeners."""
+
+from __future__ import annotations
+
+from nvpair_tw.runtime._endpoints import own_urls, tcp_listener
+from nvpair_tw.runtime._process import Runtime, StallTrackerFactory, build_runtime
+from nvpair_tw.runtime._service import ListenerService, RuntimeService
+
+__all__ = [
+    "ListenerService",
+    "Runtime",
+    "RuntimeService",
+    "StallTrackerFactory",
+    "build_runtime",
+    "own_urls",
+    "tcp_listener",
+]

@@ -1,0 +1,61 @@
+# -*- test-case-name: tests.runtime.test_endpoints -*-
+"""The little we read out of Twisted server endpoint strings: a TCP listener's interface and port.
+
+Used for the self-guard (a node whose URL is one of our own listeners is never a candidate) and to
+refuse an impossible port at option time rather than with a traceback at bind time.
+"""
+
+from __future__ import annotations
+
+import re
+
+from attrs import frozen
+
+__all__ = ["TCPListener", "own_urls", "tcp_listener"]
+
+_UNESCAPED_COLON = re.compile(r"(?<!\\):")
+_LOOPBACK_OR_ANY = ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost")
+
+
+@frozen
+class TCPListener:
+    """A ``tcp:``/``tcp6:`` description's interface, port and backlog (Twisted's default 50)."""
+
+    interface: str
+    port: int
+    backlog: int = 50
+
+
+def tcp_listener(description: str) -> TCPListener | None:
+    """Parse ``tcp:PORT[:interface=X][:backlog=N]`` / ``tcp6:port=PORT:...`` (escaped colons allowed).
+
+    Returns None for other endpoint types; raises ``ValueError`` for a missing or impossible port.
+    """
+    parts = [p.replace("\\:", ":") for p in _UNESCAPED_COLON.split(description)]
+    if not parts or parts[0] not in ("tcp", "tcp6"):
+        return None
+    positional = [p for p in parts[1:] if "=" not in p]
+    options = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+    port = options.get("port", positional[0] if positional else "")
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"port must be a number from 0 to 65535, not {port!r}")
+    backlog = options.get("backlog", "50")
+    if not backlog.isdigit():
+        raise ValueError(f"backlog must be a number, not {backlog!r}")
+    default = "::" if parts[0] == "tcp6" else "0.0.0.0"
+    return TCPListener(options.get("interface", default), int(port), int(backlog))
+
+
+def own_urls(description: str) -> list[str]:
+    """The URLs a client would use to reach a listener (for the self-guard, docs/behaviour.md §3)."""
+    try:
+        listener = tcp_listener(description)
+    except ValueError:
+        return []
+    if listener is None:
+        return []
+    host = listener.interface
+    hosts = {f"[{host}]" if ":" in host else host}
+    if host in _LOOPBACK_OR_ANY:
+        hosts |= {"127.0.0.1", "localhost", "[::1]"}
+    return [f"http://{h}:{listener.port}" for h in sorted(hosts)]

@@ -1,0 +1,305 @@
+# -*- test-case-name: tests.runtime.test_process -*-
+"""Assembles one process: the shared pool and clients, the ledger, workloads, events, and a facade per engine.
+
+Nothing here touches the global reactor: ``tap.makeService`` passes it in, tests pass the one they run on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from attrs import define, field
+from treq.client import HTTPClient
+from twisted.internet.defer import Deferred, gatherResults
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import IAgent
+
+from nvpair_tw.core import ENGINES, IProxyReactor, Settings
+from nvpair_tw.corridor import FacadeResource, FacadeState, RequestRecord, Shared, WorkloadRegistry
+from nvpair_tw.events import NODE_COOLDOWN, NODE_COOLDOWN_ENDED, EventBus, log_events
+from nvpair_tw.fleet import FleetStore, StateConfig
+from nvpair_tw.inbound import IngressConfig, IngressPolicy, LimitedSite, make_site, parse_ingress
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node, NodeDirectory, NodeTrustPolicy
+from nvpair_tw.selection import (
+    Admission,
+    AffinityTable,
+    Cooldown,
+    CooldownListener,
+    InventoryBook,
+    IStallTracker,
+    ReservationLedger,
+    StallTracker,
+    make_http_client,
+    slot_limit,
+)
+from nvpair_tw.upstream import NodeAgent, NodeEndpointFactory, UpstreamClient, make_pool
+
+__all__ = ["Runtime", "StallTrackerFactory", "build_runtime", "upstream_agent"]
+
+log = LevelledLogger(namespace="nvpair_tw.runtime")
+
+StallTrackerFactory = Callable[[str, CooldownListener], IStallTracker]
+
+
+@define
+class Runtime:
+    """Everything one proxy process runs, with start and stop."""
+
+    reactor: IProxyReactor
+    settings: Settings
+    shared: Shared
+    facades: dict[str, FacadeState]
+    pool: HTTPConnectionPool
+    sites: dict[str, LimitedSite] = field(factory=dict)
+    fleet: FleetStore | None = None
+    native: NodeAgent | None = None
+    """The upstream client when ``--upstream-client native`` (``pool`` then holds nothing)."""
+
+    def start(self) -> None:
+        """Load node files, start watching and polling (and connecting to the fleet store)."""
+        if self.fleet is not None:
+            self.fleet.start()
+        for facade in self.facades.values():
+            facade.directory.start()
+            facade.inventory.start()
+        if self.shared.ingress is not None:
+            self.shared.ingress.start()
+
+    def stop(self) -> Deferred[None]:
+        """Stop timers and polls; close open tunnels and idle upstream connections."""
+        self.shared.tunnels.close_all()
+        for facade in self.facades.values():
+            facade.inventory.stop()
+            facade.directory.stop()
+            stop = getattr(facade.stalls, "stop", None)
+            if stop is not None:
+                stop()
+        if self.shared.ingress is not None:
+            self.shared.ingress.stop()
+        closed = self.close_idle()
+        if self.fleet is not None:
+            fleet = self.fleet
+            closed.addCallback(lambda _: fleet.stop())
+        return closed
+
+    def close_idle(self) -> Deferred[None]:
+        """Close the idle upstream connections (of whichever client the process uses)."""
+        closing: list[Deferred[None]] = [self.pool.closeCachedConnections()]
+        if self.native is not None:
+            closing.append(self.native.close())
+        return gatherResults(closing).addCallback(lambda _: None)
+
+    def site_for(self, engine: str) -> LimitedSite:
+        """The limited Site of one facade (built once)."""
+        if engine not in self.sites:
+            settings = self.settings
+            self.sites[engine] = make_site(
+                FacadeResource(self.facades[engine]),
+                clock=self.reactor,
+                max_body_size=settings.max_body_size,
+                max_connections=settings.max_connections,
+            )
+            self.sites[engine].on_reject = self._record_rejection(engine)
+        return self.sites[engine]
+
+    def _record_rejection(self, engine: str) -> Callable[[int, str, str, str], None]:
+        """Rejections made below the facade (413, 408, 414, 431, 400, 503) still get a record."""
+        shared = self.shared
+
+        def record(status: int, code: str, method: str, path: str) -> None:
+            request_id = shared.workloads.next_request_id()
+            RequestRecord.begin(shared.clock, request_id, engine, method, path).publish(
+                shared.bus, status=status, node_id=None, error=code
+            )
+
+        return record
+
+
+def build_runtime(
+    reactor: IProxyReactor,
+    settings: Settings,
+    engines: Sequence[str],
+    *,
+    nodes: Mapping[str, Sequence[Node]] | None = None,
+    nodes_file: str | None = None,
+    ingress: IngressConfig | None = None,
+    environ: Mapping[str, str] | None = None,
+    stall_tracker: StallTrackerFactory | None = None,
+    client: UpstreamClient | None = None,
+    http: HTTPClient | None = None,
+    state: StateConfig | None = None,
+) -> Runtime:
+    """Build every facade of one process around one pool, one ledger, one workload registry, one bus.
+
+    ``ingress`` is the parsed gate configuration (loopback only when absent); ``environ`` is a
+    shorthand for tests, parsed with :func:`~nvpair_tw.inbound._ingress.parse_ingress` (not both).
+    ``client`` (attempts) and ``http`` (a treq client for model lists and inventory polls) default
+    to clients over the process's pool; ``nvpair_tw.testing.MemoryCluster`` injects in-memory ones.
+    ``state`` (``--state``) shares cooldowns, affinity and reservations with a fleet (docs/behaviour.md §6.6).
+    """
+    if environ is not None:
+        if ingress is not None:
+            raise TypeError("give build_runtime ingress or environ, not both")
+        ingress = parse_ingress(environ)
+    pool = make_pool(reactor)
+    facades: dict[str, FacadeState] = {}
+    # One endpoint factory for inference and control-plane reads alike: the same per-node TLS trust
+    # (read from every facade's nodes when a connection starts) and the same IP-literal dialling.
+    trust = NodeTrustPolicy(lambda: [n for f in facades.values() for n in f.directory.nodes()])
+    endpoints = NodeEndpointFactory(reactor, settings.connect_timeout, tls=trust)
+    agent = upstream_agent(settings.upstream_client, reactor, endpoints, pool)
+    if client is None:
+        client = UpstreamClient.from_agent(agent, reactor)
+    if http is None:
+        http = make_http_client(agent)
+    shared = _shared(reactor, settings, client, http, ingress)
+    shared.endpoints = endpoints
+    fleet = FleetStore(reactor, state) if state is not None else None
+    if fleet is not None:
+        fleet.bind_ledger(shared.ledger)
+    for engine in engines:
+        facades[engine] = _facade(
+            engine,
+            shared,
+            reactor,
+            flag_nodes=list((nodes or {}).get(engine, ())),
+            nodes_file=nodes_file,
+            stall_tracker=stall_tracker,
+            fleet=fleet,
+        )
+    native = agent if isinstance(agent, NodeAgent) else None
+    return Runtime(reactor, settings, shared, facades, pool, fleet=fleet, native=native)
+
+
+def upstream_agent(
+    kind: str, reactor: IProxyReactor, endpoints: NodeEndpointFactory, pool: HTTPConnectionPool
+) -> IAgent:
+    """The agent of the upstream hop (inference and control-plane reads): ``native`` is
+    :class:`~nvpair_tw.upstream._nodeclient.NodeAgent` (``pool`` unused), ``twisted`` is Twisted's ``Agent``
+    over ``pool`` (docs/architecture.md, "The upstream hop")."""
+    if kind == "native":  # the same keep-alive policy as the pool's (upstream.make_pool)
+        return NodeAgent(
+            reactor,
+            endpoints,
+            max_idle_per_host=pool.maxPersistentPerHost,
+            idle_seconds=pool.cachedConnectionTimeout,
+        )
+    if kind == "twisted":
+        agent: IAgent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
+        return agent
+    raise ValueError(f"unknown upstream client {kind!r}")
+
+
+def _shared(
+    reactor: IProxyReactor,
+    settings: Settings,
+    client: UpstreamClient,
+    http: HTTPClient,
+    ingress: IngressConfig | None,
+) -> Shared:
+    """What every facade of the process shares; the bus logs every event."""
+    bus = EventBus(reactor)
+    log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
+    return Shared(
+        clock=reactor,
+        client=client,
+        http=http,
+        ledger=ReservationLedger(),
+        workloads=WorkloadRegistry(reactor, bus),
+        bus=bus,
+        settings=settings,
+        ingress=IngressPolicy.from_config(
+            ingress if ingress is not None else IngressConfig(), reactor
+        ),
+    )
+
+
+def _facade(
+    engine: str,
+    shared: Shared,
+    reactor: IProxyReactor,
+    *,
+    flag_nodes: list[Node],
+    nodes_file: str | None,
+    stall_tracker: StallTrackerFactory | None,
+    fleet: FleetStore | None,
+) -> FacadeState:
+    """One engine's facade: its nodes, inventory, admission, stall tracker and affinity table."""
+    settings = shared.settings
+    profile = ENGINES[engine]
+    directory = NodeDirectory(profile, reactor, flag_nodes=flag_nodes, nodes_file=nodes_file)
+    inventory = InventoryBook(
+        profile,
+        directory,
+        shared.http,
+        reactor,
+        interval=settings.inventory_interval,
+        timeout=settings.inventory_timeout,
+    )
+    admission = Admission(
+        reactor,
+        slot_limit(directory.get, settings.default_slots),
+        settings.queue_size,
+        settings.queue_timeout,
+    )
+    directory.subscribe(admission.wake)  # raised slots or a new node: bind who waits
+    facade = FacadeState(
+        profile=profile,
+        shared=shared,
+        directory=directory,
+        inventory=inventory,
+        stalls=_stall_tracker(engine, shared, reactor, stall_tracker, fleet),
+        affinity=(
+            fleet.affinity_table(engine, settings.affinity_max_entries, settings.affinity_ttl)
+            if fleet is not None
+            else AffinityTable(reactor, settings.affinity_max_entries, settings.affinity_ttl)
+        ),
+        admission=admission,
+    )
+    if fleet is not None:
+        _share_progress(facade, fleet, engine)
+    return facade
+
+
+def _stall_tracker(
+    engine: str,
+    shared: Shared,
+    reactor: IProxyReactor,
+    factory: StallTrackerFactory | None,
+    fleet: FleetStore | None,
+) -> IStallTracker:
+    """A given factory's tracker, else the fleet's shared one, else a local one."""
+    announce = _cooldown_announcer(shared.bus, engine)
+    if factory is not None:
+        return factory(engine, announce)
+    if fleet is not None:
+        return fleet.stall_tracker(engine, shared.settings.cooldown, announce)
+    return StallTracker(reactor, shared.settings.cooldown, announce)
+
+
+def _share_progress(facade: FacadeState, fleet: FleetStore, engine: str) -> None:
+    """A peer's body bytes from a node count as progress here, and ours are told to the fleet."""
+    facade.progress.shared(
+        lambda node_id: fleet.note_progress(engine, node_id),
+        lambda node_id: fleet.peer_progress(engine, node_id),
+    )
+
+
+def _cooldown_announcer(bus: EventBus, engine: str) -> CooldownListener:
+    def announce(node_id: str, cooldown: Cooldown | None, reason: str) -> None:
+        if cooldown is not None:
+            payload = {
+                "engine": engine,
+                "node_id": node_id,
+                "reason": reason,
+                "coolingUntil": int(cooldown.until * 1000),
+            }
+            if cooldown.origin != "local":
+                # a peer of the fleet stalled (docs/behaviour.md §6.6)
+                payload["origin"] = cooldown.origin
+            bus.publish(NODE_COOLDOWN, payload)
+        else:
+            bus.publish(NODE_COOLDOWN_ENDED, {"engine": engine, "node_id": node_id, "why": reason})
+
+    return announce

@@ -1,0 +1,62 @@
+"""Which node, in which order, when: inventory and its poller, prefix affinity, stall cooldowns,
+reservations, the ordering function, body progress and admission.
+"""
+
+from __future__ import annotations
+
+from nvpair_tw.selection._admission import (
+    RETRY_AFTER_SECONDS,
+    Admission,
+    QueueFull,
+    QueueTimeout,
+    Slot,
+    Waiter,
+    slot_limit,
+)
+from nvpair_tw.selection._affinity import (
+    CHAT_PATHS,
+    COMPLETION_PATHS,
+    AffinityKey,
+    AffinityTable,
+    affinity_key,
+)
+from nvpair_tw.selection._inventory import (
+    InventoryBook,
+    ReadError,
+    get_json,
+    join_url,
+    make_http_client,
+)
+from nvpair_tw.selection._ordering import order_candidates
+from nvpair_tw.selection._progress import ProgressBook
+from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
+from nvpair_tw.selection._stalls import Cooldown, CooldownListener, IStallTracker, StallTracker
+
+__all__ = [
+    "CHAT_PATHS",
+    "COMPLETION_PATHS",
+    "RETRY_AFTER_SECONDS",
+    "Admission",
+    "AffinityKey",
+    "AffinityTable",
+    "Booking",
+    "Cooldown",
+    "CooldownListener",
+    "IStallTracker",
+    "InventoryBook",
+    "ProgressBook",
+    "QueueFull",
+    "QueueTimeout",
+    "ReadError",
+    "ReservationLedger",
+    "Slot",
+    "StallTracker",
+    "Waiter",
+    "affinity_key",
+    "get_json",
+    "join_url",
+    "make_http_client",
+    "make_rank",
+    "order_candidates",
+    "slot_limit",
+]

@@ -1,0 +1,204 @@
+# -*- test-case-name: tests.selection.test_inventory -*-
+"""Inventory: each node's model list, polled on a timer (:mod:`nvpair_tw.selection._polling`), keeping the
+last good answer; and, where the engine says so, which models are loaded now (residency, docs/behaviour.md
+§6.4), polled alongside it.
+
+The bounded control-plane read the polls use lives in :mod:`nvpair_tw.upstream._fetch`; its names are
+re-exported here for the modules that import them from this one.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from collections.abc import Callable, Mapping
+
+from attrs import define, field, frozen
+from treq.client import HTTPClient
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+
+from nvpair_tw.core import EngineProfile
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.selection._polling import InventoryPoller
+from nvpair_tw.upstream import MAX_JSON_BYTES, ReadError, get_json, join_url, make_http_client
+
+__all__ = [
+    "MAX_JSON_BYTES",
+    "InventoryBook",
+    "ReadError",
+    "get_json",
+    "join_url",
+    "make_http_client",
+]
+
+
+@frozen
+class _Known:
+    url: str
+    models: frozenset[str]
+    at: float
+
+
+@frozen
+class _Loaded:
+    """One node's last residency answer: the loaded names as the engine spells them, and their
+    normalised forms for matching."""
+
+    url: str
+    names: frozenset[str]
+    normalised: frozenset[str]
+    at: float
+
+
+@define
+class InventoryBook:
+    """Per facade: the last good inventory of every node, and what each node has loaded, as its
+    :class:`~nvpair_tw.selection._polling.InventoryPoller` finds them. Unlike the inventory, residency is not
+    kept across a failure: a failed or malformed answer makes the node's residency unknown until
+    the next good one, because a stale "loaded" would steer requests to a node that has since
+    unloaded the model."""
+
+    log = LevelledLogger(namespace="nvpair_tw.inventory")
+
+    _engine: EngineProfile
+    _directory: NodeDirectory
+    _http: HTTPClient
+    _clock: IReactorTime
+    _interval: float = field(default=10.0, kw_only=True)
+    _timeout: float = field(default=10.0, kw_only=True)
+    _jitter: float = field(default=0.1, kw_only=True)
+    _random: Callable[[], float] = field(default=_random.random, kw_only=True)
+    _known: dict[str, _Known] = field(factory=dict, init=False)
+    _loaded: dict[str, _Loaded] = field(factory=dict, init=False)
+    _matchable: dict[str, tuple[object, frozenset[str]]] = field(factory=dict, init=False)
+    _poller: InventoryPoller = field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._poller = InventoryPoller(
+            self._engine,
+            self._directory,
+            self._http,
+            self._clock,
+            self,
+            self.log,
+            interval=self._interval,
+            timeout=self._timeout,
+            jitter=self._jitter,
+            random=self._random,
+        )
+
+    def models(self, node_id: str) -> frozenset[str]:
+        """Static models for a static node, else the last good poll; empty if never answered."""
+        node = self._directory.get(node_id)
+        if node is None:
+            return frozenset()
+        if node.models is not None:
+            return frozenset(node.models)
+        known = self._known.get(node_id)
+        return known.models if known is not None else frozenset()
+
+    def known(self, node_id: str) -> bool:
+        """Whether the node has a static or polled inventory."""
+        node = self._directory.get(node_id)
+        return node is not None and (node.models is not None or node_id in self._known)
+
+    def last_success(self, node_id: str) -> float | None:
+        """Clock seconds of the node's last good poll."""
+        known = self._known.get(node_id)
+        return known.at if known is not None else None
+
+    def owners(self, model: str) -> list[str]:
+        """Ids of the directory's nodes that advertise ``model`` (engine matching), by id."""
+        return [node.id for node in self._directory.nodes() if self.advertises(node.id, model)]
+
+    def resident(self, node_id: str, model: str) -> bool | None:
+        """Whether ``model`` is loaded on the node: True, False (known not loaded), or None when
+        unknown (docs/behaviour.md §6.4).
+
+        Unknown: the engine has no residency endpoint, the node is static (never polled), its
+        residency poll has not answered yet, or the last one failed. Names match under the
+        engine's rule (``llama3`` is resident when ``llama3:latest`` is loaded on Ollama).
+        """
+        loaded = self._loaded.get(node_id)
+        if loaded is None or not self._polled(node_id):
+            return None
+        return self._engine.normalise(model.strip()) in loaded.normalised
+
+    def loaded(self, node_id: str) -> frozenset[str] | None:
+        """The models loaded on the node as its engine names them, or None when unknown."""
+        loaded = self._loaded.get(node_id)
+        if loaded is None or not self._polled(node_id):
+            return None
+        return loaded.names
+
+    def _polled(self, node_id: str) -> bool:
+        node = self._directory.get(node_id)
+        return node is not None and node.models is None
+
+    def advertises(self, node_id: str, model: str) -> bool:
+        """Whether the node's inventory serves ``model`` under the engine's name rule.
+
+        This runs for every candidate of every inference request, so each inventory's normalised
+        names are computed once and reused until that inventory changes.
+        """
+        node = self._directory.get(node_id)
+        if node is None:
+            return False
+        known = self._known.get(node_id)
+        source: object = node.models if node.models is not None else known
+        if source is None:
+            return False
+        cached = self._matchable.get(node_id)
+        if cached is None or cached[0] is not source:
+            names = self.models(node_id)
+            cached = (source, frozenset(self._engine.normalise(n.strip()) for n in names))
+            self._matchable[node_id] = cached
+        return self._engine.normalise(model.strip()) in cached[1]
+
+    def poll_now(self) -> Deferred[None]:
+        """Poll every polled node once, concurrently; fires when all are done (never fails)."""
+        return self._poller.poll_now()
+
+    def start(self) -> None:
+        """Poll at once, then every interval (± jitter); forget nodes the directory drops."""
+        self._poller.start()
+
+    def stop(self) -> None:
+        """Cancel the timer and every in-flight poll."""
+        self._poller.stop()
+
+    # What the poller finds (InventorySink).
+
+    def has_inventory(self, node_id: str) -> bool:
+        """Whether a polled inventory of the node is kept."""
+        return node_id in self._known
+
+    def record_models(self, node: Node, names: frozenset[str], at: float) -> None:
+        """A good model-list answer from ``node`` at clock seconds ``at``."""
+        self._known[node.id] = _Known(url=node.url, models=names, at=at)
+
+    def record_loaded(self, node: Node, names: frozenset[str], at: float) -> None:
+        """A good residency answer from ``node`` at clock seconds ``at``."""
+        normalised = frozenset(self._engine.normalise(n.strip()) for n in names)
+        self._loaded[node.id] = _Loaded(node.url, names, normalised, at)
+
+    def forget_loaded(self, node: Node) -> bool:
+        """Drop the node's residency; whether one was kept for its current URL."""
+        previous = self._loaded.get(node.id)
+        if previous is None or previous.url != node.url:
+            return False
+        del self._loaded[node.id]
+        return True
+
+    def prune(self, current: Mapping[str, Node]) -> None:
+        """Forget what was kept of nodes gone from ``current`` (the polled nodes) or moved."""
+        for node_id in list(self._known):
+            node = current.get(node_id)
+            if node is None or node.url != self._known[node_id].url:
+                del self._known[node_id]
+                self._matchable.pop(node_id, None)
+        for node_id in list(self._loaded):
+            node = current.get(node_id)
+            if node is None or node.url != self._loaded[node_id].url:
+                del self._loaded[node_id]

@@ -1,0 +1,125 @@
+# -*- test-case-name: tests.selection.test_ordering -*-
+"""The one pure function that decides the order in which a request tries its candidates.
+
+Pin, priority list, reservations, prefix affinity, residency and the stall cooldown all meet here
+(docs/behaviour.md §5, §6.3, §6.4), in a fixed sequence: base order, head selection, then demotion of cooling
+nodes, which is always last so nothing can put a cooling node ahead of a ready one.
+
+Head selection without a scheduler (docs/behaviour.md §5.2): when no priority snapshot is in force
+(``snapshot=None``), every eligible node counts as listed, in base order (by id). The view then has
+no baselines (``pending`` and ``gpu_pressure`` are 0) and this proxy's in-flight requests are
+exactly its reservations, so the head is the node with the fewest requests in flight; ties go to a
+node where the model is known resident, then to the lowest id. With a snapshot, ties on load go to
+a resident node, then to the earlier list position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Protocol
+
+from attrs import frozen
+
+from nvpair_tw.selection._reservations import PrioritySnapshot
+
+__all__ = ["LoadView", "Ordering", "order_candidates"]
+
+AFFINITY_MAX_QUEUE = 1
+AFFINITY_MAX_GPU_PRESSURE = 2
+
+
+class LoadView(Protocol):
+    """Per-node load figures; `nvpair_tw.selection._reservations.ReservationLedger` satisfies it."""
+
+    def pending(self, node_id: str) -> int: ...
+
+    def gpu_pressure(self, node_id: str) -> int: ...
+
+    def reservations(self, node_id: str) -> int: ...
+
+
+@frozen
+class Ordering:
+    """The decided order.
+
+    ``reserve`` is True when head selection (affinity or least load) chose a head; the caller then
+    reserves ``nodes[0]``, the node the first attempt targets. ``affinity`` is True when the warm
+    node was promoted to the head.
+    """
+
+    nodes: tuple[str, ...]
+    reserve: bool = False
+    affinity: bool = False
+
+
+def order_candidates(
+    eligible: Sequence[str],
+    *,
+    pin: str | None,
+    snapshot: PrioritySnapshot | None,
+    ledger_view: LoadView,
+    affinity_hint: str | None,
+    head_selection: bool,
+    cooling: Collection[str],
+    resident: Collection[str] = frozenset(),
+) -> Ordering:
+    """Order ``eligible`` (each once): base order, head selection, then demote cooling nodes.
+
+    ``snapshot`` is the scheduler snapshot in force, or None when there is none: head selection
+    then balances over every eligible node. ``resident`` holds the ids of nodes where the
+    request's model is known to be loaded; it breaks ties on load (docs/behaviour.md §5.2, §6.4).
+    """
+    candidates = tuple(dict.fromkeys(eligible))
+    allowed = frozenset(candidates)
+    cooling_set = frozenset(cooling)
+    warm = frozenset(resident)
+    pinned = bool(pin) and pin in allowed
+
+    priority = snapshot.nodes if snapshot is not None else ()
+    listed = [n for n in dict.fromkeys(priority) if n in allowed and n != pin]
+    seen = set(listed)
+    rest = sorted(n for n in candidates if n not in seen and n != pin)
+    base = ([pin] if pinned and pin is not None else []) + listed + rest
+    balanced = listed if snapshot is not None else rest
+
+    reserve = affinity = False
+    if head_selection and not pinned:
+        head: str | None = None
+        if affinity_hint is not None and _affinity_gate_passes(
+            affinity_hint, allowed, ledger_view, cooling_set
+        ):
+            head, affinity = affinity_hint, True
+        else:
+            position = {n: i for i, n in enumerate(balanced)}
+            pool = [n for n in balanced if n not in cooling_set] or balanced
+            if pool:
+                head = min(pool, key=lambda n: (_load(ledger_view, n), n not in warm, position[n]))
+        if head is not None:
+            base.remove(head)
+            base.insert(0, head)
+            reserve = True
+
+    return Ordering(nodes=_demote(base, cooling_set), reserve=reserve, affinity=affinity)
+
+
+def _affinity_gate_passes(
+    node: str, allowed: frozenset[str], view: LoadView, cooling: frozenset[str]
+) -> bool:
+    return (
+        node in allowed
+        and view.pending(node) + view.reservations(node) <= AFFINITY_MAX_QUEUE
+        and view.gpu_pressure(node) <= AFFINITY_MAX_GPU_PRESSURE
+        and node not in cooling
+    )
+
+
+def _load(view: LoadView, node: str) -> int:
+    return view.pending(node) + view.gpu_pressure(node) + view.reservations(node)
+
+
+def _demote(nodes: Sequence[str], cooling: frozenset[str]) -> tuple[str, ...]:
+    """Stable partition: ready nodes in order, then cooling ones in order."""
+    ready = [n for n in nodes if n not in cooling]
+    if not ready:
+        return tuple(nodes)
+    return (*ready, *(n for n in nodes if n in cooling))

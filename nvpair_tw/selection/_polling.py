@@ -1,0 +1,268 @@
+# -*- test-case-name: tests.selection.test_inventory -*-
+"""The inventory poller: the timer, one poll of a node, and its two reads (the model list and, where
+the engine has one, residency, docs/behaviour.md §6.4). What the reads find goes to an :class:`InventorySink`
+(the :class:`~nvpair_tw.selection._inventory.InventoryBook`), which keeps it.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from collections.abc import Callable, Mapping
+from typing import Protocol
+
+from attrs import define, field
+from treq.client import HTTPClient
+from twisted.internet.defer import CancelledError, Deferred, gatherResults
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from nvpair_tw.core import EngineProfile, ResidencyFormat
+from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.upstream import ReadError, get_json, join_url
+
+__all__ = ["InventoryPoller", "InventorySink", "NodeReads"]
+
+
+class InventorySink(Protocol):
+    """Where a poll's findings go."""
+
+    def has_inventory(self, node_id: str) -> bool:
+        """Whether a polled inventory of the node is kept."""
+
+    def record_models(self, node: Node, names: frozenset[str], at: float) -> None:
+        """A good model-list answer from ``node`` at clock seconds ``at``."""
+
+    def record_loaded(self, node: Node, names: frozenset[str], at: float) -> None:
+        """A good residency answer from ``node`` at clock seconds ``at``."""
+
+    def forget_loaded(self, node: Node) -> bool:
+        """Drop the node's residency; whether one was kept for its current URL."""
+
+    def prune(self, current: Mapping[str, Node]) -> None:
+        """Forget what was kept of nodes gone from ``current`` (the polled nodes) or moved."""
+
+
+@define
+class InventoryPoller:
+    """Polls every polled node on a timer (± jitter), each node's two reads side by side.
+
+    Residency is polled with the inventory, concurrently and independently: its own request, the
+    same timeout, body cap and error handling, and a residency failure never touches the inventory.
+    """
+
+    _engine: EngineProfile
+    _directory: NodeDirectory
+    _http: HTTPClient
+    _clock: IReactorTime
+    _sink: InventorySink
+    _log: Logger
+    _interval: float = field(default=10.0, kw_only=True)
+    _timeout: float = field(default=10.0, kw_only=True)
+    _jitter: float = field(default=0.1, kw_only=True)
+    _random: Callable[[], float] = field(default=_random.random, kw_only=True)
+    _reads: NodeReads = field(init=False)
+    _inflight: dict[str, Deferred[None]] = field(factory=dict, init=False)
+    _timer: IDelayedCall | None = field(default=None, init=False)
+    _unsubscribe: Callable[[], None] | None = field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._reads = NodeReads(
+            self._engine,
+            self._directory,
+            self._http,
+            self._clock,
+            self._sink,
+            self._log,
+            timeout=self._timeout,
+        )
+
+    def poll_now(self) -> Deferred[None]:
+        """Poll every polled node once, concurrently; fires when all are done (never fails)."""
+        return self._poll_nodes([n for n in self._directory.nodes() if n.models is None])
+
+    def _poll_nodes(self, nodes: list[Node]) -> Deferred[None]:
+        waits: list[Deferred[None]] = []
+        for node in nodes:
+            running = self._inflight.get(node.id)
+            if running is None:
+                running = Deferred.fromCoroutine(self._reads.poll(node))
+                if not running.called:
+                    self._inflight[node.id] = running
+                running.addBoth(self._finished, node.id, running)
+            waits.append(_follow(running))
+        return gatherResults(waits).addCallback(lambda _: None)
+
+    def start(self) -> None:
+        """Poll at once, then every interval (± jitter); forget nodes the directory drops."""
+        if self._unsubscribe is not None:
+            return
+        self._unsubscribe = self._directory.subscribe(self._nodes_changed)
+        self._tick()
+
+    def stop(self) -> None:
+        """Cancel the timer and every in-flight poll."""
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+        running, self._inflight = list(self._inflight.values()), {}
+        for poll in running:
+            poll.cancel()
+
+    def _tick(self) -> None:
+        self._timer = None
+        self.poll_now()
+        spread = self._jitter * (2 * self._random() - 1)
+        self._timer = self._clock.callLater(max(0.0, self._interval * (1 + spread)), self._tick)
+
+    def _finished(self, result: object, node_id: str, running: Deferred[None]) -> None:
+        if self._inflight.get(node_id) is running:
+            del self._inflight[node_id]
+        if isinstance(result, Failure) and not result.check(CancelledError):
+            self._log.failure("inventory poll crashed", result, node=node_id)
+
+    def _nodes_changed(self) -> None:
+        current = {n.id: n for n in self._directory.nodes() if n.models is None}
+        self._sink.prune(current)
+        self._reads.forget_failing(set(current))
+        for node_id, running in list(self._inflight.items()):
+            if node_id not in current:
+                running.cancel()
+        fresh = [
+            n
+            for i, n in current.items()
+            if not self._sink.has_inventory(i) and not self._reads.failing(i)
+        ]
+        if self._unsubscribe is not None and fresh:
+            self._poll_nodes(fresh)
+
+
+@define
+class NodeReads:
+    """One poll of a node: its model list and, if the engine has one, its residency, side by side;
+    each answer goes to the sink, each failure is logged (a repeated inventory failure quietly)."""
+
+    _engine: EngineProfile
+    _directory: NodeDirectory
+    _http: HTTPClient
+    _clock: IReactorTime
+    _sink: InventorySink
+    _log: Logger
+    _timeout: float = field(default=10.0, kw_only=True)
+    _failing: set[str] = field(factory=set, init=False)
+
+    def failing(self, node_id: str) -> bool:
+        """Whether the node's last inventory read failed."""
+        return node_id in self._failing
+
+    def forget_failing(self, current: set[str]) -> None:
+        """Forget the failures of nodes not in ``current``."""
+        self._failing &= current
+
+    async def poll(self, node: Node) -> None:
+        """The node's model list and, if the engine has one, its residency, side by side."""
+        polls = [Deferred.fromCoroutine(self._poll_models(node))]
+        if self._engine.residency is not None:
+            polls.append(Deferred.fromCoroutine(self._poll_residency(node, self._engine.residency)))
+        try:
+            for poll in polls:
+                await poll
+        except CancelledError:
+            for poll in polls:  # cancelled half-way: stop the other read too
+                if not poll.called:
+                    poll.addErrback(_ignore_cancellation)
+                    poll.cancel()
+            raise
+
+    def _still_polled(self, node: Node) -> bool:
+        """Whether ``node`` is still in the directory, at the same URL, and polled."""
+        current = self._directory.get(node.id)
+        return current is not None and current.url == node.url and current.models is None
+
+    async def _poll_residency(self, node: Node, residency: ResidencyFormat) -> None:
+        url = join_url(node.public_url, residency.path)
+        try:
+            document = await get_json(
+                self._http,
+                self._clock,
+                url,
+                timeout=self._timeout,
+                authorization=node.authorization,
+            )
+            names = frozenset(n for n in residency.loaded(document) if n.strip())
+        except (ReadError, ValueError) as error:
+            self._residency_failed(node, str(error))
+            return
+        if self._still_polled(node):
+            self._sink.record_loaded(node, names, self._clock.seconds())
+
+    def _residency_failed(self, node: Node, why: str) -> None:
+        if not self._sink.forget_loaded(node):
+            self._log.debug(
+                "residency poll of {node} failed ({why})",
+                node=node.id,
+                why=why,
+                engine=self._engine.name,
+            )
+            return
+        self._log.info(
+            "residency poll of {node} failed ({why}); its residency is unknown until it answers",
+            node=node.id,
+            why=why,
+            engine=self._engine.name,
+        )
+
+    async def _poll_models(self, node: Node) -> None:
+        url = join_url(node.public_url, self._engine.inventory.path)
+        try:
+            document = await get_json(
+                self._http,
+                self._clock,
+                url,
+                timeout=self._timeout,
+                authorization=node.authorization,
+            )
+            names = frozenset(self._engine.inventory.names(document))
+        except (ReadError, ValueError) as error:
+            self._failed(node, str(error))
+            return
+        if not self._still_polled(node):
+            return
+        self._sink.record_models(node, names, self._clock.seconds())
+        if node.id in self._failing:
+            self._failing.discard(node.id)
+            self._log.info(
+                "inventory of {node} answers again", node=node.id, engine=self._engine.name
+            )
+
+    def _failed(self, node: Node, why: str) -> None:
+        if self._directory.get(node.id) is None:
+            return
+        level = self._log.debug if node.id in self._failing else self._log.warn
+        self._failing.add(node.id)
+        level(
+            "inventory poll of {node} failed ({why}); keeping the last good inventory",
+            node=node.id,
+            why=why,
+            engine=self._engine.name,
+        )
+
+
+def _ignore_cancellation(failure: Failure) -> None:
+    failure.trap(CancelledError)
+
+
+def _follow(source: Deferred[None]) -> Deferred[None]:
+    """A new Deferred that fires (with None) when ``source`` fires, leaving ``source`` as it was."""
+    follower: Deferred[None] = Deferred()
+
+    def relay(result: object) -> object:
+        follower.callback(None)
+        return result
+
+    source.addBoth(relay)
+    return follower

@@ -1,0 +1,234 @@
+# -*- test-case-name: tests.simulated.test_engine -*-
+"""Simulated engines that misbehave on purpose, for ``--demo``, the benchmarks and the test suite.
+
+A :class:`SimulatedEngine` is a Twisted ``Resource`` answering the Ollama and OpenAI-style routes the
+proxy uses. Its :class:`Behaviour`, chosen per inference request by a :data:`Policy` (:func:`always`,
+:func:`alternate` or any callable), decides whether it answers, freezes before the headers, sends
+headers and then nothing, drops the connection, or fails with a status. Every timer runs on the clock
+it is given, so a test can drive it with a ``task.Clock``. Every request it receives is kept as a
+:class:`Received` (method, target, headers, body) so tests can compare replayed bodies byte for byte.
+
+``loaded`` says which models are resident, as Ollama's ``GET /api/ps`` and LM Studio's
+``GET /api/v0/models`` (``state``) report them; None (the default) answers both with 404, like an
+engine without those endpoints, so residency stays unknown.
+
+This module is production-safe (``--demo`` uses it); the test harnesses built on it are in
+:mod:`nvpair_tw.testing`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from enum import Enum
+from typing import Any
+
+from attrs import define, field, frozen
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
+
+from nvpair_tw.core import abort
+from nvpair_tw.simulated._replies import reply_frames, route_answer, stream_kind
+
+__all__ = [
+    "Behaviour",
+    "Policy",
+    "Received",
+    "SimulatedEngine",
+    "alternate",
+    "always",
+    "reply_frames",
+    "stream_kind",
+]
+
+
+class Behaviour(Enum):
+    """What the engine does with one request."""
+
+    HEALTHY = "healthy"
+    FROZEN = "frozen"  # reads the request, never sends headers
+    HEADERS_ONLY = "headers-only"  # sends headers, then silence
+    DROP_AFTER_HEADERS = "drop-after-headers"  # sends headers, then closes before any body byte
+    DROP_MID_STREAM = "drop-mid-stream"  # sends part of the stream, then resets
+    STATUS_503 = "status-503"
+    STATUS_404 = "status-404"
+    STATUS_400 = "status-400"
+    EMPTY_200 = "empty-200"  # Content-Length: 0
+    SLOW_BODY = "slow-body"  # sends headers, then the body after ``body_delay``
+
+
+@frozen
+class Received:
+    """One request as the engine saw it."""
+
+    method: bytes
+    path: bytes
+    headers: dict[bytes, list[bytes]]
+    body: bytes
+
+    @classmethod
+    def of(cls, request: Request, body: bytes) -> Received:
+        """``request`` (whose body was ``body``) as received, header names lowercased."""
+        headers = {k.lower(): list(v) for k, v in request.requestHeaders.getAllRawHeaders()}
+        return cls(request.method, request.uri, headers, body)
+
+
+Policy = Callable[[int, bytes], Behaviour]
+
+
+def always(behaviour: Behaviour) -> Policy:
+    """The same behaviour for every request."""
+    return lambda _number, _path: behaviour
+
+
+def alternate(first: Behaviour, second: Behaviour) -> Policy:
+    """``first`` on odd-numbered inference requests, ``second`` on even ones (1-based)."""
+    return lambda number, _path: first if number % 2 == 1 else second
+
+
+@define
+class SimulatedEngine(Resource):
+    """A fake Ollama/OpenAI-style engine: listen it with :meth:`site`, or put it in a
+    :class:`nvpair_tw.testing.MemoryCluster`."""
+
+    clock: IReactorTime
+    models: Sequence[str] = ("llama3:latest",)
+    policy: Policy = field(factory=lambda: always(Behaviour.HEALTHY))
+    chunks: int = 3
+    chunk_delay: float = 0.0
+    header_delay: float = 0.0
+    body_delay: float = 0.0
+    reply_text: str = "hello"
+    api_key: str | None = None
+    loaded: Sequence[str] | None = None
+    response_prefix: str = "resp"
+    script: Callable[[bytes, bool, bytes], list[bytes]] | None = None
+    """When set, the frames of a healthy answer: ``script(path, streaming, request_body)``
+    (e.g. a stream with tool calls or a usage chunk); else :func:`reply_frames`."""
+    received: list[Received] = field(factory=list)
+    inference_count: int = 0
+    _timers: list[IDelayedCall] = field(factory=list)
+    _open: list[Request] = field(factory=list)
+
+    isLeaf = True
+
+    def __attrs_post_init__(self) -> None:
+        Resource.__init__(self)
+
+    def site(self) -> Site:
+        """A quiet Site serving this engine."""
+        site = Site(self)
+        site.noisy = False
+        return site
+
+    def stop(self) -> None:
+        """Cancel pending timers and close any request left open (frozen or silent)."""
+        for timer in self._timers:
+            if timer.active():
+                timer.cancel()
+        self._timers.clear()
+        for request in self._open:
+            abort(request.transport)
+        self._open.clear()
+
+    def render(self, request: Request) -> bytes | int:  # type: ignore[override]
+        assert request.content is not None
+        body = request.content.read()
+        path = request.path
+        self.received.append(Received.of(request, body))
+        if self.api_key is not None and request.requestHeaders.getRawHeaders(b"authorization") != [
+            f"Bearer {self.api_key}".encode()
+        ]:
+            request.setResponseCode(401)
+            return self._json(request, {"error": "unauthorized"})
+        answer = route_answer(request.method, path, body, self.models, self.loaded)
+        if answer is not None:
+            status, document = answer
+            request.setResponseCode(status)
+            return self._json(request, document)
+        self.inference_count += 1
+        behaviour = self.policy(self.inference_count, path)
+        self._open.append(request)
+        request.notifyFinish().addBoth(self._closed, request)
+        if self.header_delay > 0 and behaviour is not Behaviour.FROZEN:
+            self._later(self.header_delay, self._act, request, behaviour, body)
+        else:
+            self._act(request, behaviour, body)
+        return NOT_DONE_YET
+
+    def _closed(self, _result: object, request: Request) -> None:
+        if request in self._open:
+            self._open.remove(request)
+
+    def _later(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
+        self._timers = [t for t in self._timers if t.active()]
+        self._timers.append(self.clock.callLater(delay, fn, *args))
+
+    def _act(self, request: Request, behaviour: Behaviour, body: bytes) -> None:
+        if behaviour is Behaviour.FROZEN:
+            return
+        if behaviour in (Behaviour.STATUS_503, Behaviour.STATUS_404, Behaviour.STATUS_400):
+            code = int(behaviour.value.rsplit("-", 1)[1])
+            request.setResponseCode(code)
+            request.setHeader(b"content-type", b"application/json")
+            request.write(json.dumps({"error": f"simulated {code}"}).encode())
+            request.finish()
+            return
+        if behaviour is Behaviour.EMPTY_200:
+            request.setHeader(b"content-length", b"0")
+            request.finish()
+            return
+        streaming, content_type = stream_kind(request.path, body)
+        request.setHeader(b"content-type", content_type)
+        if behaviour is Behaviour.HEADERS_ONLY:
+            request.write(b"")
+            return
+        if behaviour is Behaviour.DROP_AFTER_HEADERS:
+            request.write(b"")
+            self._later(0, _hang_up, request)
+            return
+        frames = (
+            self.script(request.path, streaming, body)
+            if self.script is not None
+            else reply_frames(
+                request.path,
+                streaming,
+                self.chunks,
+                self.reply_text,
+                response_id=f"{self.response_prefix}_{self.inference_count}",
+            )
+        )
+        if behaviour is Behaviour.SLOW_BODY:
+            request.write(b"")
+            self._later(self.body_delay, self._send, request, frames, 0)
+            return
+        if behaviour is Behaviour.DROP_MID_STREAM:
+            frames = [*frames[: max(1, len(frames) // 2)], b""]
+        self._send(request, frames, 0)
+
+    def _send(self, request: Request, frames: list[bytes], index: int) -> None:
+        if request.channel is None:
+            return
+        if index == len(frames):
+            request.finish()
+            return
+        frame = frames[index]
+        if frame == b"":
+            _hang_up(request)
+            return
+        request.write(frame)
+        if self.chunk_delay > 0:
+            self._later(self.chunk_delay, self._send, request, frames, index + 1)
+        else:
+            self._send(request, frames, index + 1)
+
+    def _json(self, request: Request, document: Any) -> bytes:
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps(document).encode()
+
+
+def _hang_up(request: Request) -> None:
+    """Close after flushing what was written (the client sees a truncated response)."""
+    if request.transport is not None:
+        request.transport.loseConnection()

@@ -1,0 +1,55 @@
+"""The hop to a node: the keep-alive HTTP/1.1 client, one attempt against one node (pool, replayed
+body, header deadline, body gate) and the bounded control-plane read.
+"""
+
+from __future__ import annotations
+
+from nvpair_tw.upstream._attempt import (
+    TRANSPORT_FAILURES,
+    BodyEnd,
+    BodyGate,
+    BusyWait,
+    Discard,
+    FirstBodyTimeout,
+    FirstBodyTimer,
+    GateStateError,
+    HeaderTimeout,
+    NodeEndpointFactory,
+    UpstreamClient,
+    describe_failure,
+    is_cancellation,
+    make_pool,
+    node_url,
+)
+from nvpair_tw.upstream._fetch import (
+    MAX_JSON_BYTES,
+    ReadError,
+    get_json,
+    join_url,
+    make_http_client,
+)
+from nvpair_tw.upstream._nodeclient import NodeAgent
+
+__all__ = [
+    "MAX_JSON_BYTES",
+    "TRANSPORT_FAILURES",
+    "BodyEnd",
+    "BodyGate",
+    "BusyWait",
+    "Discard",
+    "FirstBodyTimeout",
+    "FirstBodyTimer",
+    "GateStateError",
+    "HeaderTimeout",
+    "NodeAgent",
+    "NodeEndpointFactory",
+    "ReadError",
+    "UpstreamClient",
+    "describe_failure",
+    "get_json",
+    "is_cancellation",
+    "join_url",
+    "make_http_client",
+    "make_pool",
+    "node_url",
+]

@@ -1,0 +1,178 @@
+# -*- test-case-name: tests.selection.test_inventory -*-
+"""The bounded control-plane read (:func:`get_json`) the inventory poll and the model-list fan-out
+share: a GET through treq's ``HTTPClient`` over the shared pool, cut off by our own timer
+(``treq.collect`` cannot be cancelled) and by a body-size cap.
+"""
+
+from __future__ import annotations
+
+import json
+from http.cookiejar import DefaultCookiePolicy
+from typing import Any
+
+from hyperlink import EncodedURL
+from treq.client import HTTPClient
+from treq.cookies import IndexableCookieJar
+from treq.response import _Response
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgent
+
+from nvpair_tw.upstream._attempt import is_cancellation
+
+__all__ = [
+    "MAX_JSON_BYTES",
+    "ReadError",
+    "get_json",
+    "join_url",
+    "make_http_client",
+]
+
+MAX_JSON_BYTES = 8 << 20
+"""A control-plane answer larger than this is abandoned."""
+
+
+class ReadError(Exception):
+    """A control-plane read failed; ``str()`` is a short reason without any body."""
+
+
+def make_http_client(agent: IAgent) -> HTTPClient:
+    """A treq client for control-plane reads that never stores or sends cookies."""
+    return HTTPClient(
+        agent, cookiejar=IndexableCookieJar(policy=DefaultCookiePolicy(allowed_domains=[]))
+    )
+
+
+def join_url(base: str, path_and_query: str) -> str:
+    """A node's base URL joined with an absolute path (and query)."""
+    return base.rstrip("/") + path_and_query
+
+
+class _BoundedBody(Protocol):
+    """Collects a response body up to a size cap; :meth:`abort` tears the connection down."""
+
+    def __init__(self, limit: int) -> None:
+        self.done: Deferred[bytes] = Deferred(self._cancel)
+        self._limit = limit
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._why: str | None = None
+        self._cancelled = False
+
+    def _cancel(self, _: Deferred[bytes]) -> None:
+        self._cancelled = True
+        self.abort("cancelled")
+
+    def abort(self, why: str) -> None:
+        if self._why is None:
+            self._why = why
+        if self.transport is not None:
+            IPushProducer(self.transport).stopProducing()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._why is not None:
+            return
+        self._size += len(data)
+        if self._size > self._limit:
+            self.abort("answer too large")
+            return
+        self._chunks.append(data)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self.done.called:
+            return
+        if self._cancelled:
+            self.done.errback(CancelledError())
+        elif self._why is not None:
+            self.done.errback(ReadError(self._why))
+        elif reason.check(ResponseDone, PotentialDataLoss):
+            self.done.callback(b"".join(self._chunks))
+        else:
+            self.done.errback(ReadError(f"body failed: {type(reason.value).__name__}"))
+
+
+async def get_json(
+    http: HTTPClient,
+    clock: IReactorTime,
+    url: str,
+    *,
+    timeout: float,
+    limit: int = MAX_JSON_BYTES,
+    authorization: bytes | None = None,
+) -> Any:
+    """GET ``url`` and parse a 200 answer as JSON, all within ``timeout`` seconds.
+
+    No client header is sent (treq adds only ``Host`` and ``Accept-Encoding``); ``authorization``
+    is the node's own credential (:attr:`Node.authorization`), if any. Raises :class:`ReadError`
+    on any failure: connect error, non-200, timeout, oversize or bad JSON.
+    """
+    request = _start_get(http, url, authorization)
+    body: _BoundedBody | None = None
+    timed_out = False
+
+    def expire() -> None:
+        nonlocal timed_out
+        timed_out = True
+        if body is None:
+            request.cancel()
+        else:
+            body.abort("timed out")
+
+    timer: IDelayedCall = clock.callLater(timeout, expire)
+    try:
+        try:
+            response = await request
+        except Exception as error:
+            if timed_out:
+                raise ReadError("timed out") from None
+            if is_cancellation(Failure(error)):
+                raise CancelledError() from None
+            raise ReadError(type(error).__name__) from None
+        body = _BoundedBody(limit)
+        response.deliverBody(body)
+        data = await body.done
+    finally:
+        if timer.active():
+            timer.cancel()
+    return _parse_answer(response.code, data)
+
+
+def _start_get(http: HTTPClient, url: str, authorization: bytes | None) -> Deferred[_Response]:
+    """The GET of ``url`` (with the node's ``authorization``, if any), unbuffered, no redirects."""
+    headers = Headers({b"authorization": [authorization]}) if authorization is not None else None
+    try:
+        return http.get(_request_url(url), headers=headers, unbuffered=True, allow_redirects=False)
+    except Exception as error:  # treq rejects some URLs synchronously
+        raise ReadError(type(error).__name__) from None
+
+
+def _parse_answer(code: int, data: bytes) -> Any:
+    """A 200 answer's body as JSON, else :class:`ReadError`."""
+    if code != 200:
+        raise ReadError(f"status {code}")
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        raise ReadError("malformed JSON") from None
+
+
+class _AsWritten(EncodedURL):
+    """A URL treq sends as written. hyperlink's ``to_uri`` IDNA-encodes every host, which fails on
+    an IPv6 literal (python-hyper/hyperlink#68, #188); an ASCII URL has nothing to encode anyway."""
+
+    def to_uri(self) -> EncodedURL:
+        return self
+
+
+def _request_url(url: str) -> str | EncodedURL:
+    """``url`` for treq: an ASCII URL with an IPv6 literal host bypasses the IDNA step."""
+    if url.isascii():
+        parsed = _AsWritten.from_text(url)
+        if ":" in parsed.host:
+            return parsed
+    return url

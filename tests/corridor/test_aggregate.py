@@ -1,0 +1,248 @@
+"""Tests for aggregate_model_list over in-memory engines on a Clock: order, de-dup, failures, headers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request
+
+from nvpair_tw.core._engines import OPENAI_MODELS, TAGS
+from nvpair_tw.corridor._aggregate import AggregateResult, aggregate_model_list
+from nvpair_tw.nodes._directory import Node
+from nvpair_tw.testing import MemoryCluster
+
+UNAVAILABLE = {"error": "model inventory unavailable", "code": "inventory-unavailable"}
+DOWN = Node("down", "http://down.node.test:11434")  # nothing serves it: connection refused
+
+Make = Callable[..., MemoryCluster]
+
+
+class FakeEngine(Resource):
+    """An engine answering every GET with a fixed status and body; records what it was sent.
+
+    ``body=None`` never answers (a stalled engine); ``hold`` delays the answer until fired.
+    """
+
+    isLeaf = True
+
+    def __init__(
+        self,
+        body: bytes | None,
+        *,
+        status: int = 200,
+        hold: Deferred[None] | None = None,
+        set_cookie: bool = False,
+    ) -> None:
+        super().__init__()
+        self.body, self.status, self.hold, self.set_cookie = body, status, hold, set_cookie
+        self.seen: list[tuple[bytes, Headers]] = []
+        self.arrived: Deferred[None] = Deferred()
+
+    def render_GET(self, request: Request) -> bytes | int:
+        self.seen.append((request.uri, request.requestHeaders))
+        if not self.arrived.called:
+            self.arrived.callback(None)
+        request.setResponseCode(self.status)
+        if self.set_cookie:
+            request.setHeader(b"set-cookie", b"sid=secret; Path=/")
+        if self.body is None:
+            return NOT_DONE_YET
+        if self.hold is not None:
+            body = self.body
+            self.hold.addCallback(lambda _: (request.write(body), request.finish()))
+            return NOT_DONE_YET
+        return self.body
+
+
+class Fleet:
+    """Fake engines in memory: ``node(id)`` is the node serving engine ``id``; ``run`` drives a fan-out."""
+
+    def __init__(self, memory_cluster: Make, **engines: Resource) -> None:
+        self.clock = Clock()
+        self.cluster = memory_cluster(self.clock, engines, facades=())
+        self.http = self.cluster.http
+
+    def node(self, node_id: str) -> Node:
+        return Node(node_id, self.cluster.url(node_id))
+
+    def start(self, fan_out: Coroutine[Any, Any, AggregateResult]) -> Deferred[AggregateResult]:
+        """Start a fan-out and deliver what is due now."""
+        pending = Deferred.fromCoroutine(fan_out)
+        self.cluster.flush()
+        return pending
+
+    def run(self, fan_out: Coroutine[Any, Any, AggregateResult]) -> AggregateResult:
+        """A fan-out that needs no clock time: its result."""
+        return finished(self.start(fan_out))
+
+
+def finished(pending: Deferred[AggregateResult]) -> AggregateResult:
+    """The result ``pending`` already has."""
+    outcome: list[AggregateResult | Failure] = []
+    pending.addBoth(outcome.append)
+    [result] = outcome
+    assert isinstance(result, AggregateResult), result
+    return result
+
+
+def tags(*records: dict[str, Any]) -> bytes:
+    """An /api/tags body."""
+    return json.dumps({"models": list(records)}).encode()
+
+
+def models(*ids: str) -> bytes:
+    """A /v1/models body."""
+    return json.dumps(
+        {"object": "list", "data": [{"id": i, "object": "model"} for i in ids]}
+    ).encode()
+
+
+def decoded(result: AggregateResult) -> Any:
+    """The JSON body of an aggregate result."""
+    return json.loads(result.body)
+
+
+def test_tags_merge_in_candidate_order_skipping_down_and_garbage(memory_cluster: Make) -> None:
+    """/api/tags merges the good nodes in the given order even when the first answers last."""
+    release: Deferred[None] = Deferred()
+    early = FakeEngine(tags({"name": "b:1", "model": "b:1"}, {"name": "c:1"}))
+    fleet = Fleet(
+        memory_cluster,
+        late=FakeEngine(tags({"name": "a:1", "model": "a:1"}), hold=release),
+        garbage=FakeEngine(b"<html>not json"),
+        early=early,
+    )
+    nodes = [fleet.node("late"), DOWN, fleet.node("garbage"), fleet.node("early")]
+    pending = fleet.start(
+        aggregate_model_list(TAGS, nodes, "/api/tags?x=1", fleet.http, fleet.clock, timeout=5)
+    )
+    assert early.arrived.called and not pending.called
+    release.callback(None)
+    fleet.cluster.flush()
+    result = finished(pending)
+    assert result.status == 200
+    assert decoded(result) == {
+        "models": [
+            {"name": "a:1", "model": "a:1"},
+            {"name": "b:1", "model": "b:1"},
+            {"name": "c:1"},
+        ]
+    }
+    assert [uri for uri, _ in early.seen] == [b"/api/tags?x=1"]
+
+
+def test_openai_models_merge_skipping_down_and_non_200(memory_cluster: Make) -> None:
+    """/v1/models keeps the envelope and skips a down node and a 500."""
+    fleet = Fleet(
+        memory_cluster,
+        a=FakeEngine(models("m1", "m2")),
+        err=FakeEngine(models("x"), status=500),
+        b=FakeEngine(models("m3")),
+    )
+    nodes = [fleet.node("a"), DOWN, fleet.node("err"), fleet.node("b")]
+    result = fleet.run(
+        aggregate_model_list(OPENAI_MODELS, nodes, "/v1/models", fleet.http, fleet.clock)
+    )
+    assert result.status == 200
+    assert decoded(result)["object"] == "list"
+    assert [r["id"] for r in decoded(result)["data"]] == ["m1", "m2", "m3"]
+
+
+def test_duplicates_keep_the_first_record_verbatim(memory_cluster: Make) -> None:
+    """Ollama keys are normalised (llama3 = llama3:latest); the earlier node's record wins."""
+    first = {"name": "llama3:latest", "model": "llama3:latest", "size": 1}
+    second = {"name": "llama3", "model": "llama3", "size": 2}
+    fleet = Fleet(
+        memory_cluster, a=FakeEngine(tags(first)), b=FakeEngine(tags(second, {"model": "qwen"}))
+    )
+    nodes = [fleet.node("a"), fleet.node("b")]
+    result = fleet.run(aggregate_model_list(TAGS, nodes, "/api/tags", fleet.http, fleet.clock))
+    assert decoded(result) == {"models": [first, {"model": "qwen"}]}
+
+
+def test_openai_ids_compare_verbatim(memory_cluster: Make) -> None:
+    """/v1/models de-duplicates by id exactly: M1 and m1 are two records, m1 twice is one."""
+    fleet = Fleet(memory_cluster, a=FakeEngine(models("m1")), b=FakeEngine(models("M1", "m1")))
+    nodes = [fleet.node("a"), fleet.node("b")]
+    result = fleet.run(
+        aggregate_model_list(OPENAI_MODELS, nodes, "/v1/models", fleet.http, fleet.clock)
+    )
+    assert [r["id"] for r in decoded(result)["data"]] == ["m1", "M1"]
+
+
+def test_all_down_is_503_at_the_timeout(memory_cluster: Make) -> None:
+    """No good answer (down, garbage, wrong shape, stalled past the timeout) gives the 503 JSON,
+    exactly when the timeout expires on the clock."""
+    fleet = Fleet(
+        memory_cluster,
+        garbage=FakeEngine(b"{"),
+        shape=FakeEngine(b'{"data": []}'),
+        slow=FakeEngine(None),
+    )
+    nodes = [DOWN, fleet.node("garbage"), fleet.node("shape"), fleet.node("slow")]
+    pending = fleet.start(
+        aggregate_model_list(TAGS, nodes, "/api/tags", fleet.http, fleet.clock, timeout=0.2)
+    )
+    fleet.cluster.advance(0.19)
+    assert not pending.called
+    fleet.cluster.advance(0.01)
+    result = finished(pending)
+    assert (result.status, decoded(result)) == (503, UNAVAILABLE)
+
+
+def test_one_empty_good_answer_is_200(memory_cluster: Make) -> None:
+    """A single good but empty list is a 200 with an empty envelope, not a 503."""
+    fleet = Fleet(memory_cluster, empty=FakeEngine(models()))
+    nodes = [DOWN, fleet.node("empty")]
+    result = fleet.run(
+        aggregate_model_list(OPENAI_MODELS, nodes, "/v1/models", fleet.http, fleet.clock)
+    )
+    assert (result.status, decoded(result)) == (200, {"object": "list", "data": []})
+
+
+def test_no_node_is_503(memory_cluster: Make) -> None:
+    """An empty node list has no good answer."""
+    fleet = Fleet(memory_cluster)
+    result = fleet.run(aggregate_model_list(TAGS, [], "/api/tags", fleet.http, fleet.clock))
+    assert result.status == 503
+
+
+def test_fan_out_never_sends_authorization_or_cookie(memory_cluster: Make) -> None:
+    """Even after an engine sets a cookie, the next fan-out sends no Cookie and no Authorization."""
+    engine = FakeEngine(models("m"), set_cookie=True)
+    fleet = Fleet(memory_cluster, a=engine)
+    for _ in range(2):
+        fleet.run(
+            aggregate_model_list(
+                OPENAI_MODELS, [fleet.node("a")], "/v1/models", fleet.http, fleet.clock
+            )
+        )
+    assert len(engine.seen) == 2
+    for _, headers in engine.seen:
+        assert not headers.hasHeader(b"authorization")
+        assert not headers.hasHeader(b"cookie")
+
+
+def test_cancelling_the_fan_out_leaves_no_timer(memory_cluster: Make) -> None:
+    """A caller going away cancels every node's read and its 30 s timer."""
+    slow = FakeEngine(None)
+    fleet = Fleet(memory_cluster, slow=slow)
+    pending = fleet.start(
+        aggregate_model_list(
+            TAGS, [fleet.node("slow")], "/api/tags", fleet.http, fleet.clock, timeout=30
+        )
+    )
+    assert slow.arrived.called and fleet.clock.getDelayedCalls()
+    pending.cancel()
+    failures: list[Failure] = []
+    pending.addErrback(failures.append)
+    assert [f.type for f in failures] == [CancelledError]
+    fleet.cluster.flush()
+    assert fleet.clock.getDelayedCalls() == [] and fleet.cluster.network.open == 0

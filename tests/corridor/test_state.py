@@ -1,0 +1,174 @@
+"""Per-facade state (nvpair_tw.corridor._state): who may serve a model, in what order, and how head selection
+spreads load without a scheduler and prefers resident nodes (docs/behaviour.md §4.2, §5, §6.4),
+through ``MemoryCluster`` on a Clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+from twisted.internet.task import Clock
+
+from nvpair_tw.nodes._directory import Node
+from nvpair_tw.selection._reservations import make_rank
+from nvpair_tw.simulated._engine import SimulatedEngine
+from nvpair_tw.testing import MemoryCluster, MemoryResponse
+
+Make = Callable[..., MemoryCluster]
+
+CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def polled(*ids: str) -> list[Node]:
+    """Nodes without a static model list, so the inventory (and residency) are polled."""
+    return [Node(i, f"http://{i}.node.test:11434") for i in ids]
+
+
+def engines(clock: Clock, loaded: dict[str, Sequence[str] | None]) -> dict[str, SimulatedEngine]:
+    """Equal engines serving llama3 with a 3 s stream; ``loaded`` per id (None: no residency)."""
+    return {
+        node_id: SimulatedEngine(clock, chunks=3, chunk_delay=1.0, loaded=names)
+        for node_id, names in loaded.items()
+    }
+
+
+def burst(cluster: MemoryCluster, count: int) -> list[MemoryResponse]:
+    """``count`` overlapping chats, all sent before any finishes (after the inventory polls have
+    landed); their responses, headers in."""
+    cluster.flush()
+    pending = [cluster.request("POST", "/api/chat", json=CHAT) for _ in range(count)]
+    return [cluster.result(p) for p in pending]
+
+
+def served(responses: Sequence[MemoryResponse]) -> Counter[str | None]:
+    return Counter(r.header("x-nvpair-node") for r in responses)
+
+
+def test_six_concurrent_requests_without_a_scheduler_split_three_and_three(
+    memory_cluster: Make,
+) -> None:
+    """No scheduler snapshot: 6 overlapping requests over two equal nodes go 3 to each (the seed
+    sent all 6 to the lowest id), every one is answered, and every reservation is released."""
+    clock = Clock()
+    cluster = memory_cluster(clock, engines(clock, {"a": None, "b": None}))
+    responses = burst(cluster, 6)
+    assert {n: len(cluster.received(n)) for n in "ab"} == {"a": 3, "b": 3}
+    assert served(responses) == Counter({"a": 3, "b": 3})
+    ledger = cluster.facade().shared.ledger
+    assert ledger.in_force is None
+    assert (ledger.reservations("a"), ledger.reservations("b")) == (3, 3)
+    cluster.advance(5)
+    assert all(r.complete and r.status == 200 for r in responses)
+    assert (ledger.reservations("a"), ledger.reservations("b")) == (0, 0)
+
+
+def test_an_idle_cluster_answers_from_the_resident_node(memory_cluster: Make) -> None:
+    """Residency from the inventory poll: with nothing in flight the node that has the model
+    loaded serves, although it has the higher id; the next overlapping request still spreads."""
+    clock = Clock()
+    cluster = memory_cluster(
+        clock,
+        engines(clock, {"a": [], "b": ["llama3:latest"]}),
+        nodes={"ollama": polled("a", "b")},
+    )
+    cluster.flush()
+    inventory = cluster.facade().inventory
+    assert (inventory.resident("a", "llama3"), inventory.resident("b", "llama3")) == (False, True)
+    first, second = burst(cluster, 2)
+    assert (first.header("x-nvpair-node"), second.header("x-nvpair-node")) == ("b", "a")
+    cluster.advance(5)
+    assert first.complete and second.complete
+    [alone] = burst(cluster, 1)
+    assert alone.header("x-nvpair-node") == "b"
+    cluster.advance(5)
+
+
+def test_unknown_residency_prefers_nothing(memory_cluster: Make) -> None:
+    """Engines without residency endpoints: an idle cluster starts at the lowest id."""
+    clock = Clock()
+    cluster = memory_cluster(
+        clock, engines(clock, {"a": None, "b": None}), nodes={"ollama": polled("b", "a")}
+    )
+    cluster.flush()
+    assert cluster.facade().inventory.resident("b", "llama3") is None
+    [response] = burst(cluster, 1)
+    assert response.header("x-nvpair-node") == "a"
+    cluster.advance(5)
+
+
+def test_a_scheduler_snapshot_keeps_its_list_and_residency_breaks_its_ties(
+    memory_cluster: Make,
+) -> None:
+    """With a snapshot, only listed nodes are balanced; among equal loads the resident one heads,
+    ahead of an earlier list position."""
+    clock = Clock()
+    cluster = memory_cluster(
+        clock,
+        engines(clock, {"a": [], "b": ["llama3:latest"], "c": ["llama3:latest"]}),
+        nodes={"ollama": polled("a", "b", "c")},
+    )
+    ledger = cluster.facade().shared.ledger
+    ledger.apply(1, ["a", "b"], [make_rank("a", 0, 0), make_rank("b", 0, 0)])
+    first, second, third = burst(cluster, 3)
+    assert [r.header("x-nvpair-node") for r in (first, second, third)] == ["b", "a", "b"]
+    assert cluster.received("c") == []
+    cluster.advance(5)
+
+
+def test_a_pin_still_beats_spreading_and_residency(memory_cluster: Make) -> None:
+    """An eligible pin (node/select) takes every request, loaded or not, resident or not."""
+    clock = Clock()
+    cluster = memory_cluster(
+        clock,
+        engines(clock, {"a": ["llama3:latest"], "b": []}),
+        nodes={"ollama": polled("a", "b")},
+    )
+    cluster.facade().pin = "b"
+    assert served(burst(cluster, 3)) == Counter({"b": 3})
+    cluster.advance(5)
+
+
+def three(memory_cluster: Make) -> MemoryCluster:
+    clock = Clock()
+    return memory_cluster(
+        clock,
+        {
+            "c": SimulatedEngine(clock, models=("llama3:latest",)),
+            "a": SimulatedEngine(clock, models=("qwen:7b",)),
+            "b": SimulatedEngine(clock, models=("llama3:latest", "qwen:7b")),
+        },
+    )
+
+
+def ids(nodes: list) -> list[str]:  # type: ignore[type-arg]
+    return [n.id for n in nodes]
+
+
+def test_eligible_is_the_owners_of_the_model_under_the_engine_rule(memory_cluster: Make) -> None:
+    """Owners only (``llama3`` matches ``llama3:latest``); no model means every node."""
+    facade = three(memory_cluster).facade()
+    assert sorted(ids(facade.eligible("llama3"))) == ["b", "c"]
+    assert sorted(ids(facade.eligible("qwen:7b"))) == ["a", "b"]
+    assert facade.eligible("mistral") == []
+    assert sorted(ids(facade.eligible(None))) == ["a", "b", "c"]
+
+
+def test_order_is_by_id_with_the_pin_first_and_cooling_nodes_last(memory_cluster: Make) -> None:
+    """Base order is by id; a pin goes first; a cooling node goes behind its ready peers."""
+    facade = three(memory_cluster).facade()
+    everyone = facade.eligible(None)
+    assert ids(facade.order(everyone, head_selection=False)[0]) == ["a", "b", "c"]
+    facade.pin = "c"
+    assert ids(facade.order(everyone, head_selection=False)[0]) == ["c", "a", "b"]
+    facade.stalls.cool("c", "test")
+    assert ids(facade.order(everyone, head_selection=False)[0]) == ["a", "b", "c"]
+
+
+def test_order_promotes_a_warm_node_and_says_so(memory_cluster: Make) -> None:
+    """An affinity hint that passes the gate goes first, and the second value says it was promoted."""
+    facade = three(memory_cluster).facade()
+    owners = facade.eligible("llama3")
+    nodes, promoted = facade.order(owners, head_selection=True, affinity_hint="c")
+    assert (ids(nodes)[0], promoted) == ("c", True)
+    nodes, promoted = facade.order(owners, head_selection=True, affinity_hint=None)
+    assert promoted is False

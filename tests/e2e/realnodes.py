@@ -1,0 +1,210 @@
+"""Real engines and a real proxy process for the end-to-end tests (not a test module).
+
+:class:`RealOllama` is one real Ollama (``shared/engines/real-ollama.sh up``) on a free loopback port,
+with its own server environment (``OLLAMA_NUM_PARALLEL``, ``OLLAMA_KEEP_ALIVE``), that a test can freeze
+(SIGSTOP), thaw and kill (SIGKILL) as a whole process group. :class:`ProxyProcess` is ``twist nvpair``
+in a subprocess writing JSON log lines, read back as events. Neither ever skips: an engine that
+cannot start fails the test, so a missing dependency shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "smollm2"
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct loopback ports that were free a moment ago."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rpartition(")")[2].split()[0] == "Z"
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, sig)
+
+
+class RealOllama:
+    """One real Ollama serving ``smollm2`` on its own port and process group."""
+
+    def __init__(self, port: int, pid: int) -> None:
+        self.port = port
+        self.pid = pid
+        self.url = f"http://127.0.0.1:{port}"
+
+    @classmethod
+    def start(cls, env: Mapping[str, str] | None = None) -> RealOllama:
+        directory = Path(os.environ.get("NVPAIR_REAL_OLLAMA_DIR", REPO.parent / ".ollama-e2e"))
+        script = Path(
+            os.environ.get(
+                "NVPAIR_REAL_OLLAMA_SCRIPT", REPO.parent / "shared/engines/real-ollama.sh"
+            )
+        )
+        if not script.is_file():
+            pytest.fail(f"real-ollama.sh not found at {script} (set NVPAIR_REAL_OLLAMA_SCRIPT)")
+        (port,) = free_ports(1)
+        done = subprocess.run(
+            ["bash", str(script), "up", str(directory), str(port)],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+            env={**os.environ, **(env or {})},
+        )
+        if done.returncode != 0 or not done.stdout.strip().isdigit():
+            pytest.fail(
+                f"the real engine did not start ({script} up {directory} {port} exited "
+                f"{done.returncode}):\n{done.stdout}\n{done.stderr}"
+            )
+        return cls(port, int(done.stdout.strip()))
+
+    def freeze(self) -> None:
+        """SIGSTOP the whole process group: connections are accepted, nothing answers."""
+        _signal_group(self.pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        _signal_group(self.pid, signal.SIGCONT)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: open connections are reset by the kernel."""
+        _signal_group(self.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        """SIGTERM (after a SIGCONT), then SIGKILL if it outlives 10 s."""
+        self.thaw()
+        _signal_group(self.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not _gone(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.kill()
+
+
+@contextlib.contextmanager
+def real_nodes(envs: Sequence[Mapping[str, str]]) -> Iterator[list[RealOllama]]:
+    """Start one real Ollama per environment (one after another), stop them all afterwards."""
+    started: list[RealOllama] = []
+    try:
+        for env in envs:
+            started.append(RealOllama.start(env))
+        yield started
+    finally:
+        for node in started:
+            node.stop()
+
+
+class ProxyProcess:
+    """``python -m twisted nvpair`` with JSON logs (``--log-format=json``, one event per record); its
+    events are read back from the log."""
+
+    def __init__(self, args: Sequence[str], workdir: Path) -> None:
+        (port,) = free_ports(1)
+        self.url = f"http://127.0.0.1:{port}"
+        self.log = workdir / "proxy.log"
+        command = [
+            sys.executable,
+            "-m",
+            "twisted",
+            "--log-format=json",
+            "nvpair",
+            "--listen",
+            f"tcp:{port}:interface=127.0.0.1",
+            "--admin",
+            "none",
+            "--control",
+            f"unix:{workdir / 'control.sock'}",
+            *args,
+        ]
+        self.control = workdir / "control.sock"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def wait_ready(self, nodes: int, timeout: float = 60.0) -> None:
+        """Until ``nodes/list`` shows ``nodes`` nodes advertising the model (or fail with the log)."""
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                pytest.fail(f"the proxy exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                listed = self.call("nodes/list")["nodes"]
+                ready = [n for n in listed if any(MODEL in m for m in n.get("models") or ())]
+                if len(ready) >= nodes:
+                    return
+                last = f"nodes/list: {listed}"
+            except (OSError, ValueError, KeyError) as error:
+                last = repr(error)
+            time.sleep(0.1)
+        pytest.fail(f"the proxy was not ready within {timeout:.0f} s ({last}):\n{self.tail()}")
+
+    def call(self, method: str, params: Mapping[str, Any] | None = None) -> Any:
+        """One JSON-RPC call on the control socket; its result."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(str(self.control))
+            request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": dict(params or {})}
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            buffer = b""
+            while True:
+                buffer += sock.recv(65536)
+                for line in buffer.split(b"\n")[:-1]:
+                    answer = json.loads(line)
+                    if answer.get("id") == 1:
+                        return answer["result"]
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        """Every JSON log line whose event name (``event`` field) is ``name``."""
+        found = []
+        for line in self.log.read_text(errors="replace").replace("\x1e", "\n").splitlines():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict) and entry.get("event") == name:
+                found.append(entry)
+        return found
+
+    def tail(self, limit: int = 6000) -> str:
+        text = self.log.read_text(errors="replace")
+        return text if len(text) <= limit else "...\n" + text[-limit:]
+
+    def stop(self) -> str:
+        """SIGTERM, wait, and return the whole log (failing if the proxy hung)."""
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            pytest.fail(f"the proxy ignored SIGTERM for 30 s:\n{self.tail()}")
+        return self.log.read_text(errors="replace")

@@ -1,0 +1,224 @@
+"""The live status page in a real headless Chromium: cooldowns appear and clear live, prompts never show.
+
+Needs the Debian ``chromium`` package (``/usr/bin/chromium``) and the ``playwright`` Python package
+(its own browser download is never used). Missing either fails the test with the install commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import pytest
+import pytest_twisted
+from twisted.internet.defer import CancelledError
+from twisted.internet.threads import deferToThread
+
+from nvpair_tw.core._resolved import Settings
+from nvpair_tw.nodes._directory import Node
+from nvpair_tw.ops._admin import AdminService
+from nvpair_tw.selection._admission import Slot, Waiter
+from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine, start_proxy
+
+CHROMIUM = os.environ.get("NVPAIR_CHROMIUM", "/usr/bin/chromium")
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+CANARY = "CANARY-PROMPT-7f3a9c-do-not-display"
+HEADER_TIMEOUT = 1.0
+
+_Test = TypeVar("_Test", bound=Callable[..., Any])
+
+
+def on_reactor(test: _Test) -> _Test:
+    """``pytest_twisted.ensureDeferred`` with the test's type kept (pytest-twisted is untyped)."""
+    return cast(_Test, pytest_twisted.ensureDeferred(test))
+
+
+def _require_browser() -> None:
+    """Fail (never skip) with the install commands when Chromium or playwright is missing."""
+    missing = []
+    if not os.access(CHROMIUM, os.X_OK):
+        missing.append(f"Chromium at {CHROMIUM}: apt-get update && apt-get install -y chromium")
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        missing.append("the playwright package: pip install playwright (no `playwright install`)")
+    if missing:
+        pytest.fail("browser test prerequisites missing: " + "; ".join(missing), pytrace=False)
+
+
+def _chat(proxy_url: str) -> int:
+    body = json.dumps(
+        {"model": "llama3", "messages": [{"role": "user", "content": CANARY}], "stream": False}
+    ).encode()
+    request = urllib.request.Request(
+        proxy_url + "/api/chat", data=body, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+        return int(response.status)
+
+
+def _drive_browser(admin_url: str, proxy_url: str) -> dict[str, Any]:
+    """In a worker thread: load the page, stall a node with a canary request, watch it recover."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict[str, Any] = {"errors": [], "status": None}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda error: seen["errors"].append(str(error)))
+            page.goto(admin_url + "/")
+            frozen = 'tr[data-node="ollama/a-frozen"]'
+            page.wait_for_selector(f"{frozen} td.cooldown.ready", timeout=10_000)
+            page.wait_for_function(
+                "document.getElementById('connection').textContent === 'live'", timeout=10_000
+            )
+            result: dict[str, int] = {}
+            sender = threading.Thread(target=lambda: result.update(status=_chat(proxy_url)))
+            sender.start()
+            cooling = page.wait_for_selector(f"{frozen} td.cooldown.cooling", timeout=10_000)
+            assert cooling is not None
+            seen["cooling_text"] = cooling.text_content()
+            # well before the page's 10 s snapshot refresh: only the cooldown-ended event can do it
+            page.wait_for_selector(f"{frozen} td.cooldown.ready", timeout=HEADER_TIMEOUT * 4000)
+            sender.join(30)
+            seen["status"] = result.get("status")
+            page.wait_for_selector("#failovers tr", timeout=10_000)
+            seen["failover_text"] = page.inner_text("#failovers")
+            seen["html"] = page.content()
+            seen["text"] = page.inner_text("body")
+        finally:
+            browser.close()
+    return seen
+
+
+@pytest.mark.browser
+@on_reactor
+async def test_status_page_shows_a_cooldown_come_and_go_and_never_a_prompt(reactor: Any) -> None:
+    """A frozen node cools (with time left and reason) then is ready again, live over /events; the
+    failover is listed; the canary prompt text never appears anywhere on the page."""
+    _require_browser()
+    frozen = await start_engine(reactor, SimulatedEngine(reactor, policy=always(Behaviour.FROZEN)))
+    healthy = await start_engine(reactor, SimulatedEngine(reactor))
+    proxy = await start_proxy(
+        reactor,
+        {
+            "ollama": [
+                Node("a-frozen", frozen.url, ("llama3:latest",)),
+                Node("b-healthy", healthy.url, ("llama3:latest",)),
+            ]
+        },
+        Settings(response_header_timeout=HEADER_TIMEOUT),
+    )
+    admin = AdminService(reactor, proxy.runtime, "tcp:0:interface=127.0.0.1")
+    admin.startService()
+    try:
+        port = (await admin.listener.ready).getHost().port  # type: ignore[attr-defined]
+        seen = await deferToThread(_drive_browser, f"http://127.0.0.1:{port}", proxy.url())
+    finally:
+        await admin.stopService()
+        await proxy.stop()
+        await frozen.stop()
+        await healthy.stop()
+    assert seen["status"] == 200
+    assert seen["errors"] == []
+    assert "left" in seen["cooling_text"] and "no response headers" in seen["cooling_text"]
+    assert "a-frozen stall" in seen["failover_text"]
+    assert "b-healthy committed" in seen["failover_text"]
+    assert CANARY not in seen["html"] and CANARY not in seen["text"]
+
+
+HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
+
+
+def _read_busy_page(admin_url: str) -> dict[str, Any]:
+    """In a worker thread: load the page once the cluster is set up and read the busy columns."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict[str, Any] = {"errors": []}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda error: seen["errors"].append(str(error)))
+            page.goto(admin_url + "/")
+            page.wait_for_selector('tr[data-node="ollama/a-busy"] td.slots', timeout=10_000)
+            for node_id in ("a-busy", "b-loaded", "c-unknown", "d-unlimited"):
+                row = f'tr[data-node="ollama/{node_id}"]'
+                seen[node_id] = {
+                    cls: page.inner_text(f"{row} td.{cls}")
+                    for cls in ("slots", "busy-waits", "loaded")
+                }
+            seen["queue"] = page.inner_text("h2 .queue-depth")
+            seen["title"] = page.title()
+            seen["images"] = page.eval_on_selector_all("img", "images => images.length")
+        finally:
+            browser.close()
+    return seen
+
+
+@pytest.mark.browser
+@on_reactor
+async def test_status_page_shows_slots_queue_busy_waits_and_residency(reactor: Any) -> None:
+    """Per node: slots in use / slots (unlimited when 0), busy waits and the loaded models (or
+    "unknown"); per facade: the queue depth. A hostile model name is shown as text, never markup."""
+    _require_browser()
+    resident = SimulatedEngine(reactor, loaded=("llama3:latest", HOSTILE))
+    loaded = await start_engine(reactor, resident)
+    proxy = await start_proxy(
+        reactor,
+        {
+            "ollama": [
+                Node("a-busy", "http://127.0.0.1:1", ("llama3:latest",), slots=1),
+                Node("b-loaded", loaded.url, None, slots=2),
+                Node("c-unknown", "http://127.0.0.1:1", ("llama3:latest",), slots=0),
+                Node("d-unlimited", "http://127.0.0.1:1", ("llama3:latest",)),
+            ]
+        },
+    )
+    facade = proxy.runtime.facades["ollama"]
+    await facade.inventory.poll_now()
+    busy = facade.directory.get("a-busy")
+    assert busy is not None
+    holding = facade.admission.admit([busy])
+    queued = facade.admission.admit([busy])
+    assert isinstance(holding, Slot) and isinstance(queued, Waiter)
+    queued.bound.addErrback(lambda failure: failure.trap(CancelledError))
+    for _ in range(3):
+        facade.progress.busy_waited("a-busy")
+    admin = AdminService(reactor, proxy.runtime, "tcp:0:interface=127.0.0.1")
+    admin.startService()
+    try:
+        port = (await admin.listener.ready).getHost().port  # type: ignore[attr-defined]
+        seen = await deferToThread(_read_busy_page, f"http://127.0.0.1:{port}")
+    finally:
+        queued.bound.cancel()
+        holding.release()
+        await admin.stopService()
+        await proxy.stop()
+        await loaded.stop()
+    assert seen["errors"] == []
+    assert seen["a-busy"] == {"slots": "1 / 1", "busy-waits": "3", "loaded": "unknown"}
+    assert seen["queue"] == "1"
+    assert seen["b-loaded"] == {
+        "slots": "0 / 2",
+        "busy-waits": "0",
+        "loaded": f"{HOSTILE}, llama3:latest",
+    }
+    assert seen["c-unknown"]["slots"] == "0 / ∞ unlimited"
+    assert seen["c-unknown"]["loaded"] == "unknown"
+    assert seen["d-unlimited"]["slots"] == "0 / ∞ unlimited"
+    assert seen["title"] == "nvpair-tw status" and seen["images"] == 0

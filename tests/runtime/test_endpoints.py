@@ -1,0 +1,74 @@
+"""Endpoint strings: a TCP listener's interface and port, and the URLs that reach it (self-guard)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvpair_tw.nodes._directory import url_key
+from nvpair_tw.runtime._endpoints import TCPListener, own_urls, tcp_listener
+
+LOOPBACK_11435 = ["http://127.0.0.1:11435", "http://[::1]:11435", "http://localhost:11435"]
+
+
+@pytest.mark.parametrize(
+    "description",
+    [
+        "tcp:11435:interface=127.0.0.1",
+        "tcp:port=11435:interface=127.0.0.1",
+        "tcp:port=11435:interface=127.0.0.1:backlog=50",
+        "tcp:11435:interface=localhost",
+    ],
+)
+def test_own_urls_of_a_loopback_listener(description: str) -> None:
+    """A loopback listener is reachable as 127.0.0.1, [::1] and localhost, in positional or port= form."""
+    assert sorted(own_urls(description)) == LOOPBACK_11435
+
+
+def test_own_urls_of_a_wildcard_listener_include_loopback() -> None:
+    """Listening on every interface also means every loopback name reaches this proxy."""
+    urls = own_urls("tcp:1235")
+    assert {"http://127.0.0.1:1235", "http://[::1]:1235", "http://localhost:1235"} <= set(urls)
+    assert {url_key(u) for u in urls} == {("http", "<loopback>", 1235)}
+
+
+def test_own_urls_of_a_specific_interface() -> None:
+    """A listener on one LAN address is reached only there."""
+    assert own_urls("tcp:8001:interface=10.0.0.5") == ["http://10.0.0.5:8001"]
+
+
+def test_own_urls_of_ipv6_listeners_are_valid_urls() -> None:
+    """tcp6 interfaces (colons escaped) become bracketed hosts a node URL can be compared with."""
+    loopback = own_urls(r"tcp6:1235:interface=\:\:1")
+    assert "http://[::1]:1235" in loopback
+    assert None not in [url_key(u) for u in loopback]
+    lan = own_urls(r"tcp6:port=1235:interface=2001\:db8\:\:5")
+    assert [url_key(u) for u in lan] == [url_key("http://[2001:db8::5]:1235")]
+
+
+@pytest.mark.parametrize("description", ["unix:/run/nvpair.sock", "stdio", ""])
+def test_own_urls_of_non_tcp_listeners_are_empty(description: str) -> None:
+    """A listener no node URL can point at has no own URLs."""
+    assert own_urls(description) == []
+
+
+@pytest.mark.parametrize(
+    ("description", "listener"),
+    [
+        ("tcp:11435:interface=127.0.0.1", TCPListener("127.0.0.1", 11435)),
+        ("tcp:port=0", TCPListener("0.0.0.0", 0)),
+        (r"tcp6:8001:interface=\:\:1", TCPListener("::1", 8001)),
+        ("unix:/run/nvpair.sock", None),
+    ],
+)
+def test_tcp_listener_reads_interface_and_port(
+    description: str, listener: TCPListener | None
+) -> None:
+    """Positional and port= forms, tcp6 escaped colons; other endpoint types are not TCP listeners."""
+    assert tcp_listener(description) == listener
+
+
+@pytest.mark.parametrize("description", ["tcp:70000", "tcp:port=x", "tcp:interface=127.0.0.1"])
+def test_impossible_tcp_ports_are_value_errors(description: str) -> None:
+    """A port outside 0-65535, or none at all, is refused before anything tries to bind it."""
+    with pytest.raises(ValueError, match="port must be"):
+        tcp_listener(description)
