@@ -20,7 +20,8 @@ from zope.interface import implementer
 
 from nvpair_tw.assembly._frames import Assembled, AssemblyError, Dialect
 from nvpair_tw.assembly._lines import Assembler
-from nvpair_tw.upstream import BodyEnd, FirstBodyTimeout, FirstBodyTimer, GateStateError
+from nvpair_tw.core import IllegalCall
+from nvpair_tw.upstream import BodyEnd, FirstBodyTimeout, FirstBodyTimer
 
 __all__ = ["ANSWER_CONTENT_TYPE", "AssembledResponse", "AssemblyGate", "AssemblyState"]
 
@@ -85,7 +86,7 @@ class AssemblyGate(FirstBodyTimer):
           answer is whole either way) fires ``done`` with C{BodyEnd.COMPLETE} and moves to
           C{ENDED}, so the exchange concludes (and the node's booking is released) only once the
           engine is done with the request.
-        - C{ENDED}: nothing more happens; :meth:`start_relay` here raises L{GateStateError}.
+        - C{ENDED}: nothing more happens; :meth:`start_relay` here raises L{IllegalCall}.
     @ivar first: Fires with the whole answer's bytes, or fails (L{FirstBodyTimeout} when the
         enabled timer expired, a C{ResponseFailed} otherwise).
     @ivar done: After :meth:`start_relay`: fires with C{BodyEnd.COMPLETE} at the upstream body's
@@ -177,14 +178,14 @@ class AssemblyGate(FirstBodyTimer):
     def response(self, upstream: IResponse) -> AssembledResponse:
         """The client-facing response for the held answer: its status, JSON type and length."""
         if self.answer is None:
-            raise GateStateError(f"response in state {self._state.value}")
+            raise IllegalCall(f"response in state {self._state.value}")
         return _answer_response(upstream, self.answer)
 
     def start_relay(self, sink: Callable[[bytes], None]) -> None:
         """Commit: the answer went out as ``first``; nothing more is relayed, ``done`` fires at
         the upstream body's end."""
         if self._state is not AssemblyState.HOLDING:
-            raise GateStateError(f"start_relay in state {self._state.value}")
+            raise IllegalCall(f"start_relay in state {self._state.value}")
         if self._upstream_ended:
             self._state = AssemblyState.ENDED
             self.done.callback(BodyEnd.COMPLETE)

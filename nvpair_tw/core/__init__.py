@@ -29,6 +29,7 @@ from nvpair_tw.core._resolved import (
     resolve_first_body_timeout,
     resolve_response_header_timeout,
 )
+from nvpair_tw.core._states import IllegalCall
 
 __all__ = [
     "ENGINES",
@@ -38,6 +39,7 @@ __all__ = [
     "UPSTREAM_CLIENTS",
     "EngineProfile",
     "IProxyReactor",
+    "IllegalCall",
     "ModelListFormat",
     "ResidencyFormat",
     "Resolved",

@@ -37,6 +37,7 @@ from zope.interface import implementer
 
 from nvpair_tw.core import (
     HOP_BY_HOP,
+    IllegalCall,
     abort,
     close,
     forward_headers,
@@ -52,7 +53,6 @@ from nvpair_tw.nodes import Node
 
 __all__ = [
     "TUNNEL_ENGINES",
-    "IllegalTunnelCall",
     "Tunnel",
     "TunnelBook",
     "TunnelState",
@@ -71,10 +71,6 @@ MAX_REFUSAL_BODY = 1024 * 1024
 _log = LevelledLogger(namespace="nvpair_tw.tunnel")
 
 
-class IllegalTunnelCall(Exception):
-    """A :class:`Tunnel` method was called in a state where it is not allowed."""
-
-
 class TunnelState(Enum):
     """The states of a :class:`Tunnel`.
 
@@ -88,7 +84,7 @@ class TunnelState(Enum):
     ``CLOSED``: either side closed and the other was closed too (terminal). :meth:`Tunnel.close`
     and the ``*_lost`` notifications are no-ops; data raises.
 
-    Any other call raises :class:`IllegalTunnelCall`.
+    Any other call raises :class:`IllegalCall`.
     """
 
     HANDSHAKE = "handshake"
@@ -189,7 +185,7 @@ class Tunnel:
 
     def _require(self, *states: TunnelState) -> None:
         if self.state not in states:
-            raise IllegalTunnelCall(f"not allowed in state {self.state.name}")
+            raise IllegalCall(f"not allowed in state {self.state.name}")
 
     def open(self, node_id: str, channel: LimitedChannel, node: Any, head: bytes) -> None:
         """The node answered 101 with ``head`` (and maybe frames): relay it and splice."""

@@ -51,7 +51,7 @@ from twisted.web.iweb import (
 )
 from zope.interface import implementer
 
-from nvpair_tw.core import IProxyReactor
+from nvpair_tw.core import IllegalCall, IProxyReactor
 from nvpair_tw.nodes import tls_endpoint
 
 __all__ = [
@@ -63,7 +63,6 @@ __all__ = [
     "FirstBodyTimeout",
     "FirstBodyTimer",
     "GateState",
-    "GateStateError",
     "HeaderTimeout",
     "NodeEndpointFactory",
     "ReplayBodyProducer",
@@ -332,10 +331,6 @@ class Discard(Protocol):
         pass
 
 
-class GateStateError(Exception):
-    """A :class:`BodyGate` method was called in a state where it makes no sense (a bug)."""
-
-
 class GateState(Enum):
     """Where a :class:`BodyGate` is in its life (see the class docstring for the transitions)."""
 
@@ -404,7 +399,7 @@ class BodyGate(FirstBodyTimer):
         - C{RELAYING}: every chunk goes to the sink as it arrives; the end fires ``done`` and
           moves to C{ENDED}.
         - C{ENDED}: nothing more happens. Calling :meth:`start_relay` here, or twice, raises
-          L{GateStateError}.
+          L{IllegalCall}.
     @ivar first: Fires with the first non-empty chunk, C{b""} on a clean empty end, or fails
         (L{FirstBodyTimeout} when the enabled timer expired, else the transport's reason).
     @ivar done: After :meth:`start_relay`: fires with a L{BodyEnd} at a clean end, or fails
@@ -483,7 +478,7 @@ class BodyGate(FirstBodyTimer):
     def start_relay(self, sink: Callable[[bytes], None]) -> None:
         """Commit: flush held chunks to ``sink`` and relay the rest as it arrives."""
         if self._state not in (GateState.AWAITING_FIRST, GateState.HOLDING):
-            raise GateStateError(f"start_relay in state {self._state.value}")
+            raise IllegalCall(f"start_relay in state {self._state.value}")
         self._disarm()
         self._state = GateState.RELAYING
         self._sink = sink

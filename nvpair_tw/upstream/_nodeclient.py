@@ -59,7 +59,7 @@ from twisted.web.iweb import (
 )
 from zope.interface import implementer
 
-from nvpair_tw.core import IProxyReactor, abort, close, header_tokens
+from nvpair_tw.core import IllegalCall, IProxyReactor, abort, close, header_tokens
 
 __all__ = [
     "MAX_HEADERS",
@@ -69,7 +69,6 @@ __all__ = [
     "ChunkedDecoder",
     "ClientRequest",
     "ClientState",
-    "ClientStateError",
     "HeadParser",
     "NodeAgent",
     "NodeClientProtocol",
@@ -94,10 +93,6 @@ _Key = tuple[bytes, bytes, int]
 
 class BadResponse(Exception):
     """The node's answer is not HTTP/1.x as we can read it; the text never holds its bytes."""
-
-
-class ClientStateError(Exception):
-    """A client protocol or response method was called in a state where it is illegal (a bug)."""
 
 
 class ClientState(Enum):
@@ -168,7 +163,7 @@ class ChunkedDecoder:
         the next chunk boundary goes back to the fast path.
         """
         if self._state is _Chunk.DONE:
-            raise ClientStateError("feed after the last chunk")
+            raise IllegalCall("feed after the last chunk")
         if self._partial:
             data, self._partial = self._partial + data, b""
         view = memoryview(data)
@@ -294,7 +289,7 @@ class Response:
 
     def deliverBody(self, protocol: Any) -> None:
         if self._state not in (_ResponseState.WAITING, _ResponseState.DEFERRED_CLOSE):
-            raise ClientStateError(f"deliverBody in state {self._state.value}")
+            raise IllegalCall(f"deliverBody in state {self._state.value}")
         body = cast(Protocol, protocol)
         ended = self._state is _ResponseState.DEFERRED_CLOSE
         self._state = _ResponseState.CONNECTED
@@ -317,7 +312,7 @@ class Response:
         elif self._state is _ResponseState.WAITING:
             self._buffer.append(data)
         else:
-            raise ClientStateError(f"body data in state {self._state.value}")
+            raise IllegalCall(f"body data in state {self._state.value}")
 
     def body_ended(self, reason: Failure) -> None:
         """The body's end: ``ResponseDone``, ``PotentialDataLoss`` or a failure."""
@@ -330,7 +325,7 @@ class Response:
             self._state = _ResponseState.DEFERRED_CLOSE
             self._ending = reason
         else:
-            raise ClientStateError(f"body end in state {self._state.value}")
+            raise IllegalCall(f"body end in state {self._state.value}")
 
 
 @implementer(IConsumer)
@@ -481,7 +476,7 @@ class NodeClientProtocol(Protocol):
         - C{DONE}: the response is complete; the agent takes the connection back (C{IDLE}) or it
           is closed.
         - C{CLOSED}: the connection is gone; every later call but :meth:`connectionLost` is a
-          no-op or raises L{ClientStateError}.
+          no-op or raises L{IllegalCall}.
         Cancelling the request's Deferred in C{WRITING} or C{AWAITING_HEADERS} aborts the
         connection and fails it with C{ResponseNeverReceived([CancelledError])}.
     @ivar _reusable: Whether both sides allow reuse once this response is complete.
@@ -533,7 +528,7 @@ class NodeClientProtocol(Protocol):
     ) -> Deferred[IResponse]:
         """Write ``head`` (request line and headers) and the body; fires with the response."""
         if self._state is not ClientState.IDLE:
-            raise ClientStateError(f"request in state {self._state.value}")
+            raise IllegalCall(f"request in state {self._state.value}")
         assert self.transport is not None
         self._state = ClientState.WRITING
         self._request = request

@@ -36,6 +36,7 @@ from nvpair_tw.assembly._whole import (
     plan_assembly,
     rewrite_body,
 )
+from nvpair_tw.core import IllegalCall
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.testing import (
     Behaviour,
@@ -45,7 +46,7 @@ from nvpair_tw.testing import (
     SimulatedEngine,
     always,
 )
-from nvpair_tw.upstream._attempt import BodyEnd, FirstBodyTimeout, GateStateError
+from nvpair_tw.upstream._attempt import BodyEnd, FirstBodyTimeout
 
 Make = Callable[..., MemoryCluster]
 MODEL = "llama3:latest"
@@ -597,7 +598,7 @@ def test_gate_commits_only_with_the_whole_answer_and_concludes_at_the_upstream_e
     assert g.state is AssemblyState.DRAINING and done == []
     g.connectionLost(Failure(ResponseDone()))
     assert (done, g.state) == ([BodyEnd.COMPLETE], AssemblyState.ENDED)
-    with pytest.raises(GateStateError):
+    with pytest.raises(IllegalCall):
         g.start_relay(lambda data: None)
 
 

@@ -27,9 +27,10 @@ from twisted.web.server import Site
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
+from nvpair_tw.core import IllegalCall
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.corridor._facade import FacadeResource
-from nvpair_tw.corridor._tunnel import IllegalTunnelCall, Tunnel, TunnelBook, TunnelState
+from nvpair_tw.corridor._tunnel import Tunnel, TunnelBook, TunnelState
 from nvpair_tw.inbound._limits import make_site
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import StatusBoard
@@ -451,13 +452,13 @@ def test_a_tunnel_refuses_calls_its_state_does_not_allow() -> None:
     book = TunnelBook(2)
     tunnel = book.admit("lmstudio")
     assert isinstance(tunnel, Tunnel)
-    with pytest.raises(IllegalTunnelCall):
+    with pytest.raises(IllegalCall):
         tunnel.client_data(b"x")
-    with pytest.raises(IllegalTunnelCall):
+    with pytest.raises(IllegalCall):
         tunnel.node_lost()
     tunnel.close()
     assert (tunnel.state, tunnel.closed.called, book.tunnels) == (TunnelState.CLOSED, True, set())
-    with pytest.raises(IllegalTunnelCall):
+    with pytest.raises(IllegalCall):
         tunnel.node_data(b"x")
 
 

@@ -57,6 +57,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from nvpair_tw.core import IllegalCall
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine
 from nvpair_tw.upstream._attempt import (
@@ -66,7 +67,6 @@ from nvpair_tw.upstream._attempt import (
     Discard,
     FirstBodyTimeout,
     GateState,
-    GateStateError,
     HeaderTimeout,
     NodeEndpointFactory,
     ReplayBodyProducer,
@@ -1084,7 +1084,7 @@ def test_a_drop_before_the_first_byte_ends_the_gate() -> None:
     gate.connectionLost(DROPPED)
     failure_of(gate.first)
     assert gate.state is GateState.ENDED
-    with pytest.raises(GateStateError, match="ended"):
+    with pytest.raises(IllegalCall, match="ended"):
         gate.start_relay(NOWHERE)
 
 
@@ -1093,10 +1093,10 @@ def test_starting_the_relay_twice_is_illegal() -> None:
     gate, _ = gate_on(Clock())
     gate.dataReceived(b"one")
     gate.start_relay(NOWHERE)
-    with pytest.raises(GateStateError, match="relaying"):
+    with pytest.raises(IllegalCall, match="relaying"):
         gate.start_relay(NOWHERE)
     gate.connectionLost(DONE)
-    with pytest.raises(GateStateError, match="ended"):
+    with pytest.raises(IllegalCall, match="ended"):
         gate.start_relay(NOWHERE)
 
 

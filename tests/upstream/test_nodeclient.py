@@ -42,6 +42,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IAgent, IAgentEndpointFactory, IBod
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from nvpair_tw.core import IllegalCall
 from nvpair_tw.upstream._attempt import (
     ReplayBodyProducer,
     describe_failure,
@@ -53,7 +54,6 @@ from nvpair_tw.upstream._nodeclient import (
     ChunkedDecoder,
     ClientRequest,
     ClientState,
-    ClientStateError,
     NodeAgent,
     NodeClientProtocol,
 )
@@ -277,7 +277,7 @@ def test_body_bytes_before_deliver_body_are_handed_over_in_one_call() -> None:
     response.deliverBody(collect)
     assert collect.calls == [b"a" * 10 + b"b" * 10]
     assert collect.ended is not None and collect.ended.check(ResponseDone)
-    with pytest.raises(ClientStateError):
+    with pytest.raises(IllegalCall):
         response.deliverBody(Collect())
 
 
@@ -841,7 +841,7 @@ def test_states_walk_idle_awaiting_body_and_back_to_idle() -> None:
     send(protocol).addCallback(responses.append)
     assert state_of(protocol) is ClientState.AWAITING_HEADERS
     assert transport.value().startswith(b"GET / HTTP/1.1\r\n")
-    with pytest.raises(ClientStateError):
+    with pytest.raises(IllegalCall):
         send(protocol)
     protocol.dataReceived(CHUNKED_HEAD + b"1\r\na\r\n")
     assert state_of(protocol) is ClientState.BODY
