@@ -64,7 +64,6 @@ from nvpair_tw.events import Event
 from nvpair_tw.fleet import StateConfig
 from nvpair_tw.nodes import Node
 from nvpair_tw.runtime import Runtime, StallTrackerFactory, build_runtime, tcp_listener
-from nvpair_tw.selection import make_http_client
 from nvpair_tw.simulated import (
     Behaviour,
     Policy,
@@ -75,7 +74,7 @@ from nvpair_tw.simulated import (
     reply_frames,
     stream_kind,
 )
-from nvpair_tw.upstream import UpstreamClient, make_pool
+from nvpair_tw.upstream import UpstreamClient, make_http_client, make_pool
 
 __all__ = [
     "Behaviour",

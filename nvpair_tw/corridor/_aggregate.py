@@ -21,7 +21,7 @@ from twisted.internet.interfaces import IReactorTime
 from nvpair_tw.core import ModelListFormat
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
-from nvpair_tw.selection import ReadError, get_json, join_url
+from nvpair_tw.upstream import ReadError, get_json, join_url
 
 __all__ = ["UNAVAILABLE_BODY", "AggregateResult", "aggregate_model_list"]
 

@@ -23,6 +23,7 @@ from nvpair_tw.selection import (
     AffinityTable,
     Cooldown,
     CooldownListener,
+    Probe,
     ReservationLedger,
     StallTracker,
 )
@@ -72,9 +73,23 @@ class SharedCooldowns(_Sharing):
         self.trackers: dict[str, SharedStallTracker] = {}
 
     def tracker(
-        self, engine: str, period: float, on_change: CooldownListener | None
+        self,
+        engine: str,
+        period: float,
+        on_change: CooldownListener | None,
+        *,
+        probe: Probe | None = None,
+        probe_bound: float = 0.0,
     ) -> SharedStallTracker:
-        tracker = SharedStallTracker(self._reactor, period, on_change, store=self, engine=engine)
+        tracker = SharedStallTracker(
+            self._reactor,
+            period,
+            on_change,
+            store=self,
+            engine=engine,
+            probe=probe,
+            probe_bound=probe_bound,
+        )
         self.trackers[engine] = tracker
         return tracker
 
@@ -325,7 +340,9 @@ class SharedProgress(_Sharing):
 
 class SharedStallTracker(StallTracker):
     """A facade's cooldowns, shared with the fleet: a local stall is stored and published, a
-    peer's is applied with ``origin="peer"``, and a success here ends the cooldown everywhere."""
+    peer's is applied with ``origin="peer"``, and a success here ends the cooldown everywhere.
+    The expiry probe runs on the proxy that saw the stall; its renewal is shared like a stall and
+    its answer like a success, so the peers holding the cooldown follow it."""
 
     def __init__(
         self,
@@ -335,8 +352,10 @@ class SharedStallTracker(StallTracker):
         *,
         store: SharedCooldowns,
         engine: str,
+        probe: Probe | None = None,
+        probe_bound: float = 0.0,
     ) -> None:
-        super().__init__(clock, period, on_change)
+        super().__init__(clock, period, on_change, probe=probe, probe_bound=probe_bound)
         self._store = store
         self._engine = engine
 
@@ -347,6 +366,13 @@ class SharedStallTracker(StallTracker):
     def clear(self, node_id: str) -> None:
         # Only a node that is cooling (here, so in the fleet) costs a write.
         if self.end(node_id, "success"):
+            self._store.share_clear(self._engine, node_id)
+
+    def renewed(self, cooldown: Cooldown) -> None:
+        self._store.share_cooldown(self._engine, cooldown)
+
+    def answered(self, node_id: str) -> None:
+        if self.end(node_id, "expired"):
             self._store.share_clear(self._engine, node_id)
 
     def apply_peer(self, node_id: str, reason: str, period: float) -> None:

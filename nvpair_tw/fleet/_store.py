@@ -50,7 +50,7 @@ from nvpair_tw.fleet._sharing import (
 from nvpair_tw.fleet._wire import Codec, sealer
 from nvpair_tw.fleet._writer import MAX_PENDING_WRITES, BatchedWriter
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.selection import CooldownListener, ReservationLedger
+from nvpair_tw.selection import CooldownListener, Probe, ReservationLedger
 
 __all__ = [
     "BACKOFF_CAP",
@@ -90,10 +90,19 @@ class FleetStore:
     # --- what the runtime wires -----------------------------------------------------------------
 
     def stall_tracker(
-        self, engine: str, period: float, on_change: CooldownListener | None
+        self,
+        engine: str,
+        period: float,
+        on_change: CooldownListener | None,
+        *,
+        probe: Probe | None = None,
+        probe_bound: float = 0.0,
     ) -> SharedStallTracker:
-        """The stall tracker of ``engine``'s facade, sharing its cooldowns."""
-        return self._cooldowns.tracker(engine, period, on_change)
+        """The stall tracker of ``engine``'s facade, sharing its cooldowns (and, with a ``probe``,
+        the outcome of the expiry probes this proxy runs)."""
+        return self._cooldowns.tracker(
+            engine, period, on_change, probe=probe, probe_bound=probe_bound
+        )
 
     def affinity_table(self, engine: str, max_entries: int, idle_ttl: float) -> SharedAffinityTable:
         """The affinity table of ``engine``'s facade, sharing its entries."""

@@ -22,6 +22,7 @@ from nvpair_tw.inbound import IngressConfig, IngressPolicy, LimitedSite, make_si
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node, NodeDirectory, NodeTrustPolicy
 from nvpair_tw.selection import (
+    PROBE_BOUND,
     Admission,
     AffinityTable,
     Cooldown,
@@ -30,10 +31,16 @@ from nvpair_tw.selection import (
     IStallTracker,
     ReservationLedger,
     StallTracker,
-    make_http_client,
+    expiry_probe,
     slot_limit,
 )
-from nvpair_tw.upstream import NodeAgent, NodeEndpointFactory, UpstreamClient, make_pool
+from nvpair_tw.upstream import (
+    NodeAgent,
+    NodeEndpointFactory,
+    UpstreamClient,
+    make_http_client,
+    make_pool,
+)
 
 __all__ = ["Runtime", "StallTrackerFactory", "build_runtime", "upstream_agent"]
 
@@ -249,7 +256,7 @@ def _facade(
         shared=shared,
         directory=directory,
         inventory=inventory,
-        stalls=_stall_tracker(engine, shared, reactor, stall_tracker, fleet),
+        stalls=_stall_tracker(engine, shared, reactor, stall_tracker, fleet, directory),
         affinity=(
             fleet.affinity_table(engine, settings.affinity_max_entries, settings.affinity_ttl)
             if fleet is not None
@@ -268,14 +275,21 @@ def _stall_tracker(
     reactor: IProxyReactor,
     factory: StallTrackerFactory | None,
     fleet: FleetStore | None,
+    directory: NodeDirectory,
 ) -> IStallTracker:
-    """A given factory's tracker, else the fleet's shared one, else a local one."""
+    """A given factory's tracker, else the fleet's shared one, else a local one; the last two ask
+    a node at its cooldown's expiry whether it answers before letting it go (§6.3)."""
     announce = _cooldown_announcer(shared.bus, engine)
     if factory is not None:
         return factory(engine, announce)
+    settings = shared.settings
+    bound = min(settings.response_header_timeout, PROBE_BOUND)
+    probe = expiry_probe(ENGINES[engine], directory, shared.http, reactor, bound)
     if fleet is not None:
-        return fleet.stall_tracker(engine, shared.settings.cooldown, announce)
-    return StallTracker(reactor, shared.settings.cooldown, announce)
+        return fleet.stall_tracker(
+            engine, settings.cooldown, announce, probe=probe, probe_bound=bound
+        )
+    return StallTracker(reactor, settings.cooldown, announce, probe=probe, probe_bound=bound)
 
 
 def _share_progress(facade: FacadeState, fleet: FleetStore, engine: str) -> None:
@@ -295,6 +309,9 @@ def _cooldown_announcer(bus: EventBus, engine: str) -> CooldownListener:
                 "reason": reason,
                 "coolingUntil": int(cooldown.until * 1000),
             }
+            if cooldown.renewed:
+                # still no answer at the previous expiry (docs/behaviour.md §6.3)
+                payload["renewed"] = True
             if cooldown.origin != "local":
                 # a peer of the fleet stalled (docs/behaviour.md §6.6)
                 payload["origin"] = cooldown.origin

@@ -20,21 +20,23 @@ from nvpair_tw.selection._affinity import (
     AffinityTable,
     affinity_key,
 )
-from nvpair_tw.selection._inventory import (
-    InventoryBook,
-    ReadError,
-    get_json,
-    join_url,
-    make_http_client,
-)
+from nvpair_tw.selection._inventory import InventoryBook
 from nvpair_tw.selection._ordering import order_candidates
+from nvpair_tw.selection._polling import PROBE_BOUND, expiry_probe
 from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
-from nvpair_tw.selection._stalls import Cooldown, CooldownListener, IStallTracker, StallTracker
+from nvpair_tw.selection._stalls import (
+    Cooldown,
+    CooldownListener,
+    IStallTracker,
+    Probe,
+    StallTracker,
+)
 
 __all__ = [
     "CHAT_PATHS",
     "COMPLETION_PATHS",
+    "PROBE_BOUND",
     "RETRY_AFTER_SECONDS",
     "Admission",
     "AffinityKey",
@@ -44,18 +46,16 @@ __all__ = [
     "CooldownListener",
     "IStallTracker",
     "InventoryBook",
+    "Probe",
     "ProgressBook",
     "QueueFull",
     "QueueTimeout",
-    "ReadError",
     "ReservationLedger",
     "Slot",
     "StallTracker",
     "Waiter",
     "affinity_key",
-    "get_json",
-    "join_url",
-    "make_http_client",
+    "expiry_probe",
     "make_rank",
     "order_candidates",
     "slot_limit",

@@ -12,16 +12,19 @@ from typing import Protocol
 
 from attrs import define, field
 from treq.client import HTTPClient
-from twisted.internet.defer import CancelledError, Deferred, gatherResults
+from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from nvpair_tw.core import EngineProfile, ResidencyFormat
 from nvpair_tw.nodes import Node, NodeDirectory
-from nvpair_tw.upstream import ReadError, get_json, join_url
+from nvpair_tw.upstream import ReadError, get_json, join_url, node_answers
 
-__all__ = ["InventoryPoller", "InventorySink", "NodeReads"]
+__all__ = ["PROBE_BOUND", "InventoryPoller", "InventorySink", "NodeReads", "expiry_probe"]
+
+PROBE_BOUND = 10.0
+"""The longest a cooling node's expiry probe waits for headers (docs/behaviour.md §6.3)."""
 
 
 class InventorySink(Protocol):
@@ -266,3 +269,26 @@ def _follow(source: Deferred[None]) -> Deferred[None]:
 
     source.addBoth(relay)
     return follower
+
+
+def expiry_probe(
+    engine: EngineProfile,
+    directory: NodeDirectory,
+    http: HTTPClient,
+    clock: IReactorTime,
+    timeout: float,
+) -> Callable[[str], Deferred[bool]]:
+    """The question a cooling node is asked when its cooldown expires: its engine's inventory read
+    (the model list), answered when response headers arrive within ``timeout`` seconds. A node no
+    longer in the directory has nothing to protect: the cooldown just ends."""
+
+    def probe(node_id: str) -> Deferred[bool]:
+        node = directory.get(node_id)
+        if node is None:
+            return succeed(True)
+        url = join_url(node.public_url, engine.inventory.path)
+        return Deferred.fromCoroutine(
+            node_answers(http, clock, url, timeout=timeout, authorization=node.authorization)
+        )
+
+    return probe

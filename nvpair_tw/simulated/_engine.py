@@ -106,6 +106,10 @@ class SimulatedEngine(Resource):
     script: Callable[[bytes, bool, bytes], list[bytes]] | None = None
     """When set, the frames of a healthy answer: ``script(path, streaming, request_body)``
     (e.g. a stream with tool calls or a usage chunk); else :func:`reply_frames`."""
+    frozen: bool = False
+    """The whole process is frozen (as by SIGSTOP): every request, the model list and the other
+    control routes included, is read and never answered. Set it back to ``False`` to thaw: what
+    arrives afterwards is answered (requests taken while frozen stay unanswered)."""
     received: list[Received] = field(factory=list)
     inference_count: int = 0
     _timers: list[IDelayedCall] = field(factory=list)
@@ -137,6 +141,10 @@ class SimulatedEngine(Resource):
         body = request.content.read()
         path = request.path
         self.received.append(Received.of(request, body))
+        if self.frozen:
+            self._open.append(request)
+            request.notifyFinish().addBoth(self._closed, request)
+            return NOT_DONE_YET
         if self.api_key is not None and request.requestHeaders.getRawHeaders(b"authorization") != [
             f"Bearer {self.api_key}".encode()
         ]:

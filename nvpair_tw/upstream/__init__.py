@@ -28,6 +28,7 @@ from nvpair_tw.upstream._fetch import (
     make_http_client,
 )
 from nvpair_tw.upstream._nodeclient import NodeAgent
+from nvpair_tw.upstream._probe import node_answers
 
 __all__ = [
     "MAX_JSON_BYTES",
@@ -49,5 +50,6 @@ __all__ = [
     "join_url",
     "make_http_client",
     "make_pool",
+    "node_answers",
     "node_url",
 ]

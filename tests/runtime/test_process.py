@@ -127,8 +127,11 @@ def test_rejection_below_the_facade_publishes_a_request_record() -> None:
     assert record["attempts"] == [] and record["id"]
 
 
-def test_cooldown_announces_cooling_until_in_milliseconds_then_expiry() -> None:
-    """Cooling publishes ``node/cooldown`` with ``coolingUntil`` in ms; expiry ``node/cooldown-ended``."""
+def test_cooldown_announces_cooling_until_in_milliseconds_then_renewal() -> None:
+    """Cooling publishes ``node/cooldown`` with ``coolingUntil`` in ms. At expiry the node is asked
+    its inventory question first; on this memory reactor nothing ever answers, so after the probe's
+    bound (min(header timeout, 10 s) = 2.5 s) the cooldown is renewed, announced with ``renewed``
+    (docs/behaviour.md §6.3); it does not end."""
     clock, runtime, events = _runtime(Settings(response_header_timeout=2.5))
     clock.advance(10)
     runtime.facades["ollama"].stalls.cool("a", "no response headers within 2.5s")
@@ -141,9 +144,19 @@ def test_cooldown_announces_cooling_until_in_milliseconds_then_expiry() -> None:
         }
     ]
     clock.advance(2.5)
-    assert _named(events, "node/cooldown-ended") == [
-        {"engine": "ollama", "node_id": "a", "why": "expired"}
+    assert [(host, port) for host, port, *_ in clock.tcpClients][-1:] == [("127.0.0.1", 1001)]
+    clock.advance(2.5)
+    assert _named(events, "node/cooldown")[1:] == [
+        {
+            "engine": "ollama",
+            "node_id": "a",
+            "reason": "no response headers within 2.5s",
+            "coolingUntil": 17500,
+            "renewed": True,
+        }
     ]
+    assert _named(events, "node/cooldown-ended") == []
+    runtime.facades["ollama"].stalls.clear("a")
 
 
 def test_cooldown_ended_by_success_says_why() -> None:
