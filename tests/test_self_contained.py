@@ -12,6 +12,8 @@ import re
 import subprocess
 from pathlib import Path
 
+from tests.outside_reads import OutsideReads
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Assembled from parts so that this file does not match itself.
@@ -79,3 +81,22 @@ def test_no_tracked_file_reads_beside_the_repository() -> None:
         for number, what, line in escapes_in(text):
             problems.append(f"{path.relative_to(REPO)}:{number}: {what}: {line}")
     assert not problems, "files that reach outside the repository:\n" + "\n".join(problems)
+
+
+def test_the_audit_hook_records_reads_beside_the_repository_only() -> None:
+    recorder = OutsideReads("/w/repo", ["/w/venv", "/tmp", "/w", "/"], home="/root")
+    for path in ("/w/repo/setup.cfg", "/w/venv/lib/x.py", "/tmp/x", "/etc/hosts", 3):
+        recorder.check(path)
+    recorder.check("/w/shared/engines/real-ollama.sh")
+    recorder.check(b"/w/repo/../.ollama-e2e/run/.ready", "rb")
+    assert recorder.seen == {
+        "/w/shared/engines/real-ollama.sh": "r",
+        "/w/.ollama-e2e/run/.ready": "rb",
+    }
+
+
+def test_when_the_parent_is_home_dot_files_are_allowed() -> None:
+    recorder = OutsideReads("/home/u/repo", [], home="/home/u")
+    recorder.check("/home/u/.netrc")
+    recorder.check("/home/u/other-project/x")
+    assert list(recorder.seen) == ["/home/u/other-project/x"]
