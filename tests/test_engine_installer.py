@@ -4,9 +4,11 @@ and the digest checks."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+import time
 import zipfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -205,3 +207,13 @@ def test_up_or_fail_fails_with_the_cause(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setenv("NVPAIR_REAL_OLLAMA_DIR", str(target))
     with pytest.raises(pytest.fail.Exception, match="not an nvpair-tw engine install"):
         ollama.up_or_fail(1)
+
+
+def test_server_logs_older_than_a_day_are_removed(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    old, recent = tmp_path / "logs" / "serve-1.log", tmp_path / "logs" / "serve-2.log"
+    old.write_text("old")
+    recent.write_text("recent")
+    os.utime(old, (time.time() - 2 * 86400, time.time() - 2 * 86400))
+    assert ollama._server_log(tmp_path, 3) == tmp_path / "logs" / "serve-3.log"
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["serve-2.log"]

@@ -400,6 +400,19 @@ def server_env(directory: Path, port: int, base: Mapping[str, str] | None = None
     return env
 
 
+def _server_log(directory: Path, port: int, keep: float = 86400.0) -> Path:
+    """Where a server on ``port`` logs (``logs/serve-PORT.log``); logs older than ``keep`` seconds
+    are removed, so the cache does not fill up with one log per test run."""
+    logs = directory / "logs"
+    logs.mkdir(exist_ok=True)
+    now = time.time()
+    for old in logs.glob("serve-*.log"):
+        with contextlib.suppress(OSError):
+            if now - old.stat().st_mtime > keep:
+                old.unlink()
+    return logs / f"serve-{port}.log"
+
+
 def _answers(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/version", timeout=1):
@@ -421,13 +434,13 @@ def up(
     env: Mapping[str, str] | None = None,
     *,
     directory: Path | None = None,
-    ready_timeout: float = 20.0,
+    ready_timeout: float = 60.0,
 ) -> int:
     """Install if needed, start ``ollama serve`` on ``port`` in its own session (process group)
     with ``env`` on top of this process's environment, register the model; the server's pid."""
     where = install(directory)
     server_environment = server_env(where, port, {**os.environ, **(env or {})})
-    log = where / f"serve-{port}.log"
+    log = _server_log(where, port)
     with log.open("wb") as out:
         process = subprocess.Popen(
             [str(where / "run" / "ollama-lib"), "serve"],
