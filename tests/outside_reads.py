@@ -81,10 +81,12 @@ def _allowed() -> list[str]:
 _RECORDER: OutsideReads | None = None
 
 
-def install() -> OutsideReads:
-    """Install the audit hook once per process (audit hooks cannot be removed)."""
+def install() -> OutsideReads | None:
+    """Install the audit hook once per process (audit hooks cannot be removed), in a checkout only:
+    the copies tools/mutation.py runs the tests in (``.mutation/<module>/mutants``, no ``.git``)
+    sit inside the repository, whose files are their parent's."""
     global _RECORDER
-    if _RECORDER is None:
+    if _RECORDER is None and os.path.exists(os.path.join(REPO, ".git")):
         _RECORDER = OutsideReads(REPO, _allowed(), os.environ.get("HOME"))
         sys.addaudithook(_RECORDER.audit)
     return _RECORDER
