@@ -1,6 +1,7 @@
 """Shared fixtures: the installed reactor, a loopback listener helper, a leaked-timer check, proxy
 clusters stopped after the test, in-memory clusters checked for leftover timers, a loopback treq
-client, and per-test timeouts that work with the reactor pytest-twisted runs in a greenlet."""
+client, per-test timeouts that work with the reactor pytest-twisted runs in a greenlet, and a check
+that no test opens a file beside the repository (tests/outside_reads.py)."""
 
 from __future__ import annotations
 
@@ -31,9 +32,13 @@ from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
-from nvpair_tw.selection._inventory import make_http_client
 from nvpair_tw.testing import Clusters, MemoryCluster
+from nvpair_tw.upstream import make_http_client
 from nvpair_tw.upstream._nodeclient import NodeAgent
+from tests.outside_reads import install as _record_outside_reads
+from tests.outside_reads import pytest_sessionfinish, pytest_terminal_summary  # noqa: F401
+
+_record_outside_reads()  # the session fails if a test opens a file beside the repository
 
 E2E_TIMEOUT = 960.0
 """Seconds an ``e2e`` test may take (setup included): more than the engine fixture's own 900 s

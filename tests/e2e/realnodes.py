@@ -1,6 +1,6 @@
 """Real engines and a real proxy process for the end-to-end tests (not a test module).
 
-:class:`RealOllama` is one real Ollama (``shared/engines/real-ollama.sh up``) on a free loopback port,
+:class:`RealOllama` is one real Ollama (``tests/engines/ollama.py``'s ``up``) on a free loopback port,
 with its own server environment (``OLLAMA_NUM_PARALLEL``, ``OLLAMA_KEEP_ALIVE``), that a test can freeze
 (SIGSTOP), thaw and kill (SIGKILL) as a whole process group. :class:`ProxyProcess` is ``twist nvpair``
 in a subprocess writing JSON log lines, read back as events. Neither ever skips: an engine that
@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.engines import ollama as ollama_engine
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2"
@@ -62,29 +64,8 @@ class RealOllama:
 
     @classmethod
     def start(cls, env: Mapping[str, str] | None = None) -> RealOllama:
-        directory = Path(os.environ.get("NVPAIR_REAL_OLLAMA_DIR", REPO.parent / ".ollama-e2e"))
-        script = Path(
-            os.environ.get(
-                "NVPAIR_REAL_OLLAMA_SCRIPT", REPO.parent / "shared/engines/real-ollama.sh"
-            )
-        )
-        if not script.is_file():
-            pytest.fail(f"real-ollama.sh not found at {script} (set NVPAIR_REAL_OLLAMA_SCRIPT)")
         (port,) = free_ports(1)
-        done = subprocess.run(
-            ["bash", str(script), "up", str(directory), str(port)],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-            env={**os.environ, **(env or {})},
-        )
-        if done.returncode != 0 or not done.stdout.strip().isdigit():
-            pytest.fail(
-                f"the real engine did not start ({script} up {directory} {port} exited "
-                f"{done.returncode}):\n{done.stdout}\n{done.stderr}"
-            )
-        return cls(port, int(done.stdout.strip()))
+        return cls(port, ollama_engine.up_or_fail(port, env))
 
     def freeze(self) -> None:
         """SIGSTOP the whole process group: connections are accepted, nothing answers."""

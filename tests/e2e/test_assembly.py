@@ -1,7 +1,7 @@
 """End to end: an answer the proxy assembles from a real Ollama's stream equals the engine's own
 non-streaming answer in every field except timings, ids and timestamps (docs/behaviour.md §6.5).
 
-The engine is started as in ``test_e2e_real_engine`` (``shared/engines/real-ollama.sh``; the tests
+The engine is started as in ``test_e2e_real_engine`` (``tests/engines/ollama.py``; the tests
 fail, never skip, when it cannot start). The proxy runs in this process over loopback; each request
 is sent once straight to the engine and once through the proxy, at temperature 0 with a fixed seed.
 """

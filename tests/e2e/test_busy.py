@@ -3,7 +3,7 @@ one-slot nodes behind a short deadline is answered without a cooldown, long gene
 loads are not stalls, while a frozen node still costs one deadline once and a killed node leaves a
 truncated answer that no other node is asked to repeat.
 
-Each node is a real ``shared/engines/real-ollama.sh`` process with its own server environment;
+Each node is a real Ollama (``tests/engines/ollama.py``) process with its own server environment;
 faults are real signals to its process group. The proxy is a ``twist nvpair`` subprocess whose JSON
 log is read back as events. Scenarios that can flake are run twice.
 """

@@ -1,9 +1,9 @@
 """End to end: the official ``ollama`` and ``openai`` clients through a real ``twist nvpair``
-process in front of a real Ollama (``shared/engines/real-ollama.sh``) get the engine's own answers.
+process in front of a real Ollama (installed on first use by ``tests/engines/ollama.py``) get the
+engine's own answers.
 
-Environment: ``NVPAIR_REAL_OLLAMA_DIR`` (engine install directory, default ``<repo>/../.ollama-e2e``)
-and ``NVPAIR_REAL_OLLAMA_SCRIPT`` (default ``<repo>/../shared/engines/real-ollama.sh``). If the
-engine cannot start, the tests fail (never skip), so a missing dependency is visible.
+The engine lives in the user cache (``NVPAIR_REAL_OLLAMA_DIR`` overrides the directory). If it
+cannot be installed or started, the tests fail (never skip), so a missing dependency is visible.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import ollama
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
+
+from tests.engines import ollama as ollama_engine
 
 pytestmark = pytest.mark.e2e
 
@@ -74,29 +76,8 @@ def _stop_group(pid: int) -> None:
 @pytest.fixture(scope="module")
 def engine() -> Iterator[str]:
     """A real Ollama serving ``smollm2`` on a free loopback port; its base URL."""
-    directory = Path(os.environ.get("NVPAIR_REAL_OLLAMA_DIR", REPO.parent / ".ollama-e2e"))
-    script = Path(
-        os.environ.get("NVPAIR_REAL_OLLAMA_SCRIPT", REPO.parent / "shared/engines/real-ollama.sh")
-    )
-    if not script.is_file():
-        pytest.fail(f"real-ollama.sh not found at {script} (set NVPAIR_REAL_OLLAMA_SCRIPT)")
     (port,) = _free_ports(1)
-    try:
-        done = subprocess.run(
-            ["bash", str(script), "up", str(directory), str(port)],
-            capture_output=True,
-            text=True,
-            timeout=900,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{script} up {directory} {port} did not finish within 900 s")
-    if done.returncode != 0 or not done.stdout.strip().isdigit():
-        pytest.fail(
-            f"the real engine did not start ({script} up {directory} {port} exited "
-            f"{done.returncode}):\n{done.stdout}\n{done.stderr}"
-        )
-    pid = int(done.stdout.strip())
+    pid = ollama_engine.up_or_fail(port)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
