@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from enum import Enum
+from typing import Any
 from urllib.parse import urlsplit
 
 from attrs import frozen
@@ -22,11 +23,13 @@ from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLo
 from twisted.internet.interfaces import (
     IConsumer,
     IDelayedCall,
+    IProtocol,
+    IProtocolFactory,
     IPushProducer,
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import (
     URI,
@@ -38,7 +41,6 @@ from twisted.web.client import (
     ResponseDone,
     ResponseFailed,
     ResponseNeverReceived,
-    _HTTP11ClientFactory,
 )
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
@@ -209,16 +211,32 @@ class NodeEndpointFactory:
         return endpoint
 
 
-class _QuietHTTP11ClientFactory(_HTTP11ClientFactory):
-    """Twisted's pooled-connection factory without the "Starting/Stopping factory" info lines."""
+@implementer(IStreamClientEndpoint)
+class _QuietEndpoint:
+    """Connects through ``endpoint`` with the factory silenced (``Factory.noisy``, public): the
+    pool's per-connection factory otherwise logs "Starting/Stopping factory" on open and close."""
 
-    noisy = False
+    def __init__(self, endpoint: IStreamClientEndpoint) -> None:
+        self._endpoint = endpoint
+
+    def __repr__(self) -> str:
+        return repr(self._endpoint)  # the pool names its connections after the endpoint
+
+    def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:
+        if isinstance(protocolFactory, Factory):
+            protocolFactory.noisy = False
+        return self._endpoint.connect(protocolFactory)
 
 
 class _QuietPool(HTTPConnectionPool):
-    """A pool whose connections log nothing on open and close (one pair per inventory poll)."""
+    """A pool whose connections log nothing on open and close (one pair per inventory poll).
 
-    _factory = _QuietHTTP11ClientFactory
+    It overrides only ``getConnection``, the public method ``Agent`` asks a pool for a connection
+    with, so no private part of Twisted's pool is relied on.
+    """
+
+    def getConnection(self, key: Hashable, endpoint: IStreamClientEndpoint) -> Deferred[Any]:
+        return super().getConnection(key, _QuietEndpoint(endpoint))
 
 
 def make_pool(
