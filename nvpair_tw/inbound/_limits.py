@@ -152,6 +152,11 @@ class LimitedChannel(_HandOver):
     States: between requests (the idle timeout runs), reading a request head (the header-read
     timer runs as well, armed by the first byte), reading a body or handling a request (no timer
     of ours), and rejected (everything further is ignored until the connection is gone).
+
+    Twisted has no public hook for two of the answers: it overrides ``HTTPChannel``'s private
+    ``_send100Continue`` and ``_respondToBadRequestAndDisconnect``, and reads its header count and
+    size, ``_handlingRequest``, ``_dataBuffer`` and ``_networkProducer``. Twisted is pinned below
+    its next major and ``tests/test_dependency_internals.py`` guards each of them.
     """
 
     site: server.Site | None = None
