@@ -70,30 +70,32 @@ class AssemblyGate(FirstBodyTimer):
     ``first`` fires only with the complete answer, so nothing reaches the client before the
     terminal object and a node that fails earlier is a pre-commit drop.
 
-    @ivar _state: One of L{AssemblyState}:
-        - C{AWAITING_FIRST}: no body byte yet. The first-body timer runs when enabled. A chunk
-          moves to C{ASSEMBLING} (or straight on, as below); the timer or any end fails ``first``
-          and moves to C{ENDED}.
-        - C{ASSEMBLING}: chunks are folded by the L{Assembler}. The terminal frame fires ``first``
-          with the answer and moves to C{HOLDING}; a cut, a clean end before the terminal frame,
-          a malformed frame or an answer past the cap fails ``first`` (a
-          C{ResponseFailed} wrapping the L{AssemblyError}, or the transport's reason) and moves
-          to C{ENDED}, stopping the upstream body.
-        - C{HOLDING}: ``first`` has fired; later upstream bytes are ignored and the body's end
-          is noted. :meth:`start_relay` moves to C{ENDED} and fires ``done`` if the upstream body
-          has ended, else to C{DRAINING}.
-        - C{DRAINING}: committed, the answer written; the upstream body's end (clean or not: the
-          answer is whole either way) fires ``done`` with C{BodyEnd.COMPLETE} and moves to
-          C{ENDED}, so the exchange concludes (and the node's booking is released) only once the
+    :ivar _state: One of :class:`AssemblyState`:
+
+        - ``AWAITING_FIRST``: no body byte yet. The first-body timer runs when enabled. A chunk
+          moves to ``ASSEMBLING`` (or straight on, as below); the timer or any end fails ``first``
+          and moves to ``ENDED``.
+        - ``ASSEMBLING``: chunks are folded by the :class:`Assembler`. The terminal frame fires
+          ``first`` with the answer and moves to ``HOLDING``; a cut, a clean end before the
+          terminal frame, a malformed frame or an answer past the cap fails ``first`` (a
+          ``ResponseFailed`` wrapping the :class:`AssemblyError`, or the transport's reason) and
+          moves to ``ENDED``, stopping the upstream body.
+        - ``HOLDING``: ``first`` has fired; later upstream bytes are ignored and the body's end
+          is noted. :meth:`start_relay` moves to ``ENDED`` and fires ``done`` if the upstream body
+          has ended, else to ``DRAINING``.
+        - ``DRAINING``: committed, the answer written; the upstream body's end (clean or not: the
+          answer is whole either way) fires ``done`` with ``BodyEnd.COMPLETE`` and moves to
+          ``ENDED``, so the exchange concludes (and the node's booking is released) only once the
           engine is done with the request.
-        - C{ENDED}: nothing more happens; :meth:`start_relay` here raises L{IllegalCall}.
-    @ivar first: Fires with the whole answer's bytes, or fails (L{FirstBodyTimeout} when the
-        enabled timer expired, a C{ResponseFailed} otherwise).
-    @ivar done: After :meth:`start_relay`: fires with C{BodyEnd.COMPLETE} at the upstream body's
+        - ``ENDED``: nothing more happens; :meth:`start_relay` here raises :class:`IllegalCall`.
+    :ivar first: Fires with the whole answer's bytes, or fails (:class:`FirstBodyTimeout` when the
+        enabled timer expired, a ``ResponseFailed`` otherwise).
+    :ivar done: After :meth:`start_relay`: fires with ``BodyEnd.COMPLETE`` at the upstream body's
         end.
-    @ivar answer: The L{Assembled} answer once ``first`` has fired.
-    @ivar _on_bytes: Called for every non-empty chunk, in every state (the progress record), as
-        for L{BodyGate}: a generation being assembled is progress.
+    :ivar answer: The :class:`Assembled` answer once ``first`` has fired.
+    :ivar _on_bytes: Called for every non-empty chunk, in every state (the progress record), as
+        for :class:`~nvpair_tw.upstream._attempt.BodyGate`: a generation being assembled is
+        progress.
     """
 
     def __init__(

@@ -11,6 +11,7 @@ Everything here speaks HTTP/1.1 only: an HTTP/2 channel would bypass these limit
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
 from typing import Any, Protocol
 
 from attrs import field, frozen
@@ -146,12 +147,32 @@ class _HandOver(http.HTTPChannel):
         """What the channel stops doing once its connection is a tunnel's."""
 
 
+class _Phase(Enum):
+    """Where a :class:`LimitedChannel` is in its input, as far as its limits care."""
+
+    OUTSIDE_HEAD = "outside-head"
+    """No request head being read: between requests (the next line is a request line), or
+    reading a body, or handling a request."""
+
+    IN_HEAD = "in-head"
+    """The request line is in, the headers are being read (a long line is a header's)."""
+
+    REJECTED = "rejected"
+    """A JSON error was written: every further input is ignored until the connection is gone."""
+
+
 class LimitedChannel(_HandOver):
     """An ``HTTPChannel`` that answers limit violations with JSON errors and then closes.
 
     States: between requests (the idle timeout runs), reading a request head (the header-read
     timer runs as well, armed by the first byte), reading a body or handling a request (no timer
-    of ours), and rejected (everything further is ignored until the connection is gone).
+    of ours), and rejected (everything further is ignored until the connection is gone); what the
+    limits tell apart of these is ``_phase`` (a :class:`_Phase`).
+
+    Twisted has no public hook for two of the answers: it overrides ``HTTPChannel``'s private
+    ``_send100Continue`` and ``_respondToBadRequestAndDisconnect``, and reads its header count and
+    size, ``_handlingRequest``, ``_dataBuffer`` and ``_networkProducer``. Twisted is pinned below
+    its next major and ``tests/test_dependency_internals.py`` guards each of them.
     """
 
     site: server.Site | None = None
@@ -161,9 +182,8 @@ class LimitedChannel(_HandOver):
         self.limits = limits
         self._clock = clock
         self._head_timer: IDelayedCall | None = None
-        self._in_head = False
-        self._rejected = False
-        self._counted = False
+        self._phase = _Phase.OUTSIDE_HEAD
+        self._counted = False  # admitted by (and so counted in) the site's connection cap
         self.maxHeaders = limits.max_headers
         self.totalHeadersSize = limits.max_header_bytes
         self.MAX_LENGTH = max(limits.max_request_line, limits.max_header_bytes)
@@ -206,9 +226,9 @@ class LimitedChannel(_HandOver):
         request: server.Request | None = None,
     ) -> None:
         """Write a JSON error response, ignore all further input and close the connection."""
-        if self._rejected:
+        if self._phase is _Phase.REJECTED:
             return
-        self._rejected = True
+        self._phase = _Phase.REJECTED
         self._cancel_head_timer()
         site = self._limited_site()
         if site is not None:
@@ -231,7 +251,7 @@ class LimitedChannel(_HandOver):
         if self._sink is not None:
             self._sink.client_data(data)
             return
-        if self._rejected:
+        if self._phase is _Phase.REJECTED:
             return
         if data and self._head_timer is None and self.line_mode and not self._handlingRequest:
             self._head_timer = self._clock.callLater(
@@ -240,29 +260,29 @@ class LimitedChannel(_HandOver):
         super().dataReceived(data)
 
     def lineReceived(self, line: bytes) -> None:
-        if self._rejected:
+        if self._phase is _Phase.REJECTED:
             return
-        if not self._in_head and line:
+        if self._phase is _Phase.OUTSIDE_HEAD and line:
             if len(line) > self.limits.max_request_line:
                 self._request_line_too_long()
                 return
             if not _valid_request_line(line):
                 self._respondToBadRequestAndDisconnect()
                 return
-            self._in_head = True
+            self._phase = _Phase.IN_HEAD
         if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
             self._headers_too_large()
             return
         super().lineReceived(line)
 
     def lineLengthExceeded(self, line: bytes) -> None:
-        if self._in_head:
+        if self._phase is _Phase.IN_HEAD:
             self._headers_too_large()
         else:
             self._request_line_too_long()
 
     def headerReceived(self, line: bytes) -> bool:
-        if self._rejected:
+        if self._phase is _Phase.REJECTED:
             return False
         if self._receivedHeaderCount >= self.maxHeaders:
             message = f"more than {self.maxHeaders} request headers"
@@ -272,19 +292,20 @@ class LimitedChannel(_HandOver):
 
     def allHeadersReceived(self) -> None:
         self._cancel_head_timer()
-        self._in_head = False
+        if self._phase is _Phase.IN_HEAD:
+            self._phase = _Phase.OUTSIDE_HEAD
         super().allHeadersReceived()
 
     def rawDataReceived(self, data: bytes) -> None:
-        if not self._rejected:
+        if self._phase is not _Phase.REJECTED:
             super().rawDataReceived(data)
 
     def allContentReceived(self) -> None:
-        if not self._rejected:
+        if self._phase is not _Phase.REJECTED:
             super().allContentReceived()
 
     def _send100Continue(self) -> None:
-        if not self._rejected:
+        if self._phase is not _Phase.REJECTED:
             super()._send100Continue()
 
     def _respondToBadRequestAndDisconnect(self) -> None:

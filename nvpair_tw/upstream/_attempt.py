@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from enum import Enum
+from typing import Any
 from urllib.parse import urlsplit
 
 from attrs import frozen
@@ -22,11 +23,13 @@ from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLo
 from twisted.internet.interfaces import (
     IConsumer,
     IDelayedCall,
+    IProtocol,
+    IProtocolFactory,
     IPushProducer,
     IReactorTime,
     IStreamClientEndpoint,
 )
-from twisted.internet.protocol import Protocol, connectionDone
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import (
     URI,
@@ -38,7 +41,6 @@ from twisted.web.client import (
     ResponseDone,
     ResponseFailed,
     ResponseNeverReceived,
-    _HTTP11ClientFactory,
 )
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
@@ -209,16 +211,32 @@ class NodeEndpointFactory:
         return endpoint
 
 
-class _QuietHTTP11ClientFactory(_HTTP11ClientFactory):
-    """Twisted's pooled-connection factory without the "Starting/Stopping factory" info lines."""
+@implementer(IStreamClientEndpoint)
+class _QuietEndpoint:
+    """Connects through ``endpoint`` with the factory silenced (``Factory.noisy``, public): the
+    pool's per-connection factory otherwise logs "Starting/Stopping factory" on open and close."""
 
-    noisy = False
+    def __init__(self, endpoint: IStreamClientEndpoint) -> None:
+        self._endpoint = endpoint
+
+    def __repr__(self) -> str:
+        return repr(self._endpoint)  # the pool names its connections after the endpoint
+
+    def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:
+        if isinstance(protocolFactory, Factory):
+            protocolFactory.noisy = False
+        return self._endpoint.connect(protocolFactory)
 
 
 class _QuietPool(HTTPConnectionPool):
-    """A pool whose connections log nothing on open and close (one pair per inventory poll)."""
+    """A pool whose connections log nothing on open and close (one pair per inventory poll).
 
-    _factory = _QuietHTTP11ClientFactory
+    It overrides only ``getConnection``, the public method ``Agent`` asks a pool for a connection
+    with, so no private part of Twisted's pool is relied on.
+    """
+
+    def getConnection(self, key: Hashable, endpoint: IStreamClientEndpoint) -> Deferred[Any]:
+        return super().getConnection(key, _QuietEndpoint(endpoint))
 
 
 def make_pool(
@@ -353,9 +371,9 @@ class BodyEnd(Enum):
 class FirstBodyTimer(Protocol):
     """What both body gates share: the opt-in first-body timer, and :meth:`stop`.
 
-    @ivar _timer: The first-body timer, armed by :meth:`_arm` when the budget is positive.
-    @ivar _timed_out: Whether the timer cut the body (a cut that looks clean is still a timeout).
-    @ivar _timeout: The budget, for the error text.
+    :ivar _timer: The first-body timer, armed by :meth:`_arm` when the budget is positive.
+    :ivar _timed_out: Whether the timer cut the body (a cut that looks clean is still a timeout).
+    :ivar _timeout: The budget, for the error text.
     """
 
     _timer: IDelayedCall | None = None
@@ -388,28 +406,29 @@ class FirstBodyTimer(Protocol):
 class BodyGate(FirstBodyTimer):
     """Holds a response body until the caller commits, then relays it; a named state machine.
 
-    @ivar _state: One of L{GateState}:
-        - C{AWAITING_FIRST}: no body byte yet. ``first`` is unfired; the first-body timer runs
-          when enabled. A chunk, or a clean empty end, fires ``first`` and moves to C{HOLDING};
-          a drop or the timer fails ``first`` and moves to C{ENDED}; :meth:`start_relay`
-          (commit on headers) moves straight to C{RELAYING} and ``first`` never fires.
-        - C{HOLDING}: ``first`` has fired; later chunks, and the end, are held in order.
-          :meth:`start_relay` flushes them and moves to C{RELAYING} (or C{ENDED} if the body
+    :ivar _state: One of :class:`GateState`:
+
+        - ``AWAITING_FIRST``: no body byte yet. ``first`` is unfired; the first-body timer runs
+          when enabled. A chunk, or a clean empty end, fires ``first`` and moves to ``HOLDING``;
+          a drop or the timer fails ``first`` and moves to ``ENDED``; :meth:`start_relay`
+          (commit on headers) moves straight to ``RELAYING`` and ``first`` never fires.
+        - ``HOLDING``: ``first`` has fired; later chunks, and the end, are held in order.
+          :meth:`start_relay` flushes them and moves to ``RELAYING`` (or ``ENDED`` if the body
           already ended).
-        - C{RELAYING}: every chunk goes to the sink as it arrives; the end fires ``done`` and
-          moves to C{ENDED}.
-        - C{ENDED}: nothing more happens. Calling :meth:`start_relay` here, or twice, raises
-          L{IllegalCall}.
-    @ivar first: Fires with the first non-empty chunk, C{b""} on a clean empty end, or fails
-        (L{FirstBodyTimeout} when the enabled timer expired, else the transport's reason).
-    @ivar done: After :meth:`start_relay`: fires with a L{BodyEnd} at a clean end, or fails
+        - ``RELAYING``: every chunk goes to the sink as it arrives; the end fires ``done`` and
+          moves to ``ENDED``.
+        - ``ENDED``: nothing more happens. Calling :meth:`start_relay` here, or twice, raises
+          :class:`IllegalCall`.
+    :ivar first: Fires with the first non-empty chunk, ``b""`` on a clean empty end, or fails
+        (:class:`FirstBodyTimeout` when the enabled timer expired, else the transport's reason).
+    :ivar done: After :meth:`start_relay`: fires with a :class:`BodyEnd` at a clean end, or fails
         with the transport's reason when the body was dropped.
-    @ivar _on_bytes: Called for every non-empty chunk, in every state (the progress record).
-    @ivar _sink: Where relayed chunks go (C{RELAYING} only).
-    @ivar _held: Chunks received in C{HOLDING}, in order.
-    @ivar _ending: The transport's reason once the body ended in C{HOLDING}.
-    @ivar _timer: The first-body timer, armed in C{AWAITING_FIRST} when enabled.
-    @ivar _timed_out: Whether the timer cut the body (a cut that looks clean is still a timeout).
+    :ivar _on_bytes: Called for every non-empty chunk, in every state (the progress record).
+    :ivar _sink: Where relayed chunks go (``RELAYING`` only).
+    :ivar _held: Chunks received in ``HOLDING``, in order.
+    :ivar _ending: The transport's reason once the body ended in ``HOLDING``.
+    :ivar _timer: The first-body timer, armed in ``AWAITING_FIRST`` when enabled.
+    :ivar _timed_out: Whether the timer cut the body (a cut that looks clean is still a timeout).
     """
 
     def __init__(

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import json
 from http.cookiejar import DefaultCookiePolicy
-from typing import Any
+from typing import Any, cast
 
 from hyperlink import EncodedURL
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
-from treq.response import _Response
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
@@ -21,7 +20,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgent
+from twisted.web.iweb import IAgent, IResponse
 
 from nvpair_tw.upstream._attempt import is_cancellation
 
@@ -142,13 +141,20 @@ async def get_json(
     return _parse_answer(response.code, data)
 
 
-def _start_get(http: HTTPClient, url: str, authorization: bytes | None) -> Deferred[_Response]:
-    """The GET of ``url`` (with the node's ``authorization``, if any), unbuffered, no redirects."""
+def _start_get(http: HTTPClient, url: str, authorization: bytes | None) -> Deferred[IResponse]:
+    """The GET of ``url`` (with the node's ``authorization``, if any), unbuffered, no redirects.
+
+    Typed as the public ``IResponse`` it provides (treq's response class is private): only
+    ``code`` and ``deliverBody`` are used.
+    """
     headers = Headers({b"authorization": [authorization]}) if authorization is not None else None
     try:
-        return http.get(_request_url(url), headers=headers, unbuffered=True, allow_redirects=False)
+        getting = http.get(
+            _request_url(url), headers=headers, unbuffered=True, allow_redirects=False
+        )
     except Exception as error:  # treq rejects some URLs synchronously
         raise ReadError(type(error).__name__) from None
+    return cast("Deferred[IResponse]", getting)
 
 
 def _parse_answer(code: int, data: bytes) -> Any:

@@ -1,59 +1,25 @@
 # -*- test-case-name: tests.test_testing -*-
-"""Test doubles for the proxy: in-memory (no sockets) and loopback clusters of simulated engines.
-
-:class:`MemoryCluster` is to the proxy what ``treq.testing.StubTreq`` is to a treq client: it runs
-one or more real facades (built by :func:`nvpair_tw.runtime._process.build_runtime`) over
-:class:`~nvpair_tw.simulated._engine.SimulatedEngine` nodes, with every connection (client to facade, facade
-to node) held in memory and every timer on one ``task.Clock``. Nothing listens and nothing waits: a
-test sends a request, then moves time with :meth:`MemoryCluster.flush` and
-:meth:`MemoryCluster.advance` and looks at what arrived. For example::
-
-    clock = Clock()
-    cluster = MemoryCluster(clock, {"a": SimulatedEngine(clock, chunk_delay=1.0)})
-    pending = cluster.request("POST", "/api/chat", json={"model": "llama3", "messages": []})
-    response = cluster.result(pending)      # flushes: the headers are in, the first chunk too
-    cluster.advance(1.0)                    # one more chunk per simulated second
-    assert response.header("x-nvpair-node") == "a" and len(response.chunks) == 2
-    cluster.stop()                          # the clock holds no timer afterwards
-
-Bytes move through ``twisted.test.iosim`` transports, so the proxy sees HTTP/1.1 as on the wire
-(framing, keep-alive, a peer that hangs up or resets), but nothing the kernel does: no socket
-buffers, backpressure or connection refusal timing. Tests about those use :class:`ProxyCluster`,
-:func:`start_engine` and :func:`start_proxy`, which listen on real loopback ports.
-
-The simulated engine itself lives in :mod:`nvpair_tw.simulated._engine` (production code, ``--demo`` uses
-it) and is re-exported here for tests.
-"""
+"""The in-memory cluster: real facades over simulated engines, every connection held in a
+:class:`~nvpair_tw.testing.MemoryNetwork` and every timer on one ``task.Clock``."""
 
 from __future__ import annotations
 
 import json as jsonlib
 import re
 from collections.abc import Mapping, Sequence
-from itertools import count
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 import treq
 from attrs import define, field
-from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
-from twisted.internet.error import ConnectionAborted, ConnectionLost, ConnectionRefusedError
-from twisted.internet.interfaces import (
-    IConsumer,
-    IListeningPort,
-    IProtocol,
-    IProtocolFactory,
-    IStreamClientEndpoint,
-)
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IConsumer
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
-from twisted.test import iosim
-from twisted.web.client import URI, Agent, HTTPConnectionPool, ResponseDone
-from twisted.web.error import SchemeNotSupported
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
+from twisted.web.iweb import IBodyProducer, IResponse
 from twisted.web.resource import IResource
 from twisted.web.server import Site
 from zope.interface import implementer
@@ -61,148 +27,13 @@ from zope.interface import implementer
 from nvpair_tw.core import ENGINES, IProxyReactor, Settings
 from nvpair_tw.corridor import FacadeState
 from nvpair_tw.events import Event
-from nvpair_tw.fleet import StateConfig
 from nvpair_tw.nodes import Node
 from nvpair_tw.runtime import Runtime, StallTrackerFactory, build_runtime, tcp_listener
-from nvpair_tw.simulated import (
-    Behaviour,
-    Policy,
-    Received,
-    SimulatedEngine,
-    alternate,
-    always,
-    reply_frames,
-    stream_kind,
-)
+from nvpair_tw.simulated import SimulatedEngine
+from nvpair_tw.testing._network import MemoryNetwork
 from nvpair_tw.upstream import UpstreamClient, make_http_client, make_pool
 
-__all__ = [
-    "Behaviour",
-    "Clusters",
-    "EngineHandle",
-    "MemoryCluster",
-    "MemoryNetwork",
-    "MemoryResponse",
-    "Policy",
-    "ProxyCluster",
-    "ProxyHandle",
-    "Received",
-    "SimulatedEngine",
-    "alternate",
-    "always",
-    "http_client",
-    "reply_frames",
-    "start_engine",
-    "start_proxy",
-    "stream_kind",
-]
-
-
-# --- in memory ----------------------------------------------------------------------------------
-
-
-class _MemoryTransport(iosim.FakeTransport):
-    """An ``iosim`` transport whose abort is a reset: unsent bytes are dropped, the peer sees
-    ``ConnectionLost`` (``FakeTransport`` treats an abort as a clean close)."""
-
-    peer: _MemoryTransport | None = None
-
-    def abortConnection(self) -> None:
-        self.stream = []
-        # iosim declares ``disconnectReason`` as a ConnectionDone; any reason is reported as given
-        self.disconnectReason = ConnectionAborted()  # type: ignore[assignment]
-        if self.peer is not None and not self.peer.disconnected:
-            self.peer.disconnectReason = ConnectionLost("connection reset")  # type: ignore[assignment]
-        self.disconnecting = True
-
-
-@implementer(IStreamClientEndpoint)
-@define
-class _MemoryEndpoint:
-    network: MemoryNetwork
-    host: str
-    port: int
-
-    def connect(self, protocolFactory: IProtocolFactory) -> Deferred[IProtocol]:
-        return self.network.connect(self.host, self.port, protocolFactory)
-
-
-@implementer(IAgentEndpointFactory)
-class MemoryNetwork:
-    """Servers addressed by ``host:port``, reached through in-memory connections.
-
-    An ``IAgentEndpointFactory``: give it to ``Agent.usingEndpointFactory`` and every request to
-    ``http://host:port/...`` is served by the factory added there with :meth:`add` (``https`` is
-    treated as ``http``). Connecting to an address nobody serves fails with
-    ``ConnectionRefusedError``. Bytes move only when :meth:`pump` is called; ``connections``
-    counts the connections made, :attr:`open` those not yet closed on both sides.
-    """
-
-    def __init__(self, clock: Clock) -> None:
-        self._clock = clock
-        self._servers: dict[tuple[str, int], IProtocolFactory] = {}
-        self._pumps: list[iosim.IOPump] = []
-        self._ports = count(40000)
-        self.connections = 0
-
-    def add(self, host: str, port: int, factory: IProtocolFactory) -> None:
-        """Serve ``host:port`` (host compared case-insensitively) with ``factory``."""
-        self._servers[(host.lower(), port)] = factory
-
-    def remove(self, host: str, port: int) -> None:
-        """Stop accepting connections to ``host:port`` (open ones stay open)."""
-        self._servers.pop((host.lower(), port), None)
-
-    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
-        if uri.scheme not in (b"http", b"https"):
-            raise SchemeNotSupported(f"unsupported scheme: {uri.scheme!r}")
-        return _MemoryEndpoint(self, uri.host.decode("ascii"), uri.port)
-
-    def connect(self, host: str, port: int, client: IProtocolFactory) -> Deferred[IProtocol]:
-        """Connect ``client`` to the server at ``host:port`` (in memory, at once)."""
-        server = self._servers.get((host.lower(), port))
-        if server is None:
-            return fail(ConnectionRefusedError(host, port))
-        client_address = IPv4Address("TCP", "127.0.0.1", next(self._ports))
-        server_address = IPv4Address("TCP", host, port)
-        client_protocol = client.buildProtocol(server_address)
-        server_protocol = server.buildProtocol(client_address)
-        if client_protocol is None or server_protocol is None:
-            return fail(ConnectionRefusedError(host, port))
-        client_io = _MemoryTransport(
-            client_protocol, isServer=False, hostAddress=client_address, peerAddress=server_address
-        )
-        server_io = _MemoryTransport(
-            server_protocol, isServer=True, hostAddress=server_address, peerAddress=client_address
-        )
-        client_io.peer, server_io.peer = server_io, client_io
-        self._pumps.append(
-            iosim.connect(
-                server_protocol,
-                server_io,
-                client_protocol,
-                client_io,
-                greet=False,
-                clock=self._clock,
-            )
-        )
-        self.connections += 1
-        return succeed(client_protocol)
-
-    @property
-    def open(self) -> int:
-        """How many connections are not yet closed on both sides."""
-        return len(self._pumps)
-
-    def pump(self) -> bool:
-        """Move pending bytes and closes one step on every connection; whether anything moved."""
-        moved = False
-        for pump in list(self._pumps):
-            if pump.pump(advanceClock=False):
-                moved = True
-            if pump.clientIO.disconnected and pump.serverIO.disconnected:
-                self._pumps.remove(pump)
-        return moved
+__all__ = ["MemoryCluster", "MemoryResponse"]
 
 
 @implementer(IBodyProducer)
@@ -579,187 +410,3 @@ class MemoryCluster(_Requests):
         self.flush()
         for done in stopped:
             done.addErrback(lambda failure: None)
-
-
-# --- over loopback sockets ----------------------------------------------------------------------
-
-
-@define
-class EngineHandle:
-    """A simulated engine listening on loopback."""
-
-    engine: SimulatedEngine
-    port: IListeningPort
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port.getHost().port}"  # type: ignore[attr-defined]
-
-    async def stop(self) -> None:
-        self.engine.stop()
-        await maybeDeferred(self.port.stopListening)
-
-
-async def start_engine(reactor: Any, engine: SimulatedEngine) -> EngineHandle:
-    """Listen a simulated engine on 127.0.0.1, port 0."""
-    port = reactor.listenTCP(0, engine.site(), interface="127.0.0.1")
-    return EngineHandle(engine, port)
-
-
-@define
-class ProxyHandle:
-    """An in-process proxy (one or more facades) listening on loopback port 0."""
-
-    runtime: Runtime
-    ports: dict[str, IListeningPort]
-
-    def url(self, engine: str | None = None) -> str:
-        name = engine if engine is not None else next(iter(self.ports))
-        return f"http://127.0.0.1:{self.ports[name].getHost().port}"  # type: ignore[attr-defined]
-
-    async def stop(self) -> None:
-        for port in self.ports.values():
-            await maybeDeferred(port.stopListening)
-        await self.runtime.stop()
-
-
-async def start_proxy(
-    reactor: Any,
-    nodes: Mapping[str, Sequence[Node]],
-    settings: Settings | None = None,
-    *,
-    environ: Mapping[str, str] | None = None,
-    stall_tracker: StallTrackerFactory | None = None,
-    state: StateConfig | None = None,
-) -> ProxyHandle:
-    """Build and start a runtime with a facade per key of ``nodes``, each on its own loopback port."""
-    runtime = build_runtime(
-        reactor,
-        settings if settings is not None else Settings(),
-        list(nodes),
-        nodes=nodes,
-        environ=environ,
-        stall_tracker=stall_tracker,
-        state=state,
-    )
-    runtime.start()
-    ports = {
-        engine: reactor.listenTCP(0, runtime.site_for(engine), backlog=256, interface="127.0.0.1")
-        for engine in nodes
-    }
-    return ProxyHandle(runtime, ports)
-
-
-def http_client(reactor: Any) -> treq.client.HTTPClient:
-    """A treq client with its own non-persistent pool (nothing left open after a test)."""
-    return treq.client.HTTPClient(
-        Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))
-    )
-
-
-@define
-class ProxyCluster:
-    """Simulated engines behind one in-process proxy facade, with every bus event recorded.
-
-    :meth:`start` listens the engines, then the proxy over them; :meth:`stop` stops the proxy,
-    then the engines. Subclass it for a test module's own helpers.
-    """
-
-    reactor: Any
-    engine_name: str = "ollama"
-    handles: list[EngineHandle] = field(factory=list)
-    proxy: ProxyHandle | None = None
-    events: list[Event] = field(factory=list)
-
-    async def add_engine(self, node_id: str, engine: SimulatedEngine) -> Node:
-        """Listen ``engine`` on loopback (stopped with the cluster); the node advertising its models."""
-        handle = await start_engine(self.reactor, engine)
-        self.handles.append(handle)
-        return Node(node_id, handle.url, tuple(engine.models))
-
-    async def start_proxy(
-        self, nodes: Sequence[Node], settings: Settings | None = None, **kw: Any
-    ) -> ProxyHandle:
-        """Start the proxy over ``nodes`` (any URLs) and record its bus."""
-        self.proxy = await start_proxy(
-            self.reactor, {self.engine_name: list(nodes)}, settings, **kw
-        )
-        self.proxy.runtime.shared.bus.subscribe(self.events.append, name="test")
-        return self.proxy
-
-    async def start(
-        self,
-        engines: Sequence[SimulatedEngine] | Mapping[str, SimulatedEngine],
-        settings: Settings | None = None,
-        **kw: Any,
-    ) -> ProxyHandle:
-        """Listen ``engines`` (a list is named ``n0``, ``n1``, ...), then start the proxy over them."""
-        named = (
-            engines if isinstance(engines, Mapping) else {f"n{i}": e for i, e in enumerate(engines)}
-        )
-        nodes = [await self.add_engine(node_id, engine) for node_id, engine in named.items()]
-        return await self.start_proxy(nodes, settings, **kw)
-
-    @property
-    def url(self) -> str:
-        """The proxy's base URL."""
-        assert self.proxy is not None
-        return self.proxy.url()
-
-    @property
-    def facade(self) -> FacadeState:
-        """The proxy's facade."""
-        assert self.proxy is not None
-        return self.proxy.runtime.facades[self.engine_name]
-
-    async def post(
-        self,
-        data: bytes,
-        path: str = "/api/chat",
-        *,
-        url: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> tuple[int, bytes, IResponse]:
-        """POST ``data`` to the proxy (or to ``url``); status, whole body and the response."""
-        sent: dict[bytes | str, bytes | str] = {k: v for k, v in (headers or {}).items()}
-        response = await http_client(self.reactor).post(
-            (url if url is not None else self.url) + path, data=data, headers=sent
-        )
-        return response.code, await treq.content(response), response
-
-    def named(self, name: str) -> list[dict[str, Any]]:
-        """The payloads of the recorded events called ``name``."""
-        return [dict(e.payload) for e in self.events if e.name == name]
-
-    def received(self, index: int) -> list[bytes]:
-        """The inference (POST) bodies the ``index``-th engine received."""
-        return [r.body for r in self.handles[index].engine.received if r.method == b"POST"]
-
-    async def stop(self) -> None:
-        """Stop the proxy, then the engines."""
-        if self.proxy is not None:
-            await self.proxy.stop()
-        for handle in self.handles:
-            await handle.stop()
-
-
-_Cluster = TypeVar("_Cluster", bound=ProxyCluster)
-
-
-@define
-class Clusters:
-    """Makes proxy clusters on one reactor and stops them all (for a fixture)."""
-
-    reactor: Any
-    made: list[ProxyCluster] = field(factory=list)
-
-    def __call__(self, kind: type[_Cluster]) -> _Cluster:
-        """A new cluster of class ``kind``, stopped by :meth:`stop`."""
-        cluster = kind(self.reactor)
-        self.made.append(cluster)
-        return cluster
-
-    async def stop(self) -> None:
-        """Stop every cluster made, last made first."""
-        while self.made:
-            await self.made.pop().stop()
