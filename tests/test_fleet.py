@@ -248,6 +248,11 @@ def logged() -> Iterator[list[str]]:
     globalLogPublisher.removeObserver(observe)
 
 
+def unreachable(logged: list[str]) -> int:
+    """How many "store unreachable" warnings were logged."""
+    return sum("unreachable" in line for line in logged)
+
+
 # --- configuration ------------------------------------------------------------------------------
 
 
@@ -615,6 +620,8 @@ async def test_a_password_store_works_and_the_password_is_never_logged(
         await eventually(reactor, lambda: "n0" in facade_of(p2).stalls.cooling(), PEER_BOUND)
         # Database 1, as the URL said.
         assert server.cli("-n", "1", "EXISTS", "nvpair:cool:ollama:n0").strip() == "1"
+        # P3's refused dial is told before P3 is stopped (a stop mid-dial says nothing).
+        await eventually(reactor, lambda: unreachable(logged) > 0, 5.0, "password refused")
         assert not p3.runtime.fleet.up  # type: ignore[union-attr]
         assert (await fleet.post(p3, chat("still served")))[0] == 200
         fleet.proxies.remove(p3)
@@ -623,7 +630,7 @@ async def test_a_password_store_works_and_the_password_is_never_logged(
         server.kill()
     assert logged and not any(password in line for line in logged)
     # The wrong password: one warning, however many retries.
-    assert sum("unreachable" in line for line in logged) == 1
+    assert unreachable(logged) == 1
 
 
 @pytest_twisted.ensureDeferred
@@ -635,12 +642,16 @@ async def test_a_store_that_is_not_there_yet_is_joined_when_it_comes(
     p1 = await fleet.proxy([Node("n0", n0.url, MODEL)], Settings(), server.config())
     try:
         assert (await fleet.post(p1, chat("served alone")))[0] == 200
+        # The store comes only once the proxy has found it missing: its first dial (a resolution
+        # in the reactor's thread pool, then a refused connection) can still be under way when
+        # the request is served, and a store started meanwhile would be joined at once.
+        await eventually(reactor, lambda: unreachable(logged) > 0, 5.0, "store seen missing")
         assert p1.runtime.fleet is not None and not p1.runtime.fleet.up
         await restart(reactor, server)
         await fleet.up(within=BACK_BOUND)  # the backoff is capped at 2 s
     finally:
         server.kill()
-    assert sum("unreachable" in line for line in logged) == 1
+    assert unreachable(logged) == 1
 
 
 @pytest_twisted.ensureDeferred
