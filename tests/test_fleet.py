@@ -19,7 +19,7 @@ import pytest
 import pytest_twisted
 import treq
 from twisted.internet.defer import ensureDeferred
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from twisted.web.server import Site
 from zope.interface import provider
@@ -411,7 +411,10 @@ async def test_turn_two_through_the_other_proxy_lands_on_turn_ones_node(
 async def test_reservations_are_fleet_wide(reactor: Any, fleet: Fleet, redis: RedisServer) -> None:
     """20 requests held open, 7 through P1 and 13 through P2: equal nodes get 10 each (±1).
     Each proxy alone would split its own share: 4/3 and 7/6, 11/9 in all."""
-    engines = [await fleet.engine(healthy(reactor, header_delay=2.0)) for _ in range(2)]
+    # Held open until the test lets them go: on the reactor's clock a 2 s delay ran out, and the
+    # first reservations ended, whenever the 20 round trips below took longer than that.
+    held = Clock()
+    engines = [await fleet.engine(healthy(held, header_delay=1.0)) for _ in range(2)]
     nodes = [Node(f"n{i}", e.url, MODEL) for i, e in enumerate(engines)]
     p1 = await fleet.proxy(nodes, Settings(), redis.config())
     p2 = await fleet.proxy(nodes, Settings(), redis.config())
@@ -434,6 +437,7 @@ async def test_reservations_are_fleet_wide(reactor: Any, fleet: Fleet, redis: Re
         )
     served = [e.engine.inference_count for e in engines]
     assert sum(served) == 20 and abs(served[0] - served[1]) <= 1, served
+    held.advance(1.0)
     results = [await p for p in pending]
     assert all(status == 200 for status, _, _ in results)
     await eventually(reactor, lambda: fleet_total(p1) == 0 and fleet_total(p2) == 0, PEER_BOUND)
