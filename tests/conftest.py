@@ -6,6 +6,7 @@ that no test opens a file beside the repository (tests/outside_reads.py)."""
 from __future__ import annotations
 
 import faulthandler
+import functools
 import gc
 import os
 import signal
@@ -48,6 +49,39 @@ STUCK_GRACE = 10.0
 """Seconds a timed-out test gets to unwind before the run is ended (see ``_ReactorAwareTimeout``)."""
 
 _ROOT = Path(__file__).resolve().parent.parent
+
+
+def _failing_properties_fail_plainly() -> None:
+    """Make a failing Hypothesis property a plain test failure, never an ``INTERNALERROR``.
+
+    With libcst installed (mutmut brings it), Hypothesis's pytest plugin builds an "add
+    ``@example``" patch for a failing property in ``pytest_runtest_makereport``. libcst's
+    transformer calls ``getattr`` on every name ``dir()`` lists, and once Twisted is imported
+    zope.interface has put a ``__provides__`` descriptor on ``abc.ABC`` that raises
+    ``AttributeError`` on instances (LibCST issue #1458), so the hook raised and pytest reported
+    ``INTERNALERROR ... __provides__``. The patch is only a convenience: without it the failure and
+    its falsifying example are reported as usual.
+    """
+    try:
+        from hypothesis.extra import _patching
+    except ImportError:  # no libcst: Hypothesis makes no patch
+        return
+    make_patch = _patching.get_patch_for
+    if getattr(make_patch, "never_raises", False):
+        return
+
+    @functools.wraps(make_patch)
+    def get_patch_for(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return make_patch(*args, **kwargs)
+        except Exception:  # the report is what matters, not the patch
+            return None
+
+    get_patch_for.never_raises = True  # type: ignore[attr-defined]
+    _patching.get_patch_for = get_patch_for
+
+
+_failing_properties_fail_plainly()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -19,7 +19,7 @@ import pytest
 import pytest_twisted
 import treq
 from twisted.internet.defer import ensureDeferred
-from twisted.internet.task import deferLater
+from twisted.internet.task import Clock, deferLater
 from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from twisted.web.server import Site
 from zope.interface import provider
@@ -248,6 +248,11 @@ def logged() -> Iterator[list[str]]:
     globalLogPublisher.removeObserver(observe)
 
 
+def unreachable(logged: list[str]) -> int:
+    """How many "store unreachable" warnings were logged."""
+    return sum("unreachable" in line for line in logged)
+
+
 # --- configuration ------------------------------------------------------------------------------
 
 
@@ -406,7 +411,10 @@ async def test_turn_two_through_the_other_proxy_lands_on_turn_ones_node(
 async def test_reservations_are_fleet_wide(reactor: Any, fleet: Fleet, redis: RedisServer) -> None:
     """20 requests held open, 7 through P1 and 13 through P2: equal nodes get 10 each (±1).
     Each proxy alone would split its own share: 4/3 and 7/6, 11/9 in all."""
-    engines = [await fleet.engine(healthy(reactor, header_delay=2.0)) for _ in range(2)]
+    # Held open until the test lets them go: on the reactor's clock a 2 s delay ran out, and the
+    # first reservations ended, whenever the 20 round trips below took longer than that.
+    held = Clock()
+    engines = [await fleet.engine(healthy(held, header_delay=1.0)) for _ in range(2)]
     nodes = [Node(f"n{i}", e.url, MODEL) for i, e in enumerate(engines)]
     p1 = await fleet.proxy(nodes, Settings(), redis.config())
     p2 = await fleet.proxy(nodes, Settings(), redis.config())
@@ -429,6 +437,7 @@ async def test_reservations_are_fleet_wide(reactor: Any, fleet: Fleet, redis: Re
         )
     served = [e.engine.inference_count for e in engines]
     assert sum(served) == 20 and abs(served[0] - served[1]) <= 1, served
+    held.advance(1.0)
     results = [await p for p in pending]
     assert all(status == 200 for status, _, _ in results)
     await eventually(reactor, lambda: fleet_total(p1) == 0 and fleet_total(p2) == 0, PEER_BOUND)
@@ -615,6 +624,8 @@ async def test_a_password_store_works_and_the_password_is_never_logged(
         await eventually(reactor, lambda: "n0" in facade_of(p2).stalls.cooling(), PEER_BOUND)
         # Database 1, as the URL said.
         assert server.cli("-n", "1", "EXISTS", "nvpair:cool:ollama:n0").strip() == "1"
+        # P3's refused dial is told before P3 is stopped (a stop mid-dial says nothing).
+        await eventually(reactor, lambda: unreachable(logged) > 0, 5.0, "password refused")
         assert not p3.runtime.fleet.up  # type: ignore[union-attr]
         assert (await fleet.post(p3, chat("still served")))[0] == 200
         fleet.proxies.remove(p3)
@@ -623,7 +634,7 @@ async def test_a_password_store_works_and_the_password_is_never_logged(
         server.kill()
     assert logged and not any(password in line for line in logged)
     # The wrong password: one warning, however many retries.
-    assert sum("unreachable" in line for line in logged) == 1
+    assert unreachable(logged) == 1
 
 
 @pytest_twisted.ensureDeferred
@@ -635,12 +646,16 @@ async def test_a_store_that_is_not_there_yet_is_joined_when_it_comes(
     p1 = await fleet.proxy([Node("n0", n0.url, MODEL)], Settings(), server.config())
     try:
         assert (await fleet.post(p1, chat("served alone")))[0] == 200
+        # The store comes only once the proxy has found it missing: its first dial (a resolution
+        # in the reactor's thread pool, then a refused connection) can still be under way when
+        # the request is served, and a store started meanwhile would be joined at once.
+        await eventually(reactor, lambda: unreachable(logged) > 0, 5.0, "store seen missing")
         assert p1.runtime.fleet is not None and not p1.runtime.fleet.up
         await restart(reactor, server)
         await fleet.up(within=BACK_BOUND)  # the backoff is capped at 2 s
     finally:
         server.kill()
-    assert sum("unreachable" in line for line in logged) == 1
+    assert unreachable(logged) == 1
 
 
 @pytest_twisted.ensureDeferred
