@@ -53,7 +53,18 @@ def current_level() -> LogLevel:
 
 
 class LevelledLogger(Logger):
-    """A Logger whose events below the configured level are dropped before formatting."""
+    """A Logger whose events below the configured level are dropped before formatting.
+
+    As a class attribute its namespace is its own plus the class name (Twisted's ``Logger``
+    would take the class's module instead): modules give their loggers the stable names they
+    have always logged under (``nvpair_tw.inventory``), whatever package they live in now, and
+    a class's events keep ``nvpair_tw.inventory.InventoryBook``.
+    """
+
+    def __get__(self, instance: object, owner: type | None = None) -> Logger:
+        assert owner is not None
+        source: Any = owner if instance is None else instance
+        return self.__class__(f"{self.namespace}.{owner.__name__}", source, observer=self.observer)
 
     def enabled(self, level: LogLevel) -> bool:
         """Whether an event at ``level`` would be emitted now."""

@@ -163,3 +163,26 @@ def test_compact_json_factory_writes_to_stdout(capsys: pytest.CaptureFixture[str
     (line,) = [json.loads(text) for text in capsys.readouterr().out.splitlines()]
     assert line["msg"] == "ready on 11435"
     assert line["port"] == 11435
+
+
+def test_a_class_attribute_logger_keeps_its_own_namespace_plus_the_class() -> None:
+    """As a descriptor a LevelledLogger names itself ``<its namespace>.<Class>`` and its source is
+    the instance, not ``<the class's module>.<Class>``: moving a module keeps its log names."""
+
+    class Thing:
+        log = LevelledLogger(namespace="nvpair_tw.somewhere")
+
+    thing = Thing()
+    assert thing.log.namespace == "nvpair_tw.somewhere.Thing"
+    assert thing.log.source is thing
+    assert Thing.log.source is Thing
+    assert isinstance(thing.log, LevelledLogger)
+
+
+def test_log_namespaces_are_the_flat_package_names() -> None:
+    """Loggers kept the names they had before the package was put in rooms."""
+    from nvpair_tw.corridor import _attempts
+    from nvpair_tw.selection import InventoryBook
+
+    assert _attempts.log.namespace == "nvpair_tw.attempts"
+    assert InventoryBook.log.namespace == "nvpair_tw.inventory.InventoryBook"

@@ -201,6 +201,64 @@ def test_a_frozen_node_costs_one_deadline_once(
     assert [c["node_id"] for c in proxy.events("node/cooldown")] == ["a"]
 
 
+def _until(what: str, proxy: ProxyProcess, done: Callable[[], bool], timeout: float) -> None:
+    """Wait (bounded) for a condition on the proxy's event log; fail with the log otherwise."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} not seen within {timeout:.0f} s:\n{proxy.tail()}")
+        time.sleep(0.05)
+
+
+PERIODS = 4
+
+
+def test_a_node_frozen_for_several_periods_costs_one_request_one_deadline(
+    proxy_for: Callable[..., ProxyProcess],
+) -> None:
+    """SIGSTOP on node a for several cooldown periods (3 s deadline): after each expiry the
+    proxy's probe of a's model list gets no headers and renews the cooldown, so a request sent
+    after every renewal goes straight to b; exactly one request waited the deadline. Thawed, the
+    next probe is answered and the cooldown ends (docs/behaviour.md §6.3)."""
+    with real_nodes([ONE_SLOT, ONE_SLOT]) as nodes:
+        proxy = proxy_for(nodes, "--response-header-timeout", "3s")
+        for node in nodes:
+            assert post(f"{node.url}/api/chat", chat(False, 1))[0] == 200
+        nodes[0].freeze()
+        try:
+            answers = [post(f"{proxy.url}/api/chat", chat(False, 4))]
+            for renewals in range(1, PERIODS + 1):
+                _until(
+                    f"renewal {renewals}",
+                    proxy,
+                    lambda n=renewals: (
+                        sum(  # type: ignore[misc]
+                            bool(c.get("renewed")) for c in proxy.events("node/cooldown")
+                        )
+                        >= n
+                    ),
+                    timeout=30,
+                )
+                answers.append(post(f"{proxy.url}/api/chat", chat(False, 4)))
+        finally:
+            nodes[0].thaw()
+        _until(
+            "the end of the cooldown",
+            proxy,
+            lambda: bool(proxy.events("node/cooldown-ended")),
+            timeout=30,
+        )
+    assert [(status, node) for status, _, node in answers] == [(200, "b")] * (PERIODS + 1)
+    records = proxy.events("proxy/request")
+    outcomes = [[a["outcome"] for a in r["attempts"]] for r in records]
+    assert outcomes == [["stall", "committed"]] + [["committed"]] * PERIODS
+    cooldowns = proxy.events("node/cooldown")
+    assert {c["node_id"] for c in cooldowns} == {"a"}
+    assert [bool(c.get("renewed")) for c in cooldowns][: PERIODS + 1] == [False] + [True] * PERIODS
+    [ended] = proxy.events("node/cooldown-ended")
+    assert (ended["node_id"], ended["why"]) == ("a", "expired")
+
+
 @pytest.mark.parametrize("round_", ROUNDS)
 def test_a_node_killed_mid_stream_leaves_a_truncated_answer(
     proxy_for: Callable[..., ProxyProcess], round_: int
