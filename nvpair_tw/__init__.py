@@ -10,11 +10,11 @@ What is public, and kept stable:
 - The event names (constants in :mod:`nvpair_tw.events`), as published on the control channel,
   ``GET /events`` on the admin listener and in the logs: ``workload:queued``,
   ``workload:started``, ``workload:completed``, ``workload:errored``, ``proxy/request``,
-  ``node/cooldown``, ``node/cooldown-ended``.
+  ``node/cooldown``, ``node/cooldown-ended``, ``node/cordon``, ``node/uncordon``.
 - ``__version__``.
 
-Every other module is internal: each declares its names in ``__all__`` for the package's own use,
-and may change between releases.
+Every other module is internal: each subpackage declares its face in ``__all__`` for the package's
+own use, and may change between releases.
 """
 
 from nvpair_tw._version import __version__

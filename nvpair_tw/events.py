@@ -21,6 +21,8 @@ from nvpair_tw.logs import LevelledLogger
 __all__ = [
     "NODE_COOLDOWN",
     "NODE_COOLDOWN_ENDED",
+    "NODE_CORDON",
+    "NODE_UNCORDON",
     "PROXY_REQUEST",
     "WORKLOAD_COMPLETED",
     "WORKLOAD_ERRORED",
@@ -48,6 +50,10 @@ NODE_COOLDOWN = "node/cooldown"
 """A node stalled and is skipped until its cooldown ends."""
 NODE_COOLDOWN_ENDED = "node/cooldown-ended"
 """A node's cooldown ended (``why``: ``success`` or ``expired``)."""
+NODE_CORDON = "node/cordon"
+"""A node was cordoned: it takes no new work (§13.1; ``reason``, ``since``, ``origin``)."""
+NODE_UNCORDON = "node/uncordon"
+"""A node's cordon was lifted."""
 
 
 @frozen
@@ -246,6 +252,8 @@ _FORMATS: Mapping[str, tuple[str, tuple[str, ...]]] = {
         "{event} {workload[id]} {workload[model]} {workload[state]}: {workload[error]}",
         ("workload",),
     ),
+    NODE_CORDON: ("{event} {engine} {node_id}: {reason}", ("engine", "node_id", "reason")),
+    NODE_UNCORDON: ("{event} {engine} {node_id}", ("engine", "node_id")),
 }
 
 # A request no node served (rejected, refused, no owner, ...) says why instead of "via None".

@@ -23,6 +23,8 @@ EVENT_NAMES = {
     "PROXY_REQUEST": "proxy/request",
     "NODE_COOLDOWN": "node/cooldown",
     "NODE_COOLDOWN_ENDED": "node/cooldown-ended",
+    "NODE_CORDON": "node/cordon",
+    "NODE_UNCORDON": "node/uncordon",
 }
 
 # Each package's public face: what other packages (and users of nvpair_tw.testing) may import.
@@ -56,7 +58,14 @@ FACES: dict[str, list[str]] = {
         "upstream_request_headers",
         "write_error",
     ],
-    "corridor": ["FacadeResource", "FacadeState", "RequestRecord", "Shared", "WorkloadRegistry"],
+    "corridor": [
+        "FacadeResource",
+        "FacadeState",
+        "RequestRecord",
+        "Shared",
+        "WorkloadRegistry",
+        "WorkloadState",
+    ],
     "fleet": ["FleetStore", "StateConfig", "parse_state_url", "read_secret"],
     "inbound": [
         "IngressConfig",
@@ -99,6 +108,9 @@ FACES: dict[str, list[str]] = {
         "Booking",
         "Cooldown",
         "CooldownListener",
+        "Cordon",
+        "CordonBook",
+        "CordonListener",
         "IStallTracker",
         "InventoryBook",
         "Probe",

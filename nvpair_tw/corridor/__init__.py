@@ -6,6 +6,13 @@ from __future__ import annotations
 
 from nvpair_tw.corridor._facade import FacadeResource
 from nvpair_tw.corridor._state import FacadeState, Shared
-from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry
+from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry, WorkloadState
 
-__all__ = ["FacadeResource", "FacadeState", "RequestRecord", "Shared", "WorkloadRegistry"]
+__all__ = [
+    "FacadeResource",
+    "FacadeState",
+    "RequestRecord",
+    "Shared",
+    "WorkloadRegistry",
+    "WorkloadState",
+]

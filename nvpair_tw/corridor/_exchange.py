@@ -94,7 +94,11 @@ async def forward(
     route = _route(facade, request, kind, record, target)
     if route is None:
         return
-    ticket = facade.admission.admit(route.candidates) if route.model else None
+    ticket = (
+        facade.admission.admit(route.candidates, targeted=target is not None)
+        if route.model
+        else None
+    )
     if isinstance(ticket, QueueFull):
         _busy(facade, request, record, "every node is busy and the queue is full", "queue-full")
         return
@@ -252,17 +256,33 @@ def _eligible(
         route_model = _routed_model(facade, request.method, record.path, body)
         eligible = facade.eligible(route_model)
         if route_model and not eligible and target is None:
+            if _all_cordoned(facade, request, record, route_model):
+                return None
             write_error(request, 404, f"model '{route_model}' not found", "model-not-found")
             record.publish(bus, status=404, node_id=None, error="model-not-found")
             return None
         return eligible
     eligible = facade.eligible(model) if target is None else [target]
+    if not eligible and target is None and _all_cordoned(facade, request, record, model):
+        return None
     if model and not eligible:
         message = "no available node advertises the requested model"
         write_error(request, 502, message, "no-model-owner")
         record.publish(bus, status=502, node_id=None, error="no-model-owner")
         return None
     return eligible
+
+
+def _all_cordoned(
+    facade: FacadeState, request: Request, record: RequestRecord, model: str | None
+) -> bool:
+    """Every node that could answer is cordoned (§13.1): 503 ``node-cordoned``, and True."""
+    if not facade.cordoned_owners(model):
+        return False
+    what = f"every node with model '{model}'" if model else "every node"
+    write_error(request, 503, f"{what} is cordoned for maintenance", "node-cordoned")
+    record.publish(facade.shared.bus, status=503, node_id=None, error="node-cordoned")
+    return True
 
 
 def _plan(

@@ -112,7 +112,7 @@ class FacadeResource(Resource):
         if target is not None:
             nodes = [target]
         else:
-            nodes, _ = facade.order(list(facade.directory.nodes()), head_selection=False)
+            nodes, _ = facade.order(facade.serving(), head_selection=False)
         assert shared.endpoints is not None
         await open_tunnel(
             request,
@@ -137,7 +137,7 @@ class FacadeResource(Resource):
         if target is not None:
             nodes = [target]
         else:
-            nodes, _ = facade.order(list(facade.directory.nodes()), head_selection=False)
+            nodes, _ = facade.order(facade.serving(), head_selection=False)
         result = await aggregate_model_list(
             fmt,
             nodes,

@@ -25,6 +25,7 @@ from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.selection import (
     Admission,
     AffinityTable,
+    CordonBook,
     InventoryBook,
     IStallTracker,
     ProgressBook,
@@ -72,14 +73,28 @@ class FacadeState:
     first_body_gate: bool = True
     progress: ProgressBook = Factory(lambda self: ProgressBook(self.shared.clock), takes_self=True)
     """When each node last delivered inference body bytes, and its busy waits (§6.4)."""
+    cordons: CordonBook = Factory(lambda self: CordonBook(self.shared.clock), takes_self=True)
+    """The nodes an operator took out of service for new work (§13.1)."""
 
     @property
     def engine(self) -> str:
         return self.profile.name
 
+    def serving(self) -> list[Node]:
+        """The nodes that take new work: every node but the cordoned ones (§13.1)."""
+        return [n for n in self.directory.nodes() if not self.cordons.cordoned(n)]
+
     def eligible(self, model: str | None) -> list[Node]:
-        """Nodes allowed for a request: owners of the model (docs/behaviour.md §4.2), or every node."""
-        nodes = list(self.directory.nodes())
+        """Nodes allowed for a request: the serving owners of the model (docs/behaviour.md §4.2),
+        or every serving node."""
+        nodes = self.serving()
+        if not model:
+            return nodes
+        return [n for n in nodes if self.inventory.advertises(n.id, model)]
+
+    def cordoned_owners(self, model: str | None) -> list[Node]:
+        """The cordoned nodes that would be eligible if they were not cordoned."""
+        nodes = [n for n in self.directory.nodes() if self.cordons.cordoned(n)]
         if not model:
             return nodes
         return [n for n in nodes if self.inventory.advertises(n.id, model)]

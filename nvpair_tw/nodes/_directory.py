@@ -12,6 +12,7 @@ The nodes file is TOML, one ``[[node]]`` table per machine::
     models = ["llama3:8b"]             # optional static inventory for every engine (never polled)
     url = "http://10.0.0.5:11434"      # one URL for every engine, or per engine:
     slots = 2                          # optional: requests run on it at once; 0 = no limit
+    cordon = true                      # optional: takes no new work (maintenance; docs/behaviour.md §13.1)
     # [node.url]
     # ollama = "http://10.0.0.5:11434"
     # lmstudio = "http://10.0.0.5:1234"
@@ -71,7 +72,8 @@ class Node:
     node came from: ``flag``, ``file``, ``manual``, ``discovery`` or ``default``. ``slots`` is how
     many requests one facade of this process runs on it at once (0 = unlimited, ``None`` = the
     ``--default-slots``; docs/behaviour.md §6.4). ``tls`` is how an https node's certificate is
-    checked (nodes file only; ``None``: the system trust store).
+    checked (nodes file only; ``None``: the system trust store). ``cordon`` is ``cordon = true`` in
+    the nodes file: the node takes no new work until the file says otherwise (§13.1).
     """
 
     id: str
@@ -81,6 +83,7 @@ class Node:
     slots: int | None = None
     tls: NodeTLS | None = field(default=None, kw_only=True)
     api_key: str | None = field(default=None, kw_only=True, repr=False)
+    cordon: bool = field(default=False, kw_only=True)
 
     @property
     def public_url(self) -> str:
@@ -126,7 +129,7 @@ def validate_url(url: str) -> None:
         raise ValueError("must not have a query or fragment")
 
 
-_NODE_KEYS = frozenset({"id", "url", "models", "slots", "api_key"}) | TLS_KEYS
+_NODE_KEYS = frozenset({"id", "url", "models", "slots", "api_key", "cordon"}) | TLS_KEYS
 
 
 def load_nodes_file(path: str, engine: str) -> list[Node]:
@@ -181,6 +184,9 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         api_key = _parse_api_key(where, entry.get("api_key"))
         _check_shared_tls(where, node_id, tls, urls.values(), tls_at)
         slots = _parse_slots(where, entry.get("slots"))
+        cordon = entry.get("cordon", False)
+        if not isinstance(cordon, bool):
+            raise NodesFileError(f"{where}: cordon: must be true or false")
         url = urls.get(engine, urls.get("*"))
         if url is not None:
             nodes.append(
@@ -192,6 +198,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
                     slots=slots,
                     tls=tls,
                     api_key=api_key,
+                    cordon=cordon,
                 )
             )
     return nodes

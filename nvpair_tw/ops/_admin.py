@@ -124,6 +124,7 @@ class StatusBoard:
             nodes = []
             for node in facade.directory.nodes():
                 cooldown = facade.stalls.cooldown(node.id)
+                cordon = facade.cordons.of(node)
                 loaded = facade.inventory.loaded(node.id)
                 nodes.append(
                     {
@@ -147,6 +148,7 @@ class StatusBoard:
                         "cooling": None
                         if cooldown is None
                         else {"until": _ms(cooldown.until), "reason": cooldown.reason},
+                        "cordon": None if cordon is None else cordon.to_json(),
                     }
                 )
             facades.append(

@@ -84,14 +84,23 @@ class ControlMethods:
         self._scoped = SCOPED
         self._process = PROCESS
 
-    def handle_line(self, line: bytes) -> Result | None:
-        """Answer one request line; ``None`` for a blank line or a (valid) notification."""
+    def handle_line(self, line: bytes) -> Result | Deferred[Result | None] | None:
+        """Answer one request line; ``None`` for a blank line or a (valid) notification. A method
+        that answers later (``node/drain``) gives a Deferred of the answer."""
         request = read_request(line)
         if not isinstance(request, Request):
             return request
         method, notification = request.method, request.notification
         try:
             result = self.call(method, request.params)
+            if isinstance(result, Deferred):
+                return result.addCallback(
+                    lambda later: (
+                        None
+                        if notification
+                        else {"jsonrpc": "2.0", "id": request.id, "result": later}
+                    )
+                )
         except RpcError as error:
             log.info(
                 "control {method} refused ({code})",
@@ -106,7 +115,7 @@ class ControlMethods:
         log.debug("control {method} done", method=short(method), notification=notification)
         return None if notification else {"jsonrpc": "2.0", "id": request.id, "result": result}
 
-    def call(self, method: str, params: object) -> Result:
+    def call(self, method: str, params: object) -> Result | Deferred[Result]:
         """Run one method (``ENGINE:`` prefix allowed); raise :class:`RpcError` on bad input."""
         name, engine = self._resolve(method)
         if not isinstance(params, dict):
@@ -200,7 +209,14 @@ class ControlProtocol(LineOnlyReceiver):
 
     def lineReceived(self, line: bytes) -> None:
         response = self._control.methods.handle_line(line)
-        if response is not None:
+        if isinstance(response, Deferred):
+            response.addCallback(self._send_later)
+        elif response is not None:
+            self._send(response)
+
+    def _send_later(self, response: Result | None) -> None:
+        """A late answer, sent if the connection is still there to take it."""
+        if response is not None and self.state is not _Flow.CLOSED:
             self._send(response)
 
     def lineLengthExceeded(self, line: bytes) -> None:

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from twisted.internet.defer import Deferred
+
 from nvpair_tw.corridor import FacadeState
 from nvpair_tw.logs import LevelledLogger, current_level, parse_level, set_level
 from nvpair_tw.nodes import Node, validate_url
+from nvpair_tw.ops._maintenance import MAINTENANCE
 from nvpair_tw.ops._rpc import (
     INVALID_PARAMS,
     Params,
@@ -58,6 +61,7 @@ def nodes_list(facade: FacadeState, params: Params) -> Result:
     nodes = []
     for node in facade.directory.nodes():
         cooldown = facade.stalls.cooldown(node.id)
+        cordon = facade.cordons.of(node)
         loaded = facade.inventory.loaded(node.id)
         nodes.append(
             {
@@ -70,6 +74,7 @@ def nodes_list(facade: FacadeState, params: Params) -> Result:
                 "slots": facade.admission.slots(node.id),
                 "slotsInUse": facade.admission.slots_in_use(node.id),
                 "busyWaits": facade.progress.busy_waits(node.id),
+                "cordon": None if cordon is None else cordon.to_json(),
             }
         )
     return {"nodes": nodes, "queueDepth": facade.admission.queue_depth}
@@ -168,7 +173,7 @@ def log_set_level(runtime: Runtime, params: Params) -> Result:
     return {"level": current_level().name}
 
 
-SCOPED: dict[str, Callable[[FacadeState, Params], Result]] = {
+SCOPED: dict[str, Callable[[FacadeState, Params], Result | Deferred[Result]]] = {
     "nodes/list": nodes_list,
     "node/add-manual": add_manual,
     "node/remove-manual": remove_manual,
@@ -176,6 +181,7 @@ SCOPED: dict[str, Callable[[FacadeState, Params], Result]] = {
     "node/select": select,
     "node/selected": select,
     "node/model-owners": model_owners,
+    **MAINTENANCE,
 }
 """Methods on one engine's facade (``ENGINE:`` prefix when several engines are served)."""
 

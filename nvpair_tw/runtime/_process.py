@@ -16,7 +16,14 @@ from twisted.web.iweb import IAgent
 
 from nvpair_tw.core import ENGINES, IProxyReactor, Settings
 from nvpair_tw.corridor import FacadeResource, FacadeState, RequestRecord, Shared, WorkloadRegistry
-from nvpair_tw.events import NODE_COOLDOWN, NODE_COOLDOWN_ENDED, EventBus, log_events
+from nvpair_tw.events import (
+    NODE_COOLDOWN,
+    NODE_COOLDOWN_ENDED,
+    NODE_CORDON,
+    NODE_UNCORDON,
+    EventBus,
+    log_events,
+)
 from nvpair_tw.fleet import FleetStore, StateConfig
 from nvpair_tw.inbound import IngressConfig, IngressPolicy, LimitedSite, make_site, parse_ingress
 from nvpair_tw.logs import LevelledLogger
@@ -27,6 +34,9 @@ from nvpair_tw.selection import (
     AffinityTable,
     Cooldown,
     CooldownListener,
+    Cordon,
+    CordonBook,
+    CordonListener,
     InventoryBook,
     IStallTracker,
     ReservationLedger,
@@ -244,13 +254,16 @@ def _facade(
         interval=settings.inventory_interval,
         timeout=settings.inventory_timeout,
     )
+    cordons = CordonBook(reactor, _cordon_announcer(shared.bus, engine))
     admission = Admission(
         reactor,
         slot_limit(directory.get, settings.default_slots),
         settings.queue_size,
         settings.queue_timeout,
+        accepts=lambda node_id: not _is_cordoned(directory, cordons, node_id),
     )
     directory.subscribe(admission.wake)  # raised slots or a new node: bind who waits
+    cordons.subscribe(lambda _node, cordon: None if cordon else admission.wake())
     facade = FacadeState(
         profile=profile,
         shared=shared,
@@ -263,10 +276,28 @@ def _facade(
             else AffinityTable(reactor, settings.affinity_max_entries, settings.affinity_ttl)
         ),
         admission=admission,
+        cordons=cordons,
     )
     if fleet is not None:
         _share_progress(facade, fleet, engine)
     return facade
+
+
+def _is_cordoned(directory: NodeDirectory, cordons: CordonBook, node_id: str) -> bool:
+    node = directory.get(node_id)
+    return node is not None and cordons.cordoned(node)
+
+
+def _cordon_announcer(bus: EventBus, engine: str) -> CordonListener:
+    """``node/cordon`` and ``node/uncordon`` on the bus (control clients, logs, the status page)."""
+
+    def announce(node_id: str, cordon: Cordon | None) -> None:
+        if cordon is None:
+            bus.publish(NODE_UNCORDON, {"engine": engine, "node_id": node_id})
+        else:
+            bus.publish(NODE_CORDON, {"engine": engine, "node_id": node_id, **cordon.to_json()})
+
+    return announce
 
 
 def _stall_tracker(

@@ -20,6 +20,7 @@ from nvpair_tw.selection._affinity import (
     AffinityTable,
     affinity_key,
 )
+from nvpair_tw.selection._cordons import Cordon, CordonBook, CordonListener
 from nvpair_tw.selection._inventory import InventoryBook
 from nvpair_tw.selection._ordering import order_candidates
 from nvpair_tw.selection._polling import PROBE_BOUND, expiry_probe
@@ -44,6 +45,9 @@ __all__ = [
     "Booking",
     "Cooldown",
     "CooldownListener",
+    "Cordon",
+    "CordonBook",
+    "CordonListener",
     "IStallTracker",
     "InventoryBook",
     "Probe",

@@ -108,6 +108,8 @@ class Waiter:
 
     candidates: tuple[str, ...]
     since: float
+    targeted: bool = False
+    """Chosen by ``X-NVPair-Node``: it may bind to a cordoned node (maintenance, §13.1)."""
     bound: Deferred[Slot] = field(init=False)
     _timer: IDelayedCall | None = field(init=False, default=None)
 
@@ -120,6 +122,8 @@ class Admission:
     _limit: SlotLimit
     queue_size: int
     queue_timeout: float
+    _accepts: Callable[[str], bool] = field(default=lambda _: True, kw_only=True)
+    """Whether a node takes new work now: a cordoned one does not (§13.1), so no waiter binds to it."""
     _in_use: dict[str, int] = field(init=False, factory=dict)
     _queue: deque[Waiter] = field(init=False, factory=deque)
 
@@ -136,15 +140,19 @@ class Admission:
         """Requests of this facade holding a slot on the node now (counted when unlimited too)."""
         return self._in_use.get(node_id, 0)
 
-    def admit(self, candidates: Sequence[Node]) -> Slot | Waiter | QueueFull:
-        """A slot on the first candidate with one free, else a place in the queue, else full."""
+    def admit(
+        self, candidates: Sequence[Node], *, targeted: bool = False
+    ) -> Slot | Waiter | QueueFull:
+        """A slot on the first candidate with one free, else a place in the queue, else full.
+
+        ``targeted`` (the client named the node): a cordon does not keep it from the node."""
         ids = tuple(node.id for node in candidates)
-        free = self._first_free(ids)
+        free = self._first_free(ids, targeted)
         if free is not None:
             return self._bind(free)
         if len(self._queue) >= self.queue_size:
             return QUEUE_FULL
-        waiter = Waiter(ids, self._clock.seconds())
+        waiter = Waiter(ids, self._clock.seconds(), targeted)
         waiter.bound = Deferred(lambda _: self._leave(waiter))
         waiter._timer = self._clock.callLater(self.queue_timeout, self._expire, waiter)
         self._queue.append(waiter)
@@ -154,7 +162,7 @@ class Admission:
         """Bind waiters to every slot free now, oldest waiter first (after any change of slots)."""
         bindings: list[tuple[Waiter, Slot]] = []
         for waiter in self._queue:
-            free = self._first_free(waiter.candidates)
+            free = self._first_free(waiter.candidates, waiter.targeted)
             if free is not None:
                 bindings.append((waiter, self._bind(free)))
         self._dispatch(bindings)
@@ -163,11 +171,12 @@ class Admission:
         """A slot freed on ``node_id``: bind the oldest waiters that can use it while it has room."""
         bindings: list[tuple[Waiter, Slot]] = []
         for waiter in self._queue:
-            if self._first_free((node_id,)) is None:
+            if self._first_free((node_id,), True) is None:
                 break
             if node_id in waiter.candidates:
-                free = self._first_free(waiter.candidates)
-                assert free is not None
+                free = self._first_free(waiter.candidates, waiter.targeted)
+                if free is None:
+                    continue  # the freed node is cordoned and this waiter did not name it
                 bindings.append((waiter, self._bind(free)))
         self._dispatch(bindings)
 
@@ -179,8 +188,10 @@ class Admission:
         for waiter, slot in bindings:
             waiter.bound.callback(slot)
 
-    def _first_free(self, candidates: Sequence[str]) -> str | None:
+    def _first_free(self, candidates: Sequence[str], targeted: bool = False) -> str | None:
         for node_id in candidates:
+            if not targeted and not self._accepts(node_id):
+                continue
             limit = self._limit(node_id)
             if limit is not None and (limit == 0 or self._in_use.get(node_id, 0) < limit):
                 return node_id

@@ -58,7 +58,7 @@
       table.dataset.engine = facade.engine;
       const head = el("thead");
       head.appendChild(row(["node", "url", "inventory", "loaded", "slots", "busy waits",
-        "in flight", "reservations", "cooldown", "last success"].map((t) => el("th", t))));
+        "in flight", "reservations", "state", "last success"].map((t) => el("th", t))));
       table.appendChild(head);
       const body = el("tbody");
       for (const node of facade.nodes) {
@@ -67,7 +67,9 @@
             (node.inventoryAt ? " (polled " + ago(node.inventoryAt) + ")" : " (static)")
           : "unknown";
         let cooldown;
-        if (node.cooling) {
+        if (node.cordon) {
+          cooldown = el("td", "cordoned — " + node.cordon.reason, "cooldown cordoned");
+        } else if (node.cooling) {
           const left = node.cooling.until - now();
           cooldown = el("td", "cooling, " + (left > 0 ? seconds(left) + " left" : "ending") +
             " — " + node.cooling.reason, "cooldown cooling");
@@ -151,6 +153,14 @@
     "node/cooldown-ended": (p) => {
       const node = findNode(p.engine, p.node_id);
       if (node) node.cooling = null;
+    },
+    "node/cordon": (p) => {
+      const node = findNode(p.engine, p.node_id);
+      if (node) node.cordon = { reason: p.reason, since: p.since, origin: p.origin };
+    },
+    "node/uncordon": (p) => {
+      const node = findNode(p.engine, p.node_id);
+      if (node) node.cordon = null;
     },
     "proxy/request": (p) => {
       const node = p.node_id ? findNode(p.engine, p.node_id) : undefined;

@@ -152,6 +152,7 @@ def test_no_node_key_or_userinfo_reaches_logs_events_nodes_list_or_the_status_pa
     cluster.fetch("GET", "/api/tags")
     cluster.fetch("GET", "/api/version", headers={"x-nvpair-node": "b"})
     listed = ControlMethods(cluster.runtime).call("nodes/list", {})
+    assert isinstance(listed, dict)
     board = StatusBoard(cluster.runtime)
     state = board.state(lambda _engine: True)
     board.close()

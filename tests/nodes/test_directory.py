@@ -56,6 +56,16 @@ def test_file_gives_each_engine_its_urls_and_static_models(tmp_path: Path) -> No
     ]
 
 
+def test_file_cordon_is_read_onto_the_node(tmp_path: Path) -> None:
+    """``cordon = true`` cordons that node (§13.1); absent or false, it serves."""
+    text = "[[node]]\nid = 'a'\nurl = 'http://a'\ncordon = true\n[[node]]\nid = 'b'\nurl = 'http://b'\n"
+    path = write(tmp_path / "nodes.toml", text)
+    assert [(n.id, n.cordon) for n in load_nodes_file(path, "ollama")] == [
+        ("a", True),
+        ("b", False),
+    ]
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -78,6 +88,7 @@ def test_file_gives_each_engine_its_urls_and_static_models(tmp_path: Path) -> No
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nslots = '2'\n", "slots: must be a whole number"),
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nslots = 1.5\n", "slots: must be a whole number"),
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nslots = true\n", "slots: must be a whole number"),
+        ("[[node]]\nid = 'a'\nurl = 'http://a'\ncordon = 'yes'\n", "cordon: must be true or false"),
         ("nodes = 1\n", "unknown top-level key 'nodes'"),
         ("node = 1\n", "'node' must be an array of tables"),
         ("[[node]\n", "invalid TOML"),

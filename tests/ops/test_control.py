@@ -97,7 +97,7 @@ def test_malformed_line_is_a_parse_error_with_null_id() -> None:
     methods = ControlMethods(_runtime())
     for line in (b"{nope", b"\xff\xfe{", b'{"jsonrpc": "2.0", "id": 1'):
         response = methods.handle_line(line)
-        assert response is not None and response["id"] is None
+        assert isinstance(response, dict) and response["id"] is None
         assert _error_of(response)[0] == PARSE_ERROR
 
 
@@ -132,7 +132,7 @@ def test_invalid_request_keeps_a_valid_id() -> None:
     response = ControlMethods(_runtime()).handle_line(
         b'{"jsonrpc": "1.0", "id": "q", "method": "x"}'
     )
-    assert response is not None and response["id"] == "q"
+    assert isinstance(response, dict) and response["id"] == "q"
 
 
 def test_unknown_method_and_unknown_engine_prefix_answer_32601() -> None:
@@ -170,7 +170,7 @@ def test_several_facades_need_the_engine_prefix_for_engine_scoped_methods() -> N
 
 def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
     """nodes/list gives id, url, sorted models, loaded (null: unknown), source, coolingUntil
-    (ms epoch or null), slots and the node's busy-wait count."""
+    (ms epoch or null), slots, the node's busy-wait count and its cordon (null: none)."""
     runtime = _runtime(
         {
             "ollama": [
@@ -197,6 +197,7 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "slots": 0,
                 "slotsInUse": 0,
                 "busyWaits": 0,
+                "cordon": None,
             },
             {
                 "id": "b",
@@ -208,6 +209,7 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "slots": 0,
                 "slotsInUse": 0,
                 "busyWaits": 2,
+                "cordon": None,
             },
         ],
         "queueDepth": 0,

@@ -1,0 +1,134 @@
+# -*- test-case-name: tests.ops.test_maintenance -*-
+"""Cluster operations on the control channel (docs/behaviour.md §13.1): cordon, uncordon, drain.
+
+``node/cordon`` takes a node out of service for new work, ``node/uncordon`` puts it back, and
+``node/drain`` cordons it and answers once nothing is in flight there (or at its timeout). In
+flight means what a graceful shutdown waits for: the facade's inference workloads dispatched to
+the node and its open WebSocket tunnels. The drain's wait runs on the facade's clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import LoopingCall
+
+from nvpair_tw.core import parse_duration
+from nvpair_tw.corridor import FacadeState, WorkloadState
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes import Node
+from nvpair_tw.ops._rpc import INVALID_PARAMS, Params, Result, RpcError, short, text
+
+__all__ = ["DRAIN_CHECK_INTERVAL", "DRAIN_TIMEOUT", "MAINTENANCE", "in_flight"]
+
+log = LevelledLogger(namespace="nvpair_tw.control")
+
+DRAIN_TIMEOUT = 600.0
+"""How long ``node/drain`` waits by default (10 minutes: a long generation finishes well within)."""
+
+DRAIN_CHECK_INTERVAL = 0.1
+"""How often a drain looks at what is still in flight on its node."""
+
+DEFAULT_REASON = "cordoned by the control channel"
+
+
+def _node(facade: FacadeState, params: Params) -> Node:
+    node_id = text(params, "id")
+    node = facade.directory.get(node_id)
+    if node is None:
+        raise RpcError(INVALID_PARAMS, f'node "{short(node_id)}" not found')
+    return node
+
+
+def _reason(params: Params, default: str) -> str:
+    if "reason" not in params:
+        return default
+    return text(params, "reason")
+
+
+def in_flight(facade: FacadeState, node_id: str) -> int:
+    """The facade's inference workloads running on ``node_id`` plus its open tunnels there."""
+    shared = facade.shared
+    running = sum(
+        1
+        for w in shared.workloads.live()
+        if w.engine == facade.engine
+        and w.scheduled_on == node_id
+        and w.state is WorkloadState.RUNNING
+    )
+    return running + shared.tunnels.count(facade.engine, node_id)
+
+
+def cordon(facade: FacadeState, params: Params) -> Result:
+    node = _node(facade, params)
+    given = facade.cordons.cordon(node.id, _reason(params, DEFAULT_REASON))
+    log.info("node {node} of {engine} cordoned", node=node.id, engine=facade.engine)
+    return {"id": node.id, "cordon": given.to_json(), "inFlight": in_flight(facade, node.id)}
+
+
+def uncordon(facade: FacadeState, params: Params) -> Result:
+    node = _node(facade, params)
+    if node.cordon:
+        raise RpcError(
+            INVALID_PARAMS,
+            f'node "{short(node.id)}" is cordoned by the nodes file (cordon = true): lift it there',
+        )
+    lifted = facade.cordons.uncordon(node.id)
+    log.info("node {node} of {engine} uncordoned", node=node.id, engine=facade.engine)
+    return {"id": node.id, "uncordoned": lifted}
+
+
+def _timeout(params: Params) -> float:
+    value = params.get("timeout", DRAIN_TIMEOUT)
+    if isinstance(value, str):
+        try:
+            value = parse_duration(value)
+        except ValueError as error:
+            raise RpcError(INVALID_PARAMS, f"timeout: {error}") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise RpcError(INVALID_PARAMS, 'timeout: seconds >= 0, or a duration such as "5m"')
+    return float(value)
+
+
+def drain(facade: FacadeState, params: Params) -> Deferred[Result]:
+    """Cordon the node, then answer ``{drained: true, waited_ms}`` once nothing is in flight
+    there, or ``{drained: false, inFlight}`` when ``timeout`` (seconds or a duration) runs out."""
+    node = _node(facade, params)
+    timeout = _timeout(params)
+    if not node.cordon:
+        facade.cordons.cordon(node.id, _reason(params, "draining"))
+    clock = facade.shared.clock
+    started = clock.seconds()
+    answer: Deferred[Result] = Deferred()
+
+    def check() -> None:
+        busy = in_flight(facade, node.id)
+        waited = clock.seconds() - started
+        if busy == 0:
+            _finish({"id": node.id, "drained": True, "waited_ms": int(waited * 1000)})
+        elif waited >= timeout:
+            _finish({"id": node.id, "drained": False, "inFlight": busy})
+
+    def _finish(result: Result) -> None:
+        loop.stop()
+        log.info(
+            "drain of {node} of {engine}: {outcome}",
+            node=node.id,
+            engine=facade.engine,
+            outcome="drained" if result["drained"] else "timed out",
+        )
+        answer.callback(result)
+
+    loop = LoopingCall(check)
+    loop.clock = clock
+    loop.start(DRAIN_CHECK_INTERVAL, now=True)
+    return answer
+
+
+MAINTENANCE: dict[str, Callable[[FacadeState, Params], Result | Deferred[Result]]] = {
+    "node/cordon": cordon,
+    "node/uncordon": uncordon,
+    "node/drain": drain,
+}
+"""Engine-scoped methods of §13.1 (``node/drain`` answers later: its result is a Deferred)."""

@@ -1,0 +1,218 @@
+"""Tests for nvpair_tw.ops._maintenance: cordon, uncordon and drain (docs/behaviour.md §13.1),
+through the control channel's own dispatch, over real facades and simulated engines in memory on
+one ``task.Clock``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, cast
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+
+from nvpair_tw.core import Settings
+from nvpair_tw.nodes import Node
+from nvpair_tw.ops._control import ControlMethods
+from nvpair_tw.ops._metrics import ProxyMetrics
+from nvpair_tw.simulated import SimulatedEngine
+from nvpair_tw.testing import MemoryCluster
+
+CHAT = {"model": "llama3", "messages": [], "stream": True}
+
+
+def _ask(cluster: MemoryCluster, method: str, params: dict[str, Any] | None = None) -> Any:
+    line = json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params or {}})
+    return ControlMethods(cluster.runtime).handle_line(line.encode())
+
+
+def _result(answer: Any) -> Any:
+    assert answer is not None and "result" in answer, answer
+    return answer["result"]
+
+
+def _error(answer: Any) -> tuple[int, str]:
+    assert answer is not None and "error" in answer, answer
+    return answer["error"]["code"], answer["error"]["message"]
+
+
+def _two(memory_cluster: Callable[..., MemoryCluster], **engine: Any) -> MemoryCluster:
+    clock = Clock()
+    engines = {"a": SimulatedEngine(clock, **engine), "b": SimulatedEngine(clock, **engine)}
+    cluster = memory_cluster(clock, engines, settings=Settings(response_header_timeout=5.0))
+    cluster.facade().pin = "a"  # a first whenever it serves
+    cluster.flush()
+    return cluster
+
+
+def _served_by(cluster: MemoryCluster, **kw: Any) -> tuple[int, str | None]:
+    """The status and serving node of one streamed chat, at its headers."""
+    pending = cluster.request("POST", "/api/chat", json=CHAT, **kw)
+    cluster.flush()
+    answer = cluster.result(pending)
+    return answer.status, answer.header("x-nvpair-node")
+
+
+def _received(cluster: MemoryCluster) -> int:
+    return sum(len(cast(SimulatedEngine, e).received) for e in cluster.engines.values())
+
+
+def test_a_cordoned_node_takes_no_new_work_and_uncordon_brings_it_back(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """Cordoned, the pinned node is skipped (not even last in line); uncordoned, it serves again;
+    both changes are events on the bus."""
+    cluster = _two(memory_cluster)
+    assert _served_by(cluster) == (200, "a")
+    cordon = _result(_ask(cluster, "node/cordon", {"id": "a", "reason": "kernel upgrade"}))
+    assert cordon["cordon"]["reason"] == "kernel upgrade"
+    assert cordon["cordon"]["origin"] == "control"
+    assert _served_by(cluster) == (200, "b")
+    assert _result(_ask(cluster, "node/uncordon", {"id": "a"})) == {"id": "a", "uncordoned": True}
+    assert _served_by(cluster) == (200, "a")
+    [cordoned] = cluster.named("node/cordon")
+    assert (cordoned["node_id"], cordoned["reason"]) == ("a", "kernel upgrade")
+    [uncordoned] = cluster.named("node/uncordon")
+    assert uncordoned["node_id"] == "a"
+
+
+def test_a_cordoned_node_is_not_a_last_resort(memory_cluster: Callable[..., MemoryCluster]) -> None:
+    """Every owner cordoned: 503 ``node-cordoned`` without contacting a node, unlike a cooling
+    node that would still be tried."""
+    cluster = _two(memory_cluster)
+    _ask(cluster, "node/cordon", {"id": "a"})
+    _ask(cluster, "node/cordon", {"id": "b"})
+    seen = _received(cluster)
+    answer = cluster.fetch("POST", "/api/chat", json=CHAT)
+    assert answer.status == 503
+    assert json.loads(answer.body)["code"] == "node-cordoned"
+    assert _received(cluster) == seen
+
+
+def test_the_node_header_still_reaches_a_cordoned_node(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """``X-NVPair-Node`` is how maintenance talks to the node: a cordon does not stop it."""
+    cluster = _two(memory_cluster)
+    _ask(cluster, "node/cordon", {"id": "b"})
+    assert _served_by(cluster, headers={"X-NVPair-Node": "b"}) == (200, "b")
+
+
+def test_cordoned_nodes_leave_model_lists(memory_cluster: Callable[..., MemoryCluster]) -> None:
+    """A model only a cordoned node has is not listed: nothing could serve it."""
+    clock = Clock()
+    cluster = memory_cluster(
+        clock,
+        {
+            "a": SimulatedEngine(clock, models=("llama3:latest",)),
+            "b": SimulatedEngine(clock, models=("qwen:7b",)),
+        },
+    )
+    cluster.flush()
+    _ask(cluster, "node/cordon", {"id": "b"})
+    names = [m["name"] for m in json.loads(cluster.fetch("GET", "/api/tags").body)["models"]]
+    assert names == ["llama3:latest"]
+
+
+def test_nodes_list_and_metrics_show_a_cordon(memory_cluster: Callable[..., MemoryCluster]) -> None:
+    """``nodes/list`` carries the cordon (reason, since in ms, origin); ``/metrics`` says 1."""
+    cluster = _two(memory_cluster)
+    cluster.advance(12.5)
+    _ask(cluster, "node/cordon", {"id": "a", "reason": "disk swap"})
+    nodes = {n["id"]: n for n in _result(_ask(cluster, "nodes/list"))["nodes"]}
+    assert nodes["a"]["cordon"] == {"reason": "disk swap", "since": 12500, "origin": "control"}
+    assert nodes["b"]["cordon"] is None
+    text = ProxyMetrics(cluster.runtime).exposition().decode()
+    assert 'nvpair_node_cordoned{engine="ollama",node="a"} 1.0' in text
+    assert 'nvpair_node_cordoned{engine="ollama",node="b"} 0.0' in text
+
+
+def test_an_unknown_node_is_invalid_params(memory_cluster: Callable[..., MemoryCluster]) -> None:
+    """Cordon, uncordon and drain name a node of the facade, or answer -32602."""
+    cluster = _two(memory_cluster)
+    for method in ("node/cordon", "node/uncordon", "node/drain"):
+        code, message = _error(_ask(cluster, method, {"id": "zz"}))
+        assert code == -32602 and '"zz" not found' in message
+
+
+def test_drain_answers_at_once_when_nothing_is_in_flight(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """An idle node drains at once: ``drained: true, waited_ms: 0``; the node is cordoned."""
+    cluster = _two(memory_cluster)
+    pending = _ask(cluster, "node/drain", {"id": "a"})
+    assert isinstance(pending, Deferred) and pending.called
+    assert _result(pending.result) == {"id": "a", "drained": True, "waited_ms": 0}
+    assert _served_by(cluster) == (200, "b")
+
+
+def test_drain_waits_for_the_stream_in_flight_then_answers(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """A stream running on the node (a chunk a second): the drain answers when it has ended, with
+    the time it waited; meanwhile new requests go elsewhere and the stream is whole."""
+    cluster = _two(memory_cluster, chunks=4, chunk_delay=1.0)
+    streaming = cluster.request("POST", "/api/chat", json=CHAT)
+    cluster.advance(0.5)
+    pending = _ask(cluster, "node/drain", {"id": "a", "timeout": "1m"})
+    assert isinstance(pending, Deferred) and not pending.called
+    assert _served_by(cluster)[1] == "b"
+    cluster.advance(5)
+    answer = cluster.result(streaming)
+    assert answer.header("x-nvpair-node") == "a" and answer.ended is not None
+    assert b'"done":true' in answer.body.replace(b" ", b"")
+    assert pending.called
+    drained = _result(pending.result)
+    last_byte = answer.arrivals[-1] - 0.5  # from the drain's start
+    assert drained["drained"] is True
+    assert last_byte * 1000 <= drained["waited_ms"] <= 5000  # before the 5 s the test waited
+
+
+def test_drain_times_out_with_what_is_still_in_flight(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """A stream longer than the drain's timeout: ``drained: false`` with the count in flight, at
+    the timeout and not before; the node stays cordoned and the stream goes on."""
+    cluster = _two(memory_cluster, chunks=20, chunk_delay=1.0)
+    streaming = cluster.request("POST", "/api/chat", json=CHAT)
+    cluster.advance(0.5)
+    pending = _ask(cluster, "node/drain", {"id": "a", "timeout": 3})
+    cluster.advance(2.9)
+    assert not pending.called
+    cluster.advance(0.2)
+    assert _result(pending.result) == {"id": "a", "drained": False, "inFlight": 1}
+    cluster.advance(20)
+    assert cluster.result(streaming).ended is not None
+    assert _served_by(cluster)[1] == "b"
+
+
+def test_drain_refuses_a_bad_timeout(memory_cluster: Callable[..., MemoryCluster]) -> None:
+    """A timeout is seconds >= 0 or a duration string; anything else is -32602."""
+    cluster = _two(memory_cluster)
+    for bad in (-1, "soon", True):
+        code, _ = _error(_ask(cluster, "node/drain", {"id": "a", "timeout": bad}))
+        assert code == -32602
+
+
+def test_a_nodes_file_cordon_shows_and_cannot_be_lifted_by_the_control_channel(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """``cordon = true`` in the nodes file cordons the node (origin ``file``); ``node/uncordon``
+    says to lift it there."""
+    clock = Clock()
+    cluster = memory_cluster(
+        clock,
+        {"a": SimulatedEngine(clock), "b": SimulatedEngine(clock)},
+        nodes={
+            "ollama": [
+                Node("a", "http://a.node.test:11434", cordon=True),
+                Node("b", "http://b.node.test:11434"),
+            ]
+        },
+    )
+    cluster.flush()
+    nodes = {n["id"]: n for n in _result(_ask(cluster, "nodes/list"))["nodes"]}
+    assert nodes["a"]["cordon"]["origin"] == "file"
+    code, message = _error(_ask(cluster, "node/uncordon", {"id": "a"}))
+    assert code == -32602 and "nodes file" in message
+    assert _served_by(cluster) == (200, "b")
