@@ -23,6 +23,8 @@ from nvpair_tw.selection import (
     AffinityTable,
     Cooldown,
     CooldownListener,
+    Cordon,
+    CordonBook,
     Probe,
     ReservationLedger,
     StallTracker,
@@ -35,6 +37,7 @@ __all__ = [
     "SharedAffinity",
     "SharedAffinityTable",
     "SharedCooldowns",
+    "SharedCordons",
     "SharedProgress",
     "SharedReservations",
     "SharedStallTracker",
@@ -158,6 +161,79 @@ class SharedCooldowns(_Sharing):
     def stop(self) -> None:
         for stalls in self.trackers.values():
             stalls.stop()
+
+
+class SharedCordons(_Sharing):
+    """Cordons set by a control channel (docs/behaviour.md §13.1): a key per cordoned node, with no
+    TTL (a cordon lasts until it is lifted), and a published change, so every proxy of the fleet
+    cordons the node (``origin="peer"``); an uncordon on any proxy lifts it everywhere. A nodes
+    file's ``cordon = true`` is that file's, not shared."""
+
+    def __init__(
+        self, reactor: IProxyReactor, codec: Codec, write: Write, up: Callable[[], bool]
+    ) -> None:
+        super().__init__(reactor, codec, write, up)
+        self.books: dict[str, CordonBook] = {}
+        self._applying = False
+
+    def bind(self, engine: str, book: CordonBook) -> None:
+        """Share ``book``'s changes and apply the peers' to it."""
+        self.books[engine] = book
+        book.subscribe(lambda node, cordon: self._changed(engine, node, cordon))
+
+    def _changed(self, engine: str, node: str, cordon: Cordon | None) -> None:
+        if self._applying:
+            return  # a peer's change being applied here: not ours to share
+        key = self._codec.key("cordon", engine, node)
+        if cordon is None:
+            message = self._codec.message("uncordon", e=engine, n=node)
+            self._write(lambda: [("del", key), ("pub", message)])
+            return
+        value = json.dumps({"e": engine, "n": node, "r": cordon.reason})
+        message = self._codec.message("cordon", e=engine, n=node, r=cordon.reason)
+        self._write(lambda: [("keep", key, value), ("pub", message)])
+
+    def apply(self, kind: str, engine: str, node: str, message: Mapping[str, Any]) -> bool:
+        book = self.books.get(engine)
+        if book is None:
+            return False
+        self._applying = True
+        try:
+            if kind == "uncordon":
+                return book.uncordon(node)
+            book.cordon(node, str(message.get("r") or "cordoned by a peer"), origin="peer")
+            return True
+        finally:
+            self._applying = False
+
+    def resync(self, values: Mapping[str, Any]) -> None:
+        """The store's cordons after a reconnection: cordon what it holds, lift the peers'
+        cordons it no longer holds (lifted while this proxy was away)."""
+        held: dict[tuple[str, str], str] = {}
+        for value in values.values():
+            entry = json_object(value)
+            if entry is None:
+                continue
+            engine, node = entry.get("e"), entry.get("n")
+            if isinstance(engine, str) and isinstance(node, str):
+                held[(engine, node)] = str(entry.get("r") or "cordoned by a peer")
+        for engine, book in self.books.items():
+            for node in book.ids() - {n for e, n in held if e == engine}:
+                cordon = book.of_id(node)
+                if cordon is not None and cordon.origin == "peer":
+                    self.apply("uncordon", engine, node, {})
+        for (engine, node), reason in held.items():
+            known = self.books.get(engine)
+            if known is not None and node not in known.ids():
+                self.apply("cordon", engine, node, {"r": reason})
+
+    def reshare(self) -> None:
+        """The store is back: share this proxy's own cordons again (set while it was away)."""
+        for engine, book in self.books.items():
+            for node in book.ids():
+                cordon = book.of_id(node)
+                if cordon is not None and cordon.origin == "control":
+                    self._changed(engine, node, cordon)
 
 
 class SharedAffinity(_Sharing):

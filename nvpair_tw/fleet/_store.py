@@ -43,6 +43,7 @@ from nvpair_tw.fleet._sharing import (
     SharedAffinity,
     SharedAffinityTable,
     SharedCooldowns,
+    SharedCordons,
     SharedProgress,
     SharedReservations,
     SharedStallTracker,
@@ -50,7 +51,7 @@ from nvpair_tw.fleet._sharing import (
 from nvpair_tw.fleet._wire import Codec, sealer
 from nvpair_tw.fleet._writer import MAX_PENDING_WRITES, BatchedWriter
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.selection import CooldownListener, Probe, ReservationLedger
+from nvpair_tw.selection import CooldownListener, CordonBook, Probe, ReservationLedger
 
 __all__ = [
     "BACKOFF_CAP",
@@ -83,6 +84,7 @@ class FleetStore:
         self._writer = BatchedWriter(reactor, config, codec, self._session.connection)
         parts = (reactor, codec, self._writer.write, lambda: self.up)
         self._cooldowns = SharedCooldowns(*parts)
+        self._cordons = SharedCordons(*parts)
         self._affinity = SharedAffinity(*parts, seal=sealer(config.secret))
         self._reservations = SharedReservations(*parts)
         self._progress = SharedProgress(*parts)
@@ -103,6 +105,10 @@ class FleetStore:
         return self._cooldowns.tracker(
             engine, period, on_change, probe=probe, probe_bound=probe_bound
         )
+
+    def bind_cordons(self, engine: str, book: CordonBook) -> None:
+        """Share the cordons of ``engine``'s facade with the fleet (docs/behaviour.md §13.1)."""
+        self._cordons.bind(engine, book)
 
     def affinity_table(self, engine: str, max_entries: int, idle_ttl: float) -> SharedAffinityTable:
         """The affinity table of ``engine``'s facade, sharing its entries."""
@@ -162,6 +168,8 @@ class FleetStore:
             return False
         if kind in ("cool", "clear"):
             return self._cooldowns.apply(kind, engine, node, message)
+        if kind in ("cordon", "uncordon"):
+            return self._cordons.apply(kind, engine, node, message)
         if kind == "aff":
             return self._affinity.apply(engine, node, message)
         return kind == "prog" and self._progress.apply(engine, node)
@@ -172,6 +180,8 @@ class FleetStore:
         now = self._reactor.seconds()
         for key, ttl in ttls.items():
             self._cooldowns.resync(values.get(key), ttl)
+        cordons = self._codec.prefix("cordon")
+        self._cordons.resync({k: v for k, v in values.items() if k.startswith(cordons)})
         affinity, reservations = self._codec.prefix("aff"), self._codec.prefix("res")
         for key, value in values.items():
             if key.startswith(affinity):
@@ -183,6 +193,7 @@ class FleetStore:
     def on_up(self) -> None:
         """Up: share the cooldowns this proxy saw while the store was away, send what is queued."""
         self._cooldowns.reshare()
+        self._cordons.reshare()
         self._writer.connected()
 
     def on_beat(self) -> None:

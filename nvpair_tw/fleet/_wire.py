@@ -17,7 +17,8 @@ from typing import Any
 __all__ = ["WRITE_SCRIPT", "Codec", "Command", "Op", "json_object", "sealer", "text"]
 
 Op = tuple[Any, ...]
-"""One store operation: ``("set", key, value, ttl_ms)``, ``("del", key)`` or ``("pub", message)``."""
+"""One store operation: ``("set", key, value, ttl_ms)``, ``("keep", key, value)`` (no TTL: a
+cordon stays until it is lifted), ``("del", key)`` or ``("pub", message)``."""
 Command = Callable[[], Sequence[Op]]
 """Makes a write's operations when it is sent (so a TTL is what is left *then*)."""
 
@@ -29,6 +30,8 @@ while i <= #ARGV do
   local op = ARGV[i]
   if op == 's' then
     redis.call('SET', KEYS[k], ARGV[i + 1], 'PX', ARGV[i + 2]); k = k + 1; i = i + 3
+  elseif op == 'k' then
+    redis.call('SET', KEYS[k], ARGV[i + 1]); k = k + 1; i = i + 2
   elseif op == 'd' then
     redis.call('DEL', KEYS[k]); k = k + 1; i = i + 1
   else
@@ -66,6 +69,9 @@ class Codec:
             if op[0] == "set":
                 keys.append(op[1])
                 args += ["s", op[2], max(1, int(op[3]))]
+            elif op[0] == "keep":
+                keys.append(op[1])
+                args += ["k", op[2]]
             elif op[0] == "del":
                 keys.append(op[1])
                 args.append("d")

@@ -280,6 +280,7 @@ def _facade(
     )
     if fleet is not None:
         _share_progress(facade, fleet, engine)
+        fleet.bind_cordons(engine, cordons)
     return facade
 
 

@@ -82,6 +82,10 @@ class CordonBook:
             return Cordon(node.id, FILE_REASON, None, "file")
         return self._cordons.get(node.id)
 
+    def of_id(self, node_id: str) -> Cordon | None:
+        """The control channel's (or the fleet's) cordon of ``node_id``, if any."""
+        return self._cordons.get(node_id)
+
     def cordoned(self, node: Node) -> bool:
         """Whether ``node`` takes no new work."""
         return node.cordon or node.id in self._cordons

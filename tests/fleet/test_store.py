@@ -712,3 +712,57 @@ async def test_a_nodes_body_bytes_on_one_proxy_are_progress_on_the_other(
     assert not there.delivered_within("n0", 60.0)
     p1.runtime.facades["ollama"].progress.toucher("n0")()
     await eventually(reactor, lambda: there.delivered_within("n0", 60.0), PEER_BOUND)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_cordon_is_fleet_wide_and_lifted_from_any_proxy(
+    reactor: Any, fleet: Fleet, redis: RedisServer
+) -> None:
+    """``node/cordon`` on one proxy cordons the node on every proxy (origin ``peer``), kept in the
+    store without a TTL; an uncordon on another proxy lifts it everywhere (docs/behaviour.md §13.1)."""
+    n0 = await fleet.engine(healthy(reactor))
+    n1 = await fleet.engine(healthy(reactor))
+    both = [Node("n0", n0.url, MODEL), Node("n1", n1.url, MODEL)]
+    settings = Settings(response_header_timeout=60.0)
+    p1 = await fleet.proxy(both, settings, redis.config())
+    p2 = await fleet.proxy(both, settings, redis.config())
+    await fleet.up()
+
+    facade_of(p1).cordons.cordon("n0", "disk swap")
+    await eventually(reactor, lambda: "n0" in facade_of(p2).cordons.ids(), PEER_BOUND, "cordon")
+    seen = facade_of(p2).cordons.of_id("n0")
+    assert seen is not None and (seen.reason, seen.origin) == ("disk swap", "peer")
+    assert redis.cli("PTTL", "nvpair:cordon:ollama:n0").strip() == "-1"  # no TTL
+    for proxy in (p1, p2):
+        status, _, node = await fleet.post(proxy, chat("hello"))
+        assert (status, node) == (200, "n1")
+
+    assert facade_of(p2).cordons.uncordon("n0")
+    await eventually(
+        reactor, lambda: "n0" not in facade_of(p1).cordons.ids(), PEER_BOUND, "uncordon"
+    )
+    assert redis.cli("EXISTS", "nvpair:cordon:ollama:n0").strip() == "0"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_proxy_that_joins_later_reads_the_fleets_cordons(
+    reactor: Any, fleet: Fleet, redis: RedisServer
+) -> None:
+    """A proxy started after the cordon was set learns it from the store when it connects."""
+    n0 = await fleet.engine(healthy(reactor))
+    nodes = [Node("n0", n0.url, MODEL)]
+    settings = Settings(response_header_timeout=60.0)
+    p1 = await fleet.proxy(nodes, settings, redis.config())
+    await fleet.up()
+    facade_of(p1).cordons.cordon("n0", "upgrade")
+    await eventually(
+        reactor,
+        lambda: redis.cli("EXISTS", "nvpair:cordon:ollama:n0").strip() == "1",
+        5.0,
+        "the cordon stored",
+    )
+    p2 = await fleet.proxy(nodes, settings, redis.config())
+    await fleet.up()
+    await eventually(reactor, lambda: "n0" in facade_of(p2).cordons.ids(), 5.0, "resynced")
+    status, body, _ = await fleet.post(p2, chat("hello"))
+    assert status == 503 and json.loads(body)["code"] == "node-cordoned"

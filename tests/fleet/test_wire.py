@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from nvpair_tw.fleet._wire import Codec, json_object, sealer
+from nvpair_tw.fleet._wire import WRITE_SCRIPT, Codec, json_object, sealer
 
 
 def test_keys_and_messages_carry_the_namespace_and_the_proxy_id() -> None:
@@ -34,6 +34,14 @@ def test_one_message_is_published_as_itself_several_as_one_batch() -> None:
     keys, args = codec.script_args([("set", "ns:b", "v", 0.4), ("pub", one), ("pub", two)])
     assert keys == ["ns:b"] and args[:3] == ["s", "v", 1]  # a TTL is at least 1 ms
     assert json.loads(args[5]) == {"o": "p1", "t": "batch", "m": [one, two]}
+
+
+def test_a_kept_key_is_set_without_a_ttl() -> None:
+    """``keep`` (a cordon) is the script's ``k``: the key and its value, no TTL argument."""
+    codec = Codec("p1", "ns")
+    keys, args = codec.script_args([("keep", "ns:cordon:ollama:n0", "v"), ("del", "ns:x")])
+    assert keys == ["ns:cordon:ollama:n0", "ns:x"] and args == ["k", "v", "d"]
+    assert "redis.call('SET', KEYS[k], ARGV[i + 1]); k = k + 1; i = i + 2" in WRITE_SCRIPT
 
 
 def test_a_peers_batch_is_unpacked_with_its_origin_and_our_own_messages_are_skipped() -> None:
