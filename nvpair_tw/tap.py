@@ -31,7 +31,7 @@ from nvpair_tw.core import (
     resolve_response_header_timeout,
 )
 from nvpair_tw.fleet import StateConfig, parse_state_url, read_secret
-from nvpair_tw.inbound import IngressConfigError, parse_ingress
+from nvpair_tw.inbound import IngressConfigError, parse_ingress, parse_origin
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
 from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url
 from nvpair_tw.runtime import tcp_listener
@@ -256,6 +256,7 @@ class Options(usage.Options):
         self["node-key"] = {}
         self["node-slots"] = []
         self["assemble"] = {}
+        self["cors-origin"] = []
 
     def opt_engine(self, name: str) -> None:
         """Engine facade to serve: ollama, lmstudio or omlx (repeatable)."""
@@ -284,6 +285,13 @@ class Options(usage.Options):
         """ID=PATH: send the key in PATH as Authorization: Bearer to --node ID only (repeatable)."""
         node_id, key = read_key_file(text)
         self["node-key"][node_id] = key
+
+    def opt_cors_origin(self, text: str) -> None:
+        """A browser origin allowed to call the facades (scheme://host[:port]; repeatable; off by default)."""
+        try:
+            self["cors-origin"].append(parse_origin(text))
+        except ValueError as error:
+            raise usage.UsageError(f"--cors-origin: {error}") from None
 
     def opt_node_slots(self, text: str) -> None:
         """Slots of a --node: ID=N or ENGINE:ID=N, 0 = unlimited (repeatable)."""
@@ -399,6 +407,7 @@ def _settings(options: Options, engines: list[str], header: float, first: float)
         affinity_ttl=_positive(options, "affinity-ttl"),
         max_connections=_count(options, "max-connections", int),
         max_tunnels=_count(options, "max-tunnels", int),
+        cors_origins=tuple(options["cors-origin"]),
         shutdown_grace=_positive(options, "shutdown-grace", zero_ok=True),
         default_slots=_count(options, "default-slots", int, zero_ok=True),
         queue_size=_count(options, "queue-size", int),

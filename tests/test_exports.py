@@ -68,14 +68,17 @@ FACES: dict[str, list[str]] = {
     ],
     "fleet": ["FleetStore", "StateConfig", "parse_state_url", "read_secret"],
     "inbound": [
+        "CorsPolicy",
         "IngressConfig",
         "IngressConfigError",
         "IngressPolicy",
         "LimitedChannel",
         "LimitedSite",
         "Rejection",
+        "allow_origin",
         "make_site",
         "parse_ingress",
+        "parse_origin",
     ],
     "nodes": [
         "Node",

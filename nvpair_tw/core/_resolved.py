@@ -114,6 +114,8 @@ class Settings:
     """Per engine: send non-streaming inference upstream as a stream and assemble the answer
     (docs/behaviour.md §6.5); an engine not named uses its default (on for ollama only)."""
     extra: Mapping[str, str] = field(factory=dict)
+    cors_origins: tuple[str, ...] = ()
+    """Origins whose browser pages may call the facades (``--cors-origin``, §13.4); none = off."""
     upstream_client: str = "native"
     """The HTTP client of the upstream hop: ``native`` (:class:`nvpair_tw.upstream._nodeclient.NodeAgent`)
     or ``twisted`` (Twisted's ``Agent`` over ``upstream.make_pool``); ``--upstream-client``."""

@@ -20,7 +20,7 @@ from nvpair_tw.corridor._exchange import forward, model_of, target_of
 from nvpair_tw.corridor._state import FacadeState, Shared
 from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, is_upgrade, open_tunnel
 from nvpair_tw.corridor._workloads import RequestRecord
-from nvpair_tw.inbound import Rejection
+from nvpair_tw.inbound import Rejection, allow_origin
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 
@@ -54,6 +54,13 @@ class FacadeResource(Resource):
         path = (target or request.uri).partition(b"?")[0].decode("latin-1")
         method = request.method.decode("latin-1")
         record = RequestRecord.begin(shared.clock, request_id, facade.engine, method, path)
+        origin = shared.cors.origin(request) if shared.cors is not None else None
+        if origin is not None and shared.cors is not None:
+            allow_origin(request, origin)
+            if shared.cors.is_preflight(request):  # answered here, before the key check (§13.4)
+                shared.cors.answer_preflight(request, origin)
+                record.publish(shared.bus, status=204, node_id=None, error=None)
+                return NOT_DONE_YET
         rejection = self._rejection(request, target)
         if rejection is not None:
             write_error(

@@ -20,7 +20,7 @@ from nvpair_tw.core import EngineProfile, Settings
 from nvpair_tw.corridor._tunnel import TunnelBook
 from nvpair_tw.corridor._workloads import WorkloadRegistry
 from nvpair_tw.events import EventBus
-from nvpair_tw.inbound import IngressPolicy
+from nvpair_tw.inbound import CorsPolicy, IngressPolicy
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.selection import (
     Admission,
@@ -49,6 +49,8 @@ class Shared:
     bus: EventBus
     settings: Settings
     ingress: IngressPolicy | None = None
+    cors: CorsPolicy | None = None
+    """Browser origins allowed to call the facades (§13.4); ``None``: CORS is off."""
     draining: bool = False
     endpoints: IAgentEndpointFactory | None = None
     """How nodes are dialled outside the agent (WebSocket tunnels, §2.1)."""

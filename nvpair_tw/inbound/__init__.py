@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nvpair_tw.inbound._cors import CorsPolicy, parse_origin
 from nvpair_tw.inbound._ingress import (
     IngressConfig,
     IngressConfigError,
@@ -9,15 +10,18 @@ from nvpair_tw.inbound._ingress import (
     Rejection,
     parse_ingress,
 )
-from nvpair_tw.inbound._limits import LimitedChannel, LimitedSite, make_site
+from nvpair_tw.inbound._limits import LimitedChannel, LimitedSite, allow_origin, make_site
 
 __all__ = [
+    "CorsPolicy",
     "IngressConfig",
     "IngressConfigError",
     "IngressPolicy",
     "LimitedChannel",
     "LimitedSite",
     "Rejection",
+    "allow_origin",
     "make_site",
     "parse_ingress",
+    "parse_origin",
 ]

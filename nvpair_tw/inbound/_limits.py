@@ -23,6 +23,7 @@ from twisted.web import http, server
 from twisted.web.resource import Resource
 
 from nvpair_tw.core import raw_error_response
+from nvpair_tw.inbound._cors import grant
 from nvpair_tw.logs import LevelledLogger
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "LimitedSite",
     "Limits",
     "RawSink",
+    "allow_origin",
     "make_site",
 ]
 
@@ -82,6 +84,13 @@ class RawSink(Protocol):
     def client_lost(self, reason: Failure) -> None: ...
 
 
+def allow_origin(request: server.Request, origin: bytes) -> None:
+    """Answer ``request`` with the CORS grants for ``origin`` (docs/behaviour.md §13.4)."""
+    grant(request.responseHeaders, origin)
+    if isinstance(request, LimitedRequest):
+        request.cors_origin = origin
+
+
 class LimitedRequest(server.Request):
     """A ``Request`` that refuses a body larger than the site's cap with 413 JSON.
 
@@ -90,6 +99,14 @@ class LimitedRequest(server.Request):
     """
 
     _rejected = False
+    cors_origin: bytes | None = None
+    """An allowed browser origin (§13.4): its grants are set as the head is written, last, so
+    they win over any CORS header a node sent."""
+
+    def write(self, data: bytes) -> None:
+        if not self.startedWriting and self.cors_origin is not None:
+            grant(self.responseHeaders, self.cors_origin)
+        super().write(data)
 
     def _max_body_size(self) -> int:
         channel = self.channel

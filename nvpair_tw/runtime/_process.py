@@ -25,7 +25,14 @@ from nvpair_tw.events import (
     log_events,
 )
 from nvpair_tw.fleet import FleetStore, StateConfig
-from nvpair_tw.inbound import IngressConfig, IngressPolicy, LimitedSite, make_site, parse_ingress
+from nvpair_tw.inbound import (
+    CorsPolicy,
+    IngressConfig,
+    IngressPolicy,
+    LimitedSite,
+    make_site,
+    parse_ingress,
+)
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node, NodeDirectory, NodeTrustPolicy
 from nvpair_tw.selection import (
@@ -229,6 +236,7 @@ def _shared(
         ingress=IngressPolicy.from_config(
             ingress if ingress is not None else IngressConfig(), reactor
         ),
+        cors=CorsPolicy.of(settings.cors_origins),
     )
 
 

@@ -801,3 +801,105 @@ async def test_identity_probe_gets_409_proxy_facade(
     assert response.code == 409
     assert_proxy_error(409, response.headers, await treq.content(response), "proxy-facade")
     assert engine.received == []
+
+
+# --- browsers on other origins (docs/behaviour.md §13.4) -------------------------------------------
+
+ORIGIN = "https://chat.example:8443"
+CORS = Settings(cors_origins=(ORIGIN,))
+
+
+def sent(**headers: str) -> dict[bytes | str, bytes | str]:
+    """Request headers for treq, ``Access_Control_Request_Method`` as ``Access-Control-Request-Method``."""
+    return {name.replace("_", "-"): value for name, value in headers.items()}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_preflight_from_an_allowed_origin_is_answered_here_without_a_key(
+    reactor: Any, stack: Stack, listen: Callable[[Any], int]
+) -> None:
+    """OPTIONS with Origin and Access-Control-Request-Method from an allowed origin: 204 with the
+    grants, no key asked, no node contacted."""
+    engine = SimulatedEngine(reactor, MODEL)
+    await stack.start([engine], CORS, environ={"NVPAIR_PROXY_API_KEYS": KEY})
+    url = await foreign_port(stack, listen)
+    response = await http_client(reactor).request(
+        "OPTIONS",
+        url + "/api/chat",
+        headers=sent(
+            Origin=ORIGIN,
+            Access_Control_Request_Method="POST",
+            Access_Control_Request_Headers="authorization, content-type",
+        ),
+    )
+    assert response.code == 204
+    headers = response.headers
+    assert headers.getRawHeaders(b"access-control-allow-origin") == [ORIGIN.encode()]
+    assert headers.getRawHeaders(b"vary") == [b"Origin"]
+    allowed = headers.getRawHeaders(b"access-control-allow-headers", [b""])[0].lower()
+    assert all(h in allowed for h in (b"authorization", b"content-type", b"x-api-key"))
+    assert b"POST" in headers.getRawHeaders(b"access-control-allow-methods", [b""])[0]
+    await treq.content(response)
+    assert engine.received == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_request_itself_still_needs_its_key_and_carries_the_grant(
+    reactor: Any, stack: Stack, listen: Callable[[Any], int]
+) -> None:
+    """After the preflight the request needs a key like any other; its answer, a 401 or the
+    node's 200, carries Access-Control-Allow-Origin and Vary: Origin so the page can read it."""
+    engine = SimulatedEngine(reactor, MODEL)
+    await stack.start([engine], CORS, environ={"NVPAIR_PROXY_API_KEYS": KEY})
+    url = await foreign_port(stack, listen)
+    client = http_client(reactor)
+    refused = await client.post(url + "/api/chat", data=CHAT, headers=sent(Origin=ORIGIN))
+    assert refused.code == 401
+    assert refused.headers.getRawHeaders(b"access-control-allow-origin") == [ORIGIN.encode()]
+    await treq.content(refused)
+    served = await client.post(
+        url + "/api/chat", data=CHAT, headers=sent(Origin=ORIGIN, Authorization=f"Bearer {KEY}")
+    )
+    assert served.code == 200
+    assert served.headers.getRawHeaders(b"access-control-allow-origin") == [ORIGIN.encode()]
+    assert b"Origin" in served.headers.getRawHeaders(b"vary", [b""])[0]
+    exposed = served.headers.getRawHeaders(b"access-control-expose-headers", [b""])[0]
+    assert b"X-NVPair-Node" in exposed
+    await treq.content(served)
+
+
+@pytest_twisted.ensureDeferred
+async def test_another_origin_gets_no_grant_and_a_preflight_is_not_answered_for_it(
+    reactor: Any, stack: Stack, listen: Callable[[Any], int]
+) -> None:
+    """An origin not named: no CORS header from the proxy, and its preflight is an ordinary
+    request (here: refused without a key), as with CORS off."""
+    engine = SimulatedEngine(reactor, MODEL)
+    await stack.start([engine], CORS, environ={"NVPAIR_PROXY_API_KEYS": KEY})
+    url = await foreign_port(stack, listen)
+    response = await http_client(reactor).request(
+        "OPTIONS",
+        url + "/api/chat",
+        headers=sent(Origin="https://evil.example", Access_Control_Request_Method="POST"),
+    )
+    assert response.code == 401
+    assert response.headers.getRawHeaders(b"access-control-allow-origin") is None
+    await treq.content(response)
+
+
+@pytest_twisted.ensureDeferred
+async def test_cors_is_off_by_default(
+    reactor: Any, stack: Stack, listen: Callable[[Any], int]
+) -> None:
+    """Without --cors-origin a preflight is not answered here and no grant is added."""
+    engine = SimulatedEngine(reactor, MODEL)
+    await stack.start([engine], Settings(), environ={"NVPAIR_PROXY_API_KEYS": KEY})
+    url = await foreign_port(stack, listen)
+    response = await http_client(reactor).request(
+        "OPTIONS",
+        url + "/api/chat",
+        headers=sent(Origin=ORIGIN, Access_Control_Request_Method="POST"),
+    )
+    assert response.code == 401
+    assert response.headers.getRawHeaders(b"access-control-allow-origin") is None
+    await treq.content(response)

@@ -1,0 +1,89 @@
+# -*- test-case-name: tests.inbound.test_cors -*-
+"""Browsers on other origins (docs/behaviour.md §13.4): ``--cors-origin ORIGIN``, repeatable.
+
+For an allowed origin a preflight (``OPTIONS`` with ``Origin`` and
+``Access-Control-Request-Method``) is answered here, without a key and without a node: 204 with
+the allowed methods and headers. Every other answer to that origin carries
+``Access-Control-Allow-Origin: <origin>`` and ``Vary: Origin``, whatever a node said about CORS
+itself. The request itself still passes the ingress gate (a key where keys are configured). An
+origin that is not allowed gets no CORS header from the proxy, as without the option; off by
+default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from attrs import frozen
+from twisted.web.http_headers import Headers
+from twisted.web.server import Request
+
+__all__ = ["ALLOWED_HEADERS", "ALLOWED_METHODS", "CorsPolicy", "parse_origin"]
+
+ALLOWED_METHODS = b"GET, POST, PUT, DELETE, HEAD, OPTIONS"
+ALLOWED_HEADERS = b"Authorization, Content-Type, X-Api-Key, X-NVPair-Node"
+EXPOSED_HEADERS = b"X-NVPair-Node, X-NVPair-Request-Id"
+"""What a page's script may read from an answer besides the CORS-safelisted headers."""
+MAX_AGE = b"600"
+"""Seconds a browser may reuse a preflight's answer."""
+
+
+def parse_origin(text: str) -> str:
+    """An origin as browsers send it (``scheme://host[:port]``, no path), or ``ValueError``."""
+    origin = text.strip().rstrip("/")
+    scheme, sep, rest = origin.partition("://")
+    if origin == "*":
+        raise ValueError("'*' is not accepted: name each origin")
+    if not sep or scheme not in ("http", "https") or not rest or "/" in rest or " " in rest:
+        raise ValueError(f"{text!r} is not an origin such as https://chat.example:8080")
+    return origin
+
+
+@frozen
+class CorsPolicy:
+    """The origins whose pages may call the facades."""
+
+    origins: frozenset[str]
+
+    @classmethod
+    def of(cls, origins: Iterable[str]) -> CorsPolicy | None:
+        """The policy for ``origins``; ``None`` (CORS off) when there are none."""
+        allowed = frozenset(origins)
+        return cls(allowed) if allowed else None
+
+    def origin(self, request: Request) -> bytes | None:
+        """The request's ``Origin`` when it is allowed, else ``None``."""
+        values = request.requestHeaders.getRawHeaders(b"origin")
+        if values is None or len(values) != 1:
+            return None
+        try:
+            origin = values[0].decode("ascii")
+        except UnicodeDecodeError:
+            return None
+        return values[0] if origin in self.origins else None
+
+    @staticmethod
+    def is_preflight(request: Request) -> bool:
+        return request.method == b"OPTIONS" and request.requestHeaders.hasHeader(
+            b"access-control-request-method"
+        )
+
+    def answer_preflight(self, request: Request, origin: bytes) -> None:
+        """204 with the grants for ``origin``; the request is finished."""
+        request.setResponseCode(204)
+        headers = request.responseHeaders
+        headers.setRawHeaders(b"access-control-allow-methods", [ALLOWED_METHODS])
+        headers.setRawHeaders(b"access-control-allow-headers", [ALLOWED_HEADERS])
+        headers.setRawHeaders(b"access-control-max-age", [MAX_AGE])
+        grant(headers, origin)
+        request.finish()
+
+
+def grant(headers: Headers, origin: bytes) -> None:
+    """``Access-Control-Allow-Origin`` for ``origin`` (replacing a node's), ``Vary: Origin``
+    added to any ``Vary`` already there, and the proxy's headers exposed."""
+    headers.setRawHeaders(b"access-control-allow-origin", [origin])
+    headers.setRawHeaders(b"access-control-expose-headers", [EXPOSED_HEADERS])
+    vary = [v.strip() for value in headers.getRawHeaders(b"vary", []) for v in value.split(b",")]
+    if not any(v.lower() == b"origin" for v in vary):
+        headers.setRawHeaders(b"vary", [b", ".join([v for v in vary if v] + [b"Origin"])])
