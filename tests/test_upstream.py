@@ -1278,7 +1278,7 @@ class RecordingPolicy:
 
 def test_https_endpoints_use_the_given_tls_policy() -> None:
     """A TLS policy handed to the factory (a node's own CA, say) is the one https nodes are
-    dialled with, not the default trust store."""
+    dialled with, not the default trust store, and it is asked with the URL's host and port."""
     policy = RecordingPolicy()
     factory = NodeEndpointFactory(cast(IProxyReactor, ResolvingMemoryReactor()), 7.0, tls=policy)
     factory.endpointForURI(URI.fromBytes(b"https://gpu-box.example:8443/"))
