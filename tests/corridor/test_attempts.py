@@ -27,7 +27,7 @@ from twisted.internet.error import (
 from twisted.internet.interfaces import IProtocol, IPushProducer
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock, deferLater
-from twisted.logger import capturedLogs, formatEvent
+from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
@@ -37,6 +37,9 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
+from nvpair_tw.assembly import Assembly, AssemblyGate
+from nvpair_tw.assembly._frames import Dialect
+from nvpair_tw.assembly._gate import ANSWER_CONTENT_TYPE
 from nvpair_tw.core._resolved import Settings, resolve_first_body_timeout
 from nvpair_tw.corridor._attempts import (
     Abandoned,
@@ -51,6 +54,7 @@ from nvpair_tw.corridor._attempts import (
     run_attempts,
 )
 from nvpair_tw.corridor._workloads import AttemptOutcome
+from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reservations import Booking, ReservationLedger
@@ -1445,3 +1449,254 @@ def test_a_failed_attempt_is_logged_with_node_and_reason() -> None:
     mine = [e for e in events if e.get("log_namespace") == "nvpair_tw.attempts"]
     assert [formatEvent(e) for e in mine] == ["attempt to a failed: no response headers within 30s"]
     assert (mine[0]["node"], mine[0]["why"]) == ("a", "no response headers within 30s")
+
+
+def test_a_node_credential_replaces_the_clients_and_a_node_without_one_gets_the_plans() -> None:
+    """Node a has an API key: its request carries ``Bearer`` for it instead of the client's
+    Authorization, and the plan's headers are left as they were; node b, without a credential,
+    gets the plan's headers unchanged."""
+    loop = Loop()
+    client_headers = Headers(
+        {b"content-type": [b"application/json"], b"authorization": [b"Basic client"]}
+    )
+    loop.plan = evolve(loop.plan, headers=client_headers)
+    loop.nodes = [Node("a", "http://127.0.0.1:1001", api_key="k"), loop.nodes[1]]
+    result = loop.run()
+    [refused] = loop.requests(1001)
+    assert refused.requestHeaders.getRawHeaders(b"authorization") == [b"Bearer k"]
+    assert refused.requestHeaders.getRawHeaders(b"content-type") == [b"application/json"]
+    assert client_headers.getRawHeaders(b"authorization") == [b"Basic client"]
+    refused.setResponseCode(503)
+    refused.finish()
+    loop.pump()
+    [served] = loop.requests(1002)
+    assert served.requestHeaders.getRawHeaders(b"authorization") == [b"Basic client"]
+    served.finish()
+    loop.pump()
+    assert isinstance(_result(result), Committed)
+
+
+def test_with_busy_waits_off_progress_elsewhere_does_not_extend_the_deadline() -> None:
+    """A progress record but ``busy_max_wait`` 0: node a delivering elsewhere just before its
+    deadline still stalls at exactly T, with no busy wait."""
+    loop = Loop(progress=True)
+    assert loop.progress is not None
+    result = loop.run()
+    loop.advance(TIMEOUT - 1)
+    loop.progress.toucher("a")()
+    loop.advance(1 - EPSILON)
+    assert loop.hooks.ended == []
+    loop.advance(EPSILON)
+    assert loop.hooks.ended == [("a", "stall")] and loop.hooks.busy == []
+    loop.requests(1002)[0].finish()
+    loop.pump()
+    assert isinstance(_result(result), Committed)
+    loop.stalls.stop()
+
+
+def test_a_sub_second_busy_max_wait_rearms_once_for_what_it_allows() -> None:
+    """``busy_max_wait`` of half a second: one busy wait at T, re-armed for 0.5 s, then a stall at
+    exactly T + 0.5."""
+    loop = Loop(progress=True, busy_max_wait=0.5)
+    assert loop.progress is not None
+    elsewhere = loop.progress.toucher("a")
+    result = loop.run()
+    loop.advance(TIMEOUT - 1)
+    elsewhere()
+    loop.advance(1)
+    assert loop.hooks.busy == [("a", TIMEOUT)]
+    [deadline] = loop.clock.getDelayedCalls()
+    assert deadline.getTime() == TIMEOUT + 0.5
+    loop.advance(0.5)
+    assert loop.hooks.ended == [("a", "stall")]
+    loop.requests(1002)[0].finish()
+    loop.pump()
+    assert isinstance(_result(result), Committed)
+    loop.stalls.stop()
+
+
+def test_a_busy_wait_is_logged_at_debug_naming_the_node() -> None:
+    """Each busy wait logs one debug line naming the node (seen with the level at debug)."""
+    previous = current_level()
+    set_level(LogLevel.debug)
+    try:
+        with capturedLogs() as events:
+            loop = Loop(progress=True, busy_max_wait=TIMEOUT)
+            assert loop.progress is not None
+            result = loop.run()
+            loop.advance(TIMEOUT - 1)
+            loop.progress.toucher("a")()
+            loop.advance(1)
+            loop.caller.abandon("client gone")
+            loop.pump()
+            assert _result(result) == Abandoned("client gone")
+    finally:
+        set_level(previous)
+    mine = [e for e in events if e.get("log_namespace") == "nvpair_tw.attempts"]
+    assert [formatEvent(e) for e in mine] == ["a shows progress elsewhere: header wait extended"]
+    assert [(e["log_level"], e["node"]) for e in mine] == [(LogLevel.debug, "a")]
+
+
+# --- Assembled attempts: a non-streaming request sent as a stream (docs/behaviour.md §6.5) ------
+
+NDJSON = b"application/x-ndjson"
+PIECE = b'{"message": {"role": "assistant", "content": "Hel"}, "done": false}\n'
+FINAL = b'{"message": {"role": "assistant", "content": "lo"}, "done": true}\n'
+ANSWER = {"message": {"role": "assistant", "content": "Hello"}, "done": True}
+
+
+def assembling(loop: Loop) -> Loop:
+    """``loop`` with its plan assembled as Ollama ``/api/chat``."""
+    loop.plan = evolve(loop.plan, assembly=Assembly(Dialect.OLLAMA_CHAT, PAYLOAD, 1 << 20))
+    return loop
+
+
+def stream_head(request: Request, code: int = 200, content_type: bytes | None = NDJSON) -> None:
+    """Send ``request``'s status and headers (``content_type`` None: no Content-Type at all)."""
+    request.setResponseCode(code)
+    if content_type is None:
+        request.defaultContentType = None
+    else:
+        request.setHeader(b"content-type", content_type)
+    request.write(b"")
+
+
+def test_an_assembled_attempt_commits_only_with_the_whole_answer() -> None:
+    """Gated, with a 5 s first-body timeout and a progress record: the first token stops the timer,
+    nothing commits before the terminal object, every chunk is progress, and the commit carries the
+    whole answer as ``first``, its client-facing response, and the assembly gate."""
+    loop = assembling(Loop(gated=True, first_body_timeout=5.0, progress=True))
+    assert loop.progress is not None
+    result = loop.run()
+    answer = loop.requests(1001)[0]
+    stream_head(answer)
+    loop.clock.advance(2)
+    answer.write(PIECE)
+    loop.pump()
+    assert loop.progress.last("a") == 2
+    assert loop.clock.getDelayedCalls() == []
+    loop.advance(10)
+    assert not result.called and loop.hooks.ended == []
+    answer.write(FINAL)
+    loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed)
+    assert isinstance(committed.gate, AssemblyGate)
+    assert committed.node.id == "a"
+    assert json.loads(committed.first) == ANSWER
+    assert committed.response.code == 200
+    assert committed.response.headers.getRawHeaders(b"content-type") == [ANSWER_CONTENT_TYPE]
+    assert committed.response.length == len(committed.first)
+    assert loop.progress.last("a") == 12
+    assert loop.hooks.ended == [("a", "committed")] and loop.bodies(1002) == []
+    answer.finish()
+    loop.pump()
+
+
+def test_an_error_in_an_assembled_stream_moves_on_like_a_500_and_the_last_one_is_the_answer() -> (
+    None
+):
+    """Node a streams an error: its attempt ends ``status-500`` and node b is tried; b, the last
+    candidate, streams the same error, and that 500 answer is committed."""
+    loop = assembling(Loop(gated=True))
+    result = loop.run()
+    for port in (1001, 1002):
+        failing = loop.requests(port)[0]
+        stream_head(failing)
+        failing.write(b'{"error": "runner died"}\n')
+        loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed) and committed.node.id == "b"
+    assert committed.response.code == 500
+    assert json.loads(committed.first) == {"error": "runner died"}
+    assert loop.hooks.ended == [("a", "status-500"), ("b", "committed")]
+
+
+def test_an_assembled_stream_cut_before_its_terminal_object_is_a_drop_that_fails_over() -> None:
+    """Node a ends its stream cleanly before the terminal object: ``dropped`` (no cooldown), and
+    node b's whole answer is committed."""
+    loop = assembling(Loop(gated=True))
+    result = loop.run()
+    cut = loop.requests(1001)[0]
+    stream_head(cut)
+    cut.write(PIECE)
+    cut.finish()
+    loop.pump()
+    assert loop.hooks.ended == [("a", "dropped")] and loop.cooldowns == []
+    served = loop.requests(1002)[0]
+    stream_head(served)
+    served.write(PIECE + FINAL)
+    loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed) and committed.node.id == "b"
+    assert json.loads(committed.first) == ANSWER
+
+
+def test_an_assembled_attempt_times_out_at_the_first_body_budget_only_when_gated() -> None:
+    """Gated: headers then silence fail at exactly the 5 s budget (``first-body-timeout``, the
+    node cools). Ungated, the same budget arms nothing and the whole answer still commits."""
+    loop = assembling(Loop(gated=True, first_body_timeout=5.0))
+    result = loop.run()
+    stream_head(loop.requests(1001)[0])
+    loop.pump()
+    [timer] = loop.clock.getDelayedCalls()
+    assert timer.getTime() == 5.0
+    loop.advance(5.0 - EPSILON)
+    assert loop.hooks.ended == []
+    loop.advance(EPSILON)
+    assert loop.hooks.ended == [("a", "first-body-timeout")]
+    assert loop.stalls.cooling() == frozenset({"a"})
+    assert not result.called
+    loop.caller.abandon("client gone")
+    loop.pump()
+    loop.stalls.stop()
+
+    ungated = assembling(Loop(gated=False, first_body_timeout=5.0))
+    result = ungated.run()
+    answer = ungated.requests(1001)[0]
+    stream_head(answer)
+    ungated.pump()
+    assert ungated.clock.getDelayedCalls() == []
+    ungated.advance(10.0)
+    answer.write(PIECE + FINAL)
+    ungated.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed) and json.loads(committed.first) == ANSWER
+
+
+@pytest.mark.parametrize(
+    ("code", "content_type"),
+    [(200, b"application/json"), (300, NDJSON), (200, None)],
+    ids=["2xx-whole-document", "3xx-stream", "no-content-type"],
+)
+def test_only_a_2xx_stream_of_the_routes_type_is_assembled(
+    code: int, content_type: bytes | None
+) -> None:
+    """A whole JSON document, a non-2xx stream, or an answer without a Content-Type is relayed as
+    it is: a plain body gate commits on its first chunk with the node's own status."""
+    loop = assembling(Loop(gated=True))
+    result = loop.run()
+    answer = loop.requests(1001)[0]
+    stream_head(answer, code, content_type)
+    answer.write(PIECE)
+    loop.pump()
+    committed = _result(result)
+    assert isinstance(committed, Committed) and isinstance(committed.gate, BodyGate)
+    assert (committed.response.code, committed.first) == (code, PIECE)
+    committed.gate.stop()
+
+
+def test_a_caller_leaving_during_assembly_stops_the_attempt() -> None:
+    """The caller leaves after the first token: the attempt ends ``cancelled``, the loop is
+    abandoned with the caller's reason, and node b is never tried."""
+    loop = assembling(Loop(gated=True))
+    result = loop.run()
+    answer = loop.requests(1001)[0]
+    stream_head(answer)
+    answer.write(PIECE)
+    loop.pump()
+    assert not result.called
+    loop.caller.abandon("client gone")
+    loop.pump()
+    assert _result(result) == Abandoned("client gone")
+    assert loop.hooks.ended == [("a", "cancelled")] and loop.bodies(1002) == []

@@ -43,6 +43,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import (
     URI,
     Agent,
+    BrowserLikePolicyForHTTPS,
     HTTPConnectionPool,
     RequestGenerationFailed,
     ResponseDone,
@@ -51,7 +52,13 @@ from twisted.web.client import (
 )
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgent, IAgentEndpointFactory, IBodyProducer, IResponse
+from twisted.web.iweb import (
+    IAgent,
+    IAgentEndpointFactory,
+    IBodyProducer,
+    IPolicyForHTTPS,
+    IResponse,
+)
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
@@ -1254,3 +1261,25 @@ def test_first_body_timeout_ends_the_gate_with_a_named_budget() -> None:
     failure = failure_of(gate.first)
     assert str(failure.value) == "no response body within 2.5s"
     assert gate.state is GateState.ENDED
+
+
+@implementer(IPolicyForHTTPS)
+class RecordingPolicy:
+    """The system trust store's policy, recording each ``(host, port)`` it is asked for."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[bytes, int]] = []
+        self._inner = BrowserLikePolicyForHTTPS()
+
+    def creatorForNetloc(self, hostname: bytes, port: int) -> Any:
+        self.asked.append((hostname, port))
+        return self._inner.creatorForNetloc(hostname, port)
+
+
+def test_https_endpoints_use_the_given_tls_policy() -> None:
+    """A TLS policy handed to the factory (a node's own CA, say) is the one https nodes are
+    dialled with, not the default trust store, and it is asked with the URL's host and port."""
+    policy = RecordingPolicy()
+    factory = NodeEndpointFactory(cast(IProxyReactor, ResolvingMemoryReactor()), 7.0, tls=policy)
+    factory.endpointForURI(URI.fromBytes(b"https://gpu-box.example:8443/"))
+    assert policy.asked == [(b"gpu-box.example", 8443)]
