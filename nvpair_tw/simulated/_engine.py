@@ -220,13 +220,13 @@ class SimulatedEngine(Resource):
             request.write(b"")
             self._later(self.body_delay, self._send, request, frames, 0)
             return
+        if self.split_lines:  # before a drop, so that it can cut a line in the middle
+            frames = [half for frame in frames for half in _halves(frame)]
         if behaviour is Behaviour.DROP_MID_STREAM:
             frames = [*frames[: max(1, len(frames) // 2)], b""]
         if behaviour is Behaviour.ERROR_LINE:
             error = json.dumps({"error": "simulated error"}).encode() + b"\n"
             frames = [*frames[: max(1, len(frames) // 2)], error]
-        if self.split_lines:
-            frames = [half for frame in frames for half in _halves(frame)]
         self._send(request, frames, 0)
 
     def _send(self, request: Request, frames: list[bytes], index: int) -> None:
