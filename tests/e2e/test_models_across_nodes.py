@@ -76,7 +76,8 @@ def test_create_copy_and_delete_run_on_both_real_nodes(
     """On two real Ollama nodes: a copy targeted at a lands on a alone (the stores are separate);
     create on ``*`` streams both nodes' progress and ends in success, the model on both; copy on
     ``a,b`` answers 200 per node; delete on ``*`` removes it from both and a second one is 502
-    with each node's own 404 text; delete without the header goes to the owners and removes it."""
+    with each node's own 404 text; a pull of a model no registry serves is ``partial`` with each
+    node's own error line; delete without the header goes to the owners and removes it."""
     (a, b), proxy = cluster
     timings: dict[str, float] = {}
     with httpx.Client(base_url=proxy.url, timeout=300) as client:
@@ -150,6 +151,24 @@ def test_create_copy_and_delete_run_on_both_real_nodes(
             part = again.json()["nodes"][node_id]
             assert part["status"] == 404
             assert "not found" in part["error"], part
+
+        pulled = timed(
+            "pull-missing",
+            "POST",
+            "/api/pull",
+            json={"model": "nvpair-no-such-model"},
+            headers={"x-nvpair-node": "*"},
+        )
+        assert pulled.status_code == 200
+        *progress, final = ndjson(pulled.content)
+        assert final["status"] == "partial"
+        for node_id in "ab":
+            # each node's own error line (the registry is unreachable, or has no such model)
+            errors = [
+                p["error"] for p in progress if p.get("nvpair_node") == node_id and "error" in p
+            ]
+            summary = final["nodes"][node_id]
+            assert errors and errors[0].startswith(summary.rstrip("…")), (errors, final)
 
         wait_for_owners(proxy, COPIED, 2)
         owners = timed("delete-owners", "DELETE", "/api/delete", json={"model": COPIED})
