@@ -45,7 +45,7 @@ from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import AttemptOutcome, RequestRecord, status_outcome
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
-from nvpair_tw.upstream import describe_failure, node_url
+from nvpair_tw.upstream import Discard, describe_failure, node_url
 
 __all__ = [
     "EVERY_NODE",
@@ -322,7 +322,7 @@ class _Run:
         )
         part.cancel = attempt.cancel
         try:
-            return await attempt
+            response = await attempt
         except Exception:
             failure = Failure()
             outcome = classify_failure(failure, self.gone)
@@ -331,6 +331,11 @@ class _Run:
                 self.facade.stalls.cool(part.node.id, why)
             self.end(part, outcome.value, why)
             return None
+        if self.gone is not None:  # the headers came as the client left: nothing to read
+            response.deliverBody(Discard())
+            self.end(part, AttemptOutcome.CANCELLED.value, _CANCELLED)
+            return None
+        return response
 
     async def read_error(self, part: _Part, response: IResponse) -> None:
         """A non-2xx answer: its status and the engine's own message, body otherwise dropped."""
@@ -407,8 +412,8 @@ async def _stream(run: _Run) -> None:
         if run.gone is None and request.channel is not None and not request.finished:
             request.write(line)
 
-    def stop_all() -> None:
-        run.leave(CLIENT_STOPPED_READING)
+    def stop_all() -> None:  # the client's connection is gone (Twisted stops its producer)
+        run.leave("client disconnected")
 
     merge = _Merge(stop_all)
 
