@@ -5,17 +5,24 @@ facades over simulated engines in memory (``MemoryCluster``), every timer on one
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from typing import Any
 
+import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
+from twisted.internet.threads import deferToThread
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 
+from nvpair_tw.core import Settings
 from nvpair_tw.nodes import Node
 from nvpair_tw.simulated import Behaviour, SimulatedEngine, always
-from nvpair_tw.testing import MemoryCluster, MemoryResponse
+from nvpair_tw.testing import MemoryCluster, MemoryResponse, start_proxy
+from tests.corridor.test_relay import PROXY_ALLOWANCE, MiB, kernel_buffer_bound
 
 Make = Callable[..., MemoryCluster]
 PULL = {"model": "llama3"}
@@ -410,3 +417,131 @@ def test_a_slow_client_pauses_every_node_body(memory_cluster: Make) -> None:
     merge.resumeProducing()
     assert [b.transport.calls for b in bodies] == [["pause", "resume"]] * 2  # type: ignore[union-attr]
     assert late.transport.calls == ["pause"]  # type: ignore[union-attr]
+
+
+# --- backpressure over loopback: a client that reads nothing pauses every node -----------------
+
+
+class ProgressHose(Resource):
+    """A node that streams pull progress lines as fast as its transport allows, up to ``total``
+    bytes, then ``{"status": "success"}`` (chunked)."""
+
+    isLeaf = True
+    LINE = json.dumps({"status": "downloading", "digest": "sha256:" + "5a" * 480}).encode() + b"\n"
+
+    def __init__(self, total: int) -> None:
+        super().__init__()
+        self.total = total
+        self.sent = 0
+        self.pauses = 0
+        self.paused = False
+        self.stopped = False
+        self.finished = False
+        self._request: Request | None = None
+
+    def render(self, request: Request) -> int:  # type: ignore[override]
+        self._request = request
+        request.setHeader(b"content-type", b"application/x-ndjson")
+        request.registerProducer(_HoseProducer(self), True)
+        self.pump()
+        return NOT_DONE_YET
+
+    def pump(self) -> None:
+        request = self._request
+        assert request is not None
+        while not self.paused and not self.stopped and self.sent < self.total:
+            self.sent += len(self.LINE)
+            request.write(self.LINE)
+        if self.sent >= self.total and not self.finished and not self.stopped:
+            self.finished = True
+            request.unregisterProducer()
+            request.write(b'{"status":"success"}\n')
+            request.finish()
+
+
+@implementer(IPushProducer)
+class _HoseProducer:
+    def __init__(self, hose: ProgressHose) -> None:
+        self._hose = hose
+
+    def pauseProducing(self) -> None:
+        self._hose.paused = True
+        self._hose.pauses += 1
+
+    def resumeProducing(self) -> None:
+        self._hose.paused = False
+        self._hose.pump()
+
+    def stopProducing(self) -> None:
+        self._hose.stopped = True
+
+
+def _read_lines(sock: socket.socket) -> list[bytes]:
+    """Blocking (in a thread): read to the close (``Connection: close``), undo the chunked
+    framing; the body's lines."""
+    sock.setblocking(True)
+    sock.settimeout(30)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * MiB)
+    raw = bytearray()
+    while data := sock.recv(1 << 20):
+        raw += data
+    _head, _, rest = bytes(raw).partition(b"\r\n\r\n")
+    body, view = bytearray(), memoryview(rest)
+    offset = 0
+    while True:
+        line_end = rest.index(b"\r\n", offset)
+        size = int(rest[offset:line_end].split(b";")[0], 16)
+        if size == 0:
+            return bytes(body).split(b"\n")
+        body += view[line_end + 2 : line_end + 2 + size]
+        offset = line_end + 2 + size + 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_that_reads_nothing_pauses_every_node_of_a_pull(
+    reactor: Any, listen: Callable[[Any], int]
+) -> None:
+    """Two nodes offer 64 MiB of progress each to a client that reads nothing: both are paused
+    once the socket buffers are full, each having sent no more than those buffers hold plus
+    PROXY_ALLOWANCE; once the client reads, every line arrives whole and the pull succeeds."""
+    total = 64 * MiB
+    limit = kernel_buffer_bound(client_rcvbuf=4096) + PROXY_ALLOWANCE
+    assert limit < total, "the kernel's socket buffers could hold the whole stream"
+    hoses = {"a": ProgressHose(total), "b": ProgressHose(total)}
+    nodes = []
+    for node_id, hose in hoses.items():
+        site = Site(hose)
+        site.noisy = False
+        nodes.append(Node(node_id, f"http://127.0.0.1:{listen(site)}", ("llama3:latest",)))
+    proxy = await start_proxy(reactor, {"ollama": nodes}, Settings(write_stall_timeout=120.0))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    try:
+        sock.connect(("127.0.0.1", int(proxy.url().rsplit(":", 1)[1])))
+        body = json.dumps(PULL).encode()
+        sock.sendall(
+            b"POST /api/pull HTTP/1.1\r\nHost: proxy\r\nX-NVPair-Node: *\r\n"
+            b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        sock.setblocking(False)
+        stable, last = 0, (-1, -1)
+        for _ in range(200):  # at most 20 s: the streams either stall or run to the end
+            await deferLater(reactor, 0.1, lambda: None)
+            sent = (hoses["a"].sent, hoses["b"].sent)
+            paused = all(h.paused for h in hoses.values())
+            stable = stable + 1 if paused and sent == last else 0
+            last = sent
+            if stable >= 5 or all(h.finished for h in hoses.values()):
+                break
+        for hose in hoses.values():
+            assert not hose.finished
+            assert hose.paused and hose.pauses > 0
+            assert hose.sent <= limit, (hose.sent, limit)
+        received = await deferToThread(_read_lines, sock)
+    finally:
+        sock.close()
+        await proxy.stop()
+    *progress, final, _empty = received
+    assert json.loads(final) == {"status": "success", "nodes": {"a": "success", "b": "success"}}
+    assert len(progress) == 2 * (-(-total // len(ProgressHose.LINE)) + 1)
+    assert all(json.loads(line)["nvpair_node"] in ("a", "b") for line in progress[:1000])
