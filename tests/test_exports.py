@@ -39,6 +39,7 @@ FACES: dict[str, list[str]] = {
         "TARGET_HEADER",
         "UPSTREAM_CLIENTS",
         "EngineProfile",
+        "FanOutRoute",
         "IProxyReactor",
         "IllegalCall",
         "ModelListFormat",

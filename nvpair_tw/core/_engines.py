@@ -27,6 +27,7 @@ __all__ = [
     "RESPONSES_PATH",
     "TAGS",
     "EngineProfile",
+    "FanOutRoute",
     "ModelListFormat",
     "ModelRoute",
     "ResidencyFormat",
@@ -177,6 +178,25 @@ class ModelRoute:
         return path == self.path
 
 
+@frozen
+class FanOutRoute:
+    """A model-management route that ``X-NVPair-Node: *`` or a list of ids runs on several nodes
+    at once (docs/behaviour.md §13.2).
+
+    ``streams``: the nodes answer NDJSON progress, merged into one stream (pull, create); else
+    each node's status is summed up in one JSON object (copy, delete). ``owners``: without the
+    header the route goes to every owner of the body's model (delete).
+    """
+
+    method: bytes
+    path: str
+    streams: bool
+    owners: bool = False
+
+    def matches(self, method: bytes, path: str) -> bool:
+        return method == self.method and path == self.path
+
+
 def _show_model(_path: str, body: Any) -> str | None:
     """``/api/show`` names its model as ``model`` (current clients) or ``name`` (older ones)."""
     if not isinstance(body, dict):
@@ -274,6 +294,7 @@ class EngineProfile:
     default_node_url: str
     normalise: Callable[[str], str]
     model_routes: tuple[ModelRoute, ...] = field(default=(), kw_only=True)
+    fan_out_routes: tuple[FanOutRoute, ...] = field(default=(), kw_only=True)
     residency: ResidencyFormat | None = None
 
     def classify(self, method: bytes, path: str) -> RouteKind:
@@ -289,6 +310,10 @@ class EngineProfile:
     def model_route(self, method: bytes, path: str) -> ModelRoute | None:
         """The model-routed route this request takes, if any."""
         return next((r for r in self.model_routes if r.matches(method, path)), None)
+
+    def fan_out_route(self, method: bytes, path: str) -> FanOutRoute | None:
+        """The route of §13.2 this request takes, if it may be run on several nodes at once."""
+        return next((r for r in self.fan_out_routes if r.matches(method, path)), None)
 
     def matches(self, requested: str, advertised: str) -> bool:
         """Whether an advertised model name serves a requested one (docs/behaviour.md §4.1)."""
@@ -309,6 +334,12 @@ OLLAMA = EngineProfile(
     default_node_url="http://127.0.0.1:11434",
     normalise=normalise_ollama,
     model_routes=(ModelRoute(b"POST", "/api/show", _show_model),),
+    fan_out_routes=(
+        FanOutRoute(b"POST", "/api/pull", streams=True),
+        FanOutRoute(b"POST", "/api/create", streams=True),
+        FanOutRoute(b"POST", "/api/copy", streams=False),
+        FanOutRoute(b"DELETE", "/api/delete", streams=False, owners=True),
+    ),
     residency=OLLAMA_PS,
 )
 LMSTUDIO = EngineProfile(

@@ -17,6 +17,14 @@ from twisted.web.server import NOT_DONE_YET, Request
 from nvpair_tw.core import TARGET_HEADER, RouteKind, abort, write_error
 from nvpair_tw.corridor._aggregate import aggregate_model_list
 from nvpair_tw.corridor._exchange import forward, model_of, target_of
+from nvpair_tw.corridor._fanout import (
+    FanOutRequest,
+    fan_out,
+    is_fan_out,
+    owners_of,
+    parse_targets,
+    refuse_fan_out,
+)
 from nvpair_tw.corridor._state import FacadeState, Shared
 from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, is_upgrade, open_tunnel
 from nvpair_tw.corridor._workloads import RequestRecord
@@ -71,12 +79,39 @@ class FacadeResource(Resource):
         wanted = request.requestHeaders.getRawHeaders(TARGET_HEADER)
         request.requestHeaders.removeHeader(TARGET_HEADER)
         chosen: Node | None = None
+        fan = facade.profile.fan_out_route(request.method, path)
+        if wanted is not None and len(wanted) == 1 and is_fan_out(wanted[0].decode("latin-1")):
+            if fan is None:
+                refuse_fan_out(request, record, facade)
+                return NOT_DONE_YET
+            nodes, unknown = parse_targets(
+                wanted[0].decode("latin-1"), list(facade.directory.nodes())
+            )
+            if unknown or not nodes:
+                message = f"unknown node: {', '.join(unknown)}" if unknown else "unknown node"
+                write_error(request, 404, message[:300], "unknown-node")
+                record.publish(shared.bus, status=404, node_id=None, error="unknown-node")
+                return NOT_DONE_YET
+            return self._fan_out(request, record, FanOutRequest(fan, nodes, target or b"", b""))
         if wanted is not None:
             chosen = facade.directory.get(wanted[0].decode("latin-1").strip())
             if chosen is None or len(wanted) > 1:
                 write_error(request, 404, "unknown node", "unknown-node")
                 record.publish(shared.bus, status=404, node_id=None, error="unknown-node")
                 return NOT_DONE_YET
+        elif fan is not None and fan.owners:
+            assert request.content is not None
+            body = request.content.read()
+            request.content.seek(0)
+            model, owners = owners_of(facade, body)
+            if model is not None and not owners:
+                write_error(request, 404, f"model '{model}' not found", "model-not-found")
+                record.publish(shared.bus, status=404, node_id=None, error="model-not-found")
+                return NOT_DONE_YET
+            if model is not None:
+                return self._fan_out(
+                    request, record, FanOutRequest(fan, owners, target or b"", body)
+                )
         kind = facade.profile.classify(request.method, path)
         if facade.engine in TUNNEL_ENGINES and is_upgrade(request):
             work = Deferred.fromCoroutine(self._tunnel(request, record, chosen))
@@ -84,6 +119,15 @@ class FacadeResource(Resource):
             work = Deferred.fromCoroutine(self._model_list(request, path, record, chosen))
         else:
             work = Deferred.fromCoroutine(forward(facade, request, kind, record, chosen))
+        work.addErrback(self._crashed, request, record)
+        return NOT_DONE_YET
+
+    def _fan_out(self, request: Request, record: RequestRecord, fan: FanOutRequest) -> int:
+        """Run a model-management call on several nodes at once (docs/behaviour.md §13.2)."""
+        if not fan.body:
+            assert request.content is not None
+            fan.body = request.content.read()
+        work = Deferred.fromCoroutine(fan_out(self._facade, request, fan, record))
         work.addErrback(self._crashed, request, record)
         return NOT_DONE_YET
 

@@ -273,6 +273,8 @@ class RequestRecord:
     first_byte_at: float | None = field(init=False, default=None)
     queued_ms: int = field(init=False, default=0)
     ended: float | None = field(init=False, default=None)
+    fan_out: tuple[str, ...] | None = field(init=False, default=None)
+    """The nodes a fan-out (docs/behaviour.md §13.2) ran on, in order; None for other requests."""
     _current: tuple[str, float] | None = field(init=False, default=None)
     _busy_waits: int = field(init=False, default=0)
 
@@ -302,6 +304,15 @@ class RequestRecord:
     def attempt_ended(self, outcome: str) -> None:
         """Close the current attempt with ``outcome``; a no-op if none is open."""
         self._close_attempt(outcome)
+
+    def fanned_out(self, node_ids: list[str]) -> None:
+        """The request runs on every one of ``node_ids`` at once (docs/behaviour.md §13.2)."""
+        self.fan_out = tuple(node_ids)
+
+    def part_ended(self, node_id: str, outcome: str, since: float) -> None:
+        """One node's part of a fan-out, started at clock time ``since``, ended with ``outcome``
+        (parts run at once, so they are closed here rather than one after another)."""
+        self.attempts.append(Attempt(node_id, outcome, _elapsed_ms(since, self._clock.seconds())))
 
     def queued_for(self, seconds: float) -> None:
         """The request waited ``seconds`` for a slot before its dispatch (or its 503)."""
@@ -337,7 +348,7 @@ class RequestRecord:
         """The ``proxy/request`` payload (durations in ms; up to now if not yet published)."""
         end = self._clock.seconds() if self.ended is None else self.ended
         ttfb = self.first_byte_at
-        return {
+        payload: dict[str, Any] = {
             "id": self.id,
             "engine": self.engine,
             "node_id": self.node_id,
@@ -359,6 +370,9 @@ class RequestRecord:
             "cache_affinity": self.cache_affinity,
             "queued_ms": self.queued_ms,
         }
+        if self.fan_out is not None:
+            payload["fan_out"] = list(self.fan_out)
+        return payload
 
     def _close_attempt(self, outcome: str) -> None:
         if self._current is None:

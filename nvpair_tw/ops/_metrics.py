@@ -331,7 +331,7 @@ class ProxyMetrics:
             self.attempts.labels(engine, node, outcome).inc()
             if outcome in STALL_OUTCOMES:
                 self.stalls.labels(engine, node).inc()
-        if len(attempts) > 1:
+        if len(attempts) > 1 and not payload.get("fan_out"):  # a fan-out's parts are no failover
             self.failovers.labels(engine).inc()
         if route == "inference" and path in AFFINITY_PATHS and payload.get("node_id"):
             self.affinity_requests.labels(engine).inc()

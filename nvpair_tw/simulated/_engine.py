@@ -56,6 +56,7 @@ class Behaviour(Enum):
     STATUS_400 = "status-400"
     EMPTY_200 = "empty-200"  # Content-Length: 0
     SLOW_BODY = "slow-body"  # sends headers, then the body after ``body_delay``
+    ERROR_LINE = "error-line"  # an NDJSON stream that ends with an ``{"error": ...}`` line (200)
 
 
 @frozen
@@ -106,6 +107,8 @@ class SimulatedEngine(Resource):
     script: Callable[[bytes, bool, bytes], list[bytes]] | None = None
     """When set, the frames of a healthy answer: ``script(path, streaming, request_body)``
     (e.g. a stream with tool calls or a usage chunk); else :func:`reply_frames`."""
+    split_lines: bool = False
+    """Send every frame in two writes, ``chunk_delay`` apart (a line that arrives in pieces)."""
     frozen: bool = False
     """The whole process is frozen (as by SIGSTOP): every request, the model list and the other
     control routes included, is read and never answered. Set it back to ``False`` to thaw: what
@@ -183,6 +186,12 @@ class SimulatedEngine(Resource):
             request.write(json.dumps({"error": f"simulated {code}"}).encode())
             request.finish()
             return
+        if _path_is(request, b"/api/delete") and not _has_model(body, self.models):
+            request.setResponseCode(404)
+            request.setHeader(b"content-type", b"application/json")
+            request.write(json.dumps({"error": f"model '{_named(body)}' not found"}).encode())
+            request.finish()
+            return
         if behaviour is Behaviour.EMPTY_200:
             request.setHeader(b"content-length", b"0")
             request.finish()
@@ -211,8 +220,13 @@ class SimulatedEngine(Resource):
             request.write(b"")
             self._later(self.body_delay, self._send, request, frames, 0)
             return
+        if self.split_lines:  # before a drop, so that it can cut a line in the middle
+            frames = [half for frame in frames for half in _halves(frame)]
         if behaviour is Behaviour.DROP_MID_STREAM:
             frames = [*frames[: max(1, len(frames) // 2)], b""]
+        if behaviour is Behaviour.ERROR_LINE:
+            error = json.dumps({"error": "simulated error"}).encode() + b"\n"
+            frames = [*frames[: max(1, len(frames) // 2)], error]
         self._send(request, frames, 0)
 
     def _send(self, request: Request, frames: list[bytes], index: int) -> None:
@@ -234,6 +248,35 @@ class SimulatedEngine(Resource):
     def _json(self, request: Request, document: Any) -> bytes:
         request.setHeader(b"content-type", b"application/json")
         return json.dumps(document).encode()
+
+
+def _path_is(request: Request, path: bytes) -> bool:
+    return request.path == path
+
+
+def _named(body: bytes) -> str:
+    """The ``model`` (else ``name``) of a model-management body, or ``""``."""
+    try:
+        parsed = json.loads(body) if body else {}
+    except ValueError:
+        parsed = {}
+    if not isinstance(parsed, dict):
+        return ""
+    name = parsed.get("model") or parsed.get("name") or ""
+    return name if isinstance(name, str) else ""
+
+
+def _has_model(body: bytes, models: Sequence[str]) -> bool:
+    name = _named(body)
+    return name in models or f"{name}:latest" in models
+
+
+def _halves(frame: bytes) -> list[bytes]:
+    """A frame as two writes (a hang-up marker, or a one-byte frame, stays whole)."""
+    if len(frame) < 2:
+        return [frame]
+    middle = len(frame) // 2
+    return [frame[:middle], frame[middle:]]
 
 
 def _hang_up(request: Request) -> None:

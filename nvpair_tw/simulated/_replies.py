@@ -9,7 +9,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["listing", "reply_frames", "route_answer", "stream_kind"]
+__all__ = ["listing", "progress_frames", "reply_frames", "route_answer", "stream_kind"]
 
 
 def route_answer(
@@ -29,6 +29,8 @@ def route_answer(
         return 200, {"models": [{"name": m, "model": m} for m in models]}
     if method == b"GET" and path == b"/v1/models":
         return 200, {"object": "list", "data": [{"id": m, "object": "model"} for m in models]}
+    if method == b"DELETE" and path == b"/api/delete":
+        return None  # model management: answered like inference, through the policy
     if method != b"POST":
         return 200, {"version": "0.0.0-simulated"}
     return None
@@ -81,6 +83,34 @@ def _ollama_style(path: bytes) -> bool:
     return path.startswith(b"/api/") and not path.startswith(b"/api/v0/")
 
 
+_OLLAMA_STREAMS = (b"/api/chat", b"/api/generate", b"/api/pull", b"/api/create")
+_MANAGEMENT = (b"/api/pull", b"/api/create", b"/api/copy", b"/api/delete")
+
+
+def progress_frames(path: bytes, streaming: bool, chunks: int) -> list[bytes]:
+    """Ollama's progress for a pull or a create, as it streams it (one JSON object per line),
+    ending with ``{"status": "success"}``; not streaming, that last object alone. Copy and
+    delete answer 200 with no body."""
+    if path in (b"/api/copy", b"/api/delete"):
+        return []
+    digest = "sha256:" + "5a" * 32
+    total = 1000 * chunks
+    if path == b"/api/pull":
+        steps: list[dict[str, Any]] = [{"status": "pulling manifest"}]
+        steps += [
+            {"status": "downloading", "digest": digest, "total": total, "completed": 1000 * i}
+            for i in range(1, chunks + 1)
+        ]
+        steps += [{"status": "verifying sha256 digest"}, {"status": "writing manifest"}]
+    else:
+        steps = [{"status": f"using existing layer {digest}"}]
+        steps += [{"status": "writing manifest"}] * max(0, chunks - 2)
+    steps.append({"status": "success"})
+    if not streaming:
+        return [json.dumps(steps[-1]).encode()]
+    return [json.dumps(step).encode() + b"\n" for step in steps]
+
+
 def stream_kind(path: bytes, body: bytes) -> tuple[bool, bytes]:
     """Whether a request to ``path`` with ``body`` streams, and the answer's content type.
 
@@ -94,7 +124,7 @@ def stream_kind(path: bytes, body: bytes) -> tuple[bool, bytes]:
     if not isinstance(parsed, dict):
         parsed = {}
     if _ollama_style(path):
-        streaming = bool(parsed.get("stream", True)) and path in (b"/api/chat", b"/api/generate")
+        streaming = bool(parsed.get("stream", True)) and path in _OLLAMA_STREAMS
         return streaming, b"application/x-ndjson" if streaming else b"application/json"
     streaming = bool(parsed.get("stream", False))
     return streaming, b"text/event-stream" if streaming else b"application/json"
@@ -108,6 +138,8 @@ def reply_frames(
     ``/v1/responses`` answers carry ``response_id``; ``/api/show`` answers a model's details."""
     if path == b"/api/show":
         return [json.dumps({"modelfile": "# simulated", "details": {"family": "sim"}}).encode()]
+    if path in _MANAGEMENT:
+        return progress_frames(path, streaming, chunks)
     if path == b"/v1/responses":
         return _responses_frames(streaming, chunks, text, response_id)
     if _ollama_style(path):

@@ -75,6 +75,12 @@ class MemoryResponse:
     chunks: list[bytes] = field(factory=list)
     arrivals: list[float] = field(factory=list)
     ended: Failure | None = None
+    _body_transport: Any = field(default=None, repr=False)
+
+    def hang_up(self) -> None:
+        """The client leaves now, in the middle of the body: its connection is closed."""
+        if self._body_transport is not None and self.ended is None:
+            self._body_transport.stopProducing()
 
     @property
     def body(self) -> bytes:
@@ -107,6 +113,9 @@ class _Collector(Protocol):
     def __init__(self, response: MemoryResponse, clock: Clock) -> None:
         self._response = response
         self._clock = clock
+
+    def connectionMade(self) -> None:
+        self._response._body_transport = self.transport
 
     def dataReceived(self, data: bytes) -> None:
         self._response.chunks.append(data)

@@ -437,9 +437,16 @@ def up(
     ready_timeout: float = 60.0,
 ) -> int:
     """Install if needed, start ``ollama serve`` on ``port`` in its own session (process group)
-    with ``env`` on top of this process's environment, register the model; the server's pid."""
+    with ``env`` on top of this process's environment, register the model; the server's pid.
+
+    The model store is the install's own, shared by every server, unless ``env`` names one
+    (``OLLAMA_MODELS``): then the model is registered in that store, for that server alone."""
     where = install(directory)
     server_environment = server_env(where, port, {**os.environ, **(env or {})})
+    if (
+        env and "OLLAMA_MODELS" in env
+    ):  # a store of the caller's own (the model is registered there)
+        server_environment["OLLAMA_MODELS"] = env["OLLAMA_MODELS"]
     log = _server_log(where, port)
     with log.open("wb") as out:
         process = subprocess.Popen(

@@ -85,6 +85,32 @@ def _request(**fields: Any) -> dict[str, Any]:
     return record
 
 
+def test_a_fan_out_counts_each_node_part_as_an_attempt_and_no_failover() -> None:
+    """A fan-out record (docs/behaviour.md §13.2) has one attempt per node, run at once: each is
+    counted by outcome, but they are no failover."""
+    _, runtime = _runtime()
+    metrics = ProxyMetrics(runtime)
+    runtime.shared.bus.publish(
+        "proxy/request",
+        _request(
+            path="/api/pull",
+            node_id=None,
+            fan_out=["a", "b"],
+            attempts=[
+                {"node_id": "a", "outcome": "committed", "ms": 5},
+                {"node_id": "b", "outcome": "committed", "ms": 3},
+            ],
+        ),
+    )
+    scraped = samples(metrics.exposition().decode())
+    assert value(scraped, "nvpair_failovers_total", engine="ollama") is None
+    for node in "ab":
+        assert (
+            value(scraped, "nvpair_attempts_total", engine="ollama", node=node, outcome="committed")
+            == 1
+        )
+
+
 def test_request_with_two_attempts_counts_one_failover_and_each_attempt() -> None:
     """A request record with two attempts is one failover, one stall and two attempts by outcome."""
     _, runtime = _runtime()
