@@ -42,6 +42,7 @@ FACES: dict[str, list[str]] = {
         "FanOutRoute",
         "IProxyReactor",
         "IllegalCall",
+        "ModelControl",
         "ModelListFormat",
         "ResidencyFormat",
         "Resolved",
@@ -176,6 +177,7 @@ FACES: dict[str, list[str]] = {
         "NodeEndpointFactory",
         "ReadError",
         "UpstreamClient",
+        "WholeBody",
         "describe_failure",
         "get_json",
         "is_cancellation",
@@ -184,6 +186,7 @@ FACES: dict[str, list[str]] = {
         "make_pool",
         "node_answers",
         "node_url",
+        "post_json",
     ],
 }
 

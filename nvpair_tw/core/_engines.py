@@ -28,6 +28,7 @@ __all__ = [
     "TAGS",
     "EngineProfile",
     "FanOutRoute",
+    "ModelControl",
     "ModelListFormat",
     "ModelRoute",
     "ResidencyFormat",
@@ -139,6 +140,37 @@ class ResidencyFormat:
 
 OLLAMA_PS = ResidencyFormat(path="/api/ps", loaded=ps_names)
 LMSTUDIO_LOADED = ResidencyFormat(path="/api/v0/models", loaded=lmstudio_loaded_ids)
+
+
+@frozen
+class ModelControl:
+    """How an engine loads and unloads a model on request (docs/behaviour.md §13.3): a POST of
+    a JSON body to a path each. ``load`` gets the model and the keep-alive asked for (``None``: the
+    engine's own default), ``unload`` the model."""
+
+    load_path: str
+    load: Callable[[str, str | float | None], dict[str, Any]]
+    unload_path: str
+    unload: Callable[[str], dict[str, Any]]
+
+
+def _ollama_load(model: str, keep_alive: str | float | None) -> dict[str, Any]:
+    # no prompt: Ollama loads the model and answers once it is in memory
+    return {"model": model} if keep_alive is None else {"model": model, "keep_alive": keep_alive}
+
+
+OLLAMA_CONTROL = ModelControl(
+    "/api/generate", _ollama_load, "/api/generate", lambda model: {"model": model, "keep_alive": 0}
+)
+"""Ollama: ``/api/generate`` with no prompt loads (``keep_alive`` as given), ``keep_alive: 0``
+unloads."""
+LMSTUDIO_CONTROL = ModelControl(
+    "/api/v1/models/load",
+    lambda model, _keep_alive: {"model": model},
+    "/api/v1/models/unload",
+    lambda model: {"instance_id": model},
+)
+"""LM Studio 0.4+'s REST API (``/api/v1/models/load`` and ``/unload``); an older one answers 404."""
 
 
 @frozen
@@ -296,6 +328,8 @@ class EngineProfile:
     model_routes: tuple[ModelRoute, ...] = field(default=(), kw_only=True)
     fan_out_routes: tuple[FanOutRoute, ...] = field(default=(), kw_only=True)
     residency: ResidencyFormat | None = None
+    control: ModelControl | None = field(default=None, kw_only=True)
+    """How ``model/load`` and ``model/unload`` reach it; ``None``: the engine has no such API."""
 
     def classify(self, method: bytes, path: str) -> RouteKind:
         """Classify by method and exact path (the query is not part of ``path``)."""
@@ -341,6 +375,7 @@ OLLAMA = EngineProfile(
         FanOutRoute(b"DELETE", "/api/delete", streams=False, owners=True),
     ),
     residency=OLLAMA_PS,
+    control=OLLAMA_CONTROL,
 )
 LMSTUDIO = EngineProfile(
     name="lmstudio",
@@ -352,6 +387,7 @@ LMSTUDIO = EngineProfile(
     normalise=_normalise_exact,
     model_routes=(ModelRoute(b"GET", _LMSTUDIO_MODEL, _path_model(_LMSTUDIO_MODEL), prefix=True),),
     residency=LMSTUDIO_LOADED,
+    control=LMSTUDIO_CONTROL,
 )
 OMLX = EngineProfile(
     name="omlx",

@@ -1,26 +1,32 @@
 # -*- test-case-name: tests.ops.test_maintenance -*-
-"""Cluster operations on the control channel (docs/behaviour.md §13.1): cordon, uncordon, drain.
+"""Cluster operations on the control channel (docs/behaviour.md §13): cordon, uncordon, drain,
+load and unload.
 
 ``node/cordon`` takes a node out of service for new work, ``node/uncordon`` puts it back, and
 ``node/drain`` cordons it and answers once nothing is in flight there (or at its timeout). In
 flight means what a graceful shutdown waits for: the facade's inference workloads dispatched to
 the node and its open WebSocket tunnels. The drain's wait runs on the facade's clock.
+
+``model/load`` and ``model/unload`` ask the given nodes (by default every node serving the model)
+at once, each through its engine's own API (:class:`~nvpair_tw.core.ModelControl`), and answer
+per node; residency is then read again at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.task import LoopingCall
 
-from nvpair_tw.core import parse_duration
+from nvpair_tw.core import ModelControl, parse_duration
 from nvpair_tw.corridor import FacadeState, WorkloadState
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
-from nvpair_tw.ops._rpc import INVALID_PARAMS, Params, Result, RpcError, short, text
+from nvpair_tw.ops._rpc import INVALID_PARAMS, Params, Result, RpcError, array, short, string, text
+from nvpair_tw.upstream import ReadError, join_url, post_json
 
-__all__ = ["DRAIN_CHECK_INTERVAL", "DRAIN_TIMEOUT", "MAINTENANCE", "in_flight"]
+__all__ = ["DRAIN_CHECK_INTERVAL", "DRAIN_TIMEOUT", "LOAD_TIMEOUT", "MAINTENANCE", "in_flight"]
 
 log = LevelledLogger(namespace="nvpair_tw.control")
 
@@ -31,6 +37,10 @@ DRAIN_CHECK_INTERVAL = 0.1
 """How often a drain looks at what is still in flight on its node."""
 
 DEFAULT_REASON = "cordoned by the control channel"
+
+LOAD_TIMEOUT = 600.0
+"""How long ``model/load`` and ``model/unload`` wait for each node by default (a large model can
+take minutes to load)."""
 
 
 def _node(facade: FacadeState, params: Params) -> Node:
@@ -79,8 +89,8 @@ def uncordon(facade: FacadeState, params: Params) -> Result:
     return {"id": node.id, "uncordoned": lifted}
 
 
-def _timeout(params: Params) -> float:
-    value = params.get("timeout", DRAIN_TIMEOUT)
+def _timeout(params: Params, default: float = DRAIN_TIMEOUT) -> float:
+    value = params.get("timeout", default)
     if isinstance(value, str):
         try:
             value = parse_duration(value)
@@ -126,9 +136,95 @@ def drain(facade: FacadeState, params: Params) -> Deferred[Result]:
     return answer
 
 
+def _targets(facade: FacadeState, params: Params, model: str) -> list[Node]:
+    """``nodes`` (ids, cordoned ones included: an operator named them), else the serving owners."""
+    if "nodes" not in params:
+        return facade.eligible(model)
+    targets = []
+    for i, entry in enumerate(array(params, "nodes")):
+        node_id = string(entry, f"nodes[{i}]")
+        node = facade.directory.get(node_id)
+        if node is None:
+            raise RpcError(INVALID_PARAMS, f'node "{short(node_id)}" not found')
+        targets.append(node)
+    return targets
+
+
+def _keep_alive(params: Params) -> str | float | None:
+    value = params.get("keep_alive")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise RpcError(INVALID_PARAMS, 'keep_alive: seconds or a duration such as "10m"')
+    return value
+
+
+async def _ask(
+    facade: FacadeState,
+    node: Node,
+    control: ModelControl,
+    load: bool,
+    body: dict[str, object],
+    timeout: float,
+) -> tuple[str, dict[str, object]]:
+    """One node's part: ``{"status": "loaded" | "unloaded"}`` or ``{"error": ..., "status"?}``."""
+    path = control.load_path if load else control.unload_path
+    shared = facade.shared
+    try:
+        code, answer = await post_json(
+            shared.http,
+            shared.clock,
+            join_url(node.public_url, path),
+            body,
+            timeout=timeout,
+            authorization=node.authorization,
+        )
+    except ReadError as error:
+        return node.id, {"error": str(error)}
+    if 200 <= code < 300:
+        return node.id, {"status": "loaded" if load else "unloaded"}
+    said = answer.get("error") if isinstance(answer, dict) else None
+    text = said if isinstance(said, str) else f"status {code}"
+    return node.id, {"error": text[:300], "status": code}
+
+
+def _load_or_unload(load: bool) -> Callable[[FacadeState, Params], Deferred[Result]]:
+    def method(facade: FacadeState, params: Params) -> Deferred[Result]:
+        model = text(params, "model")
+        nodes = _targets(facade, params, model)
+        timeout = _timeout(params, LOAD_TIMEOUT)
+        control = facade.profile.control
+        keep_alive = _keep_alive(params)
+        if control is None:
+            raise RpcError(
+                INVALID_PARAMS, f"the {facade.engine} engine has no API to load or unload models"
+            )
+        body = control.load(model, keep_alive) if load else control.unload(model)
+        parts = [
+            Deferred.fromCoroutine(_ask(facade, node, control, load, body, timeout))
+            for node in nodes
+        ]
+
+        def answer(results: list[tuple[str, dict[str, object]]]) -> Result:
+            facade.inventory.poll_now()  # residency reflects it now, not at the next poll
+            log.info(
+                "{what} of a model on {count} node(s) of {engine}",
+                what="load" if load else "unload",
+                count=len(results),
+                engine=facade.engine,
+            )
+            return {"model": model, "nodes": dict(results)}
+
+        return gatherResults(parts).addCallback(answer)
+
+    return method
+
+
 MAINTENANCE: dict[str, Callable[[FacadeState, Params], Result | Deferred[Result]]] = {
     "node/cordon": cordon,
     "node/uncordon": uncordon,
     "node/drain": drain,
+    "model/load": _load_or_unload(True),
+    "model/unload": _load_or_unload(False),
 }
 """Engine-scoped methods of §13.1 (``node/drain`` answers later: its result is a Deferred)."""

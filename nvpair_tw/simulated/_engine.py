@@ -29,7 +29,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from nvpair_tw.core import abort
-from nvpair_tw.simulated._replies import reply_frames, route_answer, stream_kind
+from nvpair_tw.simulated._replies import control_answer, reply_frames, route_answer, stream_kind
 
 __all__ = [
     "Behaviour",
@@ -153,6 +153,11 @@ class SimulatedEngine(Resource):
         ]:
             request.setResponseCode(401)
             return self._json(request, {"error": "unauthorized"})
+        control = control_answer(path, body, self.models, self.loaded)
+        if request.method == b"POST" and control is not None:
+            status, document, self.loaded = control
+            request.setResponseCode(status)
+            return self._json(request, document)
         answer = route_answer(request.method, path, body, self.models, self.loaded)
         if answer is not None:
             status, document = answer

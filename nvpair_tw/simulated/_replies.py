@@ -9,7 +9,14 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["listing", "progress_frames", "reply_frames", "route_answer", "stream_kind"]
+__all__ = [
+    "control_answer",
+    "listing",
+    "progress_frames",
+    "reply_frames",
+    "route_answer",
+    "stream_kind",
+]
 
 
 def route_answer(
@@ -33,6 +40,46 @@ def route_answer(
         return None  # model management: answered like inference, through the policy
     if method != b"POST":
         return 200, {"version": "0.0.0-simulated"}
+    return None
+
+
+def control_answer(
+    path: bytes, body: bytes, models: Sequence[str], loaded: Sequence[str] | None
+) -> tuple[int, Any, list[str]] | None:
+    """Loading and unloading a model (docs/behaviour.md §13.3) as the engines answer it: the
+    status, the document and what is loaded afterwards; None for any other request.
+
+    Ollama: ``/api/generate`` with neither ``prompt`` nor ``messages`` loads the model
+    (``done_reason: load``), with ``keep_alive: 0`` unloads it (``unload``). LM Studio 0.4+:
+    ``/api/v1/models/load`` ``{model}`` and ``/api/v1/models/unload`` ``{instance_id}``.
+    """
+    try:
+        parsed = json.loads(body) if body else {}
+    except ValueError:
+        return None
+    if not isinstance(parsed, dict):
+        return None
+    resident = [] if loaded is None else list(loaded)
+    if path == b"/api/generate" and "prompt" not in parsed and "messages" not in parsed:
+        model = parsed.get("model")
+        if not isinstance(model, str) or model not in models:
+            return 404, {"error": f"model '{model}' not found"}, resident
+        unloading = parsed.get("keep_alive") in (0, "0", "0s")
+        after = [m for m in resident if m != model] if unloading else [*resident, model]
+        answer = {"model": model, "response": "", "done": True}
+        answer["done_reason"] = "unload" if unloading else "load"
+        return 200, answer, list(dict.fromkeys(after))
+    if path == b"/api/v1/models/load":
+        model = parsed.get("model")
+        if not isinstance(model, str) or model not in models:
+            return 404, {"error": f"model '{model}' not found"}, resident
+        done = {"model_instance_id": model, "load_time_seconds": 0.0}
+        return 200, done, list(dict.fromkeys([*resident, model]))
+    if path == b"/api/v1/models/unload":
+        instance = parsed.get("instance_id")
+        if instance not in resident:
+            return 404, {"error": f"no loaded instance '{instance}'"}, resident
+        return 200, {"instance_id": instance}, [m for m in resident if m != instance]
     return None
 
 

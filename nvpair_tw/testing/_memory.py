@@ -11,18 +11,16 @@ from typing import Any, cast
 
 import treq
 from attrs import define, field
-from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IConsumer
+from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IResponse
+from twisted.web.iweb import IResponse
 from twisted.web.resource import IResource
 from twisted.web.server import Site
-from zope.interface import implementer
 
 from nvpair_tw.core import ENGINES, IProxyReactor, Settings
 from nvpair_tw.corridor import FacadeState
@@ -31,31 +29,9 @@ from nvpair_tw.nodes import Node
 from nvpair_tw.runtime import Runtime, StallTrackerFactory, build_runtime, tcp_listener
 from nvpair_tw.simulated import SimulatedEngine
 from nvpair_tw.testing._network import MemoryNetwork
-from nvpair_tw.upstream import UpstreamClient, make_http_client, make_pool
+from nvpair_tw.upstream import UpstreamClient, WholeBody, make_http_client, make_pool
 
 __all__ = ["MemoryCluster", "MemoryResponse"]
-
-
-@implementer(IBodyProducer)
-class _Body:
-    """A request body written in one go (no cooperator, so no global-reactor timer)."""
-
-    def __init__(self, data: bytes) -> None:
-        self._data = data
-        self.length = len(data)
-
-    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
-        consumer.write(self._data)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
 
 
 @define
@@ -231,7 +207,7 @@ class _Requests(_Pump):
             method.encode("ascii"),
             (self._base_url(facade, node) + path).encode(),
             sent,
-            _Body(body) if body is not None else None,
+            WholeBody(body) if body is not None else None,
         )
         # A Deferred of our own, so ``called`` means "the headers are in", not "connected".
         arrived: Deferred[MemoryResponse] = Deferred(lambda _: attempt.cancel())

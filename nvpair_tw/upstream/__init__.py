@@ -23,9 +23,11 @@ from nvpair_tw.upstream._attempt import (
 from nvpair_tw.upstream._fetch import (
     MAX_JSON_BYTES,
     ReadError,
+    WholeBody,
     get_json,
     join_url,
     make_http_client,
+    post_json,
 )
 from nvpair_tw.upstream._nodeclient import NodeAgent
 from nvpair_tw.upstream._probe import node_answers
@@ -44,6 +46,7 @@ __all__ = [
     "NodeEndpointFactory",
     "ReadError",
     "UpstreamClient",
+    "WholeBody",
     "describe_failure",
     "get_json",
     "is_cancellation",
@@ -52,4 +55,5 @@ __all__ = [
     "make_pool",
     "node_answers",
     "node_url",
+    "post_json",
 ]

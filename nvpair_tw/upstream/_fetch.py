@@ -13,23 +13,26 @@ from typing import Any, cast
 from hyperlink import EncodedURL
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
-from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgent, IResponse
+from twisted.web.iweb import IAgent, IBodyProducer, IResponse
+from zope.interface import implementer
 
 from nvpair_tw.upstream._attempt import is_cancellation
 
 __all__ = [
     "MAX_JSON_BYTES",
     "ReadError",
+    "WholeBody",
     "get_json",
     "join_url",
     "make_http_client",
+    "post_json",
 ]
 
 MAX_JSON_BYTES = 8 << 20
@@ -38,6 +41,29 @@ MAX_JSON_BYTES = 8 << 20
 
 class ReadError(Exception):
     """A control-plane read failed; ``str()`` is a short reason without any body."""
+
+
+@implementer(IBodyProducer)
+class WholeBody:
+    """A request body written in one go when the request starts: no cooperator (treq's own
+    producer for ``bytes`` runs on the global reactor's), no pausing, nothing to stop."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
+        consumer.write(self._data)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
 
 
 def make_http_client(agent: IAgent) -> HTTPClient:
@@ -110,7 +136,48 @@ async def get_json(
     is the node's own credential (:attr:`Node.authorization`), if any. Raises :class:`ReadError`
     on any failure: connect error, non-200, timeout, oversize or bad JSON.
     """
-    request = _start_get(http, url, authorization)
+    code, data = await _read(_start_get(http, url, authorization), clock, timeout, limit)
+    return _parse_answer(code, data)
+
+
+async def post_json(
+    http: HTTPClient,
+    clock: IReactorTime,
+    url: str,
+    document: Any,
+    *,
+    timeout: float,
+    limit: int = MAX_JSON_BYTES,
+    authorization: bytes | None = None,
+) -> tuple[int, Any]:
+    """POST ``document`` as JSON to ``url``: the status and the answer parsed as JSON (``None``
+    when it is not JSON), all within ``timeout`` seconds. Raises :class:`ReadError` when no whole
+    answer arrives (connect error, timeout, oversize, a cut body)."""
+    headers = {b"content-type": [b"application/json"]}
+    if authorization is not None:
+        headers[b"authorization"] = [authorization]
+    try:
+        posting = http.post(
+            _request_url(url),
+            data=WholeBody(json.dumps(document).encode()),
+            headers=Headers(headers),
+            unbuffered=True,
+            allow_redirects=False,
+        )
+    except Exception as error:  # treq rejects some URLs synchronously
+        raise ReadError(type(error).__name__) from None
+    code, data = await _read(cast("Deferred[IResponse]", posting), clock, timeout, limit)
+    try:
+        return code, json.loads(data)
+    except (ValueError, RecursionError):
+        return code, None
+
+
+async def _read(
+    request: Deferred[IResponse], clock: IReactorTime, timeout: float, limit: int
+) -> tuple[int, bytes]:
+    """The status and whole body of ``request``'s answer within ``timeout`` seconds and ``limit``
+    bytes; :class:`ReadError` otherwise (``CancelledError`` when the caller cancelled)."""
     body: _BoundedBody | None = None
     timed_out = False
 
@@ -138,7 +205,7 @@ async def get_json(
     finally:
         if timer.active():
             timer.cancel()
-    return _parse_answer(response.code, data)
+    return response.code, data
 
 
 def _start_get(http: HTTPClient, url: str, authorization: bytes | None) -> Deferred[IResponse]:

@@ -148,10 +148,10 @@ class ProxyProcess:
             time.sleep(0.1)
         pytest.fail(f"the proxy was not ready within {timeout:.0f} s ({last}):\n{self.tail()}")
 
-    def call(self, method: str, params: Mapping[str, Any] | None = None) -> Any:
-        """One JSON-RPC call on the control socket; its result."""
+    def call(self, method: str, params: Mapping[str, Any] | None = None, timeout: float = 5) -> Any:
+        """One JSON-RPC call on the control socket; its result (within ``timeout`` seconds)."""
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(5)
+            sock.settimeout(timeout)
             sock.connect(str(self.control))
             request = {"jsonrpc": "2.0", "id": 1, "method": method, "params": dict(params or {})}
             sock.sendall(json.dumps(request).encode() + b"\n")

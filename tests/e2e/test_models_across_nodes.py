@@ -176,3 +176,33 @@ def test_create_copy_and_delete_run_on_both_real_nodes(
         assert set(owners.json()["nodes"]) == {"a", "b"}
         assert f"{COPIED}:latest" not in tags(a) | tags(b)
     print("timings (s):", {k: round(v, 2) for k, v in timings.items()})
+
+
+def loaded(node: RealOllama) -> set[str]:
+    """What a node itself says it has in memory (its own ``/api/ps``)."""
+    listed = httpx.get(f"{node.url}/api/ps", timeout=30).json()["models"]
+    return {m["model"] for m in listed}
+
+
+def test_model_load_and_unload_on_both_real_nodes(
+    cluster: tuple[list[RealOllama], ProxyProcess],
+) -> None:
+    """``model/load`` on the control channel loads smollm2 on every owner (each node's own
+    ``/api/ps`` shows it), ``model/unload`` empties them; ``nodes`` limits it to one node
+    (docs/behaviour.md §13.3)."""
+    nodes, proxy = cluster
+    for node in nodes:
+        httpx.post(f"{node.url}/api/generate", json={"model": MODEL, "keep_alive": 0}, timeout=60)
+        assert loaded(node) == set()
+    answer = proxy.call("model/load", {"model": MODEL, "keep_alive": "10m"}, timeout=120)
+    assert answer == {
+        "model": MODEL,
+        "nodes": {"a": {"status": "loaded"}, "b": {"status": "loaded"}},
+    }
+    assert [loaded(node) for node in nodes] == [{f"{MODEL}:latest"}] * 2
+    answer = proxy.call("model/unload", {"model": MODEL, "nodes": ["b"]}, timeout=120)
+    assert answer["nodes"] == {"b": {"status": "unloaded"}}
+    assert [loaded(node) for node in nodes] == [{f"{MODEL}:latest"}, set()]
+    answer = proxy.call("model/unload", {"model": MODEL}, timeout=120)
+    assert set(answer["nodes"]) == {"a", "b"}
+    assert [loaded(node) for node in nodes] == [set(), set()]

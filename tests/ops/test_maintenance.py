@@ -216,3 +216,133 @@ def test_a_nodes_file_cordon_shows_and_cannot_be_lifted_by_the_control_channel(
     code, message = _error(_ask(cluster, "node/uncordon", {"id": "a"}))
     assert code == -32602 and "nodes file" in message
     assert _served_by(cluster) == (200, "b")
+
+
+# --- model/load and model/unload (docs/behaviour.md §13.3) ----------------------------------------
+
+
+def _polled(ids: str, port: int = 11434) -> list[Node]:
+    """Nodes whose inventory and residency are polled (not static)."""
+    return [Node(i, f"http://{i}.node.test:{port}") for i in ids]
+
+
+def _loaded(cluster: MemoryCluster) -> dict[str, list[str]]:
+    """Each node's residency in nodes/list, after the reads the last call started."""
+    cluster.flush()
+    nodes = _result(_ask(cluster, "nodes/list"))["nodes"]
+    return {n["id"]: n["loaded"] for n in nodes}
+
+
+def _answered(cluster: MemoryCluster, pending: Any) -> Any:
+    assert isinstance(pending, Deferred)
+    cluster.flush()
+    assert pending.called
+    return _result(pending.result)
+
+
+def test_load_then_unload_on_every_owner_through_ollamas_generate(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """Without ``nodes``, every serving owner: Ollama gets ``/api/generate`` with no prompt (the
+    ``keep_alive`` as given), then ``keep_alive: 0``; the residency is read again at once."""
+    clock = Clock()
+    engines = {"a": SimulatedEngine(clock, loaded=[]), "b": SimulatedEngine(clock, loaded=[])}
+    cluster = memory_cluster(clock, engines, nodes={"ollama": _polled("ab")})
+    cluster.flush()
+    loaded = _answered(
+        cluster, _ask(cluster, "model/load", {"model": "llama3:latest", "keep_alive": "30m"})
+    )
+    assert loaded == {
+        "model": "llama3:latest",
+        "nodes": {"a": {"status": "loaded"}, "b": {"status": "loaded"}},
+    }
+    sent = [json.loads(r.body) for r in engines["a"].received if r.path == b"/api/generate"]
+    assert sent == [{"model": "llama3:latest", "keep_alive": "30m"}]
+    assert _loaded(cluster) == {"a": ["llama3:latest"], "b": ["llama3:latest"]}
+    unloaded = _answered(cluster, _ask(cluster, "model/unload", {"model": "llama3:latest"}))
+    assert unloaded["nodes"] == {"a": {"status": "unloaded"}, "b": {"status": "unloaded"}}
+    assert _loaded(cluster) == {"a": [], "b": []}
+
+
+def test_load_on_named_nodes_answers_each_nodes_own_error(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """``nodes`` names where (a cordoned node too); a node that lacks the model answers with its
+    own error text and status, the others load."""
+    clock = Clock()
+    engines = {
+        "a": SimulatedEngine(clock, loaded=[]),
+        "b": SimulatedEngine(clock, models=("qwen:7b",), loaded=[]),
+    }
+    cluster = memory_cluster(clock, engines, nodes={"ollama": _polled("ab")})
+    cluster.flush()
+    _ask(cluster, "node/cordon", {"id": "a"})
+    answer = _answered(
+        cluster, _ask(cluster, "model/load", {"model": "llama3:latest", "nodes": ["a", "b"]})
+    )
+    assert answer["nodes"]["a"] == {"status": "loaded"}
+    assert answer["nodes"]["b"] == {"error": "model 'llama3:latest' not found", "status": 404}
+
+
+def test_a_node_that_does_not_answer_is_an_error_at_the_timeout(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """A frozen node: its part fails at ``timeout`` with ``timed out``; the answer waits for it."""
+    clock = Clock()
+    engines = {"a": SimulatedEngine(clock, loaded=[]), "b": SimulatedEngine(clock, frozen=True)}
+    cluster = memory_cluster(
+        clock,
+        engines,
+        nodes={
+            "ollama": [Node(i, f"http://{i}.node.test:11434", ("llama3:latest",)) for i in "ab"]
+        },
+    )
+    cluster.flush()
+    pending = _ask(
+        cluster, "model/load", {"model": "llama3:latest", "nodes": ["a", "b"], "timeout": 5}
+    )
+    cluster.advance(4.9)
+    assert isinstance(pending, Deferred) and not pending.called
+    cluster.advance(0.1)
+    assert _result(pending.result)["nodes"] == {
+        "a": {"status": "loaded"},
+        "b": {"error": "timed out"},
+    }
+
+
+def test_lmstudio_loads_and_unloads_through_its_rest_api(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """LM Studio: ``/api/v1/models/load`` ``{model}`` and ``/api/v1/models/unload``
+    ``{instance_id}`` (LM Studio 0.4+'s REST API)."""
+    clock = Clock()
+    engine = SimulatedEngine(clock, models=("qwen2.5-7b-instruct",), loaded=[])
+    cluster = memory_cluster(
+        clock, {"m": engine}, facades=["lmstudio"], nodes={"lmstudio": _polled("m")}
+    )
+    cluster.flush()
+    model = {"model": "qwen2.5-7b-instruct"}
+    assert _answered(cluster, _ask(cluster, "model/load", model))["nodes"] == {
+        "m": {"status": "loaded"}
+    }
+    assert _loaded(cluster) == {"m": ["qwen2.5-7b-instruct"]}
+    assert _answered(cluster, _ask(cluster, "model/unload", model))["nodes"] == {
+        "m": {"status": "unloaded"}
+    }
+    paths = [(r.path, json.loads(r.body)) for r in engine.received if r.method == b"POST"]
+    assert paths == [
+        (b"/api/v1/models/load", {"model": "qwen2.5-7b-instruct"}),
+        (b"/api/v1/models/unload", {"instance_id": "qwen2.5-7b-instruct"}),
+    ]
+
+
+def test_an_engine_without_a_load_api_is_invalid_params(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """oMLX has no load or unload API: -32602 naming the engine, no node asked."""
+    clock = Clock()
+    cluster = memory_cluster(
+        clock, {"x": SimulatedEngine(clock)}, facades=["omlx"], nodes={"omlx": ["x"]}
+    )
+    code, message = _error(_ask(cluster, "model/load", {"model": "llama3:latest"}))
+    assert code == -32602 and "omlx" in message
