@@ -222,3 +222,69 @@ async def test_status_page_shows_slots_queue_busy_waits_and_residency(reactor: A
     assert seen["c-unknown"]["loaded"] == "unknown"
     assert seen["d-unlimited"]["slots"] == "0 / ∞ unlimited"
     assert seen["title"] == "nvpair-tw status" and seen["images"] == 0
+
+
+def _watch_a_cordon(
+    admin_url: str, cordon: Callable[[], None], uncordon: Callable[[], None], shot: str
+) -> dict[str, Any]:
+    """In a worker thread: load the page, cordon a node (on the reactor), read the live state
+    cell, take a screenshot, uncordon, and see the node ready again."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict[str, Any] = {"errors": []}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 500})
+            page.on("pageerror", lambda error: seen["errors"].append(str(error)))
+            page.goto(admin_url + "/")
+            row = 'tr[data-node="ollama/gpu2"]'
+            page.wait_for_selector(f"{row} td.cooldown.ready", timeout=10_000)
+            page.wait_for_function(
+                "document.getElementById('connection').textContent === 'live'", timeout=10_000
+            )
+            cordon()
+            cell = page.wait_for_selector(f"{row} td.cooldown.cordoned", timeout=5_000)
+            assert cell is not None
+            seen["cordoned_text"] = cell.text_content()
+            page.screenshot(path=shot, full_page=True)
+            uncordon()
+            page.wait_for_selector(f"{row} td.cooldown.ready", timeout=5_000)
+        finally:
+            browser.close()
+    return seen
+
+
+@pytest.mark.browser
+@on_reactor
+async def test_status_page_shows_a_cordon_come_and_go_live(reactor: Any, tmp_path: Any) -> None:
+    """A node cordoned on the control side shows as ``cordoned — reason`` within moments (the
+    ``node/cordon`` event, well before the 10 s snapshot refresh), and ready again on uncordon."""
+    _require_browser()
+    engine = await start_engine(reactor, SimulatedEngine(reactor))
+    proxy = await start_proxy(
+        reactor,
+        {"ollama": [Node(n, engine.url, ("llama3:latest",)) for n in ("gpu1", "gpu2")]},
+        Settings(),
+    )
+    cordons = proxy.runtime.facades["ollama"].cordons
+    admin = AdminService(reactor, proxy.runtime, "tcp:0:interface=127.0.0.1")
+    admin.startService()
+
+    def cordon() -> None:
+        reactor.callFromThread(cordons.cordon, "gpu2", "driver upgrade")
+
+    def uncordon() -> None:
+        reactor.callFromThread(cordons.uncordon, "gpu2")
+
+    shot = str(tmp_path / "cordoned.png")  # looked at by hand when the page changes
+    try:
+        port = (await admin.listener.ready).getHost().port  # type: ignore[attr-defined]
+        url = f"http://127.0.0.1:{port}"
+        seen = await deferToThread(_watch_a_cordon, url, cordon, uncordon, shot)
+    finally:
+        await admin.stopService()
+        await proxy.stop()
+        await engine.stop()
+    assert seen["errors"] == []
+    assert seen["cordoned_text"] == "cordoned — driver upgrade"
