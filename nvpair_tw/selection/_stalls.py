@@ -8,7 +8,7 @@ inventory question, docs/behaviour.md §6.3 "paid once until it answers"), expir
 no response headers within the probe's bound renews the cooldown (``renewed``), any answer ends it, so
 a node frozen for an hour costs one client request one deadline, once. A peer's cooldown is not
 probed here: the proxy that saw the stall probes and shares the outcome; meanwhile this one holds the
-cooldown for the probe's bound and then lets it expire. Nothing is persisted; with
+cooldown for the probe's bound plus :data:`PEER_HOLD_MARGIN` and then lets it expire. Nothing is persisted; with
 ``--state`` :mod:`nvpair_tw.fleet._store` shares cooldowns with a fleet's other proxies through
 :meth:`StallTracker.install` and :meth:`StallTracker.end` (docs/behaviour.md §6.6).
 """
@@ -22,7 +22,20 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from zope.interface import Interface, implementer
 
-__all__ = ["Cooldown", "CooldownListener", "IStallTracker", "NeverCools", "Probe", "StallTracker"]
+__all__ = [
+    "PEER_HOLD_MARGIN",
+    "Cooldown",
+    "CooldownListener",
+    "IStallTracker",
+    "NeverCools",
+    "Probe",
+    "StallTracker",
+]
+
+PEER_HOLD_MARGIN = 1.0
+"""Seconds a peer's cooldown is held past its end beyond the probe's own bound: time for the
+prober's renewal (or its end) to reach this proxy through the store, so the node never looks ready
+here between the two."""
 
 
 @frozen
@@ -138,7 +151,8 @@ class StallTracker:
             self.end(node_id, "expired")
         elif entry.cooldown.origin != "local":
             # the proxy that saw the stall probes and shares the outcome; wait for it that long
-            entry.timer = self._clock.callLater(self._probe_bound, self.end, node_id, "expired")
+            hold = self._probe_bound + PEER_HOLD_MARGIN
+            entry.timer = self._clock.callLater(hold, self.end, node_id, "expired")
         else:
             entry.probing = self._probe(node_id)
             entry.probing.addBoth(self._probed, entry)

@@ -766,3 +766,47 @@ async def test_a_proxy_that_joins_later_reads_the_fleets_cordons(
     await eventually(reactor, lambda: "n0" in facade_of(p2).cordons.ids(), 5.0, "resynced")
     status, body, _ = await fleet.post(p2, chat("hello"))
     assert status == 503 and json.loads(body)["code"] == "node-cordoned"
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_proxy_that_saw_the_stall_probes_and_its_renewal_holds_on_the_peers(
+    reactor: Any, fleet: Fleet, redis: RedisServer
+) -> None:
+    """A node frozen whole (its model list too): P1 stalls on it and, at each cooldown's end, asks
+    it its model list; no answer renews the cooldown and the renewal is shared, so P2 keeps it
+    cooling without asking the node itself; thawed, P1's next question is answered and the end is
+    shared (docs/behaviour.md §6.3, §6.6). Both use static nodes: every model-list GET the node
+    sees is a probe."""
+    period = 0.3
+    frozen_engine = SimulatedEngine(reactor, MODEL, frozen=True)
+    frozen = await fleet.engine(frozen_engine)
+    good = await fleet.engine(healthy(reactor))
+    nodes = [Node("n0", frozen.url, MODEL), Node("n1", good.url, MODEL)]
+    settings = Settings(response_header_timeout=period)
+    p1 = await fleet.proxy(nodes, settings, redis.config())
+    p2 = await fleet.proxy(nodes, settings, redis.config())
+    await fleet.up()
+    facade_of(p1).pin = "n0"
+
+    assert (await fleet.post(p1, chat("hello")))[0] == 200  # paid once, served by n1
+    await eventually(reactor, lambda: "n0" in facade_of(p2).stalls.cooling(), PEER_BOUND)
+
+    def probes() -> int:
+        return sum(1 for r in frozen_engine.received if r.path == b"/api/tags")
+
+    def renewals(proxy_index: int) -> int:
+        cooled = [e for e in fleet.events[proxy_index] if e.name == "node/cooldown"]
+        return sum(1 for e in cooled if e.payload.get("renewed"))
+
+    await eventually(reactor, lambda: renewals(0) >= 3, 10 * period, "three renewals on P1")
+    assert "n0" in facade_of(p2).stalls.cooling()  # held by the shared renewals
+    assert probes() <= renewals(0) + 1  # one question per period: P1's alone
+    assert sum(1 for r in frozen_engine.received if r.path == b"/api/chat") == 1  # paid once
+
+    frozen_engine.frozen = False
+    await eventually(
+        reactor, lambda: "n0" not in facade_of(p1).stalls.cooling(), 10 * period, "P1 ends it"
+    )
+    await eventually(
+        reactor, lambda: "n0" not in facade_of(p2).stalls.cooling(), 10 * period, "P2 follows"
+    )

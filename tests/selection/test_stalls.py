@@ -6,7 +6,13 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from zope.interface.verify import verifyObject
 
-from nvpair_tw.selection._stalls import Cooldown, IStallTracker, NeverCools, StallTracker
+from nvpair_tw.selection._stalls import (
+    PEER_HOLD_MARGIN,
+    Cooldown,
+    IStallTracker,
+    NeverCools,
+    StallTracker,
+)
 
 PERIOD = 10.0
 
@@ -267,13 +273,14 @@ def test_a_late_answer_after_the_cooldown_ended_is_ignored() -> None:
 
 
 def test_a_peer_cooldown_is_held_for_the_probe_bound_not_probed() -> None:
-    """A cooldown another proxy shared is not probed here: it is held for the probe's bound (the
-    prober shares a renewal or the end meanwhile), then expires."""
+    """A cooldown another proxy shared is not probed here: it is held for the probe's bound and a
+    margin for the share to arrive (the prober shares a renewal or the end meanwhile), then
+    expires."""
     stalls, clock, announced, probes = probed_tracker()
     stalls.install("n0", "stall", PERIOD, origin="peer")
     clock.advance(PERIOD)
     assert probes.asked == []
-    clock.advance(BOUND - 0.001)
+    clock.advance(BOUND + PEER_HOLD_MARGIN - 0.001)
     assert stalls.cooling() == frozenset({"n0"})
     clock.advance(0.001)
     assert stalls.cooling() == frozenset()
