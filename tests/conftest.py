@@ -33,7 +33,7 @@ from zope.interface import implementer
 
 from nvpair_tw.selection._inventory import make_http_client
 from nvpair_tw.testing import Clusters, MemoryCluster
-from nvpair_tw.upstream._nodeclient import NodeAgent
+from nvpair_tw.upstream._agent import NodeAgent
 
 E2E_TIMEOUT = 960.0
 """Seconds an ``e2e`` test may take (setup included): more than the engine fixture's own 900 s

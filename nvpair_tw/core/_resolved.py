@@ -115,7 +115,7 @@ class Settings:
     (docs/behaviour.md §6.5); an engine not named uses its default (on for ollama only)."""
     extra: Mapping[str, str] = field(factory=dict)
     upstream_client: str = "native"
-    """The HTTP client of the upstream hop: ``native`` (:class:`nvpair_tw.upstream._nodeclient.NodeAgent`)
+    """The HTTP client of the upstream hop: ``native`` (:class:`nvpair_tw.upstream._agent.NodeAgent`)
     or ``twisted`` (Twisted's ``Agent`` over ``upstream.make_pool``); ``--upstream-client``."""
 
     @property

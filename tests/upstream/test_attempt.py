@@ -76,7 +76,7 @@ from nvpair_tw.upstream._attempt import (
     make_pool,
     node_url,
 )
-from nvpair_tw.upstream._nodeclient import NodeAgent
+from nvpair_tw.upstream._agent import NodeAgent
 
 SECRET = "PROMPT-SECRET-7f3a"
 BODY = json.dumps({"model": "llama3", "stream": False, "prompt": SECRET * 20_000}).encode()

@@ -49,14 +49,9 @@ from nvpair_tw.upstream._attempt import (
     is_cancellation,
     make_pool,
 )
-from nvpair_tw.upstream._nodeclient import (
-    BadResponse,
-    ChunkedDecoder,
-    ClientRequest,
-    ClientState,
-    NodeAgent,
-    NodeClientProtocol,
-)
+from nvpair_tw.upstream._agent import NodeAgent
+from nvpair_tw.upstream._http1 import BadResponse, ChunkedDecoder
+from nvpair_tw.upstream._protocol import ClientRequest, ClientState, NodeClientProtocol
 
 SECRET = b"PROMPT-SECRET-91c2"
 
