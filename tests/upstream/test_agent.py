@@ -1,13 +1,12 @@
-"""Tests for nvpair_tw.upstream._nodeclient: the upstream hop's own HTTP/1.1 client.
+"""Tests for nvpair_tw.upstream._agent: the upstream hop's own HTTP/1.1 client, end to end.
 
 Network behaviour runs over loopback against small scripted servers (a Twisted ``Protocol`` that
 answers each request head with bytes the test chose); framing edge cases that depend on how bytes
-are split across reads drive the protocol over a ``StringTransport``, where the split is exact.
+are split across reads are in test_protocol.py (over a ``StringTransport``) and test_http1.py.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import select
 import socket
@@ -16,15 +15,10 @@ from typing import Any, cast
 
 import pytest
 import pytest_twisted
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.endpoints import TCP4ClientEndpoint
-from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IConsumer, IPushProducer, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock, deferLater
-from twisted.internet.testing import StringTransport
 from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.web.client import (
@@ -38,115 +32,32 @@ from twisted.web.client import (
 )
 from twisted.web.http import PotentialDataLoss, _DataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IAgent, IAgentEndpointFactory, IBodyProducer, IResponse
+from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
-from zope.interface.verify import verifyObject
 
-from nvpair_tw.core import IllegalCall
+from nvpair_tw.upstream._agent import NodeAgent
 from nvpair_tw.upstream._attempt import (
     ReplayBodyProducer,
     describe_failure,
     is_cancellation,
     make_pool,
 )
-from nvpair_tw.upstream._agent import NodeAgent
-from nvpair_tw.upstream._http1 import BadResponse, ChunkedDecoder
-from nvpair_tw.upstream._protocol import ClientRequest, ClientState, NodeClientProtocol
-
-SECRET = b"PROMPT-SECRET-91c2"
-
-# ---- a scripted node over loopback --------------------------------------------------------------
-
-Reply = Callable[["ServerConnection", bytes], None]
-
-
-class ServerConnection(Protocol):
-    """Reads request heads (and Content-Length bodies) and answers each with ``node.reply``."""
-
-    def __init__(self, node: ScriptedNode) -> None:
-        self.node = node
-        self.buffer = b""
-        self.lost: Deferred[None] = Deferred()
-
-    def connectionMade(self) -> None:
-        self.node.accepted += 1
-        self.node.connections.append(self)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.buffer += data
-        while b"\r\n\r\n" in self.buffer:
-            head, _, rest = self.buffer.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            if len(rest) < length:
-                return
-            self.buffer = rest[length:]
-            self.node.requests.append(head + b"\r\n\r\n" + rest[:length])
-            self.node.reply(self, head)
-
-    def write(self, data: bytes) -> None:
-        assert self.transport is not None
-        self.transport.write(data)
-
-    def close(self) -> None:
-        assert self.transport is not None
-        self.transport.loseConnection()
-
-    def connectionLost(self, reason: Failure = ConnectionDone) -> None:  # type: ignore[assignment]
-        self.lost.callback(None)
-
-
-class ScriptedNode(Factory):
-    """Counts accepted connections; every request head goes to ``reply``."""
-
-    noisy = False
-
-    def __init__(self, reply: Reply) -> None:
-        self.reply = reply
-        self.accepted = 0
-        self.connections: list[ServerConnection] = []
-        self.requests: list[bytes] = []
-
-    def buildProtocol(self, addr: Any) -> ServerConnection:
-        return ServerConnection(self)
-
-
-def answer(raw: bytes, *, close: bool = False) -> Reply:
-    """A reply that writes ``raw`` in one write (and closes the connection when ``close``)."""
-
-    def reply(connection: ServerConnection, head: bytes) -> None:
-        connection.write(raw)
-        if close:
-            connection.close()
-
-    return reply
-
-
-def chunked(payloads: list[bytes]) -> bytes:
-    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads) + b"0\r\n\r\n"
-
-
-CHUNKED_HEAD = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+from nvpair_tw.upstream._http1 import BadResponse
+from tests.upstream.scripted import (
+    CHUNKED_HEAD,
+    SECRET,
+    Collect,
+    Loopback,
+    ScriptedNode,
+    ServerConnection,
+    StuckProducer,
+    answer,
+    chunked,
+    failure_of,
+    fetch,
+    length_reply,
+    url,
 )
-
-
-def length_reply(body: bytes, extra: bytes = b"") -> bytes:
-    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body)
-
-
-@implementer(IAgentEndpointFactory)
-class Loopback:
-    """Plain TCP4 endpoints (a refusal fails at once)."""
-
-    def __init__(self, reactor: Any) -> None:
-        self._reactor = reactor
-
-    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
-        return TCP4ClientEndpoint(self._reactor, uri.host.decode(), uri.port, timeout=5)
 
 
 @pytest_twisted.async_yield_fixture()
@@ -155,57 +66,6 @@ async def agent(reactor: Any) -> AsyncIterator[NodeAgent]:
     made = NodeAgent(reactor, Loopback(reactor))
     yield made
     await made.close().addTimeout(5, reactor)  # bounded: a broken client fails, never hangs
-
-
-class Collect(Protocol):
-    """A body protocol recording each ``dataReceived`` call and the end."""
-
-    def __init__(self, on_data: Callable[[Collect, bytes], None] | None = None) -> None:
-        self.calls: list[bytes] = []
-        self.done: Deferred[None] = Deferred()
-        self.ended: Failure | None = None
-        self._on_data = on_data
-
-    def dataReceived(self, data: bytes) -> None:
-        self.calls.append(data)
-        if self._on_data is not None:
-            self._on_data(self, data)
-
-    def connectionLost(self, reason: Failure = ConnectionDone) -> None:  # type: ignore[assignment]
-        self.ended = reason
-        self.done.callback(None)
-
-    @property
-    def body(self) -> bytes:
-        return b"".join(self.calls)
-
-
-def url(port: int, path: bytes = b"/") -> bytes:
-    return b"http://127.0.0.1:%d%s" % (port, path)
-
-
-async def fetch(
-    agent: IAgent,
-    port: int,
-    method: bytes = b"GET",
-    headers: Headers | None = None,
-    body: bytes | None = None,
-) -> tuple[IResponse, Collect, Failure]:
-    """One request; the response, its collected body and how the body ended."""
-    producer = ReplayBodyProducer(body, lambda: None) if body is not None else None
-    response = await agent.request(method, url(port), headers, producer)
-    collect = Collect()
-    response.deliverBody(collect)
-    await collect.done
-    assert collect.ended is not None
-    return response, collect, collect.ended
-
-
-def failure_of(deferred: Deferred[Any]) -> Failure:
-    failures: list[Failure] = []
-    deferred.addErrback(failures.append)
-    [failure] = failures
-    return failure
 
 
 # ---- coalescing ---------------------------------------------------------------------------------
@@ -256,24 +116,6 @@ async def test_sse_burst_costs_one_call_per_read_natively_and_one_per_chunk_on_t
     assert native.body == twisted.body == b"".join(events)
     assert len(twisted.calls) == 1000
     assert len(native.calls) <= 3  # ~23 KB: one or two socket reads
-
-
-def test_body_bytes_before_deliver_body_are_handed_over_in_one_call() -> None:
-    """Body data of several reads buffered before ``deliverBody`` reaches the protocol at once,
-    then the end; a second ``deliverBody`` is illegal."""
-    protocol, _, released = connected()
-    responses: list[IResponse] = []
-    send(protocol).addCallback(responses.append)
-    protocol.dataReceived(CHUNKED_HEAD + b"a\r\n" + b"a" * 10 + b"\r\n")
-    protocol.dataReceived(b"a\r\n" + b"b" * 10 + b"\r\n0\r\n\r\n")
-    assert released == [protocol]  # complete: the connection is idle again before delivery
-    [response] = responses
-    collect = Collect()
-    response.deliverBody(collect)
-    assert collect.calls == [b"a" * 10 + b"b" * 10]
-    assert collect.ended is not None and collect.ended.check(ResponseDone)
-    with pytest.raises(IllegalCall):
-        response.deliverBody(Collect())
 
 
 # ---- other framings -----------------------------------------------------------------------------
@@ -631,34 +473,6 @@ async def test_a_connection_lost_before_the_head_fails_the_request(
     assert not is_cancellation(Failure(raised.value))
 
 
-@implementer(IBodyProducer)
-class StuckProducer:
-    """Writes a little, then never finishes (or fails when ``fail`` is set)."""
-
-    length = 100
-
-    def __init__(self, fail: bool = False) -> None:
-        self.done: Deferred[None] = Deferred()
-        self.stopped = False
-        self._fail = fail
-
-    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
-        consumer.write(b"x" * 10)
-        if self._fail:
-            return Deferred.fromCoroutine(self._broken())
-        return self.done
-
-    async def _broken(self) -> None:
-        raise RuntimeError("producer broke")
-
-    def pauseProducing(self) -> None: ...
-
-    def resumeProducing(self) -> None: ...
-
-    def stopProducing(self) -> None:
-        self.stopped = True
-
-
 @pytest_twisted.ensureDeferred
 async def test_a_connection_lost_while_writing_is_a_transmission_failure(
     agent: NodeAgent, listen: Callable[[Any], int]
@@ -807,139 +621,6 @@ async def test_a_paused_body_stops_the_client_reading_until_resumed(
     await collect.done.addTimeout(30, reactor)
     assert collect.ended is not None and collect.ended.check(ResponseDone)
     assert len(collect.body) == Flood.TOTAL
-
-
-# ---- states -------------------------------------------------------------------------------------
-
-
-def connected() -> tuple[NodeClientProtocol, StringTransport, list[NodeClientProtocol]]:
-    released: list[NodeClientProtocol] = []
-    protocol = NodeClientProtocol(released.append, lambda p: None)
-    transport = StringTransport()
-    protocol.makeConnection(transport)
-    return protocol, transport, released
-
-
-def send(protocol: NodeClientProtocol, method: bytes = b"GET") -> Deferred[IResponse]:
-    request = ClientRequest(method, b"http://n/", Headers())
-    return protocol.request(b"%s / HTTP/1.1\r\nHost: n\r\n\r\n" % method, request, None, True)
-
-
-def state_of(protocol: NodeClientProtocol) -> ClientState:
-    return protocol.state  # read afresh (mypy would keep the narrowed value of the property)
-
-
-def test_states_walk_idle_awaiting_body_and_back_to_idle() -> None:
-    protocol, transport, released = connected()
-    assert state_of(protocol) is ClientState.IDLE
-    responses: list[IResponse] = []
-    send(protocol).addCallback(responses.append)
-    assert state_of(protocol) is ClientState.AWAITING_HEADERS
-    assert transport.value().startswith(b"GET / HTTP/1.1\r\n")
-    with pytest.raises(IllegalCall):
-        send(protocol)
-    protocol.dataReceived(CHUNKED_HEAD + b"1\r\na\r\n")
-    assert state_of(protocol) is ClientState.BODY
-    [response] = responses
-    assert verifyObject(IResponse, response)
-    protocol.dataReceived(b"0\r\n\r\n")
-    assert state_of(protocol) is ClientState.IDLE and released == [protocol]
-    protocol.connectionLost(Failure(ConnectionDone()))
-    assert state_of(protocol) is ClientState.CLOSED
-
-
-def test_bytes_on_an_idle_connection_close_it() -> None:
-    protocol, transport, _ = connected()
-    protocol.dataReceived(b"HTTP/1.1 200 OK\r\n")
-    assert transport.disconnecting
-
-
-def test_leftover_bytes_after_a_response_forbid_reuse() -> None:
-    protocol, transport, released = connected()
-    send(protocol)
-    protocol.dataReceived(length_reply(b"ok") + b"HTTP/1.1 200 OK\r\n")
-    assert released == [] and transport.disconnecting
-
-
-def test_the_response_arriving_before_the_body_is_written_forbids_reuse() -> None:
-    protocol, transport, released = connected()
-    producer = StuckProducer()
-    request = ClientRequest(b"POST", b"http://n/", Headers())
-    protocol.request(b"POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\n", request, producer, True)
-    assert state_of(protocol) is ClientState.WRITING
-    protocol.dataReceived(length_reply(b"no"))
-    assert producer.stopped and released == [] and transport.disconnecting
-
-
-# ---- chunked decoding under any split -----------------------------------------------------------
-
-
-@st.composite
-def chunked_streams(draw: st.DrawFn) -> tuple[bytes, bytes, list[int]]:
-    payloads = draw(st.lists(st.binary(min_size=1, max_size=40), max_size=12))
-    pieces = []
-    for payload in payloads:
-        extension = draw(st.sampled_from([b"", b";name=value"]))
-        size = b"%x" % len(payload)
-        pieces.append(draw(st.sampled_from([size, size.upper()])) + extension + b"\r\n")
-        pieces.append(payload + b"\r\n")
-    trailer = draw(st.sampled_from([b"", b"X-Trailer: t\r\n"]))
-    stream = b"".join(pieces) + b"0\r\n" + trailer + b"\r\n"
-    cuts = draw(st.lists(st.integers(0, len(stream)), max_size=20))
-    return stream, b"".join(payloads), sorted(cuts)
-
-
-def _split(stream: bytes, cuts: list[int]) -> list[bytes]:
-    bounds = [0, *cuts, len(stream)]
-    return [stream[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-@given(chunked_streams())
-@settings(max_examples=300, deadline=None)
-def test_any_split_of_a_chunked_stream_yields_the_same_body(
-    case: tuple[bytes, bytes, list[int]],
-) -> None:
-    """However the reads cut the framing, the body protocol sees exactly the payload bytes, then
-    ResponseDone, and the connection goes back idle."""
-    stream, payload, cuts = case
-    protocol, _, released = connected()
-    responses: list[IResponse] = []
-    send(protocol).addCallback(responses.append)
-    protocol.dataReceived(CHUNKED_HEAD)
-    [response] = responses
-    collect = Collect()
-    response.deliverBody(collect)
-    for piece in _split(stream, cuts):
-        protocol.dataReceived(piece)
-    assert collect.body == payload
-    assert collect.ended is not None and collect.ended.check(ResponseDone)
-    assert released == [protocol]
-
-
-@given(chunked_streams())
-@settings(max_examples=200, deadline=None)
-def test_decoder_returns_the_payload_and_what_follows_the_last_chunk(
-    case: tuple[bytes, bytes, list[int]],
-) -> None:
-    """The decoder alone: any split gives the payload, and the bytes after the end are handed
-    back (they make the connection unusable)."""
-    stream, payload, cuts = case
-    decoder = ChunkedDecoder()
-    got = []
-    after: bytes | None = None
-    for piece in _split(stream + b"NEXT", [*cuts, len(stream)]):
-        if after is not None:
-            break
-        data, after = decoder.feed(piece)
-        got.append(data)
-    assert b"".join(got) == payload
-    assert after is not None
-
-
-def test_a_chunk_size_that_is_not_hex_is_refused() -> None:
-    for bad in [b"-1\r\n", b"0x5\r\n", b"\r\n", b"1" * 17 + b"\r\n", b"5\r\nhelloX\r\n"]:
-        with pytest.raises(BadResponse):
-            ChunkedDecoder().feed(bad)
 
 
 # ---- quiet ------------------------------------------------------------------------------------
