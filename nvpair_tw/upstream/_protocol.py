@@ -128,7 +128,7 @@ TRANSITIONS: dict[ClientState, dict[ClientEvent, ClientState]] = {
     _S.ABORTING: {
         _E.PAUSE: _S.ABORTING,
         _E.RESUME: _S.ABORTING,
-        _E.ABORT: _S.ABORTING,
+        _E.CLOSE: _S.ABORTING,
         _E.LOST: _S.CLOSED,
     },
     _S.CLOSING: {_E.CLOSE: _S.CLOSING, _E.LOST: _S.CLOSED},

@@ -7,17 +7,25 @@ import pytest
 from hypothesis import given, settings
 from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
+from twisted.internet.interfaces import IConsumer, IPushProducer
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web.client import (
     ResponseDone,
 )
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
+from twisted.web.iweb import IBodyProducer, IResponse
+from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nvpair_tw.core import IllegalCall
-from nvpair_tw.upstream._protocol import ClientRequest, ClientState, NodeClientProtocol
+from nvpair_tw.upstream._protocol import (
+    TRANSITIONS,
+    ClientEvent,
+    ClientRequest,
+    ClientState,
+    NodeClientProtocol,
+)
 from tests.upstream.scripted import (
     CHUNKED_HEAD,
     Collect,
@@ -130,3 +138,172 @@ def test_any_split_of_a_chunked_stream_yields_the_same_body(
     assert collect.body == payload
     assert collect.ended is not None and collect.ended.check(ResponseDone)
     assert released == [protocol]
+
+
+# ---- the transition table (issue 20) ------------------------------------------------------------
+
+
+class Recording(NodeClientProtocol):
+    """Records every (state, event) it moves by."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda p: None, lambda p: None)
+        self.moves: set[tuple[ClientState, ClientEvent]] = set()
+
+    def _move(self, event: ClientEvent) -> ClientState:
+        self.moves.add((self.state, event))
+        return super()._move(event)
+
+
+@implementer(IBodyProducer)
+class ManualProducer:
+    """Writes its whole declared body at once; finishes when the test fires ``done``."""
+
+    length = 3
+
+    def __init__(self) -> None:
+        self.done: Deferred[None] = Deferred()
+
+    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
+        consumer.write(b"abc")
+        return self.done
+
+    def pauseProducing(self) -> None: ...
+
+    def resumeProducing(self) -> None: ...
+
+    def stopProducing(self) -> None: ...
+
+
+class Walk:
+    """One connection driven through its public calls, step by named step."""
+
+    def __init__(self) -> None:
+        self.protocol = Recording()
+        self.transport = StringTransport()
+        self.protocol.makeConnection(self.transport)
+        self.producer = ManualProducer()
+        self.responses: list[IResponse] = []
+        self.collect = Collect()
+        self.attempt: Deferred[IResponse] | None = None
+
+    def _ask(self, method: bytes, producer: IBodyProducer | None) -> None:
+        request = ClientRequest(method, b"http://n/", Headers())
+        self.attempt = self.protocol.request(
+            b"%s / HTTP/1.1\r\n\r\n" % method, request, producer, True
+        )
+        self.attempt.addCallbacks(self.responses.append, lambda f: None)
+
+    def _head(self, extra: bytes) -> None:
+        self.protocol.dataReceived(b"Content-Length: 2\r\n%s\r\n" % extra)
+        if self.responses:
+            self.responses[0].deliverBody(self.collect)
+
+    def step(self, name: str) -> None:
+        flow = IPushProducer(self.collect.transport) if self.collect.transport else None
+        {
+            "get": lambda: self._ask(b"GET", None),
+            "post": lambda: self._ask(b"POST", self.producer),
+            "written": lambda: self.producer.done.callback(None),
+            "broken": lambda: self.producer.done.errback(Failure(RuntimeError("broke"))),
+            "cancel": lambda: self.attempt.cancel() if self.attempt else None,
+            "partial": lambda: self.protocol.dataReceived(b"HTTP/1.1 200 OK\r\n"),
+            "head": lambda: self._head(b""),
+            "head-close": lambda: self._head(b"Connection: close\r\n"),
+            "garbage": lambda: self.protocol.dataReceived(b"garbage\r\n"),
+            "body": lambda: self.protocol.dataReceived(b"ok"),
+            "pause": lambda: flow.pauseProducing() if flow else None,
+            "resume": lambda: flow.resumeProducing() if flow else None,
+            "stop": lambda: flow.stopProducing() if flow else None,
+            "close-idle": lambda: self.protocol.close_idle(),
+            "lost": lambda: self.protocol.connectionLost(Failure(ConnectionDone())),
+        }[name]()
+
+
+S = ClientState
+WALKS: list[tuple[str, ClientState]] = [
+    ("", S.IDLE),
+    ("get", S.AWAITING_HEADERS),
+    ("get partial head body", S.IDLE),
+    ("get partial head-close body", S.CLOSING),
+    ("get partial head pause pause body", S.IDLE),
+    ("get partial head-close pause body", S.CLOSING),
+    ("get partial head resume pause resume", S.BODY),
+    ("post", S.WRITING),
+    ("post written", S.AWAITING_HEADERS),
+    ("post partial written", S.HEAD),
+    ("post partial head written", S.BODY),
+    ("post partial head pause written", S.PAUSED),
+    ("post broken", S.ABORTING),
+    ("get cancel", S.ABORTING),
+    ("get partial garbage", S.ABORTING),
+    ("get partial head stop pause resume stop", S.ABORTING),
+    ("get partial head pause stop", S.ABORTING),
+    ("garbage close-idle", S.ABORTING),
+    ("close-idle close-idle", S.CLOSING),
+    ("lost", S.CLOSED),
+    ("post lost", S.CLOSED),
+    ("get lost", S.CLOSED),
+    ("get partial lost", S.CLOSED),
+    ("get partial head lost", S.CLOSED),
+    ("get partial head pause lost", S.CLOSED),
+    ("get cancel lost", S.CLOSED),
+    ("close-idle lost", S.CLOSED),
+]
+"""Public calls from a new connection, and the state they leave it in."""
+
+
+def walk(steps: str) -> Walk:
+    made = Walk()
+    for name in steps.split():
+        made.step(name)
+    return made
+
+
+@pytest.mark.parametrize(("steps", "state"), WALKS, ids=[s or "new" for s, _ in WALKS])
+def test_public_calls_walk_the_table(steps: str, state: ClientState) -> None:
+    """Each walk ends where the table says, and every move it made is in the table."""
+    made = walk(steps)
+    assert state_of(made.protocol) is state
+    assert all(event in TRANSITIONS[before] for before, event in made.protocol.moves)
+
+
+def test_the_walks_take_every_legal_move() -> None:
+    """Together the walks take every (state, event) of the table: no move is dead."""
+    taken: set[tuple[ClientState, ClientEvent]] = set()
+    for steps, _ in WALKS:
+        taken |= walk(steps).protocol.moves
+    legal = {(state, event) for state, moves in TRANSITIONS.items() for event in moves}
+    assert taken == legal
+
+
+ILLEGAL = [
+    (state, event)
+    for state in ClientState
+    for event in ClientEvent
+    if event not in TRANSITIONS[state]
+]
+
+
+@pytest.mark.parametrize(
+    ("state", "event"), ILLEGAL, ids=[f"{s.value}-{e.value}" for s, e in ILLEGAL]
+)
+def test_every_illegal_move_raises_illegal_call(state: ClientState, event: ClientEvent) -> None:
+    protocol, _, _ = connected()
+    protocol._state = state
+    with pytest.raises(IllegalCall):
+        protocol._move(event)
+    assert state_of(protocol) is state
+
+
+def test_illegal_public_calls_raise() -> None:
+    """A second request, ``close_idle`` on a busy connection, a second ``connectionLost``."""
+    made = walk("get partial head")
+    with pytest.raises(IllegalCall):
+        send(made.protocol)
+    with pytest.raises(IllegalCall):
+        made.protocol.close_idle()
+    made.step("lost")
+    with pytest.raises(IllegalCall):
+        made.step("lost")
+    assert state_of(made.protocol) is ClientState.CLOSED
