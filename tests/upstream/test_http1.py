@@ -1,12 +1,20 @@
-"""Tests for nvpair_tw.upstream._http1: the sans-IO response reader (chunked decoding under any
-split of the reads)."""
+"""Tests for nvpair_tw.upstream._http1: the sans-IO response reader (the head, the body's framing,
+chunked decoding under any split of the reads), bytes in and values out."""
 
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, settings
+from twisted.web.iweb import UNKNOWN_LENGTH
 
-from nvpair_tw.upstream._http1 import BadResponse, ChunkedDecoder
+from nvpair_tw.core import IllegalCall
+from nvpair_tw.upstream._http1 import (
+    BadResponse,
+    BodyReader,
+    ChunkedDecoder,
+    HeadParser,
+    ResponseHead,
+)
 from tests.upstream.scripted import (
     chunked_streams,
     split,
@@ -39,3 +47,208 @@ def test_a_chunk_size_that_is_not_hex_is_refused() -> None:
     for bad in [b"-1\r\n", b"0x5\r\n", b"\r\n", b"1" * 17 + b"\r\n", b"5\r\nhelloX\r\n"]:
         with pytest.raises(BadResponse):
             ChunkedDecoder().feed(bad)
+
+
+# ---- the head -----------------------------------------------------------------------------------
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nX-Two: a\r\nX-Two: b\r\n\r\n"
+
+
+def parse(*reads: bytes) -> ResponseHead | None:
+    parser = HeadParser()
+    head = None
+    for data in reads:
+        head = parser.feed(data)
+    return head
+
+
+def test_a_head_in_one_read_is_read_with_what_follows_it() -> None:
+    head = parse(HEAD + b"body")
+    assert head is not None
+    assert (head.version, head.code, head.phrase, head.rest) == (
+        (b"HTTP", 1, 1),
+        200,
+        b"OK",
+        b"body",
+    )
+    assert head.headers.getRawHeaders(b"content-type") == [b"text/plain"]
+    assert head.headers.getRawHeaders(b"x-two") == [b"a", b"b"]
+
+
+def test_a_head_split_byte_by_byte_is_the_same_head() -> None:
+    parser = HeadParser()
+    heads = [parser.feed(HEAD[i : i + 1]) for i in range(len(HEAD))]
+    assert heads[:-1] == [None] * (len(HEAD) - 1)
+    whole = parse(HEAD)
+    assert heads[-1] is not None and whole is not None
+    assert heads[-1].code == whole.code and heads[-1].rest == b""
+    assert list(heads[-1].headers.getAllRawHeaders()) == list(whole.headers.getAllRawHeaders())
+
+
+def test_interim_heads_are_skipped_but_101_is_a_head() -> None:
+    head = parse(b"HTTP/1.1 100 Continue\r\nX: 1\r\n\r\nHTTP/1.1 199 Other\r\n\r\n" + HEAD)
+    assert head is not None and head.code == 200 and head.headers.getRawHeaders(b"x") is None
+    switched = parse(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\nframes")
+    assert switched is not None and (switched.code, switched.rest) == (101, b"frames")
+
+
+def test_lenient_lines_no_phrase_and_http_1_0() -> None:
+    head = parse(b"HTTP/1.0 204\nX-Pad:  \tv \t\n\n")
+    assert head is not None
+    assert (head.version, head.code, head.phrase) == ((b"HTTP", 1, 0), 204, b"")
+    assert head.headers.getRawHeaders(b"x-pad") == [b"v"]
+    spaced = parse(b"HTTP/1.1 200 Very  Fine\r\n\r\n")
+    assert spaced is not None and spaced.phrase == b"Very  Fine"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/2.0 200 OK\r\n",
+        b"HTTP/1.1 20 OK\r\n",
+        b"HTTP/1.1 2000 OK\r\n",
+        b"HTTP/1.1 2x0 OK\r\n",
+        b"HTTP/1.1\r\n",
+        b"HTTP/1.10 200 OK\r\n",
+        b"ICY 200 OK\r\n",
+        b"HTTP/1.1 200 OK\r\nNo colon\r\n",
+        b"HTTP/1.1 200 OK\r\nBad name: v\r\n",
+        b"HTTP/1.1 200 OK\r\n: empty name\r\n",
+    ],
+)
+def test_malformed_heads_are_refused(raw: bytes) -> None:
+    with pytest.raises(BadResponse):
+        parse(raw)
+
+
+def test_line_and_header_limits() -> None:
+    """A line of 16384 bytes (its CR included) and 500 headers pass; one more does not."""
+    status = b"HTTP/1.1 200 "
+    longest = status + b"x" * (16384 - len(status) - 1) + b"\r"
+    assert parse(longest + b"\n\r\n") is not None
+    with pytest.raises(BadResponse):
+        parse(longest + b"x\n\r\n")
+    assert HeadParser().feed(b"X" * 16384) is None  # no line end yet: kept
+    with pytest.raises(BadResponse):
+        HeadParser().feed(b"X" * 16385)
+    parser = HeadParser()
+    parser.feed(b"HTTP/1.1 200 OK\r\n" + b"X" * 16000)
+    assert parser.feed(b"X" * 384) is None  # the cut line counts from its own start
+    headers = b"".join(b"H%d: v\r\n" % i for i in range(500))
+    head = parse(b"HTTP/1.1 200 OK\r\n" + headers + b"\r\n")
+    assert head is not None and head.headers.getRawHeaders(b"h499") == [b"v"]
+    with pytest.raises(BadResponse):
+        parse(b"HTTP/1.1 200 OK\r\n" + headers + b"H500: v\r\n\r\n")
+
+
+def test_a_kept_partial_line_is_not_read_twice() -> None:
+    parser = HeadParser()
+    assert parser.feed(b"HTTP/1.1 200 OK\r\nA: 1\r\nB:") is None
+    head = parser.feed(b" 2\r\n\r\n")
+    assert head is not None
+    assert list(head.headers.getAllRawHeaders()) == [(b"A", [b"1"]), (b"B", [b"2"])]
+
+
+# ---- the body's framing -------------------------------------------------------------------------
+
+
+def reader(raw: bytes, method: bytes = b"GET") -> BodyReader:
+    head = parse(raw + b"\r\n")
+    assert head is not None
+    return BodyReader(method, head)
+
+
+@pytest.mark.parametrize(
+    ("method", "raw"),
+    [
+        (b"HEAD", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n"),
+        (b"GET", b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n"),
+        (b"GET", b"HTTP/1.1 304 Not Modified\r\nTransfer-Encoding: chunked\r\n"),
+        (b"GET", b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n"),
+    ],
+)
+def test_bodyless_answers_are_empty_and_reusable(method: bytes, raw: bytes) -> None:
+    made = reader(raw, method)
+    assert made.empty and not made.close_delimited and made.reusable and made.length == 0
+
+
+def test_a_content_length_body_ends_at_its_length() -> None:
+    made = reader(b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n")
+    assert (made.length, made.empty, made.close_delimited, made.reusable) == (5, False, False, True)
+    assert made.feed(b"hel") == (b"hel", None)
+    assert made.feed(b"loNEXT") == (b"lo", b"NEXT")
+
+
+def test_a_chunked_body_is_decoded_and_its_length_unknown() -> None:
+    made = reader(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 9\r\n")
+    assert made.length is UNKNOWN_LENGTH and made.reusable and not made.empty
+    assert made.feed(b"2\r\nhi\r\n0\r\n\r\nX") == (b"hi", b"X")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 200 OK\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n",
+    ],
+)
+def test_other_bodies_run_to_the_close(raw: bytes) -> None:
+    made = reader(raw)
+    assert made.close_delimited and not made.empty and not made.reusable
+    assert made.length is UNKNOWN_LENGTH
+    assert made.feed(b"anything") == (b"anything", None)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [b"Connection: close\r\n", b"Connection: keep-alive, Close\r\n"],
+)
+def test_connection_close_forbids_reuse(extra: bytes) -> None:
+    assert not reader(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n" + extra).reusable
+
+
+def test_http_1_0_forbids_reuse_and_keep_alive_does_not() -> None:
+    assert not reader(b"HTTP/1.0 200 OK\r\nContent-Length: 1\r\n").reusable
+    assert reader(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nConnection: keep-alive\r\n").reusable
+
+
+@pytest.mark.parametrize("value", [b"5, 6", b"-1", b"x", b"5;"])
+def test_a_malformed_content_length_is_refused(value: bytes) -> None:
+    with pytest.raises(BadResponse):
+        reader(b"HTTP/1.1 200 OK\r\nContent-Length: " + value + b"\r\n")
+
+
+# ---- chunked framing, the slow path -------------------------------------------------------------
+
+
+def test_lenient_chunk_lines_sizes_and_trailers() -> None:
+    decoder = ChunkedDecoder()
+    assert decoder.feed(b"3 \t;ext\nabc\n") == (b"abc", None)
+    assert decoder.feed(b"A") == (b"", None)  # a size cut by the read is kept
+    assert decoder.feed(b"\r\n0123456789\r\n0\r\nT: 1\r\n") == (b"0123456789", None)
+    assert decoder.feed(b"\r\nNEXT") == (b"", b"NEXT")
+
+
+def test_the_last_chunk_ends_decoding() -> None:
+    decoder = ChunkedDecoder()
+    assert decoder.feed(b"0\r\n\r\n") == (b"", b"")
+    with pytest.raises(IllegalCall):
+        decoder.feed(b"1\r\na\r\n")
+
+
+def test_chunk_lines_and_trailers_are_bounded() -> None:
+    """A framing line of 16384 bytes and 500 trailers pass; one more does not."""
+    assert ChunkedDecoder().feed(b"1;" + b"e" * 16381 + b"\r") == (b"", None)
+    with pytest.raises(BadResponse):
+        ChunkedDecoder().feed(b"1;" + b"e" * 16383)
+    assert ChunkedDecoder().feed(b"1" * 16 + b"\r\n")[1] is None
+    trailers = b"".join(b"T%d: v\r\n" % i for i in range(500))
+    assert ChunkedDecoder().feed(b"0\r\n" + trailers + b"\r\n") == (b"", b"")
+    with pytest.raises(BadResponse):
+        ChunkedDecoder().feed(b"0\r\n" + trailers + b"T: v\r\n")
+
+
+def test_whole_chunks_and_cut_chunks_join_in_one_payload() -> None:
+    decoder = ChunkedDecoder()
+    assert decoder.feed(b"1\r\na\r\n2\r\nbc\r\n3\r\nde") == (b"abcde", None)
+    assert decoder.feed(b"f\r\n1\r\ng\r\n0\r\n\r\n") == (b"fg", b"")
