@@ -3,6 +3,8 @@ chunked decoding under any split of the reads), bytes in and values out."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from twisted.web.iweb import UNKNOWN_LENGTH
@@ -252,3 +254,117 @@ def test_whole_chunks_and_cut_chunks_join_in_one_payload() -> None:
     decoder = ChunkedDecoder()
     assert decoder.feed(b"1\r\na\r\n2\r\nbc\r\n3\r\nde") == (b"abcde", None)
     assert decoder.feed(b"f\r\n1\r\ng\r\n0\r\n\r\n") == (b"fg", b"")
+
+
+# ---- what mutation testing asked for (issue 20) ------------------------------------------------
+
+
+def _error(feed: Callable[[], object]) -> str:
+    with pytest.raises((BadResponse, IllegalCall)) as raised:
+        feed()
+    return str(raised.value)
+
+
+def _done_decoder() -> ChunkedDecoder:
+    decoder = ChunkedDecoder()
+    decoder.feed(b"0\r\n\r\n")
+    return decoder
+
+
+@pytest.mark.parametrize(
+    ("feed", "message"),
+    [
+        (lambda: HeadParser().feed(b"X" * 16385), "response head line too long"),
+        (
+            lambda: parse(b"HTTP/1.1 200 OK\r\n" + b"H: v\r\n" * 501),
+            "too many response headers",
+        ),
+        (lambda: parse(b"HTTP/1.1 200 OK\r\nNo colon\r\n"), "malformed response header"),
+        (lambda: parse(b"HTTP/1.1\r\n"), "malformed status line"),
+        (lambda: parse(b"HTTP/2.0 200 OK\r\n"), "not an HTTP/1.x status line"),
+        (lambda: parse(b"HTTP/1.1 20 OK\r\n"), "malformed status code"),
+        (lambda: reader(b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n"), "malformed Content-Length"),
+        (lambda: ChunkedDecoder().feed(b"1;" + b"e" * 16383), "chunk line too long"),
+        (lambda: ChunkedDecoder().feed(b"zz\r\n"), "malformed chunk size"),
+        (lambda: ChunkedDecoder().feed(b"1\r\naX\r\n"), "chunk data not followed by CRLF"),
+        (lambda: ChunkedDecoder().feed(b"0\r\n" + b"T: v\r\n" * 501), "too many trailers"),
+        (lambda: _done_decoder().feed(b"0\r\n\r\n"), "feed after the last chunk"),
+    ],
+)
+def test_each_refusal_says_what_was_wrong(feed: Callable[[], object], message: str) -> None:
+    """The texts reach logs and records (never the node's bytes): each is pinned."""
+    assert _error(feed) == message
+
+
+def test_head_lines_end_at_any_line_feed_even_the_first_byte_of_a_read() -> None:
+    parser = HeadParser()
+    assert parser.feed(b"HTTP/1.1 200 OK\nA: 1\n") is None
+    head = parser.feed(b"\n")
+    assert head is not None and head.headers.getRawHeaders(b"a") == [b"1"]
+    with pytest.raises(BadResponse):
+        HeadParser().feed(b"\nHTTP/1.1 200 OK\r\n\r\n")
+
+
+def test_a_long_kept_line_after_others_is_measured_from_its_own_start() -> None:
+    assert HeadParser().feed(b"HTTP/1.1 200 OK\r\n" + b"X" * 16380) is None
+
+
+def test_header_values_keep_colons_and_all_but_spaces_and_tabs() -> None:
+    head = parse(b"HTTP/1.1 200 OK\r\nLocation: http://x:1/\r\nA: XvX\x0b\r\n\r\n")
+    assert head is not None
+    assert head.headers.getRawHeaders(b"location") == [b"http://x:1/"]
+    assert head.headers.getRawHeaders(b"a") == [b"XvX\x0b"]
+
+
+def test_a_status_line_splits_on_single_spaces() -> None:
+    with pytest.raises(BadResponse):
+        parse(b"HTTP/1.1  200 OK\r\n")
+    head = parse(b"HTTP/1.1 200  OK\r\n\r\n")
+    assert head is not None and head.phrase == b" OK"
+
+
+def test_chunked_alone_is_chunked() -> None:
+    made = reader(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n")
+    assert made.framing.name == "CHUNKED" and not made.close_delimited
+    assert made.feed(b"1\r\nz\r\n0\r\n\r\n") == (b"z", b"")
+    assert reader(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n").framing.name == "LENGTH"
+
+
+def test_chunk_sizes_are_hexadecimal_on_the_fast_path() -> None:
+    """``40`` is 64, not 68 (a misread would take ``\\r\\n10`` into the first payload)."""
+    stream = b"40\r\n" + b"a" * 64 + b"\r\n10\r\n" + b"b" * 16 + b"\r\n0\r\n\r\n"
+    assert ChunkedDecoder().feed(stream) == (b"a" * 64 + b"b" * 16, b"")
+
+
+def test_a_payload_cut_by_a_read_is_never_read_as_framing() -> None:
+    """The rest of a cut payload is payload, even when it looks like a whole chunk."""
+    decoder = ChunkedDecoder()
+    assert decoder.feed(b"8\r\nab") == (b"ab", None)
+    assert decoder.feed(b"1\r\nx\r\n\r\n0\r\n\r\n") == (b"1\r\nx\r\n", b"")
+
+
+def test_slow_path_lines_at_their_limits() -> None:
+    """A framing line of 16384 bytes before its line feed passes, 16385 does not; a kept partial
+    line is measured from its own start."""
+    assert ChunkedDecoder().feed(b"1;" + b"e" * 16381 + b"\r\na") == (b"a", None)
+    with pytest.raises(BadResponse):
+        ChunkedDecoder().feed(b"1;" + b"e" * 16382 + b"\r\na")
+    assert ChunkedDecoder().feed(b"1\r\na\r\n" + b"1" * 16383) == (b"a", None)
+
+
+def test_a_line_feed_first_in_a_read_ends_a_framing_line() -> None:
+    decoder = ChunkedDecoder()
+    assert decoder.feed(b"1\r\na") == (b"a", None)
+    assert decoder.feed(b"\n0\n\n") == (b"", b"")
+
+
+@pytest.mark.parametrize("size", [b"5\x0b", b"5X", b"5;a;b"])
+def test_chunk_sizes_on_the_slow_path(size: bytes) -> None:
+    """Only spaces and tabs are stripped, and only the first ``;`` starts the extensions."""
+    decoder = ChunkedDecoder()
+    if size == b"5;a;b":
+        assert decoder.feed(size + b"\r\nhel") == (b"hel", None)
+        assert decoder.feed(b"lo\r\n0\r\n\r\n") == (b"lo", b"")
+    else:
+        with pytest.raises(BadResponse):
+            decoder.feed(size + b"\r\nhel")
