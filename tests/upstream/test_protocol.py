@@ -3,22 +3,30 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pytest
 from hypothesis import given, settings
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IConsumer, IPushProducer
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from twisted.web.client import (
+    RequestGenerationFailed,
+    RequestTransmissionFailed,
     ResponseDone,
+    ResponseFailed,
+    ResponseNeverReceived,
 )
+from twisted.web.http import PotentialDataLoss, _DataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IResponse
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
 from nvpair_tw.core import IllegalCall
+from nvpair_tw.upstream._http1 import BadResponse
 from nvpair_tw.upstream._protocol import (
     TRANSITIONS,
     ClientEvent,
@@ -307,3 +315,237 @@ def test_illegal_public_calls_raise() -> None:
     with pytest.raises(IllegalCall):
         made.step("lost")
     assert state_of(made.protocol) is ClientState.CLOSED
+
+
+# ---- endings and calls, deterministically (issue 20) -------------------------------------------
+
+
+def ended(made: Walk) -> Failure:
+    assert made.collect.ended is not None
+    return made.collect.ended
+
+
+def request_failure(made: Walk) -> Failure:
+    assert made.attempt is not None
+    failures: list[Failure] = []
+    made.attempt.addErrback(failures.append)
+    [failure] = failures
+    return failure
+
+
+def value(failure: Failure) -> Any:
+    """The exception a failure holds (``reasons``, ``response``: not on ``BaseException``)."""
+    return failure.value
+
+
+def lose(made: Walk) -> Failure:
+    reason = Failure(ConnectionDone())
+    made.protocol.connectionLost(reason)
+    return reason
+
+
+@pytest.mark.parametrize(
+    ("steps", "kind"),
+    [
+        ("post", RequestTransmissionFailed),
+        ("get", ResponseNeverReceived),
+        ("get partial", ResponseFailed),
+    ],
+)
+def test_a_loss_before_the_head_fails_the_request_by_state(steps: str, kind: type) -> None:
+    made = Walk()
+    seen: list[Failure] = []
+    request = ClientRequest(b"GET", b"http://n/", Headers())
+    producer = made.producer if steps == "post" else None
+    made.protocol.request(b"X / HTTP/1.1\r\n\r\n", request, producer, True).addErrback(seen.append)
+    if "partial" in steps:
+        made.step("partial")
+    reason = lose(made)
+    [failure] = seen
+    assert failure.check(kind)
+    assert value(failure).reasons == [reason]
+    assert made.transport.producer is None
+
+
+def test_a_body_cut_by_the_loss_fails_with_data_loss_and_a_close_delimited_one_ends() -> None:
+    made = walk("get partial head")
+    reason = lose(made)
+    cut = ended(made)
+    assert cut.check(ResponseFailed)
+    first, second = value(cut).reasons
+    assert first is reason and second.check(_DataLoss)
+    close_delimited = Walk()
+    close_delimited.step("get")
+    close_delimited.protocol.dataReceived(b"HTTP/1.1 200 OK\r\n\r\nsome")
+    close_delimited.responses[0].deliverBody(close_delimited.collect)
+    close_delimited.step("stop")  # stopped early: still the close's ending
+    lose(close_delimited)
+    assert close_delimited.collect.body == b"some"
+    assert ended(close_delimited).check(PotentialDataLoss)
+
+
+def test_cancelling_before_the_head_aborts_with_a_cancellation() -> None:
+    made = Walk()
+    seen: list[Failure] = []
+    request = ClientRequest(b"GET", b"http://n/", Headers())
+    attempt = made.protocol.request(b"GET / HTTP/1.1\r\n\r\n", request, None, True)
+    attempt.addErrback(seen.append)
+    attempt.cancel()
+    [failure] = seen
+    assert failure.check(ResponseNeverReceived)
+    assert value(failure).reasons[0].check(CancelledError)
+    assert made.transport.disconnected  # aborted, not closed
+    attempt.cancel()  # again: nothing more happens
+    assert state_of(made.protocol) is ClientState.ABORTING
+
+
+def test_a_malformed_head_fails_the_request_and_aborts() -> None:
+    made = Walk()
+    seen: list[Failure] = []
+    request = ClientRequest(b"GET", b"http://n/", Headers())
+    made.protocol.request(b"GET / HTTP/1.1\r\n\r\n", request, None, True).addErrback(seen.append)
+    made.protocol.dataReceived(b"HTTP/9.9 200 OK\r\n")
+    [failure] = seen
+    assert failure.check(ResponseFailed)
+    assert value(failure).reasons[0].check(BadResponse)
+    assert made.transport.disconnected
+
+
+def test_malformed_chunks_end_the_body_with_the_response_and_abort() -> None:
+    made = Walk()
+    made.step("get")
+    made.protocol.dataReceived(CHUNKED_HEAD + b"1\r\na\r\n")
+    [response] = made.responses
+    response.deliverBody(made.collect)
+    made.protocol.dataReceived(b"zz\r\n")
+    failure = ended(made)
+    assert failure.check(ResponseFailed)
+    assert value(failure).response is response
+    assert value(failure).reasons[0].check(BadResponse)
+    assert made.collect.body == b"a" and made.transport.disconnected
+    made.protocol.dataReceived(b"1\r\nb\r\n")  # dropped
+    assert made.collect.body == b"a"
+
+
+def test_a_producer_that_writes_short_or_fails_is_a_generation_failure() -> None:
+    for fail in (False, True):
+        protocol, transport, _ = connected()
+        seen: list[Failure] = []
+        producer = StuckProducer(fail=fail)
+        request = ClientRequest(b"POST", b"http://n/", Headers())
+        protocol.request(b"POST / HTTP/1.1\r\n\r\n", request, producer, True).addErrback(
+            seen.append
+        )
+        if not fail:
+            producer.done.callback(None)  # wrote 10 of 100
+        [failure] = seen
+        assert failure.check(RequestGenerationFailed)
+        reason = value(failure).reasons[0]
+        if fail:
+            assert reason.check(RuntimeError)
+        else:
+            assert str(reason.value) == "body producer wrote 10 of 100"
+        assert transport.disconnected and transport.producer is None
+        assert state_of(protocol) is ClientState.ABORTING
+
+
+def test_a_producer_that_raises_at_once_is_a_generation_failure() -> None:
+    @implementer(IBodyProducer)
+    class Raising(ManualProducer):
+        def startProducing(self, consumer: IConsumer) -> Deferred[None]:
+            raise RuntimeError("at once")
+
+    protocol, transport, _ = connected()
+    seen: list[Failure] = []
+    request = ClientRequest(b"POST", b"http://n/", Headers())
+    protocol.request(b"POST / HTTP/1.1\r\n\r\n", request, Raising(), True).addErrback(seen.append)
+    [failure] = seen
+    assert failure.check(RequestGenerationFailed) and transport.producer is None
+
+
+def test_the_body_is_written_through_the_transport_until_the_exchange_is_given_up() -> None:
+    made = walk("post")
+    assert made.transport.value() == b"POST / HTTP/1.1\r\n\r\nabc"
+    assert made.transport.producer is made.producer and made.transport.streaming
+    made.step("written")
+    assert made.transport.producer is None
+    given_up = walk("post")
+    consumer = given_up.protocol._body
+    assert consumer is not None
+    given_up.step("cancel")
+    consumer.write(b"late")
+    assert b"late" not in given_up.transport.value()
+
+
+def test_pause_and_resume_reach_the_transport_and_the_end_resumes_it() -> None:
+    made = walk("get partial head pause")
+    assert made.transport.producerState == "paused"
+    made.step("resume")
+    assert made.transport.producerState == "producing"
+    made.step("pause")
+    made.step("body")
+    assert made.transport.producerState == "producing"
+    assert state_of(made.protocol) is ClientState.IDLE
+
+
+def test_a_complete_body_releases_or_closes_the_connection() -> None:
+    released: list[NodeClientProtocol] = []
+    protocol = NodeClientProtocol(released.append, lambda p: None)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    seen: list[IResponse] = []
+    request = ClientRequest(b"GET", b"http://n/", Headers())
+    protocol.request(b"GET / HTTP/1.1\r\n\r\n", request, None, True).addCallback(seen.append)
+    protocol.dataReceived(length_reply(b"ok"))
+    assert released == [protocol] and not transport.disconnecting
+    [response] = seen
+    assert (response.version, response.code, response.phrase) == ((b"HTTP", 1, 1), 200, b"OK")
+    assert response.length == 2 and response.request is request
+    protocol.request(b"GET / HTTP/1.1\r\n\r\n", request, None, False)
+    protocol.dataReceived(length_reply(b"ok"))
+    assert released == [protocol] and transport.disconnecting  # the request said close
+    assert state_of(protocol) is ClientState.CLOSING
+
+
+def test_close_idle_fires_once_the_connection_is_gone() -> None:
+    lost: list[NodeClientProtocol] = []
+    protocol = NodeClientProtocol(lambda p: None, lost.append)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    first, second = protocol.close_idle(), protocol.close_idle()
+    assert transport.disconnecting and not transport.disconnected  # closed, not aborted
+    assert not first.called and not second.called
+    protocol.connectionLost(Failure(ConnectionDone()))
+    assert first.called and second.called and lost == [protocol]
+    assert protocol.close_idle().called
+
+
+def test_connections_ask_for_no_delay_and_survive_a_refusal() -> None:
+    class NoDelay(StringTransport):
+        def __init__(self, refuse: bool) -> None:
+            super().__init__()
+            self.asked: list[bool] = []
+            self._refuse = refuse
+
+        def setTcpNoDelay(self, enabled: bool) -> None:
+            self.asked.append(enabled)
+            if self._refuse:
+                raise OSError("not a TCP socket")
+
+    for refuse in (False, True):
+        transport = NoDelay(refuse)
+        NodeClientProtocol(lambda p: None, lambda p: None).makeConnection(transport)
+        assert transport.asked == [True]
+
+
+def test_a_response_refuses_body_calls_its_state_does_not_allow() -> None:
+    made = walk("get partial head body")
+    [response] = made.responses
+    previous = made.responses[0]
+    response.setPreviousResponse(previous)
+    assert response.previousResponse is previous
+    with pytest.raises(IllegalCall):
+        cast(Any, response).body_data(b"more")
+    with pytest.raises(IllegalCall):
+        cast(Any, response).body_ended(Failure(ResponseDone()))
+    assert ended(made).check(ResponseDone) and made.collect.body == b"ok"
