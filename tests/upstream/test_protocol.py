@@ -21,7 +21,7 @@ from twisted.web.client import (
 )
 from twisted.web.http import PotentialDataLoss, _DataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer, IResponse
+from twisted.web.iweb import IBodyProducer, IClientRequest, IResponse
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
@@ -165,22 +165,25 @@ class Recording(NodeClientProtocol):
 
 @implementer(IBodyProducer)
 class ManualProducer:
-    """Writes its whole declared body at once; finishes when the test fires ``done``."""
+    """Writes its whole declared body (in two writes); finishes when the test fires ``done``."""
 
     length = 3
 
     def __init__(self) -> None:
         self.done: Deferred[None] = Deferred()
+        self.stopped = False
 
     def startProducing(self, consumer: IConsumer) -> Deferred[None]:
-        consumer.write(b"abc")
+        consumer.write(b"a")
+        consumer.write(b"bc")
         return self.done
 
     def pauseProducing(self) -> None: ...
 
     def resumeProducing(self) -> None: ...
 
-    def stopProducing(self) -> None: ...
+    def stopProducing(self) -> None:
+        self.stopped = True
 
 
 class Walk:
@@ -549,3 +552,86 @@ def test_a_response_refuses_body_calls_its_state_does_not_allow() -> None:
     with pytest.raises(IllegalCall):
         cast(Any, response).body_ended(Failure(ResponseDone()))
     assert ended(made).check(ResponseDone) and made.collect.body == b"ok"
+
+
+# ---- what mutation testing asked for (issue 20) ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("steps", "stopped"),
+    [
+        ("post written", False),
+        ("post broken", False),
+        ("post cancel", True),
+        ("post partial garbage", True),
+        ("post partial head stop", True),
+        ("post partial head body", True),
+        ("post lost", True),
+    ],
+)
+def test_the_producer_is_stopped_only_when_the_exchange_ends_before_it(
+    steps: str, stopped: bool
+) -> None:
+    made = walk(steps)
+    assert made.producer.stopped is stopped
+    assert made.transport.producer is None
+
+
+def test_the_request_and_response_show_what_was_asked_and_answered() -> None:
+    headers = Headers({b"x-asked": [b"1"]})
+    request = ClientRequest(b"GET", b"http://n/x", headers)
+    assert verifyObject(IClientRequest, request)
+    assert (request.method, request.absoluteURI, request.headers) == (
+        b"GET",
+        b"http://n/x",
+        headers,
+    )
+    made = walk("get partial head")
+    [response] = made.responses
+    assert response.headers.getRawHeaders(b"content-length") == [b"2"]
+    assert response.previousResponse is None
+
+
+def test_after_the_end_the_body_transport_does_nothing() -> None:
+    made = walk("get partial head body")
+    flow = IPushProducer(made.collect.transport)
+    flow.pauseProducing()
+    flow.resumeProducing()
+    flow.stopProducing()
+    assert made.transport.producerState == "producing" and not made.transport.disconnecting
+    assert state_of(made.protocol) is ClientState.IDLE
+
+
+def test_illegal_calls_say_what_and_where() -> None:
+    made = walk("get partial head body")
+    [response] = made.responses
+    with pytest.raises(IllegalCall, match=r"^deliverBody in state finished$"):
+        response.deliverBody(Collect())
+    with pytest.raises(IllegalCall, match=r"^body data in state finished$"):
+        cast(Any, response).body_data(b"x")
+    with pytest.raises(IllegalCall, match=r"^body end in state finished$"):
+        cast(Any, response).body_ended(Failure(ResponseDone()))
+    with pytest.raises(IllegalCall, match=r"^lost in state closed$"):
+        made.step("lost")
+        made.step("lost")
+
+
+def test_a_head_request_has_no_body_whatever_its_length() -> None:
+    made = Walk()
+    request = ClientRequest(b"HEAD", b"http://n/", Headers())
+    made.protocol.request(b"HEAD / HTTP/1.1\r\n\r\n", request, None, True).addCallback(
+        made.responses.append
+    )
+    made.protocol.dataReceived(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n")
+    assert state_of(made.protocol) is ClientState.IDLE
+    [response] = made.responses
+    response.deliverBody(made.collect)
+    assert ended(made).check(ResponseDone) and made.collect.body == b""
+
+
+def test_bytes_after_a_bodyless_answer_forbid_reuse() -> None:
+    protocol, transport, released = connected()
+    send(protocol)
+    protocol.dataReceived(b"HTTP/1.1 204 No Content\r\n\r\nHTTP/1.1 200 OK\r\n")
+    assert released == [] and transport.disconnecting
+    assert state_of(protocol) is ClientState.CLOSING
