@@ -16,9 +16,11 @@ from typing import Any, cast
 import pytest
 import pytest_twisted
 from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IConsumer, IPushProducer, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock, deferLater
+from twisted.internet.testing import StringTransport
 from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from twisted.python.failure import Failure
 from twisted.web.client import (
@@ -35,7 +37,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
-from nvpair_tw.upstream._agent import NodeAgent
+from nvpair_tw.upstream._agent import NodeAgent, _head, _host_value
 from nvpair_tw.upstream._attempt import (
     ReplayBodyProducer,
     describe_failure,
@@ -43,6 +45,7 @@ from nvpair_tw.upstream._attempt import (
     make_pool,
 )
 from nvpair_tw.upstream._http1 import BadResponse
+from nvpair_tw.upstream._protocol import NodeClientProtocol
 from tests.upstream.scripted import (
     CHUNKED_HEAD,
     SECRET,
@@ -641,3 +644,95 @@ async def test_connections_log_nothing(reactor: Any, listen: Callable[[Any], int
     finally:
         globalLogPublisher.removeObserver(observer)
     assert [e for e in events if "factory" in json.dumps(str(e.get("log_format")))] == []
+
+
+# ---- the request head and the idle set, deterministically (issue 20) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("scheme", "host", "port", "value"),
+    [
+        (b"http", b"h", 80, b"h"),
+        (b"https", b"h", 443, b"h"),
+        (b"http", b"h", 443, b"h:443"),
+        (b"https", b"h", 80, b"h:80"),
+        (b"http", b"h", 81, b"h:81"),
+        (b"https", b"h", 444, b"h:444"),
+        (b"http", b"::1", 8080, b"[::1]:8080"),
+        (b"https", b"fe80::1", 443, b"[fe80::1]"),
+        (b"http", b"h\xff", 81, b"h\xff:81"),
+    ],
+)
+def test_the_host_header_names_the_node_as_its_url_does(
+    scheme: bytes, host: bytes, port: int, value: bytes
+) -> None:
+    assert _host_value(scheme, host, port) == value
+
+
+def test_a_given_host_header_is_sent_alone_and_bad_heads_say_why() -> None:
+    uri = URI.fromBytes(b"http://n:81/p")
+    head, persistent = _head(b"GET", uri, Headers({b"host": [b"given"]}), None)
+    assert head == b"GET /p HTTP/1.1\r\nHost: given\r\n\r\n" and persistent
+    with pytest.raises(ValueError, match=r"^invalid request method$"):
+        _head(b"G T", uri, None, None)
+    with pytest.raises(ValueError, match=r"^invalid request target$"):
+        _head(b"GET", URI.fromBytes(b"http://n/a b"), None, None)
+
+
+def idle_agent() -> tuple[NodeAgent, Clock]:
+    clock = Clock()
+    return NodeAgent(clock, Loopback(clock), idle_seconds=4), clock
+
+
+def idle_one(made: NodeAgent, key: tuple[bytes, bytes, int]) -> StringTransport:
+    protocol = NodeClientProtocol(made._release, made._lost)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    made._keys[protocol] = key
+    made._release(protocol)  # what a complete response does
+    return transport
+
+
+KEY = (b"http", b"127.0.0.1", 1001)
+
+
+def test_an_expired_connection_leaves_the_idle_set_at_once() -> None:
+    made, clock = idle_agent()
+    transport = idle_one(made, KEY)
+    clock.advance(4)
+    assert transport.disconnecting and made.idle_count(KEY) == 0 and made._idle == {}
+    assert clock.getDelayedCalls() == []
+
+
+def test_close_cancels_the_idle_timers_and_fires_with_none() -> None:
+    made, clock = idle_agent()
+    transports = [idle_one(made, KEY), idle_one(made, KEY)]
+    closing = made.close()
+    assert clock.getDelayedCalls() == [] and made.idle_count() == 0
+    for protocol in list(made._keys):
+        protocol.connectionLost(Failure(ConnectionDone()))
+    results: list[object] = []
+    closing.addCallback(results.append)
+    assert results == [None] and all(t.disconnecting for t in transports)
+
+
+def test_a_lost_idle_connection_leaves_the_others_and_no_trace() -> None:
+    made, _ = idle_agent()
+    idle_one(made, KEY)
+    idle_one(made, KEY)
+    first, second = list(made._keys)
+    first.connectionLost(Failure(ConnectionDone()))
+    assert made.idle_count(KEY) == 1 and first not in made._keys
+    second.connectionLost(Failure(ConnectionDone()))
+    assert made._idle == {} and made._keys == {} and made._timers == {}
+
+
+def test_a_connection_the_agent_never_keyed_is_closed_on_release_and_forgotten_on_loss() -> None:
+    made, _ = idle_agent()
+    protocol = NodeClientProtocol(made._release, made._lost)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    made._release(protocol)
+    assert transport.disconnecting and made.idle_count() == 0
+    protocol.connectionLost(Failure(ConnectionDone()))  # no key: nothing to forget, no error
+    assert made._keys == {}
