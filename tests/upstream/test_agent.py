@@ -34,7 +34,7 @@ from twisted.web.client import (
 )
 from twisted.web.http import PotentialDataLoss, _DataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory, IBodyProducer
+from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
 from nvpair_tw.upstream._agent import NodeAgent, _head, _host_value
@@ -736,3 +736,56 @@ def test_a_connection_the_agent_never_keyed_is_closed_on_release_and_forgotten_o
     assert transport.disconnecting and made.idle_count() == 0
     protocol.connectionLost(Failure(ConnectionDone()))  # no key: nothing to forget, no error
     assert made._keys == {}
+
+
+def test_the_defaults_are_the_pool_policy() -> None:
+    made = NodeAgent(Clock(), NeverConnects())
+    assert (made.max_idle_per_host, made.idle_seconds) == (32, 4)
+
+
+def test_https_is_a_node_scheme_and_others_say_they_are_not() -> None:
+    made = NodeAgent(Clock(), NeverConnects())
+    connecting = made.request(b"GET", b"https://10.0.0.1:1/")
+    assert not connecting.called  # connecting, not refused
+    connecting.cancel()
+    connecting.addErrback(lambda _: None)
+    failure = failure_of(made.request(b"GET", b"ftp://10.0.0.1/"))
+    assert str(failure.value) == "only http and https node URLs"
+
+    unknown = ReplayBodyProducer(b"", lambda: None)
+    cast(Any, unknown).length = UNKNOWN_LENGTH
+    failure = failure_of(made.request(b"POST", b"http://n/", None, unknown))
+    assert str(failure.value) == "a request body of unknown length is not supported"
+
+
+@pytest.mark.parametrize(
+    ("method", "length"),
+    [(b"PUT", b"Content-Length: 0\r\n"), (b"POST", b"Content-Length: 0\r\n"), (b"GET", b"")],
+)
+def test_bodyless_puts_and_posts_say_so_and_the_host_is_the_url_s(
+    method: bytes, length: bytes
+) -> None:
+    head, _ = _head(method, URI.fromBytes(b"http://n/"), None, None)
+    assert head == method + b" / HTTP/1.1\r\nHost: n\r\n" + length + b"\r\n"
+
+
+def test_an_idle_connection_carries_the_next_request_whole() -> None:
+    """The request (its headers, its body) goes to the idle connection, and the response shows
+    the request's headers (a fresh ``Headers`` when none were given)."""
+    made, _ = idle_agent()
+    transport = idle_one(made, KEY)
+    [protocol] = made._keys
+    headers = Headers({b"x-asked": [b"1"]})
+    producer = ReplayBodyProducer(b"hey", lambda: None)
+    responses: list[IResponse] = []
+    made.request(b"POST", b"http://127.0.0.1:1001/", headers, producer).addCallback(
+        responses.append
+    )
+    assert transport.value().endswith(b"\r\n\r\nhey")
+    protocol.dataReceived(length_reply(b"ok"))
+    made.request(b"GET", b"http://127.0.0.1:1001/").addCallback(responses.append)
+    protocol.dataReceived(length_reply(b"ok"))
+    first, second = responses
+    assert first.request.headers is headers
+    assert isinstance(second.request.headers, Headers)
+    assert list(second.request.headers.getAllRawHeaders()) == []
