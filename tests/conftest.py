@@ -35,7 +35,7 @@ from zope.interface import implementer
 
 from nvpair_tw.testing import Clusters, MemoryCluster
 from nvpair_tw.upstream import make_http_client
-from nvpair_tw.upstream._nodeclient import NodeAgent
+from nvpair_tw.upstream._agent import NodeAgent
 from tests.outside_reads import install as _record_outside_reads
 from tests.outside_reads import pytest_sessionfinish, pytest_terminal_summary  # noqa: F401
 

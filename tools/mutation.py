@@ -34,7 +34,9 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "relay": ("corridor/_relay.py", ("tests/corridor/test_relay.py",)),
     "frames": ("corridor/_terminal.py", ("tests/corridor/test_terminal.py",)),
     "eager": ("runtime/_eager.py", ("tests/runtime/test_eager.py",)),
-    "nodeclient": ("upstream/_nodeclient.py", ("tests/upstream/test_nodeclient.py",)),
+    "http1": ("upstream/_http1.py", ("tests/upstream/test_http1.py",)),
+    "protocol": ("upstream/_protocol.py", ("tests/upstream/test_protocol.py",)),
+    "agent": ("upstream/_agent.py", ("tests/upstream/test_agent.py",)),
 }
 """Short name → (its file under ``nvpair_tw/``, the test files that must kill its mutants)."""
 

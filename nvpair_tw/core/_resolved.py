@@ -117,7 +117,7 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     """Origins whose browser pages may call the facades (``--cors-origin``, §13.4); none = off."""
     upstream_client: str = "native"
-    """The HTTP client of the upstream hop: ``native`` (:class:`nvpair_tw.upstream._nodeclient.NodeAgent`)
+    """The HTTP client of the upstream hop: ``native`` (:class:`nvpair_tw.upstream._agent.NodeAgent`)
     or ``twisted`` (Twisted's ``Agent`` over ``upstream.make_pool``); ``--upstream-client``."""
 
     @property

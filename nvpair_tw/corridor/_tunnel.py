@@ -5,7 +5,9 @@ A ``GET`` with ``Upgrade: websocket`` is tried against the candidates in order. 
 request is written to each node by hand (raw HTTP/1.1 over the runtime's endpoint factory, so TLS
 trust and IP-literal dialling are the same as for every other request); until a node answers
 ``101 Switching Protocols`` nothing is committed, so a refusal, a timeout or any other status
-moves on to the next node, and the last node's non-101 answer becomes the client's answer. After
+moves on to the next node, and the last node's non-101 answer becomes the client's answer (its
+head read by the node client's own parser, ``upstream.HeadParser``, its body framed by
+``upstream.BodyReader``: ``Content-Length``, chunked or to the close, at most 1 MiB). After
 the 101 the node's response head is relayed verbatim and the two connections are spliced
 byte-for-byte, each transport registered as the other's push producer (backpressure both ways),
 until either side closes, which closes the other.
@@ -50,6 +52,7 @@ from nvpair_tw.events import EventBus
 from nvpair_tw.inbound import LimitedChannel
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
+from nvpair_tw.upstream import BadResponse, BodyReader, HeadParser, ResponseHead
 
 __all__ = [
     "TUNNEL_ENGINES",
@@ -284,16 +287,20 @@ class _HandshakeFailed(Exception):
 
 
 class _NodeSide(Protocol):
-    """The node's connection: reads the answer head, then (after a 101) feeds the tunnel."""
+    """The node's connection: reads the answer head with the node client's own parser
+    (``upstream.HeadParser``), then after a 101 feeds the tunnel. Any other answer's body is
+    framed by ``upstream.BodyReader`` (``Content-Length``, chunked, to the close, none) and
+    becomes the :class:`_Answer` the client may get."""
 
     def __init__(self, request_head: bytes) -> None:
         self._request = request_head
-        self._buffer = b""
+        self._parser = HeadParser()
         self.answer: Deferred[_Switched | _Answer] = Deferred()
         self.tunnel: Tunnel | None = None
-        self._status = 0
-        self._headers = Headers()
-        self._length: int | None = None
+        self._head: ResponseHead | None = None
+        self._reader: BodyReader | None = None
+        self._body: list[bytes] = []
+        self._size = 0
         self._switched = False
         self._early = b""
         self.lost = False
@@ -316,57 +323,57 @@ class _NodeSide(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self.tunnel is not None:
             self.tunnel.node_data(data)
-            return
-        if self._switched:
+        elif self._switched:
             self._early += data
+        elif self.answer.called:
             return
-        if self.answer.called:
-            return
-        self._buffer += data
-        if self._status:
-            self._refusal_body()
-            return
-        end = self._buffer.find(b"\r\n\r\n")
-        if end < 0:
-            if len(self._buffer) > MAX_HEAD_BYTES:
-                self._fail(AttemptOutcome.DROPPED.value, "the node's answer head is too long")
-            return
-        head, self._buffer = self._buffer[: end + 4], self._buffer[end + 4 :]
-        lines = head[:-4].split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        if len(parts) < 2 or not parts[0].startswith(b"HTTP/1.") or not parts[1].isdigit():
+        elif self._reader is not None:
+            self._refusal_body(data)
+        else:
+            self._early += data  # every byte so far: after a 101 it goes to the client verbatim
+            self._answer_head(data)
+
+    def _answer_head(self, data: bytes) -> None:
+        try:
+            head = self._parser.feed(data)
+            if head is not None and head.code != 101:
+                self._reader = BodyReader(b"GET", head)
+        except BadResponse:
             self._fail(AttemptOutcome.DROPPED.value, "the node's answer is not HTTP/1.1")
             return
-        status = int(parts[1])
-        if status == 101:
+        if head is None:
+            if len(self._early) > MAX_HEAD_BYTES:
+                self._fail(AttemptOutcome.DROPPED.value, "the node's answer head is too long")
+        elif head.code == 101:
             self._switched = True
-            self._early, self._buffer = head + self._buffer, b""
             self.answer.callback(_Switched(self))
-            return
-        self._status = status
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip():
-                self._headers.addRawHeader(name.strip(), value.strip())
-        length = self._headers.getRawHeaders(b"content-length", [])
-        chunked = any(
-            b"chunked" in v.lower() for v in self._headers.getRawHeaders(b"transfer-encoding", [])
-        )
-        if chunked:
-            self._fail(status_outcome(status), f"the node answered {status}")
-            return
-        self._length = int(length[0]) if length and length[0].isdigit() else None
-        if self._length is None and status in (204, 304):
-            self._length = 0
-        self._refusal_body()
+        else:
+            self._head, self._early = head, b""
+            self._refusal_body(head.rest)
 
-    def _refusal_body(self) -> None:
-        if len(self._buffer) > MAX_REFUSAL_BODY:
-            self._fail(status_outcome(self._status), f"the node answered {self._status}")
-        elif self._length is not None and len(self._buffer) >= self._length:
-            body = self._buffer[: self._length]
-            self.answer.callback(_Answer(self._status, self._headers, body))
-            close(self.transport)
+    def _refusal_body(self, data: bytes) -> None:
+        assert self._head is not None and self._reader is not None
+        code = self._head.code
+        if self._reader.empty:
+            self._answered()
+            return
+        try:
+            payload, after = self._reader.feed(data)
+        except BadResponse:
+            self._fail(AttemptOutcome.DROPPED.value, "the node's answer body is malformed")
+            return
+        self._body.append(payload)
+        self._size += len(payload)
+        if self._size > MAX_REFUSAL_BODY:
+            self._fail(status_outcome(code), f"the node answered {code}")
+        elif after is not None:
+            self._answered()
+
+    def _answered(self) -> None:
+        """The refusal is complete: it is the answer; the connection is closed."""
+        assert self._head is not None
+        self.answer.callback(_Answer(self._head.code, self._head.headers, b"".join(self._body)))
+        close(self.transport)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self.tunnel is not None:
@@ -374,8 +381,8 @@ class _NodeSide(Protocol):
         elif self._switched:
             self.lost = True  # before the tunnel attached: open_tunnel tells it
         elif not self.answer.called:
-            if self._status and self._length is None:
-                self.answer.callback(_Answer(self._status, self._headers, self._buffer))
+            if self._reader is not None and self._reader.close_delimited:
+                self._answered()
             else:
                 self._fail(AttemptOutcome.DROPPED.value, "the node closed during the handshake")
 

@@ -200,7 +200,7 @@ def upstream_agent(
     kind: str, reactor: IProxyReactor, endpoints: NodeEndpointFactory, pool: HTTPConnectionPool
 ) -> IAgent:
     """The agent of the upstream hop (inference and control-plane reads): ``native`` is
-    :class:`~nvpair_tw.upstream._nodeclient.NodeAgent` (``pool`` unused), ``twisted`` is Twisted's ``Agent``
+    :class:`~nvpair_tw.upstream._agent.NodeAgent` (``pool`` unused), ``twisted`` is Twisted's ``Agent``
     over ``pool`` (docs/architecture.md, "The upstream hop")."""
     if kind == "native":  # the same keep-alive policy as the pool's (upstream.make_pool)
         return NodeAgent(

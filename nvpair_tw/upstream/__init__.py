@@ -1,9 +1,11 @@
-"""The hop to a node: the keep-alive HTTP/1.1 client, one attempt against one node (pool, replayed
+"""The hop to a node: the keep-alive HTTP/1.1 client (its sans-IO response reader, which the
+WebSocket tunnel reads node heads with too), one attempt against one node (pool, replayed
 body, header deadline, body gate) and the bounded control-plane read.
 """
 
 from __future__ import annotations
 
+from nvpair_tw.upstream._agent import NodeAgent
 from nvpair_tw.upstream._attempt import (
     TRANSPORT_FAILURES,
     BodyEnd,
@@ -29,22 +31,26 @@ from nvpair_tw.upstream._fetch import (
     make_http_client,
     post_json,
 )
-from nvpair_tw.upstream._nodeclient import NodeAgent
+from nvpair_tw.upstream._http1 import BadResponse, BodyReader, HeadParser, ResponseHead
 from nvpair_tw.upstream._probe import node_answers
 
 __all__ = [
     "MAX_JSON_BYTES",
     "TRANSPORT_FAILURES",
+    "BadResponse",
     "BodyEnd",
     "BodyGate",
+    "BodyReader",
     "BusyWait",
     "Discard",
     "FirstBodyTimeout",
     "FirstBodyTimer",
+    "HeadParser",
     "HeaderTimeout",
     "NodeAgent",
     "NodeEndpointFactory",
     "ReadError",
+    "ResponseHead",
     "UpstreamClient",
     "WholeBody",
     "describe_failure",

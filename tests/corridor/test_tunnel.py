@@ -4,7 +4,9 @@ descriptors of this process are the proxy's and the client's only)."""
 
 from __future__ import annotations
 
+import base64
 import gc
+import hashlib
 import json
 import os
 import socket
@@ -19,6 +21,7 @@ import pytest_twisted
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import gatherResults
 from twisted.internet.interfaces import IAddress
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.threads import deferToThread
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python import usage
@@ -543,3 +546,112 @@ async def test_bytes_sent_before_the_101_reach_the_node_after_it(
     got = await deferToThread(eager)
     assert got.startswith(b"HTTP/1.1 101 ")
     assert got.endswith(b"\x81\x0aearly bird")  # the node's unmasked text frame
+
+
+# ---- the node's head read by the node client's parser (issue 20) --------------------------------
+
+_GAP = 0.05
+"""Seconds between a raw node's writes: each piece reaches the proxy in a read of its own."""
+
+
+class _RawNode(Protocol):
+    """Answers an upgrade request with ``pieces(request)``, one write every ``_GAP`` seconds (any
+    other request with a 404); after the answer, any byte from the proxy closes the connection."""
+
+    def __init__(self, reactor: Any, pieces: Callable[[bytes], list[bytes]]) -> None:
+        self._reactor = reactor
+        self._pieces = pieces
+        self._request = b""
+        self._answered = False
+
+    def dataReceived(self, data: bytes) -> None:
+        assert self.transport is not None
+        if self._answered:
+            self.transport.loseConnection()
+            return
+        self._request += data
+        if b"\r\n\r\n" not in self._request:
+            return
+        self._answered = True
+        if b"upgrade: websocket" not in self._request.lower():  # the proxy's inventory polls
+            self.transport.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+            self.transport.loseConnection()
+        else:
+            for i, piece in enumerate(self._pieces(self._request)):
+                self._reactor.callLater(_GAP * i, self.transport.write, piece)
+
+
+def _raw_node(
+    reactor: Any, listen: Callable[[Any], int], pieces: Callable[[bytes], list[bytes]]
+) -> str:
+    return f"http://127.0.0.1:{listen(Factory.forProtocol(lambda: _RawNode(reactor, pieces)))}"
+
+
+def _accept(request: bytes) -> bytes:
+    """``Sec-WebSocket-Accept`` for the request's key (RFC 6455 §4.2.2)."""
+    [key] = [
+        line.split(b":", 1)[1].strip()
+        for line in request.split(b"\r\n")
+        if line.lower().startswith(b"sec-websocket-key:")
+    ]
+    digest = hashlib.sha1(key + b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11").digest()
+    return base64.b64encode(digest)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_chunked_refusal_split_across_reads_is_relayed_to_the_client(
+    clusters: Clusters, reactor: Any, listen: Callable[[Any], int]
+) -> None:
+    """The node client's parser frames a chunked non-101 answer: the client gets the node's
+    status, its end-to-end headers and the decoded body (the old head reader refused it: 502)."""
+
+    def refusal(request: bytes) -> list[bytes]:
+        return [
+            b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/json\r\nTrans",
+            b'fer-Encoding: chunked\r\n\r\n9\r\n{"err',
+            b'or":\r\nd\r\n"chunked no"}\r\n',
+            b"0\r\n\r\n",
+        ]
+
+    cluster = await _cluster(clusters, [Node("a", _raw_node(reactor, listen, refusal))])
+
+    def refused() -> tuple[int, str | None, bytes]:
+        with pytest.raises(InvalidStatus) as caught:
+            _client(cluster.ws())
+        response = caught.value.response
+        return response.status_code, response.headers.get("content-type"), bytes(response.body)
+
+    assert await deferToThread(refused) == (403, "application/json", b'{"error":"chunked no"}')
+    record = [e for e in cluster.events if e.name == "proxy/request"][-1]
+    attempts = [(a["node_id"], a["outcome"]) for a in record.payload["attempts"]]
+    assert attempts == [("a", "status-403")]
+    assert record.payload["status"] == 403
+    assert cluster.book.tunnels == set()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_101_head_split_across_reads_is_relayed_verbatim_and_spliced(
+    clusters: Clusters, reactor: Any, listen: Callable[[Any], int]
+) -> None:
+    """A 101 head cut mid-line over three reads, then a frame: the client completes its handshake
+    with the node's own ``Sec-WebSocket-Accept`` and receives the frame."""
+
+    def switching(request: bytes) -> list[bytes]:
+        return [
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConne",
+            b"ction: Upgrade\r\nSec-WebSocket-Acc",
+            b"ept: " + _accept(request) + b"\r\n\r\n",
+            b"\x81\x05hello",  # an unmasked text frame
+        ]
+
+    cluster = await _cluster(clusters, [Node("a", _raw_node(reactor, listen, switching))])
+
+    def hello() -> str | bytes:
+        with _client(cluster.ws()) as ws:
+            return ws.recv(timeout=30)
+
+    assert await deferToThread(hello) == "hello"
+    record = [e for e in cluster.events if e.name == "proxy/request"][-1]
+    attempts = [(a["node_id"], a["outcome"]) for a in record.payload["attempts"]]
+    assert attempts == [("a", "committed")]
+    assert record.payload["status"] == 101

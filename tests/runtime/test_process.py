@@ -25,7 +25,8 @@ from nvpair_tw.inbound._ingress import parse_ingress
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.runtime._process import Runtime, build_runtime
 from nvpair_tw.selection._stalls import IStallTracker, NeverCools
-from nvpair_tw.upstream._nodeclient import NodeAgent, NodeClientProtocol
+from nvpair_tw.upstream._agent import NodeAgent
+from nvpair_tw.upstream._protocol import NodeClientProtocol
 
 ENGINES = ["ollama", "lmstudio"]
 NODES = {

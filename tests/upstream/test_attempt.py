@@ -67,6 +67,7 @@ from zope.interface.verify import verifyObject
 from nvpair_tw.core import IllegalCall
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine
+from nvpair_tw.upstream._agent import NodeAgent
 from nvpair_tw.upstream._attempt import (
     BodyEnd,
     BodyGate,
@@ -83,7 +84,6 @@ from nvpair_tw.upstream._attempt import (
     make_pool,
     node_url,
 )
-from nvpair_tw.upstream._nodeclient import NodeAgent
 
 SECRET = "PROMPT-SECRET-7f3a"
 BODY = json.dumps({"model": "llama3", "stream": False, "prompt": SECRET * 20_000}).encode()

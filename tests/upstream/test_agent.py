@@ -1,13 +1,12 @@
-"""Tests for nvpair_tw.upstream._nodeclient: the upstream hop's own HTTP/1.1 client.
+"""Tests for nvpair_tw.upstream._agent: the upstream hop's own HTTP/1.1 client, end to end.
 
 Network behaviour runs over loopback against small scripted servers (a Twisted ``Protocol`` that
 answers each request head with bytes the test chose); framing edge cases that depend on how bytes
-are split across reads drive the protocol over a ``StringTransport``, where the split is exact.
+are split across reads are in test_protocol.py (over a ``StringTransport``) and test_http1.py.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import select
 import socket
@@ -16,10 +15,7 @@ from typing import Any, cast
 
 import pytest
 import pytest_twisted
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ConnectionDone
 from twisted.internet.interfaces import IConsumer, IPushProducer, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol
@@ -38,120 +34,33 @@ from twisted.web.client import (
 )
 from twisted.web.http import PotentialDataLoss, _DataLoss
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import UNKNOWN_LENGTH, IAgent, IAgentEndpointFactory, IBodyProducer, IResponse
+from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
-from zope.interface.verify import verifyObject
 
-from nvpair_tw.core import IllegalCall
+from nvpair_tw.upstream._agent import NodeAgent, _head, _host_value
 from nvpair_tw.upstream._attempt import (
     ReplayBodyProducer,
     describe_failure,
     is_cancellation,
     make_pool,
 )
-from nvpair_tw.upstream._nodeclient import (
-    BadResponse,
-    ChunkedDecoder,
-    ClientRequest,
-    ClientState,
-    NodeAgent,
-    NodeClientProtocol,
+from nvpair_tw.upstream._http1 import BadResponse
+from nvpair_tw.upstream._protocol import NodeClientProtocol
+from tests.upstream.scripted import (
+    CHUNKED_HEAD,
+    SECRET,
+    Collect,
+    Loopback,
+    ScriptedNode,
+    ServerConnection,
+    StuckProducer,
+    answer,
+    chunked,
+    failure_of,
+    fetch,
+    length_reply,
+    url,
 )
-
-SECRET = b"PROMPT-SECRET-91c2"
-
-# ---- a scripted node over loopback --------------------------------------------------------------
-
-Reply = Callable[["ServerConnection", bytes], None]
-
-
-class ServerConnection(Protocol):
-    """Reads request heads (and Content-Length bodies) and answers each with ``node.reply``."""
-
-    def __init__(self, node: ScriptedNode) -> None:
-        self.node = node
-        self.buffer = b""
-        self.lost: Deferred[None] = Deferred()
-
-    def connectionMade(self) -> None:
-        self.node.accepted += 1
-        self.node.connections.append(self)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.buffer += data
-        while b"\r\n\r\n" in self.buffer:
-            head, _, rest = self.buffer.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            if len(rest) < length:
-                return
-            self.buffer = rest[length:]
-            self.node.requests.append(head + b"\r\n\r\n" + rest[:length])
-            self.node.reply(self, head)
-
-    def write(self, data: bytes) -> None:
-        assert self.transport is not None
-        self.transport.write(data)
-
-    def close(self) -> None:
-        assert self.transport is not None
-        self.transport.loseConnection()
-
-    def connectionLost(self, reason: Failure = ConnectionDone) -> None:  # type: ignore[assignment]
-        self.lost.callback(None)
-
-
-class ScriptedNode(Factory):
-    """Counts accepted connections; every request head goes to ``reply``."""
-
-    noisy = False
-
-    def __init__(self, reply: Reply) -> None:
-        self.reply = reply
-        self.accepted = 0
-        self.connections: list[ServerConnection] = []
-        self.requests: list[bytes] = []
-
-    def buildProtocol(self, addr: Any) -> ServerConnection:
-        return ServerConnection(self)
-
-
-def answer(raw: bytes, *, close: bool = False) -> Reply:
-    """A reply that writes ``raw`` in one write (and closes the connection when ``close``)."""
-
-    def reply(connection: ServerConnection, head: bytes) -> None:
-        connection.write(raw)
-        if close:
-            connection.close()
-
-    return reply
-
-
-def chunked(payloads: list[bytes]) -> bytes:
-    return b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in payloads) + b"0\r\n\r\n"
-
-
-CHUNKED_HEAD = (
-    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-)
-
-
-def length_reply(body: bytes, extra: bytes = b"") -> bytes:
-    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n%s\r\n%s" % (len(body), extra, body)
-
-
-@implementer(IAgentEndpointFactory)
-class Loopback:
-    """Plain TCP4 endpoints (a refusal fails at once)."""
-
-    def __init__(self, reactor: Any) -> None:
-        self._reactor = reactor
-
-    def endpointForURI(self, uri: URI) -> IStreamClientEndpoint:
-        return TCP4ClientEndpoint(self._reactor, uri.host.decode(), uri.port, timeout=5)
 
 
 @pytest_twisted.async_yield_fixture()
@@ -160,57 +69,6 @@ async def agent(reactor: Any) -> AsyncIterator[NodeAgent]:
     made = NodeAgent(reactor, Loopback(reactor))
     yield made
     await made.close().addTimeout(5, reactor)  # bounded: a broken client fails, never hangs
-
-
-class Collect(Protocol):
-    """A body protocol recording each ``dataReceived`` call and the end."""
-
-    def __init__(self, on_data: Callable[[Collect, bytes], None] | None = None) -> None:
-        self.calls: list[bytes] = []
-        self.done: Deferred[None] = Deferred()
-        self.ended: Failure | None = None
-        self._on_data = on_data
-
-    def dataReceived(self, data: bytes) -> None:
-        self.calls.append(data)
-        if self._on_data is not None:
-            self._on_data(self, data)
-
-    def connectionLost(self, reason: Failure = ConnectionDone) -> None:  # type: ignore[assignment]
-        self.ended = reason
-        self.done.callback(None)
-
-    @property
-    def body(self) -> bytes:
-        return b"".join(self.calls)
-
-
-def url(port: int, path: bytes = b"/") -> bytes:
-    return b"http://127.0.0.1:%d%s" % (port, path)
-
-
-async def fetch(
-    agent: IAgent,
-    port: int,
-    method: bytes = b"GET",
-    headers: Headers | None = None,
-    body: bytes | None = None,
-) -> tuple[IResponse, Collect, Failure]:
-    """One request; the response, its collected body and how the body ended."""
-    producer = ReplayBodyProducer(body, lambda: None) if body is not None else None
-    response = await agent.request(method, url(port), headers, producer)
-    collect = Collect()
-    response.deliverBody(collect)
-    await collect.done
-    assert collect.ended is not None
-    return response, collect, collect.ended
-
-
-def failure_of(deferred: Deferred[Any]) -> Failure:
-    failures: list[Failure] = []
-    deferred.addErrback(failures.append)
-    [failure] = failures
-    return failure
 
 
 # ---- coalescing ---------------------------------------------------------------------------------
@@ -261,24 +119,6 @@ async def test_sse_burst_costs_one_call_per_read_natively_and_one_per_chunk_on_t
     assert native.body == twisted.body == b"".join(events)
     assert len(twisted.calls) == 1000
     assert len(native.calls) <= 3  # ~23 KB: one or two socket reads
-
-
-def test_body_bytes_before_deliver_body_are_handed_over_in_one_call() -> None:
-    """Body data of several reads buffered before ``deliverBody`` reaches the protocol at once,
-    then the end; a second ``deliverBody`` is illegal."""
-    protocol, _, released = connected()
-    responses: list[IResponse] = []
-    send(protocol).addCallback(responses.append)
-    protocol.dataReceived(CHUNKED_HEAD + b"a\r\n" + b"a" * 10 + b"\r\n")
-    protocol.dataReceived(b"a\r\n" + b"b" * 10 + b"\r\n0\r\n\r\n")
-    assert released == [protocol]  # complete: the connection is idle again before delivery
-    [response] = responses
-    collect = Collect()
-    response.deliverBody(collect)
-    assert collect.calls == [b"a" * 10 + b"b" * 10]
-    assert collect.ended is not None and collect.ended.check(ResponseDone)
-    with pytest.raises(IllegalCall):
-        response.deliverBody(Collect())
 
 
 # ---- other framings -----------------------------------------------------------------------------
@@ -636,34 +476,6 @@ async def test_a_connection_lost_before_the_head_fails_the_request(
     assert not is_cancellation(Failure(raised.value))
 
 
-@implementer(IBodyProducer)
-class StuckProducer:
-    """Writes a little, then never finishes (or fails when ``fail`` is set)."""
-
-    length = 100
-
-    def __init__(self, fail: bool = False) -> None:
-        self.done: Deferred[None] = Deferred()
-        self.stopped = False
-        self._fail = fail
-
-    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
-        consumer.write(b"x" * 10)
-        if self._fail:
-            return Deferred.fromCoroutine(self._broken())
-        return self.done
-
-    async def _broken(self) -> None:
-        raise RuntimeError("producer broke")
-
-    def pauseProducing(self) -> None: ...
-
-    def resumeProducing(self) -> None: ...
-
-    def stopProducing(self) -> None:
-        self.stopped = True
-
-
 @pytest_twisted.ensureDeferred
 async def test_a_connection_lost_while_writing_is_a_transmission_failure(
     agent: NodeAgent, listen: Callable[[Any], int]
@@ -814,139 +626,6 @@ async def test_a_paused_body_stops_the_client_reading_until_resumed(
     assert len(collect.body) == Flood.TOTAL
 
 
-# ---- states -------------------------------------------------------------------------------------
-
-
-def connected() -> tuple[NodeClientProtocol, StringTransport, list[NodeClientProtocol]]:
-    released: list[NodeClientProtocol] = []
-    protocol = NodeClientProtocol(released.append, lambda p: None)
-    transport = StringTransport()
-    protocol.makeConnection(transport)
-    return protocol, transport, released
-
-
-def send(protocol: NodeClientProtocol, method: bytes = b"GET") -> Deferred[IResponse]:
-    request = ClientRequest(method, b"http://n/", Headers())
-    return protocol.request(b"%s / HTTP/1.1\r\nHost: n\r\n\r\n" % method, request, None, True)
-
-
-def state_of(protocol: NodeClientProtocol) -> ClientState:
-    return protocol.state  # read afresh (mypy would keep the narrowed value of the property)
-
-
-def test_states_walk_idle_awaiting_body_and_back_to_idle() -> None:
-    protocol, transport, released = connected()
-    assert state_of(protocol) is ClientState.IDLE
-    responses: list[IResponse] = []
-    send(protocol).addCallback(responses.append)
-    assert state_of(protocol) is ClientState.AWAITING_HEADERS
-    assert transport.value().startswith(b"GET / HTTP/1.1\r\n")
-    with pytest.raises(IllegalCall):
-        send(protocol)
-    protocol.dataReceived(CHUNKED_HEAD + b"1\r\na\r\n")
-    assert state_of(protocol) is ClientState.BODY
-    [response] = responses
-    assert verifyObject(IResponse, response)
-    protocol.dataReceived(b"0\r\n\r\n")
-    assert state_of(protocol) is ClientState.IDLE and released == [protocol]
-    protocol.connectionLost(Failure(ConnectionDone()))
-    assert state_of(protocol) is ClientState.CLOSED
-
-
-def test_bytes_on_an_idle_connection_close_it() -> None:
-    protocol, transport, _ = connected()
-    protocol.dataReceived(b"HTTP/1.1 200 OK\r\n")
-    assert transport.disconnecting
-
-
-def test_leftover_bytes_after_a_response_forbid_reuse() -> None:
-    protocol, transport, released = connected()
-    send(protocol)
-    protocol.dataReceived(length_reply(b"ok") + b"HTTP/1.1 200 OK\r\n")
-    assert released == [] and transport.disconnecting
-
-
-def test_the_response_arriving_before_the_body_is_written_forbids_reuse() -> None:
-    protocol, transport, released = connected()
-    producer = StuckProducer()
-    request = ClientRequest(b"POST", b"http://n/", Headers())
-    protocol.request(b"POST / HTTP/1.1\r\nContent-Length: 100\r\n\r\n", request, producer, True)
-    assert state_of(protocol) is ClientState.WRITING
-    protocol.dataReceived(length_reply(b"no"))
-    assert producer.stopped and released == [] and transport.disconnecting
-
-
-# ---- chunked decoding under any split -----------------------------------------------------------
-
-
-@st.composite
-def chunked_streams(draw: st.DrawFn) -> tuple[bytes, bytes, list[int]]:
-    payloads = draw(st.lists(st.binary(min_size=1, max_size=40), max_size=12))
-    pieces = []
-    for payload in payloads:
-        extension = draw(st.sampled_from([b"", b";name=value"]))
-        size = b"%x" % len(payload)
-        pieces.append(draw(st.sampled_from([size, size.upper()])) + extension + b"\r\n")
-        pieces.append(payload + b"\r\n")
-    trailer = draw(st.sampled_from([b"", b"X-Trailer: t\r\n"]))
-    stream = b"".join(pieces) + b"0\r\n" + trailer + b"\r\n"
-    cuts = draw(st.lists(st.integers(0, len(stream)), max_size=20))
-    return stream, b"".join(payloads), sorted(cuts)
-
-
-def _split(stream: bytes, cuts: list[int]) -> list[bytes]:
-    bounds = [0, *cuts, len(stream)]
-    return [stream[a:b] for a, b in itertools.pairwise(bounds)]
-
-
-@given(chunked_streams())
-@settings(max_examples=300, deadline=None)
-def test_any_split_of_a_chunked_stream_yields_the_same_body(
-    case: tuple[bytes, bytes, list[int]],
-) -> None:
-    """However the reads cut the framing, the body protocol sees exactly the payload bytes, then
-    ResponseDone, and the connection goes back idle."""
-    stream, payload, cuts = case
-    protocol, _, released = connected()
-    responses: list[IResponse] = []
-    send(protocol).addCallback(responses.append)
-    protocol.dataReceived(CHUNKED_HEAD)
-    [response] = responses
-    collect = Collect()
-    response.deliverBody(collect)
-    for piece in _split(stream, cuts):
-        protocol.dataReceived(piece)
-    assert collect.body == payload
-    assert collect.ended is not None and collect.ended.check(ResponseDone)
-    assert released == [protocol]
-
-
-@given(chunked_streams())
-@settings(max_examples=200, deadline=None)
-def test_decoder_returns_the_payload_and_what_follows_the_last_chunk(
-    case: tuple[bytes, bytes, list[int]],
-) -> None:
-    """The decoder alone: any split gives the payload, and the bytes after the end are handed
-    back (they make the connection unusable)."""
-    stream, payload, cuts = case
-    decoder = ChunkedDecoder()
-    got = []
-    after: bytes | None = None
-    for piece in _split(stream + b"NEXT", [*cuts, len(stream)]):
-        if after is not None:
-            break
-        data, after = decoder.feed(piece)
-        got.append(data)
-    assert b"".join(got) == payload
-    assert after is not None
-
-
-def test_a_chunk_size_that_is_not_hex_is_refused() -> None:
-    for bad in [b"-1\r\n", b"0x5\r\n", b"\r\n", b"1" * 17 + b"\r\n", b"5\r\nhelloX\r\n"]:
-        with pytest.raises(BadResponse):
-            ChunkedDecoder().feed(bad)
-
-
 # ---- quiet ------------------------------------------------------------------------------------
 
 
@@ -965,3 +644,148 @@ async def test_connections_log_nothing(reactor: Any, listen: Callable[[Any], int
     finally:
         globalLogPublisher.removeObserver(observer)
     assert [e for e in events if "factory" in json.dumps(str(e.get("log_format")))] == []
+
+
+# ---- the request head and the idle set, deterministically (issue 20) ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("scheme", "host", "port", "value"),
+    [
+        (b"http", b"h", 80, b"h"),
+        (b"https", b"h", 443, b"h"),
+        (b"http", b"h", 443, b"h:443"),
+        (b"https", b"h", 80, b"h:80"),
+        (b"http", b"h", 81, b"h:81"),
+        (b"https", b"h", 444, b"h:444"),
+        (b"http", b"::1", 8080, b"[::1]:8080"),
+        (b"https", b"fe80::1", 443, b"[fe80::1]"),
+        (b"http", b"h\xff", 81, b"h\xff:81"),
+    ],
+)
+def test_the_host_header_names_the_node_as_its_url_does(
+    scheme: bytes, host: bytes, port: int, value: bytes
+) -> None:
+    assert _host_value(scheme, host, port) == value
+
+
+def test_a_given_host_header_is_sent_alone_and_bad_heads_say_why() -> None:
+    uri = URI.fromBytes(b"http://n:81/p")
+    head, persistent = _head(b"GET", uri, Headers({b"host": [b"given"]}), None)
+    assert head == b"GET /p HTTP/1.1\r\nHost: given\r\n\r\n" and persistent
+    with pytest.raises(ValueError, match=r"^invalid request method$"):
+        _head(b"G T", uri, None, None)
+    with pytest.raises(ValueError, match=r"^invalid request target$"):
+        _head(b"GET", URI.fromBytes(b"http://n/a b"), None, None)
+
+
+def idle_agent() -> tuple[NodeAgent, Clock]:
+    clock = Clock()
+    return NodeAgent(clock, Loopback(clock), idle_seconds=4), clock
+
+
+def idle_one(made: NodeAgent, key: tuple[bytes, bytes, int]) -> StringTransport:
+    protocol = NodeClientProtocol(made._release, made._lost)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    made._keys[protocol] = key
+    made._release(protocol)  # what a complete response does
+    return transport
+
+
+KEY = (b"http", b"127.0.0.1", 1001)
+
+
+def test_an_expired_connection_leaves_the_idle_set_at_once() -> None:
+    made, clock = idle_agent()
+    transport = idle_one(made, KEY)
+    clock.advance(4)
+    assert transport.disconnecting and made.idle_count(KEY) == 0 and made._idle == {}
+    assert clock.getDelayedCalls() == []
+
+
+def test_close_cancels_the_idle_timers_and_fires_with_none() -> None:
+    made, clock = idle_agent()
+    transports = [idle_one(made, KEY), idle_one(made, KEY)]
+    closing = made.close()
+    assert clock.getDelayedCalls() == [] and made.idle_count() == 0
+    for protocol in list(made._keys):
+        protocol.connectionLost(Failure(ConnectionDone()))
+    results: list[object] = []
+    closing.addCallback(results.append)
+    assert results == [None] and all(t.disconnecting for t in transports)
+
+
+def test_a_lost_idle_connection_leaves_the_others_and_no_trace() -> None:
+    made, _ = idle_agent()
+    idle_one(made, KEY)
+    idle_one(made, KEY)
+    first, second = list(made._keys)
+    first.connectionLost(Failure(ConnectionDone()))
+    assert made.idle_count(KEY) == 1 and first not in made._keys
+    second.connectionLost(Failure(ConnectionDone()))
+    assert made._idle == {} and made._keys == {} and made._timers == {}
+
+
+def test_a_connection_the_agent_never_keyed_is_closed_on_release_and_forgotten_on_loss() -> None:
+    made, _ = idle_agent()
+    protocol = NodeClientProtocol(made._release, made._lost)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    made._release(protocol)
+    assert transport.disconnecting and made.idle_count() == 0
+    protocol.connectionLost(Failure(ConnectionDone()))  # no key: nothing to forget, no error
+    assert made._keys == {}
+
+
+def test_the_defaults_are_the_pool_policy() -> None:
+    made = NodeAgent(Clock(), NeverConnects())
+    assert (made.max_idle_per_host, made.idle_seconds) == (32, 4)
+
+
+def test_https_is_a_node_scheme_and_others_say_they_are_not() -> None:
+    made = NodeAgent(Clock(), NeverConnects())
+    connecting = made.request(b"GET", b"https://10.0.0.1:1/")
+    assert not connecting.called  # connecting, not refused
+    connecting.cancel()
+    connecting.addErrback(lambda _: None)
+    failure = failure_of(made.request(b"GET", b"ftp://10.0.0.1/"))
+    assert str(failure.value) == "only http and https node URLs"
+
+    unknown = ReplayBodyProducer(b"", lambda: None)
+    cast(Any, unknown).length = UNKNOWN_LENGTH
+    failure = failure_of(made.request(b"POST", b"http://n/", None, unknown))
+    assert str(failure.value) == "a request body of unknown length is not supported"
+
+
+@pytest.mark.parametrize(
+    ("method", "length"),
+    [(b"PUT", b"Content-Length: 0\r\n"), (b"POST", b"Content-Length: 0\r\n"), (b"GET", b"")],
+)
+def test_bodyless_puts_and_posts_say_so_and_the_host_is_the_url_s(
+    method: bytes, length: bytes
+) -> None:
+    head, _ = _head(method, URI.fromBytes(b"http://n/"), None, None)
+    assert head == method + b" / HTTP/1.1\r\nHost: n\r\n" + length + b"\r\n"
+
+
+def test_an_idle_connection_carries_the_next_request_whole() -> None:
+    """The request (its headers, its body) goes to the idle connection, and the response shows
+    the request's headers (a fresh ``Headers`` when none were given)."""
+    made, _ = idle_agent()
+    transport = idle_one(made, KEY)
+    [protocol] = made._keys
+    headers = Headers({b"x-asked": [b"1"]})
+    producer = ReplayBodyProducer(b"hey", lambda: None)
+    responses: list[IResponse] = []
+    made.request(b"POST", b"http://127.0.0.1:1001/", headers, producer).addCallback(
+        responses.append
+    )
+    assert transport.value().endswith(b"\r\n\r\nhey")
+    protocol.dataReceived(length_reply(b"ok"))
+    made.request(b"GET", b"http://127.0.0.1:1001/").addCallback(responses.append)
+    protocol.dataReceived(length_reply(b"ok"))
+    first, second = responses
+    assert first.request.headers is headers
+    assert isinstance(second.request.headers, Headers)
+    assert list(second.request.headers.getAllRawHeaders()) == []

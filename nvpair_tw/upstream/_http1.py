@@ -1,0 +1,286 @@
+# -*- test-case-name: tests.upstream.test_http1 -*-
+"""HTTP/1.x response reading without I/O (sans-IO, as h11): bytes in, values out.
+
+:class:`HeadParser` reads a response head from successive reads into a :class:`ResponseHead`
+(interim 1xx heads skipped), :class:`BodyReader` frames the body that follows it (``HEAD``, 204,
+304, ``Content-Length``, chunked, close-delimited) and :class:`ChunkedDecoder` decodes
+``Transfer-Encoding: chunked`` in bulk, every complete chunk of a read at once. Nothing here holds
+a transport, a protocol or a clock; a bad answer raises :class:`BadResponse`, whose text never
+holds the node's bytes. The node client (``_protocol``) and the WebSocket tunnel
+(``corridor._tunnel``) read their heads with these.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+
+from attrs import frozen
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH
+
+from nvpair_tw.core import IllegalCall, header_tokens
+
+__all__ = [
+    "MAX_HEADERS",
+    "MAX_LINE",
+    "TOKEN",
+    "BadResponse",
+    "BodyReader",
+    "ChunkedDecoder",
+    "HeadParser",
+    "ResponseHead",
+]
+
+MAX_LINE = 16384
+"""Longest status, header, chunk-size or trailer line accepted (Twisted's ``LineReceiver``)."""
+
+MAX_HEADERS = 500
+"""Most header (or trailer) lines accepted in one response head (Twisted's server limit)."""
+
+TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
+"""An HTTP token (a method, a header name), the whole of the bytes."""
+_VERSION = re.compile(rb"HTTP/([0-9])\.([0-9])\Z")
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+# A whole chunk-size line as engines send it (size, optional extensions, CRLF): the fast path.
+_SIZE_LINE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\r\n]*)?\r\n")
+
+
+class BadResponse(Exception):
+    """The node's answer is not HTTP/1.x as we can read it; the text never holds its bytes."""
+
+
+class _Chunk(Enum):
+    SIZE = "size"
+    DATA = "data"
+    DATA_END = "data-end"
+    TRAILER = "trailer"
+    DONE = "done"
+
+
+class ChunkedDecoder:
+    """Decodes ``Transfer-Encoding: chunked`` in bulk: :meth:`feed` returns every payload byte found
+    in the bytes it is given, joined, however many chunks (or parts of chunks) they hold."""
+
+    def __init__(self) -> None:
+        self._state = _Chunk.SIZE
+        self._remaining = 0
+        self._partial = b""
+        self._trailers = 0
+
+    @staticmethod
+    def _whole_chunks(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int:
+        """Append the payloads of the run of complete, regular, non-empty chunks at ``pos`` to
+        ``parts``; where the run ends."""
+        end = len(data)
+        match = _SIZE_LINE.match
+        while pos < end:
+            line = match(data, pos)
+            if line is None:
+                break
+            size = int(line.group(1), 16)
+            start = line.end()
+            stop = start + size
+            if not size or data[stop : stop + 2] != b"\r\n":
+                break
+            parts.append(data[start:stop])
+            pos = stop + 2
+        return pos
+
+    def feed(self, data: bytes) -> tuple[bytes, bytes | None]:
+        """The payload in ``data`` and, once the last chunk and the trailers are complete, the
+        bytes after them (``None`` while the body goes on). Raises :class:`BadResponse`.
+
+        Runs of whole, regular chunks (a token stream's usual read) go through
+        :meth:`_whole_chunks`, one regular-expression match each; anything else (a chunk cut by
+        the read, the last chunk and trailers, lenient or bad framing) line by line, after which
+        the next chunk boundary goes back to the fast path.
+        """
+        if self._state is _Chunk.DONE:
+            raise IllegalCall("feed after the last chunk")
+        if self._partial:
+            data, self._partial = self._partial + data, b""
+        view = memoryview(data)
+        parts: list[bytes | memoryview] = []
+        pos, end = 0, len(data)
+        while pos < end:
+            if self._state is _Chunk.SIZE:
+                pos = self._whole_chunks(data, pos, parts)
+                if pos >= end:
+                    break
+            if self._state is _Chunk.DATA:
+                take = min(self._remaining, end - pos)
+                parts.append(view[pos : pos + take])
+                pos += take
+                self._remaining -= take
+                if not self._remaining:
+                    self._state = _Chunk.DATA_END
+                continue
+            eol = data.find(b"\n", pos, pos + MAX_LINE + 1)
+            if eol < 0:
+                if end - pos > MAX_LINE:
+                    raise BadResponse("chunk line too long")
+                self._partial = data[pos:]
+                break
+            line = data[pos:eol]
+            pos = eol + 1
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if self._line(line):
+                return b"".join(parts), data[pos:]
+        return b"".join(parts), None
+
+    def _line(self, line: bytes) -> bool:
+        """One framing line; whether it ended the body."""
+        if self._state is _Chunk.SIZE:
+            size = line.split(b";", 1)[0].strip(b" \t")
+            if not size or len(size) > 16 or not _HEX.issuperset(size):
+                raise BadResponse("malformed chunk size")
+            self._remaining = int(size, 16)
+            self._state = _Chunk.DATA if self._remaining else _Chunk.TRAILER
+        elif self._state is _Chunk.DATA_END:
+            if line:
+                raise BadResponse("chunk data not followed by CRLF")
+            self._state = _Chunk.SIZE
+        elif line:  # a trailer: read past, bounded
+            self._trailers += 1
+            if self._trailers > MAX_HEADERS:
+                raise BadResponse("too many trailers")
+        else:
+            self._state = _Chunk.DONE
+            return True
+        return False
+
+
+class _Framing(Enum):
+    NONE = "none"
+    LENGTH = "length"
+    CHUNKED = "chunked"
+    CLOSE = "close"
+
+
+@frozen
+class ResponseHead:
+    """A complete response head (interim 1xx heads skipped) and the bytes that followed it."""
+
+    version: tuple[bytes, int, int]
+    code: int
+    phrase: bytes
+    headers: Headers
+    rest: bytes
+
+
+class HeadParser:
+    """Reads one response head from successive reads; raises :class:`BadResponse` on a bad one
+    (line or header count over the limits, a malformed status line or header)."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._status: tuple[tuple[bytes, int, int], int, bytes] | None = None
+        self._raw_headers: list[tuple[bytes, bytes]] = []
+
+    def feed(self, data: bytes) -> ResponseHead | None:
+        """The head once it is complete, else None (the bytes are kept for the next read)."""
+        buffer = self._buffer
+        buffer += data
+        start = 0
+        while True:
+            eol = buffer.find(b"\n", start, start + MAX_LINE + 1)
+            if eol < 0:
+                if len(buffer) - start > MAX_LINE:
+                    raise BadResponse("response head line too long")
+                del buffer[:start]
+                return None
+            line = bytes(buffer[start:eol]).removesuffix(b"\r")
+            start = eol + 1
+            if self._status is None:
+                self._status = _status_line(line)
+            elif line:
+                self._header_line(line)
+            elif 100 <= self._status[1] < 200 and self._status[1] != 101:
+                self._status, self._raw_headers = None, []  # interim: skip
+            else:
+                version, code, phrase = self._status
+                headers = Headers()
+                for name, value in self._raw_headers:
+                    headers.addRawHeader(name, value)
+                return ResponseHead(version, code, phrase, headers, bytes(buffer[start:]))
+
+    def _header_line(self, line: bytes) -> None:
+        if len(self._raw_headers) >= MAX_HEADERS:
+            raise BadResponse("too many response headers")
+        name, colon, value = line.partition(b":")
+        if not colon or not TOKEN.match(name):
+            raise BadResponse("malformed response header")
+        self._raw_headers.append((name, value.strip(b" \t")))
+
+
+class BodyReader:
+    """The framing of one response body: what :meth:`feed` returns is the payload of a read and,
+    once the body is complete, the bytes after it (None while it goes on).
+
+    :ivar framing: How the body is delimited (none, ``Content-Length``, chunked, the close).
+    :ivar length: ``IResponse.length``: an int, or ``UNKNOWN_LENGTH``.
+    :ivar reusable: Whether the framing and the head allow the connection to be reused.
+    """
+
+    def __init__(self, method: bytes, head: ResponseHead) -> None:
+        """Raises :class:`BadResponse` on a malformed ``Content-Length``."""
+        headers = head.headers
+        self._chunks: ChunkedDecoder | None = None
+        self._remaining = 0
+        self.length: int | object = UNKNOWN_LENGTH
+        if method == b"HEAD" or head.code in (204, 304):
+            self.framing, self.length = _Framing.NONE, 0
+        elif headers.hasHeader(b"transfer-encoding"):
+            if header_tokens(headers, b"transfer-encoding")[-1:] == [b"chunked"]:
+                self.framing = _Framing.CHUNKED
+                self._chunks = ChunkedDecoder()
+            else:
+                self.framing = _Framing.CLOSE
+        elif headers.hasHeader(b"content-length"):
+            lengths = set(header_tokens(headers, b"content-length"))
+            if len(lengths) != 1 or not next(iter(lengths)).isdigit():
+                raise BadResponse("malformed Content-Length")
+            self._remaining = self.length = int(next(iter(lengths)))
+            self.framing = _Framing.LENGTH if self.length else _Framing.NONE
+        else:
+            self.framing = _Framing.CLOSE
+        self.reusable = not (
+            head.version[1:] != (1, 1)
+            or self.framing is _Framing.CLOSE
+            or b"close" in header_tokens(headers, b"connection")
+        )
+
+    @property
+    def empty(self) -> bool:
+        """No body at all (HEAD, 204, 304, ``Content-Length: 0``)."""
+        return self.framing is _Framing.NONE
+
+    @property
+    def close_delimited(self) -> bool:
+        """The body ends when the connection does."""
+        return self.framing is _Framing.CLOSE
+
+    def feed(self, data: bytes) -> tuple[bytes, bytes | None]:
+        """Raises :class:`BadResponse` on bad chunk framing."""
+        if self._chunks is not None:
+            return self._chunks.feed(data)
+        if self.framing is _Framing.LENGTH:
+            take = data[: self._remaining]
+            self._remaining -= len(take)
+            return take, (data[len(take) :] if not self._remaining else None)
+        return data, None
+
+
+def _status_line(line: bytes) -> tuple[tuple[bytes, int, int], int, bytes]:
+    parts = line.split(b" ", 2)
+    if len(parts) < 2:
+        raise BadResponse("malformed status line")
+    version = _VERSION.match(parts[0])
+    if version is None or version.group(1) != b"1":
+        raise BadResponse("not an HTTP/1.x status line")
+    if len(parts[1]) != 3 or not parts[1].isdigit():
+        raise BadResponse("malformed status code")
+    phrase = parts[2] if len(parts) == 3 else b""
+    return (b"HTTP", 1, int(version.group(2))), int(parts[1]), phrase
