@@ -14,18 +14,12 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from nvpair_tw.core import TARGET_HEADER, RouteKind, abort, write_error
+from nvpair_tw.core import RouteKind, abort, write_error
 from nvpair_tw.corridor._aggregate import aggregate_model_list
 from nvpair_tw.corridor._exchange import forward, model_of, target_of
-from nvpair_tw.corridor._fanout import (
-    FanOutRequest,
-    fan_out,
-    is_fan_out,
-    owners_of,
-    parse_targets,
-    refuse_fan_out,
-)
+from nvpair_tw.corridor._fanout import FanOutRequest, fan_out
 from nvpair_tw.corridor._state import FacadeState, Shared
+from nvpair_tw.corridor._targets import choose
 from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, is_upgrade, open_tunnel
 from nvpair_tw.corridor._workloads import RequestRecord
 from nvpair_tw.inbound import Rejection, allow_origin
@@ -62,56 +56,16 @@ class FacadeResource(Resource):
         path = (target or request.uri).partition(b"?")[0].decode("latin-1")
         method = request.method.decode("latin-1")
         record = RequestRecord.begin(shared.clock, request_id, facade.engine, method, path)
-        origin = shared.cors.origin(request) if shared.cors is not None else None
-        if origin is not None and shared.cors is not None:
-            allow_origin(request, origin)
-            if shared.cors.is_preflight(request):  # answered here, before the key check (§13.4)
-                shared.cors.answer_preflight(request, origin)
-                record.publish(shared.bus, status=204, node_id=None, error=None)
-                return NOT_DONE_YET
-        rejection = self._rejection(request, target)
-        if rejection is not None:
-            write_error(
-                request, rejection.status, rejection.message, rejection.code, rejection.headers
-            )
-            record.publish(shared.bus, status=rejection.status, node_id=None, error=rejection.code)
+        if self._preflight(request, record):
             return NOT_DONE_YET
-        wanted = request.requestHeaders.getRawHeaders(TARGET_HEADER)
-        request.requestHeaders.removeHeader(TARGET_HEADER)
-        chosen: Node | None = None
-        fan = facade.profile.fan_out_route(request.method, path)
-        if wanted is not None and len(wanted) == 1 and is_fan_out(wanted[0].decode("latin-1")):
-            if fan is None:
-                refuse_fan_out(request, record, facade)
-                return NOT_DONE_YET
-            nodes, unknown = parse_targets(
-                wanted[0].decode("latin-1"), list(facade.directory.nodes())
-            )
-            if unknown or not nodes:
-                message = f"unknown node: {', '.join(unknown)}" if unknown else "unknown node"
-                write_error(request, 404, message[:300], "unknown-node")
-                record.publish(shared.bus, status=404, node_id=None, error="unknown-node")
-                return NOT_DONE_YET
-            return self._fan_out(request, record, FanOutRequest(fan, nodes, target or b"", b""))
-        if wanted is not None:
-            chosen = facade.directory.get(wanted[0].decode("latin-1").strip())
-            if chosen is None or len(wanted) > 1:
-                write_error(request, 404, "unknown node", "unknown-node")
-                record.publish(shared.bus, status=404, node_id=None, error="unknown-node")
-                return NOT_DONE_YET
-        elif fan is not None and fan.owners:
-            assert request.content is not None
-            body = request.content.read()
-            request.content.seek(0)
-            model, owners = owners_of(facade, body)
-            if model is not None and not owners:
-                write_error(request, 404, f"model '{model}' not found", "model-not-found")
-                record.publish(shared.bus, status=404, node_id=None, error="model-not-found")
-                return NOT_DONE_YET
-            if model is not None:
-                return self._fan_out(
-                    request, record, FanOutRequest(fan, owners, target or b"", body)
-                )
+        rejection = self._rejection(request, target)
+        chosen = choose(facade, request, path, target or b"") if rejection is None else rejection
+        if isinstance(chosen, Rejection):
+            write_error(request, chosen.status, chosen.message, chosen.code, chosen.headers)
+            record.publish(shared.bus, status=chosen.status, node_id=None, error=chosen.code)
+            return NOT_DONE_YET
+        if isinstance(chosen, FanOutRequest):
+            return self._fan_out(request, record, chosen)
         kind = facade.profile.classify(request.method, path)
         if facade.engine in TUNNEL_ENGINES and is_upgrade(request):
             work = Deferred.fromCoroutine(self._tunnel(request, record, chosen))
@@ -121,6 +75,20 @@ class FacadeResource(Resource):
             work = Deferred.fromCoroutine(forward(facade, request, kind, record, chosen))
         work.addErrback(self._crashed, request, record)
         return NOT_DONE_YET
+
+    def _preflight(self, request: Request, record: RequestRecord) -> bool:
+        """CORS (§13.4): grant an allowed origin; answer its preflight here, before the key check."""
+        shared = self._facade.shared
+        cors = shared.cors
+        origin = cors.origin(request) if cors is not None else None
+        if cors is None or origin is None:
+            return False
+        allow_origin(request, origin)
+        if not cors.is_preflight(request):
+            return False
+        cors.answer_preflight(request, origin)
+        record.publish(shared.bus, status=204, node_id=None, error=None)
+        return True
 
     def _fan_out(self, request: Request, record: RequestRecord, fan: FanOutRequest) -> int:
         """Run a model-management call on several nodes at once (docs/behaviour.md §13.2)."""

@@ -38,7 +38,7 @@ from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from nvpair_tw.core import FanOutRoute, abort, upstream_request_headers, write_error
+from nvpair_tw.core import FanOutRoute, abort, upstream_request_headers
 from nvpair_tw.corridor._attempts import classify_failure, node_headers
 from nvpair_tw.corridor._relay import CLIENT_STOPPED_READING, DROPPED_MID_STREAM, StallGuard
 from nvpair_tw.corridor._state import FacadeState
@@ -55,7 +55,6 @@ __all__ = [
     "is_fan_out",
     "owners_of",
     "parse_targets",
-    "refuse_fan_out",
 ]
 
 log = LevelledLogger(namespace="nvpair_tw.fanout")
@@ -426,45 +425,10 @@ async def _stream(run: _Run) -> None:
     if registered:
         request.registerProducer(guard, True)
 
-    async def part(part: _Part) -> None:
-        response = await run.send(part)
-        if response is None:
-            if run.gone is None:
-                emit(_error_line(part))
-            return
-        if not 200 <= response.code < 300:
-            await run.read_error(part, response)
-            if run.gone is None:
-                emit(_error_line(part))
-            return
-        part.status = response.code
-        lines = _Lines(part.node.id, emit, merge.paused)
-        merge.bodies.append(lines)
-        part.cancel = lines.stop
-        response.deliverBody(lines)
-        await lines.done
-        merge.bodies.remove(lines)
-        reason = lines.reason
-        assert reason is not None
-        if reason.check(ResponseDone, PotentialDataLoss) and not lines.too_long:
-            lines.finish()
-            if lines.error is not None:
-                result = lines.error
-            elif lines.succeeded:
-                result = _SUCCESS
-            else:
-                result = "the node's progress ended without success"
-            run.end(part, AttemptOutcome.COMMITTED.value, result)
-        elif lines.too_long:
-            run.end(part, AttemptOutcome.DROPPED.value, "a progress line was too long")
-            emit(_error_line(part))
-        else:
-            run.end(part, AttemptOutcome.DROPPED.value, DROPPED_MID_STREAM)
-            emit(_error_line(part))
-
     try:
         await gatherResults(
-            [Deferred.fromCoroutine(part(p)) for p in run.parts], consumeErrors=True
+            [Deferred.fromCoroutine(_stream_part(run, p, merge, emit)) for p in run.parts],
+            consumeErrors=True,
         )
     finally:
         guard.cancel()
@@ -479,6 +443,44 @@ async def _stream(run: _Run) -> None:
     request.write(json.dumps(final, separators=(",", ":")).encode() + b"\n")
     request.finish()
     record.publish(shared.bus, status=200, node_id=None, error=None if complete else "partial")
+
+
+async def _stream_part(
+    run: _Run, part: _Part, merge: _Merge, emit: Callable[[bytes], None]
+) -> None:
+    """One node's part of a streamed fan-out: its progress lines to ``emit``, then its result."""
+    response = await run.send(part)
+    if response is None:
+        if run.gone is None:
+            emit(_error_line(part))
+        return
+    if not 200 <= response.code < 300:
+        await run.read_error(part, response)
+        if run.gone is None:
+            emit(_error_line(part))
+        return
+    part.status = response.code
+    lines = _Lines(part.node.id, emit, merge.paused)
+    merge.bodies.append(lines)
+    part.cancel = lines.stop
+    response.deliverBody(lines)
+    await lines.done
+    merge.bodies.remove(lines)
+    reason = lines.reason
+    assert reason is not None
+    if reason.check(ResponseDone, PotentialDataLoss) and not lines.too_long:
+        lines.finish()
+        if lines.error is not None:
+            result = lines.error
+        elif lines.succeeded:
+            result = _SUCCESS
+        else:
+            result = "the node's progress ended without success"
+        run.end(part, AttemptOutcome.COMMITTED.value, result)
+        return
+    why = "a progress line was too long" if lines.too_long else DROPPED_MID_STREAM
+    run.end(part, AttemptOutcome.DROPPED.value, why)
+    emit(_error_line(part))
 
 
 def _error_line(part: _Part) -> bytes:
@@ -535,13 +537,3 @@ async def _summary(run: _Run) -> None:
     request.write(body)
     request.finish()
     record.publish(shared.bus, status=status, node_id=None, error=error)
-
-
-def refuse_fan_out(request: Request, record: RequestRecord, facade: FacadeState) -> None:
-    """``*`` or a list on a route that cannot be run on several nodes: 400."""
-    message = (
-        "X-NVPair-Node: * or a list of ids is only for /api/pull, /api/create, /api/copy"
-        " and /api/delete"
-    )
-    write_error(request, 400, message, "fan-out-not-supported")
-    record.publish(facade.shared.bus, status=400, node_id=None, error="fan-out-not-supported")

@@ -34,6 +34,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from attrs import frozen
 from twisted.internet.defer import Deferred
 
 from nvpair_tw.core import IProxyReactor
@@ -88,6 +89,9 @@ class FleetStore:
         self._affinity = SharedAffinity(*parts, seal=sealer(config.secret))
         self._reservations = SharedReservations(*parts)
         self._progress = SharedProgress(*parts)
+        self._sharing = _Kinds(
+            self._cooldowns, self._cordons, self._affinity, self._reservations, self._progress
+        )
 
     # --- what the runtime wires -----------------------------------------------------------------
 
@@ -155,24 +159,10 @@ class FleetStore:
             return
         for message in messages:
             try:
-                if self._apply(message):
+                if _apply(self._sharing, message):
                     self.applied += 1
             except Exception as error:  # a peer's bad message costs only itself
                 log.debug("fleet store: ignored a message ({error})", error=type(error).__name__)
-
-    def _apply(self, message: Mapping[str, Any]) -> bool:
-        kind, engine, node = message.get("t"), message.get("e"), message.get("n")
-        if kind == "res":
-            return self._reservations.apply(message)
-        if not isinstance(engine, str) or not isinstance(node, str):
-            return False
-        if kind in ("cool", "clear"):
-            return self._cooldowns.apply(kind, engine, node, message)
-        if kind in ("cordon", "uncordon"):
-            return self._cordons.apply(kind, engine, node, message)
-        if kind == "aff":
-            return self._affinity.apply(engine, node, message)
-        return kind == "prog" and self._progress.apply(engine, node)
 
     async def resync(self, cmd: Any) -> None:
         """Read every shared key into local state (this proxy's own is written once up)."""
@@ -239,3 +229,30 @@ class FleetStore:
             "since": None if self.since is None else int(self.since * 1000),
             "dropped_writes": self.dropped,
         }
+
+
+@frozen
+class _Kinds:
+    """Every kind of state a fleet shares, as the store dispatches peers' messages to them."""
+
+    cooldowns: SharedCooldowns
+    cordons: SharedCordons
+    affinity: SharedAffinity
+    reservations: SharedReservations
+    progress: SharedProgress
+
+
+def _apply(kinds: _Kinds, message: Mapping[str, Any]) -> bool:
+    """Apply one peer's message to the kind of state it changes; whether it was applied."""
+    kind, engine, node = message.get("t"), message.get("e"), message.get("n")
+    if kind == "res":
+        return kinds.reservations.apply(message)
+    if not isinstance(engine, str) or not isinstance(node, str):
+        return False
+    if kind in ("cool", "clear"):
+        return kinds.cooldowns.apply(kind, engine, node, message)
+    if kind in ("cordon", "uncordon"):
+        return kinds.cordons.apply(kind, engine, node, message)
+    if kind == "aff":
+        return kinds.affinity.apply(engine, node, message)
+    return kind == "prog" and kinds.progress.apply(engine, node)

@@ -148,17 +148,7 @@ class SimulatedEngine(Resource):
             self._open.append(request)
             request.notifyFinish().addBoth(self._closed, request)
             return NOT_DONE_YET
-        if self.api_key is not None and request.requestHeaders.getRawHeaders(b"authorization") != [
-            f"Bearer {self.api_key}".encode()
-        ]:
-            request.setResponseCode(401)
-            return self._json(request, {"error": "unauthorized"})
-        control = control_answer(path, body, self.models, self.loaded)
-        if request.method == b"POST" and control is not None:
-            status, document, self.loaded = control
-            request.setResponseCode(status)
-            return self._json(request, document)
-        answer = route_answer(request.method, path, body, self.models, self.loaded)
+        answer = _answered_at_once(self, request, body)
         if answer is not None:
             status, document = answer
             request.setResponseCode(status)
@@ -282,6 +272,25 @@ def _halves(frame: bytes) -> list[bytes]:
         return [frame]
     middle = len(frame) // 2
     return [frame[:middle], frame[middle:]]
+
+
+def _answered_at_once(
+    engine: SimulatedEngine, request: Request, body: bytes
+) -> tuple[int, Any] | None:
+    """What ``engine`` answers without its policy: 401 for a wrong key, a load or unload (which
+    changes what it has loaded), the model lists and the other control routes; None for
+    inference."""
+    if engine.api_key is not None and request.requestHeaders.getRawHeaders(b"authorization") != [
+        f"Bearer {engine.api_key}".encode()
+    ]:
+        return 401, {"error": "unauthorized"}
+    path = request.path
+    if request.method == b"POST":
+        control = control_answer(path, body, engine.models, engine.loaded)
+        if control is not None:
+            status, document, engine.loaded = control
+            return status, document
+    return route_answer(request.method, path, body, engine.models, engine.loaded)
 
 
 def _hang_up(request: Request) -> None:
