@@ -72,6 +72,14 @@ def forwarded(name: str) -> bool:
     return name.startswith(("workload:", "node/")) or name == "proxy/request"
 
 
+def _failed_later(
+    failure: Failure, method: str, request_id: object, notification: bool
+) -> Result | None:
+    """A method that answers later failed: -32603 like a method that fails at once, logged."""
+    log.failure("control {method} failed", failure, method=short(method))
+    return None if notification else rpc_error(request_id, INTERNAL_ERROR, "internal error")
+
+
 class ControlMethods:
     """The method table of docs/behaviour.md §8 over one runtime; :meth:`handle_line` is the whole protocol logic.
 
@@ -94,12 +102,13 @@ class ControlMethods:
         try:
             result = self.call(method, request.params)
             if isinstance(result, Deferred):
-                return result.addCallback(
+                return result.addCallbacks(
                     lambda later: (
                         None
                         if notification
                         else {"jsonrpc": "2.0", "id": request.id, "result": later}
-                    )
+                    ),
+                    lambda failure: _failed_later(failure, method, request.id, notification),
                 )
         except RpcError as error:
             log.info(

@@ -59,9 +59,8 @@ class CordonBook:
     def cordon(self, node_id: str, reason: str, origin: str = "control") -> Cordon:
         """Cordon ``node_id`` (a second cordon keeps the first one's time, takes the new reason)."""
         previous = self._cordons.get(node_id)
-        since = previous.since if previous is not None else self._clock.seconds()
-        since = self._clock.seconds() if since is None else since
-        cordon = Cordon(node_id, reason, since, origin)
+        since = previous.since if previous is not None else None
+        cordon = Cordon(node_id, reason, self._clock.seconds() if since is None else since, origin)
         self._cordons[node_id] = cordon
         if cordon != previous:
             for listener in list(self._listeners):

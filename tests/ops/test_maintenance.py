@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any, cast
 
+import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
@@ -346,3 +347,24 @@ def test_an_engine_without_a_load_api_is_invalid_params(
     )
     code, message = _error(_ask(cluster, "model/load", {"model": "llama3:latest"}))
     assert code == -32602 and "omlx" in message
+
+
+def test_a_method_that_fails_later_answers_internal_error(
+    memory_cluster: Callable[..., MemoryCluster], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A method answering later whose work fails gets -32603 under its id, like one that fails
+    at once; nothing is left unanswered or unhandled."""
+    from nvpair_tw.ops import _steering
+
+    cluster = _two(memory_cluster)
+    broken: Deferred[Any] = Deferred()
+    monkeypatch.setitem(_steering.SCOPED, "node/drain", lambda facade, params: broken)
+    pending = _ask(cluster, "node/drain", {"id": "a"})
+    assert isinstance(pending, Deferred) and not pending.called
+    broken.errback(RuntimeError("a bug"))
+    assert pending.called
+    assert pending.result == {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "error": {"code": -32603, "message": "internal error"},
+    }
