@@ -184,6 +184,16 @@ def loaded(node: RealOllama) -> set[str]:
     return {m["model"] for m in listed}
 
 
+def settles(nodes: list[RealOllama], expected: list[set[str]], timeout: float = 30) -> None:
+    """Until each node's own ``/api/ps`` shows ``expected`` (bounded). Ollama answers an unload
+    when it has expired the model's runner, and lists the model until the runner has stopped."""
+    deadline = time.monotonic() + timeout
+    while (seen := [loaded(node) for node in nodes]) != expected:
+        if time.monotonic() > deadline:
+            pytest.fail(f"/api/ps showed {seen}, not {expected}, within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
 def test_model_load_and_unload_on_both_real_nodes(
     cluster: tuple[list[RealOllama], ProxyProcess],
 ) -> None:
@@ -193,16 +203,16 @@ def test_model_load_and_unload_on_both_real_nodes(
     nodes, proxy = cluster
     for node in nodes:
         httpx.post(f"{node.url}/api/generate", json={"model": MODEL, "keep_alive": 0}, timeout=60)
-        assert loaded(node) == set()
+    settles(nodes, [set(), set()])
     answer = proxy.call("model/load", {"model": MODEL, "keep_alive": "10m"}, timeout=120)
     assert answer == {
         "model": MODEL,
         "nodes": {"a": {"status": "loaded"}, "b": {"status": "loaded"}},
     }
-    assert [loaded(node) for node in nodes] == [{f"{MODEL}:latest"}] * 2
+    assert [loaded(node) for node in nodes] == [{f"{MODEL}:latest"}] * 2  # loaded when answered
     answer = proxy.call("model/unload", {"model": MODEL, "nodes": ["b"]}, timeout=120)
     assert answer["nodes"] == {"b": {"status": "unloaded"}}
-    assert [loaded(node) for node in nodes] == [{f"{MODEL}:latest"}, set()]
+    settles(nodes, [{f"{MODEL}:latest"}, set()])
     answer = proxy.call("model/unload", {"model": MODEL}, timeout=120)
-    assert set(answer["nodes"]) == {"a", "b"}
-    assert [loaded(node) for node in nodes] == [set(), set()]
+    assert answer["nodes"] == {"a": {"status": "unloaded"}, "b": {"status": "unloaded"}}
+    settles(nodes, [set(), set()])
