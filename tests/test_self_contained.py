@@ -1,7 +1,7 @@
 """The repository stands on its own (issue 21): no tracked file reads a path beside it.
 
 A fresh clone with nothing next to it must run its whole suite, so no file may name the parent
-directory (``../shared``, ``REPO.parent``, ``"$repo/.."``, ...). This is the static half; the
+directory (a sibling checkout, ``REPO.parent``, ``"$repo/.."``, ...). This is the static half; the
 dynamic half is the audit hook in tests/conftest.py, which fails the session if the tests open a
 file under the repository's parent directory but outside the repository.
 """
@@ -57,7 +57,7 @@ def escapes_in(text: str) -> list[tuple[int, str, str]]:
 
 def test_the_patterns_catch_what_they_should() -> None:
     bad = [
-        "bash ../" + "shared/engines/real-ollama.sh up",
+        "bash .." + "/shared/" + "engines/real-ollama.sh up",
         "Path(os.environ.get('X', REPO" + ".parent / 'x'))",
         'NVPAIR_DIR="$repo/' + '../.ollama-e2e"',
         "deps = -r {toxinidir}/" + "../requirements.txt",
@@ -87,10 +87,11 @@ def test_the_audit_hook_records_reads_beside_the_repository_only() -> None:
     recorder = OutsideReads("/w/repo", ["/w/venv", "/tmp", "/w", "/"], home="/root")
     for path in ("/w/repo/setup.cfg", "/w/venv/lib/x.py", "/tmp/x", "/etc/hosts", 3):
         recorder.check(path)
-    recorder.check("/w/shared/engines/real-ollama.sh")
+    beside = "/w/sibling/engines/run.sh"  # a file in a checkout next to the repository
+    recorder.check(beside)
     recorder.check(b"/w/repo/../.ollama-e2e/run/.ready", "rb")
     assert recorder.seen == {
-        "/w/shared/engines/real-ollama.sh": "r",
+        beside: "r",
         "/w/.ollama-e2e/run/.ready": "rb",
     }
 
