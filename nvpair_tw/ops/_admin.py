@@ -25,6 +25,7 @@ from zope.interface import implementer
 from nvpair_tw.core import IProxyReactor
 from nvpair_tw.events import PROXY_REQUEST, Event, EventBus, Subscription
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.ops._maintenance import in_flight
 from nvpair_tw.ops._metrics import ProxyMetrics
 from nvpair_tw.runtime import ListenerService, Runtime
 
@@ -135,10 +136,7 @@ class StatusBoard:
                         "inventoryKnown": facade.inventory.known(node.id),
                         "inventoryAt": _ms(facade.inventory.last_success(node.id)),
                         "lastSuccess": self.last_success.get((engine, node.id)),
-                        "inFlight": sum(
-                            1 for w in live if w.engine == engine and w.scheduled_on == node.id
-                        )
-                        + runtime.shared.tunnels.count(engine, node.id),
+                        "inFlight": in_flight(facade, node.id),
                         "tunnels": runtime.shared.tunnels.count(engine, node.id),
                         "reservations": runtime.shared.ledger.reservations(node.id),
                         "slots": facade.admission.slots(node.id),

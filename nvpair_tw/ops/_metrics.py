@@ -62,11 +62,6 @@ def _remaining(facade: FacadeState, node_id: str, now: float) -> float:
     return 0.0 if cooldown is None else max(0.0, cooldown.until - now)
 
 
-def _cordoned(facade: FacadeState, node_id: str, now: float) -> float:
-    node = facade.directory.get(node_id)
-    return 1 if node is not None and facade.cordons.cordoned(node) else 0
-
-
 _NODE_GAUGES: tuple[tuple[str, str, NodeValue], ...] = (
     (
         "nvpair_inventory_known",
@@ -91,7 +86,7 @@ _NODE_GAUGES: tuple[tuple[str, str, NodeValue], ...] = (
     (
         "nvpair_node_cordoned",
         "1 while the node is cordoned: it takes no new work (docs/behaviour.md 13.1).",
-        _cordoned,
+        lambda f, n, now: 1 if f.cordons.blocks(f.directory.get(n)) else 0,
     ),
     (
         "nvpair_cooldown_remaining_seconds",

@@ -268,7 +268,7 @@ def _facade(
         slot_limit(directory.get, settings.default_slots),
         settings.queue_size,
         settings.queue_timeout,
-        accepts=lambda node_id: not _is_cordoned(directory, cordons, node_id),
+        accepts=lambda node_id: not cordons.blocks(directory.get(node_id)),
     )
     directory.subscribe(admission.wake)  # raised slots or a new node: bind who waits
     cordons.subscribe(lambda _node, cordon: None if cordon else admission.wake())
@@ -290,11 +290,6 @@ def _facade(
         _share_progress(facade, fleet, engine)
         fleet.bind_cordons(engine, cordons)
     return facade
-
-
-def _is_cordoned(directory: NodeDirectory, cordons: CordonBook, node_id: str) -> bool:
-    node = directory.get(node_id)
-    return node is not None and cordons.cordoned(node)
 
 
 def _cordon_announcer(bus: EventBus, engine: str) -> CordonListener:

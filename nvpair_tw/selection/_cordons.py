@@ -89,6 +89,10 @@ class CordonBook:
         """Whether ``node`` takes no new work."""
         return node.cordon or node.id in self._cordons
 
+    def blocks(self, node: Node | None) -> bool:
+        """Whether a node looked up by id (``None``: gone) is cordoned."""
+        return node is not None and self.cordoned(node)
+
     def ids(self) -> frozenset[str]:
         """Ids cordoned here (the control channel's and the fleet's; not the nodes file's)."""
         return frozenset(self._cordons)
