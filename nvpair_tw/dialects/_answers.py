@@ -1,0 +1,569 @@
+# -*- test-case-name: tests.dialects.test_answers -*-
+"""OpenAI-compatible answers as the client's dialect: one transducer per kind of answer.
+
+- :class:`OllamaStream`: a chat (or completions) SSE stream as Ollama's ``/api/chat`` or
+  ``/api/generate`` NDJSON chunks, or, for ``"stream": false``, as the one whole Ollama object
+  at :meth:`~OllamaStream.end`. Each content delta becomes a chunk ``{"model", "created_at",
+  "message": {"role": "assistant", "content"}, "done": false}`` (generate: ``"response"``
+  instead of ``"message"``); ``reasoning_content`` (or ``reasoning``) becomes ``thinking``; tool
+  calls are gathered by ``index`` and emitted whole, their ``arguments`` parsed from the JSON
+  string to a value (kept as the string when it is not JSON), in one chunk when the
+  ``finish_reason`` (or ``[DONE]``) arrives; at ``data: [DONE]`` the final object: ``done_reason``
+  (``"length"`` for ``length``, else ``"stop"``, ``tool_calls`` included), ``done: true``,
+  ``total_duration`` (answer creation to ``[DONE]``), ``prompt_eval_count`` and ``eval_count``
+  (from ``usage``; absent when the node sent none), ``prompt_eval_duration`` (creation to the first
+  content) and ``eval_duration`` (first to last content), in nanoseconds of the injected clock;
+  ``load_duration`` is unknown and absent. ``created_at`` is the clock (seconds since the epoch)
+  in RFC 3339 UTC with nanoseconds. An error event ``data: {"error": …}`` becomes
+  ``{"error": "<message>"}`` and ends the answer (a whole answer then has :attr:`status` 500). A
+  node that answered a whole ``chat.completion`` JSON document although asked to stream is
+  translated the same way at the end.
+- :class:`EmbedAnswer`: ``/v1/embeddings`` as ``/api/embed`` (``{"model", "embeddings",
+  "total_duration", "prompt_eval_count"}``) or ``/api/embeddings`` (``{"embedding"}``).
+- :class:`V0Whole` and :class:`V0Stream`: LM Studio's ``/api/v0`` answers from the ``/v1`` twin.
+  A whole answer gets the ``stats`` object of LM Studio's REST API v0
+  (https://lmstudio.ai/docs/developer/rest/endpoints): ``tokens_per_second`` (completion tokens
+  over ``generation_time``), ``time_to_first_token`` (seconds from the answer's creation to its
+  first byte: for a whole upstream answer that is when the node had finished, not its first
+  token), ``generation_time`` (seconds from the first byte to the end) and ``stop_reason``
+  (``stop`` → ``eosFound``, ``length`` → ``maxPredictedTokensReached``, ``tool_calls`` →
+  ``toolCalls``, others as the node said); ``model_info`` and ``runtime`` are unknown and absent.
+  A stream passes through unchanged but for its ``model`` members (no ``stats``: LM Studio's own
+  v0 streams carry none).
+- :class:`ErrorAnswer`: a non-2xx answer; ``{"error": {"message": m}}`` becomes ``{"error": m}``
+  for an Ollama client; anything else (and every error for an LM Studio client) passes unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from nvpair_tw.dialects._common import (
+    JSON_TYPE,
+    NDJSON_TYPE,
+    AnswerTooLarge,
+    MalformedAnswer,
+    SseEvents,
+    Stamp,
+    StreamCut,
+    dump,
+    media_type,
+)
+from nvpair_tw.dialects._rename import Identity, Renamer
+
+__all__ = ["EmbedAnswer", "ErrorAnswer", "OllamaStream", "V0Stream", "V0Whole", "error_message"]
+
+_STRING = rb'"(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"'
+_SIMPLE = rb'"[a-z_]+":(?:"[^"\\]*"|-?[0-9]+|null)'
+# A chunk holding nothing but one content delta of choice 0, as llama.cpp, Ollama, vLLM and LM
+# Studio send them: its content string literal is copied into the NDJSON chunk as it is.
+_FAST = re.compile(
+    rb"\{(?:" + _SIMPLE + rb",)*"
+    rb'"choices":\[\{"index":0,"delta":\{(?:"role":"assistant",)?"content":(' + _STRING + rb")\}"
+    rb'(?:,"logprobs":null)?,"finish_reason":null\}\](?:,' + _SIMPLE + rb")*\}"
+)
+_NS = 1e9
+
+
+def error_message(error: Any) -> str:
+    """The message of an OpenAI ``error`` value (an object with ``message``, or a string)."""
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        return str(error["message"])
+    if isinstance(error, str):
+        return error
+    return dump(error).decode("utf-8")
+
+
+def _number(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _parse(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as error:
+        raise MalformedAnswer(f"{what} is not JSON") from error
+    if not isinstance(value, dict):
+        raise MalformedAnswer(f"{what} is not a JSON object")
+    return value
+
+
+class _Buffer:
+    """A whole answer gathered, capped at ``limit`` bytes."""
+
+    __slots__ = ("_limit", "_parts", "_size")
+
+    def __init__(self, limit: int) -> None:
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._limit = limit
+
+    def add(self, data: bytes) -> None:
+        self._size += len(data)
+        if self._size > self._limit:
+            raise AnswerTooLarge(f"the answer passed {self._limit} bytes")
+        self._parts.append(data)
+
+    def bytes(self) -> bytes:
+        return b"".join(self._parts)
+
+
+class OllamaStream:
+    """An OpenAI SSE stream (``/v1/chat/completions`` or ``/v1/completions``) as Ollama's chat
+    or generate answer; see the module docstring for every field.
+
+    :ivar content_type: ``application/x-ndjson`` for a stream, JSON for a whole answer.
+    :ivar status: the whole answer's status (500 after an error event), else 200.
+    """
+
+    def __init__(
+        self,
+        client_model: str,
+        clock: Callable[[], float],
+        *,
+        generate: bool,
+        completions: bool,
+        whole: bool,
+        upstream_json: bool = False,
+        limit: int = 8 << 20,
+    ) -> None:
+        self.content_type = JSON_TYPE if whole else NDJSON_TYPE
+        self.status = 200
+        self._model = client_model
+        self._clock = clock
+        self._stamp = Stamp(clock)
+        self._start = clock()
+        self._generate = generate
+        self._completions = completions
+        self._whole = whole
+        self._limit = limit
+        self._events = SseEvents(limit)
+        self._json = _Buffer(limit) if upstream_json else None
+        self._first: float | None = None
+        self._last = 0.0
+        self._texts: dict[str, list[str]] = {}
+        self._held = 0
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._emitted_calls: list[dict[str, Any]] = []
+        self._reason: Any = None
+        self._prompt: int | None = None
+        self._completion: int | None = None
+        self._finished = False
+        self._answer = b""
+        model = json.dumps(client_model, ensure_ascii=False).encode("utf-8")
+        self._head = b'{"model":' + model + b',"created_at":"'
+        if generate:
+            self._mid, self._end = b'","response":', b',"done":false}\n'
+        else:
+            self._mid = b'","message":{"role":"assistant","content":'
+            self._end = b'},"done":false}\n'
+
+    @property
+    def tokens(self) -> tuple[int | None, int | None]:
+        """(prompt, completion) tokens from the ``usage`` chunk, None until then."""
+        return (self._prompt, self._completion)
+
+    def feed(self, data: bytes) -> bytes:
+        if self._finished:
+            return b""
+        if self._json is not None:
+            self._json.add(data)
+            return b""
+        out: list[bytes] = []
+        fast = None if self._completions else _FAST.fullmatch
+        for event in self._events.feed(data):
+            match = fast(event) if fast is not None else None
+            if match is not None and match.end(1) - match.start(1) > 2:
+                self._literal(match.group(1), out)
+            else:
+                self._event(event, out)
+                if self._finished:
+                    break
+        return b"".join(out)
+
+    def end(self) -> bytes:
+        out: list[bytes] = []
+        if not self._finished:
+            if self._json is not None:
+                self._whole_document(_parse(self._json.bytes(), "the answer"), out)
+            else:
+                for event in self._events.rest():
+                    self._event(event, out)
+                    if self._finished:
+                        break
+        if not self._finished:
+            raise StreamCut("the upstream stream ended before data: [DONE]")
+        if self._whole:
+            return self._answer
+        return b"".join(out)
+
+    # ---------------------------------------------------------------------------------- events
+
+    def _literal(self, literal: bytes, out: list[bytes]) -> None:
+        """A content delta whose JSON string literal is ``literal`` (the fast path)."""
+        when, stamp = self._stamp.now()
+        if self._first is None:
+            self._first = when
+        self._last = when
+        if self._whole:
+            self._keep("content", json.loads(literal))
+        else:
+            out.append(b"".join((self._head, stamp.encode(), self._mid, literal, self._end)))
+
+    def _event(self, event: bytes, out: list[bytes]) -> None:
+        if event.strip() == b"[DONE]":
+            self._done(out)
+            return
+        obj = _parse(event, "an event")
+        if "error" in obj:
+            self._error(obj["error"], out)
+            return
+        self._fold(obj, out)
+
+    def _fold(self, obj: dict[str, Any], out: list[bytes]) -> None:
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            self._prompt = _number(usage.get("prompt_tokens"))
+            self._completion = _number(usage.get("completion_tokens"))
+        choices = obj.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return
+        choice = next(
+            (c for c in choices if isinstance(c, dict) and c.get("index", 0) == 0), choices[0]
+        )
+        if not isinstance(choice, dict):
+            raise MalformedAnswer("a choice is not an object")
+        if self._completions:
+            content, thinking, calls = choice.get("text"), None, None
+        else:
+            delta = choice.get("delta")
+            if not isinstance(delta, dict):
+                delta = {}
+            content = delta.get("content")
+            thinking = delta.get("reasoning_content") or delta.get("reasoning")
+            calls = delta.get("tool_calls")
+        text = content if isinstance(content, str) and content else None
+        thought = thinking if isinstance(thinking, str) and thinking else None
+        if text is not None or thought is not None:
+            self._content(text, thought, out)
+        if isinstance(calls, list) and calls:
+            self._gather(calls)
+        reason = choice.get("finish_reason")
+        if reason is not None:
+            self._reason = reason
+            self._flush_calls(out)
+
+    def _content(self, text: str | None, thought: str | None, out: list[bytes]) -> None:
+        when, stamp = self._stamp.now()
+        if self._first is None:
+            self._first = when
+        self._last = when
+        if self._whole:
+            if text is not None:
+                self._keep("content", text)
+            if thought is not None:
+                self._keep("thinking", thought)
+            return
+        body: dict[str, Any] = {"role": "assistant", "content": text or ""}
+        if thought is not None:
+            body["thinking"] = thought
+        if self._generate:
+            chunk: dict[str, Any] = {
+                "model": self._model,
+                "created_at": stamp,
+                "response": text or "",
+            }
+            if thought is not None:
+                chunk["thinking"] = thought
+        else:
+            chunk = {"model": self._model, "created_at": stamp, "message": body}
+        chunk["done"] = False
+        out.append(dump(chunk) + b"\n")
+
+    def _keep(self, key: str, text: str) -> None:
+        self._held += len(text)
+        if self._held > self._limit:
+            raise AnswerTooLarge(f"the assembled answer passed {self._limit} characters")
+        self._texts.setdefault(key, []).append(text)
+
+    def _gather(self, fragments: list[Any]) -> None:
+        for position, fragment in enumerate(fragments):
+            if not isinstance(fragment, dict):
+                raise MalformedAnswer("a tool call is not an object")
+            index = fragment.get("index")
+            if not isinstance(index, int):
+                index = position
+            call = self._calls.setdefault(index, {"id": None, "name": [], "arguments": []})
+            if isinstance(fragment.get("id"), str) and fragment["id"]:
+                call["id"] = fragment["id"]
+            function = fragment.get("function")
+            if isinstance(function, dict):
+                for key in ("name", "arguments"):
+                    part = function.get(key)
+                    if isinstance(part, str):
+                        call[key].append(part)
+                        self._held += len(part)
+                    elif isinstance(part, dict) and key == "arguments":
+                        call[key].append(json.dumps(part))
+            if self._held > self._limit:
+                raise AnswerTooLarge(f"the assembled answer passed {self._limit} characters")
+
+    def _flush_calls(self, out: list[bytes]) -> None:
+        if not self._calls or self._generate:
+            return
+        calls = []
+        for index, call in sorted(self._calls.items()):
+            text = "".join(call["arguments"])
+            try:
+                arguments: Any = json.loads(text) if text.strip() else {}
+            except ValueError:
+                arguments = text
+            function = {"index": index, "name": "".join(call["name"]), "arguments": arguments}
+            calls.append(
+                {"id": call["id"], "function": function} if call["id"] else {"function": function}
+            )
+        self._calls.clear()
+        if self._whole:
+            self._emitted_calls.extend(calls)
+            return
+        _, stamp = self._stamp.now()
+        message = {"role": "assistant", "content": "", "tool_calls": calls}
+        out.append(
+            dump({"model": self._model, "created_at": stamp, "message": message, "done": False})
+            + b"\n"
+        )
+
+    def _error(self, error: Any, out: list[bytes]) -> None:
+        self._finished = True
+        body = dump({"error": error_message(error)})
+        if self._whole:
+            self.status = 500
+            self._answer = body
+        else:
+            out.append(body + b"\n")
+
+    def _done(self, out: list[bytes]) -> None:
+        self._flush_calls(out)
+        self._finished = True
+        now, stamp = self._stamp.now()
+        first = self._first if self._first is not None else now
+        final: dict[str, Any] = {"model": self._model, "created_at": stamp}
+        texts = {key: "".join(parts) for key, parts in self._texts.items()}
+        if self._generate:
+            final["response"] = texts.get("content", "")
+            if texts.get("thinking"):
+                final["thinking"] = texts["thinking"]
+        else:
+            message: dict[str, Any] = {"role": "assistant", "content": texts.get("content", "")}
+            if texts.get("thinking"):
+                message["thinking"] = texts["thinking"]
+            if self._emitted_calls:
+                message["tool_calls"] = self._emitted_calls
+            final["message"] = message
+        final["done_reason"] = "length" if self._reason == "length" else "stop"
+        final["done"] = True
+        final["total_duration"] = round((now - self._start) * _NS)
+        if self._prompt is not None:
+            final["prompt_eval_count"] = self._prompt
+        final["prompt_eval_duration"] = round((first - self._start) * _NS)
+        if self._completion is not None:
+            final["eval_count"] = self._completion
+        final["eval_duration"] = round((self._last - first) * _NS) if self._first else 0
+        if self._whole:
+            self._answer = dump(final)
+        else:
+            out.append(dump(final) + b"\n")
+
+    def _whole_document(self, doc: dict[str, Any], out: list[bytes]) -> None:
+        """A whole ``chat.completion`` (or ``text_completion``) answer, as one delta."""
+        if "error" in doc:
+            self._error(doc["error"], out)
+            return
+        choices = doc.get("choices")
+        if isinstance(choices, list):
+            delta_choices = []
+            for choice in choices:
+                if isinstance(choice, dict):
+                    message = choice.get("message")
+                    delta = {"delta": message} if isinstance(message, dict) else {}
+                    delta_choices.append({**choice, **delta})
+            doc = {**doc, "choices": delta_choices}
+        self._fold(doc, out)
+        self._done(out)
+
+
+class EmbedAnswer:
+    """``/v1/embeddings`` as Ollama's ``/api/embed`` or legacy ``/api/embeddings`` answer."""
+
+    content_type = JSON_TYPE
+
+    def __init__(
+        self, client_model: str, clock: Callable[[], float], *, legacy: bool, limit: int
+    ) -> None:
+        self._model = client_model
+        self._clock = clock
+        self._start = clock()
+        self._legacy = legacy
+        self._buffer = _Buffer(limit)
+        self._prompt: int | None = None
+
+    @property
+    def tokens(self) -> tuple[int | None, int | None]:
+        return (self._prompt, None)
+
+    def feed(self, data: bytes) -> bytes:
+        self._buffer.add(data)
+        return b""
+
+    def end(self) -> bytes:
+        doc = _parse(self._buffer.bytes(), "the embeddings answer")
+        data = doc.get("data")
+        if not isinstance(data, list) or not all(
+            isinstance(item, dict) and isinstance(item.get("embedding"), list) for item in data
+        ):
+            raise MalformedAnswer("the embeddings answer has no data list of embeddings")
+        ordered = sorted(
+            enumerate(data), key=lambda pair: (_number(pair[1].get("index")) or 0, pair[0])
+        )
+        vectors = [item["embedding"] for _, item in ordered]
+        if self._legacy:
+            return dump({"embedding": vectors[0] if vectors else []})
+        usage = doc.get("usage")
+        if isinstance(usage, dict):
+            self._prompt = _number(usage.get("prompt_tokens"))
+        answer: dict[str, Any] = {
+            "model": self._model,
+            "embeddings": vectors,
+            "total_duration": round((self._clock() - self._start) * _NS),
+        }
+        if self._prompt is not None:
+            answer["prompt_eval_count"] = self._prompt
+        return dump(answer)
+
+
+_STOP_REASONS = {
+    "stop": "eosFound",
+    "length": "maxPredictedTokensReached",
+    "tool_calls": "toolCalls",
+}
+
+
+class V0Whole:
+    """A whole ``/v1`` chat or completions answer as LM Studio's ``/api/v0`` answer: the model
+    renamed and ``stats`` added (see the module docstring)."""
+
+    def __init__(
+        self,
+        client_model: str,
+        clock: Callable[[], float],
+        content_type: bytes | None,
+        limit: int,
+    ) -> None:
+        self.content_type = JSON_TYPE
+        self._model = client_model
+        self._clock = clock
+        self._start = clock()
+        self._first: float | None = None
+        self._buffer = _Buffer(limit)
+        self._tokens: tuple[int | None, int | None] = (None, None)
+
+    @property
+    def tokens(self) -> tuple[int | None, int | None]:
+        return self._tokens
+
+    def feed(self, data: bytes) -> bytes:
+        if self._first is None and data:
+            self._first = self._clock()
+        self._buffer.add(data)
+        return b""
+
+    def end(self) -> bytes:
+        now = self._clock()
+        doc = _parse(self._buffer.bytes(), "the answer")
+        first = self._first if self._first is not None else now
+        if "model" in doc:
+            doc["model"] = self._model
+        usage = doc.get("usage")
+        completion = None
+        if isinstance(usage, dict):
+            completion = _number(usage.get("completion_tokens"))
+            self._tokens = (_number(usage.get("prompt_tokens")), completion)
+        generation = now - first
+        stats: dict[str, Any] = {}
+        if completion is not None and generation > 0:
+            stats["tokens_per_second"] = completion / generation
+        stats["time_to_first_token"] = round(first - self._start, 3)
+        stats["generation_time"] = round(generation, 3)
+        choices = doc.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            reason = choices[0].get("finish_reason")
+            if isinstance(reason, str):
+                stats["stop_reason"] = _STOP_REASONS.get(reason, reason)
+        doc["stats"] = stats
+        return dump(doc)
+
+
+class V0Stream:
+    """A ``/v1`` SSE stream passed to an LM Studio ``/api/v0`` client with its ``model`` members
+    renamed; :meth:`end` raises :class:`StreamCut` when ``data: [DONE]`` never came."""
+
+    def __init__(self, inner: Renamer | Identity) -> None:
+        self._inner = inner
+        self.content_type = inner.content_type
+        self._recent = b""
+        self._done = False
+
+    @property
+    def tokens(self) -> tuple[int | None, int | None]:
+        return (None, None)
+
+    def feed(self, data: bytes) -> bytes:
+        if not self._done:
+            window = self._recent + data
+            self._done = b"[DONE]" in window
+            self._recent = window[-8:]
+        return self._inner.feed(data)
+
+    def end(self) -> bytes:
+        rest = self._inner.end()
+        if not self._done:
+            raise StreamCut("the upstream stream ended before data: [DONE]")
+        return rest
+
+
+class ErrorAnswer:
+    """A non-2xx answer: an OpenAI error object becomes Ollama's ``{"error": "<message>"}`` for an
+    Ollama client, same status; anything else passes through as it came."""
+
+    def __init__(self, content_type: bytes | None, *, ollama: bool, limit: int) -> None:
+        self._ollama = ollama
+        self.content_type = content_type if content_type is not None else JSON_TYPE
+        self._buffer = _Buffer(limit)
+
+    @property
+    def tokens(self) -> tuple[int | None, int | None]:
+        return (None, None)
+
+    def feed(self, data: bytes) -> bytes:
+        if not self._ollama:
+            return data
+        self._buffer.add(data)
+        return b""
+
+    def end(self) -> bytes:
+        if not self._ollama:
+            return b""
+        body = self._buffer.bytes()
+        if media_type(self.content_type) in (b"application/json", b""):
+            try:
+                doc = json.loads(body)
+            except (ValueError, RecursionError):
+                return body
+            if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
+                message = doc["error"].get("message")
+                if isinstance(message, str):
+                    return dump({"error": message})
+        return body

@@ -1,0 +1,140 @@
+# -*- test-case-name: tests.dialects.test_models -*-
+"""Model lists across kinds (SPEC §11.3, last row): what a node reports, read from its own list
+(:func:`facts_from`), and a record in the facade's shape (:func:`record_for`,
+:func:`show_answer`). A field the node did not report is absent from the record, never invented.
+
+What each node list gives:
+
+==================  ============================================================================
+node list           facts
+==================  ============================================================================
+``/api/tags``       ``name`` (else ``model``); loaded unknown
+``/api/ps``         ``name`` (else ``model``), ``context_length`` where given; loaded
+``/v1/models``      ``id``; a llama.cpp ``meta.n_ctx_train`` is not the served context: unused
+``/api/v0/models``  ``id``, ``type``, ``state`` (``"loaded"`` → loaded), ``max_context_length``
+==================  ============================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import frozen
+
+__all__ = ["LIST_PATHS", "ModelFacts", "facts_from", "record_for", "show_answer"]
+
+LIST_PATHS = frozenset({"/api/tags", "/api/ps", "/v1/models", "/api/v0/models"})
+
+
+@frozen
+class ModelFacts:
+    """What a node reported about one model.
+
+    :ivar name: the node's name for it.
+    :ivar context_length: the context length it is (or would be) served with, if reported.
+    :ivar type: LM Studio's ``type`` (``"llm"``, ``"vlm"``, ``"embeddings"``), if reported.
+    :ivar loaded: whether it is resident, if the list says.
+    """
+
+    name: str
+    context_length: int | None = None
+    type: str | None = None
+    loaded: bool | None = None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _entries(document: Any, key: str, path: str) -> list[dict[str, Any]]:
+    entries = document.get(key) if isinstance(document, dict) else None
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ValueError(f"{path}: expected an object with a {key!r} list of objects")
+    return entries
+
+
+def facts_from(node_list_path: str, document: Any) -> list[ModelFacts]:
+    """The models of a node's own list at ``node_list_path``, parsed from its JSON ``document``.
+
+    Raises ``ValueError`` for a path not in :data:`LIST_PATHS` or a document of the wrong shape
+    (an entry without a string name is skipped).
+    """
+    facts: list[ModelFacts] = []
+    if node_list_path in ("/api/tags", "/api/ps"):
+        resident = node_list_path == "/api/ps"
+        for entry in _entries(document, "models", node_list_path):
+            name = entry.get("name") or entry.get("model")
+            if isinstance(name, str) and name:
+                context = _int(entry.get("context_length")) if resident else None
+                facts.append(ModelFacts(name, context, None, True if resident else None))
+    elif node_list_path == "/v1/models":
+        for entry in _entries(document, "data", node_list_path):
+            if isinstance(entry.get("id"), str) and entry["id"]:
+                facts.append(ModelFacts(entry["id"]))
+    elif node_list_path == "/api/v0/models":
+        for entry in _entries(document, "data", node_list_path):
+            if not isinstance(entry.get("id"), str) or not entry["id"]:
+                continue
+            state = entry.get("state")
+            kind = entry.get("type")
+            facts.append(
+                ModelFacts(
+                    entry["id"],
+                    _int(entry.get("max_context_length")),
+                    kind if isinstance(kind, str) else None,
+                    state == "loaded" if isinstance(state, str) else None,
+                )
+            )
+    else:
+        raise ValueError(f"{node_list_path} is not a model list")
+    return facts
+
+
+def record_for(facade_list_path: str, facts: ModelFacts) -> dict[str, Any]:
+    """One record of the facade's list at ``facade_list_path`` for ``facts``.
+
+    ``/api/tags``: ``{"name", "model"}``; ``/api/ps``: the same plus ``context_length`` where
+    known; ``/v1/models``: ``{"id", "object": "model"}``; ``/api/v0/models``: ``{"id", "object":
+    "model"}`` plus ``type``, ``state`` (``"loaded"`` / ``"not-loaded"``) and
+    ``max_context_length`` where known. Raises ``ValueError`` for another path.
+    """
+    if facade_list_path in ("/api/tags", "/api/ps"):
+        record: dict[str, Any] = {"name": facts.name, "model": facts.name}
+        if facade_list_path == "/api/ps" and facts.context_length is not None:
+            record["context_length"] = facts.context_length
+        return record
+    if facade_list_path == "/v1/models":
+        return {"id": facts.name, "object": "model"}
+    if facade_list_path == "/api/v0/models":
+        record = {"id": facts.name, "object": "model"}
+        if facts.type is not None:
+            record["type"] = facts.type
+        if facts.loaded is not None:
+            record["state"] = "loaded" if facts.loaded else "not-loaded"
+        if facts.context_length is not None:
+            record["max_context_length"] = facts.context_length
+        return record
+    raise ValueError(f"{facade_list_path} is not a model list")
+
+
+def show_answer(facts: ModelFacts) -> dict[str, Any]:
+    """An Ollama ``/api/show`` answer synthesised from ``facts``.
+
+    The shape: ``{"details": {}, "model_info": {…}, "capabilities": […]}``. ``capabilities`` is
+    ``["embedding"]`` for an LM Studio ``embeddings`` model, ``["completion", "vision"]`` for a
+    ``vlm``, else ``["completion"]``; ``model_info`` holds ``"general.context_length"`` when the
+    context length is known (Ollama names it ``<architecture>.context_length``; the architecture
+    is unknown here, and clients look for the ``.context_length`` suffix) and is empty otherwise.
+    ``modelfile``, ``parameters``, ``template``, ``license`` and the ``details`` fields are unknown
+    and absent.
+    """
+    if facts.type == "embeddings":
+        capabilities = ["embedding"]
+    elif facts.type == "vlm":
+        capabilities = ["completion", "vision"]
+    else:
+        capabilities = ["completion"]
+    info: dict[str, Any] = {}
+    if facts.context_length is not None:
+        info["general.context_length"] = facts.context_length
+    return {"details": {}, "model_info": info, "capabilities": capabilities}
