@@ -255,11 +255,12 @@ class Options(usage.Options):
         self["node"] = []
         self["node-key"] = {}
         self["node-slots"] = []
+        self["node-kind"] = {}
         self["assemble"] = {}
         self["cors-origin"] = []
 
     def opt_engine(self, name: str) -> None:
-        """Engine facade to serve: ollama, lmstudio or omlx (repeatable)."""
+        """Engine facade to serve: ollama, lmstudio, omlx or openai (repeatable)."""
         if name not in ENGINES:
             raise usage.UsageError(
                 f"unknown engine {name!r}; choose from {', '.join(sorted(ENGINES))}"
@@ -280,6 +281,17 @@ class Options(usage.Options):
     def opt_node(self, text: str) -> None:
         """A node: ID=URL for every engine, or ENGINE:ID=URL (repeatable)."""
         self["node"].append(parse_node(text))
+
+    def opt_node_kind(self, text: str) -> None:
+        """ID=KIND: the engine --node ID runs (ollama, lmstudio, omlx, openai); it then stands
+        behind every facade (repeatable)."""
+        node_id, sep, kind = text.partition("=")
+        if not sep or not node_id.strip() or kind.strip() not in ENGINES:
+            raise usage.UsageError(
+                f"--node-kind wants ID=KIND with KIND one of {', '.join(sorted(ENGINES))},"
+                f" not {text!r}"
+            )
+        self["node-kind"][node_id.strip()] = kind.strip()
 
     def opt_node_key_file(self, text: str) -> None:
         """ID=PATH: send the key in PATH as Authorization: Bearer to --node ID only (repeatable)."""
@@ -316,7 +328,7 @@ class Options(usage.Options):
     def _resolve(self, environ: Mapping[str, str]) -> Config:
         engines: list[str] = self["engines"]
         if not engines:
-            raise usage.UsageError("at least one --engine is required (ollama, lmstudio or omlx)")
+            raise usage.UsageError("at least one --engine is required (ollama, lmstudio, omlx or openai)")
         listen, admin, control = _endpoints(self, engines)
         header = resolve_response_header_timeout(self["response-header-timeout"], environ)
         if self["demo"] and header.source == "default" and header.warning is None:
@@ -352,6 +364,26 @@ class Options(usage.Options):
             ingress=ingress,
             state=state,
         )
+
+
+def _with_kinds(
+    flag_nodes: list[tuple[str | None, Node]], kinds: Mapping[str, str]
+) -> list[tuple[str | None, Node]]:
+    """The ``--node`` nodes with their ``--node-kind`` kinds (§11.1): a node with a kind is one
+    machine of one engine, so it must be given as ``ID=URL`` (for every facade)."""
+    for node_id in kinds:
+        scopes = [scope for scope, node in flag_nodes if node.id == node_id]
+        if not scopes:
+            raise usage.UsageError(f"--node-kind {node_id}: no --node has this id")
+        if any(scope is not None for scope in scopes):
+            raise usage.UsageError(
+                f"--node-kind {node_id}: give that --node as ID=URL (a node with a kind"
+                " stands behind every facade)"
+            )
+    return [
+        (scope, evolve(node, kind=kinds[node.id]) if node.id in kinds else node)
+        for scope, node in flag_nodes
+    ]
 
 
 def _with_keys(
@@ -432,7 +464,9 @@ def _upstream_client(name: str) -> str:
 def _flag_nodes(options: Options, engines: list[str]) -> dict[str, tuple[Node, ...]]:
     """Each engine's ``--node`` nodes (unscoped ones under every engine) with their slots and
     ``--node-key-file`` keys."""
-    flag_nodes = _with_keys(options["node"], options["node-key"])
+    flag_nodes = _with_kinds(
+        _with_keys(options["node"], options["node-key"]), options["node-kind"]
+    )
     slots: list[tuple[str | None, str, int]] = options["node-slots"]
     for scope, node_id, _ in slots:
         if scope is not None and scope not in engines:

@@ -100,6 +100,8 @@ FACES: dict[str, list[str]] = {
         "parse_origin",
     ],
     "nodes": [
+        "Catalogue",
+        "ModelNames",
         "Node",
         "NodeDirectory",
         "NodeTrustPolicy",

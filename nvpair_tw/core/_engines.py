@@ -22,6 +22,7 @@ __all__ = [
     "OLLAMA",
     "OLLAMA_PS",
     "OMLX",
+    "OPENAI",
     "OPENAI_MODELS",
     "PS",
     "RESPONSES_PATH",
@@ -330,6 +331,20 @@ class EngineProfile:
     residency: ResidencyFormat | None = None
     control: ModelControl | None = field(default=None, kw_only=True)
     """How ``model/load`` and ``model/unload`` reach it; ``None``: the engine has no such API."""
+    native_prefixes: tuple[str, ...] = field(default=("/v1/",), kw_only=True)
+    """The client routes a node of this kind speaks itself (docs/behaviour.md §11.3): every path
+    under one of these prefixes; any other route is translated for it or not sent to it."""
+    foreign_prefixes: tuple[str, ...] = field(default=(), kw_only=True)
+    """Paths under a native prefix that are another engine's (LM Studio's ``/api/v0/`` on Ollama)."""
+    facts_list: str | None = field(default=None, kw_only=True)
+    """The list a node of this kind tells most about its models on (name, type, context length,
+    loaded state), read to synthesise another facade's list (§11.3); None: its inventory list."""
+    passes_through: bool = field(default=True, kw_only=True)
+    """Whether a route the facade does not know is forwarded to a node (§2); the ``openai`` facade
+    serves its own routes only and answers 404 to the rest (§11.2)."""
+    default_kinds: tuple[str, ...] = field(default=(), kw_only=True)
+    """When not empty, the facade's default nodes (no node given) are one per kind named here, at
+    that kind's default URL (the ``openai`` facade, §11.2); else one ``default`` node."""
 
     def classify(self, method: bytes, path: str) -> RouteKind:
         """Classify by method and exact path (the query is not part of ``path``)."""
@@ -348,6 +363,12 @@ class EngineProfile:
     def fan_out_route(self, method: bytes, path: str) -> FanOutRoute | None:
         """The route of §13.2 this request takes, if it may be run on several nodes at once."""
         return next((r for r in self.fan_out_routes if r.matches(method, path)), None)
+
+    def speaks(self, path: str) -> bool:
+        """Whether a node of this kind serves the client route ``path`` natively (§11.3)."""
+        return path.startswith(self.native_prefixes) and not path.startswith(
+            self.foreign_prefixes or ("\0",)
+        )
 
     def matches(self, requested: str, advertised: str) -> bool:
         """Whether an advertised model name serves a requested one (docs/behaviour.md §4.1)."""
@@ -376,6 +397,8 @@ OLLAMA = EngineProfile(
     ),
     residency=OLLAMA_PS,
     control=OLLAMA_CONTROL,
+    native_prefixes=("/api/", "/v1/"),
+    foreign_prefixes=("/api/v0/", "/api/v1/"),
 )
 LMSTUDIO = EngineProfile(
     name="lmstudio",
@@ -388,6 +411,8 @@ LMSTUDIO = EngineProfile(
     model_routes=(ModelRoute(b"GET", _LMSTUDIO_MODEL, _path_model(_LMSTUDIO_MODEL), prefix=True),),
     residency=LMSTUDIO_LOADED,
     control=LMSTUDIO_CONTROL,
+    facts_list=LMSTUDIO_MODELS.path,
+    native_prefixes=("/v1/", "/api/v0/", "/api/v1/"),
 )
 OMLX = EngineProfile(
     name="omlx",
@@ -400,4 +425,20 @@ OMLX = EngineProfile(
     residency=None,
 )
 
-ENGINES: Mapping[str, EngineProfile] = {p.name: p for p in (OLLAMA, LMSTUDIO, OMLX)}
+OPENAI = EngineProfile(
+    name="openai",
+    inference_paths=_OPENAI_INFERENCE,
+    model_lists={OPENAI_MODELS.path: OPENAI_MODELS},
+    inventory=OPENAI_MODELS,
+    default_listen="tcp:4000:interface=127.0.0.1",
+    default_node_url="http://127.0.0.1:8080",
+    normalise=_normalise_exact,
+    residency=None,
+    passes_through=False,
+    default_kinds=("ollama", "lmstudio", "omlx"),
+)
+"""Any OpenAI-compatible server (llama.cpp's ``llama-server``, vLLM, SGLang, LocalAI) as a node
+kind, and the OpenAI-only facade over nodes of every kind (docs/behaviour.md §11.2)."""
+
+ENGINES: Mapping[str, EngineProfile] = {p.name: p for p in (OLLAMA, LMSTUDIO, OMLX, OPENAI)}
+"""Every engine profile by name: the facades ``--engine`` may name, and the node kinds (§11.1)."""

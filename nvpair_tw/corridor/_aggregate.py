@@ -5,6 +5,11 @@ The answer must not depend on which node is fastest, so records are merged in th
 were given, the first record of each key winning verbatim. A ``per_node`` list (``/api/ps``) is
 never merged across nodes: each record gains ``"nvpair_node": ID``. No client header is ever
 forwarded; a node's own credential is sent to it.
+
+A node whose kind does not serve the list (an LM Studio node behind the Ollama facade, §11.3) is
+asked for its own list, and its records are synthesised in the facade's shape from what it
+reports. With a catalogue (§11.4) a record listed under an alias is listed under its public name,
+so a public name appears once.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, FirstError, gatherResults
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair_tw.core import ModelListFormat
+from nvpair_tw.core import EngineProfile, ModelListFormat
+from nvpair_tw.dialects import facts_from, record_for
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.nodes import Node
+from nvpair_tw.nodes import Catalogue, Node
 from nvpair_tw.upstream import ReadError, get_json, join_url
 
 __all__ = ["UNAVAILABLE_BODY", "AggregateResult", "aggregate_model_list"]
@@ -48,13 +54,19 @@ async def aggregate_model_list(
     clock: IReactorTime,
     *,
     timeout: float = 10.0,
+    facade: EngineProfile | None = None,
+    catalogue: Catalogue | None = None,
 ) -> AggregateResult:
     """Fan ``path_and_query`` out to every node (in candidate order) and merge the answers.
 
     Cancelling the coroutine's Deferred cancels every read; it then fails with ``CancelledError``.
     """
     reads = [
-        Deferred.fromCoroutine(_records(fmt, node, path_and_query, http, clock, timeout))
+        Deferred.fromCoroutine(
+            _records(fmt, node, path_and_query, http, clock, timeout)
+            if facade is None or node.speaks(facade, fmt.path)
+            else _synthesised(fmt, node.kind_of(facade), node, http, clock, timeout)
+        )
         for node in nodes
     ]
     try:
@@ -70,6 +82,8 @@ async def aggregate_model_list(
         if records is None:
             continue
         for key, record in records:
+            if catalogue is not None:
+                key, record = _public(fmt, catalogue, key, record)
             slot = (key, node.id if fmt.per_node else "")
             if slot not in seen:
                 seen.add(slot)
@@ -101,6 +115,60 @@ async def _records(
     keyed: list[tuple[str, dict[str, Any]]] = []
     for record in listed:
         key = fmt.record_key(record) if isinstance(record, dict) else None
+        if key is not None:
+            keyed.append((key, record))
+    return keyed
+
+
+_NAME_FIELDS = ("name", "model", "id")
+
+
+def _public(
+    fmt: ModelListFormat, catalogue: Catalogue, key: str, record: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """A record listed under an alias, renamed to its public name (§11.4); others unchanged."""
+    names = [record.get(f) for f in _NAME_FIELDS]
+    public = next(
+        (catalogue.public(n) for n in names if isinstance(n, str) and catalogue.public(n) != n),
+        None,
+    )
+    if public is None:
+        return key, record
+    renamed = {**record, **{f: public for f in _NAME_FIELDS if isinstance(record.get(f), str)}}
+    return fmt.record_key(renamed) or public, renamed
+
+
+async def _synthesised(
+    fmt: ModelListFormat,
+    kind: EngineProfile,
+    node: Node,
+    http: HTTPClient,
+    clock: IReactorTime,
+    timeout: float,
+) -> list[tuple[str, dict[str, Any]]] | None:
+    """A node of another kind: its own list, its records synthesised in the facade's shape
+    (unknown fields absent); for a list of loaded models, only what it reports loaded."""
+    if fmt.per_node:
+        if kind.residency is None:
+            return []  # what it has loaded is unknown: nothing to list
+        path = kind.residency.path
+    else:
+        path = kind.facts_list or kind.inventory.path
+    url = join_url(node.public_url, path)
+    try:
+        document = await get_json(
+            http, clock, url, timeout=timeout, authorization=node.authorization
+        )
+        facts = facts_from(path, document)
+    except (ReadError, ValueError) as error:
+        log.debug("model list from {node} skipped: {why}", node=node.id, why=str(error))
+        return None
+    keyed: list[tuple[str, dict[str, Any]]] = []
+    for each in facts:
+        if fmt.per_node and each.loaded is not True:
+            continue
+        record = record_for(fmt.path, each)
+        key = fmt.record_key(record)
         if key is not None:
             keyed.append((key, record))
     return keyed

@@ -27,6 +27,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
 from nvpair_tw.assembly import Assembly, AssemblyGate
+from nvpair_tw.corridor._dialect import Speech, TranscodedResponse, Wire
 from nvpair_tw.corridor._workloads import AttemptOutcome, status_outcome
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
@@ -80,6 +81,15 @@ class AttemptPlan:
     """Per node id: seconds added to the first header deadline (a cold-load allowance)."""
     busy_max_wait: float = 0.0
     """How much a header wait may be extended while the node shows progress (0: never)."""
+    speech: Speech | None = None
+    """How each candidate is spoken to when its kind or its name for the model differs (§11.3,
+    §11.4); None: every attempt sends the fields above as they are."""
+
+    def wire(self, node: Node) -> Wire:
+        """What the attempt to ``node`` sends."""
+        if self.speech is not None:
+            return self.speech.wire(node)
+        return Wire(self.method, self.target, self.body, self.assembly)
 
 
 @frozen
@@ -244,11 +254,12 @@ async def _attempt(
     progress: _Progress | None = None,
 ) -> Committed | _Failed | str:
     """One node: a commit, a failure, or a retryable status's outcome name."""
+    wire = plan.wire(node)
     attempt = client.request(
-        plan.method,
-        node_url(node.url, plan.target),
+        wire.method,
+        node_url(node.url, wire.target),
         node_headers(plan.headers, node),
-        plan.body,
+        wire.body,
         plan.header_timeout,
         first_extra=plan.first_extra.get(node.id, 0.0),
         busy=progress.busy if progress is not None else None,
@@ -264,9 +275,12 @@ async def _attempt(
         caller.track(None)
         response.deliverBody(Discard())
         return status_outcome(response.code)
-    if plan.assembly is not None and _assembles(plan.assembly, response):
+    if wire.answer is not None:
+        content_type = response.headers.getRawHeaders(b"content-type", [None])[0]
+        response = TranscodedResponse(response, wire.answer(response.code, content_type))
+    if wire.assembly is not None and _assembles(wire.assembly, response):
         touch = progress.touch if progress is not None else None
-        return await _assembled(plan, plan.assembly, node, response, clock, caller, is_last, touch)
+        return await _assembled(plan, wire.assembly, node, response, clock, caller, is_last, touch)
     gate = BodyGate(
         clock,
         plan.first_body_timeout if plan.gated else 0.0,

@@ -23,6 +23,7 @@ from twisted.web.server import Request
 
 from nvpair_tw.assembly import plan_assembly
 from nvpair_tw.core import RESPONSES_PATH, RouteKind, upstream_request_headers, write_error
+from nvpair_tw.corridor._dialect import Speech, reach
 from nvpair_tw.corridor._attempts import (
     Abandoned,
     AttemptObserver,
@@ -219,10 +220,15 @@ def _route(
     inference = kind is RouteKind.INFERENCE
     assert request.content is not None
     body = request.content.read()
-    model, parsed = model_of(body) if inference else (None, None)
-    eligible = _eligible(facade, request, kind, record, body, model, target)
+    sent, parsed = model_of(body) if inference else (None, None)
+    eligible = _eligible(facade, request, kind, record, body, sent, target)
     if eligible is None:
         return None
+    eligible = _speakable(facade, request, record, eligible, parsed)
+    if eligible is None:
+        return None
+    # Affinity, reservations, residency, workloads and events key on the public name (§11.4).
+    model = facade.directory.catalogue.public(sent) if sent else sent
     key: AffinityKey | None = None
     hint: str | None = None
     if model and parsed is not None and target is None:
@@ -236,7 +242,7 @@ def _route(
         )
         if model and parsed is not None and record.path == RESPONSES_PATH:
             candidates = _conversation_first(facade, parsed, candidates)
-    plan = _plan(facade, request, kind, record.path, body, parsed, model, candidates)
+    plan = _plan(facade, request, kind, record.path, body, parsed, sent, candidates)
     warm = candidates[0].id if promoted else None
     return _Route(plan, model, candidates, key, warm)
 
@@ -273,6 +279,33 @@ def _eligible(
     return eligible
 
 
+def _speakable(
+    facade: FacadeState,
+    request: Request,
+    record: RequestRecord,
+    eligible: list[Node],
+    parsed: dict[str, Any] | None,
+) -> list[Node] | None:
+    """The eligible nodes that can take the route, natively or translated (§11.3); None after
+    answering 400 ``untranslatable`` (no native candidate, and the request cannot be translated)
+    or 502 ``no-route-owner`` (no candidate of a kind that serves the route)."""
+    reaches = [(node, reach(facade.profile, node, record.path, parsed)) for node in eligible]
+    able = [node for node, how in reaches if how.ok]
+    if able or not eligible:
+        return able
+    bus = facade.shared.bus
+    field = next((how.field for _, how in reaches if how.field), None)
+    if field is not None:
+        message = f"the request cannot be translated for the nodes that have it: field '{field}'"
+        write_error(request, 400, message, "untranslatable")
+        record.publish(bus, status=400, node_id=None, error="untranslatable")
+        return None
+    message = "no node of a kind that serves this route"
+    write_error(request, 502, message, "no-route-owner")
+    record.publish(bus, status=502, node_id=None, error="no-route-owner")
+    return None
+
+
 def _all_cordoned(
     facade: FacadeState, request: Request, record: RequestRecord, model: str | None
 ) -> bool:
@@ -303,9 +336,26 @@ def _plan(
         if inference and settings.assembles(facade.engine)
         else None
     )
+    target = target_of(request.uri)
+    speech = None
+    if _needs_speech(facade, path, model, candidates):
+        speech = Speech(
+            facade=facade.profile,
+            method=request.method,
+            target=target,
+            path=path,
+            body=body,
+            parsed=parsed,
+            model=model,
+            assembly=assembly,
+            local_name=facade.inventory.local_name,
+            assembles=inference and settings.assembles(facade.engine),
+            limit=settings.max_body_size,
+            clock=facade.shared.clock.seconds,
+        )
     return AttemptPlan(
         method=request.method,
-        target=target_of(request.uri),
+        target=target,
         headers=upstream_request_headers(request.requestHeaders, _client_host(request)),
         body=assembly.body if assembly is not None else body,
         inference=inference or kind is RouteKind.MODEL_ROUTED,
@@ -315,7 +365,15 @@ def _plan(
         assembly=assembly,
         first_extra=_cold_allowances(facade, model, candidates) if inference else {},
         busy_max_wait=settings.busy_max_wait,
+        speech=speech,
     )
+
+
+def _needs_speech(facade: FacadeState, path: str, model: str | None, nodes: list[Node]) -> bool:
+    """Whether any candidate is of another kind, or the model has other names (§11.3, §11.4)."""
+    if model and facade.directory.catalogue.lookup(model).aliases:
+        return True
+    return any(not node.speaks(facade.profile, path) for node in nodes)
 
 
 def _routed_model(facade: FacadeState, method: bytes, path: str, body: bytes) -> str | None:

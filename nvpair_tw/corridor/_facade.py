@@ -32,6 +32,7 @@ log = LevelledLogger(namespace="nvpair_tw.facade")
 
 _BAD_TARGET = Rejection(400, "bad-request", "malformed request target")
 _SHUTTING_DOWN = Rejection(503, "shutting-down", "the proxy is shutting down")
+_NOT_SERVED = Rejection(404, "not-found", "this facade does not serve this route")
 
 
 class FacadeResource(Resource):
@@ -67,6 +68,10 @@ class FacadeResource(Resource):
         if isinstance(chosen, FanOutRequest):
             return self._fan_out(request, record, chosen)
         kind = facade.profile.classify(request.method, path)
+        if kind is RouteKind.PASS_THROUGH and not facade.profile.passes_through:
+            write_error(request, 404, _NOT_SERVED.message, _NOT_SERVED.code)
+            record.publish(shared.bus, status=404, node_id=None, error=_NOT_SERVED.code)
+            return NOT_DONE_YET
         if facade.engine in TUNNEL_ENGINES and is_upgrade(request):
             work = Deferred.fromCoroutine(self._tunnel(request, record, chosen))
         elif kind is RouteKind.MODEL_LIST:
@@ -131,7 +136,11 @@ class FacadeResource(Resource):
         if target is not None:
             nodes = [target]
         else:
-            nodes, _ = facade.order(facade.serving(), head_selection=False)
+            # Only a node of a kind that speaks the SDK channel itself can carry it (§11.3).
+            speaking = [
+                n for n in facade.serving() if n.kind_of(facade.profile).name in TUNNEL_ENGINES
+            ]
+            nodes, _ = facade.order(speaking, head_selection=False)
         assert shared.endpoints is not None
         await open_tunnel(
             request,
@@ -164,6 +173,8 @@ class FacadeResource(Resource):
             facade.shared.http,
             facade.shared.clock,
             timeout=facade.shared.settings.model_list_timeout,
+            facade=facade.profile,
+            catalogue=facade.directory.catalogue,
         )
         if not request.finished and request.channel is not None:
             request.setResponseCode(result.status)

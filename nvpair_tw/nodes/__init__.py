@@ -1,9 +1,10 @@
 """The machines behind a facade: nodes merged from every source into one view, and TLS trust toward
-HTTPS nodes.
+HTTPS nodes, and the model catalogue of the nodes file (one model under many names).
 """
 
 from __future__ import annotations
 
+from nvpair_tw.nodes._catalogue import Catalogue, ModelNames
 from nvpair_tw.nodes._directory import (
     Node,
     NodeDirectory,
@@ -15,6 +16,8 @@ from nvpair_tw.nodes._directory import (
 from nvpair_tw.nodes._tls import NodeTrustPolicy, tls_endpoint
 
 __all__ = [
+    "Catalogue",
+    "ModelNames",
     "Node",
     "NodeDirectory",
     "NodeTrustPolicy",

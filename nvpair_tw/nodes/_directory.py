@@ -13,6 +13,9 @@ The nodes file is TOML, one ``[[node]]`` table per machine::
     url = "http://10.0.0.5:11434"      # one URL for every engine, or per engine:
     slots = 2                          # optional: requests run on it at once; 0 = no limit
     cordon = true                      # optional: takes no new work (maintenance; docs/behaviour.md §13.1)
+    kind = "lmstudio"                  # optional: ollama | lmstudio | omlx | openai (§11.1); with a
+                                       # kind the node stands behind every facade (url: one string)
+    facades = ["ollama"]               # optional, with a kind: only behind these facades
     # [node.url]
     # ollama = "http://10.0.0.5:11434"
     # lmstudio = "http://10.0.0.5:1234"
@@ -26,7 +29,14 @@ A URL's userinfo (``http://user:pass@host``) becomes Basic authorization toward 
 ``api_key`` wins over it. Neither is ever shown: :attr:`Node.public_url` is the URL without
 userinfo, and ``api_key`` is left out of the node's ``repr``.
 
-A node without a URL for an engine is not part of that engine's facade.
+A node without a URL for an engine is not part of that engine's facade. A node without a ``kind``
+takes the kind of each facade it joins.
+
+The file may also declare models under several names (docs/behaviour.md §11.4)::
+
+    [[model]]
+    name = "llama3.1:8b"                                   # the public name
+    aliases = ["meta-llama-3.1-8b-instruct", "mlx-community/Meta-Llama-3.1-8B-Instruct-4bit"]
 """
 
 from __future__ import annotations
@@ -46,6 +56,7 @@ from twisted.logger import Logger
 
 from nvpair_tw.core import ENGINES, EngineProfile
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.nodes._catalogue import Catalogue, CatalogueError, parse_catalogue
 from nvpair_tw.nodes._tls import TLS_KEYS, NodeTLS, https_address, parse_node_tls
 
 __all__ = [
@@ -84,6 +95,20 @@ class Node:
     tls: NodeTLS | None = field(default=None, kw_only=True)
     api_key: str | None = field(default=None, kw_only=True, repr=False)
     cordon: bool = field(default=False, kw_only=True)
+    kind: str | None = field(default=None, kw_only=True)
+    """The engine the machine runs (§11.1), or ``None``: the kind of each facade it joins."""
+
+    def kind_of(self, facade: EngineProfile) -> EngineProfile:
+        """The profile this node is spoken to with behind ``facade``."""
+        return facade if self.kind is None else ENGINES[self.kind]
+
+    def speaks(self, facade: EngineProfile, path: str) -> bool:
+        """Whether a request for ``path`` behind ``facade`` is sent to this node as it is (§11.3):
+        always for a node of the facade's own kind (every route it passes through), else when the
+        node's kind serves the route itself."""
+        if self.kind is None or self.kind == facade.name:
+            return True
+        return ENGINES[self.kind].speaks(path)
 
     @property
     def public_url(self) -> str:
@@ -129,7 +154,17 @@ def validate_url(url: str) -> None:
         raise ValueError("must not have a query or fragment")
 
 
-_NODE_KEYS = frozenset({"id", "url", "models", "slots", "api_key", "cordon"}) | TLS_KEYS
+_NODE_KEYS = (
+    frozenset({"id", "url", "models", "slots", "api_key", "cordon", "kind", "facades"}) | TLS_KEYS
+)
+
+
+@frozen
+class NodesDocument:
+    """What a nodes file says to one facade: its nodes and the model catalogue (§11.4)."""
+
+    nodes: list[Node]
+    catalogue: Catalogue
 
 
 def load_nodes_file(path: str, engine: str) -> list[Node]:
@@ -137,6 +172,11 @@ def load_nodes_file(path: str, engine: str) -> list[Node]:
 
     Every node is validated, including those of other engines (format: see the module docstring).
     """
+    return load_nodes_document(path, engine).nodes
+
+
+def load_nodes_document(path: str, engine: str) -> NodesDocument:
+    """Read a TOML nodes file: the nodes with a URL for ``engine``, and its catalogue."""
     try:
         with open(path, "rb") as handle:
             raw = handle.read(MAX_NODES_FILE_BYTES + 1)
@@ -150,12 +190,17 @@ def load_nodes_file(path: str, engine: str) -> list[Node]:
         raise NodesFileError(f"nodes file {path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as error:
         raise NodesFileError(f"nodes file {path}: invalid TOML: {error}") from None
-    return _parse_document(path, document, engine)
+    nodes = _parse_document(path, document, engine)
+    try:
+        catalogue = parse_catalogue(f"nodes file {path}", document.get("model"))
+    except CatalogueError as error:
+        raise NodesFileError(str(error)) from None
+    return NodesDocument(nodes, catalogue)
 
 
 def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[Node]:
     base_dir = os.path.dirname(os.path.abspath(path))
-    unknown = sorted(set(document) - {"node"})
+    unknown = sorted(set(document) - {"node", "model"})
     if unknown:
         raise NodesFileError(f"nodes file {path}: unknown top-level key {unknown[0]!r}")
     entries = document.get("node", [])
@@ -187,8 +232,9 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         cordon = entry.get("cordon", False)
         if not isinstance(cordon, bool):
             raise NodesFileError(f"{where}: cordon: must be true or false")
+        kind, facades = _parse_kind(where, entry, urls)
         url = urls.get(engine, urls.get("*"))
-        if url is not None:
+        if url is not None and (facades is None or engine in facades):
             nodes.append(
                 Node(
                     id=node_id,
@@ -199,9 +245,37 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
                     tls=tls,
                     api_key=api_key,
                     cordon=cordon,
+                    kind=kind,
                 )
             )
     return nodes
+
+
+def _parse_kind(
+    where: str, entry: dict[str, Any], urls: dict[str, str]
+) -> tuple[str | None, frozenset[str] | None]:
+    """A node's ``kind`` and ``facades`` (§11.1): a kind is one engine at one URL."""
+    kind = entry.get("kind")
+    facades = entry.get("facades")
+    if kind is None:
+        if facades is not None:
+            raise NodesFileError(f"{where}: facades: needs a kind")
+        return None, None
+    if not isinstance(kind, str) or kind not in ENGINES:
+        raise NodesFileError(f"{where}: kind: one of {', '.join(sorted(ENGINES))}")
+    if set(urls) != {"*"}:
+        raise NodesFileError(f"{where}: url: a node with a kind has one URL (a string)")
+    if facades is None:
+        return kind, None
+    if (
+        not isinstance(facades, list)
+        or not facades
+        or not all(isinstance(f, str) and f in ENGINES for f in facades)
+    ):
+        raise NodesFileError(
+            f"{where}: facades: a non-empty list of {', '.join(sorted(ENGINES))}"
+        )
+    return kind, frozenset(facades)
 
 
 def _parse_api_key(where: str, api_key: Any) -> str | None:
@@ -325,6 +399,16 @@ def url_key(url: str) -> tuple[str, str, int] | None:
 _FileSignature = tuple[int, int] | None
 
 
+def _defaults(engine: EngineProfile) -> tuple[Node, ...]:
+    """The nodes a facade uses when no source names one (§11.2 for the ``openai`` facade)."""
+    if not engine.default_kinds:
+        return (Node(id="default", url=engine.default_node_url, source="default"),)
+    return tuple(
+        Node(id=kind, url=ENGINES[kind].default_node_url, source="default", kind=kind)
+        for kind in engine.default_kinds
+    )
+
+
 def _as_nodes(nodes: Sequence[Node]) -> tuple[Node, ...]:
     return tuple(nodes)
 
@@ -337,7 +421,7 @@ class NodesFileWatcher:
     _path: str
     _engine: str
     _clock: IReactorTime
-    _apply: Callable[[list[Node]], None]
+    _apply: Callable[[NodesDocument], None]
     _log: Logger
     _interval: float = field(default=2.0, kw_only=True)
     _signature: _FileSignature = field(default=None, init=False)
@@ -347,11 +431,11 @@ class NodesFileWatcher:
         """Re-read the file now; True when it was read, False (old set kept) when not."""
         self._signature = self._stat()
         try:
-            nodes = load_nodes_file(self._path, self._engine)
+            document = load_nodes_document(self._path, self._engine)
         except NodesFileError as error:
             self._log.warn("keeping the previous nodes: {why}", why=str(error))
             return False
-        self._apply(nodes)
+        self._apply(document)
         return True
 
     def start(self) -> None:
@@ -359,7 +443,7 @@ class NodesFileWatcher:
         if self._watcher is not None:
             return
         self._signature = self._stat()
-        self._apply(load_nodes_file(self._path, self._engine))
+        self._apply(load_nodes_document(self._path, self._engine))
         watcher = LoopingCall(self._check)
         watcher.clock = self._clock
         watcher.start(self._interval, now=False).addErrback(
@@ -402,6 +486,7 @@ class NodeDirectory:
     _nodes_file: str | None = field(default=None, kw_only=True)
     _watch_interval: float = field(default=2.0, kw_only=True)
     _file_nodes: tuple[Node, ...] = field(default=(), init=False)
+    _catalogue: Catalogue = field(factory=Catalogue.empty, init=False)
     _manual: dict[str, Node] = field(factory=dict, init=False)
     _discovered: tuple[Node, ...] = field(default=(), init=False)
     _excluded: frozenset[tuple[str, str, int]] = field(default=frozenset(), init=False)
@@ -431,6 +516,11 @@ class NodeDirectory:
     def get(self, node_id: str) -> Node | None:
         """The merged node with this id, if any."""
         return self._by_id.get(node_id)
+
+    @property
+    def catalogue(self) -> Catalogue:
+        """The nodes file's ``[[model]]`` names (§11.4); empty without a file or tables."""
+        return self._catalogue
 
     def add_manual(self, node: Node) -> bool:
         """Add or replace a manual node; True when added or changed."""
@@ -482,7 +572,9 @@ class NodeDirectory:
         if self._file is not None:
             self._file.stop()
 
-    def _set_file_nodes(self, nodes: Sequence[Node]) -> None:
+    def _set_file_nodes(self, document: NodesDocument) -> None:
+        self._catalogue = document.catalogue
+        nodes = document.nodes
         for node in nodes:
             insecure = node.tls is not None and node.tls.insecure
             if insecure and (node.id, node.url) not in self._warned_insecure:
@@ -503,8 +595,8 @@ class NodeDirectory:
             for node in source:
                 merged[node.id] = node
         if not merged:
-            default = Node(id="default", url=self._engine.default_node_url, source="default")
-            merged[default.id] = default
+            for default in _defaults(self._engine):
+                merged[default.id] = default
         kept: list[Node] = []
         for node in merged.values():
             if url_key(node.url) in self._excluded:

@@ -132,6 +132,7 @@ class StatusBoard:
                         "id": node.id,
                         "url": node.public_url,
                         "source": node.source,
+                        "kind": node.kind_of(facade.profile).name,
                         "models": sorted(facade.inventory.models(node.id)),
                         "inventoryKnown": facade.inventory.known(node.id),
                         "inventoryAt": _ms(facade.inventory.last_success(node.id)),

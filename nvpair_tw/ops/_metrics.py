@@ -127,6 +127,11 @@ class RuntimeCollector(Collector):
         runtime = self._runtime
         now = runtime.reactor.seconds()
         gauges = [(GaugeMetricFamily(n, h, labels=_LABELS), value) for n, h, value in _NODE_GAUGES]
+        kinds = GaugeMetricFamily(
+            "nvpair_node_info",
+            "1 for each node, labelled with the engine it runs (its kind, docs/behaviour.md 11.1).",
+            labels=[*_LABELS, "kind"],
+        )
         loaded = GaugeMetricFamily(
             "nvpair_model_loaded",
             "1 for each model the node reports loaded (only while its residency is known).",
@@ -155,9 +160,10 @@ class RuntimeCollector(Collector):
                 for name in sorted(facade.inventory.loaded(node.id) or ()):
                     loaded.add_metric([*key, name], 1)
                 busy.add_metric(key, facade.progress.busy_waits(node.id))
+                kinds.add_metric([*key, node.kind_of(facade.profile).name], 1)
         yield self._inflight()
         yield from (family for family, _ in gauges)
-        yield from (loaded, queue, busy, self._reservations(node_ids))
+        yield from (kinds, loaded, queue, busy, self._reservations(node_ids))
         yield from self._store()
 
     def _inflight(self) -> Metric:

@@ -70,6 +70,7 @@ def nodes_list(facade: FacadeState, params: Params) -> Result:
                 "models": sorted(facade.inventory.models(node.id)),
                 "loaded": None if loaded is None else sorted(loaded),
                 "source": node.source,
+                "kind": node.kind_of(facade.profile).name,
                 "coolingUntil": None if cooldown is None else int(cooldown.until * 1000),
                 "slots": facade.admission.slots(node.id),
                 "slotsInUse": facade.admission.slots_in_use(node.id),

@@ -51,6 +51,11 @@ class _Loaded:
     at: float
 
 
+def _normalised(profile: EngineProfile, names: frozenset[str]) -> dict[str, str]:
+    """Each name's normalised form (the node kind's rule, §4.1) to the name as the node spells it."""
+    return {profile.normalise(n.strip()): n for n in sorted(names)}
+
+
 @define
 class InventoryBook:
     """Per facade: the last good inventory of every node, and what each node has loaded, as its
@@ -71,7 +76,7 @@ class InventoryBook:
     _random: Callable[[], float] = field(default=_random.random, kw_only=True)
     _known: dict[str, _Known] = field(factory=dict, init=False)
     _loaded: dict[str, _Loaded] = field(factory=dict, init=False)
-    _matchable: dict[str, tuple[object, frozenset[str]]] = field(factory=dict, init=False)
+    _matchable: dict[str, tuple[object, dict[str, str]]] = field(factory=dict, init=False)
     _poller: InventoryPoller = field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -121,9 +126,12 @@ class InventoryBook:
         engine's rule (``llama3`` is resident when ``llama3:latest`` is loaded on Ollama).
         """
         loaded = self._loaded.get(node_id)
-        if loaded is None or not self._polled(node_id):
+        node = self._directory.get(node_id)
+        if loaded is None or node is None or not self._polled(node_id):
             return None
-        return self._engine.normalise(model.strip()) in loaded.normalised
+        profile = node.kind_of(self._engine)
+        names = self._directory.catalogue.lookup(model).names
+        return any(profile.normalise(name) in loaded.normalised for name in names)
 
     def loaded(self, node_id: str) -> frozenset[str] | None:
         """The models loaded on the node as its engine names them, or None when unknown."""
@@ -137,24 +145,35 @@ class InventoryBook:
         return node is not None and node.models is None
 
     def advertises(self, node_id: str, model: str) -> bool:
-        """Whether the node's inventory serves ``model`` under the engine's name rule.
+        """Whether the node's inventory serves ``model`` under its kind's name rule: the name, or
+        with a catalogue any name of its model (§11.4)."""
+        return self.local_name(node_id, model) is not None
+
+    def local_name(self, node_id: str, model: str) -> str | None:
+        """The name the node knows ``model`` by, as its inventory spells it, or None when it does
+        not serve it (§11.4). The requested name wins over the model's other names.
 
         This runs for every candidate of every inference request, so each inventory's normalised
         names are computed once and reused until that inventory changes.
         """
         node = self._directory.get(node_id)
         if node is None:
-            return False
+            return None
         known = self._known.get(node_id)
         source: object = node.models if node.models is not None else known
         if source is None:
-            return False
+            return None
+        profile = node.kind_of(self._engine)
         cached = self._matchable.get(node_id)
         if cached is None or cached[0] is not source:
-            names = self.models(node_id)
-            cached = (source, frozenset(self._engine.normalise(n.strip()) for n in names))
+            cached = (source, _normalised(profile, self.models(node_id)))
             self._matchable[node_id] = cached
-        return self._engine.normalise(model.strip()) in cached[1]
+        wanted = model.strip()
+        for name in (wanted, *self._directory.catalogue.lookup(wanted).names):
+            local = cached[1].get(profile.normalise(name))
+            if local is not None:
+                return local
+        return None
 
     def poll_now(self) -> Deferred[None]:
         """Poll every polled node once, concurrently; fires when all are done (never fails)."""
@@ -180,7 +199,7 @@ class InventoryBook:
 
     def record_loaded(self, node: Node, names: frozenset[str], at: float) -> None:
         """A good residency answer from ``node`` at clock seconds ``at``."""
-        normalised = frozenset(self._engine.normalise(n.strip()) for n in names)
+        normalised = frozenset(_normalised(node.kind_of(self._engine), names))
         self._loaded[node.id] = _Loaded(node.url, names, normalised, at)
 
     def forget_loaded(self, node: Node) -> bool:

@@ -169,8 +169,9 @@ class NodeReads:
     async def poll(self, node: Node) -> None:
         """The node's model list and, if the engine has one, its residency, side by side."""
         polls = [Deferred.fromCoroutine(self._poll_models(node))]
-        if self._engine.residency is not None:
-            polls.append(Deferred.fromCoroutine(self._poll_residency(node, self._engine.residency)))
+        residency = node.kind_of(self._engine).residency
+        if residency is not None:
+            polls.append(Deferred.fromCoroutine(self._poll_residency(node, residency)))
         try:
             for poll in polls:
                 await poll
@@ -220,7 +221,8 @@ class NodeReads:
         )
 
     async def _poll_models(self, node: Node) -> None:
-        url = join_url(node.public_url, self._engine.inventory.path)
+        inventory = node.kind_of(self._engine).inventory
+        url = join_url(node.public_url, inventory.path)
         try:
             document = await get_json(
                 self._http,
@@ -229,7 +231,7 @@ class NodeReads:
                 timeout=self._timeout,
                 authorization=node.authorization,
             )
-            names = frozenset(self._engine.inventory.names(document))
+            names = frozenset(inventory.names(document))
         except (ReadError, ValueError) as error:
             self._failed(node, str(error))
             return
@@ -278,7 +280,7 @@ def expiry_probe(
     clock: IReactorTime,
     timeout: float,
 ) -> Callable[[str], Deferred[bool]]:
-    """The question a cooling node is asked when its cooldown expires: its engine's inventory read
+    """The question a cooling node is asked when its cooldown expires: its kind's inventory read
     (the model list), answered when response headers arrive within ``timeout`` seconds. A node no
     longer in the directory has nothing to protect: the cooldown just ends."""
 
@@ -286,7 +288,7 @@ def expiry_probe(
         node = directory.get(node_id)
         if node is None:
             return succeed(True)
-        url = join_url(node.public_url, engine.inventory.path)
+        url = join_url(node.public_url, node.kind_of(engine).inventory.path)
         return Deferred.fromCoroutine(
             node_answers(http, clock, url, timeout=timeout, authorization=node.authorization)
         )

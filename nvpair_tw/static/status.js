@@ -57,7 +57,7 @@
       const table = el("table");
       table.dataset.engine = facade.engine;
       const head = el("thead");
-      head.appendChild(row(["node", "url", "inventory", "loaded", "slots", "busy waits",
+      head.appendChild(row(["node", "kind", "url", "inventory", "loaded", "slots", "busy waits",
         "in flight", "reservations", "state", "last success"].map((t) => el("th", t))));
       table.appendChild(head);
       const body = el("tbody");
@@ -80,7 +80,8 @@
           ? (node.loaded.length ? node.loaded.join(", ") : "none")
           : "unknown";
         const slots = (node.slotsInUse || 0) + " / " + (node.slots ? node.slots : "∞ unlimited");
-        const tr = row([el("td", node.id), el("td", node.url, "muted"),
+        const tr = row([el("td", node.id), el("td", node.kind || "", "kind"),
+          el("td", node.url, "muted"),
           el("td", models, node.inventoryKnown ? "" : "bad"),
           el("td", loaded, Array.isArray(node.loaded) ? "loaded" : "loaded muted"),
           el("td", slots, "slots"), el("td", node.busyWaits || 0, "busy-waits"),

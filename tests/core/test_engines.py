@@ -49,13 +49,50 @@ PASS_THROUGH = [
 ]
 
 
-def test_all_three_engines_are_registered() -> None:
-    """``ENGINES`` holds ollama, lmstudio and omlx with docs/behaviour.md §1's default listeners and nodes."""
+def test_all_four_engines_are_registered() -> None:
+    """``ENGINES`` holds ollama, lmstudio, omlx and openai with docs/behaviour.md §1's and §11.2's
+    default listeners and nodes."""
     assert {name: (p.default_listen, p.default_node_url) for name, p in ENGINES.items()} == {
         "ollama": ("tcp:11435:interface=127.0.0.1", "http://127.0.0.1:11434"),
         "lmstudio": ("tcp:1235:interface=127.0.0.1", "http://127.0.0.1:1234"),
         "omlx": ("tcp:8001:interface=127.0.0.1", "http://127.0.0.1:8000"),
+        "openai": ("tcp:4000:interface=127.0.0.1", "http://127.0.0.1:8080"),
     }
+
+
+def test_the_openai_facade_fronts_one_default_node_of_each_local_engine() -> None:
+    """§11.2: with no nodes, ``--engine openai`` fronts Ollama, LM Studio and oMLX by their kinds."""
+    assert ENGINES["openai"].default_kinds == ("ollama", "lmstudio", "omlx")
+    assert [p.default_kinds for n, p in ENGINES.items() if n != "openai"] == [(), (), ()]
+
+
+@pytest.mark.parametrize(
+    ("kind", "path", "native"),
+    [
+        ("ollama", "/api/chat", True),
+        ("ollama", "/v1/chat/completions", True),
+        ("ollama", "/api/v0/chat/completions", False),
+        ("lmstudio", "/api/v0/chat/completions", True),
+        ("lmstudio", "/v1/embeddings", True),
+        ("lmstudio", "/api/chat", False),
+        ("omlx", "/v1/chat/completions", True),
+        ("omlx", "/api/generate", False),
+        ("openai", "/v1/messages", True),
+        ("openai", "/api/embed", False),
+        ("openai", "/api/v0/models", False),
+    ],
+)
+def test_each_kind_speaks_its_own_routes_natively(kind: str, path: str, native: bool) -> None:
+    """§11.3: which client routes a node of each kind is sent as they are."""
+    assert ENGINES[kind].speaks(path) is native
+
+
+def test_openai_names_compare_exactly() -> None:
+    """§11.1: an ``openai`` node's names match exactly (no ``:latest``, no case folding)."""
+    openai = ENGINES["openai"]
+    assert openai.matches("SmolLM2", "SmolLM2")
+    assert not openai.matches("smollm2", "SmolLM2")
+    assert not openai.matches("smollm2", "smollm2:latest")
 
 
 @pytest.mark.parametrize("engine", sorted(ENGINES))

