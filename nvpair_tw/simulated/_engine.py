@@ -12,6 +12,12 @@ it is given, so a test can drive it with a ``task.Clock``. Every request it rece
 ``GET /api/v0/models`` (``state``) report them; None (the default) answers both with 404, like an
 engine without those endpoints, so residency stays unknown.
 
+``kind`` (``ollama``, ``lmstudio``, ``omlx`` or ``openai``, SPEC §11.1) makes the engine one real
+server: it answers only that server's routes (:mod:`~nvpair_tw.simulated._kinds`), 404s the others
+with that server's error body, lists its models in that server's format
+(:mod:`~nvpair_tw.simulated._inventory`) and streams as that server does
+(:mod:`~nvpair_tw.simulated._dialects`). None (the default) answers every route of every engine.
+
 This module is production-safe (``--demo`` uses it); the test harnesses built on it are in
 :mod:`nvpair_tw.testing`.
 """
@@ -23,12 +29,16 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
-from attrs import define, field, frozen
+from attrs import define, field, frozen, validators
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from nvpair_tw.core import abort
+from nvpair_tw.simulated._asked import Asked
+from nvpair_tw.simulated._dialects import kind_frames
+from nvpair_tw.simulated._inventory import Shelf, kind_listing
+from nvpair_tw.simulated._kinds import KINDS, Raw, not_found, serves
 from nvpair_tw.simulated._replies import control_answer, reply_frames, route_answer, stream_kind
 
 __all__ = [
@@ -113,6 +123,14 @@ class SimulatedEngine(Resource):
     """The whole process is frozen (as by SIGSTOP): every request, the model list and the other
     control routes included, is read and never answered. Set it back to ``False`` to thaw: what
     arrives afterwards is answered (requests taken while frozen stay unanswered)."""
+    kind: str | None = field(
+        default=None, kw_only=True, validator=validators.optional(validators.in_(KINDS))
+    )
+    """The one engine this is (see the module docstring), or None for all of them at once."""
+    context_length: int = field(default=4096, kw_only=True)
+    """Each model's context length, as a kind reports it (``max_context_length``, ``n_ctx``, …)."""
+    slots: int = field(default=1, kw_only=True)
+    """llama.cpp's ``total_slots`` (kind ``openai``)."""
     received: list[Received] = field(factory=list)
     inference_count: int = 0
     _timers: list[IDelayedCall] = field(factory=list)
@@ -163,6 +181,11 @@ class SimulatedEngine(Resource):
             self._act(request, behaviour, body)
         return NOT_DONE_YET
 
+    @property
+    def open_requests(self) -> list[Request]:
+        """The requests taken and not yet answered in full."""
+        return self._open
+
     def _closed(self, _result: object, request: Request) -> None:
         if request in self._open:
             self._open.remove(request)
@@ -200,17 +223,7 @@ class SimulatedEngine(Resource):
             request.write(b"")
             self._later(0, _hang_up, request)
             return
-        frames = (
-            self.script(request.path, streaming, body)
-            if self.script is not None
-            else reply_frames(
-                request.path,
-                streaming,
-                self.chunks,
-                self.reply_text,
-                response_id=f"{self.response_prefix}_{self.inference_count}",
-            )
-        )
+        frames = _healthy_frames(self, request.path, streaming, body)
         if behaviour is Behaviour.SLOW_BODY:
             request.write(b"")
             self._later(self.body_delay, self._send, request, frames, 0)
@@ -241,6 +254,9 @@ class SimulatedEngine(Resource):
             self._send(request, frames, index + 1)
 
     def _json(self, request: Request, document: Any) -> bytes:
+        if isinstance(document, Raw):
+            request.setHeader(b"content-type", document.content_type)
+            return document.body
         request.setHeader(b"content-type", b"application/json")
         return json.dumps(document).encode()
 
@@ -279,12 +295,17 @@ def _answered_at_once(
 ) -> tuple[int, Any] | None:
     """What ``engine`` answers without its policy: 401 for a wrong key, a load or unload (which
     changes what it has loaded), the model lists and the other control routes; None for
-    inference."""
+    inference. An engine of a kind answers a route its server lacks with that server's 404."""
+    if engine.kind is not None and not serves(engine.kind, request.method, request.path):
+        return 404, not_found(engine.kind, request.method, request.path)
     if engine.api_key is not None and request.requestHeaders.getRawHeaders(b"authorization") != [
         f"Bearer {engine.api_key}".encode()
     ]:
         return 401, {"error": "unauthorized"}
     path = request.path
+    if engine.kind is not None and request.method == b"GET":
+        listed = kind_listing(engine.kind, path, _shelf(engine))
+        return listed if listed is not None else (404, not_found(engine.kind, b"GET", path))
     if request.method == b"POST":
         control = control_answer(path, body, engine.models, engine.loaded)
         if control is not None:
@@ -297,3 +318,32 @@ def _hang_up(request: Request) -> None:
     """Close after flushing what was written (the client sees a truncated response)."""
     if request.transport is not None:
         request.transport.loseConnection()
+
+
+def _healthy_frames(
+    engine: SimulatedEngine, path: bytes, streaming: bool, body: bytes
+) -> list[bytes]:
+    """The frames of ``engine``'s healthy answer: its ``script``'s, its kind's, or every engine's."""
+    if engine.script is not None:
+        return engine.script(path, streaming, body)
+    response_id = f"{engine.response_prefix}_{engine.inference_count}"
+    if engine.kind is None:
+        return reply_frames(
+            path, streaming, engine.chunks, engine.reply_text, response_id=response_id
+        )
+    now, number = engine.clock.seconds(), engine.inference_count
+    asked = Asked.of(path, body, streaming, engine.chunks, engine.reply_text, now, number)
+    return kind_frames(engine.kind, asked, engine.context_length, response_id)
+
+
+def _shelf(engine: SimulatedEngine) -> Shelf:
+    """What ``engine`` holds now, for its kind's GET routes (its open requests are its busy slots)."""
+    busy = len(engine.open_requests)
+    return Shelf(
+        engine.models,
+        engine.loaded,
+        engine.context_length,
+        engine.slots,
+        busy,
+        engine.clock.seconds(),
+    )
