@@ -299,6 +299,7 @@ class MemoryCluster(_Requests):
         nodes: Mapping[str, Sequence[Node | str]] | None = None,
         environ: Mapping[str, str] | None = None,
         stall_tracker: StallTrackerFactory | None = None,
+        nodes_file: str | None = None,
     ) -> None:
         for node_id, engine in engines.items():
             engine_clock = getattr(engine, "clock", clock)
@@ -326,6 +327,7 @@ class MemoryCluster(_Requests):
             settings if settings is not None else Settings(),
             list(facades),
             nodes=resolved,
+            nodes_file=nodes_file,
             environ=environ,
             stall_tracker=stall_tracker,
             client=UpstreamClient.from_agent(node_agent, clock),
@@ -343,10 +345,12 @@ class MemoryCluster(_Requests):
         return f"http://{self._hosts[node_id]}:{_NODE_PORT}"
 
     def node(self, node_id: str) -> Node:
-        """A node for engine ``node_id``, advertising a simulated engine's models."""
+        """A node for engine ``node_id``, advertising a simulated engine's models; a simulated
+        engine of a kind (``SimulatedEngine(kind=…)``) is a node of that kind (§11.1)."""
         engine = self.engines[node_id]
         models = tuple(engine.models) if isinstance(engine, SimulatedEngine) else ()
-        return Node(node_id, self.url(node_id), models)
+        kind = engine.kind if isinstance(engine, SimulatedEngine) else None
+        return Node(node_id, self.url(node_id), models, kind=kind)
 
     def facade_url(self, facade: str | None = None) -> str:
         """The base URL of a facade (the first one by default)."""

@@ -1,0 +1,251 @@
+"""Every attempt speaks its node's dialect (docs/behaviour.md §11.3, §11.4): the corridor over nodes
+of several kinds, in memory on one clock (the timers: failover, cooldown) and over loopback
+sockets (framing, truncation, the official client).
+
+A ``SimulatedEngine(kind=…)`` answers only its real server's routes, so a request that reached it
+untranslated would get that server's 404: every translated answer here proves the translation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from twisted.internet.task import Clock
+
+from nvpair_tw.core import Settings
+from nvpair_tw.testing import Behaviour, MemoryCluster, MemoryResponse, SimulatedEngine, always
+
+pytestmark = pytest.mark.timeout(30)
+
+Make = Callable[..., MemoryCluster]
+MODEL = "smollm2"
+
+
+def lines(response: MemoryResponse) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in response.body.splitlines() if line.strip()]
+
+
+def sent(cluster: MemoryCluster, node_id: str) -> list[tuple[bytes, dict[str, Any]]]:
+    engine = cluster.engines[node_id]
+    assert isinstance(engine, SimulatedEngine)
+    return [(r.path, json.loads(r.body)) for r in engine.received if r.method == b"POST"]
+
+
+def openai_node(clock: Clock, **kw: Any) -> SimulatedEngine:
+    return SimulatedEngine(clock, (MODEL,), kind="openai", **kw)
+
+
+def chat(stream: bool | None = None, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    if stream is not None:
+        body["stream"] = stream
+    return {**body, **extra}
+
+
+def test_an_ollama_chat_stream_is_translated_for_an_openai_node(memory_cluster: Make) -> None:
+    """§11.3: ``/api/chat`` goes to the node as ``/v1/chat/completions`` asking for usage; the
+    client gets Ollama NDJSON ending in one ``done: true`` line with the engine's counts."""
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock)})
+    response = cluster.fetch("POST", "/api/chat", json=chat())
+    assert response.status == 200 and response.complete
+    assert response.header("content-type") == "application/x-ndjson"
+    got = lines(response)
+    assert [g["done"] for g in got] == [False] * (len(got) - 1) + [True]
+    assert "".join(g["message"]["content"] for g in got) == "hello0hello1hello2"
+    assert {g["model"] for g in got} == {MODEL}
+    final = got[-1]
+    assert final["done_reason"] == "stop"
+    assert final["eval_count"] == 3 and isinstance(final["prompt_eval_count"], int)
+    [(path, body)] = sent(cluster, "b")
+    assert path == b"/v1/chat/completions"
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+
+
+def test_a_whole_ollama_chat_is_assembled_from_the_translated_stream(memory_cluster: Make) -> None:
+    """``stream: false`` is asked of the node as a stream (§6.5) and answered as one object."""
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock)})
+    response = cluster.fetch("POST", "/api/chat", json=chat(stream=False))
+    assert response.status == 200 and response.complete
+    answer = response.json()
+    assert answer["message"] == {"role": "assistant", "content": "hello0hello1hello2"}
+    assert answer["done"] is True and answer["model"] == MODEL and answer["eval_count"] == 3
+    [(_, body)] = sent(cluster, "b")
+    assert body["stream"] is True
+
+
+def test_generate_embed_and_embeddings_come_back_in_ollama_shapes(memory_cluster: Make) -> None:
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock)})
+    generated = cluster.fetch(
+        "POST", "/api/generate", json={"model": MODEL, "prompt": "hi", "stream": False}
+    )
+    assert generated.status == 200
+    assert generated.json()["response"] == "hello0hello1hello2"
+    embedded = cluster.fetch("POST", "/api/embed", json={"model": MODEL, "input": ["a", "b"]})
+    assert embedded.status == 200
+    assert len(embedded.json()["embeddings"]) == 2 and embedded.json()["model"] == MODEL
+    legacy = cluster.fetch("POST", "/api/embeddings", json={"model": MODEL, "prompt": "a"})
+    assert legacy.status == 200 and isinstance(legacy.json()["embedding"], list)
+    assert [p for p, _ in sent(cluster, "b")] == [
+        b"/v1/chat/completions",
+        b"/v1/embeddings",
+        b"/v1/embeddings",
+    ]
+
+
+def test_an_untranslatable_request_is_refused_without_contacting_a_node(
+    memory_cluster: Make,
+) -> None:
+    """§11.3: Ollama's ``context`` has no OpenAI counterpart: 400 ``untranslatable`` naming it."""
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock)})
+    body = {"model": MODEL, "prompt": "go on", "context": [1, 2, 3]}
+    response = cluster.fetch("POST", "/api/generate", json=body)
+    assert response.status == 400
+    assert response.json()["code"] == "untranslatable"
+    assert "context" in response.json()["error"]
+    assert sent(cluster, "b") == []
+
+
+def test_an_untranslatable_request_still_reaches_a_native_node(memory_cluster: Make) -> None:
+    """Only nodes of another kind are excluded: the Ollama node takes ``context`` as it is."""
+    clock = Clock()
+    engines = {"a": SimulatedEngine(clock, (MODEL,), kind="ollama"), "b": openai_node(clock)}
+    cluster = memory_cluster(clock, engines)
+    body = {"model": MODEL, "prompt": "go on", "context": [1, 2, 3]}
+    for _ in range(3):
+        response = cluster.fetch("POST", "/api/generate", json=body)
+        assert response.status == 200 and response.header("x-nvpair-node") == "a"
+    assert sent(cluster, "b") == []
+
+
+def test_a_frozen_ollama_node_fails_over_to_an_openai_node_translated(
+    memory_cluster: Make,
+) -> None:
+    """§11.3: failover across kinds, the second attempt translated from the client's own body; the
+    frozen node cools, so the next request does not wait for it."""
+    clock = Clock()
+    frozen = SimulatedEngine(clock, (MODEL,), kind="ollama", policy=always(Behaviour.FROZEN))
+    engines = {"a": frozen, "b": openai_node(clock)}
+    settings = Settings(response_header_timeout=5.0)
+    cluster = memory_cluster(clock, engines, settings=settings)
+    cluster.facade().pin = "a"
+    pending = cluster.request("POST", "/api/chat", json=chat())
+    cluster.advance(5.0)
+    response = cluster.result(pending)
+    assert response.status == 200 and response.header("x-nvpair-node") == "b"
+    assert lines(response)[-1]["done"] is True
+    [(path, _)] = sent(cluster, "b")
+    assert path == b"/v1/chat/completions"
+    assert [p for p, _ in sent(cluster, "a")] == [b"/api/chat"]
+    started = clock.seconds()
+    again = cluster.fetch("POST", "/api/chat", json=chat())
+    assert again.header("x-nvpair-node") == "b" and clock.seconds() == started
+
+
+def test_a_translated_stream_cut_mid_way_never_looks_complete(memory_cluster: Make) -> None:
+    """§11.3: the node drops mid-stream after commit: no ``done: true`` line, framing unfinished."""
+    clock = Clock()
+    dropping = openai_node(clock, policy=always(Behaviour.DROP_MID_STREAM), chunks=6)
+    cluster = memory_cluster(clock, {"b": dropping})
+    response = cluster.fetch("POST", "/api/chat", json=chat())
+    assert response.status == 200 and response.truncated
+    assert response.chunks, "the stream was committed before the cut"
+    assert all(not line["done"] for line in lines(response))
+
+
+def test_an_upstream_error_becomes_an_ollama_error_with_the_same_status(
+    memory_cluster: Make,
+) -> None:
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock, policy=always(Behaviour.STATUS_400))})
+    response = cluster.fetch("POST", "/api/chat", json=chat())
+    assert response.status == 400
+    assert isinstance(response.json()["error"], str)
+
+
+def test_an_ollama_list_synthesises_records_from_an_openai_node(memory_cluster: Make) -> None:
+    """§11.3: ``/api/tags`` from a node that only has ``/v1/models``: names, nothing invented."""
+    clock = Clock()
+    engines = {"a": SimulatedEngine(clock, ("llama3:latest",), kind="ollama"), "b": openai_node(clock)}
+    cluster = memory_cluster(clock, engines)
+    listed = cluster.fetch("GET", "/api/tags").json()["models"]
+    names = [m["name"] for m in listed]
+    assert names == ["llama3:latest", MODEL]
+    synthesised = listed[1]
+    assert synthesised["model"] == MODEL
+    assert "digest" not in synthesised and "size" not in synthesised
+
+
+def write_catalogue(tmp_path: Path, cluster_urls: dict[str, str], kinds: dict[str, str]) -> str:
+    nodes = "".join(
+        f'[[node]]\nid = "{n}"\nurl = "{url}"\nkind = "{kinds[n]}"\nmodels = ["{m}"]\n\n'
+        for n, (url, m) in cluster_urls.items()
+    )
+    path = tmp_path / "nodes.toml"
+    path.write_text(
+        nodes + '[[model]]\nname = "smollm2"\naliases = ["SmolLM2-135M-Instruct"]\n'
+    )
+    return str(path)
+
+
+def catalogued(memory_cluster: Make, tmp_path: Path, clock: Clock) -> MemoryCluster:
+    """An Ollama node calling the model ``smollm2:latest`` and an LM Studio node calling it
+    ``SmolLM2-135M-Instruct``, one public name over both (nodes file, §11.4)."""
+    engines = {
+        "a": SimulatedEngine(clock, ("smollm2:latest",), kind="ollama"),
+        "l": SimulatedEngine(clock, ("SmolLM2-135M-Instruct",), kind="lmstudio"),
+    }
+    probe = MemoryCluster(clock, engines, nodes={"ollama": []})
+    urls = {"a": (probe.url("a"), "smollm2:latest"), "l": (probe.url("l"), "SmolLM2-135M-Instruct")}
+    probe.stop()
+    path = write_catalogue(tmp_path, urls, {"a": "ollama", "l": "lmstudio"})
+    return memory_cluster(clock, engines, nodes={"ollama": [], "openai": []},
+                          facades=("ollama", "openai"), nodes_file=path)
+
+
+def test_one_public_name_reaches_the_node_by_its_own_name(
+    memory_cluster: Make, tmp_path: Path
+) -> None:
+    """§11.4: the forwarded body names the node's local name; every ``model`` of the answer is
+    the name the client sent; on a native route every other byte is the client's."""
+    clock = Clock()
+    cluster = catalogued(memory_cluster, tmp_path, clock)
+    raw = b'{"model": "smollm2",  "messages": [{"role": "user", "content": "hi"}], "stream": true}'
+    response = cluster.result(
+        cluster.request("POST", "/v1/chat/completions", data=raw, facade="openai",
+                        headers={"x-nvpair-node": "l", "content-type": "application/json"})
+    )
+    assert response.status == 200 and response.header("x-nvpair-node") == "l"
+    engine = cluster.engines["l"]
+    assert isinstance(engine, SimulatedEngine)
+    assert engine.received[-1].body == raw.replace(b'"smollm2"', b'"SmolLM2-135M-Instruct"')
+    assert b"SmolLM2-135M-Instruct" not in response.body
+    assert b'"model":"smollm2"' in response.body or b'"model": "smollm2"' in response.body
+
+
+def test_a_public_name_is_listed_once(memory_cluster: Make, tmp_path: Path) -> None:
+    clock = Clock()
+    cluster = catalogued(memory_cluster, tmp_path, clock)
+    listed = cluster.fetch("GET", "/v1/models", facade="openai").json()["data"]
+    assert [m["id"] for m in listed] == ["smollm2"]
+    tags = cluster.fetch("GET", "/api/tags", facade="ollama").json()["models"]
+    assert [m["name"] for m in tags] == ["smollm2"]
+
+
+def test_the_openai_facade_answers_404_to_routes_it_does_not_serve(memory_cluster: Make) -> None:
+    """§11.2: only the OpenAI-compatible routes; nothing is passed through to a node."""
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock)}, facades=("openai",))
+    response = cluster.fetch("GET", "/api/version", facade="openai")
+    assert response.status == 404 and response.json()["code"] == "not-found"
+    engine = cluster.engines["b"]
+    assert isinstance(engine, SimulatedEngine)
+    assert [r.path for r in engine.received if r.path == b"/api/version"] == []
