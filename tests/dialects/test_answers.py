@@ -223,7 +223,9 @@ def test_generate_answers_use_response_not_message() -> None:
     out = lines(run(t, chat_stream("Hi", "!")))
     assert [o["response"] for o in out] == ["Hi", "!", ""]
     assert "message" not in out[-1]
-    whole = json.loads(run(translation("/api/generate", prompt="hi", stream=False), chat_stream("Hi")))
+    whole = json.loads(
+        run(translation("/api/generate", prompt="hi", stream=False), chat_stream("Hi"))
+    )
     assert whole["response"] == "Hi" and whole["done"] is True
 
 
@@ -290,9 +292,7 @@ def test_other_error_bodies_pass_through_unchanged() -> None:
 
 
 def test_v0_error_passes_through_as_it_came() -> None:
-    t = translate(
-        "/api/v0/chat/completions", dict(CHAT), local_model="m", client_model="llama3"
-    )
+    t = translate("/api/v0/chat/completions", dict(CHAT), local_model="m", client_model="llama3")
     tr = t.answer(400, b"application/json", Ticks())
     assert tr.feed(b'{"error":{"message":"x"}}') + tr.end() == b'{"error":{"message":"x"}}'
 
@@ -303,7 +303,9 @@ def test_v0_whole_answer_gets_stats_and_the_clients_model() -> None:
         "id": "chatcmpl-1",
         "object": "chat.completion",
         "model": "m",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}],
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "Hi"}, "finish_reason": "stop"}
+        ],
         "usage": {"prompt_tokens": 4, "completion_tokens": 10, "total_tokens": 14},
     }
     clock = Ticks()
@@ -322,7 +324,10 @@ def test_v0_whole_answer_gets_stats_and_the_clients_model() -> None:
 
 def test_v0_stream_passes_through_renamed_and_needs_done() -> None:
     t = translate(
-        "/api/v0/chat/completions", {**CHAT, "stream": True}, local_model="smollm2", client_model="llama3"
+        "/api/v0/chat/completions",
+        {**CHAT, "stream": True},
+        local_model="smollm2",
+        client_model="llama3",
     )
     tr = t.answer(200, b"text/event-stream", Ticks())
     data = chat_stream("Hi")
