@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvpair_tw.dialects import AnswerTooLarge, MalformedAnswer, StreamCut, Translation, translate
+from nvpair_tw.dialects._answers import content_literal
 from tests.dialects.streams import (
     BASE,
     DONE,
@@ -375,3 +376,55 @@ def test_any_split_of_the_upstream_stream_gives_the_same_client_bytes(
     got = b"".join(tr.feed(piece) for piece in _split(SAMPLE, cuts)) + tr.end()
     assert got == expected
     assert b"\xf0\x9f\x98\x80" in got or b"\\ud83d" in got
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        delta(role="assistant", content="Hi"),
+        delta(content='say \\"x\\" \\\\'),
+        event(
+            {
+                **BASE,
+                "choices": [
+                    {"index": 0, "delta": {"content": "é"}, "logprobs": None, "finish_reason": None}
+                ],
+            }
+        ),
+    ],
+)
+def test_a_plain_content_chunk_takes_the_literal_copying_fast_path(frame: bytes) -> None:
+    event_data = frame[6:-2]
+    literal = content_literal(event_data)
+    assert literal is not None
+    assert json.loads(literal) == json.loads(event_data)["choices"][0]["delta"]["content"]
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        delta(content=""),
+        delta(content="a", reasoning_content="b"),
+        event(
+            {
+                **BASE,
+                "usage": {"prompt_tokens": 1},
+                "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}],
+            }
+        ),
+        event(
+            {**BASE, "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": "stop"}]}
+        ),
+        event(
+            {
+                **BASE,
+                "choices": [
+                    {"index": 0, "delta": {"content": "a"}, "finish_reason": None},
+                    {"index": 1, "delta": {"content": "b"}, "finish_reason": None},
+                ],
+            }
+        ),
+    ],
+)
+def test_any_other_chunk_is_parsed(frame: bytes) -> None:
+    assert content_literal(frame[6:-2]) is None

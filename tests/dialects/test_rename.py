@@ -23,8 +23,20 @@ def test_every_model_member_is_renamed_and_other_bytes_kept() -> None:
     out = r.feed(NDJSON) + r.end()
     assert out == NDJSON.replace(
         b'{"model":"llama3.1:8b"', b'{"model":"meta-llama-3.1-8b-instruct"'
-    ).replace(b'{"model": "llama3.1:8b"', b'{"model": "meta-llama-3.1-8b-instruct"')
+    )
     assert r.content_type == b"application/x-ndjson"
+
+
+def test_the_spaced_form_is_renamed_when_it_is_the_nodes_form() -> None:
+    r = renamer("m", "client", b"application/json")
+    out = r.feed(b'{"id": "x", "model": "m", "choices": []}') + r.end()
+    assert out == b'{"id": "x", "model": "client", "choices": []}'
+
+
+def test_the_first_form_seen_is_the_only_one_tried_afterwards() -> None:
+    r = renamer("m", "c", b"application/x-ndjson")
+    assert r.feed(b'{"model":"m"}\n') == b'{"model":"c"}\n'
+    assert r.feed(b'{"model": "m"}\n') == b'{"model": "m"}\n'
 
 
 def test_sse_and_whole_documents_are_renamed_too() -> None:
