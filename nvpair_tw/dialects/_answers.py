@@ -37,7 +37,6 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -54,17 +53,61 @@ from nvpair_tw.dialects._common import (
 )
 from nvpair_tw.dialects._rename import Identity, Renamer
 
-__all__ = ["EmbedAnswer", "ErrorAnswer", "OllamaStream", "V0Stream", "V0Whole", "error_message"]
+__all__ = [
+    "EmbedAnswer",
+    "ErrorAnswer",
+    "OllamaStream",
+    "V0Stream",
+    "V0Whole",
+    "content_literal",
+    "error_message",
+]
 
-_STRING = rb'"(?:[^"\\\x00-\x1f]|\\(?:["\\/bfnrt]|u[0-9a-fA-F]{4}))*"'
-_SIMPLE = rb'"[a-z_]+":(?:"[^"\\]*"|-?[0-9]+|null)'
-# A chunk holding nothing but one content delta of choice 0, as llama.cpp, Ollama, vLLM and LM
-# Studio send them: its content string literal is copied into the NDJSON chunk as it is.
-_FAST = re.compile(
-    rb"\{(?:" + _SIMPLE + rb",)*"
-    rb'"choices":\[\{"index":0,"delta":\{(?:"role":"assistant",)?"content":(' + _STRING + rb")\}"
-    rb'(?:,"logprobs":null)?,"finish_reason":null\}\](?:,' + _SIMPLE + rb")*\}"
-)
+_CHOICE_DELTA = b'"choices":[{"index":0,"delta":{'
+_ROLE = b'"role":"assistant",'
+_CONTENT = b'"content":"'
+_REST = b'},"finish_reason":null}]}'
+_REST_LOGPROBS = b'},"logprobs":null,"finish_reason":null}]}'
+
+
+def content_literal(event: bytes) -> bytes | None:
+    """The JSON string literal of the content, when ``event`` holds nothing but one non-empty
+    content delta of choice 0 in the member order Ollama, vLLM and LM Studio send
+    (``{<members without objects>,"choices":[{"index":0,"delta":{["role":"assistant",]"content":
+    "…"}[,"logprobs":null],"finish_reason":null}]}``); else None (and the event is parsed). The
+    literal is copied into the Ollama chunk as it is: JSON escapes are the same in both."""
+    at = event.find(_CHOICE_DELTA)
+    if at < 0:
+        return None
+    start = at + 31
+    if event.startswith(_ROLE, start):
+        start += 19
+    if not event.startswith(_CONTENT, start):
+        return None
+    start += 10  # the opening quote
+    end = start + 1
+    while True:
+        end = event.find(b'"', end)
+        if end < 0:
+            return None
+        back = end - 1
+        while event[back] == 92:  # a backslash
+            back -= 1
+        if (end - 1 - back) % 2 == 0:
+            break
+        end += 1
+    rest = len(event) - end - 1
+    if end == start + 1 or not (
+        (rest == len(_REST) and event.endswith(_REST))
+        or (rest == len(_REST_LOGPROBS) and event.endswith(_REST_LOGPROBS))
+    ):
+        return None
+    # the members before "choices" hold no object (no usage, no error): "{" only at the start
+    if event.find(b"{", 1, at) >= 0:
+        return None
+    return event[start : end + 1]
+
+
 _NS = 1e9
 
 
@@ -172,17 +215,36 @@ class OllamaStream:
         if self._json is not None:
             self._json.add(data)
             return b""
+        if (
+            data.startswith(b"data: ")
+            and data.find(b"\n") == len(data) - 2
+            and data.endswith(b"\n\n")
+            and self._events.idle
+            and not self._completions
+            and data[-3] != 13
+        ):
+            # one whole one-line event, the usual chunk: no splitting
+            literal = content_literal(data[6:-2])
+            if literal is not None:
+                when, stamp = self._stamp.now()
+                if self._first is None:
+                    self._first = when
+                self._last = when
+                if self._whole:
+                    self._keep("content", json.loads(literal))
+                    return b""
+                return b"".join((self._head, stamp.encode(), self._mid, literal, self._end))
+        events = self._events.feed(data)
         out: list[bytes] = []
-        fast = None if self._completions else _FAST.fullmatch
-        for event in self._events.feed(data):
-            match = fast(event) if fast is not None else None
-            if match is not None and match.end(1) - match.start(1) > 2:
-                self._literal(match.group(1), out)
+        for event in events:
+            literal = None if self._completions else content_literal(event)
+            if literal is not None:
+                self._literal(literal, out)
             else:
                 self._event(event, out)
                 if self._finished:
                     break
-        return b"".join(out)
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def end(self) -> bytes:
         out: list[bytes] = []

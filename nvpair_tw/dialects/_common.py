@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 __all__ = [
@@ -126,26 +126,44 @@ class SseEvents:
         self._data: list[bytes] = []
         self._size = 0
 
-    def feed(self, data: bytes) -> Iterator[bytes]:
+    def feed(self, data: bytes) -> list[bytes]:
+        """The events ``data`` completes, in order."""
+        lines = self._lines
+        if (
+            not lines._tail
+            and not self._data
+            and data.startswith(b"data: ")
+            and data.find(b"\n") == len(data) - 2
+            and data.endswith(b"\n\n")
+            and data[-3] != 13  # not CR: a one-line event "data: …\n\n", the common chunk
+            and len(data) <= lines._limit
+        ):
+            return [data[6:-2]]
+        events: list[bytes] = []
         pending = self._data
-        for line in self._lines.feed(data):
+        for line in lines.feed(data):
             if not line:
                 if pending:
-                    event = pending[0] if len(pending) == 1 else b"\n".join(pending)
+                    events.append(pending[0] if len(pending) == 1 else b"\n".join(pending))
                     pending.clear()
                     self._size = 0
-                    yield event
             elif line.startswith(b"data:"):
                 value = line[6:] if line.startswith(b"data: ") else line[5:]
                 pending.append(value)
                 self._size += len(value)
-                if self._size > self._lines._limit:
+                if self._size > lines._limit:
                     raise AnswerTooLarge("an unfinished event passed the limit")
+        return events
 
-    def rest(self) -> Iterator[bytes]:
+    @property
+    def idle(self) -> bool:
+        """Whether nothing is held: no unfinished line, no event being gathered."""
+        return not self._lines._tail and not self._data
+
+    def rest(self) -> list[bytes]:
         """At the end of the body: the last line and an event not followed by its blank line."""
         last = self._lines.rest()
-        yield from self.feed(last + b"\n\n" if last else b"\n")
+        return self.feed(last + b"\n\n" if last else b"\n")
 
 
 class Stamp:
@@ -166,5 +184,4 @@ class Stamp:
         if second != self._second:
             self._second = second
             self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(second))
-        nanos = min(int((when - second) * 1e9), 999_999_999)
-        return when, f"{self._prefix}{nanos:09d}Z"
+        return when, f"{self._prefix}{int((when - second) * 1e9):09d}Z"

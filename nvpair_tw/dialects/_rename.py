@@ -9,7 +9,9 @@ document). Inside a JSON string a quote is escaped, so the pattern can only matc
 a ``model`` member at any depth is renamed (nested ``model`` members name the model too). A chunk
 that ends inside a possible pattern keeps only that partial pattern back until the next chunk (or
 :meth:`Renamer.end`), so a frame is never delayed unless its last bytes might begin a ``model``
-member. Names are compared in their JSON form, unescaped (``ensure_ascii`` off) and with
+member. A node's serializer writes one form: once a form has matched, only that one is tried
+(one search per chunk; a node mixing forms within one answer keeps the other form's name).
+Names are compared in their JSON form, unescaped (``ensure_ascii`` off) and with
 ``\\uXXXX`` escapes; a server that escapes otherwise (``\\/``) is not renamed.
 """
 
@@ -57,8 +59,20 @@ class Renamer:
         if self._tail:
             data = self._tail + data
             self._tail = b""
-        for old, new in self._pairs:
-            data = data.replace(old, new)
+        pairs = self._pairs
+        if len(pairs) == 1:
+            data = data.replace(pairs[0][0], pairs[0][1])
+        else:
+            for old, new in pairs:
+                renamed = data.replace(old, new)
+                if renamed is not data:  # the node's form: the only one tried from now on
+                    self._pairs = [(old, new)]
+                    self._prefixes = (old,)
+                    self._hold = len(old) - 1
+                    data = renamed
+                    break
+        if data.endswith(b"\n"):  # a whole line or event: no pattern holds a newline
+            return data
         # keep back a suffix that may begin a pattern (it starts at a quote)
         size = len(data)
         index = data.find(b'"', max(0, size - self._hold))
