@@ -328,7 +328,9 @@ class Options(usage.Options):
     def _resolve(self, environ: Mapping[str, str]) -> Config:
         engines: list[str] = self["engines"]
         if not engines:
-            raise usage.UsageError("at least one --engine is required (ollama, lmstudio, omlx or openai)")
+            raise usage.UsageError(
+                "at least one --engine is required (ollama, lmstudio, omlx or openai)"
+            )
         listen, admin, control = _endpoints(self, engines)
         header = resolve_response_header_timeout(self["response-header-timeout"], environ)
         if self["demo"] and header.source == "default" and header.warning is None:
@@ -464,9 +466,7 @@ def _upstream_client(name: str) -> str:
 def _flag_nodes(options: Options, engines: list[str]) -> dict[str, tuple[Node, ...]]:
     """Each engine's ``--node`` nodes (unscoped ones under every engine) with their slots and
     ``--node-key-file`` keys."""
-    flag_nodes = _with_kinds(
-        _with_keys(options["node"], options["node-key"]), options["node-kind"]
-    )
+    flag_nodes = _with_kinds(_with_keys(options["node"], options["node-key"]), options["node-kind"])
     slots: list[tuple[str | None, str, int]] = options["node-slots"]
     for scope, node_id, _ in slots:
         if scope is not None and scope not in engines:

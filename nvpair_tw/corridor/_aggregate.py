@@ -15,7 +15,7 @@ so a public name appears once.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from attrs import frozen
@@ -82,8 +82,9 @@ async def aggregate_model_list(
         if records is None:
             continue
         for key, record in records:
-            if catalogue is not None:
-                key, record = _public(fmt, catalogue, key, record)
+            if catalogue is not None and catalogue.by_name:
+                rule = node.kind_of(facade).normalise if facade is not None else str.strip
+                key, record = _public(fmt, catalogue, rule, key, record)
             slot = (key, node.id if fmt.per_node else "")
             if slot not in seen:
                 seen.add(slot)
@@ -124,15 +125,17 @@ _NAME_FIELDS = ("name", "model", "id")
 
 
 def _public(
-    fmt: ModelListFormat, catalogue: Catalogue, key: str, record: dict[str, Any]
+    fmt: ModelListFormat,
+    catalogue: Catalogue,
+    rule: Callable[[str], str],
+    key: str,
+    record: dict[str, Any],
 ) -> tuple[str, dict[str, Any]]:
-    """A record listed under an alias, renamed to its public name (§11.4); others unchanged."""
-    names = [record.get(f) for f in _NAME_FIELDS]
-    public = next(
-        (catalogue.public(n) for n in names if isinstance(n, str) and catalogue.public(n) != n),
-        None,
-    )
-    if public is None:
+    """A record listed under one of a declared model's names, renamed to its public name (§11.4);
+    others unchanged."""
+    names = [n for n in (record.get(f) for f in _NAME_FIELDS) if isinstance(n, str)]
+    public = next((p for p in (catalogue.public_of(n, rule) for n in names) if p), None)
+    if public is None or all(n == public for n in names):
         return key, record
     renamed = {**record, **{f: public for f in _NAME_FIELDS if isinstance(record.get(f), str)}}
     return fmt.record_key(renamed) or public, renamed

@@ -17,7 +17,7 @@ from typing import Any
 
 from attrs import frozen
 from twisted.internet.interfaces import IPushProducer
-from twisted.internet.protocol import Protocol
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
@@ -31,8 +31,8 @@ from nvpair_tw.dialects import (
     TRANSLATED_ROUTES,
     StreamCut,
     Transducer,
-    renamer,
     rename_request,
+    renamer,
     translate,
     untranslatable_field,
 )
@@ -122,9 +122,11 @@ class Speech:
             return Wire(self.method, self.target, body, self.assembly, local_model=local)
         # The node knows the model by another name (§11.4): only the model value changes.
         renamed = rename_request(body, local)
-        assembly = Assembly(self.assembly.dialect, renamed, self.assembly.limit) if (
-            self.assembly is not None
-        ) else None
+        assembly = (
+            Assembly(self.assembly.dialect, renamed, self.assembly.limit)
+            if (self.assembly is not None)
+            else None
+        )
 
         def answer(status: int, content_type: bytes | None) -> Transducer:
             return renamer(local, model, content_type)
@@ -217,7 +219,7 @@ class _Transcoding(Protocol):
         if out:
             self._reader.dataReceived(out)
 
-    def connectionLost(self, reason: Failure = ResponseDone()) -> None:  # type: ignore[assignment]
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._ended:
             return
         self._ended = True

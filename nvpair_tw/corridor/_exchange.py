@@ -23,7 +23,6 @@ from twisted.web.server import Request
 
 from nvpair_tw.assembly import plan_assembly
 from nvpair_tw.core import RESPONSES_PATH, RouteKind, upstream_request_headers, write_error
-from nvpair_tw.corridor._dialect import Speech, reach
 from nvpair_tw.corridor._attempts import (
     Abandoned,
     AttemptObserver,
@@ -33,6 +32,7 @@ from nvpair_tw.corridor._attempts import (
     Exhausted,
     run_attempts,
 )
+from nvpair_tw.corridor._dialect import Speech, reach
 from nvpair_tw.corridor._relay import RelayEnd, RelayOutcome, cut, relay
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import RequestRecord, Workload

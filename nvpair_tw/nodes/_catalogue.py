@@ -10,7 +10,7 @@ public name.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from attrs import frozen
@@ -56,6 +56,19 @@ class Catalogue:
     def public(self, name: str) -> str:
         """The public name of ``name`` (itself when undeclared)."""
         return self.lookup(name).public
+
+    def public_of(self, listed: str, normalise: Callable[[str], str]) -> str | None:
+        """The public name of a model a node lists as ``listed``, comparing every declared name
+        under the node kind's rule (``smollm2`` is Ollama's ``smollm2:latest``); None when it is
+        not declared."""
+        found = self.by_name.get(listed.strip())
+        if found is not None:
+            return found.public
+        wanted = normalise(listed.strip())
+        for name, model in self.by_name.items():
+            if normalise(name) == wanted:
+                return model.public
+        return None
 
     def models(self) -> tuple[ModelNames, ...]:
         """The declared models, each once, by public name."""

@@ -272,9 +272,7 @@ def _parse_kind(
         or not facades
         or not all(isinstance(f, str) and f in ENGINES for f in facades)
     ):
-        raise NodesFileError(
-            f"{where}: facades: a non-empty list of {', '.join(sorted(ENGINES))}"
-        )
+        raise NodesFileError(f"{where}: facades: a non-empty list of {', '.join(sorted(ENGINES))}")
     return kind, frozenset(facades)
 
 

@@ -174,7 +174,10 @@ def test_an_upstream_error_becomes_an_ollama_error_with_the_same_status(
 def test_an_ollama_list_synthesises_records_from_an_openai_node(memory_cluster: Make) -> None:
     """§11.3: ``/api/tags`` from a node that only has ``/v1/models``: names, nothing invented."""
     clock = Clock()
-    engines = {"a": SimulatedEngine(clock, ("llama3:latest",), kind="ollama"), "b": openai_node(clock)}
+    engines = {
+        "a": SimulatedEngine(clock, ("llama3:latest",), kind="ollama"),
+        "b": openai_node(clock),
+    }
     cluster = memory_cluster(clock, engines)
     listed = cluster.fetch("GET", "/api/tags").json()["models"]
     names = [m["name"] for m in listed]
@@ -184,15 +187,15 @@ def test_an_ollama_list_synthesises_records_from_an_openai_node(memory_cluster: 
     assert "digest" not in synthesised and "size" not in synthesised
 
 
-def write_catalogue(tmp_path: Path, cluster_urls: dict[str, str], kinds: dict[str, str]) -> str:
+def write_catalogue(
+    tmp_path: Path, cluster_urls: dict[str, tuple[str, str]], kinds: dict[str, str]
+) -> str:
     nodes = "".join(
         f'[[node]]\nid = "{n}"\nurl = "{url}"\nkind = "{kinds[n]}"\nmodels = ["{m}"]\n\n'
         for n, (url, m) in cluster_urls.items()
     )
     path = tmp_path / "nodes.toml"
-    path.write_text(
-        nodes + '[[model]]\nname = "smollm2"\naliases = ["SmolLM2-135M-Instruct"]\n'
-    )
+    path.write_text(nodes + '[[model]]\nname = "smollm2"\naliases = ["SmolLM2-135M-Instruct"]\n')
     return str(path)
 
 
@@ -207,8 +210,13 @@ def catalogued(memory_cluster: Make, tmp_path: Path, clock: Clock) -> MemoryClus
     urls = {"a": (probe.url("a"), "smollm2:latest"), "l": (probe.url("l"), "SmolLM2-135M-Instruct")}
     probe.stop()
     path = write_catalogue(tmp_path, urls, {"a": "ollama", "l": "lmstudio"})
-    return memory_cluster(clock, engines, nodes={"ollama": [], "openai": []},
-                          facades=("ollama", "openai"), nodes_file=path)
+    return memory_cluster(
+        clock,
+        engines,
+        nodes={"ollama": [], "openai": []},
+        facades=("ollama", "openai"),
+        nodes_file=path,
+    )
 
 
 def test_one_public_name_reaches_the_node_by_its_own_name(
@@ -220,8 +228,13 @@ def test_one_public_name_reaches_the_node_by_its_own_name(
     cluster = catalogued(memory_cluster, tmp_path, clock)
     raw = b'{"model": "smollm2",  "messages": [{"role": "user", "content": "hi"}], "stream": true}'
     response = cluster.result(
-        cluster.request("POST", "/v1/chat/completions", data=raw, facade="openai",
-                        headers={"x-nvpair-node": "l", "content-type": "application/json"})
+        cluster.request(
+            "POST",
+            "/v1/chat/completions",
+            data=raw,
+            facade="openai",
+            headers={"x-nvpair-node": "l", "content-type": "application/json"},
+        )
     )
     assert response.status == 200 and response.header("x-nvpair-node") == "l"
     engine = cluster.engines["l"]
