@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -740,3 +741,46 @@ def test_bad_state_options_are_usage_errors_that_never_quote_a_password(
     with pytest.raises(usage.UsageError) as raised:
         parse("--engine", "ollama", *args)
     assert "pw-canary" not in str(raised.value)
+
+
+def test_node_kind_gives_a_flag_node_its_kind_behind_every_facade() -> None:
+    """§11.1: ``--node-kind ID=KIND`` beside ``--node ID=URL``."""
+    options = parse(
+        "-e",
+        "ollama",
+        "-e",
+        "openai",
+        "--node",
+        "mac=http://10.0.0.20:1234",
+        "--node",
+        "box=http://10.0.0.30:11434",
+        "--node-kind",
+        "mac=lmstudio",
+    )
+    nodes = options.config.nodes
+    assert [(n.id, n.kind) for n in nodes["ollama"]] == [("mac", "lmstudio"), ("box", None)]
+    assert [(n.id, n.kind) for n in nodes["openai"]] == [("mac", "lmstudio"), ("box", None)]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--node-kind", "mac=vllm"], "--node-kind wants ID=KIND"),
+        (["--node-kind", "mac"], "--node-kind wants ID=KIND"),
+        (["--node-kind", "ghost=ollama"], "--node-kind ghost: no --node has this id"),
+        (
+            ["--node", "ollama:s=http://10.0.0.1:1", "--node-kind", "s=ollama"],
+            "give that --node as ID=URL",
+        ),
+    ],
+)
+def test_bad_node_kinds_are_usage_errors(args: list[str], needle: str) -> None:
+    with pytest.raises(usage.UsageError, match=re.escape(needle)):
+        parse("-e", "ollama", "--node", "mac=http://10.0.0.20:1234", *args)
+
+
+def test_the_openai_facade_is_an_engine_with_its_own_listener() -> None:
+    """§11.2: ``--engine openai`` alone listens on its default port."""
+    options = parse("--engine", "openai")
+    assert options.config.engines == ("openai",)
+    assert options.config.listen == {"openai": "tcp:4000:interface=127.0.0.1"}

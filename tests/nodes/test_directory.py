@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
 from twisted.internet.task import Clock
 
-from nvpair_tw.core._engines import LMSTUDIO, OLLAMA
+from nvpair_tw.core._engines import ENGINES, LMSTUDIO, OLLAMA
 from nvpair_tw.nodes._directory import Node, NodeDirectory, NodesFileError, load_nodes_file, url_key
 
 GOOD_FILE = """
@@ -318,3 +319,98 @@ def test_url_userinfo_is_basic_authorization_and_never_shown() -> None:
     keyed = Node("a", "http://u:p@h:1", api_key="k")
     assert keyed.authorization == b"Bearer k"
     assert Node("a", "http://h:1").public_url == "http://h:1"
+
+
+# --- node kinds (docs/behaviour.md §11.1) --------------------------------------------------------
+
+KINDS_FILE = """
+[[node]]
+id = "mac"
+url = "http://10.0.0.20:1234"
+kind = "lmstudio"
+
+[[node]]
+id = "box"
+url = "http://10.0.0.30:11434"
+kind = "ollama"
+facades = ["ollama", "openai"]
+
+[[node]]
+id = "plain"
+url = "http://10.0.0.40:8080"
+"""
+
+
+def test_a_node_with_a_kind_stands_behind_every_facade_unless_restricted(tmp_path: Path) -> None:
+    path = write(tmp_path / "nodes.toml", KINDS_FILE)
+    by_facade = {e: [(n.id, n.kind) for n in load_nodes_file(path, e)] for e in ENGINES}
+    assert by_facade == {
+        "ollama": [("mac", "lmstudio"), ("box", "ollama"), ("plain", None)],
+        "lmstudio": [("mac", "lmstudio"), ("plain", None)],
+        "omlx": [("mac", "lmstudio"), ("plain", None)],
+        "openai": [("mac", "lmstudio"), ("box", "ollama"), ("plain", None)],
+    }
+
+
+def test_a_node_without_a_kind_takes_the_kind_of_each_facade(tmp_path: Path) -> None:
+    path = write(tmp_path / "nodes.toml", KINDS_FILE)
+    [plain] = [n for n in load_nodes_file(path, "lmstudio") if n.id == "plain"]
+    assert plain.kind_of(LMSTUDIO) is LMSTUDIO and plain.kind_of(OLLAMA) is OLLAMA
+    assert plain.speaks(LMSTUDIO, "/api/anything") and plain.speaks(OLLAMA, "/api/pull")
+    [mac] = [n for n in load_nodes_file(path, "ollama") if n.id == "mac"]
+    assert mac.kind_of(OLLAMA) is LMSTUDIO
+    assert not mac.speaks(OLLAMA, "/api/chat") and mac.speaks(OLLAMA, "/v1/chat/completions")
+
+
+@pytest.mark.parametrize(
+    ("entry", "needle"),
+    [
+        ('kind = "vllm"', "kind: one of lmstudio, ollama, omlx, openai"),
+        ("kind = 3", "kind: one of"),
+        ('facades = ["ollama"]', "facades: needs a kind"),
+        ('kind = "ollama"\nfacades = []', "facades: a non-empty list"),
+        ('kind = "ollama"\nfacades = ["llamacpp"]', "facades: a non-empty list"),
+    ],
+)
+def test_bad_kinds_are_refused_with_one_clear_line(tmp_path: Path, entry: str, needle: str) -> None:
+    text = f'[[node]]\nid = "a"\nurl = "http://10.0.0.1:1"\n{entry}\n'
+    path = write(tmp_path / "nodes.toml", text)
+    with pytest.raises(NodesFileError, match=re.escape(needle)):
+        load_nodes_file(path, "ollama")
+
+
+def test_a_node_with_a_kind_has_one_url(tmp_path: Path) -> None:
+    text = '[[node]]\nid = "a"\nkind = "ollama"\n[node.url]\nollama = "http://10.0.0.1:1"\n'
+    path = write(tmp_path / "nodes.toml", text)
+    with pytest.raises(NodesFileError, match="a node with a kind has one URL"):
+        load_nodes_file(path, "ollama")
+
+
+def test_the_openai_facade_defaults_to_one_node_of_each_local_engine() -> None:
+    """§11.2: no node given, ``--engine openai`` fronts Ollama, LM Studio and oMLX by their kinds."""
+    directory = NodeDirectory(ENGINES["openai"], Clock())
+    assert [(n.id, n.url, n.kind, n.source) for n in directory.nodes()] == [
+        ("lmstudio", "http://127.0.0.1:1234", "lmstudio", "default"),
+        ("ollama", "http://127.0.0.1:11434", "ollama", "default"),
+        ("omlx", "http://127.0.0.1:8000", "omlx", "default"),
+    ]
+    assert [n.id for n in NodeDirectory(OLLAMA, Clock()).nodes()] == ["default"]
+
+
+def test_the_catalogue_comes_and_goes_with_the_nodes_file(tmp_path: Path) -> None:
+    """§11.4: ``[[model]]`` reloads with the file; a bad table keeps the previous one."""
+    clock = Clock()
+    base = '[[node]]\nid = "a"\nurl = "http://10.0.0.1:1"\n'
+    good = base + '[[model]]\nname = "llama3.1:8b"\naliases = ["meta-llama-3.1-8b-instruct"]\n'
+    path = write(tmp_path / "nodes.toml", good, mtime_ns=1_000_000_000)
+    directory = NodeDirectory(OLLAMA, clock, nodes_file=path, watch_interval=1.0)
+    directory.start()
+    assert directory.catalogue.public("meta-llama-3.1-8b-instruct") == "llama3.1:8b"
+    clash = good + '[[model]]\nname = "other"\naliases = ["meta-llama-3.1-8b-instruct"]\n'
+    write(tmp_path / "nodes.toml", clash, mtime_ns=2_000_000_000)
+    clock.advance(1.0)
+    assert directory.catalogue.public("meta-llama-3.1-8b-instruct") == "llama3.1:8b"
+    write(tmp_path / "nodes.toml", base, mtime_ns=3_000_000_000)
+    clock.advance(1.0)
+    assert directory.catalogue.public("meta-llama-3.1-8b-instruct") == "meta-llama-3.1-8b-instruct"
+    directory.stop()

@@ -656,3 +656,57 @@ def test_a_node_that_becomes_static_has_unknown_residency_at_once() -> None:
     memory.directory.add_manual(Node("a", "http://127.0.0.1:1001", ("m",), "manual"))
     assert memory.book.resident("a", "m") is None
     assert memory.book.loaded("a") is None
+
+
+# --- node kinds and the catalogue (docs/behaviour.md §11.1, §11.4) -------------------------------
+
+
+def test_a_node_is_polled_and_matched_by_its_own_kind_behind_any_facade() -> None:
+    """An LM Studio node behind the Ollama facade: /v1/models and /api/v0/models, exact names."""
+    studio = Node("mac", "http://127.0.0.1:1001", kind="lmstudio")
+    memory = InMemory([studio, node("box", 1002)])
+    memory.engines.answers[1001] = (200, json.dumps({"data": [{"id": "Qwen-7B"}]}).encode())
+    memory.engines.answers[1002] = (200, tags("qwen-7b"))
+    loaded = {"data": [{"id": "Qwen-7B", "state": "loaded"}]}
+    memory.engines.residency[1001] = (200, json.dumps(loaded).encode())
+    memory.poll()
+    assert sorted(memory.engines.seen) == [(1001, b"/v1/models"), (1002, b"/api/tags")]
+    assert sorted(memory.engines.residency_seen) == [(1001, b"/api/v0/models"), (1002, b"/api/ps")]
+    assert memory.book.owners("Qwen-7B") == ["mac"]
+    assert memory.book.owners("qwen-7b") == ["box"]
+    assert memory.book.resident("mac", "Qwen-7B") is True
+    assert memory.book.local_name("box", "qwen-7b:latest") == "qwen-7b"
+
+
+def test_an_openai_node_names_match_exactly_and_it_has_no_residency() -> None:
+    server = Node("cpp", "http://127.0.0.1:1001", kind="openai")
+    memory = InMemory([server])
+    memory.engines.answers[1001] = (200, json.dumps({"data": [{"id": "SmolLM2"}]}).encode())
+    memory.poll()
+    assert memory.engines.residency_seen == []
+    assert memory.book.owners("SmolLM2") == ["cpp"] and memory.book.owners("smollm2") == []
+    assert memory.book.resident("cpp", "SmolLM2") is None
+
+
+def test_a_public_name_reaches_every_node_that_has_any_of_its_names(tmp_path: Any) -> None:
+    """§11.4: each node answers with its own name for the model; the requested name wins."""
+    path = tmp_path / "nodes.toml"
+    path.write_text(
+        '[[node]]\nid = "box"\nurl = "http://10.0.0.1:1"\nmodels = ["llama3.1:8b"]\n'
+        '[[node]]\nid = "mac"\nurl = "http://10.0.0.2:1"\nkind = "lmstudio"\n'
+        'models = ["meta-llama-3.1-8b-instruct"]\n'
+        '[[node]]\nid = "other"\nurl = "http://10.0.0.3:1"\nmodels = ["qwen"]\n'
+        '[[model]]\nname = "llama3.1:8b"\naliases = ["meta-llama-3.1-8b-instruct"]\n'
+    )
+    clock = Clock()
+    directory = NodeDirectory(OLLAMA, clock, nodes_file=str(path))
+    directory.start()
+    book = InventoryBook(
+        OLLAMA, directory, make_http_client(RequestTraversalAgent(Engines())), clock
+    )
+    assert book.owners("llama3.1:8b") == ["box", "mac"]
+    assert book.owners("meta-llama-3.1-8b-instruct") == ["box", "mac"]
+    assert book.local_name("mac", "llama3.1:8b") == "meta-llama-3.1-8b-instruct"
+    assert book.local_name("box", "meta-llama-3.1-8b-instruct") == "llama3.1:8b"
+    assert book.local_name("other", "llama3.1:8b") is None
+    directory.stop()
