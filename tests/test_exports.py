@@ -69,6 +69,7 @@ FACES: dict[str, list[str]] = {
         "WorkloadState",
     ],
     "dialects": [
+        "SYNTHESISED_ROUTES",
         "TRANSLATED_ROUTES",
         "AnswerTooLarge",
         "MalformedAnswer",
@@ -82,6 +83,7 @@ FACES: dict[str, list[str]] = {
         "rename_request",
         "renamer",
         "show_answer",
+        "synthesis",
         "translate",
         "untranslatable_field",
     ],

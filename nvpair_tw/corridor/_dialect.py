@@ -28,11 +28,13 @@ from zope.interface import implementer
 from nvpair_tw.assembly import Assembly, plan_assembly
 from nvpair_tw.core import EngineProfile
 from nvpair_tw.dialects import (
+    SYNTHESISED_ROUTES,
     TRANSLATED_ROUTES,
     StreamCut,
     Transducer,
     rename_request,
     renamer,
+    synthesis,
     translate,
     untranslatable_field,
 )
@@ -79,6 +81,8 @@ def reach(facade: EngineProfile, node: Node, path: str, parsed: Mapping[str, Any
     """How ``node`` can take a request for ``path`` behind ``facade`` (§11.3)."""
     if node.speaks(facade, path):
         return Reach(native=True, translated=False)
+    if path.startswith(SYNTHESISED_ROUTES):
+        return Reach(native=False, translated=True)
     if path not in TRANSLATED_ROUTES or parsed is None:
         return Reach(native=False, translated=False)
     field = untranslatable_field(path, parsed)
@@ -113,7 +117,18 @@ class Speech:
         local = self.local_name(node.id, self.model) if self.model else None
         if node.speaks(self.facade, self.path):
             return self._native(kind, local)
+        if self.path.startswith(SYNTHESISED_ROUTES):
+            return self._synthesised(kind, local)
         return self._translated(local)
+
+    def _synthesised(self, kind: EngineProfile, local: str | None) -> Wire:
+        """A model-routed route answered from the node's own list (§11.3, last row)."""
+        model = self.model or ""
+        list_path = kind.facts_list or kind.inventory.path
+        plan = synthesis(
+            self.path, list_path, local_model=local or model, client_model=model, limit=self.limit
+        )
+        return Wire(b"GET", list_path.encode("ascii"), b"", None, plan.answer, True, local or model)
 
     def _native(self, kind: EngineProfile, local: str | None) -> Wire:
         body = self.assembly.body if self.assembly is not None else self.body
@@ -121,7 +136,10 @@ class Speech:
         if model is None or local is None or kind.matches(model, local):
             return Wire(self.method, self.target, body, self.assembly, local_model=local)
         # The node knows the model by another name (§11.4): only the model value changes.
-        renamed = rename_request(body, local)
+        try:
+            renamed = rename_request(body, local)
+        except ValueError:  # no top-level "model" (a route naming it otherwise): sent as it is
+            return Wire(self.method, self.target, body, self.assembly, local_model=local)
         assembly = (
             Assembly(self.assembly.dialect, renamed, self.assembly.limit)
             if (self.assembly is not None)

@@ -242,7 +242,10 @@ def _route(
         )
         if model and parsed is not None and record.path == RESPONSES_PATH:
             candidates = _conversation_first(facade, parsed, candidates)
-    plan = _plan(facade, request, kind, record.path, body, parsed, sent, candidates)
+    named = sent
+    if kind is RouteKind.MODEL_ROUTED:
+        named = _routed_model(facade, request.method, record.path, body)
+    plan = _plan(facade, request, kind, record.path, body, parsed, named, candidates)
     warm = candidates[0].id if promoted else None
     return _Route(plan, model, candidates, key, warm)
 

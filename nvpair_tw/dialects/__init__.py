@@ -26,6 +26,7 @@ from nvpair_tw.dialects._common import (
 from nvpair_tw.dialects._json import rename_request
 from nvpair_tw.dialects._models import ModelFacts, facts_from, record_for, show_answer
 from nvpair_tw.dialects._rename import renamer
+from nvpair_tw.dialects._synthesis import SYNTHESISED_ROUTES, synthesis
 from nvpair_tw.dialects._translate import (
     TRANSLATED_ROUTES,
     Translation,
@@ -34,6 +35,7 @@ from nvpair_tw.dialects._translate import (
 )
 
 __all__ = [
+    "SYNTHESISED_ROUTES",
     "TRANSLATED_ROUTES",
     "AnswerTooLarge",
     "MalformedAnswer",
@@ -47,6 +49,7 @@ __all__ = [
     "rename_request",
     "renamer",
     "show_answer",
+    "synthesis",
     "translate",
     "untranslatable_field",
 ]

@@ -262,3 +262,29 @@ def test_the_openai_facade_answers_404_to_routes_it_does_not_serve(memory_cluste
     engine = cluster.engines["b"]
     assert isinstance(engine, SimulatedEngine)
     assert [r.path for r in engine.received if r.path == b"/api/version"] == []
+
+
+def test_api_show_is_synthesised_from_the_list_of_a_node_of_another_kind(
+    memory_cluster: Make,
+) -> None:
+    """§11.3: ``/api/show`` for a model only an LM Studio node has: its list says the type and the
+    context length; nothing else is invented."""
+    clock = Clock()
+    studio = SimulatedEngine(clock, (MODEL,), kind="lmstudio", loaded=(), context_length=8192)
+    cluster = memory_cluster(clock, {"l": studio})
+    response = cluster.fetch("POST", "/api/show", json={"model": MODEL})
+    assert response.status == 200
+    assert response.json() == {
+        "details": {},
+        "model_info": {"general.context_length": 8192},
+        "capabilities": ["completion"],
+    }
+    assert [(r.method, r.path) for r in studio.received][-1] == (b"GET", b"/api/v0/models")
+
+
+def test_an_lmstudio_model_record_is_synthesised_for_an_openai_node(memory_cluster: Make) -> None:
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock)}, facades=("lmstudio",))
+    response = cluster.fetch("GET", f"/api/v0/models/{MODEL}", facade="lmstudio")
+    assert response.status == 200
+    assert response.json() == {"id": MODEL, "object": "model"}
