@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from attrs import define, field, frozen
+from attrs import define, evolve, field, frozen
 from twisted.internet.error import ConnectError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
@@ -106,6 +106,8 @@ class Committed:
     response: IResponse
     gate: BodyGate | AssemblyGate
     first: bytes
+    wire: Wire | None = None
+    """What the committed attempt sent (its dialect and the node's name for the model)."""
 
 
 @frozen
@@ -280,7 +282,8 @@ async def _attempt(
         response = TranscodedResponse(response, wire.answer(response.code, content_type))
     if wire.assembly is not None and _assembles(wire.assembly, response):
         touch = progress.touch if progress is not None else None
-        return await _assembled(plan, wire.assembly, node, response, clock, caller, is_last, touch)
+        step = await _assembled(plan, wire.assembly, node, response, clock, caller, is_last, touch)
+        return evolve(step, wire=wire) if isinstance(step, Committed) else step
     gate = BodyGate(
         clock,
         plan.first_body_timeout if plan.gated else 0.0,
@@ -289,9 +292,9 @@ async def _attempt(
     caller.track(gate.stop)
     response.deliverBody(gate)
     if not plan.gated:
-        return Committed(node, response, gate, b"")
+        return Committed(node, response, gate, b"", wire)
     first = await _first(gate, caller)
-    return first if isinstance(first, _Failed) else Committed(node, response, gate, first)
+    return first if isinstance(first, _Failed) else Committed(node, response, gate, first, wire)
 
 
 async def _first(gate: BodyGate | AssemblyGate, caller: CallerState) -> bytes | _Failed:

@@ -142,6 +142,8 @@ async def _answer(
         progress=facade.progress,
     )
     if isinstance(result, Committed):
+        if route.model and result.wire is not None:
+            record.served_as(route.model, result.wire.local_model, result.wire.translated)
         record.first_byte()
         remember_response(facade, record.path, result)
         outcome = await relay(

@@ -275,6 +275,11 @@ class RequestRecord:
     ended: float | None = field(init=False, default=None)
     fan_out: tuple[str, ...] | None = field(init=False, default=None)
     """The nodes a fan-out (docs/behaviour.md §13.2) ran on, in order; None for other requests."""
+    model: str | None = field(init=False, default=None)
+    """The public name of the model asked for (§11.4); None for a request naming none."""
+    model_local: str | None = field(init=False, default=None)
+    """The name the serving node knows the model by, and whether its attempt was translated."""
+    translated: bool = field(init=False, default=False)
     _current: tuple[str, float] | None = field(init=False, default=None)
     _busy_waits: int = field(init=False, default=0)
 
@@ -317,6 +322,10 @@ class RequestRecord:
     def queued_for(self, seconds: float) -> None:
         """The request waited ``seconds`` for a slot before its dispatch (or its 503)."""
         self.queued_ms = round(seconds * 1000)
+
+    def served_as(self, model: str | None, local: str | None, translated: bool) -> None:
+        """The committed attempt asked its node for ``model`` as ``local`` (§11.3, §11.4)."""
+        self.model, self.model_local, self.translated = model, local, translated
 
     def first_byte(self) -> None:
         """The first response byte went to the client now; later calls are no-ops."""
@@ -372,6 +381,10 @@ class RequestRecord:
         }
         if self.fan_out is not None:
             payload["fan_out"] = list(self.fan_out)
+        if self.model is not None:
+            payload["model"] = self.model
+            payload["model_local"] = self.model_local
+            payload["translated"] = self.translated
         return payload
 
     def _close_attempt(self, outcome: str) -> None:
