@@ -83,7 +83,8 @@ async def aggregate_model_list(
             continue
         for key, record in records:
             if catalogue is not None:
-                key, record = _public(fmt, catalogue, key, record)
+                kind = None if facade is None else node.kind_of(facade)
+                key, record = _public(fmt, catalogue, key, record, kind)
             slot = (key, node.id if fmt.per_node else "")
             if slot not in seen:
                 seen.add(slot)
@@ -124,18 +125,39 @@ _NAME_FIELDS = ("name", "model", "id")
 
 
 def _public(
-    fmt: ModelListFormat, catalogue: Catalogue, key: str, record: dict[str, Any]
+    fmt: ModelListFormat,
+    catalogue: Catalogue,
+    key: str,
+    record: dict[str, Any],
+    kind: EngineProfile | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """A record listed under an alias, renamed to its public name (§11.4); others unchanged."""
-    names = [record.get(f) for f in _NAME_FIELDS]
-    public = next(
-        (catalogue.public(n) for n in names if isinstance(n, str) and catalogue.public(n) != n),
-        None,
-    )
+    """A record listed under an alias, renamed to its public name (§11.4); others unchanged.
+
+    A node's name stands for a declared one under the node kind's rule (§4.1, §11.4): an Ollama
+    node's ``llama3:latest`` is the public ``llama3``. Such a record is renamed only where the
+    facade's list key tells the two apart (``/v1/models`` keys ids verbatim), so the public name
+    is listed once."""
+    names = [n for n in (record.get(f) for f in _NAME_FIELDS) if isinstance(n, str)]
+    public = next((catalogue.public(n) for n in names if catalogue.public(n) != n), None)
+    by_rule = public is None and kind is not None
+    if by_rule and kind is not None:
+        public = next(
+            (
+                model.public
+                for model in catalogue.models()
+                for n in names
+                for declared in model.names
+                if n != declared and kind.matches(declared, n)
+            ),
+            None,
+        )
     if public is None:
         return key, record
     renamed = {**record, **{f: public for f in _NAME_FIELDS if isinstance(record.get(f), str)}}
-    return fmt.record_key(renamed) or public, renamed
+    renamed_key = fmt.record_key(renamed) or public
+    if by_rule and renamed_key == key:  # the facade's key already makes it the public name
+        return key, record
+    return renamed_key, renamed
 
 
 async def _synthesised(
