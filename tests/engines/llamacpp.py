@@ -72,6 +72,8 @@ CMAKE_OPTIONS = (
     "-DGGML_NATIVE=ON",
 )
 READY = ".ready"
+BUILD_TIMEOUT = 3600.0
+"""The longest one cmake step may take (a whole build is 10-20 minutes on 2 cores)."""
 
 
 def fingerprint() -> str:
@@ -106,7 +108,9 @@ def http_fetch(url: str, target: Path) -> None:
 
 
 def _run(command: Sequence[str], cwd: Path, what: str) -> None:
-    done = subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        list(command), cwd=cwd, capture_output=True, text=True, check=False, timeout=BUILD_TIMEOUT
+    )
     if done.returncode != 0:
         tail = (done.stdout + done.stderr)[-4000:]
         raise ollama.EngineError(f"{what} failed (exit {done.returncode}):\n{tail}")

@@ -5,6 +5,7 @@ binary serves the routes the mixed-fleet tests rely on."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -133,7 +134,7 @@ def test_a_foreign_directory_is_not_deleted(tmp_path: Path) -> None:
 
 def test_a_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """No cmake: the build fails at once, naming the Debian packages (nothing is fetched)."""
-    monkeypatch.setattr(llamacpp.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
 
     def must_not_fetch(url: str, target: Path) -> None:
         raise AssertionError("fetched without a compiler")
@@ -146,7 +147,7 @@ def test_a_missing_compiler_is_named(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 def test_a_sdist_whose_digest_differs_fails_clearly(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(llamacpp.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.setattr(shutil, "which", lambda name: f"/usr/bin/{name}")
 
     def wrong(url: str, target: Path) -> None:
         target.write_bytes(b"not the pinned sdist")
