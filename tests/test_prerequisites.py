@@ -14,6 +14,8 @@ EVERYTHING = {
     "chromium",
     "redis-server",
     "gcc",
+    "cmake",
+    "g++",
     "apt-get",
     "python3.11",
     "python3.12",

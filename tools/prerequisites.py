@@ -3,7 +3,9 @@ the set-up" (``python3 -m pip install tox && tox``) that pip cannot do. ``toxfil
 :func:`ensure` before tox runs a test env.
 
 System packages (Debian names): ``chromium`` (the status-page browser test), ``redis-server``
-(the fleet tests) and ``gcc`` (compiles the real engine's SYCL stub, tests/engines/ollama.py).
+(the fleet tests), ``gcc`` (compiles the real engine's SYCL stub, tests/engines/ollama.py), and
+``cmake`` and ``g++`` (build llama.cpp's ``llama-server`` for the mixed-fleet tests,
+tests/engines/llamacpp.py).
 Missing ones are installed with ``apt-get`` when this runs as root and apt-get exists; otherwise
 the run stops at once with one line naming what to install. Tests are never skipped for them.
 
@@ -57,10 +59,16 @@ def _compiler(env: Mapping[str, str], which: Callable[[str], str | None]) -> boo
     return which(env.get("CC") or "gcc") is not None
 
 
+def _cxx_compiler(env: Mapping[str, str], which: Callable[[str], str | None]) -> bool:
+    return which(env.get("CXX") or "g++") is not None
+
+
 PACKAGES = (
     Package("chromium", _chromium),
     Package("redis-server", _command("redis-server")),
     Package("gcc", _compiler),
+    Package("cmake", _command("cmake")),
+    Package("g++", _cxx_compiler),
 )
 
 

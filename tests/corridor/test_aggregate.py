@@ -6,6 +6,7 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from attrs import evolve
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
@@ -13,8 +14,11 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
+from nvpair_tw.core import ENGINES
 from nvpair_tw.core._engines import OPENAI_MODELS, TAGS
 from nvpair_tw.corridor._aggregate import AggregateResult, aggregate_model_list
+from nvpair_tw.nodes import Catalogue
+from nvpair_tw.nodes._catalogue import ModelNames
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.testing import MemoryCluster
 
@@ -246,3 +250,31 @@ def test_cancelling_the_fan_out_leaves_no_timer(memory_cluster: Make) -> None:
     assert [f.type for f in failures] == [CancelledError]
     fleet.cluster.flush()
     assert fleet.clock.getDelayedCalls() == [] and fleet.cluster.network.open == 0
+
+
+def test_a_public_name_is_listed_once_under_each_kinds_rule(memory_cluster: Make) -> None:
+    """§11.4 on /v1/models (ids verbatim): an Ollama node's ``llama3:latest`` is the public
+    ``llama3`` under the Ollama rule, as an openai node's alias is; one record, the public name."""
+    fleet = Fleet(
+        memory_cluster,
+        l=FakeEngine(models("meta-llama-3-8b")),
+        o=FakeEngine(models("llama3:latest", "qwen:latest")),
+    )
+    nodes = [
+        evolve(fleet.node("l"), kind="openai"),
+        evolve(fleet.node("o"), kind="ollama"),
+    ]
+    catalogue = Catalogue.of((ModelNames("llama3", ("meta-llama-3-8b",)),))
+    for order in (nodes, nodes[::-1]):
+        result = fleet.run(
+            aggregate_model_list(
+                OPENAI_MODELS,
+                order,
+                "/v1/models",
+                fleet.http,
+                fleet.clock,
+                facade=ENGINES["openai"],
+                catalogue=catalogue,
+            )
+        )
+        assert sorted(r["id"] for r in decoded(result)["data"]) == ["llama3", "qwen:latest"]

