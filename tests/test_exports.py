@@ -48,6 +48,7 @@ FACES: dict[str, list[str]] = {
         "Resolved",
         "RouteKind",
         "Settings",
+        "SlotsFormat",
         "abort",
         "close",
         "format_duration",

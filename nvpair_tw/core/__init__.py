@@ -14,6 +14,7 @@ from nvpair_tw.core._engines import (
     ModelListFormat,
     ResidencyFormat,
     RouteKind,
+    SlotsFormat,
 )
 from nvpair_tw.core._errors import raw_error_response, write_error
 from nvpair_tw.core._headers import (
@@ -49,6 +50,7 @@ __all__ = [
     "Resolved",
     "RouteKind",
     "Settings",
+    "SlotsFormat",
     "abort",
     "close",
     "format_duration",

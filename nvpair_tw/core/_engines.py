@@ -34,6 +34,7 @@ __all__ = [
     "ModelRoute",
     "ResidencyFormat",
     "RouteKind",
+    "SlotsFormat",
     "lmstudio_loaded_ids",
     "normalise_ollama",
     "openai_model_ids",
@@ -141,6 +142,25 @@ class ResidencyFormat:
 
 OLLAMA_PS = ResidencyFormat(path="/api/ps", loaded=ps_names)
 LMSTUDIO_LOADED = ResidencyFormat(path="/api/v0/models", loaded=lmstudio_loaded_ids)
+
+
+def llamacpp_total_slots(document: Any) -> int:
+    """The slots a llama.cpp ``llama-server`` runs requests in: ``total_slots`` of ``/props``."""
+    slots = document.get("total_slots") if isinstance(document, dict) else None
+    if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+        raise ValueError("props answer has no total_slots")
+    return slots
+
+
+@frozen
+class SlotsFormat:
+    """Where a node says how many requests it runs at once, and how to read it (§11.1)."""
+
+    path: str
+    slots: Callable[[Any], int]
+
+
+LLAMACPP_PROPS = SlotsFormat(path="/props", slots=llamacpp_total_slots)
 
 
 @frozen
@@ -336,6 +356,9 @@ class EngineProfile:
     under one of these prefixes; any other route is translated for it or not sent to it."""
     foreign_prefixes: tuple[str, ...] = field(default=(), kw_only=True)
     """Paths under a native prefix that are another engine's (LM Studio's ``/api/v0/`` on Ollama)."""
+    slots: SlotsFormat | None = field(default=None, kw_only=True)
+    """Where a node of this kind reports its slots, used when the node sets none (§11.1); a node
+    that does not answer there keeps ``--default-slots``."""
     facts_list: str | None = field(default=None, kw_only=True)
     """The list a node of this kind tells most about its models on (name, type, context length,
     loaded state), read to synthesise another facade's list (§11.3); None: its inventory list."""
@@ -434,6 +457,7 @@ OPENAI = EngineProfile(
     default_node_url="http://127.0.0.1:8080",
     normalise=_normalise_exact,
     residency=None,
+    slots=LLAMACPP_PROPS,
     passes_through=False,
     default_kinds=("ollama", "lmstudio", "omlx"),
 )

@@ -265,7 +265,7 @@ def _facade(
     cordons = CordonBook(reactor, _cordon_announcer(shared.bus, engine))
     admission = Admission(
         reactor,
-        slot_limit(directory.get, settings.default_slots),
+        slot_limit(directory.get, settings.default_slots, inventory.reported_slots),
         settings.queue_size,
         settings.queue_timeout,
         accepts=lambda node_id: not cordons.blocks(directory.get(node_id)),

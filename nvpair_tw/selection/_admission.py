@@ -46,14 +46,22 @@ SlotLimit = Callable[[str], int | None]
 """A node id's slots now: 0 = unlimited, ``None`` = the node is gone (nothing binds to it)."""
 
 
-def slot_limit(nodes: Callable[[str], Node | None], default_slots: int) -> SlotLimit:
-    """A :data:`SlotLimit` reading each node's own ``slots`` (``default_slots`` when unset)."""
+def slot_limit(
+    nodes: Callable[[str], Node | None],
+    default_slots: int,
+    reported: Callable[[str], int | None] = lambda node_id: None,
+) -> SlotLimit:
+    """A :data:`SlotLimit` reading each node's own ``slots``; when unset, what the node itself
+    reports (``reported``: llama.cpp's ``/props``, §11.1), else ``default_slots``."""
 
     def limit(node_id: str) -> int | None:
         node = nodes(node_id)
         if node is None:
             return None
-        return default_slots if node.slots is None else node.slots
+        if node.slots is not None:
+            return node.slots
+        said = reported(node_id)
+        return default_slots if said is None else said
 
     return limit
 

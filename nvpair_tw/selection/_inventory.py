@@ -76,6 +76,7 @@ class InventoryBook:
     _random: Callable[[], float] = field(default=_random.random, kw_only=True)
     _known: dict[str, _Known] = field(factory=dict, init=False)
     _loaded: dict[str, _Loaded] = field(factory=dict, init=False)
+    _slots: dict[str, tuple[str, int]] = field(factory=dict, init=False)
     _matchable: dict[str, tuple[object, dict[str, str]]] = field(factory=dict, init=False)
     _poller: InventoryPoller = field(init=False)
 
@@ -202,6 +203,21 @@ class InventoryBook:
         normalised = frozenset(_normalised(node.kind_of(self._engine), names))
         self._loaded[node.id] = _Loaded(node.url, names, normalised, at)
 
+    def record_slots(self, node: Node, slots: int | None) -> None:
+        """The slots the node reports (llama.cpp's ``/props``); None forgets them."""
+        if slots is None:
+            self._slots.pop(node.id, None)
+        else:
+            self._slots[node.id] = (node.url, slots)
+
+    def reported_slots(self, node_id: str) -> int | None:
+        """The slots the node itself reports, while it is at the URL that said so (§11.1)."""
+        node = self._directory.get(node_id)
+        kept = self._slots.get(node_id)
+        if node is None or kept is None or kept[0] != node.url:
+            return None
+        return kept[1]
+
     def forget_loaded(self, node: Node) -> bool:
         """Drop the node's residency; whether one was kept for its current URL."""
         previous = self._loaded.get(node.id)
@@ -221,3 +237,7 @@ class InventoryBook:
             node = current.get(node_id)
             if node is None or node.url != self._loaded[node_id].url:
                 del self._loaded[node_id]
+        for node_id in list(self._slots):
+            node = current.get(node_id)
+            if node is None or node.url != self._slots[node_id][0]:
+                del self._slots[node_id]

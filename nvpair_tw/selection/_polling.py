@@ -17,7 +17,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from nvpair_tw.core import EngineProfile, ResidencyFormat
+from nvpair_tw.core import EngineProfile, ResidencyFormat, SlotsFormat
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.upstream import ReadError, get_json, join_url, node_answers
 
@@ -41,6 +41,9 @@ class InventorySink(Protocol):
 
     def forget_loaded(self, node: Node) -> bool:
         """Drop the node's residency; whether one was kept for its current URL."""
+
+    def record_slots(self, node: Node, slots: int | None) -> None:
+        """The slots the node reports (None: it did not say)."""
 
     def prune(self, current: Mapping[str, Node]) -> None:
         """Forget what was kept of nodes gone from ``current`` (the polled nodes) or moved."""
@@ -169,9 +172,11 @@ class NodeReads:
     async def poll(self, node: Node) -> None:
         """The node's model list and, if the engine has one, its residency, side by side."""
         polls = [Deferred.fromCoroutine(self._poll_models(node))]
-        residency = node.kind_of(self._engine).residency
-        if residency is not None:
-            polls.append(Deferred.fromCoroutine(self._poll_residency(node, residency)))
+        kind = node.kind_of(self._engine)
+        if kind.residency is not None:
+            polls.append(Deferred.fromCoroutine(self._poll_residency(node, kind.residency)))
+        if kind.slots is not None and node.slots is None:
+            polls.append(Deferred.fromCoroutine(self._poll_slots(node, kind.slots)))
         try:
             for poll in polls:
                 await poll
@@ -203,6 +208,24 @@ class NodeReads:
             return
         if self._still_polled(node):
             self._sink.record_loaded(node, names, self._clock.seconds())
+
+    async def _poll_slots(self, node: Node, slots: SlotsFormat) -> None:
+        """llama.cpp's ``/props``: how many requests it runs at once (quietly unknown when a
+        server of the kind has no such endpoint)."""
+        url = join_url(node.public_url, slots.path)
+        try:
+            document = await get_json(
+                self._http,
+                self._clock,
+                url,
+                timeout=self._timeout,
+                authorization=node.authorization,
+            )
+            reported: int | None = slots.slots(document)
+        except (ReadError, ValueError):
+            reported = None
+        if self._still_polled(node):
+            self._sink.record_slots(node, reported)
 
     def _residency_failed(self, node: Node, why: str) -> None:
         if not self._sink.forget_loaded(node):

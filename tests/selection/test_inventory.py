@@ -20,6 +20,7 @@ from zope.interface import implementer
 
 from nvpair_tw.core._engines import LMSTUDIO, OLLAMA, OMLX, EngineProfile
 from nvpair_tw.nodes._directory import Node, NodeDirectory
+from nvpair_tw.selection._admission import slot_limit
 from nvpair_tw.selection._inventory import InventoryBook, ReadError, get_json, make_http_client
 
 _Test = TypeVar("_Test", bound=Callable[..., Any])
@@ -35,7 +36,7 @@ def tags(*names: str) -> bytes:
     return json.dumps({"models": [{"name": n, "model": n} for n in names]}).encode()
 
 
-RESIDENCY_PATHS = (b"/api/ps", b"/api/v0/models")
+RESIDENCY_PATHS = (b"/api/ps", b"/api/v0/models", b"/props")
 
 
 class Engines(Resource):
@@ -683,7 +684,7 @@ def test_an_openai_node_names_match_exactly_and_it_has_no_residency() -> None:
     memory = InMemory([server])
     memory.engines.answers[1001] = (200, json.dumps({"data": [{"id": "SmolLM2"}]}).encode())
     memory.poll()
-    assert memory.engines.residency_seen == []
+    assert memory.engines.residency_seen == [(1001, b"/props")]
     assert memory.book.owners("SmolLM2") == ["cpp"] and memory.book.owners("smollm2") == []
     assert memory.book.resident("cpp", "SmolLM2") is None
 
@@ -710,3 +711,24 @@ def test_a_public_name_reaches_every_node_that_has_any_of_its_names(tmp_path: An
     assert book.local_name("box", "meta-llama-3.1-8b-instruct") == "llama3.1:8b"
     assert book.local_name("other", "llama3.1:8b") is None
     directory.stop()
+
+
+def test_an_openai_node_that_reports_its_slots_gets_them_unless_it_sets_its_own() -> None:
+    """§11.1: llama.cpp's ``/props`` ``total_slots`` stands in for an unset ``slots``; a server
+    without ``/props`` (vLLM) keeps the default; a node's own ``slots`` is never overridden."""
+    nodes = [
+        Node("cpp", "http://127.0.0.1:1001", kind="openai"),
+        Node("vllm", "http://127.0.0.1:1002", kind="openai"),
+        Node("set", "http://127.0.0.1:1003", kind="openai", slots=2),
+    ]
+    memory = InMemory(nodes)
+    for port in (1001, 1002, 1003):
+        memory.engines.answers[port] = (200, json.dumps({"data": []}).encode())
+    memory.engines.residency[1001] = (200, json.dumps({"total_slots": 4}).encode())
+    memory.poll()
+    assert (1003, b"/props") not in memory.engines.residency_seen
+    limit = slot_limit(memory.directory.get, 1, memory.book.reported_slots)
+    assert [limit(n) for n in ("cpp", "vllm", "set", "gone")] == [4, 1, 2, None]
+    memory.engines.residency[1001] = (200, b'{"total_slots": "many"}')
+    memory.poll()
+    assert limit("cpp") == 1
