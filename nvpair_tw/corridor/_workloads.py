@@ -280,6 +280,16 @@ class RequestRecord:
     model_local: str | None = field(init=False, default=None)
     """The name the serving node knows the model by, and whether its attempt was translated."""
     translated: bool = field(init=False, default=False)
+    key: str | None = field(init=False, default=None)
+    """The name of the key the caller presented (``local`` for a loopback caller without one,
+    docs/behaviour.md §12.1); None when no key was asked for."""
+    prompt_tokens: int | None = field(init=False, default=None)
+    """The engine's own counts (§12.2); None when unknown (never zero for unknown)."""
+    completion_tokens: int | None = field(init=False, default=None)
+    ttft_ms: int | None = field(init=False, default=None)
+    """Dispatch of the committed attempt to its first content-bearing chunk (§12.3)."""
+    tokens_per_s: float | None = field(init=False, default=None)
+    """Completion tokens per second: the engine's own figure where given, else measured."""
     _current: tuple[str, float] | None = field(init=False, default=None)
     _busy_waits: int = field(init=False, default=0)
 
@@ -381,10 +391,16 @@ class RequestRecord:
         }
         if self.fan_out is not None:
             payload["fan_out"] = list(self.fan_out)
+        if self.key is not None:
+            payload["key"] = self.key
         if self.model is not None:
             payload["model"] = self.model
             payload["model_local"] = self.model_local
             payload["translated"] = self.translated
+            payload["prompt_tokens"] = self.prompt_tokens
+            payload["completion_tokens"] = self.completion_tokens
+            payload["ttft_ms"] = self.ttft_ms
+            payload["tokens_per_s"] = self.tokens_per_s
         return payload
 
     def _close_attempt(self, outcome: str) -> None:
