@@ -135,6 +135,12 @@ class FacadeResource(Resource):
         shared = facade.shared
         if target is not None:
             nodes = [target]
+            if target.kind_of(facade.profile).name not in TUNNEL_ENGINES:
+                write_error(
+                    request, 502, "no node of a kind that serves this route", "no-route-owner"
+                )
+                record.publish(shared.bus, status=502, node_id=None, error="no-route-owner")
+                return
         else:
             # Only a node of a kind that speaks the SDK channel itself can carry it (§11.3).
             speaking = [

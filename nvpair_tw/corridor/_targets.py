@@ -43,7 +43,16 @@ def choose(
         if unknown or not nodes:
             message = f"unknown node: {', '.join(unknown)}" if unknown else "unknown node"
             return Rejection(404, "unknown-node", message[:300])
-        return FanOutRequest(fan, nodes, target, b"")
+        # Only nodes whose kind serves the route take part (§11.1): ``*`` means every such node,
+        # a list naming another kind's node is refused.
+        speaking = [n for n in nodes if n.speaks(facade.profile, path)]
+        foreign = [n.id for n in nodes if n not in speaking]
+        if foreign and wanted[0].strip() != b"*":
+            message = f"{path} is not served by the engine of node(s): {', '.join(foreign)}"
+            return Rejection(400, "route-not-served", message[:300])
+        if not speaking:
+            return Rejection(502, "no-route-owner", "no node of a kind that serves this route")
+        return FanOutRequest(fan, speaking, target, b"")
     if wanted is not None:
         chosen = facade.directory.get(wanted[0].decode("latin-1").strip())
         return _UNKNOWN if chosen is None or len(wanted) > 1 else chosen
@@ -55,6 +64,7 @@ def choose(
     model, owners = owners_of(facade, body)
     if model is None:
         return None
+    owners = [n for n in owners if n.speaks(facade.profile, path)]
     if not owners:
         return Rejection(404, "model-not-found", f"model '{model}' not found")
     return FanOutRequest(fan, owners, target, body)

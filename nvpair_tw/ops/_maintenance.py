@@ -193,17 +193,25 @@ def _load_or_unload(load: bool) -> Callable[[FacadeState, Params], Deferred[Resu
         model = text(params, "model")
         nodes = _targets(facade, params, model)
         timeout = _timeout(params, LOAD_TIMEOUT)
-        control = facade.profile.control
         keep_alive = _keep_alive(params)
-        if control is None:
+        # Each node is asked in its own kind's API (§11.1): LM Studio's REST load beside Ollama's.
+        controls = {node.id: node.kind_of(facade.profile).control for node in nodes}
+        if any(control is None for control in controls.values()):
+            without = sorted(n for n, c in controls.items() if c is None)
             raise RpcError(
-                INVALID_PARAMS, f"the {facade.engine} engine has no API to load or unload models"
+                INVALID_PARAMS,
+                f"no API to load or unload models on node(s) {', '.join(without)}"
+                f" (the {facade.engine} engine has none)"
+                if all(n.kind is None for n in nodes)
+                else f"no API to load or unload models on node(s) {', '.join(without)}"
+                " (their engine has none)",
             )
-        body = control.load(model, keep_alive) if load else control.unload(model)
-        parts = [
-            Deferred.fromCoroutine(_ask(facade, node, control, load, body, timeout))
-            for node in nodes
-        ]
+        parts = []
+        for node in nodes:
+            control = controls[node.id]
+            assert control is not None
+            body = control.load(model, keep_alive) if load else control.unload(model)
+            parts.append(Deferred.fromCoroutine(_ask(facade, node, control, load, body, timeout)))
 
         def answer(results: list[tuple[str, dict[str, object]]]) -> Result:
             facade.inventory.poll_now()  # residency reflects it now, not at the next poll

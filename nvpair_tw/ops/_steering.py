@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from twisted.internet.defer import Deferred
 
+from nvpair_tw.core import ENGINES
 from nvpair_tw.corridor import FacadeState
 from nvpair_tw.logs import LevelledLogger, current_level, parse_level, set_level
 from nvpair_tw.nodes import Node, validate_url
@@ -39,7 +40,8 @@ CANCEL_REASON = "cancelled by request"
 
 
 def node_param(params: Params, where: str, source: str) -> Node:
-    """A node from ``{id, url, models?}``; the URL is validated but never echoed (it may carry a password)."""
+    """A node from ``{id, url, models?, kind?}``; the URL is validated but never echoed (it may
+    carry a password). A ``kind`` (§11.1) is one of the engines."""
     node_id = text(params, "id", where)
     url = text(params, "url", where)
     try:
@@ -51,7 +53,10 @@ def node_param(params: Params, where: str, source: str) -> Node:
         not isinstance(models, list) or not all(isinstance(m, str) and m.strip() for m in models)
     ):
         raise invalid(f"{where}models must be an array of non-empty strings")
-    return Node(node_id, url, None if models is None else tuple(models), source)
+    kind = params.get("kind")
+    if kind is not None and (not isinstance(kind, str) or kind not in ENGINES):
+        raise invalid(f"{where}kind must be one of {', '.join(sorted(ENGINES))}")
+    return Node(node_id, url, None if models is None else tuple(models), source, kind=kind)
 
 
 # Nodes.

@@ -288,3 +288,26 @@ def test_an_lmstudio_model_record_is_synthesised_for_an_openai_node(memory_clust
     response = cluster.fetch("GET", f"/api/v0/models/{MODEL}", facade="lmstudio")
     assert response.status == 200
     assert response.json() == {"id": MODEL, "object": "model"}
+
+
+def test_a_fan_out_runs_only_on_nodes_whose_kind_serves_the_route(memory_cluster: Make) -> None:
+    """§11.1 with §13.2: ``X-NVPair-Node: *`` pulls on the Ollama nodes; naming an LM Studio node
+    for ``/api/pull`` is refused before any node is contacted."""
+    clock = Clock()
+    engines = {
+        "a": SimulatedEngine(clock, (MODEL,), kind="ollama"),
+        "l": SimulatedEngine(clock, (MODEL,), kind="lmstudio"),
+    }
+    cluster = memory_cluster(clock, engines)
+    every = cluster.fetch(
+        "POST", "/api/pull", json={"model": MODEL, "stream": False}, headers={"x-nvpair-node": "*"}
+    )
+    final = json.loads(every.body.splitlines()[-1])
+    assert every.status == 200 and set(final["nodes"]) == {"a"}
+    named = cluster.fetch(
+        "POST", "/api/pull", json={"model": MODEL}, headers={"x-nvpair-node": "a,l"}
+    )
+    assert named.status == 400 and named.json()["code"] == "route-not-served"
+    studio = cluster.engines["l"]
+    assert isinstance(studio, SimulatedEngine)
+    assert [r.path for r in studio.received if r.method == b"POST"] == []

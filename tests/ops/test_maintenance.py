@@ -368,3 +368,22 @@ def test_a_method_that_fails_later_answers_internal_error(
         "id": 1,
         "error": {"code": -32603, "message": "internal error"},
     }
+
+
+def test_each_node_is_loaded_through_its_own_kinds_api(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """§11.1 with §13.3: behind the Ollama facade, an LM Studio node loads through its REST API
+    while the Ollama node gets ``/api/generate``."""
+    clock = Clock()
+    engines = {
+        "a": SimulatedEngine(clock, models=("m",), loaded=[], kind="ollama"),
+        "l": SimulatedEngine(clock, models=("m",), loaded=[], kind="lmstudio"),
+    }
+    cluster = memory_cluster(clock, engines)
+    answer = _answered(cluster, _ask(cluster, "model/load", {"model": "m", "nodes": ["a", "l"]}))
+    assert answer["nodes"] == {"a": {"status": "loaded"}, "l": {"status": "loaded"}}
+    assert [r.path for r in engines["a"].received if r.method == b"POST"] == [b"/api/generate"]
+    assert [r.path for r in engines["l"].received if r.method == b"POST"] == [
+        b"/api/v1/models/load"
+    ]
