@@ -31,7 +31,7 @@ EVENT_NAMES = {
 # A change to a face is a change to the design: update this table with it.
 FACES: dict[str, list[str]] = {
     "app": ["Config", "assemble"],
-    "assembly": ["Assembly", "AssemblyGate", "plan_assembly"],
+    "assembly": ["Assembly", "AssemblyGate", "Dialect", "plan_assembly", "rewrite_body"],
     "core": [
         "ENGINES",
         "HOP_BY_HOP",
@@ -73,12 +73,17 @@ FACES: dict[str, list[str]] = {
         "SYNTHESISED_ROUTES",
         "TRANSLATED_ROUTES",
         "AnswerTooLarge",
+        "Chain",
         "MalformedAnswer",
         "ModelFacts",
         "StreamCut",
         "Transducer",
         "Translation",
         "Untranslatable",
+        "Usage",
+        "UsageMeter",
+        "UsageStripper",
+        "asks_usage",
         "facts_from",
         "record_for",
         "rename_request",

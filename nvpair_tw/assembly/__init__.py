@@ -4,7 +4,8 @@ one folder per dialect.
 
 from __future__ import annotations
 
+from nvpair_tw.assembly._frames import Dialect
 from nvpair_tw.assembly._gate import AssemblyGate
-from nvpair_tw.assembly._whole import Assembly, plan_assembly
+from nvpair_tw.assembly._whole import Assembly, plan_assembly, rewrite_body
 
-__all__ = ["Assembly", "AssemblyGate", "plan_assembly"]
+__all__ = ["Assembly", "AssemblyGate", "Dialect", "plan_assembly", "rewrite_body"]

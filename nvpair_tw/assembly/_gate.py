@@ -111,6 +111,9 @@ class AssemblyGate(FirstBodyTimer):
         self.done: Deferred[BodyEnd] = Deferred()
         self.answer: Assembled | None = None
         self._state = AssemblyState.AWAITING_FIRST
+        self._clock = clock
+        self.first_at: float | None = None
+        """Clock seconds of the stream's first body bytes: the first token (§12.3)."""
         self._upstream_ended = False
         self._assembler = Assembler(dialect, limit)
         self._arm(clock, first_body_timeout)
@@ -137,6 +140,7 @@ class AssemblyGate(FirstBodyTimer):
         if self._state is AssemblyState.AWAITING_FIRST:
             self._disarm()
             self._state = AssemblyState.ASSEMBLING
+            self.first_at = self._clock.seconds()
         try:
             answer = self._assembler.feed(data)
         except AssemblyError as error:

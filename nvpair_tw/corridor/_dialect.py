@@ -40,7 +40,7 @@ from nvpair_tw.dialects import (
 )
 from nvpair_tw.nodes import Node
 
-__all__ = ["Reach", "Speech", "TranscodedResponse", "Wire", "reach"]
+__all__ = ["Answer", "Reach", "Speech", "TranscodedResponse", "Wire", "reach"]
 
 Answer = Callable[[int, bytes | None], Transducer]
 

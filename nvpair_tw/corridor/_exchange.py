@@ -21,7 +21,7 @@ from twisted.internet.defer import CancelledError
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from nvpair_tw.assembly import plan_assembly
+from nvpair_tw.assembly import Assembly, Dialect, plan_assembly, rewrite_body
 from nvpair_tw.core import RESPONSES_PATH, RouteKind, upstream_request_headers, write_error
 from nvpair_tw.corridor._attempts import (
     Abandoned,
@@ -36,6 +36,7 @@ from nvpair_tw.corridor._dialect import Speech, reach
 from nvpair_tw.corridor._relay import RelayEnd, RelayOutcome, cut, relay
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import RequestRecord, Workload
+from nvpair_tw.dialects import Usage, UsageMeter, asks_usage
 from nvpair_tw.nodes import Node
 from nvpair_tw.selection import (
     RETRY_AFTER_SECONDS,
@@ -146,12 +147,40 @@ async def _answer(
             record.served_as(route.model, result.wire.local_model, result.wire.translated)
         record.first_byte()
         remember_response(facade, record.path, result)
+        clock = shared.clock
         outcome = await relay(
-            request, result, caller, shared.clock, shared.settings.write_stall_timeout
+            request,
+            result,
+            caller,
+            clock,
+            shared.settings.write_stall_timeout,
+            (lambda streams: UsageMeter(streams, clock.seconds)) if route.model else None,
         )
+        usage = outcome.usage
+        if usage is not None and record.removed_usage is not None:
+            usage = usage.noted(record.removed_usage)
+        if usage is not None:
+            _measured(record, usage, getattr(result.gate, "first_at", None))
         _conclude(facade, route, result.node, outcome, caller, record, workload)
     else:
         _refuse(facade, request, result, record, workload)
+
+
+def _measured(record: RequestRecord, usage: Usage, first_token_at: float | None) -> None:
+    """The engine's counts, the time to first token and the rate of §12.2 and §12.3 on the record.
+
+    An assembled answer's first token is when its stream began (``first_token_at``), not when the
+    whole answer was relayed."""
+    record.prompt_tokens = usage.prompt_tokens
+    record.completion_tokens = usage.completion_tokens
+    first = first_token_at if first_token_at is not None else usage.first_content_at
+    if first is not None and record.dispatched_at is not None:
+        record.ttft_ms = max(0, round((first - record.dispatched_at) * 1000))
+    rate = usage.engine_rate
+    if rate is None and usage.completion_tokens and first is not None and usage.last_at:
+        span = usage.last_at - first
+        rate = usage.completion_tokens / span if span > 0 else None
+    record.tokens_per_s = None if rate is None else round(rate, 2)
 
 
 async def _queue(
@@ -247,7 +276,7 @@ def _route(
     named = sent
     if kind is RouteKind.MODEL_ROUTED:
         named = _routed_model(facade, request.method, record.path, body)
-    plan = _plan(facade, request, kind, record.path, body, parsed, named, candidates)
+    plan = _plan(facade, request, kind, record, body, parsed, named, candidates)
     warm = candidates[0].id if promoted else None
     return _Route(plan, model, candidates, key, warm)
 
@@ -327,13 +356,14 @@ def _plan(
     facade: FacadeState,
     request: Request,
     kind: RouteKind,
-    path: str,
+    record: RequestRecord,
     body: bytes,
     parsed: dict[str, Any] | None,
     model: str | None,
     candidates: list[Node],
 ) -> AttemptPlan:
     """What every attempt sends and how it commits, its timers and the assembly of §6.5."""
+    path = record.path
     settings = facade.shared.settings
     inference = kind is RouteKind.INFERENCE
     assembly = (
@@ -342,6 +372,8 @@ def _plan(
         else None
     )
     target = target_of(request.uri)
+    body, asked = _asking_usage(path, body, parsed, assembly) if inference else (body, False)
+    strip_usage = record.usage_noted if asked else None
     speech = None
     if _needs_speech(facade, path, model, candidates):
         speech = Speech(
@@ -371,7 +403,33 @@ def _plan(
         first_extra=_cold_allowances(facade, model, candidates) if inference else {},
         busy_max_wait=settings.busy_max_wait,
         speech=speech,
+        strip_usage=strip_usage,
     )
+
+
+_USAGE_ROUTES = {
+    "/v1/chat/completions": Dialect.OPENAI_CHAT,
+    "/v1/completions": Dialect.OPENAI_COMPLETIONS,
+}
+
+
+def _asking_usage(
+    path: str, body: bytes, parsed: dict[str, Any] | None, assembly: Assembly | None
+) -> tuple[bytes, bool]:
+    """An OpenAI stream whose client did not ask for ``stream_options.include_usage`` asks for it
+    (the counts of §12.2), and its usage chunk is removed before the client sees it."""
+    dialect = _USAGE_ROUTES.get(path)
+    if dialect is None or parsed is None or assembly is not None:
+        return body, False
+    if parsed.get("stream") is not True or asks_usage(parsed):
+        return body, False
+    options = parsed.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        return body, False
+    try:
+        return rewrite_body(dialect, body), True
+    except ValueError:
+        return body, False
 
 
 def _needs_speech(facade: FacadeState, path: str, model: str | None, nodes: list[Node]) -> bool:

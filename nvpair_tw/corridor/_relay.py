@@ -27,6 +27,7 @@ from nvpair_tw.assembly import AssemblyGate
 from nvpair_tw.core import abort, close, forward_headers
 from nvpair_tw.corridor._attempts import CallerState, Committed
 from nvpair_tw.corridor._terminal import TerminalFrameDetector
+from nvpair_tw.dialects import Usage, UsageMeter
 from nvpair_tw.upstream import BodyEnd, BodyGate
 
 __all__ = ["Progress", "RelayEnd", "RelayOutcome", "StallGuard", "cut", "relay"]
@@ -83,15 +84,31 @@ class Progress:
     ``Content-Length`` byte did: a client that hangs up after that got its whole answer.
     """
 
-    def __init__(self, content_type: str | None, length: int | object) -> None:
+    def __init__(
+        self, content_type: str | None, length: int | object, meter: UsageMeter | None = None
+    ) -> None:
         self.sent = 0
         self._length = length if isinstance(length, int) else None  # UNKNOWN_LENGTH is a str
         self.frames = TerminalFrameDetector(content_type)
+        self._meter = meter
 
     def wrap(self, write: Callable[[bytes], None]) -> Callable[[bytes], None]:
-        """A sink that counts and watches frames before writing."""
+        """A sink that counts and watches frames (and, metered, the tokens) before writing."""
         feed = self.frames.feed
         streaming = self.frames.streaming
+        meter = self._meter
+
+        if meter is not None:
+            count = meter.feed
+
+            def metered(data: bytes) -> None:
+                self.sent += len(data)
+                if streaming:
+                    feed(data)
+                count(data)
+                write(data)
+
+            return metered
 
         def sink(data: bytes) -> None:
             self.sent += len(data)
@@ -143,6 +160,8 @@ class RelayOutcome:
     terminal_seen: bool
     streaming: bool
     sent: int
+    usage: Usage | None = None
+    """The answer's token counts and first content (§12.2), when it was metered."""
 
 
 async def relay(
@@ -151,12 +170,17 @@ async def relay(
     caller: CallerState,
     clock: IReactorTime,
     write_stall_timeout: float,
+    meter: Callable[[bool], UsageMeter] | None = None,
 ) -> RelayOutcome:
-    """Relay ``committed`` to ``request`` until the body ends, the upstream dies or the caller goes."""
+    """Relay ``committed`` to ``request`` until the body ends, the upstream dies or the caller goes.
+
+    ``meter`` makes the meter that reads the answer's token counts (given whether it streams)."""
     response = committed.response
     _write_head(request, response, committed.node.id)
     content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
-    progress = Progress(content_type.decode("latin-1"), response.length)
+    streams = TerminalFrameDetector(content_type.decode("latin-1")).streaming
+    counting = meter(streams) if meter is not None else None
+    progress = Progress(content_type.decode("latin-1"), response.length, counting)
     if committed.first:
         progress.wrap(request.write)(committed.first)
     else:
@@ -175,6 +199,7 @@ async def relay(
             terminal_seen=progress.frames.seen,
             streaming=progress.streaming,
             sent=progress.sent,
+            usage=counting.end() if counting is not None else None,
         )
 
     if caller.gone is not None:

@@ -290,6 +290,10 @@ class RequestRecord:
     """Dispatch of the committed attempt to its first content-bearing chunk (§12.3)."""
     tokens_per_s: float | None = field(init=False, default=None)
     """Completion tokens per second: the engine's own figure where given, else measured."""
+    removed_usage: dict[str, Any] | None = field(init=False, default=None)
+    """The usage chunk removed from the answer (the client did not ask for it, §12.2)."""
+    dispatched_at: float | None = field(init=False, default=None)
+    """Clock seconds the latest attempt was sent: time to first token counts from here."""
     _current: tuple[str, float] | None = field(init=False, default=None)
     _busy_waits: int = field(init=False, default=0)
 
@@ -308,7 +312,8 @@ class RequestRecord:
     def attempt_started(self, node_id: str) -> None:
         """An attempt to ``node_id`` starts now (an attempt still open is closed ``unfinished``)."""
         self._close_attempt(UNFINISHED)
-        self._current = (node_id, self._clock.seconds())
+        self.dispatched_at = self._clock.seconds()
+        self._current = (node_id, self.dispatched_at)
         self._busy_waits = 0
 
     def busy_wait(self) -> None:
@@ -336,6 +341,10 @@ class RequestRecord:
     def served_as(self, model: str | None, local: str | None, translated: bool) -> None:
         """The committed attempt asked its node for ``model`` as ``local`` (§11.3, §11.4)."""
         self.model, self.model_local, self.translated = model, local, translated
+
+    def usage_noted(self, frame: dict[str, Any]) -> None:
+        """The answer's usage chunk, removed before the client saw it, keeps its counts here."""
+        self.removed_usage = frame
 
     def first_byte(self) -> None:
         """The first response byte went to the client now; later calls are no-ops."""

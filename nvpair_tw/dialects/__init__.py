@@ -33,17 +33,23 @@ from nvpair_tw.dialects._translate import (
     translate,
     untranslatable_field,
 )
+from nvpair_tw.dialects._usage import Chain, Usage, UsageMeter, UsageStripper, asks_usage
 
 __all__ = [
     "SYNTHESISED_ROUTES",
     "TRANSLATED_ROUTES",
     "AnswerTooLarge",
+    "Chain",
     "MalformedAnswer",
     "ModelFacts",
     "StreamCut",
     "Transducer",
     "Translation",
     "Untranslatable",
+    "Usage",
+    "UsageMeter",
+    "UsageStripper",
+    "asks_usage",
     "facts_from",
     "record_for",
     "rename_request",

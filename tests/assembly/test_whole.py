@@ -774,7 +774,10 @@ def test_assemble_off_sends_the_body_unchanged(memory_cluster: Make) -> None:
         ("/api/embeddings", {"model": "llama3", "prompt": "x", "stream": False}),
         ("/v1/embeddings", {"model": "llama3", "input": "x"}),
         ("/api/chat", ask("/api/chat")),  # a stream already
-        ("/v1/chat/completions", ask("/v1/chat/completions", stream=True)),
+        (  # a stream that asked for its usage chunk itself (else §12.2 asks for it)
+            "/v1/chat/completions",
+            {**ask("/v1/chat/completions", stream=True), "stream_options": {"include_usage": True}},
+        ),
     ],
 )
 def test_embeddings_and_streaming_requests_are_never_transformed(

@@ -226,7 +226,10 @@ def test_one_public_name_reaches_the_node_by_its_own_name(
     the name the client sent; on a native route every other byte is the client's."""
     clock = Clock()
     cluster = catalogued(memory_cluster, tmp_path, clock)
-    raw = b'{"model": "smollm2",  "messages": [{"role": "user", "content": "hi"}], "stream": true}'
+    raw = (
+        b'{"model": "smollm2",  "messages": [{"role": "user", "content": "hi"}], "stream": true,'
+        b' "stream_options": {"include_usage": true}}'
+    )
     response = cluster.result(
         cluster.request(
             "POST",
@@ -311,3 +314,85 @@ def test_a_fan_out_runs_only_on_nodes_whose_kind_serves_the_route(memory_cluster
     studio = cluster.engines["l"]
     assert isinstance(studio, SimulatedEngine)
     assert [r.path for r in studio.received if r.method == b"POST"] == []
+
+
+# --- token counts and first tokens (docs/behaviour.md §12.2, §12.3) ------------------------------
+
+
+def finished(cluster: MemoryCluster, pending: Any, step: float = 0.5) -> MemoryResponse:
+    """Move the clock in steps until the answer has ended (bounded: 40 steps)."""
+    for _ in range(40):
+        if pending.called:
+            response = cluster.result(pending)
+            if response.ended is not None:
+                return response
+        cluster.advance(step)
+    raise AssertionError("the answer did not end within 40 steps")
+
+
+def requests_of(cluster: MemoryCluster) -> list[dict[str, Any]]:
+    return cluster.named("proxy/request")
+
+
+def test_a_stream_without_include_usage_asks_for_it_and_the_client_never_sees_it(
+    memory_cluster: Make,
+) -> None:
+    """§12.2: the node is asked for the usage chunk; the client receives the stream it asked for
+    (every other byte as the node sent it); the record has the engine's counts."""
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock, chunk_delay=0.5)})
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a b c"}], "stream": True}
+    response = finished(cluster, cluster.request("POST", "/v1/chat/completions", json=body))
+    assert response.complete
+    [(_, sent_body)] = sent(cluster, "b")
+    assert sent_body["stream_options"] == {"include_usage": True}
+    assert b'"usage"' not in response.body and response.body.endswith(b"data: [DONE]\n\n")
+    [record] = requests_of(cluster)
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (3, 3)
+    assert record["ttft_ms"] == 0 and record["tokens_per_s"] == 1.5  # 3 tokens, 0 s to 2 s
+
+
+def test_a_stream_that_asked_for_usage_keeps_its_usage_chunk(memory_cluster: Make) -> None:
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock)})
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    response = cluster.fetch("POST", "/v1/chat/completions", json=body)
+    assert b'"usage"' in response.body
+    assert requests_of(cluster)[0]["completion_tokens"] == 3
+
+
+def test_translated_and_whole_answers_record_the_engines_counts(memory_cluster: Make) -> None:
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock)})
+    cluster.fetch("POST", "/api/chat", json=chat())
+    cluster.fetch("POST", "/api/chat", json=chat(stream=False))
+    cluster.fetch("POST", "/api/embed", json={"model": MODEL, "input": "a b"})
+    counts = [(r["prompt_tokens"], r["completion_tokens"]) for r in requests_of(cluster)]
+    assert counts == [(1, 3), (1, 3), (2, None)]
+    assert all(r["translated"] for r in requests_of(cluster))
+
+
+def test_a_stream_cut_before_its_counts_records_them_as_unknown(memory_cluster: Make) -> None:
+    clock = Clock()
+    dropping = openai_node(clock, policy=always(Behaviour.DROP_MID_STREAM), chunks=6)
+    cluster = memory_cluster(clock, {"b": dropping})
+    cluster.fetch("POST", "/v1/chat/completions", json={**chat(), "stream": True})
+    [record] = requests_of(cluster)
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (None, None)
+    assert record["ttft_ms"] is not None
+
+
+def test_an_assembled_answers_first_token_is_when_its_stream_began(memory_cluster: Make) -> None:
+    """§12.3: ``ttft_ms`` of an assembled answer is not the whole answer's time."""
+    clock = Clock()
+    engine = SimulatedEngine(clock, (MODEL,), kind="ollama", header_delay=1.0, chunk_delay=2.0)
+    cluster = memory_cluster(clock, {"a": engine})
+    response = finished(cluster, cluster.request("POST", "/api/chat", json=chat(stream=False)))
+    assert response.status == 200
+    [record] = requests_of(cluster)
+    assert record["ttft_ms"] == 1000 and record["ttfb_ms"] >= 5000

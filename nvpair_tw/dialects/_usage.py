@@ -1,0 +1,299 @@
+# -*- test-case-name: tests.dialects.test_usage -*-
+"""Token counts from the engines' own numbers, and the first content, read off the client-bound
+bytes (docs/behaviour.md §12.2, §12.3). Never by tokenising.
+
+:class:`UsageMeter` watches the answer the client gets, in the client's dialect (after any
+translation):
+
+=================================  ==========================================================
+route family                       where the counts are
+=================================  ==========================================================
+Ollama ``/api/chat``, ``generate``  the final object: ``prompt_eval_count``, ``eval_count``
+                                    (and ``eval_duration`` for the engine's own rate)
+Ollama ``/api/embed``               ``prompt_eval_count``
+OpenAI chat / completions, v0       ``usage`` (a stream's usage chunk); llama.cpp's
+                                    ``timings.predicted_per_second`` for the rate
+OpenAI / v0 embeddings              ``usage.prompt_tokens``
+``/v1/responses``                   ``response.completed``'s ``response.usage`` (whole: ``usage``)
+                                    ``input_tokens`` / ``output_tokens``
+``/v1/messages``                    ``message_start``'s ``input_tokens``, ``message_delta``'s
+                                    ``output_tokens`` (whole: ``usage``)
+=================================  ==========================================================
+
+The cost is at the stream's ends: the first lines are parsed until one carries content (its time
+is the first token), then only the last chunks are kept, and the counts are read from them when
+the stream ends. A stream cut before its counts leaves them unknown (None), never zero.
+
+:class:`UsageStripper` removes the usage chunk the proxy asked for itself (the client did not ask
+for ``stream_options.include_usage``), so the client receives the stream it asked for; the test per
+chunk is one substring search, and only a chunk holding ``"usage"`` is parsed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from attrs import frozen
+
+__all__ = ["Chain", "Usage", "UsageMeter", "UsageStripper", "asks_usage"]
+
+TAIL = 64 << 10
+"""Bytes of a stream's end kept to read its counts from."""
+WHOLE_CAP = 8 << 20
+"""A whole answer longer than this is not parsed for its counts (they stay unknown)."""
+
+
+@frozen
+class Usage:
+    """What one answer said of its tokens: counts (None: unknown), the clock time of its first
+    content-bearing chunk and of its last chunk, and the engine's own generation rate."""
+
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    first_content_at: float | None = None
+    last_at: float | None = None
+    engine_rate: float | None = None
+
+    def noted(self, frame: dict[str, Any]) -> Usage:
+        """These counts completed by a usage frame removed on the way (:class:`UsageStripper`)."""
+        prompt, completion, rate = _counts(frame)
+        return Usage(
+            self.prompt_tokens if prompt is None else prompt,
+            self.completion_tokens if completion is None else completion,
+            self.first_content_at,
+            self.last_at,
+            self.engine_rate if rate is None else rate,
+        )
+
+    def tokens_per_second(self) -> float | None:
+        """The engine's own rate where given, else completion tokens over first-to-last token."""
+        if self.engine_rate is not None:
+            return self.engine_rate
+        if self.completion_tokens is None or self.first_content_at is None:
+            return None
+        if self.last_at is None or self.last_at <= self.first_content_at:
+            return None
+        return self.completion_tokens / (self.last_at - self.first_content_at)
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _has_content(event: dict[str, Any]) -> bool:
+    """Whether a frame carries generated content (text, thinking or a tool call)."""
+    message = event.get("message")
+    if isinstance(message, dict):
+        if message.get("content") or message.get("thinking") or message.get("tool_calls"):
+            return True
+    if event.get("response") and isinstance(event.get("response"), str):
+        return True
+    choices = event.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        first = choices[0]
+        delta = first.get("delta")
+        if isinstance(delta, dict) and (
+            delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
+        ):
+            return True
+        if first.get("text"):
+            return True
+    kind = event.get("type")
+    return kind in ("response.output_text.delta", "content_block_delta")
+
+
+def _counts(event: dict[str, Any]) -> tuple[int | None, int | None, float | None]:
+    """(prompt, completion, engine rate) one frame or whole answer states; None where silent."""
+    if "prompt_eval_count" in event or "eval_count" in event:
+        rate = None
+        count, duration = _int(event.get("eval_count")), _int(event.get("eval_duration"))
+        if count and duration:
+            rate = count / (duration / 1e9)
+        return _int(event.get("prompt_eval_count")), count, rate
+    kind = event.get("type")
+    if kind == "response.completed" and isinstance(event.get("response"), dict):
+        event = event["response"]
+    elif kind == "message_start" and isinstance(event.get("message"), dict):
+        event = event["message"]
+    usage = event.get("usage")
+    if not isinstance(usage, dict):
+        return None, None, None
+    timings = event.get("timings")
+    rate = None
+    if isinstance(timings, dict) and isinstance(timings.get("predicted_per_second"), int | float):
+        rate = float(timings["predicted_per_second"])
+    prompt = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+    completion = _int(usage.get("completion_tokens", usage.get("output_tokens")))
+    return prompt, completion, rate
+
+
+def _frames(text: bytes) -> list[dict[str, Any]]:
+    """Every JSON object of NDJSON lines or SSE ``data:`` lines in ``text`` (others skipped)."""
+    out: list[dict[str, Any]] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith(b"data:"):
+            line = line[5:].strip()
+        if not line.startswith(b"{"):
+            continue
+        try:
+            value = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out
+
+
+class UsageMeter:
+    """Reads counts and the first content from one answer as the client receives it.
+
+    ``streaming`` is whether the answer is an NDJSON or SSE stream (else one JSON document).
+    """
+
+    def __init__(self, streaming: bool, clock: Callable[[], float]) -> None:
+        self._streaming = streaming
+        self._clock = clock
+        self._tail: deque[bytes] = deque()
+        self._kept = 0
+        self._head = b""  # a stream's unparsed start, until content shows
+        self._looking = True
+        self._first: float | None = None
+        self._last: float | None = None
+        self._prompt: int | None = None  # a count stated at the stream's start (message_start)
+        self._whole: list[bytes] = []
+        self._whole_size = 0
+
+    def feed(self, data: bytes) -> None:
+        if not data:
+            return
+        self._last = self._clock()
+        if not self._streaming:
+            if self._first is None:
+                self._first = self._last
+            self._whole_size += len(data)
+            if self._whole_size <= WHOLE_CAP:
+                self._whole.append(data)
+            return
+        self._tail.append(data)
+        self._kept += len(data)
+        while self._kept - len(self._tail[0]) >= TAIL:
+            self._kept -= len(self._tail.popleft())
+        if self._looking:
+            self._look(data)
+
+    def _look(self, data: bytes) -> None:
+        """Parse the stream's complete lines until one carries content."""
+        text = self._head + data
+        cut = max(text.rfind(b"\n"), text.rfind(b"\r"))
+        self._head = text[cut + 1 :]
+        for frame in _frames(text[: cut + 1]):
+            prompt, _, _ = _counts(frame)
+            if prompt is not None:
+                self._prompt = prompt
+            if _has_content(frame):
+                self._first = self._last
+                self._looking = False
+                self._head = b""
+                return
+        if len(self._head) > TAIL:  # no line end in sight: give up looking
+            self._looking = False
+            self._head = b""
+
+    def end(self) -> Usage:
+        """The counts the answer stated (None when it never did, e.g. a stream cut before them)."""
+        if self._streaming:
+            frames = _frames(b"".join(self._tail))
+        elif self._whole_size <= WHOLE_CAP:
+            frames = _frames(b"".join(self._whole).replace(b"\n", b" ").strip() + b"\n")
+        else:
+            frames = []
+        prompt, completion, rate = self._prompt, None, None
+        for frame in frames:
+            p, c, r = _counts(frame)
+            prompt = p if p is not None else prompt
+            completion = c if c is not None else completion
+            rate = r if r is not None else rate
+        return Usage(prompt, completion, self._first, self._last, rate)
+
+
+def asks_usage(parsed: dict[str, Any]) -> bool:
+    """Whether an OpenAI request asked for the usage chunk itself."""
+    options = parsed.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
+
+
+class UsageStripper:
+    """Removes the usage chunk (``"choices": []`` with ``usage``) from an OpenAI SSE stream the
+    client did not ask it for; every other byte passes as it came."""
+
+    def __init__(
+        self, content_type: bytes | None, noted: Callable[[dict[str, Any]], None] | None = None
+    ) -> None:
+        self.content_type = content_type or b"text/event-stream"
+        self._held = b""
+        self._noted = noted
+
+    @property
+    def tokens(self) -> tuple[int | None, int | None]:
+        return None, None
+
+    def feed(self, data: bytes) -> bytes:
+        if self._held:
+            data, self._held = self._held + data, b""
+        elif b'"usage"' not in data:
+            return data
+        # Only now is the chunk looked into: events are cut at blank lines, and an unfinished
+        # event holding "usage" waits for its end.
+        cut = data.rfind(b"\n\n")
+        head, rest = (data[: cut + 2], data[cut + 2 :]) if cut >= 0 else (b"", data)
+        if b'"usage"' in rest:
+            self._held = rest
+            rest = b""
+        return self._without_usage(head) + rest
+
+    def end(self) -> bytes:
+        held, self._held = self._held, b""
+        return self._without_usage(held)
+
+    def _without_usage(self, events: bytes) -> bytes:
+        """``events`` without the usage chunk (handed to ``noted`` for the counts)."""
+        if b'"usage"' not in events:
+            return events
+        kept = []
+        for event in events.split(b"\n\n"):
+            frame = _usage_chunk(event) if b'"usage"' in event else None
+            if frame is None:
+                kept.append(event)
+            elif self._noted is not None:
+                self._noted(frame)
+        return b"\n\n".join(kept)
+
+
+def _usage_chunk(event: bytes) -> dict[str, Any] | None:
+    frames = _frames(event)
+    if len(frames) == 1 and frames[0].get("choices") == [] and "usage" in frames[0]:
+        return frames[0]
+    return None
+
+
+class Chain:
+    """Two transducers one after the other (renaming, then the usage chunk's removal)."""
+
+    def __init__(self, first: Any, second: Any) -> None:
+        self._first = first
+        self._second = second
+        self.content_type = second.content_type
+
+    @property
+    def tokens(self) -> tuple[int | None, int | None]:
+        return self._first.tokens  # type: ignore[no-any-return]
+
+    def feed(self, data: bytes) -> bytes:
+        return self._second.feed(self._first.feed(data))  # type: ignore[no-any-return]
+
+    def end(self) -> bytes:
+        return self._second.feed(self._first.end()) + self._second.end()  # type: ignore[no-any-return]
