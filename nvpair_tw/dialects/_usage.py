@@ -26,7 +26,8 @@ the stream ends. A stream cut before its counts leaves them unknown (None), neve
 
 :class:`UsageStripper` removes the usage chunk the proxy asked for itself (the client did not ask
 for ``stream_options.include_usage``), so the client receives the stream it asked for; the test per
-chunk is one substring search, and only a chunk holding ``"usage"`` is parsed.
+chunk is a search for the last event's end and one substring search, and only a chunk holding
+``"usage"`` is parsed.
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ def _int(value: Any) -> int | None:
 def _has_content(event: dict[str, Any]) -> bool:
     """Whether a frame carries generated content (text, thinking or a tool call)."""
     message = event.get("message")
-    if isinstance(message, dict):
-        if message.get("content") or message.get("thinking") or message.get("tool_calls"):
-            return True
+    if isinstance(message, dict) and (
+        message.get("content") or message.get("thinking") or message.get("tool_calls")
+    ):
+        return True
     if event.get("response") and isinstance(event.get("response"), str):
         return True
     choices = event.get("choices")
@@ -242,18 +244,20 @@ class UsageStripper:
         return None, None
 
     def feed(self, data: bytes) -> bytes:
+        # Whole events pass on (an engine writes one or more whole events per chunk, so this is
+        # one search from the end and no copy); an unfinished event waits for its end, so a
+        # "usage" cut across two chunks is still seen whole.
         if self._held:
             data, self._held = self._held + data, b""
-        elif b'"usage"' not in data:
+        end = data.rfind(b"\n\n") + 2  # 1 when there is none
+        if end == 1:
+            self._held = data
+            return b""
+        if end != len(data):
+            data, self._held = data[:end], data[end:]
+        if b'"usage"' not in data:
             return data
-        # Only now is the chunk looked into: events are cut at blank lines, and an unfinished
-        # event holding "usage" waits for its end.
-        cut = data.rfind(b"\n\n")
-        head, rest = (data[: cut + 2], data[cut + 2 :]) if cut >= 0 else (b"", data)
-        if b'"usage"' in rest:
-            self._held = rest
-            rest = b""
-        return self._without_usage(head) + rest
+        return self._without_usage(data)
 
     def end(self) -> bytes:
         held, self._held = self._held, b""

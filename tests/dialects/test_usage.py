@@ -1,0 +1,175 @@
+"""Token counts and first content read off the client-bound bytes (docs/behaviour.md §12.2, §12.3)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nvpair_tw.dialects import Chain, UsageMeter, UsageStripper, asks_usage, renamer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def sse(*frames: dict[str, Any]) -> list[bytes]:
+    return [b"data: " + json.dumps(f).encode() + b"\n\n" for f in frames] + [b"data: [DONE]\n\n"]
+
+
+def ndjson(*frames: dict[str, Any]) -> list[bytes]:
+    return [json.dumps(f).encode() + b"\n" for f in frames]
+
+
+def delta(content: str | None, **extra: Any) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": {"content": content}, **extra}]}
+
+
+USAGE = {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
+OPENAI_STREAM = sse(
+    {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+    delta("Hel"),
+    delta("lo"),
+    delta("", finish_reason="stop"),
+    USAGE,
+)
+
+
+class Ticks:
+    """A clock that moves one second per reading."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def metered(chunks: list[bytes], streaming: bool = True) -> Any:
+    meter = UsageMeter(streaming, Ticks())
+    for chunk in chunks:
+        meter.feed(chunk)
+    return meter.end()
+
+
+def test_an_openai_streams_counts_and_first_content() -> None:
+    usage = metered(OPENAI_STREAM)
+    assert (usage.prompt_tokens, usage.completion_tokens) == (11, 3)
+    assert usage.first_content_at == 2.0  # the role-only chunk carries no content
+    assert usage.last_at == 6.0
+    assert usage.tokens_per_second() == 0.75
+
+
+def test_an_ollama_streams_final_object_gives_counts_and_the_engines_rate() -> None:
+    final = {"done": True, "prompt_eval_count": 7, "eval_count": 40, "eval_duration": 2_000_000_000}
+    chunks = ndjson({"message": {"role": "assistant", "content": "x"}, "done": False}, final)
+    usage = metered(chunks)
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.engine_rate) == (7, 40, 20.0)
+    assert usage.tokens_per_second() == 20.0
+
+
+@pytest.mark.parametrize(
+    ("frames", "counts"),
+    [
+        (  # /v1/responses
+            [
+                {"type": "response.output_text.delta", "delta": "x"},
+                {
+                    "type": "response.completed",
+                    "response": {"usage": {"input_tokens": 5, "output_tokens": 2}},
+                },
+            ],
+            (5, 2),
+        ),
+        (  # /v1/messages: the prompt count comes first, the completion count last
+            [
+                {
+                    "type": "message_start",
+                    "message": {"usage": {"input_tokens": 9, "output_tokens": 1}},
+                },
+                {"type": "content_block_delta", "delta": {"text": "x"}},
+                {"type": "message_delta", "usage": {"output_tokens": 4}},
+            ],
+            (9, 4),
+        ),
+        (  # llama.cpp's own rate
+            [delta("x"), {**USAGE, "timings": {"predicted_per_second": 61.5}}],
+            (11, 3),
+        ),
+    ],
+)
+def test_every_api_family_states_its_counts(frames: list[dict[str, Any]], counts: Any) -> None:
+    usage = metered(sse(*frames))
+    assert (usage.prompt_tokens, usage.completion_tokens) == counts
+
+
+def test_whole_answers_and_embeddings() -> None:
+    whole = json.dumps({"choices": [{"message": {"content": "hi"}}], "usage": USAGE["usage"]})
+    usage = metered([whole[:10].encode(), whole[10:].encode()], streaming=False)
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.first_content_at) == (11, 3, 1.0)
+    embed = json.dumps({"embeddings": [[0.1]], "prompt_eval_count": 4}).encode()
+    assert metered([embed], streaming=False).prompt_tokens == 4
+    legacy = json.dumps({"embedding": [0.1]}).encode()
+    assert metered([legacy], streaming=False).prompt_tokens is None
+
+
+def test_a_stream_cut_before_its_counts_leaves_them_unknown() -> None:
+    usage = metered(OPENAI_STREAM[:3])
+    assert (usage.prompt_tokens, usage.completion_tokens) == (None, None)
+    assert usage.first_content_at is not None and usage.tokens_per_second() is None
+
+
+def test_only_the_tail_is_kept_after_the_first_content() -> None:
+    """The meter's memory stays bounded on a long stream, and the counts at its end are read."""
+    meter = UsageMeter(True, Ticks())
+    for _ in range(20_000):
+        meter.feed(b'data: {"choices":[{"delta":{"content":"token"}}]}\n\n')
+    for chunk in sse(USAGE):
+        meter.feed(chunk)
+    assert meter._kept < 2 * (64 << 10)
+    assert meter.end().completion_tokens == 3
+
+
+def strip(chunks: list[bytes]) -> tuple[bytes, list[dict[str, Any]]]:
+    noted: list[dict[str, Any]] = []
+    stripper = UsageStripper(b"text/event-stream", noted.append)
+    out = b"".join(stripper.feed(c) for c in chunks) + stripper.end()
+    return out, noted
+
+
+def test_the_stripper_removes_only_the_usage_chunk_and_hands_it_on() -> None:
+    out, noted = strip(OPENAI_STREAM)
+    assert out == b"".join(c for c in OPENAI_STREAM if b'"usage"' not in c)
+    assert noted == [USAGE]
+
+
+def test_a_content_chunk_mentioning_usage_is_left_alone() -> None:
+    chunks = sse(delta('the "usage" of words'), USAGE)
+    out, _ = strip(chunks)
+    assert out == chunks[0] + chunks[-1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=400), max_size=12))
+def test_any_split_of_the_stream_is_stripped_alike(cuts: list[int]) -> None:
+    whole = b"".join(OPENAI_STREAM)
+    points = sorted({c % len(whole) for c in cuts})
+    pieces = [whole[a:b] for a, b in zip([0, *points], [*points, len(whole)], strict=True)]
+    out, noted = strip([p for p in pieces if p])
+    assert out == b"".join(c for c in OPENAI_STREAM if b'"usage"' not in c)
+    assert noted == [USAGE]
+
+
+def test_renaming_then_stripping_chain() -> None:
+    chunks = sse({"model": "local", **delta("x")}, {"model": "local", **USAGE})
+    chain = Chain(renamer("local", "public", b"text/event-stream"), UsageStripper(None))
+    out = b"".join(chain.feed(c) for c in chunks) + chain.end()
+    assert b'"local"' not in out and b'"usage"' not in out and out.endswith(b"data: [DONE]\n\n")
+
+
+def test_asks_usage() -> None:
+    assert asks_usage({"stream_options": {"include_usage": True}})
+    assert not asks_usage({"stream_options": {"include_usage": False}})
+    assert not asks_usage({})
