@@ -42,6 +42,9 @@ AFFINITY_PATHS = CHAT_PATHS | COMPLETION_PATHS
 
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 TTFB_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
+OTHER = "other"
+"""The label of a model no node or catalogue knows."""
 
 
 def _text(value: Any, default: str = "none") -> str:
@@ -237,6 +240,7 @@ class ProxyMetrics:
             buckets=TTFB_BUCKETS,
             registry=registry,
         )
+        self._define_llm(registry)
         registry.register(RuntimeCollector(runtime))
         self._subscription: Subscription | None = runtime.shared.bus.subscribe(
             self._observe, name="metrics"
@@ -289,6 +293,68 @@ class ProxyMetrics:
             "Inference requests on affinity routes that reached a node.",
             ["engine"],
         )
+
+    def _define_llm(self, registry: CollectorRegistry) -> None:
+        """Tokens, time to first token, generation rate and queue time (docs/behaviour.md §12.3)."""
+        self.tokens = _counter(
+            registry,
+            "nvpair_tokens",
+            "Tokens the engines counted, by key and type (prompt or completion).",
+            ["engine", "node", "model", "key", "type"],
+        )
+        self.ttft = Histogram(
+            "nvpair_time_to_first_token_seconds",
+            "Dispatch of the serving attempt to its first content-bearing chunk.",
+            ["engine", "node", "model"],
+            buckets=TTFB_BUCKETS,
+            registry=registry,
+        )
+        self.rate = Histogram(
+            "nvpair_generation_tokens_per_second",
+            "Completion tokens per second (the engine's own figure where given).",
+            ["engine", "node", "model"],
+            buckets=RATE_BUCKETS,
+            registry=registry,
+        )
+        self.queue = Histogram(
+            "nvpair_queue_seconds",
+            "Time inference requests waited in the facade's queue for a slot.",
+            ["engine"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+
+    def _model_label(self, engine: str, model: str) -> str:
+        """The model as a label: a name some node or the catalogue knows, else ``other`` (so a
+        client cannot grow the label set by naming models)."""
+        facade = self._runtime.facades.get(engine)
+        if facade is None:
+            return OTHER
+        if model in facade.directory.catalogue.by_name or facade.inventory.owners(model):
+            return model
+        return OTHER
+
+    def _llm(self, engine: str, payload: Mapping[str, Any]) -> None:
+        """An inference record's tokens, first token, rate and queue time."""
+        queued = payload.get("queued_ms")
+        if isinstance(queued, int | float):
+            self.queue.labels(engine).observe(queued / 1000)
+        node = payload.get("node_id")
+        model = payload.get("model")
+        if not isinstance(node, str) or not isinstance(model, str):
+            return
+        label = self._model_label(engine, model)
+        key = _text(payload.get("key"))
+        for kind in ("prompt", "completion"):
+            count = payload.get(f"{kind}_tokens")
+            if isinstance(count, int) and count > 0:
+                self.tokens.labels(engine, node, label, key, kind).inc(count)
+        ttft = payload.get("ttft_ms")
+        if isinstance(ttft, int | float):
+            self.ttft.labels(engine, node, label).observe(ttft / 1000)
+        rate = payload.get("tokens_per_s")
+        if isinstance(rate, int | float):
+            self.rate.labels(engine, node, label).observe(rate)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format."""
@@ -344,3 +410,5 @@ class ProxyMetrics:
         ttfb = payload.get("ttfb_ms")
         if isinstance(ttfb, int | float):
             self.ttfb.labels(engine, route).observe(ttfb / 1000)
+        if "model" in payload:
+            self._llm(engine, payload)

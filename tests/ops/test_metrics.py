@@ -414,3 +414,38 @@ async def test_scripted_failover_is_counted_once_on_the_metrics_endpoint(reactor
         await proxy.stop()
         await frozen.stop()
         await healthy.stop()
+
+
+def test_tokens_first_token_rate_and_queue_are_observed_with_bounded_labels() -> None:
+    """§12.3: the engine's counts by key and type; a model no node knows is labelled ``other``."""
+    _, runtime = _runtime()
+    metrics = ProxyMetrics(runtime)
+    llm = {
+        "model": "llama3:latest",
+        "key": "alice",
+        "prompt_tokens": 7,
+        "completion_tokens": 40,
+        "ttft_ms": 300,
+        "tokens_per_s": 25.0,
+        "queued_ms": 1500,
+    }
+    runtime.shared.bus.publish("proxy/request", _request(**llm))
+    runtime.shared.bus.publish("proxy/request", _request(**{**llm, "model": "made-up-123"}))
+    unknown = {**llm, "prompt_tokens": None, "completion_tokens": None, "tokens_per_s": None}
+    runtime.shared.bus.publish("proxy/request", _request(**unknown))
+    scraped = samples(metrics.exposition().decode())
+    where = {"engine": "ollama", "node": "b", "key": "alice"}
+    assert value(scraped, "nvpair_tokens_total", model="llama3:latest", type="prompt", **where) == 7
+    assert (
+        value(scraped, "nvpair_tokens_total", model="llama3:latest", type="completion", **where)
+        == 40
+    )
+    assert value(scraped, "nvpair_tokens_total", model="other", type="completion", **where) == 40
+    per = {"engine": "ollama", "node": "b", "model": "llama3:latest"}
+    assert value(scraped, "nvpair_time_to_first_token_seconds_count", **per) == 2
+    assert value(scraped, "nvpair_time_to_first_token_seconds_sum", **per) == 0.6
+    assert value(scraped, "nvpair_generation_tokens_per_second_count", **per) == 1
+    assert value(scraped, "nvpair_generation_tokens_per_second_bucket", le="30.0", **per) == 1
+    assert value(scraped, "nvpair_queue_seconds_count", engine="ollama") == 3
+    models = {dict(labels).get("model") for (_, labels) in scraped if dict(labels).get("model")}
+    assert "made-up-123" not in models
