@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -91,7 +90,8 @@ def _chunks(base: str, model: str) -> tuple[list[dict[str, Any]], str | None]:
             messages=MESSAGES,  # type: ignore[arg-type]
             stream=True,
             max_tokens=8,
-            **OPTIONS,  # type: ignore[arg-type]
+            temperature=0,
+            seed=42,
         )
         request_id = raw.headers.get("x-nvpair-request-id")
         chunks = [c.model_dump(exclude={"id", "created"}) for c in raw.parse()]
