@@ -94,7 +94,9 @@ def _chunks(base: str, model: str) -> tuple[list[dict[str, Any]], str | None]:
             seed=42,
         )
         request_id = raw.headers.get("x-nvpair-request-id")
-        chunks = [c.model_dump(exclude={"id", "created"}) for c in raw.parse()]
+        stream = raw.parse()
+        assert isinstance(stream, openai.Stream)
+        chunks = [c.model_dump(exclude={"id", "created"}) for c in stream]
     return chunks, request_id
 
 
