@@ -306,7 +306,9 @@ def main() -> None:
             for index in range(rounds):
                 order = VARIANTS[index % len(VARIANTS) :] + VARIANTS[: index % len(VARIANTS)]
                 for variant in order:
-                    row = relay(harness, streamgen, engine, proxy, variant, conns, seconds, args.batch)
+                    row = relay(
+                        harness, streamgen, engine, proxy, variant, conns, seconds, args.batch
+                    )
                     row["round"] = index
                     runs.append(row)
                     print(

@@ -14,7 +14,8 @@
   (from ``usage``; absent when the node sent none), ``prompt_eval_duration`` (creation to the first
   content) and ``eval_duration`` (first to last content), in nanoseconds of the injected clock;
   ``load_duration`` is unknown and absent. ``created_at`` is the clock (seconds since the epoch)
-  in RFC 3339 UTC with nanoseconds. An error event ``data: {"error": …}`` becomes
+  in RFC 3339 UTC with nanoseconds; the content events of one upstream read arrived together and
+  share one clock reading (one ``created_at``). An error event ``data: {"error": …}`` becomes
   ``{"error": "<message>"}`` and ends the answer (a whole answer then has :attr:`status` 500). A
   node that answered a whole ``chat.completion`` JSON document although asked to stream is
   translated the same way at the end.
@@ -37,6 +38,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +109,17 @@ def content_literal(event: bytes) -> bytes | None:
         return None
     return event[start : end + 1]
 
+
+# One whole one-line SSE event that content_literal() copies (the same shape: members without
+# objects before "choices", choice 0's delta with an optional role and a non-empty content string,
+# an optional null logprobs, a null finish_reason, nothing after): group 1 is the content literal.
+# No newline or CR inside, so a run of these is a run of whole events, each "data: …\n\n".
+_EVENT = (
+    rb'data: \{[^{\n\r]*"choices":\[\{"index":0,"delta":\{(?:"role":"assistant",)?"content":'
+    rb'("(?:[^"\\\n\r]|\\[^\n\r])+")\}(?:,"logprobs":null)?,"finish_reason":null\}\]\}\n\n'
+)
+_EVENTS = re.compile(_EVENT)
+_RUN = re.compile(rb"(?:" + _EVENT + rb")+")
 
 _NS = 1e9
 
@@ -215,25 +228,36 @@ class OllamaStream:
         if self._json is not None:
             self._json.add(data)
             return b""
-        if (
-            data.startswith(b"data: ")
-            and data.find(b"\n") == len(data) - 2
-            and data.endswith(b"\n\n")
-            and self._events.idle
-            and not self._completions
-            and data[-3] != 13
-        ):
-            # one whole one-line event, the usual chunk: no splitting
-            literal = content_literal(data[6:-2])
-            if literal is not None:
-                when, stamp = self._stamp.now()
-                if self._first is None:
-                    self._first = when
-                self._last = when
-                if self._whole:
-                    self._keep("content", json.loads(literal))
-                    return b""
-                return b"".join((self._head, stamp.encode(), self._mid, literal, self._end))
+        if not self._completions and self._events.idle and data.startswith(b"data: {"):
+            # the usual read: a run of whole plain content events, translated in one pass
+            run = _RUN.match(data)
+            if run is not None:
+                end = run.end()
+                out = self._run(data, end)
+                if end == len(data):
+                    return out
+                return out + self._split(data[end:])
+        return self._split(data)
+
+    def _run(self, data: bytes, end: int) -> bytes:
+        """The plain content events of ``data[:end]`` (a match of ``_RUN``), read at once: one
+        clock reading and one ``created_at`` for all of them (they arrived together)."""
+        literals = _EVENTS.findall(data, 0, end)
+        when, stamp = self._stamp.now()
+        if self._first is None:
+            self._first = when
+        self._last = when
+        if self._whole:
+            for literal in literals:
+                self._keep("content", json.loads(literal))
+            return b""
+        head = b"".join((self._head, stamp.encode(), self._mid))
+        if len(literals) == 1:
+            return b"".join((head, literals[0], self._end))
+        return b"".join((head, (self._end + head).join(literals), self._end))
+
+    def _split(self, data: bytes) -> bytes:
+        """``data`` through the SSE splitter, event by event."""
         events = self._events.feed(data)
         out: list[bytes] = []
         for event in events:
