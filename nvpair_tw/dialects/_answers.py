@@ -228,16 +228,30 @@ class OllamaStream:
         if self._json is not None:
             self._json.add(data)
             return b""
-        if not self._completions and self._events.idle and data.startswith(b"data: {"):
+        if self._completions:
+            return self._split(data)
+        head = b""
+        if not self._events.idle:
+            # the previous read ended inside an event: finish it, then look for a run again
+            cut = data.find(b"\n\n") + 2
+            if cut < 2:
+                return self._split(data)
+            head = self._split(data[:cut])
+            data = data[cut:]
+            if not data or self._finished:
+                return head
+            if not self._events.idle:
+                return head + self._split(data)
+        if data.startswith(b"data: {"):
             # the usual read: a run of whole plain content events, translated in one pass
             run = _RUN.match(data)
             if run is not None:
                 end = run.end()
                 out = self._run(data, end)
-                if end == len(data):
-                    return out
-                return out + self._split(data[end:])
-        return self._split(data)
+                if end < len(data):
+                    out += self._split(data[end:])
+                return head + out if head else out
+        return head + self._split(data) if head else self._split(data)
 
     def _run(self, data: bytes, end: int) -> bytes:
         """The plain content events of ``data[:end]`` (a match of ``_RUN``), read at once: one

@@ -3,6 +3,7 @@ LM Studio stats, errors, and the split-point property."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -480,3 +481,27 @@ def test_a_run_cut_inside_an_event_keeps_the_cut_event_for_the_next_read() -> No
     first = tr.feed(body[:cut])
     assert [o["message"]["content"] for o in lines(first)] == ["one", " two"]
     assert first + tr.feed(body[cut:]) + tr.end() == expected
+
+
+def test_after_a_read_cut_inside_an_event_the_next_read_finishes_it_and_runs_again() -> None:
+    frames = [delta(content=f"w{i}") for i in range(12)]
+    body = b"".join(frames)
+    size = len(frames[0])
+    cuts = [0, 4 * size + 9, 8 * size + 3, len(body)]
+    reads = [body[a:b] for a, b in itertools.pairwise(cuts)]
+    t = translation()
+    expected = _one_by_one(t, [*frames, finish(), usage(), DONE])
+    readings = Ticks(step=0.0)
+    calls = 0
+
+    def clock() -> float:
+        nonlocal calls
+        calls += 1
+        return readings()
+
+    tr = t.answer(200, b"text/event-stream", clock)
+    start = calls
+    got = b"".join(tr.feed(read) for read in reads)
+    # per read: the cut event finished (one reading), then one run (one reading)
+    assert calls - start == 5
+    assert got + tr.feed(finish() + usage() + DONE) + tr.end() == expected
