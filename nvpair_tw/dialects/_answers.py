@@ -120,6 +120,8 @@ _EVENT = (
 )
 _EVENTS = re.compile(_EVENT)
 _RUN = re.compile(rb"(?:" + _EVENT + rb")+")
+# The body of a non-empty JSON string with escapes (no unescaped quote, no lone last backslash).
+_BODY = re.compile(rb'(?:[^"\\\n\r]|\\[^\n\r])+')
 
 _NS = 1e9
 
@@ -209,6 +211,9 @@ class OllamaStream:
         self._completion: int | None = None
         self._finished = False
         self._answer = b""
+        # the plain content event's bytes around its content, learned from the stream (_learn)
+        self._prefix = self._suffix = self._sep = b""
+        self._quotes = 0
         model = json.dumps(client_model, ensure_ascii=False).encode("utf-8")
         self._head = b'{"model":' + model + b',"created_at":"'
         if generate:
@@ -244,31 +249,87 @@ class OllamaStream:
                 return head + self._split(data)
         if data.startswith(b"data: {"):
             # the usual read: a run of whole plain content events, translated in one pass
-            run = _RUN.match(data)
-            if run is not None:
+            end, bodies = self._learned_run(data)
+            if bodies is not None:
+                out = self._run(bodies)
+            else:
+                run = _RUN.match(data)
+                if run is None:
+                    return head + self._split(data) if head else self._split(data)
                 end = run.end()
-                out = self._run(data, end)
-                if end < len(data):
-                    out += self._split(data[end:])
-                return head + out if head else out
+                out = self._run([b[1:-1] for b in _EVENTS.findall(data, 0, end)])
+                self._learn(data)
+            if end < len(data):
+                out += self._split(data[end:])
+            return head + out if head else out
         return head + self._split(data) if head else self._split(data)
 
-    def _run(self, data: bytes, end: int) -> bytes:
-        """The plain content events of ``data[:end]`` (a match of ``_RUN``), read at once: one
-        clock reading and one ``created_at`` for all of them (they arrived together)."""
-        literals = _EVENTS.findall(data, 0, end)
+    def _learn(self, data: bytes) -> None:
+        """The bytes around the content of the plain event that starts ``data``: engines repeat
+        them in every event of a stream (id, object, created, model; the rest of the choice)."""
+        event = _EVENTS.match(data)
+        if event is not None:
+            start, end = event.span(1)
+            prefix, suffix = data[: start + 1], data[end - 1 : event.end()]
+            self._prefix, self._suffix, self._sep = prefix, suffix, suffix + prefix
+            self._quotes = prefix.count(b'"') + suffix.count(b'"')
+
+    def _learned_run(self, data: bytes) -> tuple[int, list[bytes] | None]:
+        """The content string bodies (without their quotes) of the run of events that starts
+        ``data`` when every one of them is the learned prefix, a non-empty JSON string body and
+        the learned suffix (so each is an event :func:`content_literal` copies); with the end
+        of the run. Splitting and counting only (no regular expression over the events): every
+        newline is an event's end, every quote is the prefix's or the suffix's (or escaped, in
+        a body checked on its own)."""
+        prefix, suffix = self._prefix, self._suffix
+        if not prefix or not data.startswith(prefix):
+            return 0, None
+        end = len(data)
+        if not data.endswith(suffix):
+            # a read that ends inside an event, or with other events (finish, usage, [DONE])
+            end = data.rfind(suffix) + len(suffix)
+            if end < len(suffix):
+                return 0, None
+        # (bytes.split with the long prefix + suffix separator is slow: split at each suffix,
+        # then check that every suffix but the last is followed by the prefix)
+        events = data[:end].split(suffix)
+        events.pop()  # the empty rest after the last suffix
+        count = len(events)
+        if (
+            data.count(b"\n", 0, end) != 2 * count
+            or data.count(self._sep, 0, end) != count - 1
+            or data.find(b"\r", 0, end) >= 0
+        ):
+            return 0, None
+        size = len(prefix)
+        bodies = [event[size:] for event in events]
+        quotes = data.count(b'"', 0, end)
+        if data.find(b"\\", 0, end) >= 0:
+            for body in bodies:
+                if b"\\" in body:
+                    if _BODY.fullmatch(body) is None:
+                        return 0, None
+                    quotes -= body.count(b'"')
+        if quotes != count * self._quotes or b"" in bodies:
+            return 0, None
+        return end, bodies
+
+    def _run(self, bodies: list[bytes]) -> bytes:
+        """Content events read at once, given as their content string bodies: one clock reading
+        and one ``created_at`` for all of them (they arrived together)."""
         when, stamp = self._stamp.now()
         if self._first is None:
             self._first = when
         self._last = when
         if self._whole:
-            for literal in literals:
-                self._keep("content", json.loads(literal))
+            for body in bodies:
+                self._keep("content", json.loads(b'"' + body + b'"'))
             return b""
-        head = b"".join((self._head, stamp.encode(), self._mid))
-        if len(literals) == 1:
-            return b"".join((head, literals[0], self._end))
-        return b"".join((head, (self._end + head).join(literals), self._end))
+        head = b"".join((self._head, stamp.encode(), self._mid, b'"'))
+        end = b'"' + self._end
+        if len(bodies) == 1:
+            return b"".join((head, bodies[0], end))
+        return b"".join((head, (end + head).join(bodies), end))
 
     def _split(self, data: bytes) -> bytes:
         """``data`` through the SSE splitter, event by event."""

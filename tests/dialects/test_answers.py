@@ -505,3 +505,67 @@ def test_after_a_read_cut_inside_an_event_the_next_read_finishes_it_and_runs_aga
     # per read: the cut event finished (one reading), then one run (one reading)
     assert calls - start == 5
     assert got + tr.feed(finish() + usage() + DONE) + tr.end() == expected
+
+
+def test_the_learned_prefix_path_gives_the_event_by_event_bytes_without_a_regex(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After one read the stream's bytes around the content are known; later reads of such
+    events (escapes included) are split, not matched, and give the same bytes."""
+    from nvpair_tw.dialects import _answers
+
+    words = ["a", ' "q" ', "back\\slash\\", "new\nline", "é ☃", "x"]
+    first = [delta(content=w) for w in words]
+    second = [delta(content=w + "!") for w in reversed(words)]
+    rest = [finish(), usage(), DONE]
+    t = translation()
+    expected = _one_by_one(t, [*first, *second, *rest])
+    tr = t.answer(200, b"text/event-stream", Ticks(step=0.0))
+    got = tr.feed(b"".join(first))
+
+    class NoRegex:
+        def match(self, *args: Any) -> None:
+            raise AssertionError("the learned path was not taken")
+
+    monkeypatch.setattr(_answers, "_RUN", NoRegex())
+    got += tr.feed(b"".join(second) + rest[0])  # a run, then the finish event after it
+    monkeypatch.undo()
+    got += tr.feed(b"".join(rest[1:])) + tr.end()
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    "odd",
+    [
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"smollm2",'
+        b'"system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"content":"a"b"},'
+        b'"finish_reason":null}]}\n\n',
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"smollm2",'
+        b'"system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"content":"a\\"},'
+        b'"finish_reason":null}]}\n\n',
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"smollm2",'
+        b'"system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"content":""},'
+        b'"finish_reason":null}]}\n\n',
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"smollm2",'
+        b'"system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"content":"a\nb"},'
+        b'"finish_reason":null}]}\n\n',
+        b"xyz",
+    ],
+)
+def test_an_odd_event_among_learned_ones_is_not_copied_blindly(odd: bytes) -> None:
+    """An event the learned path must refuse (an unescaped quote, a lone last backslash, empty
+    content, a raw newline, junk glued on): the read goes the event-by-event way, with the same
+    bytes or the same error."""
+    t = translation()
+    reads = [delta(content="a") + delta(content="b"), delta(content="c") + odd + delta(content="d")]
+    reads += [finish() + usage() + DONE]
+
+    def outcome(slow: bool) -> bytes | str:
+        tr = t.answer(200, b"text/event-stream", Ticks(step=0.0))
+        feed = tr._split if slow else tr.feed  # type: ignore[attr-defined]
+        try:
+            return b"".join(feed(read) for read in reads) + tr.end()
+        except StreamCut as error:
+            return type(error).__name__
+
+    assert outcome(slow=False) == outcome(slow=True)
