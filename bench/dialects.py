@@ -157,8 +157,11 @@ def wait_ready(port: int, process: Any, seconds: float = 30.0) -> None:
 
 
 @contextmanager
-def running(pin: bool, batch: int) -> Iterator[tuple[Harness, Path, Server, Server]]:
-    """The engine (core 1) and the proxy (core 0); every process is stopped on the way out."""
+def running(
+    pin: bool, batch: int, compare: Path | None
+) -> Iterator[tuple[Harness, Path, Server, dict[str, Server]]]:
+    """The engine (core 1) and the proxy (core 0), and with ``compare`` a second proxy run from
+    that checkout (also core 0); every process is stopped on the way out."""
     harness = Harness(Path(tempfile.mkdtemp(prefix="nvpair-dialects-")), pin)
     try:
         streamgen = build_streamgen(harness.tmp)
@@ -167,13 +170,19 @@ def running(pin: bool, batch: int) -> Iterator[tuple[Harness, Path, Server, Serv
         engine = Server("engine", up, harness.spawn("engine", argv, core=1))
         nodes = harness.tmp / "nodes.toml"
         nodes.write_text(NODES.format(up=up))
-        port = free_port()
-        argv = [PY, "-m", "twisted", "nvpair", "--engine", "ollama", "--assemble", "off"]
-        argv += ["--listen", f"tcp:{port}:interface=127.0.0.1:backlog=4096"]
-        argv += ["--nodes", str(nodes), "--admin", "none", "--log-level", "warn"]
-        proxy = Server("nvpair-tw", port, harness.spawn("nvpair-tw", argv))
-        wait_ready(port, proxy.process)
-        yield harness, streamgen, engine, proxy
+        proxies = {}
+        checkouts = {"this": None} if compare is None else {"this": None, "compared": compare}
+        for label, checkout in checkouts.items():
+            port = free_port()
+            argv = [PY, "-m", "twisted", "nvpair", "--engine", "ollama", "--assemble", "off"]
+            argv += ["--listen", f"tcp:{port}:interface=127.0.0.1:backlog=4096"]
+            argv += ["--nodes", str(nodes), "--admin", "none", "--log-level", "warn"]
+            if checkout is not None:  # its own nvpair_tw first on the path, run from there
+                argv = ["env", "-C", str(checkout), f"PYTHONPATH={checkout}", *argv]
+            proxy = Server(label, port, harness.spawn(f"nvpair-tw-{label}", argv))
+            wait_ready(port, proxy.process)
+            proxies[label] = proxy
+        yield harness, streamgen, engine, proxies
     finally:
         harness.stop()
         shutil.rmtree(harness.tmp, ignore_errors=True)
@@ -214,8 +223,10 @@ def relay(
     }
 
 
-def summarise(runs: list[dict[str, Any]], conns: int, rounds: int) -> dict[str, Any]:
-    mine = [r for r in runs if r["conns"] == conns]
+def summarise(
+    runs: list[dict[str, Any]], conns: int, rounds: int, proxy: str = "this"
+) -> dict[str, Any]:
+    mine = [r for r in runs if r["conns"] == conns and r["proxy"] == proxy]
     per: dict[str, dict[str, float]] = {}
     for variant in VARIANTS:
         values = [r["proxy_cpu_us_per_token"] for r in mine if r["variant"] == variant.name]
@@ -245,13 +256,14 @@ def summarise(runs: list[dict[str, Any]], conns: int, rounds: int) -> dict[str, 
                 "of_medians": per[top]["median_us"] / per[bottom]["median_us"],
             }
         )
-    return {"conns": conns, "variants": per, "ratios": ratios}
+    return {"proxy": proxy, "conns": conns, "variants": per, "ratios": ratios}
 
 
 def tables(summary: dict[str, Any], rounds: int) -> str:
     conns = summary["conns"]
     lines = [
-        f"Proxy CPU per token, {conns} connection(s), {rounds} interleaved rounds:\n",
+        f"Proxy CPU per token ({summary['proxy']} checkout), {conns} connection(s), "
+        f"{rounds} interleaved rounds:\n",
         "| variant | CPU µs / token, median | best | worst | spread % | tokens/s (median) |",
         "|---|---|---|---|---|---|",
     ]
@@ -283,6 +295,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, help="seconds per run (default 3, quick 1.5)")
     parser.add_argument("--conns", default="1", help="comma-separated connection counts")
     parser.add_argument("--batch", type=int, default=BATCH, help="events per engine write")
+    parser.add_argument(
+        "--compare",
+        type=Path,
+        help="another checkout (e.g. a `git archive` of an older commit): its proxy runs too, "
+        "interleaved, for a before/after table from one run",
+    )
     parser.add_argument("--no-save", action="store_true")
     args = parser.parse_args()
     rounds = args.rounds or (3 if args.quick else 5)
@@ -301,25 +319,26 @@ def main() -> None:
         flush=True,
     )
     runs: list[dict[str, Any]] = []
-    with running(pin, args.batch) as (harness, streamgen, engine, proxy):
+    with running(pin, args.batch, args.compare) as (harness, streamgen, engine, proxies):
         for conns in conn_counts:
             for index in range(rounds):
                 order = VARIANTS[index % len(VARIANTS) :] + VARIANTS[: index % len(VARIANTS)]
-                for variant in order:
+                for variant, proxy in [(v, p) for v in order for p in proxies.values()]:
                     row = relay(
                         harness, streamgen, engine, proxy, variant, conns, seconds, args.batch
                     )
-                    row["round"] = index
+                    row.update(round=index, proxy=proxy.name)
                     runs.append(row)
                     print(
-                        f"  c={conns} round {index + 1}: {variant.name}: "
+                        f"  c={conns} round {index + 1}: {proxy.name}: {variant.name}: "
                         f"{row['proxy_cpu_us_per_token']:.3f} µs/token, "
                         f"{row['tokens_per_s']:,.0f} tokens/s, errors {row['errors']}, "
                         f"core 0 busy {row['core0_busy_pct']:.0f} %, "
                         f"core 1 other {row['core1_other_pct']:.0f} %",
                         flush=True,
                     )
-    summaries = [summarise(runs, conns, rounds) for conns in conn_counts]
+    labels = ["this"] + (["compared"] if args.compare else [])
+    summaries = [summarise(runs, conns, rounds, label) for conns in conn_counts for label in labels]
     for summary in summaries:
         print()
         print(tables(summary, rounds))
@@ -336,6 +355,7 @@ def main() -> None:
             "batch": args.batch,
             "rounds": rounds,
             "run_seconds": seconds,
+            "compared": str(args.compare) if args.compare else None,
             "summaries": summaries,
             "runs": runs,
         }
