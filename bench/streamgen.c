@@ -87,6 +87,8 @@ typedef struct conn {
     uint64_t period;   /* ns between events; 0 = burst */
     long events, sent;
     long batch;        /* burst: events per send (default 1: one send per event) */
+    int usage;         /* real SSE: the request asked for stream_options.include_usage */
+    char model[80];    /* real mode: the request's "model", echoed in every chunk */
     char in[IN_CAP];
     size_t in_len;
     char *out;         /* bytes the socket did not take yet */
@@ -201,10 +203,39 @@ static size_t frame(conn *c, char *buf, const char *payload, size_t n) {
     return (size_t)h + n + 2;
 }
 
+/* serve ... real EVENTS BATCH: realistic chunks (the engine's real payloads, model echoed) and,
+ * for a request that does not say (a translated one: the bench_* fields are dropped), bursts of
+ * EVENTS events BATCH per send. */
+static int real_mode;
+static long real_events = 1000, real_batch = 1;
+
+/* RFC 3339 UTC with nanoseconds, as Ollama's created_at. */
+static int created_at(char *out) {
+    struct timespec ts;
+    struct tm tm;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    size_t n = strftime(out, 32, "%Y-%m-%dT%H:%M:%S", &tm);
+    return (int)n + sprintf(out + n, ".%09ldZ", ts.tv_nsec);
+}
+
 static size_t token_event(conn *c, char *buf) {
-    char payload[256];
+    char payload[512];
     int n;
-    if (c->ndjson)
+    if (real_mode && c->ndjson) {
+        char stamp[48];
+        created_at(stamp);
+        n = sprintf(payload,
+                    "{\"model\":\"%s\",\"created_at\":\"%s\",\"message\":{\"role\":\"assistant\","
+                    "\"content\":\"tok%ld \"},\"done\":false}\n",
+                    c->model, stamp, c->sent);
+    } else if (real_mode)
+        n = sprintf(payload,
+                    "data: {\"id\":\"chatcmpl-241\",\"object\":\"chat.completion.chunk\","
+                    "\"created\":1796085388,\"model\":\"%s\",\"choices\":[{\"index\":0,"
+                    "\"delta\":{\"content\":\"tok%ld \"},\"finish_reason\":null}]}\n\n",
+                    c->model, c->sent);
+    else if (c->ndjson)
         n = sprintf(payload,
                     "{\"model\":\"llama3\",\"message\":{\"role\":\"assistant\",\"content\":\"tok%ld \"},"
                     "\"done\":false,\"t\":%llu}\n",
@@ -218,10 +249,37 @@ static size_t token_event(conn *c, char *buf) {
 }
 
 static size_t final_event(conn *c, char *buf) {
-    const char *end = c->ndjson ? "{\"model\":\"llama3\",\"message\":{\"role\":\"assistant\","
-                                  "\"content\":\"\"},\"done\":true,\"done_reason\":\"stop\"}\n"
-                                : "data: [DONE]\n\n";
-    size_t n = frame(c, buf, end, strlen(end));
+    char payload[1024];
+    const char *end = payload;
+    size_t n;
+    if (real_mode && c->ndjson) {
+        char stamp[48];
+        created_at(stamp);
+        sprintf(payload,
+                "{\"model\":\"%s\",\"created_at\":\"%s\",\"message\":{\"role\":\"assistant\","
+                "\"content\":\"\"},\"done_reason\":\"stop\",\"done\":true,\"total_duration\":1000,"
+                "\"load_duration\":10,\"prompt_eval_count\":9,\"prompt_eval_duration\":100,"
+                "\"eval_count\":%ld,\"eval_duration\":800}\n",
+                c->model, stamp, c->sent);
+    } else if (real_mode) {
+        int k = sprintf(payload,
+                        "data: {\"id\":\"chatcmpl-241\",\"object\":\"chat.completion.chunk\","
+                        "\"created\":1796085388,\"model\":\"%s\",\"choices\":[{\"index\":0,"
+                        "\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+                        c->model);
+        if (c->usage)
+            k += sprintf(payload + k,
+                         "data: {\"id\":\"chatcmpl-241\",\"object\":\"chat.completion.chunk\","
+                         "\"created\":1796085388,\"model\":\"%s\",\"choices\":[],\"usage\":"
+                         "{\"prompt_tokens\":9,\"completion_tokens\":%ld,\"total_tokens\":%ld}}\n\n",
+                         c->model, c->sent, c->sent + 9);
+        strcpy(payload + k, "data: [DONE]\n\n");
+    } else {
+        end = c->ndjson ? "{\"model\":\"llama3\",\"message\":{\"role\":\"assistant\","
+                          "\"content\":\"\"},\"done\":true,\"done_reason\":\"stop\"}\n"
+                        : "data: [DONE]\n\n";
+    }
+    n = frame(c, buf, end, strlen(end));
     if (c->chunked) {
         memcpy(buf + n, "0\r\n\r\n", 5);
         n += 5;
@@ -230,7 +288,7 @@ static size_t final_event(conn *c, char *buf) {
 }
 
 static int finish_stream(conn *c) {
-    char buf[512];
+    char buf[1200];
     c->streaming = 0;
     if (!send_bytes(c, buf, final_event(c, buf))) return 0;
     if (!c->chunked && c->out_len == c->out_off) return 0; /* close-delimited: done */
@@ -239,7 +297,7 @@ static int finish_stream(conn *c) {
 
 /* One due event of a paced stream; 0 = connection gone. */
 static int tick(conn *c) {
-    char buf[512];
+    char buf[1200];
     if (!send_bytes(c, buf, token_event(c, buf))) return 0;
     if (++c->sent >= c->events) return finish_stream(c);
     return 1;
@@ -256,6 +314,21 @@ static void respond_fixed(conn *c, const char *type, const char *body) {
 static long body_number(const char *body, size_t len, const char *key, long fallback) {
     char *at = memmem(body, len, key, strlen(key));
     return at ? strtol(at + strlen(key), NULL, 10) : fallback;
+}
+
+/* The request's "model" string (compact or with one space), at most 79 bytes; "llama3" if none. */
+static void body_model(conn *c, const char *body, size_t len) {
+    strcpy(c->model, "llama3");
+    char *at = memmem(body, len, "\"model\":", 8);
+    if (!at) return;
+    at += 8;
+    while (at < body + len && *at == ' ') at++;
+    if (at >= body + len || *at != '"') return;
+    at++;
+    char *q = memchr(at, '"', (size_t)(body + len - at));
+    if (!q || q - at >= (long)sizeof c->model) return;
+    memcpy(c->model, at, (size_t)(q - at));
+    c->model[q - at] = 0;
 }
 
 /* Handle every complete request in c->in; 0 = close the connection. */
@@ -286,9 +359,13 @@ static int serve_requests(conn *c) {
                 respond_fixed(c, "application/json", "{\"version\":\"0\"}");
         } else {
             c->ndjson = strncmp(c->in, "POST /api/chat ", 15) == 0;
-            long rate = body_number(body, (size_t)length, "\"bench_rate\":", 20);
-            c->events = body_number(body, (size_t)length, "\"bench_events\":", 100);
-            c->batch = body_number(body, (size_t)length, "\"bench_batch\":", 1);
+            long rate = body_number(body, (size_t)length, "\"bench_rate\":", real_mode ? 0 : 20);
+            c->events = body_number(body, (size_t)length, "\"bench_events\":",
+                                    real_mode ? real_events : 100);
+            c->batch = body_number(body, (size_t)length, "\"bench_batch\":",
+                                   real_mode ? real_batch : 1);
+            c->usage = memmem(body, (size_t)length, "\"include_usage\":true", 20) != NULL;
+            body_model(c, body, (size_t)length);
             if (c->batch > 64) c->batch = 64;
             c->period = rate > 0 ? 1000000000ull / (uint64_t)rate : 0;
             c->sent = 0;
@@ -306,7 +383,7 @@ static int serve_requests(conn *c) {
                     if (!tick(c)) return 0;
             } else {
                 /* A burst written `batch` events per send (each still its own HTTP chunk). */
-                static char burst[64 * 512];
+                static char burst[64 * 512 + 1200];
                 size_t used = 0;
                 int alive = 1;
                 while (c->streaming && alive) {
@@ -457,6 +534,10 @@ static uint64_t percentile(double q) {
     return max_us;
 }
 
+/* relay with a MODEL: count "content":"tok markers, not "t": stamps */
+static int count_content;
+#define CONTENT_MARK "\"content\":\"tok"
+
 /* Scan received bytes for "t":<ns> stamps and the stream's end; 1 = end seen. */
 static int scan(client *k, const char *data, size_t len, uint64_t recv_ns, uint64_t lo,
                 uint64_t hi, int ndjson) {
@@ -470,6 +551,18 @@ static int scan(client *k, const char *data, size_t len, uint64_t recv_ns, uint6
     if (memmem(buf, n, end_mark, strlen(end_mark))) ended = 1;
     size_t keep_from = n > 12 ? n - 12 : 0; /* a marker cut by the read end */
     char *at = buf;
+    if (count_content) {
+        size_t mark = strlen(CONTENT_MARK);
+        /* the carry (at most mark - 1 bytes past what was counted) cannot hold a whole mark */
+        while ((at = memmem(at, (size_t)(buf + n - at), CONTENT_MARK, mark)) != NULL) {
+            if (recv_ns >= lo && recv_ns < hi) record(0);
+            at += mark;
+        }
+        keep_from = n > mark - 1 ? n - (mark - 1) : 0;
+        k->carry_len = n - keep_from;
+        memcpy(k->carry, buf + keep_from, k->carry_len);
+        return ended;
+    }
     while ((at = memmem(at, (size_t)(buf + n - at), "\"t\":", 4)) != NULL) {
         char *digits = at + 4, *q = digits;
         uint64_t value = 0;
@@ -489,12 +582,12 @@ static int scan(client *k, const char *data, size_t len, uint64_t recv_ns, uint6
 
 /* The streaming POST both clients send: RATE events/s (0 = burst, BATCH events per engine write). */
 static int stream_request(char *out, size_t cap, const char *path, long rate, long events,
-                          long batch) {
+                          long batch, const char *model) {
     char body[512];
     int blen = snprintf(body, sizeof body,
-                        "{\"model\":\"llama3\",\"stream\":true,\"bench_rate\":%ld,\"bench_events\":%ld,"
+                        "{\"model\":\"%s\",\"stream\":true,\"bench_rate\":%ld,\"bench_events\":%ld,"
                         "\"bench_batch\":%ld,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}",
-                        rate, events, batch);
+                        model, rate, events, batch);
     return snprintf(out, cap,
                     "POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                     "Content-Length: %d\r\n\r\n%s",
@@ -518,7 +611,7 @@ static int load(int argc, char **argv) {
     client *clients = calloc((size_t)streams, sizeof(client));
     if (!hist || !slow_hist || !clients) die("calloc");
     char request[1024];
-    int rlen = stream_request(request, sizeof request, path, rate, events_each, 1);
+    int rlen = stream_request(request, sizeof request, path, rate, events_each, 1, "llama3");
     epfd = epoll_create1(0);
     uint64_t start = now_ns();
     uint64_t lo = start + (uint64_t)((ramp + warm) * 1e9), hi = lo + (uint64_t)(window * 1e9);
@@ -645,13 +738,17 @@ static int relay(int argc, char **argv) {
     long events_each = atol(argv[5]);
     double seconds = atof(argv[6]);
     long batch = argc > 7 ? atol(argv[7]) : 1;
+    /* MODEL given: ask for it, and count token events by their content (real chunks carry no
+     * "t": stamps, and a translated stream has none either) */
+    const char *model = argc > 8 ? argv[8] : "llama3";
+    count_content = argc > 8;
     int ndjson = strcmp(path, "/api/chat") == 0;
     hist = calloc(BUCKETS, sizeof(uint32_t));
     slow_hist = calloc(SLOW_BUCKETS, sizeof(uint32_t));
     client *clients = calloc((size_t)conns, sizeof(client));
     if (!hist || !slow_hist || !clients) die("calloc");
     char request[1024];
-    int rlen = stream_request(request, sizeof request, path, 0, events_each, batch);
+    int rlen = stream_request(request, sizeof request, path, 0, events_each, batch, model);
     epfd = epoll_create1(0);
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -714,7 +811,16 @@ static int relay(int argc, char **argv) {
 int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     raise_nofile();
-    if (argc >= 3 && strcmp(argv[1], "serve") == 0) serve(atoi(argv[2]));
+    if (argc >= 3 && strcmp(argv[1], "serve") == 0) {
+        if (argc >= 6 && strcmp(argv[3], "real") == 0) {
+            real_mode = 1;
+            real_events = atol(argv[4]);
+            real_batch = atol(argv[5]);
+            if (real_batch < 1) real_batch = 1;
+            if (real_batch > 64) real_batch = 64;
+        }
+        serve(atoi(argv[2]));
+    }
     if (argc >= 2 && strcmp(argv[1], "load") == 0) return load(argc, argv);
     if (argc >= 2 && strcmp(argv[1], "relay") == 0) return relay(argc, argv);
     fprintf(stderr, "usage: streamgen serve PORT | streamgen load PORT PATH STREAMS RATE EVENTS "

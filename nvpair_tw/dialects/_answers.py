@@ -14,7 +14,8 @@
   (from ``usage``; absent when the node sent none), ``prompt_eval_duration`` (creation to the first
   content) and ``eval_duration`` (first to last content), in nanoseconds of the injected clock;
   ``load_duration`` is unknown and absent. ``created_at`` is the clock (seconds since the epoch)
-  in RFC 3339 UTC with nanoseconds. An error event ``data: {"error": …}`` becomes
+  in RFC 3339 UTC with nanoseconds; the content events of one upstream read arrived together and
+  share one clock reading (one ``created_at``). An error event ``data: {"error": …}`` becomes
   ``{"error": "<message>"}`` and ends the answer (a whole answer then has :attr:`status` 500). A
   node that answered a whole ``chat.completion`` JSON document although asked to stream is
   translated the same way at the end.
@@ -37,6 +38,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +109,19 @@ def content_literal(event: bytes) -> bytes | None:
         return None
     return event[start : end + 1]
 
+
+# One whole one-line SSE event that content_literal() copies (the same shape: members without
+# objects before "choices", choice 0's delta with an optional role and a non-empty content string,
+# an optional null logprobs, a null finish_reason, nothing after): group 1 is the content literal.
+# No newline or CR inside, so a run of these is a run of whole events, each "data: …\n\n".
+_EVENT = (
+    rb'data: \{[^{\n\r]*"choices":\[\{"index":0,"delta":\{(?:"role":"assistant",)?"content":'
+    rb'("(?:[^"\\\n\r]|\\[^\n\r])+")\}(?:,"logprobs":null)?,"finish_reason":null\}\]\}\n\n'
+)
+_EVENTS = re.compile(_EVENT)
+_RUN = re.compile(rb"(?:" + _EVENT + rb")+")
+# The body of a non-empty JSON string with escapes (no unescaped quote, no lone last backslash).
+_BODY = re.compile(rb'(?:[^"\\\n\r]|\\[^\n\r])+')
 
 _NS = 1e9
 
@@ -196,6 +211,9 @@ class OllamaStream:
         self._completion: int | None = None
         self._finished = False
         self._answer = b""
+        # the plain content event's bytes around its content, learned from the stream (_learn)
+        self._prefix = self._suffix = self._sep = b""
+        self._quotes = 0
         model = json.dumps(client_model, ensure_ascii=False).encode("utf-8")
         self._head = b'{"model":' + model + b',"created_at":"'
         if generate:
@@ -223,7 +241,7 @@ class OllamaStream:
             and not self._completions
             and data[-3] != 13
         ):
-            # one whole one-line event, the usual chunk: no splitting
+            # one whole one-line event, what a paced engine sends per read: no splitting
             literal = content_literal(data[6:-2])
             if literal is not None:
                 when, stamp = self._stamp.now()
@@ -234,6 +252,114 @@ class OllamaStream:
                     self._keep("content", json.loads(literal))
                     return b""
                 return b"".join((self._head, stamp.encode(), self._mid, literal, self._end))
+        if self._completions:
+            return self._split(data)
+        head = b""
+        if not self._events.idle:
+            # the previous read ended inside an event: finish it, then look for a run again
+            cut = data.find(b"\n\n") + 2
+            if cut < 2:
+                return self._split(data)
+            head = self._split(data[:cut])
+            data = data[cut:]
+            if not data or self._finished:
+                return head
+            if not self._events.idle:
+                return head + self._split(data)
+        if data.startswith(b"data: {"):
+            # a read of many events: a run of whole plain content events in one pass
+            end, bodies = self._learned_run(data)
+            if bodies is not None:
+                out = self._run(bodies)
+            else:
+                run = _RUN.match(data)
+                if run is None:
+                    return head + self._split(data) if head else self._split(data)
+                end = run.end()
+                out = self._run([b[1:-1] for b in _EVENTS.findall(data, 0, end)])
+                self._learn(data)
+            if end < len(data):
+                out += self._split(data[end:])
+            return head + out if head else out
+        return head + self._split(data) if head else self._split(data)
+
+    def _learn(self, data: bytes) -> None:
+        """The bytes around the content of the plain event that starts ``data``: engines repeat
+        them in every event of a stream (id, object, created, model; the rest of the choice)."""
+        event = _EVENTS.match(data)
+        if event is not None:
+            start, end = event.span(1)
+            prefix, suffix = data[: start + 1], data[end - 1 : event.end()]
+            self._prefix, self._suffix, self._sep = prefix, suffix, suffix + prefix
+            self._quotes = prefix.count(b'"') + suffix.count(b'"')
+
+    def _learned_run(self, data: bytes) -> tuple[int, list[bytes] | None]:
+        """The content string bodies (without their quotes) of the run of events that starts
+        ``data`` when every one of them is the learned prefix, a non-empty JSON string body and
+        the learned suffix (so each is an event :func:`content_literal` copies); with the end
+        of the run. Splitting and counting only (no regular expression over the events): every
+        newline is an event's end, every quote is the prefix's or the suffix's (or escaped, in
+        a body checked on its own)."""
+        prefix, suffix = self._prefix, self._suffix
+        if not prefix or not data.startswith(prefix):
+            return 0, None
+        end = len(data)
+        size = len(prefix)
+        if data.endswith(suffix) and data.count(b"\n") == 2:
+            # one event (what most engines send per read): no search for the separator, whose
+            # set-up alone costs more than the event
+            if end < size + len(suffix) or data.find(b"\r") >= 0:
+                return 0, None
+            bodies = [data[size : end - len(suffix)]]
+        else:
+            if not data.endswith(suffix):
+                # a read that ends inside an event, or with other events (finish, usage, [DONE])
+                end = data.rfind(suffix) + len(suffix)
+                if end < len(suffix):
+                    return 0, None
+            # (bytes.split with the long prefix + suffix separator is slow: split at each
+            # suffix, then check that every suffix but the last is followed by the prefix)
+            events = data[:end].split(suffix)
+            events.pop()  # the empty rest after the last suffix
+            count = len(events)
+            if (
+                data.count(b"\n", 0, end) != 2 * count
+                or data.find(b"\r", 0, end) >= 0
+                or data.count(self._sep, 0, end) != count - 1
+            ):
+                return 0, None
+            bodies = [event[size:] for event in events]
+        count = len(bodies)
+        quotes = data.count(b'"', 0, end)
+        if data.find(b"\\", 0, end) >= 0:
+            for body in bodies:
+                if b"\\" in body:
+                    if _BODY.fullmatch(body) is None:
+                        return 0, None
+                    quotes -= body.count(b'"')
+        if quotes != count * self._quotes or b"" in bodies:
+            return 0, None
+        return end, bodies
+
+    def _run(self, bodies: list[bytes]) -> bytes:
+        """Content events read at once, given as their content string bodies: one clock reading
+        and one ``created_at`` for all of them (they arrived together)."""
+        when, stamp = self._stamp.now()
+        if self._first is None:
+            self._first = when
+        self._last = when
+        if self._whole:
+            for body in bodies:
+                self._keep("content", json.loads(b'"' + body + b'"'))
+            return b""
+        head = b"".join((self._head, stamp.encode(), self._mid, b'"'))
+        end = b'"' + self._end
+        if len(bodies) == 1:
+            return b"".join((head, bodies[0], end))
+        return b"".join((head, (end + head).join(bodies), end))
+
+    def _split(self, data: bytes) -> bytes:
+        """``data`` through the SSE splitter, event by event."""
         events = self._events.feed(data)
         out: list[bytes] = []
         for event in events:

@@ -3,6 +3,7 @@ LM Studio stats, errors, and the split-point property."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvpair_tw.dialects import AnswerTooLarge, MalformedAnswer, StreamCut, Translation, translate
-from nvpair_tw.dialects._answers import content_literal
+from nvpair_tw.dialects._answers import _EVENTS, _RUN, content_literal
 from tests.dialects.streams import (
     BASE,
     DONE,
@@ -43,7 +44,11 @@ def run(t: Translation, data: bytes, status: int = 200, ct: bytes = b"text/event
 
 
 def test_chat_stream_becomes_ollama_chunks_and_a_final_object_with_measured_durations() -> None:
-    out = lines(run(translation(), chat_stream("Hi", " there")))
+    # one event per read, as engines send them: one clock reading per read
+    tr = translation().answer(200, b"text/event-stream", Ticks())
+    stream = chat_stream("Hi", " there")
+    pieces = [piece + b"\n\n" for piece in stream.split(b"\n\n") if piece]
+    out = lines(b"".join(tr.feed(piece) for piece in pieces) + tr.end())
     assert [o["message"]["content"] for o in out] == ["Hi", " there", ""]
     assert all(o["model"] == "llama3" for o in out)
     assert out[0] == {
@@ -378,53 +383,189 @@ def test_any_split_of_the_upstream_stream_gives_the_same_client_bytes(
     assert b"\xf0\x9f\x98\x80" in got or b"\\ud83d" in got
 
 
-@pytest.mark.parametrize(
-    "frame",
-    [
-        delta(role="assistant", content="Hi"),
-        delta(content='say \\"x\\" \\\\'),
-        event(
-            {
-                **BASE,
-                "choices": [
-                    {"index": 0, "delta": {"content": "é"}, "logprobs": None, "finish_reason": None}
-                ],
-            }
-        ),
-    ],
-)
+PLAIN = [
+    delta(role="assistant", content="Hi"),
+    delta(content='say \\"x\\" \\\\'),
+    event(
+        {
+            **BASE,
+            "choices": [
+                {"index": 0, "delta": {"content": "é"}, "logprobs": None, "finish_reason": None}
+            ],
+        }
+    ),
+]
+OTHER = [
+    delta(content=""),
+    delta(content="a", reasoning_content="b"),
+    event(
+        {
+            **BASE,
+            "usage": {"prompt_tokens": 1},
+            "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}],
+        }
+    ),
+    event({**BASE, "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": "stop"}]}),
+    event(
+        {
+            **BASE,
+            "choices": [
+                {"index": 0, "delta": {"content": "a"}, "finish_reason": None},
+                {"index": 1, "delta": {"content": "b"}, "finish_reason": None},
+            ],
+        }
+    ),
+]
+
+
+@pytest.mark.parametrize("frame", PLAIN)
 def test_a_plain_content_chunk_takes_the_literal_copying_fast_path(frame: bytes) -> None:
     event_data = frame[6:-2]
     literal = content_literal(event_data)
     assert literal is not None
     assert json.loads(literal) == json.loads(event_data)["choices"][0]["delta"]["content"]
+    # the run fast path recognises the same events and copies the same literal
+    match = _EVENTS.fullmatch(frame)
+    assert match is not None and match.group(1) == literal
+
+
+@pytest.mark.parametrize("frame", OTHER)
+def test_any_other_chunk_is_parsed(frame: bytes) -> None:
+    assert content_literal(frame[6:-2]) is None
+    assert _RUN.match(frame) is None
+
+
+def _one_by_one(t: Translation, frames: list[bytes]) -> bytes:
+    tr = t.answer(200, b"text/event-stream", Ticks(step=0.0))
+    return b"".join(tr.feed(frame) for frame in frames) + tr.end()
+
+
+@pytest.mark.parametrize("whole", [False, True])
+def test_a_read_of_many_plain_events_is_translated_in_one_pass_as_event_by_event(
+    whole: bool,
+) -> None:
+    """The run fast path (one read of plain content events, then whatever follows in the same
+    read) gives the bytes the event-by-event path gives."""
+    t = translation(stream=not whole)
+    frames = [*PLAIN, *PLAIN, delta(content="x"), *OTHER, *PLAIN, finish(), usage(), DONE]
+    expected = _one_by_one(t, frames)
+    tr = t.answer(200, b"text/event-stream", Ticks(step=0.0))
+    got = tr.feed(b"".join(frames)) + tr.end()
+    assert got == expected
+    if not whole:
+        contents = [o["message"]["content"] for o in lines(got)]
+        assert contents[:4] == ["Hi", 'say \\"x\\" \\\\', "é", "Hi"]
+
+
+def test_a_run_of_plain_events_is_one_clock_reading_and_one_created_at() -> None:
+    readings = Ticks()
+    tr = translation().answer(200, b"text/event-stream", readings)
+    start = readings.now
+    out = lines(tr.feed(delta(content="a") + delta(content="b") + delta(content="c")))
+    assert [o["message"]["content"] for o in out] == ["a", "b", "c"]
+    assert len({o["created_at"] for o in out}) == 1
+    assert readings.now == start + 0.25  # one reading for the three
+    # a run ending in another event: the run, then the rest event by event
+    out = lines(tr.feed(delta(content="d") + finish() + usage() + DONE))
+    assert [o["message"]["content"] for o in out] == ["d", ""]
+    assert out[-1]["done"] is True and out[-1]["eval_count"] == 3
+
+
+def test_a_run_cut_inside_an_event_keeps_the_cut_event_for_the_next_read() -> None:
+    frames = [delta(content=w) for w in ("one", " two", " three")] + [finish(), usage(), DONE]
+    body = b"".join(frames)
+    cut = len(frames[0]) + len(frames[1]) + 7
+    t = translation()
+    expected = _one_by_one(t, frames)
+    tr = t.answer(200, b"text/event-stream", Ticks(step=0.0))
+    first = tr.feed(body[:cut])
+    assert [o["message"]["content"] for o in lines(first)] == ["one", " two"]
+    assert first + tr.feed(body[cut:]) + tr.end() == expected
+
+
+def test_after_a_read_cut_inside_an_event_the_next_read_finishes_it_and_runs_again() -> None:
+    frames = [delta(content=f"w{i}") for i in range(12)]
+    body = b"".join(frames)
+    size = len(frames[0])
+    cuts = [0, 4 * size + 9, 8 * size + 3, len(body)]
+    reads = [body[a:b] for a, b in itertools.pairwise(cuts)]
+    t = translation()
+    expected = _one_by_one(t, [*frames, finish(), usage(), DONE])
+    readings = Ticks(step=0.0)
+    calls = 0
+
+    def clock() -> float:
+        nonlocal calls
+        calls += 1
+        return readings()
+
+    tr = t.answer(200, b"text/event-stream", clock)
+    start = calls
+    got = b"".join(tr.feed(read) for read in reads)
+    # per read: the cut event finished (one reading), then one run (one reading)
+    assert calls - start == 5
+    assert got + tr.feed(finish() + usage() + DONE) + tr.end() == expected
+
+
+def test_the_learned_prefix_path_gives_the_event_by_event_bytes_without_a_regex(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After one read the stream's bytes around the content are known; later reads of such
+    events (escapes included) are split, not matched, and give the same bytes."""
+    from nvpair_tw.dialects import _answers
+
+    words = ["a", ' "q" ', "back\\slash\\", "new\nline", "é ☃", "x"]
+    first = [delta(content=w) for w in words]
+    second = [delta(content=w + "!") for w in reversed(words)]
+    rest = [finish(), usage(), DONE]
+    t = translation()
+    expected = _one_by_one(t, [*first, *second, *rest])
+    tr = t.answer(200, b"text/event-stream", Ticks(step=0.0))
+    got = tr.feed(b"".join(first))
+
+    class NoRegex:
+        def match(self, *args: Any) -> None:
+            raise AssertionError("the learned path was not taken")
+
+    monkeypatch.setattr(_answers, "_RUN", NoRegex())
+    got += tr.feed(b"".join(second) + rest[0])  # a run, then the finish event after it
+    monkeypatch.undo()
+    got += tr.feed(b"".join(rest[1:])) + tr.end()
+    assert got == expected
 
 
 @pytest.mark.parametrize(
-    "frame",
+    "odd",
     [
-        delta(content=""),
-        delta(content="a", reasoning_content="b"),
-        event(
-            {
-                **BASE,
-                "usage": {"prompt_tokens": 1},
-                "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}],
-            }
-        ),
-        event(
-            {**BASE, "choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": "stop"}]}
-        ),
-        event(
-            {
-                **BASE,
-                "choices": [
-                    {"index": 0, "delta": {"content": "a"}, "finish_reason": None},
-                    {"index": 1, "delta": {"content": "b"}, "finish_reason": None},
-                ],
-            }
-        ),
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"smollm2",'
+        b'"system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"content":"a"b"},'
+        b'"finish_reason":null}]}\n\n',
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"smollm2",'
+        b'"system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"content":"a\\"},'
+        b'"finish_reason":null}]}\n\n',
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"smollm2",'
+        b'"system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"content":""},'
+        b'"finish_reason":null}]}\n\n',
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"smollm2",'
+        b'"system_fingerprint":"fp_ollama","choices":[{"index":0,"delta":{"content":"a\nb"},'
+        b'"finish_reason":null}]}\n\n',
+        b"xyz",
     ],
 )
-def test_any_other_chunk_is_parsed(frame: bytes) -> None:
-    assert content_literal(frame[6:-2]) is None
+def test_an_odd_event_among_learned_ones_is_not_copied_blindly(odd: bytes) -> None:
+    """An event the learned path must refuse (an unescaped quote, a lone last backslash, empty
+    content, a raw newline, junk glued on): the read goes the event-by-event way, with the same
+    bytes or the same error."""
+    t = translation()
+    reads = [delta(content="a") + delta(content="b"), delta(content="c") + odd + delta(content="d")]
+    reads += [finish() + usage() + DONE]
+
+    def outcome(slow: bool) -> bytes | str:
+        tr = t.answer(200, b"text/event-stream", Ticks(step=0.0))
+        feed = tr._split if slow else tr.feed  # type: ignore[attr-defined]
+        try:
+            return b"".join(feed(read) for read in reads) + tr.end()
+        except StreamCut as error:
+            return type(error).__name__
+
+    assert outcome(slow=False) == outcome(slow=True)
