@@ -22,7 +22,7 @@ OpenAI / v0 embeddings              ``usage.prompt_tokens``
 
 The cost is at the stream's ends: the first lines are parsed until one carries content (its time
 is the first token), then only the last chunks are kept, and the counts are read from them when
-the stream ends. A stream cut before its counts leaves them unknown (None), never zero.
+the stream ends, parsing from the end only the lines that name a count. A stream cut before its counts leaves them unknown (None), never zero.
 
 :class:`UsageStripper` removes the usage chunk the proxy asked for itself (the client did not ask
 for ``stream_options.include_usage``), so the client receives the stream it asked for; the test per
@@ -41,7 +41,7 @@ from attrs import frozen
 
 __all__ = ["Chain", "Usage", "UsageMeter", "UsageStripper", "asks_usage"]
 
-TAIL = 64 << 10
+TAIL = 16 << 10
 """Bytes of a stream's end kept to read its counts from."""
 WHOLE_CAP = 8 << 20
 """A whole answer longer than this is not parsed for its counts (they stay unknown)."""
@@ -132,6 +132,23 @@ def _counts(event: dict[str, Any]) -> tuple[int | None, int | None, float | None
     return prompt, completion, rate
 
 
+_COUNT_MARKS = (b"usage", b"eval_count")
+"""A frame stating counts holds one of these (the others are never parsed at the end)."""
+
+
+def _last_counts(text: bytes) -> tuple[int | None, int | None, float | None]:
+    """The counts of the last frame of ``text`` stating any, reading from the end; only lines
+    holding a count's name are parsed."""
+    for raw in reversed(text.splitlines()):
+        if not any(mark in raw for mark in _COUNT_MARKS):
+            continue
+        for frame in _frames(raw):
+            prompt, completion, rate = _counts(frame)
+            if prompt is not None or completion is not None:
+                return prompt, completion, rate
+    return None, None, None
+
+
 def _frames(text: bytes) -> list[dict[str, Any]]:
     """Every JSON object of NDJSON lines or SSE ``data:`` lines in ``text`` (others skipped)."""
     out: list[dict[str, Any]] = []
@@ -208,17 +225,14 @@ class UsageMeter:
     def end(self) -> Usage:
         """The counts the answer stated (None when it never did, e.g. a stream cut before them)."""
         if self._streaming:
-            frames = _frames(b"".join(self._tail))
+            prompt, completion, rate = _last_counts(b"".join(self._tail))
         elif self._whole_size <= WHOLE_CAP:
-            frames = _frames(b"".join(self._whole).replace(b"\n", b" ").strip() + b"\n")
+            whole = b"".join(self._whole).replace(b"\n", b" ").replace(b"\r", b" ")
+            prompt, completion, rate = _last_counts(whole)
         else:
-            frames = []
-        prompt, completion, rate = self._prompt, None, None
-        for frame in frames:
-            p, c, r = _counts(frame)
-            prompt = p if p is not None else prompt
-            completion = c if c is not None else completion
-            rate = r if r is not None else rate
+            prompt, completion, rate = None, None, None
+        if prompt is None:
+            prompt = self._prompt
         return Usage(prompt, completion, self._first, self._last, rate)
 
 
