@@ -290,6 +290,9 @@ class RequestRecord:
     """Dispatch of the committed attempt to its first content-bearing chunk (§12.3)."""
     tokens_per_s: float | None = field(init=False, default=None)
     """Completion tokens per second: the engine's own figure where given, else measured."""
+    workload_id: int | None = field(init=False, default=None)
+    """The id of the request's workload (§7); None for a request without one. Not in the
+    payload (``proxy/request`` carries none): traces read it (§12.5)."""
     _current: tuple[str, float] | None = field(init=False, default=None)
     _busy_waits: int = field(init=False, default=0)
 
