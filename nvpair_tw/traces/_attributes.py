@@ -49,11 +49,12 @@ def operation_name(path: str) -> str | None:
 
 
 def span_name(payload: Mapping[str, Any]) -> str:
-    """``{operation} {model}`` for inference (``chat llama3``), else ``{method} {path}``."""
+    """``{operation} {model}`` for inference (``chat llama3``; just ``chat`` while the record names
+    no model, as for a refused request), else ``{method} {path}``."""
     operation = operation_name(str(payload.get("path", "")))
     model = payload.get("model")
-    if operation is not None and model:
-        return f"{operation} {model}"
+    if operation is not None:
+        return f"{operation} {model}" if model else operation
     return f"{payload.get('method', '')} {payload.get('path', '')}".strip()
 
 
@@ -71,8 +72,9 @@ def request_attributes(
     attributes: dict[str, AttributeValue] = {}
     operation = operation_name(path)
     model = payload.get("model")
-    if operation is not None and model:
+    if operation is not None:
         attributes["gen_ai.operation.name"] = operation
+    if operation is not None and model:
         attributes["gen_ai.request.model"] = str(model)
         attributes["gen_ai.response.model"] = str(payload.get("model_local") or model)
         _put(attributes, "gen_ai.usage.input_tokens", payload.get("prompt_tokens"))
