@@ -65,7 +65,8 @@ class Traces(Resource):
         self.paths.append(request.path)
         self.bodies.append(request.content.read())
         request.setHeader(b"content-type", b"application/x-protobuf")
-        return ExportTraceServiceResponse().SerializeToString()
+        answer: bytes = ExportTraceServiceResponse().SerializeToString()
+        return answer
 
     def spans(self) -> list[Span]:
         found = []
@@ -78,7 +79,7 @@ class Traces(Resource):
         return found
 
     def resources(self) -> list[dict[str, Any]]:
-        found = []
+        found: list[dict[str, Any]] = []
         for body in self.bodies:
             export = ExportTraceServiceRequest()
             export.ParseFromString(body)
