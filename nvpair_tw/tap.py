@@ -227,6 +227,13 @@ _PARAMETERS: list[list[str | None]] = [
         "HTTP client for requests to nodes: native (coalescing keep-alive client) or twisted "
         "(Twisted's Agent and connection pool).",
     ],
+    [
+        "otlp-endpoint",
+        None,
+        None,
+        "Export one span per request over OTLP/HTTP to this collector URL (http://HOST:4318, or "
+        "the full /v1/traces URL); off by default. Needs the traces extra.",
+    ],
     ["log-level", None, "info", "debug, info, warn or error."],
 ]
 
@@ -452,7 +459,26 @@ def _settings(options: Options, engines: list[str], header: float, first: float)
         ),
         assemble=_assemble_by_engine(options["assemble"], engines),
         upstream_client=_upstream_client(options["upstream-client"]),
+        otlp_endpoint=_otlp_endpoint(options["otlp-endpoint"]),
     )
+
+
+def _otlp_endpoint(text: str | None) -> str | None:
+    """``--otlp-endpoint``, checked: an http(s) URL, and the OpenTelemetry SDK installed."""
+    if text is None:
+        return None
+    try:
+        from nvpair_tw.traces import traces_url
+    except ImportError:
+        raise ValueError(
+            "--otlp-endpoint needs the OpenTelemetry SDK and OTLP exporter: "
+            "pip install 'nvpair-tw[traces]'"
+        ) from None
+    try:
+        traces_url(text)
+    except ValueError as error:
+        raise ValueError(f"--otlp-endpoint: {error}") from None
+    return text.strip()
 
 
 def _upstream_client(name: str) -> str:

@@ -190,6 +190,7 @@ FACES: dict[str, list[str]] = {
         "start_proxy",
         "stream_kind",
     ],
+    "traces": ["SERVICE_NAME", "RequestTracing", "SpanCounts", "otlp_tracing", "traces_url"],
     "upstream": [
         "MAX_JSON_BYTES",
         "TRANSPORT_FAILURES",

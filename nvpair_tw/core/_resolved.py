@@ -116,6 +116,8 @@ class Settings:
     extra: Mapping[str, str] = field(factory=dict)
     cors_origins: tuple[str, ...] = ()
     """Origins whose browser pages may call the facades (``--cors-origin``, §13.4); none = off."""
+    otlp_endpoint: str | None = None
+    """Where spans go over OTLP/HTTP (``--otlp-endpoint``, §12.5); None = no traces."""
     upstream_client: str = "native"
     """The HTTP client of the upstream hop: ``native`` (:class:`nvpair_tw.upstream._agent.NodeAgent`)
     or ``twisted`` (Twisted's ``Agent`` over ``upstream.make_pool``); ``--upstream-client``."""

@@ -105,6 +105,8 @@ async def forward(
         _busy(facade, request, record, "every node is busy and the queue is full", "queue-full")
         return
     workload = facade.shared.workloads.create(facade.engine, route.model) if route.model else None
+    if workload is not None:
+        record.workload_id = workload.id
     caller = _watch(request, workload, facade)
     if isinstance(ticket, Waiter):
         ticket = await _queue(facade, request, ticket, caller, record, workload)

@@ -57,6 +57,8 @@ class FacadeResource(Resource):
         path = (target or request.uri).partition(b"?")[0].decode("latin-1")
         method = request.method.decode("latin-1")
         record = RequestRecord.begin(shared.clock, request_id, facade.engine, method, path)
+        if shared.tracer is not None:
+            shared.tracer.begin(record, request.requestHeaders)
         if self._preflight(request, record):
             return NOT_DONE_YET
         rejection = self._rejection(request, target)

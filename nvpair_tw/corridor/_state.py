@@ -11,14 +11,17 @@ and the event bus.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from attrs import Factory, define
 from treq.client import HTTPClient
 from twisted.internet.interfaces import IReactorTime
+from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory
 
 from nvpair_tw.core import EngineProfile, Settings
 from nvpair_tw.corridor._tunnel import TunnelBook
-from nvpair_tw.corridor._workloads import WorkloadRegistry
+from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry
 from nvpair_tw.events import EventBus
 from nvpair_tw.inbound import CorsPolicy, IngressPolicy
 from nvpair_tw.nodes import Node, NodeDirectory
@@ -34,7 +37,15 @@ from nvpair_tw.selection import (
 )
 from nvpair_tw.upstream import UpstreamClient
 
-__all__ = ["FacadeState", "Shared"]
+__all__ = ["FacadeState", "RequestTracer", "Shared"]
+
+
+class RequestTracer(Protocol):
+    """The corridor's tracing hook (docs/behaviour.md §12.5): told of every request as it starts."""
+
+    def begin(self, record: RequestRecord, headers: Headers) -> None:
+        """``record`` has just begun; ``headers`` are the client's, which the tracer may rewrite
+        (``traceparent``, ``tracestate``) before anything is forwarded."""
 
 
 @define
@@ -58,6 +69,8 @@ class Shared:
         lambda self: TunnelBook(self.settings.max_tunnels), takes_self=True
     )
     """The open WebSocket tunnels and their cap."""
+    tracer: RequestTracer | None = None
+    """Traces (``--otlp-endpoint``, §12.5); ``None``: tracing is off and costs nothing."""
 
 
 @define

@@ -294,6 +294,9 @@ class RequestRecord:
     """The usage chunk removed from the answer (the client did not ask for it, §12.2)."""
     dispatched_at: float | None = field(init=False, default=None)
     """Clock seconds the latest attempt was sent: time to first token counts from here."""
+    workload_id: int | None = field(init=False, default=None)
+    """The id of the request's workload (§7); None for a request without one. Not in the
+    payload (``proxy/request`` carries none): traces read it (§12.5)."""
     _current: tuple[str, float] | None = field(init=False, default=None)
     _busy_waits: int = field(init=False, default=0)
 

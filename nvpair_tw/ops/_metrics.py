@@ -168,6 +168,7 @@ class RuntimeCollector(Collector):
         yield from (family for family, _ in gauges)
         yield from (kinds, loaded, queue, busy, self._reservations(node_ids))
         yield from self._store()
+        yield from self._traces()
 
     def _inflight(self) -> Metric:
         """Running workloads by serving node (an empty node: not dispatched yet, or removed)."""
@@ -210,6 +211,23 @@ class RuntimeCollector(Collector):
         )
         dropped.add_metric([], float(fleet.dropped))
         yield from (up, dropped)
+
+    def _traces(self) -> Iterator[Metric]:
+        """With ``--otlp-endpoint``: the spans exported, and those dropped (§12.5)."""
+        tracing = self._runtime.tracing
+        if tracing is None:
+            return
+        exported = CounterMetricFamily(
+            "nvpair_trace_spans_exported",
+            "Spans the OTLP collector (--otlp-endpoint) accepted.",
+        )
+        exported.add_metric([], float(tracing.counts.exported))
+        dropped = CounterMetricFamily(
+            "nvpair_trace_spans_dropped",
+            "Spans dropped: the collector did not take them, or the export queue was full.",
+        )
+        dropped.add_metric([], float(tracing.counts.dropped))
+        yield from (exported, dropped)
 
 
 def _counter(

@@ -7,6 +7,7 @@ Nothing here touches the global reactor: ``tap.makeService`` passes it in, tests
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from attrs import define, field
 from treq.client import HTTPClient
@@ -59,6 +60,9 @@ from nvpair_tw.upstream import (
     make_pool,
 )
 
+if TYPE_CHECKING:
+    from nvpair_tw.traces import RequestTracing
+
 __all__ = ["Runtime", "StallTrackerFactory", "build_runtime", "upstream_agent"]
 
 log = LevelledLogger(namespace="nvpair_tw.runtime")
@@ -79,6 +83,8 @@ class Runtime:
     fleet: FleetStore | None = None
     native: NodeAgent | None = None
     """The upstream client when ``--upstream-client native`` (``pool`` then holds nothing)."""
+    tracing: RequestTracing | None = None
+    """The request spans when ``--otlp-endpoint`` is given (docs/behaviour.md §12.5)."""
 
     def start(self) -> None:
         """Load node files, start watching and polling (and connecting to the fleet store)."""
@@ -105,6 +111,9 @@ class Runtime:
         if self.fleet is not None:
             fleet = self.fleet
             closed.addCallback(lambda _: fleet.stop())
+        if self.tracing is not None:
+            tracing, reactor = self.tracing, self.reactor
+            closed.addCallback(lambda _: tracing.shutdown(reactor))
         return closed
 
     def close_idle(self) -> Deferred[None]:
@@ -193,7 +202,15 @@ def build_runtime(
             fleet=fleet,
         )
     native = agent if isinstance(agent, NodeAgent) else None
-    return Runtime(reactor, settings, shared, facades, pool, fleet=fleet, native=native)
+    tracing = None
+    if settings.otlp_endpoint:
+        from nvpair_tw.traces import otlp_tracing
+
+        tracing = otlp_tracing(reactor, shared.bus, settings.otlp_endpoint)
+        shared.tracer = tracing
+    return Runtime(
+        reactor, settings, shared, facades, pool, fleet=fleet, native=native, tracing=tracing
+    )
 
 
 def upstream_agent(
