@@ -21,7 +21,7 @@ OpenAI / v0 embeddings              ``usage.prompt_tokens``
 =================================  ==========================================================
 
 The cost is at the stream's ends: the first lines are parsed until one carries content (its time
-is the first token), then only the last chunks are kept, and the counts are read from them when
+is the first token), then only the last 64 chunks are kept, and the counts are read from them when
 the stream ends, parsing from the end only the lines that name a count. A stream cut before its counts leaves them unknown (None), never zero.
 
 :class:`UsageStripper` removes the usage chunk the proxy asked for itself (the client did not ask
@@ -41,8 +41,10 @@ from attrs import frozen
 
 __all__ = ["Chain", "Usage", "UsageMeter", "UsageStripper", "asks_usage"]
 
-TAIL = 16 << 10
-"""Bytes of a stream's end kept to read its counts from."""
+TAIL = 64 << 10
+"""The longest unfinished first line looked at for the first content."""
+TAIL_CHUNKS = 64
+"""Chunks of a stream's end kept to read its counts from."""
 WHOLE_CAP = 8 << 20
 """A whole answer longer than this is not parsed for its counts (they stay unknown)."""
 
@@ -176,33 +178,29 @@ class UsageMeter:
     def __init__(self, streaming: bool, clock: Callable[[], float]) -> None:
         self._streaming = streaming
         self._clock = clock
-        self._tail: deque[bytes] = deque()
-        self._kept = 0
+        # The last chunks (the counts are in the last two events; a deque with a length bound
+        # drops the oldest in C, so a chunk costs one append).
+        self._tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
         self._head = b""  # a stream's unparsed start, until content shows
         self._looking = True
         self._first: float | None = None
-        self._last: float | None = None
         self._prompt: int | None = None  # a count stated at the stream's start (message_start)
         self._whole: list[bytes] = []
         self._whole_size = 0
 
     def feed(self, data: bytes) -> None:
-        if not data:
-            return
-        self._last = self._clock()
-        if not self._streaming:
-            if self._first is None:
-                self._first = self._last
+        if self._looking and data:
+            if not self._streaming:
+                self._first = self._clock()
+                self._looking = False
+            else:
+                self._look(data)
+        if self._streaming:
+            self._tail.append(data)
+        else:
             self._whole_size += len(data)
             if self._whole_size <= WHOLE_CAP:
                 self._whole.append(data)
-            return
-        self._tail.append(data)
-        self._kept += len(data)
-        while self._kept - len(self._tail[0]) >= TAIL:
-            self._kept -= len(self._tail.popleft())
-        if self._looking:
-            self._look(data)
 
     def _look(self, data: bytes) -> None:
         """Parse the stream's complete lines until one carries content."""
@@ -214,7 +212,7 @@ class UsageMeter:
             if prompt is not None:
                 self._prompt = prompt
             if _has_content(frame):
-                self._first = self._last
+                self._first = self._clock()
                 self._looking = False
                 self._head = b""
                 return
@@ -233,7 +231,8 @@ class UsageMeter:
             prompt, completion, rate = None, None, None
         if prompt is None:
             prompt = self._prompt
-        return Usage(prompt, completion, self._first, self._last, rate)
+        # The answer ends as its last chunk is relayed: that is its last token's time.
+        return Usage(prompt, completion, self._first, self._clock(), rate)
 
 
 def asks_usage(parsed: dict[str, Any]) -> bool:
@@ -261,6 +260,8 @@ class UsageStripper:
         # Whole events pass on (an engine writes one or more whole events per chunk, so this is
         # one search from the end and no copy); an unfinished event waits for its end, so a
         # "usage" cut across two chunks is still seen whole.
+        if not self._held and data.endswith(b"\n\n") and b'"usage"' not in data:
+            return data
         if self._held:
             data, self._held = self._held + data, b""
         end = data.rfind(b"\n\n") + 2  # 1 when there is none

@@ -57,9 +57,10 @@ def metered(chunks: list[bytes], streaming: bool = True) -> Any:
 def test_an_openai_streams_counts_and_first_content() -> None:
     usage = metered(OPENAI_STREAM)
     assert (usage.prompt_tokens, usage.completion_tokens) == (11, 3)
-    assert usage.first_content_at == 2.0  # the role-only chunk carries no content
-    assert usage.last_at == 6.0
-    assert usage.tokens_per_second() == 0.75
+    # the clock is read twice: at the first content (the role-only chunk carries none) and at
+    # the end (the last chunk relayed)
+    assert (usage.first_content_at, usage.last_at) == (1.0, 2.0)
+    assert usage.tokens_per_second() == 3.0
 
 
 def test_an_ollama_streams_final_object_gives_counts_and_the_engines_rate() -> None:
@@ -128,7 +129,7 @@ def test_only_the_tail_is_kept_after_the_first_content() -> None:
         meter.feed(b'data: {"choices":[{"delta":{"content":"token"}}]}\n\n')
     for chunk in sse(USAGE):
         meter.feed(chunk)
-    assert meter._kept < 2 * (64 << 10)
+    assert len(meter._tail) <= 64
     assert meter.end().completion_tokens == 3
 
 
