@@ -207,15 +207,16 @@ class UsageMeter:
         text = self._head + data
         cut = max(text.rfind(b"\n"), text.rfind(b"\r"))
         self._head = text[cut + 1 :]
-        for frame in _frames(text[: cut + 1]):
-            prompt, _, _ = _counts(frame)
-            if prompt is not None:
-                self._prompt = prompt
-            if _has_content(frame):
-                self._first = self._clock()
-                self._looking = False
-                self._head = b""
-                return
+        for line in text[: cut + 1].splitlines():  # parsed one by one: usually the first has it
+            for frame in _frames(line):
+                prompt, _, _ = _counts(frame)
+                if prompt is not None:
+                    self._prompt = prompt
+                if _has_content(frame):
+                    self._first = self._clock()
+                    self._looking = False
+                    self._head = b""
+                    return
         if len(self._head) > TAIL:  # no line end in sight: give up looking
             self._looking = False
             self._head = b""
