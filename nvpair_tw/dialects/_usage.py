@@ -139,15 +139,20 @@ _COUNT_MARKS = (b"usage", b"eval_count")
 
 
 def _last_counts(text: bytes) -> tuple[int | None, int | None, float | None]:
-    """The counts of the last frame of ``text`` stating any, reading from the end; only lines
-    holding a count's name are parsed."""
-    for raw in reversed(text.splitlines()):
-        if not any(mark in raw for mark in _COUNT_MARKS):
-            continue
-        for frame in _frames(raw):
+    """The counts of the last frame of ``text`` stating any, found from the end by searching for a
+    count's name (in C); only the lines holding one are parsed."""
+    end = len(text)
+    while end > 0:
+        mark = max(text.rfind(name, 0, end) for name in _COUNT_MARKS)
+        if mark < 0:
+            break
+        start = max(text.rfind(b"\n", 0, mark), text.rfind(b"\r", 0, mark)) + 1
+        stop = text.find(b"\n", mark)
+        for frame in _frames(text[start : len(text) if stop < 0 else stop]):
             prompt, completion, rate = _counts(frame)
             if prompt is not None or completion is not None:
                 return prompt, completion, rate
+        end = start
     return None, None, None
 
 
