@@ -20,7 +20,7 @@ from nvpair_tw.core import EngineProfile, Settings
 from nvpair_tw.corridor._tunnel import TunnelBook
 from nvpair_tw.corridor._workloads import WorkloadRegistry
 from nvpair_tw.events import EventBus
-from nvpair_tw.inbound import CorsPolicy, IngressPolicy
+from nvpair_tw.inbound import CorsPolicy, IngressPolicy, RateLimiter
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.selection import (
     Admission,
@@ -58,6 +58,8 @@ class Shared:
         lambda self: TunnelBook(self.settings.max_tunnels), takes_self=True
     )
     """The open WebSocket tunnels and their cap."""
+    limiter: RateLimiter = Factory(lambda self: RateLimiter(self.clock), takes_self=True)
+    """The named keys' rate and concurrency limits (§12.1); fleet-wide with ``--state``."""
 
 
 @define
