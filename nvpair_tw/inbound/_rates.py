@@ -128,6 +128,9 @@ class RateLimiter:
     counters: LimitCounters | None = None
     namespace: str = "limit"
     _tallies: dict[tuple[str, str], _Tally] = field(factory=dict, init=False)
+    _owed: dict[str, int] = field(factory=dict, init=False)
+    """Per key: slots the store counted whose release it missed (given back with the next
+    change)."""
 
     def admit(self, caller: Caller) -> Permit | Refusal:
         """Admit one request of ``caller``, or say why not (nothing is counted then)."""
@@ -139,6 +142,8 @@ class RateLimiter:
         shared = self._shared()
         refusals = []
         concurrent = self._tally(caller.name, "conc", _CONCURRENT)
+        if not shared:
+            concurrent.fleet = None  # stale once the store is away: learnt again when back
         if rules.max_concurrent is not None and concurrent.value(shared) >= rules.max_concurrent:
             refusals.append(
                 Refusal(
@@ -160,12 +165,17 @@ class RateLimiter:
             return max(refusals, key=lambda r: r.retry_after)
         requests.local += 1
         concurrent.local += 1
+        if not shared:
+            return Permit(self, caller, None)
+        owed = self._owed.pop(caller.name, 0)
         changes = [
             (requests, 1, 2 * WINDOW),
-            (concurrent, 1, CONCURRENCY_TTL),
+            (concurrent, 1 - owed, CONCURRENCY_TTL),
             (tokens, 0, 2 * WINDOW),
         ]
-        acquired = self._send(caller.name, changes) if shared else None
+        acquired = self._send(caller.name, changes)
+        if owed:
+            acquired.addCallback(self._settled, caller.name, owed)
         return Permit(self, caller, acquired)
 
     def in_flight(self, name: str) -> int:
@@ -181,17 +191,27 @@ class RateLimiter:
             tally = self._tally(caller.name, "tpm", int(self.clock.seconds() // WINDOW))
             tally.local += tokens
             changes.append((tally, tokens, 2 * WINDOW))
-        if not self._shared():
-            return
-        if changes:
+        if changes and self._shared():
             self._send(caller.name, changes)
         if acquired is not None:
             # Only a slot the store counted is given back there.
-            def release(counted: bool) -> None:
-                if counted and self._shared():
-                    self._send(caller.name, [(concurrent, -1, CONCURRENCY_TTL)])
+            acquired.addCallback(self._release, caller.name, concurrent)
 
-            acquired.addCallback(release)
+    def _release(self, counted: bool, name: str, concurrent: _Tally) -> None:
+        if not counted:
+            return
+        owed = self._owed.pop(name, 0) + 1
+        if not self._shared():
+            self._owed[name] = owed
+            return
+        sent = self._send(name, [(concurrent, -owed, CONCURRENCY_TTL)])
+        sent.addCallback(self._settled, name, owed)
+
+    def _settled(self, counted: bool, name: str, owed: int) -> bool:
+        """A change that carried ``owed`` releases: owed again when the store missed it."""
+        if not counted:
+            self._owed[name] = self._owed.get(name, 0) + owed
+        return counted
 
     def _shared(self) -> bool:
         try:
