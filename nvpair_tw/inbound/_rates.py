@@ -128,6 +128,8 @@ class RateLimiter:
     counters: LimitCounters | None = None
     namespace: str = "limit"
     _tallies: dict[tuple[str, str], _Tally] = field(factory=dict, init=False)
+    unanswered: int = field(default=0, init=False)
+    """Changes sent to the store and not answered yet."""
     _owed: dict[str, int] = field(factory=dict, init=False)
     """Per key: slots the store counted whose release it missed (given back with the next
     change)."""
@@ -237,6 +239,7 @@ class RateLimiter:
         wire = [(self._counter(name, t), amount, ttl) for t, amount, ttl in changes]
         for tally, amount, _ttl in changes:
             tally.pending += amount
+        self.unanswered += 1
         try:
             sent = self.counters.add(wire)
         except Exception as error:  # a closed connection: count locally
@@ -244,6 +247,7 @@ class RateLimiter:
             sent.errback(error)
 
         def answered(totals: list[int]) -> bool:
+            self.unanswered -= 1
             for (tally, amount, _ttl), total in zip(changes, totals, strict=False):
                 tally.pending -= amount
                 if isinstance(total, int):
@@ -251,6 +255,7 @@ class RateLimiter:
             return True
 
         def failed(failure: Failure) -> bool:
+            self.unanswered -= 1
             for tally, amount, _ttl in changes:
                 tally.pending -= amount
                 if tally.window == _CONCURRENT:
