@@ -16,6 +16,7 @@ from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublish
 from twisted.web.http_headers import Headers
 from zope.interface import provider
 
+import nvpair_tw.inbound._keys as keys_module
 from nvpair_tw.inbound import (
     LOCAL,
     Caller,
@@ -28,7 +29,6 @@ from nvpair_tw.inbound import (
     parse_ingress,
     read_keys_file,
 )
-from nvpair_tw.inbound import _keys
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -273,7 +273,7 @@ def test_every_entry_is_compared_in_constant_time(
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(_keys.hmac, "compare_digest", counting)
+    monkeypatch.setattr(keys_module.hmac, "compare_digest", counting)  # type: ignore[attr-defined]
     for key in (ALICE, ENV, "sk-unknown"):
         calls.clear()
         gate.identify(LAN, bearer(key))
@@ -352,3 +352,43 @@ def test_a_bad_reload_keeps_the_previous_keys_with_one_warning(
     clock.advance(2)
     assert gate.identify(LAN, bearer(CANARY)) == Caller("carol")
     gate.stop()
+
+
+# --- from the command line to the runtime -------------------------------------------------------
+
+
+def test_keys_reaches_the_config_and_the_runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from nvpair_tw.core import Settings
+    from nvpair_tw.runtime import build_runtime
+    from nvpair_tw.tap import Options
+
+    for name in list(os.environ):
+        if name.startswith("NVPAIR_"):
+            monkeypatch.delenv(name)
+    path = keys_file(tmp_path / "keys.toml", TWO)
+    options = Options()
+    options.parseOptions(["--engine", "ollama", "--keys", path])
+    config = options.config
+    assert config.ingress.keys_file == path and config.ingress.keys_configured
+    assert ALICE not in repr(config)
+    runtime = build_runtime(Clock(), Settings(), ["ollama"], ingress=config.ingress)  # type: ignore[arg-type]
+    assert runtime.shared.ingress is not None
+    assert runtime.shared.ingress.book.names() == ["alice", "bob"]
+    assert runtime.shared.limiter.counters is None  # local without --state
+
+
+def test_a_readable_keys_file_stops_the_start_with_a_clear_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from twisted.python import usage
+
+    from nvpair_tw.tap import Options
+
+    monkeypatch.delenv("NVPAIR_PROXY_API_KEYS", raising=False)
+    path = keys_file(tmp_path / "keys.toml", TWO, mode=0o644)
+    with pytest.raises(usage.UsageError, match=r"keys file .* has mode 0644.*chmod 600"):
+        Options().parseOptions(["--engine", "ollama", "--keys", path])
+    with pytest.raises(usage.UsageError, match="cannot be read"):
+        Options().parseOptions(["--engine", "ollama", "--keys", str(tmp_path / "nope")])

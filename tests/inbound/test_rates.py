@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from nvpair_tw.inbound import (
