@@ -9,7 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from twisted.internet.address import IPv4Address
+from twisted.internet.interfaces import IAddress
 from twisted.internet.task import Clock
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 
 from nvpair_tw.corridor._exchange import _tokens
 from nvpair_tw.corridor._workloads import RequestRecord
@@ -203,3 +206,34 @@ def test_the_tokens_handed_to_the_limiter_are_prompt_plus_completion() -> None:
     assert _tokens(record) == 12
     record.completion_tokens = 30
     assert _tokens(record) == 42
+
+
+class _ForeignPeer(ProtocolWrapper):
+    """Makes the facade see a caller from another host (the connection stays in memory)."""
+
+    def getPeer(self) -> IAddress:
+        return IPv4Address("TCP", "192.0.2.10", 40000)
+
+
+def test_a_caller_from_another_host_is_named_before_its_key_is_stripped(
+    memory_cluster: Make, keys_path: str
+) -> None:
+    """The key names the caller (and its scope applies) though it never reaches the node."""
+    clock = Clock()
+    cluster = cluster_with(memory_cluster, clock, keys_path)
+    wrapped = WrappingFactory(cluster.runtime.site_for("ollama"))
+    wrapped.protocol = _ForeignPeer
+    port = int(cluster.facade_url().rsplit(":", 1)[1])
+    cluster.network.add("ollama.facade.test", port, wrapped)
+    assert cluster.fetch("POST", "/api/chat", json=chat()).status == 401
+    served = cluster.fetch("POST", "/api/chat", json=chat(), headers={"X-Api-Key": ALICE})
+    assert served.status == 200
+    refused = cluster.fetch(
+        "POST", "/api/chat", json=chat("qwen2.5:7b"), headers={"X-Api-Key": ALICE}
+    )
+    assert refused.status == 403
+    engine = cluster.engines["a"]
+    assert isinstance(engine, SimulatedEngine)
+    [forwarded] = [r for r in engine.received if r.method == b"POST"]
+    assert b"x-api-key" not in forwarded.headers
+    assert [r.get("key") for r in requests_of(cluster)] == [None, "alice", "alice"]
