@@ -106,6 +106,21 @@ async def test_concurrency_and_tokens_are_fleet_wide_and_released(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_counter_lost_in_the_store_never_goes_below_zero(
+    reactor: Any, redis: RedisServer, pair: tuple[Proxy, Proxy]
+) -> None:
+    a, b = pair
+    alice = Caller("alice", KeyRules(max_concurrent=1))
+    held = permitted(a.admit(alice))
+    await settled(reactor, a)
+    redis.cli("DEL", "nvpair:limit:conc:alice")  # expired or flushed while in flight
+    held.done(None)
+    await settled(reactor, a)
+    assert redis.cli("GET", "nvpair:limit:conc:alice").strip() == "0"
+    permitted(b.admit(alice)).done(None)
+
+
+@pytest_twisted.ensureDeferred
 async def test_with_the_store_down_each_proxy_counts_alone_and_never_fails(
     reactor: Any, redis: RedisServer, pair: tuple[Proxy, Proxy]
 ) -> None:

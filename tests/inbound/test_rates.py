@@ -203,6 +203,17 @@ def test_unanswered_increments_count_too() -> None:
     refusal(limiter, alice)
 
 
+def test_unanswered_increments_add_to_the_fleets_last_total() -> None:
+    store = Counters()
+    limiter = RateLimiter(Clock(), store)
+    alice = caller(requests_per_minute=4)
+    store.totals["limit:rpm:alice:0"] = 2  # peers' requests
+    permit(limiter, alice)
+    store.answer_all()  # the fleet: 3
+    permit(limiter, alice)  # sent, not answered: 4 in all, though only 2 here
+    refusal(limiter, alice)
+
+
 def test_tokens_reach_the_store_and_a_peers_tokens_come_back_with_the_next_admit() -> None:
     clock = Clock()
     store = Counters()
