@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.inbound.test_rates_fleet -*-
+# -*- test-case-name: tests.fleet.test_counters -*-
 """Fleet-wide rate-limit counters (docs/behaviour.md §12.1): the per-key counts of
 :class:`~nvpair_tw.inbound.RateLimiter`, kept in the store so every proxy of a fleet counts together.
 
