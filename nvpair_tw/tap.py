@@ -31,7 +31,7 @@ from nvpair_tw.core import (
     resolve_response_header_timeout,
 )
 from nvpair_tw.fleet import StateConfig, parse_state_url, read_secret
-from nvpair_tw.inbound import IngressConfigError, parse_ingress, parse_origin
+from nvpair_tw.inbound import IngressConfigError, KeysFileError, parse_ingress, parse_origin
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
 from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url
 from nvpair_tw.runtime import tcp_listener
@@ -150,6 +150,13 @@ def _with_slots(
 
 _PARAMETERS: list[list[str | None]] = [
     ["nodes", None, None, "TOML file of nodes (reloaded when it changes)."],
+    [
+        "keys",
+        None,
+        None,
+        "TOML file of named API keys with model scopes and rate limits (mode 0600, reloaded "
+        "when it changes).",
+    ],
     ["connect-timeout", None, "10s", "Dial timeout per attempt (Go duration)."],
     [
         "response-header-timeout",
@@ -350,10 +357,10 @@ class Options(usage.Options):
             if nodes_file is not None:
                 for engine in engines:
                     load_nodes_file(nodes_file, engine)
-            ingress = parse_ingress(environ)
+            ingress = parse_ingress(environ, keys_file=self["keys"])
             settings = _settings(self, engines, header.seconds, first.seconds)
             state = _state(self)
-        except (ValueError, OSError, NodesFileError, IngressConfigError) as error:
+        except (ValueError, OSError, NodesFileError, IngressConfigError, KeysFileError) as error:
             raise usage.UsageError(str(error)) from None
         return Config(
             engines=tuple(engines),

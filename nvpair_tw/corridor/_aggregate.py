@@ -56,8 +56,11 @@ async def aggregate_model_list(
     timeout: float = 10.0,
     facade: EngineProfile | None = None,
     catalogue: Catalogue | None = None,
+    allows: Callable[[str], bool] | None = None,
 ) -> AggregateResult:
     """Fan ``path_and_query`` out to every node (in candidate order) and merge the answers.
+
+    With ``allows`` (a key's model scope, §12.1) only the records with a name it allows are listed.
 
     Cancelling the coroutine's Deferred cancels every read; it then fails with ``CancelledError``.
     """
@@ -85,6 +88,8 @@ async def aggregate_model_list(
             if catalogue is not None and catalogue.by_name:
                 rule = node.kind_of(facade).normalise if facade is not None else str.strip
                 key, record = _public(fmt, catalogue, rule, key, record)
+            if allows is not None and not _allowed(allows, key, record):
+                continue
             slot = (key, node.id if fmt.per_node else "")
             if slot not in seen:
                 seen.add(slot)
@@ -122,6 +127,12 @@ async def _records(
 
 
 _NAME_FIELDS = ("name", "model", "id")
+
+
+def _allowed(allows: Callable[[str], bool], key: str, record: dict[str, Any]) -> bool:
+    """Whether a key's scope allows the record: one of the names it is listed under."""
+    names = [n for n in (record.get(f) for f in _NAME_FIELDS) if isinstance(n, str)]
+    return any(allows(n) for n in [*names, key])
 
 
 def _public(

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from attrs import evolve, frozen
@@ -37,6 +37,7 @@ from nvpair_tw.corridor._relay import RelayEnd, RelayOutcome, cut, relay
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import RequestRecord, Workload
 from nvpair_tw.dialects import Usage, UsageMeter, asks_usage
+from nvpair_tw.inbound import Caller, Permit, Refusal, model_not_allowed
 from nvpair_tw.nodes import Node
 from nvpair_tw.selection import (
     RETRY_AFTER_SECONDS,
@@ -61,6 +62,9 @@ class _Route:
     candidates: list[Node]
     key: AffinityKey | None
     warm: str | None
+    scoped: str | None = None
+    """The public model a key's scope is checked against (§12.1): the inference's or the one a
+    model-routed request names."""
 
 
 class _Observer(AttemptObserver):
@@ -88,14 +92,73 @@ async def forward(
     kind: RouteKind,
     record: RequestRecord,
     target: Node | None = None,
+    *,
+    caller: Caller | None = None,
 ) -> None:
     """Forward one inference, model-routed or pass-through request and conclude it.
 
     ``target`` is the node an ``X-NVPair-Node`` header chose: the only candidate (§2.1).
+    ``caller`` is who the ingress said is calling: its key's model scope and limits apply (§12.1).
     """
     route = _route(facade, request, kind, record, target)
     if route is None:
         return
+    permit = _permitted(facade, request, kind, record, route, caller)
+    if permit is None:
+        return
+    try:
+        await _admitted(facade, request, record, target, route)
+    finally:
+        if permit is not True:
+            permit.done(_tokens(record))
+
+
+# --- named keys (§12.1): the model scope, then the limits; nothing reaches a node when refused --
+
+
+def _permitted(
+    facade: FacadeState,
+    request: Request,
+    kind: RouteKind,
+    record: RequestRecord,
+    route: _Route,
+    caller: Caller | None,
+) -> Permit | Literal[True] | None:
+    """403 ``model-not-allowed`` or 429 ``rate-limited`` (None, answered here), else the permit
+    of a limited inference (True: nothing to count)."""
+    if caller is None:
+        return True
+    bus = facade.shared.bus
+    if route.scoped and not caller.rules.allows(route.scoped):
+        refused = model_not_allowed(route.scoped)
+        write_error(request, refused.status, refused.message, refused.code, refused.headers)
+        record.publish(bus, status=refused.status, node_id=None, error=refused.code)
+        return None
+    if kind is not RouteKind.INFERENCE:
+        return True
+    admitted = facade.shared.limiter.admit(caller)
+    if isinstance(admitted, Refusal):
+        limited = admitted.rejection
+        write_error(request, limited.status, limited.message, limited.code, limited.headers)
+        record.publish(bus, status=limited.status, node_id=None, error=limited.code)
+        return None
+    return admitted
+
+
+def _tokens(record: RequestRecord) -> int | None:
+    """The request's prompt + completion tokens, None when neither is known."""
+    counts = [n for n in (record.prompt_tokens, record.completion_tokens) if n is not None]
+    return sum(counts) if counts else None
+
+
+async def _admitted(
+    facade: FacadeState,
+    request: Request,
+    record: RequestRecord,
+    target: Node | None,
+    route: _Route,
+) -> None:
+    """Admission (a slot, or the queue), the workload, then the answer."""
     ticket = (
         facade.admission.admit(route.candidates, targeted=target is not None)
         if route.model
@@ -280,7 +343,8 @@ def _route(
         named = _routed_model(facade, request.method, record.path, body)
     plan = _plan(facade, request, kind, record, body, parsed, named, candidates)
     warm = candidates[0].id if promoted else None
-    return _Route(plan, model, candidates, key, warm)
+    scoped = model or (facade.directory.catalogue.public(named) if named else None)
+    return _Route(plan, model, candidates, key, warm, scoped)
 
 
 def _eligible(

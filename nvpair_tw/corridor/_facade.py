@@ -22,7 +22,7 @@ from nvpair_tw.corridor._state import FacadeState, Shared
 from nvpair_tw.corridor._targets import choose
 from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, is_upgrade, open_tunnel
 from nvpair_tw.corridor._workloads import RequestRecord
-from nvpair_tw.inbound import Rejection, allow_origin
+from nvpair_tw.inbound import Caller, Rejection, allow_origin
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 
@@ -61,7 +61,8 @@ class FacadeResource(Resource):
             shared.tracer.begin(record, request.requestHeaders)
         if self._preflight(request, record):
             return NOT_DONE_YET
-        rejection = self._rejection(request, target)
+        rejection, caller = self._rejection(request, target)
+        record.key = caller.name if caller is not None else None  # §12.1
         chosen = choose(facade, request, path, target or b"") if rejection is None else rejection
         if isinstance(chosen, Rejection):
             write_error(request, chosen.status, chosen.message, chosen.code, chosen.headers)
@@ -77,9 +78,11 @@ class FacadeResource(Resource):
         if facade.engine in TUNNEL_ENGINES and is_upgrade(request):
             work = Deferred.fromCoroutine(self._tunnel(request, record, chosen))
         elif kind is RouteKind.MODEL_LIST:
-            work = Deferred.fromCoroutine(self._model_list(request, path, record, chosen))
+            work = Deferred.fromCoroutine(self._model_list(request, path, record, chosen, caller))
         else:
-            work = Deferred.fromCoroutine(forward(facade, request, kind, record, chosen))
+            work = Deferred.fromCoroutine(
+                forward(facade, request, kind, record, chosen, caller=caller)
+            )
         work.addErrback(self._crashed, request, record)
         return NOT_DONE_YET
 
@@ -106,21 +109,26 @@ class FacadeResource(Resource):
         work.addErrback(self._crashed, request, record)
         return NOT_DONE_YET
 
-    def _rejection(self, request: Request, target: bytes | None) -> Rejection | None:
-        """Why this request is answered here at once: a bad target, ingress, or the drain."""
+    def _rejection(
+        self, request: Request, target: bytes | None
+    ) -> tuple[Rejection | None, Caller | None]:
+        """Why this request is answered here at once (a bad target, ingress, or the drain), and
+        who is calling (the key's name and rules, §12.1; None without an ingress policy)."""
         shared = self._facade.shared
         if target is None:
-            return _BAD_TARGET
+            return _BAD_TARGET, None
+        caller = None
         if shared.ingress is not None:
             peer = request.getClientAddress()
             refused = shared.ingress.check(peer, request.requestHeaders)
             if refused is not None:
-                return refused
+                return refused, None
+            caller = shared.ingress.identify(peer, request.requestHeaders)
             shared.ingress.strip_credentials(peer, request.requestHeaders)
         if shared.draining:
             request.setHeader(b"connection", b"close")
-            return _SHUTTING_DOWN
-        return None
+            return _SHUTTING_DOWN, caller
+        return None, caller
 
     def _crashed(self, failure: Failure, request: Request, record: RequestRecord) -> None:
         log.failure("request handling failed", failure, engine=self._facade.engine)
@@ -164,10 +172,15 @@ class FacadeResource(Resource):
         )
 
     async def _model_list(
-        self, request: Request, path: str, record: RequestRecord, target: Node | None
+        self,
+        request: Request,
+        path: str,
+        record: RequestRecord,
+        target: Node | None,
+        caller: Caller | None = None,
     ) -> None:
         """Answer a model list from every node at once (docs/behaviour.md §4.3), or from the
-        targeted node alone."""
+        targeted node alone; a key with a model scope sees only its models (§12.1)."""
         facade = self._facade
         fmt = facade.profile.model_lists[path]
         if target is not None:
@@ -183,6 +196,11 @@ class FacadeResource(Resource):
             timeout=facade.shared.settings.model_list_timeout,
             facade=facade.profile,
             catalogue=facade.directory.catalogue,
+            allows=(
+                caller.rules.allows
+                if caller is not None and caller.rules.models is not None
+                else None
+            ),
         )
         if not request.finished and request.channel is not None:
             request.setResponseCode(result.status)

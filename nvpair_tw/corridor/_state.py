@@ -23,7 +23,7 @@ from nvpair_tw.core import EngineProfile, Settings
 from nvpair_tw.corridor._tunnel import TunnelBook
 from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry
 from nvpair_tw.events import EventBus
-from nvpair_tw.inbound import CorsPolicy, IngressPolicy
+from nvpair_tw.inbound import CorsPolicy, IngressPolicy, RateLimiter
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.selection import (
     Admission,
@@ -71,6 +71,8 @@ class Shared:
     """The open WebSocket tunnels and their cap."""
     tracer: RequestTracer | None = None
     """Traces (``--otlp-endpoint``, §12.5); ``None``: tracing is off and costs nothing."""
+    limiter: RateLimiter = Factory(lambda self: RateLimiter(self.clock), takes_self=True)
+    """The named keys' rate and concurrency limits (§12.1); fleet-wide with ``--state``."""
 
 
 @define

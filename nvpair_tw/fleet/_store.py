@@ -11,6 +11,7 @@ names the same store:
   ``--state-secret-file`` when given) → node id, with the idle TTL as the key's TTL;
 - reservation counts (through :class:`~nvpair_tw.selection._reservations.ReservationLedger`): each proxy
   publishes its own counts, the ledger adds the peers' to its own;
+- the keys' rate-limit counters (:meth:`FleetStore.limit_counters`, docs/behaviour.md §12.1);
 - the time each node last sent body bytes (:meth:`FleetStore.note_progress`, at most once per node
   per second), readable with :meth:`FleetStore.peer_progress`.
 
@@ -39,6 +40,7 @@ from twisted.internet.defer import Deferred
 
 from nvpair_tw.core import IProxyReactor
 from nvpair_tw.fleet._config import StateConfig, parse_state_url, read_secret
+from nvpair_tw.fleet._counters import SharedCounters
 from nvpair_tw.fleet._session import BACKOFF_CAP, Session, next_backoff, read_all
 from nvpair_tw.fleet._sharing import (
     SharedAffinity,
@@ -89,6 +91,7 @@ class FleetStore:
         self._affinity = SharedAffinity(*parts, seal=sealer(config.secret))
         self._reservations = SharedReservations(*parts)
         self._progress = SharedProgress(*parts)
+        self._counters = SharedCounters(codec, self._session.connection, self._session.dialer.timed)
         self._sharing = _Kinds(
             self._cooldowns, self._cordons, self._affinity, self._reservations, self._progress
         )
@@ -121,6 +124,10 @@ class FleetStore:
     def bind_ledger(self, ledger: ReservationLedger) -> None:
         """Share this process's reservation counts and add the peers' to ``ledger``."""
         self._reservations.bind(ledger)
+
+    def limit_counters(self) -> SharedCounters:
+        """The fleet-wide counters of the keys' rate limits (docs/behaviour.md §12.1)."""
+        return self._counters
 
     def note_progress(self, engine: str, node_id: str) -> None:
         """Body bytes arrived from ``node_id`` now: tell the fleet (at most once per node per second).

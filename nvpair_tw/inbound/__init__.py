@@ -1,4 +1,5 @@
-"""The client side of the wire: protocol limits on a facade's ``Site`` and who may talk to it."""
+"""The client side of the wire: protocol limits on a facade's ``Site``, who may talk to it, and how
+much (named keys with scopes and limits)."""
 
 from __future__ import annotations
 
@@ -8,20 +9,44 @@ from nvpair_tw.inbound._ingress import (
     IngressConfigError,
     IngressPolicy,
     Rejection,
+    model_not_allowed,
     parse_ingress,
 )
+from nvpair_tw.inbound._keys import (
+    LOCAL,
+    Caller,
+    KeyBook,
+    KeyRules,
+    KeysFileError,
+    env_key_name,
+    read_keys_file,
+)
 from nvpair_tw.inbound._limits import LimitedChannel, LimitedSite, allow_origin, make_site
+from nvpair_tw.inbound._rates import Change, LimitCounters, Permit, RateLimiter, Refusal
 
 __all__ = [
+    "LOCAL",
+    "Caller",
+    "Change",
     "CorsPolicy",
     "IngressConfig",
     "IngressConfigError",
     "IngressPolicy",
+    "KeyBook",
+    "KeyRules",
+    "KeysFileError",
+    "LimitCounters",
     "LimitedChannel",
     "LimitedSite",
+    "Permit",
+    "RateLimiter",
+    "Refusal",
     "Rejection",
     "allow_origin",
+    "env_key_name",
     "make_site",
+    "model_not_allowed",
     "parse_ingress",
     "parse_origin",
+    "read_keys_file",
 ]

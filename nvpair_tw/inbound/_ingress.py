@@ -5,13 +5,16 @@ By default only loopback (and UNIX-socket) callers are served, decided from the 
 from forwarding headers. API keys open the gate to other hosts, optionally narrowed to CIDRs.
 Keys are kept only as SHA-256 digests and compared in constant time; a key file is re-read when
 it changes, so keys rotate without a restart. Key text is never logged or echoed.
+
+Named keys (``--keys``, docs/behaviour.md §12.1, :mod:`~nvpair_tw.inbound._keys`) open the gate
+like any other key; :meth:`IngressPolicy.identify` says which key a caller presented (its name and
+rules), by the same judgement :meth:`IngressPolicy.check` makes.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import hmac
 import ipaddress
 import os
 import stat
@@ -24,6 +27,15 @@ from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
+from nvpair_tw.inbound._keys import (
+    LOCAL,
+    Caller,
+    KeyBook,
+    KeysFileError,
+    NamedKey,
+    file_signature,
+    read_keys_file,
+)
 from nvpair_tw.logs import LevelledLogger
 
 __all__ = [
@@ -32,6 +44,7 @@ __all__ = [
     "IngressPolicy",
     "Rejection",
     "is_loopback",
+    "model_not_allowed",
     "parse_ingress",
 ]
 
@@ -72,6 +85,11 @@ _KEY_INVALID = Rejection(
     ((b"WWW-Authenticate", _CHALLENGE + b', error="invalid_token"'),),
 )
 _PROBE = Rejection(409, "proxy-facade", "this is an nvpair proxy facade, not an engine")
+
+
+def model_not_allowed(model: str) -> Rejection:
+    """403 ``model-not-allowed``: the caller's key may not use ``model`` (§12.1)."""
+    return Rejection(403, "model-not-allowed", f"this key may not use model '{model}'")
 
 
 def _ip_of(peer: IAddress) -> _IPAddress | None:
@@ -137,9 +155,7 @@ def _parse_cidrs(value: str) -> tuple[_IPNetwork, ...]:
     return tuple(networks)
 
 
-def _file_signature(path: str) -> tuple[int, int, int, int]:
-    st = os.stat(path)
-    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
+_file_signature = file_signature
 
 
 def _read_key_file(path: str) -> frozenset[bytes]:
@@ -202,15 +218,20 @@ class IngressConfig:
     file_digests: frozenset[bytes] = field(default=frozenset(), repr=False)
     file_signature: tuple[int, int, int, int] | None = field(default=None, repr=False)
     networks: tuple[_IPNetwork, ...] = ()
+    keys_file: str | None = None
+    """The ``--keys`` file of named keys (§12.1)."""
+    named: KeyBook = field(factory=KeyBook, repr=False)
+    named_signature: tuple[int, int, int, int] | None = field(default=None, repr=False)
 
     @property
     def keys_configured(self) -> bool:
         """Whether API keys open the gate to non-loopback callers."""
-        return bool(self.static_digests or self.file_digests)
+        return bool(self.static_digests or self.file_digests or self.named)
 
 
-def parse_ingress(environ: Mapping[str, str]) -> IngressConfig:
-    """Read the ingress variables (and the key file); raise ``IngressConfigError`` if unusable."""
+def parse_ingress(environ: Mapping[str, str], keys_file: str | None = None) -> IngressConfig:
+    """Read the ingress variables, the key file and the ``--keys`` file of named keys; raise
+    ``IngressConfigError`` (or :class:`~nvpair_tw.inbound._keys.KeysFileError`) if unusable."""
     keys_value = environ.get(KEYS_VAR, "").strip()
     static = _parse_keys_var(keys_value) if keys_value else frozenset()
     key_file = environ.get(KEYS_FILE_VAR, "").strip() or None
@@ -226,9 +247,17 @@ def parse_ingress(environ: Mapping[str, str]) -> IngressConfig:
         file_digests = _read_key_file(key_file)
     cidrs_value = environ.get(CIDRS_VAR, "").strip()
     networks = _parse_cidrs(cidrs_value) if cidrs_value else ()
-    if networks and not (static or file_digests):
+    named = KeyBook()
+    named_signature = None
+    if keys_file is not None:
+        try:
+            named_signature = _file_signature(keys_file)
+        except OSError as e:
+            raise KeysFileError(f"keys file {keys_file} cannot be read: {e.strerror}") from None
+        named = read_keys_file(keys_file)
+    if networks and not (static or file_digests or named):
         raise IngressConfigError(
-            f"{CIDRS_VAR} only applies with API keys; set {KEYS_VAR} or {KEYS_FILE_VAR}"
+            f"{CIDRS_VAR} only applies with API keys; set {KEYS_VAR}, {KEYS_FILE_VAR} or --keys"
         )
     return IngressConfig(
         static_digests=static,
@@ -236,6 +265,9 @@ def parse_ingress(environ: Mapping[str, str]) -> IngressConfig:
         file_digests=file_digests,
         file_signature=signature,
         networks=networks,
+        keys_file=keys_file,
+        named=named,
+        named_signature=named_signature,
     )
 
 
@@ -251,7 +283,15 @@ class IngressPolicy:
     _file_digests: frozenset[bytes] = frozenset()
     _file_signature: tuple[int, int, int, int] | None = None
     _last_problem: str | None = None
+    keys_file: str | None = None
+    _named: KeyBook = field(factory=KeyBook)
+    _named_signature: tuple[int, int, int, int] | None = None
+    _named_problem: str | None = None
+    _book: KeyBook = field(init=False, factory=KeyBook)
     _loop: LoopingCall | None = field(default=None, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._rebuild()
 
     log = LevelledLogger(namespace="nvpair_tw.ingress")
 
@@ -265,38 +305,63 @@ class IngressPolicy:
             networks=config.networks,
             file_digests=config.file_digests,
             file_signature=config.file_signature,
+            keys_file=config.keys_file,
+            named=config.named,
+            named_signature=config.named_signature,
         )
 
     @property
     def keys_configured(self) -> bool:
         """Whether API keys open the gate to non-loopback callers."""
-        return bool(self.static_digests or self._file_digests)
+        return bool(self._book)
+
+    @property
+    def book(self) -> KeyBook:
+        """Every key the gate knows now, named: the ``--keys`` file's, then the environment's."""
+        return self._book
+
+    def _rebuild(self) -> None:
+        self._book = self._named.with_defaults(self.static_digests | self._file_digests)
 
     def check(self, peer: IAddress, headers: Headers) -> Rejection | None:
         """Return why the request must be refused, or ``None`` to let it through."""
-        if not is_loopback(peer):
+        verdict = self._judge(peer, headers)
+        if isinstance(verdict, Rejection):
+            return verdict
+        probe = headers.getRawHeaders(PROBE_HEADER, [])
+        if any(v.strip() == b"1" for v in probe):
+            return _PROBE
+        return None
+
+    def identify(self, peer: IAddress, headers: Headers) -> Caller | None:
+        """Who is calling (§12.1): the presented key's name and rules, :data:`LOCAL` for a
+        loopback caller without a known key, ``None`` when :meth:`check` refuses the caller's
+        source or key. Call it before :meth:`strip_credentials`."""
+        verdict = self._judge(peer, headers)
+        if isinstance(verdict, Rejection):
+            return None
+        return LOCAL if verdict is None else verdict.caller
+
+    def _judge(self, peer: IAddress, headers: Headers) -> Rejection | NamedKey | None:
+        """The gate: a refusal, the key presented, or None (loopback without a known key)."""
+        loopback = is_loopback(peer)
+        if not loopback:
             if not self.keys_configured:
                 return _LOOPBACK_ONLY
             if self.networks:
                 ip = _ip_of(peer)
                 if ip is None or not any(ip in net for net in self.networks):
                     return _NOT_ALLOWED
-            presented = _presented_keys(headers)
-            if not presented:
-                return _KEY_MISSING
-            if not any(self._matches(key) for key in presented):
-                return _KEY_INVALID
-        probe = headers.getRawHeaders(PROBE_HEADER, [])
-        if any(v.strip() == b"1" for v in probe):
-            return _PROBE
-        return None
+        presented = _presented_keys(headers) if self.keys_configured else []
+        if not presented:
+            return None if loopback else _KEY_MISSING
+        entry = self._book.first_of(presented)
+        if entry is None and not loopback:
+            return _KEY_INVALID
+        return entry
 
     def _matches(self, key: bytes) -> bool:
-        digest = _digest(key)
-        found = False
-        for stored in self.static_digests | self._file_digests:
-            found |= hmac.compare_digest(digest, stored)
-        return found
+        return self._book.lookup(key) is not None
 
     def strip_credentials(self, peer: IAddress, headers: Headers) -> None:
         """Remove the proxy's own credentials before forwarding (non-loopback callers only).
@@ -318,8 +383,8 @@ class IngressPolicy:
             headers.removeHeader(b"authorization")
 
     def start(self) -> None:
-        """Begin watching the key file for changes (no-op without one)."""
-        if self.key_file is None or self._loop is not None:
+        """Begin watching the key files for changes (no-op without one)."""
+        if (self.key_file is None and self.keys_file is None) or self._loop is not None:
             return
         self._loop = LoopingCall(self._poll)
         self._loop.clock = self.clock
@@ -335,6 +400,43 @@ class IngressPolicy:
         self.log.failure("API key file watcher stopped", failure)
 
     def _poll(self) -> None:
+        if self.key_file is not None:
+            self._poll_key_file()
+        if self.keys_file is not None:
+            self._poll_keys_file()
+
+    def _poll_keys_file(self) -> None:
+        """Re-read the ``--keys`` file when it changed; a bad one keeps the previous keys."""
+        path = self.keys_file
+        assert path is not None
+        try:
+            signature = _file_signature(path)
+            if signature == self._named_signature:
+                return
+            self._named_signature = signature
+            named = read_keys_file(path)
+        except (OSError, KeysFileError) as e:
+            why = f"cannot be read: {e.strerror}" if isinstance(e, OSError) else str(e)
+            if why != self._named_problem:
+                self._named_problem = why
+                self._named_signature = None
+                self.log.warn(
+                    "keys file {path} not reloaded, keeping the previous keys: {why}",
+                    path=path,
+                    why=why,
+                )
+            return
+        self._named = named
+        self._named_problem = None
+        self._rebuild()
+        self.log.info(
+            "reloaded {count} named keys from {path}: {names}",
+            count=len(named),
+            path=path,
+            names=", ".join(named.names()),
+        )
+
+    def _poll_key_file(self) -> None:
         assert self.key_file is not None
         try:
             signature = _file_signature(self.key_file)
@@ -351,6 +453,7 @@ class IngressPolicy:
             return
         self._file_digests = digests
         self._last_problem = None
+        self._rebuild()
         self.log.info(
             "reloaded {count} API keys from {path}", count=len(digests), path=self.key_file
         )

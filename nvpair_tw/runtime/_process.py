@@ -31,6 +31,7 @@ from nvpair_tw.inbound import (
     IngressConfig,
     IngressPolicy,
     LimitedSite,
+    RateLimiter,
     make_site,
     parse_ingress,
 )
@@ -158,6 +159,7 @@ def build_runtime(
     nodes_file: str | None = None,
     ingress: IngressConfig | None = None,
     environ: Mapping[str, str] | None = None,
+    keys_file: str | None = None,
     stall_tracker: StallTrackerFactory | None = None,
     client: UpstreamClient | None = None,
     http: HTTPClient | None = None,
@@ -166,7 +168,8 @@ def build_runtime(
     """Build every facade of one process around one pool, one ledger, one workload registry, one bus.
 
     ``ingress`` is the parsed gate configuration (loopback only when absent); ``environ`` is a
-    shorthand for tests, parsed with :func:`~nvpair_tw.inbound._ingress.parse_ingress` (not both).
+    shorthand for tests, parsed with :func:`~nvpair_tw.inbound._ingress.parse_ingress` (not both),
+    with ``keys_file`` (``--keys``, §12.1) if given.
     ``client`` (attempts) and ``http`` (a treq client for model lists and inventory polls) default
     to clients over the process's pool; ``nvpair_tw.testing.MemoryCluster`` injects in-memory ones.
     ``state`` (``--state``) shares cooldowns, affinity and reservations with a fleet (docs/behaviour.md §6.6).
@@ -174,7 +177,9 @@ def build_runtime(
     if environ is not None:
         if ingress is not None:
             raise TypeError("give build_runtime ingress or environ, not both")
-        ingress = parse_ingress(environ)
+        ingress = parse_ingress(environ, keys_file=keys_file)
+    elif keys_file is not None:
+        raise TypeError("build_runtime's keys_file goes with environ")
     pool = make_pool(reactor)
     facades: dict[str, FacadeState] = {}
     # One endpoint factory for inference and control-plane reads alike: the same per-node TLS trust
@@ -191,6 +196,8 @@ def build_runtime(
     fleet = FleetStore(reactor, state) if state is not None else None
     if fleet is not None:
         fleet.bind_ledger(shared.ledger)
+        # The keys' limits count fleet-wide (§12.1).
+        shared.limiter = RateLimiter(reactor, fleet.limit_counters())
     for engine in engines:
         facades[engine] = _facade(
             engine,

@@ -276,6 +276,7 @@ class MemoryCluster(_Requests):
         :class:`~nvpair_tw.nodes._directory.Node` is taken as is (a URL nobody serves is refused). By
         default every facade gets every engine.
     :param environ: environment for the ingress policy (API keys), as ``build_runtime`` takes it.
+    :param keys_file: a ``--keys`` file of named keys (docs/behaviour.md §12.1).
     :param stall_tracker: a stall-tracker factory, as ``build_runtime`` takes it.
 
     The cluster is started on construction. :meth:`request` sends a request to a facade (or,
@@ -300,6 +301,7 @@ class MemoryCluster(_Requests):
         environ: Mapping[str, str] | None = None,
         stall_tracker: StallTrackerFactory | None = None,
         nodes_file: str | None = None,
+        keys_file: str | None = None,
     ) -> None:
         for node_id, engine in engines.items():
             engine_clock = getattr(engine, "clock", clock)
@@ -328,7 +330,8 @@ class MemoryCluster(_Requests):
             list(facades),
             nodes=resolved,
             nodes_file=nodes_file,
-            environ=environ,
+            environ=environ if environ is not None or keys_file is None else {},
+            keys_file=keys_file,
             stall_tracker=stall_tracker,
             client=UpstreamClient.from_agent(node_agent, clock),
             http=self.http,

@@ -1,0 +1,268 @@
+# -*- test-case-name: tests.inbound.test_keys -*-
+"""Named keys with scopes and limits: the ``--keys`` file (docs/behaviour.md §12.1).
+
+A keys file is TOML, mode 0600 or stricter, with one ``[[key]]`` table per key: ``name`` (shown
+in usage, logs and metrics, never the key), exactly one of ``key`` or ``key_sha256``, and
+optionally ``models`` (case-sensitive ``fnmatch`` patterns over public model names),
+``requests_per_minute``, ``tokens_per_minute`` and ``max_concurrent``. Keys are kept only as
+SHA-256 digests, looked up in constant time, and never logged or put into an error message.
+The keys of ``NVPAIR_PROXY_API_KEYS[_FILE]`` are named ``key-`` + the first 8 hex digits of their
+digest; a loopback caller without a key is :data:`LOCAL`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import os
+import re
+import stat
+import tomllib
+from collections.abc import Iterable
+from typing import Any
+
+from attrs import field, frozen
+
+__all__ = [
+    "LOCAL",
+    "Caller",
+    "KeyBook",
+    "KeyRules",
+    "KeysFileError",
+    "NamedKey",
+    "env_key_name",
+    "read_keys_file",
+]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
+_HEX64 = re.compile(r"[0-9A-Fa-f]{64}")
+_LIMITS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
+_FIELDS = frozenset({"name", "key", "key_sha256", "models", *_LIMITS})
+
+
+class KeysFileError(Exception):
+    """The keys file cannot be used as written (the message never holds a key)."""
+
+
+@frozen
+class KeyRules:
+    """What one key may do: its model patterns (``None``: every model) and its limits."""
+
+    models: tuple[str, ...] | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether any rate or concurrency limit applies."""
+        return any(
+            v is not None
+            for v in (self.requests_per_minute, self.tokens_per_minute, self.max_concurrent)
+        )
+
+    def allows(self, model: str) -> bool:
+        """Whether ``model`` (a public name) matches one of the patterns, case-sensitively."""
+        if self.models is None:
+            return True
+        return any(fnmatch.fnmatchcase(model, pattern) for pattern in self.models)
+
+    def allowed(self, models: Iterable[str]) -> list[str]:
+        """The models of ``models`` this key may use, in their order."""
+        return [m for m in models if self.allows(m)]
+
+
+UNRESTRICTED = KeyRules()
+
+
+@frozen
+class Caller:
+    """Who is calling: the key's name (``local`` for loopback without a key) and its rules."""
+
+    name: str
+    rules: KeyRules = UNRESTRICTED
+
+
+LOCAL = Caller("local")
+
+
+@frozen
+class NamedKey:
+    """One key as held: its SHA-256 digest (never shown), its name and its rules."""
+
+    digest: bytes = field(repr=False)
+    name: str
+    rules: KeyRules = UNRESTRICTED
+
+    @property
+    def caller(self) -> Caller:
+        return Caller(self.name, self.rules)
+
+
+def env_key_name(digest: bytes) -> str:
+    """The name of a key from ``NVPAIR_PROXY_API_KEYS[_FILE]``: ``key-`` + 8 hex digits."""
+    return "key-" + digest.hex()[:8]
+
+
+@frozen
+class KeyBook:
+    """Every named key the gate knows, looked up by digest in constant time."""
+
+    entries: tuple[NamedKey, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+    def lookup(self, key: bytes) -> NamedKey | None:
+        """The entry whose digest is ``key``'s; every entry is compared, whatever matches."""
+        digest = hashlib.sha256(key).digest()
+        found: NamedKey | None = None
+        for entry in self.entries:
+            if hmac.compare_digest(digest, entry.digest) and found is None:
+                found = entry
+        return found
+
+    def first_of(self, keys: Iterable[bytes]) -> NamedKey | None:
+        """The entry of the first of ``keys`` that is known (every key is looked up)."""
+        found: NamedKey | None = None
+        for key in keys:
+            entry = self.lookup(key)
+            if found is None:
+                found = entry
+        return found
+
+    def with_defaults(self, digests: Iterable[bytes]) -> KeyBook:
+        """This book plus unrestricted entries for ``digests`` it does not hold (the
+        environment's keys, named by :func:`env_key_name`); an entry of this book wins."""
+        held = {e.digest for e in self.entries}
+        extra = [NamedKey(d, env_key_name(d)) for d in sorted(digests) if d not in held]
+        return KeyBook(self.entries + tuple(extra))
+
+
+def _check_name(value: Any, where: str, seen: set[str]) -> str:
+    if not isinstance(value, str) or not _NAME.fullmatch(value):
+        raise KeysFileError(
+            f"{where}: name must be 1-64 characters of letters, digits, '.', '_', '@' or '-' "
+            "(starting with a letter or digit)"
+        )
+    if value == "local":
+        raise KeysFileError(f"{where}: the name 'local' is kept for loopback callers without a key")
+    if value in seen:
+        raise KeysFileError(f"{where}: the name {value!r} is used twice")
+    seen.add(value)
+    return value
+
+
+def _digest_of(entry: dict[str, Any], where: str) -> bytes:
+    has_key, has_digest = "key" in entry, "key_sha256" in entry
+    if has_key == has_digest:
+        raise KeysFileError(f"{where}: give exactly one of key or key_sha256")
+    if has_digest:
+        value = entry["key_sha256"]
+        if not isinstance(value, str) or not _HEX64.fullmatch(value):
+            raise KeysFileError(f"{where}: key_sha256 must be 64 hex digits")
+        return bytes.fromhex(value)
+    key = entry["key"]
+    if (
+        not isinstance(key, str)
+        or not key
+        or not key.isascii()
+        or not key.isprintable()
+        or any(c.isspace() for c in key)
+    ):
+        raise KeysFileError(
+            f"{where}: key must be printable ASCII without spaces or control characters"
+        )
+    return hashlib.sha256(key.encode("ascii")).digest()
+
+
+def _models_of(entry: dict[str, Any], where: str) -> tuple[str, ...] | None:
+    if "models" not in entry:
+        return None
+    models = entry["models"]
+    if not isinstance(models, list) or not all(isinstance(m, str) and m for m in models):
+        raise KeysFileError(f"{where}: models must be a list of non-empty glob patterns")
+    return tuple(models)
+
+
+def _limit_of(entry: dict[str, Any], name: str, where: str) -> int | None:
+    value = entry.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise KeysFileError(f"{where}: {name} must be a positive integer")
+    return value
+
+
+def parse_keys(document: dict[str, Any], path: str) -> KeyBook:
+    """The key book of a parsed keys file; raise :class:`KeysFileError` on any flaw."""
+    extra = set(document) - {"key"}
+    if extra:
+        raise KeysFileError(f"keys file {path}: unknown table {sorted(extra)[0]!r}")
+    tables = document.get("key", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise KeysFileError(f"keys file {path}: keys are [[key]] tables")
+    if not tables:
+        raise KeysFileError(f"keys file {path} contains no keys")
+    seen: set[str] = set()
+    digests: set[bytes] = set()
+    entries = []
+    for number, entry in enumerate(tables, start=1):
+        where = f"keys file {path}: [[key]] #{number}"
+        unknown = set(entry) - _FIELDS
+        if unknown:
+            raise KeysFileError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+        name = _check_name(entry.get("name"), where, seen)
+        where = f"{where} ({name})"
+        digest = _digest_of(entry, where)
+        if digest in digests:
+            raise KeysFileError(f"{where}: the same key is given twice")
+        digests.add(digest)
+        rules = KeyRules(
+            _models_of(entry, where), *(_limit_of(entry, limit, where) for limit in _LIMITS)
+        )
+        entries.append(NamedKey(digest, name, rules))
+    return KeyBook(tuple(entries))
+
+
+def file_signature(path: str) -> tuple[int, int, int, int]:
+    """What changes when a file is rewritten, replaced or re-moded."""
+    st = os.stat(path)
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode)
+
+
+def read_keys_file(path: str) -> KeyBook:
+    """Read and check a keys file (a regular file, mode 0600 or stricter, TOML)."""
+    try:
+        # O_NONBLOCK: a FIFO put in the file's place must not block the reactor.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise KeysFileError(f"keys file {path} is not a regular file")
+            if st.st_mode & 0o077:
+                raise KeysFileError(
+                    f"keys file {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must not be "
+                    "accessible by group or other (chmod 600)"
+                )
+            with open(fd, "rb", closefd=False) as f:
+                raw = f.read()
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise KeysFileError(f"keys file {path} cannot be read: {e.strerror}") from None
+    try:
+        document = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise KeysFileError(f"keys file {path} is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as error:
+        # tomllib's message names a line and column, never the text around it.
+        raise KeysFileError(f"keys file {path} is not valid TOML: {error}") from None
+    return parse_keys(document, path)

@@ -1,0 +1,266 @@
+# -*- test-case-name: tests.inbound.test_rates -*-
+"""How much a named key may do: requests and tokens per minute, requests at once (§12.1).
+
+:class:`RateLimiter` counts per key name in fixed one-minute windows of its clock (``floor(now /
+60)``): a request is counted when it is admitted; its tokens (prompt + completion) when it ends,
+and they are enforced on the requests that follow. ``max_concurrent`` counts the requests admitted
+and not yet done. Over a limit, :meth:`RateLimiter.admit` gives a :class:`Refusal` (429
+``rate-limited`` with ``Retry-After``: the seconds left in the window, 1 for concurrency).
+
+With :class:`LimitCounters` (the fleet store, ``--state``) the counts are fleet-wide: every change
+goes to the store without the request waiting on it, and the store's answer (the fleet's total)
+is what the next decision sees, so a proxy learns its peers' counts from its own traffic and a
+limit is passed by at most about one request per proxy. While the store is away, or when it
+fails, each proxy counts alone; a request is never refused or delayed because the store failed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Protocol
+
+from attrs import define, field, frozen
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
+
+from nvpair_tw.inbound._ingress import Rejection
+from nvpair_tw.inbound._keys import Caller
+from nvpair_tw.logs import LevelledLogger
+
+__all__ = [
+    "CONCURRENCY_TTL",
+    "WINDOW",
+    "Change",
+    "LimitCounters",
+    "Permit",
+    "RateLimiter",
+    "Refusal",
+]
+
+log = LevelledLogger(namespace="nvpair_tw.ingress")
+
+WINDOW = 60.0
+"""Seconds: the length of a counting window."""
+CONCURRENCY_TTL = 900.0
+"""Seconds: a fleet-wide concurrency counter not changed for this long is forgotten (a proxy that
+died with requests in flight cannot hold a key's slots for longer)."""
+
+Change = tuple[str, int, float]
+"""One counter change: (counter name, amount to add — 0 reads, negative takes back, floored at 0
+—, seconds the counter then lives)."""
+
+
+class LimitCounters(Protocol):
+    """Where counters are shared by a fleet (:meth:`nvpair_tw.fleet.FleetStore.limit_counters`)."""
+
+    @property
+    def up(self) -> bool:
+        """Whether the store answers now; while it does not, nothing is sent."""
+
+    def add(self, changes: Sequence[Change]) -> Deferred[list[int]]:
+        """Apply ``changes`` at once; fires with each counter's fleet total, or fails."""
+
+
+@frozen
+class Refusal:
+    """Over a limit: the seconds to wait (an integer, at least 1) and why."""
+
+    retry_after: int
+    message: str
+
+    @property
+    def rejection(self) -> Rejection:
+        """The 429 ``rate-limited`` answer, with ``Retry-After``."""
+        return Rejection(
+            429, "rate-limited", self.message, ((b"Retry-After", b"%d" % self.retry_after),)
+        )
+
+
+@define
+class _Tally:
+    """One counter of one key: this proxy's own count, and the fleet's as last reported."""
+
+    kind: str
+    window: int
+    local: int = 0
+    fleet: int | None = None
+    pending: int = 0
+    """This proxy's changes sent to the store and not yet answered."""
+
+    def value(self, shared: bool) -> int:
+        if not shared or self.fleet is None:
+            return self.local
+        return max(self.local, self.fleet + self.pending)
+
+
+_CONCURRENT = -1
+"""The window of a concurrency tally (it spans no minute)."""
+
+
+@define(eq=False)
+class Permit:
+    """An admitted request: :meth:`done` when it ends, with its tokens if known."""
+
+    _limiter: RateLimiter | None
+    _caller: Caller | None
+    _acquired: Deferred[bool] | None = None
+    _done: bool = field(default=False, init=False)
+
+    def done(self, tokens: int | None = None) -> None:
+        """The request ended: count its ``tokens`` (None: unknown) and free its concurrency slot.
+        Only the first call counts."""
+        if self._done or self._limiter is None or self._caller is None:
+            return
+        self._done = True
+        self._limiter._ended(self._caller, tokens, self._acquired)
+
+
+_NO_LIMITS = Permit(None, None)
+
+
+@define
+class RateLimiter:
+    """The per-key limits of §12.1 on ``clock``, fleet-wide through ``counters`` when given."""
+
+    clock: IReactorTime
+    counters: LimitCounters | None = None
+    namespace: str = "limit"
+    _tallies: dict[tuple[str, str], _Tally] = field(factory=dict, init=False)
+    unanswered: int = field(default=0, init=False)
+    """Changes sent to the store and not answered yet."""
+    _owed: dict[str, int] = field(factory=dict, init=False)
+    """Per key: slots the store counted whose release it missed (given back with the next
+    change)."""
+
+    def admit(self, caller: Caller) -> Permit | Refusal:
+        """Admit one request of ``caller``, or say why not (nothing is counted then)."""
+        rules = caller.rules
+        if not rules.limited:
+            return _NO_LIMITS
+        now = self.clock.seconds()
+        window = int(now // WINDOW)
+        shared = self._shared()
+        refusals = []
+        concurrent = self._tally(caller.name, "conc", _CONCURRENT)
+        if not shared:
+            concurrent.fleet = None  # stale once the store is away: learnt again when back
+        if rules.max_concurrent is not None and concurrent.value(shared) >= rules.max_concurrent:
+            refusals.append(
+                Refusal(
+                    1,
+                    f"key '{caller.name}' has {rules.max_concurrent} requests in flight "
+                    "(max_concurrent)",
+                )
+            )
+        left = max(1, math.ceil((window + 1) * WINDOW - now))
+        requests = self._tally(caller.name, "rpm", window)
+        rpm = rules.requests_per_minute
+        if rpm is not None and requests.value(shared) >= rpm:
+            refusals.append(Refusal(left, f"key '{caller.name}' reached {rpm} requests per minute"))
+        tokens = self._tally(caller.name, "tpm", window)
+        tpm = rules.tokens_per_minute
+        if tpm is not None and tokens.value(shared) >= tpm:
+            refusals.append(Refusal(left, f"key '{caller.name}' reached {tpm} tokens per minute"))
+        if refusals:
+            return max(refusals, key=lambda r: r.retry_after)
+        requests.local += 1
+        concurrent.local += 1
+        if not shared:
+            return Permit(self, caller, None)
+        owed = self._owed.pop(caller.name, 0)
+        changes = [
+            (requests, 1, 2 * WINDOW),
+            (concurrent, 1 - owed, CONCURRENCY_TTL),
+            (tokens, 0, 2 * WINDOW),
+        ]
+        acquired = self._send(caller.name, changes)
+        if owed:
+            acquired.addCallback(self._settled, caller.name, owed)
+        return Permit(self, caller, acquired)
+
+    def in_flight(self, name: str) -> int:
+        """This proxy's requests of key ``name`` admitted and not done."""
+        tally = self._tallies.get((name, "conc"))
+        return tally.local if tally is not None else 0
+
+    def _ended(self, caller: Caller, tokens: int | None, acquired: Deferred[bool] | None) -> None:
+        concurrent = self._tally(caller.name, "conc", _CONCURRENT)
+        concurrent.local = max(0, concurrent.local - 1)
+        changes: list[tuple[_Tally, int, float]] = []
+        if tokens is not None and tokens > 0:
+            tally = self._tally(caller.name, "tpm", int(self.clock.seconds() // WINDOW))
+            tally.local += tokens
+            changes.append((tally, tokens, 2 * WINDOW))
+        if changes and self._shared():
+            self._send(caller.name, changes)
+        if acquired is not None:
+            # Only a slot the store counted is given back there.
+            acquired.addCallback(self._release, caller.name, concurrent)
+
+    def _release(self, counted: bool, name: str, concurrent: _Tally) -> None:
+        if not counted:
+            return
+        owed = self._owed.pop(name, 0) + 1
+        if not self._shared():
+            self._owed[name] = owed
+            return
+        sent = self._send(name, [(concurrent, -owed, CONCURRENCY_TTL)])
+        sent.addCallback(self._settled, name, owed)
+
+    def _settled(self, counted: bool, name: str, owed: int) -> bool:
+        """A change that carried ``owed`` releases: owed again when the store missed it."""
+        if not counted:
+            self._owed[name] = self._owed.get(name, 0) + owed
+        return counted
+
+    def _shared(self) -> bool:
+        try:
+            return self.counters is not None and bool(self.counters.up)
+        except Exception:  # a store's fault never costs a request
+            return False
+
+    def _tally(self, name: str, kind: str, window: int) -> _Tally:
+        tally = self._tallies.get((name, kind))
+        if tally is None or tally.window != window:
+            tally = self._tallies[(name, kind)] = _Tally(kind, window)
+        return tally
+
+    def _counter(self, name: str, tally: _Tally) -> str:
+        if tally.window == _CONCURRENT:
+            return f"{self.namespace}:{tally.kind}:{name}"
+        return f"{self.namespace}:{tally.kind}:{name}:{tally.window}"
+
+    def _send(self, name: str, changes: list[tuple[_Tally, int, float]]) -> Deferred[bool]:
+        """Send ``changes`` to the store; fires True when it counted them, False otherwise
+        (never fails)."""
+        assert self.counters is not None
+        wire = [(self._counter(name, t), amount, ttl) for t, amount, ttl in changes]
+        for tally, amount, _ttl in changes:
+            tally.pending += amount
+        self.unanswered += 1
+        try:
+            sent = self.counters.add(wire)
+        except Exception as error:  # a closed connection: count locally
+            sent = Deferred()
+            sent.errback(error)
+
+        def answered(totals: list[int]) -> bool:
+            self.unanswered -= 1
+            for (tally, amount, _ttl), total in zip(changes, totals, strict=False):
+                tally.pending -= amount
+                if isinstance(total, int):
+                    tally.fleet = total
+            return True
+
+        def failed(failure: Failure) -> bool:
+            self.unanswered -= 1
+            for tally, amount, _ttl in changes:
+                tally.pending -= amount
+                if tally.window == _CONCURRENT:
+                    tally.fleet = None  # unknown now: this proxy counts alone until next time
+            log.debug("limit counters not shared: {error}", error=type(failure.value).__name__)
+            return False
+
+        return sent.addCallbacks(answered, failed)
