@@ -237,3 +237,28 @@ def test_a_caller_from_another_host_is_named_before_its_key_is_stripped(
     [forwarded] = [r for r in engine.received if r.method == b"POST"]
     assert b"x-api-key" not in forwarded.headers
     assert [r.get("key") for r in requests_of(cluster)] == [None, "alice", "alice"]
+
+
+def test_tokens_per_minute_counts_the_engines_own_tokens_and_refuses_the_next_minute_s_excess(
+    memory_cluster: Make, tmp_path: Path
+) -> None:
+    """§12.1 with §12.2: the engine's counts (prompt 1 + completion 3 per answer here) are
+    counted when a request ends; once a key's minute holds its ``tokens_per_minute``, the next
+    request is 429 with ``Retry-After`` until the window turns."""
+    path = tmp_path / "keys.toml"
+    path.write_text(f'[[key]]\nname = "carol"\nkey = "{ALICE}"\ntokens_per_minute = 8\n')
+    path.chmod(0o600)
+    clock = Clock()
+    engines = {"a": SimulatedEngine(clock, ("llama3:latest",), kind="ollama")}
+    cluster = memory_cluster(clock, engines, keys_file=str(path), environ={})
+    statuses = [
+        cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ALICE)).status
+        for _ in range(3)
+    ]
+    assert statuses == [200, 200, 429]
+    counted = [(r["prompt_tokens"], r["completion_tokens"]) for r in requests_of(cluster)[:2]]
+    assert counted == [(1, 3), (1, 3)]
+    refused = cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ALICE))
+    assert refused.json()["code"] == "rate-limited" and int(refused.header("retry-after") or 0) >= 1
+    clock.advance(60)
+    assert cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ALICE)).status == 200
