@@ -285,17 +285,23 @@ class UsageStripper:
         return self._without_usage(held)
 
     def _without_usage(self, events: bytes) -> bytes:
-        """``events`` without the usage chunk (handed to ``noted`` for the counts)."""
-        if b'"usage"' not in events:
-            return events
-        kept = []
-        for event in events.split(b"\n\n"):
-            frame = _usage_chunk(event) if b'"usage"' in event else None
+        """``events`` without the usage chunk (handed to ``noted`` for the counts): each
+        ``"usage"`` is found in C, and only the event around it is parsed."""
+        at = events.find(b'"usage"')
+        while at >= 0:
+            start = events.rfind(b"\n\n", 0, at)
+            start = 0 if start < 0 else start + 2
+            end = events.find(b"\n\n", at)
+            end = len(events) if end < 0 else end + 2
+            frame = _usage_chunk(events[start:end])
             if frame is None:
-                kept.append(event)
-            elif self._noted is not None:
+                at = events.find(b'"usage"', end)
+                continue
+            if self._noted is not None:
                 self._noted(frame)
-        return b"\n\n".join(kept)
+            events = events[:start] + events[end:]
+            at = events.find(b'"usage"', start)
+        return events
 
 
 def _usage_chunk(event: bytes) -> dict[str, Any] | None:
