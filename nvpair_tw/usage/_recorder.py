@@ -115,6 +115,8 @@ class UsageRecorder:
         self._prune_timer: IDelayedCall | None = None
         self._memory_pruned = 0
         self._opened: Deferred[None] | None = None
+        self._open_settled = False
+        self._waiters: list[Deferred[None]] = []
         self._writing: Deferred[None] = succeed(None)
         self._stopped = False
         self._subscription: Subscription | None = bus.subscribe(self._observe, name="usage")
@@ -158,7 +160,24 @@ class UsageRecorder:
         opening = db.open()
         opened: Deferred[None] = opening.addCallback(lambda _count: self._prune_db())
         self._opened = opened.addCallbacks(self._open_done, self._failed)
-        return self._opened
+        self._opened.addBoth(self._settled)
+        return self._when_open()
+
+    def _settled(self, result: object) -> object:
+        self._open_settled = True
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+        return result
+
+    def _when_open(self) -> Deferred[None]:
+        """A Deferred of its own that fires once the open is done (at once if it is, or was never
+        asked for): the open's own chain is left to whoever started it."""
+        if self._opened is None or self._open_settled:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._waiters.append(waiter)
+        return waiter
 
     def _open_done(self, _result: object) -> None:
         if self.state != "opening":
@@ -250,7 +269,7 @@ class UsageRecorder:
         if self._subscription is not None:
             self._subscription.close()
             self._subscription = None
-        opened = self._opened if self._opened is not None else succeed(None)
+        opened = self._when_open()
 
         def finish(_: object) -> Deferred[None]:
             self._stopped = True
