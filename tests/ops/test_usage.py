@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 import pytest_twisted
 import treq
+from twisted.internet.defer import Deferred
 from twisted.internet.task import deferLater
+from twisted.web.http_headers import Headers
 from twisted.web.server import Site
 
 from nvpair_tw.nodes._directory import Node
@@ -26,7 +28,8 @@ CANARY = "canary-usage-5d1e-never-stored"
 
 async def proxy_with_usage(reactor: Any, path: Path) -> tuple[Any, Any]:
     engine = await start_engine(reactor, SimulatedEngine(reactor))
-    node = Node("n0", f"http://127.0.0.1:{engine.port.getHost().port}")
+    port = engine.port.getHost().port  # type: ignore[attr-defined]
+    node = Node("n0", f"http://127.0.0.1:{port}")
     proxy = await start_proxy(reactor, {"ollama": [node]}, usage_db=str(path))
     inventory = proxy.runtime.facades["ollama"].inventory
     for _ in range(1000):  # bounded: the first inventory poll of a loopback engine
@@ -45,7 +48,7 @@ async def chat(reactor: Any, proxy: Any) -> int:
     response = await http_client(reactor).post(
         proxy.url() + "/api/chat",
         data=json.dumps(body).encode(),
-        headers={b"x-canary": [CANARY.encode()]},
+        headers=Headers({b"x-canary": [CANARY.encode()]}),
     )
     await treq.content(response)
     return int(response.code)
@@ -70,7 +73,10 @@ async def test_usage_report_answers_rows_and_the_database_never_holds_a_body(
                 "params": {"since": "1h", "by": ["model", "node"]},
             }
         ).encode()
-        answer = await methods.handle_line(line)
+        pending = methods.handle_line(line)
+        assert isinstance(pending, Deferred)
+        answer = await pending
+        assert answer is not None
         [row] = answer["result"]["rows"]
         assert row["model"] == "llama3:latest" and row["node"] == "n0"
         assert row["requests"] == 2 and row["errors"] == 0
