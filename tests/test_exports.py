@@ -94,6 +94,16 @@ FACES: dict[str, list[str]] = {
         "untranslatable_field",
     ],
     "fleet": ["FleetStore", "StateConfig", "parse_state_url", "read_secret"],
+    "usage": [
+        "DEFAULT_RETENTION",
+        "DIMENSIONS",
+        "Report",
+        "Row",
+        "UsageRecorder",
+        "UsageSink",
+        "parse_report",
+        "parse_span",
+    ],
     "inbound": [
         "LOCAL",
         "Caller",

@@ -784,3 +784,15 @@ def test_the_openai_facade_is_an_engine_with_its_own_listener() -> None:
     options = parse("--engine", "openai")
     assert options.config.engines == ("openai",)
     assert options.config.listen == {"openai": "tcp:4000:interface=127.0.0.1"}
+
+
+def test_usage_options_default_to_a_file_here_and_90_days() -> None:
+    """``--usage-db`` defaults to ``nvpair-usage.sqlite3``, ``none`` keeps usage in memory;
+    ``--usage-retention`` takes days or Go durations and refuses less than a minute."""
+    config = parse("-e", "ollama").config
+    assert config.usage_db == "nvpair-usage.sqlite3" and config.usage_retention == 90 * 86400
+    config = parse("-e", "ollama", "--usage-db", "none", "--usage-retention", "720h").config
+    assert config.usage_db is None and config.usage_retention == 720 * 3600
+    for bad in ("soon", "0", "30s", "-1d"):
+        with pytest.raises(usage.UsageError, match="--usage-retention"):
+            parse("-e", "ollama", "--usage-retention", bad)

@@ -80,8 +80,10 @@ async def start_proxy(
     environ: Mapping[str, str] | None = None,
     stall_tracker: StallTrackerFactory | None = None,
     state: StateConfig | None = None,
+    usage_db: str | None = None,
 ) -> ProxyHandle:
-    """Build and start a runtime with a facade per key of ``nodes``, each on its own loopback port."""
+    """Build and start a runtime with a facade per key of ``nodes``, each on its own loopback port
+    (``usage_db``: the usage database, else usage in memory)."""
     runtime = build_runtime(
         reactor,
         settings if settings is not None else Settings(),
@@ -90,6 +92,7 @@ async def start_proxy(
         environ=environ,
         stall_tracker=stall_tracker,
         state=state,
+        usage_db=usage_db,
     )
     runtime.start()
     ports = {

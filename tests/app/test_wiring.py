@@ -33,9 +33,10 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def built(*args: str) -> tuple[MemoryReactorClock, MultiService]:
-    """Parse ``args`` and assemble them on a fake reactor (nothing is started)."""
+    """Parse ``args`` and assemble them on a fake reactor (nothing is started; no usage file:
+    a fake reactor has no threads to write it with)."""
     options = Options(environ={})
-    options.parseOptions(list(args))
+    options.parseOptions([*args, "--usage-db", "none"])
     reactor = MemoryReactorClock()
     return reactor, assemble(cast(IProxyReactor, reactor), options.config)
 

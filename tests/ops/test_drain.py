@@ -436,6 +436,8 @@ async def test_sigterm_drains_a_real_twistd_through_the_grace(reactor: Any) -> N
         f"sim={engine.url}",
         "--shutdown-grace",
         f"{grace}s",
+        "--usage-db",
+        "none",  # it runs in the repository: leave no usage file there
     ]
     process = reactor.spawnProcess(twistd, sys.executable, args, env=env, path=str(REPO))
     try:
