@@ -35,6 +35,7 @@ from nvpair_tw.inbound import IngressConfigError, parse_ingress, parse_origin
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
 from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url
 from nvpair_tw.runtime import tcp_listener
+from nvpair_tw.usage import parse_span
 
 __all__ = ["Options", "makeService", "parse_size"]
 
@@ -227,6 +228,19 @@ _PARAMETERS: list[list[str | None]] = [
         "HTTP client for requests to nodes: native (coalescing keep-alive client) or twisted "
         "(Twisted's Agent and connection pool).",
     ],
+    [
+        "usage-db",
+        None,
+        "nvpair-usage.sqlite3",
+        "SQLite file of the usage history (requests and tokens per minute by key, model and "
+        "node); none keeps usage in memory only.",
+    ],
+    [
+        "usage-retention",
+        None,
+        "90d",
+        "How long usage minutes are kept (a duration such as 2160h, or days such as 90d).",
+    ],
     ["log-level", None, "info", "debug, info, warn or error."],
 ]
 
@@ -346,6 +360,7 @@ class Options(usage.Options):
             ingress = parse_ingress(environ)
             settings = _settings(self, engines, header.seconds, first.seconds)
             state = _state(self)
+            usage_db, usage_retention = _usage(self)
         except (ValueError, OSError, NodesFileError, IngressConfigError) as error:
             raise usage.UsageError(str(error)) from None
         return Config(
@@ -365,6 +380,8 @@ class Options(usage.Options):
             },
             ingress=ingress,
             state=state,
+            usage_db=usage_db,
+            usage_retention=usage_retention,
         )
 
 
@@ -510,6 +527,24 @@ def _state(options: Options) -> StateConfig | None:
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise ValueError(f"--state: cannot read a secret file: {type(error).__name__}") from None
     return parse_state_url(url, password=password, secret=secret)
+
+
+def _usage(options: Options) -> tuple[str | None, float]:
+    """``--usage-db`` (``none``: no file) and ``--usage-retention`` (a positive span)."""
+    path: str = options["usage-db"]
+    if not path.strip():
+        raise ValueError("--usage-db must be a file path or none")
+    text: str = options["usage-retention"]
+    try:
+        retention = parse_span(text)
+    except ValueError:
+        retention = 0.0
+    if retention < 60:
+        raise ValueError(
+            f"--usage-retention must be a duration of a minute or more such as 90d or 720h, "
+            f"not {text!r}"
+        )
+    return (None if path.strip() == "none" else path), retention
 
 
 def _positive(options: Options, name: str, zero_ok: bool = False) -> float:

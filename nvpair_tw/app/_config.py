@@ -27,7 +27,8 @@ class Config:
 
     ``listen`` and ``nodes`` have an entry for every engine; ``nodes`` holds the ``--node`` flag
     nodes (unscoped ones under every engine). ``admin`` and ``control`` are server endpoint
-    strings (``control`` may be ``stdio``), ``None`` when off. ``state`` is the fleet store (``--state``). ``warnings`` are the messages about
+    strings (``control`` may be ``stdio``), ``None`` when off. ``state`` is the fleet store (``--state``),
+    ``usage_db`` and ``usage_retention`` the usage history's file and retention. ``warnings`` are the messages about
     ignored values that the start-up log repeats; ``sources`` names where each timer came from.
     """
 
@@ -44,3 +45,7 @@ class Config:
     sources: Mapping[str, str] = field(factory=dict)
     ingress: IngressConfig = field(factory=IngressConfig)
     state: StateConfig | None = None
+    usage_db: str | None = None
+    """The usage database (``--usage-db``); ``None`` keeps usage in memory only."""
+    usage_retention: float = 90 * 86400.0
+    """Seconds of usage kept (``--usage-retention``)."""

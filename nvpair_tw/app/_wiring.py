@@ -13,8 +13,6 @@ from nvpair_tw.runtime import ListenerService, Runtime, RuntimeService, build_ru
 
 __all__ = ["assemble"]
 
-__all__ = ["assemble"]
-
 log = LevelledLogger(namespace="nvpair_tw.assemble")
 
 
@@ -36,6 +34,8 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
         nodes_file=config.nodes_file,
         ingress=config.ingress,
         state=config.state,
+        usage_db=config.usage_db,
+        usage_retention=config.usage_retention,
     )
     if config.state is not None:
         log.info(

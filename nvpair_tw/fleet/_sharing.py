@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from attrs import define, field, setters
@@ -34,6 +34,7 @@ __all__ = [
     "PROGRESS_EVERY",
     "RESERVATION_BATCH",
     "RESERVATION_TTL",
+    "USAGE_METRICS",
     "SharedAffinity",
     "SharedAffinityTable",
     "SharedCooldowns",
@@ -41,6 +42,7 @@ __all__ = [
     "SharedProgress",
     "SharedReservations",
     "SharedStallTracker",
+    "SharedUsage",
 ]
 
 RESERVATION_TTL = 10.0
@@ -48,6 +50,8 @@ RESERVATION_TTL = 10.0
 RESERVATION_BATCH = 0.01
 """Seconds: reservation changes within this window go out as one publish."""
 PROGRESS_EVERY = 1.0
+USAGE_METRICS = ("r", "e", "p", "c", "u")
+"""A usage row's counts as hash fields: requests, errors, prompt, completion, unknown counts."""
 
 Write = Callable[[Command], None]
 
@@ -483,3 +487,77 @@ class SharedAffinityTable(AffinityTable):
     def learn(self, model: str, sealed_digest: bytes, node_id: str) -> None:
         """A peer's entry (already sealed): remember it here without sharing it again."""
         super().record(AffinityKey(model, sealed_digest, (sealed_digest,)), node_id)
+
+
+UsageRow = tuple[int, str, str, str, int, int, int, int, int]
+"""``(minute, key, model, node, requests, errors, prompt, completion, unknown)``, as
+:mod:`nvpair_tw.usage` counts them."""
+
+
+class SharedUsage(_Sharing):
+    """Usage sums of the whole fleet (docs/behaviour.md §12.4): one hash per UTC hour
+    (``NS:usage:HOUR``, the hour as minutes since the epoch), a field per (minute, key, model,
+    node, count) holding the fleet's sum, added with ``HINCRBY`` and expiring after the retention.
+    Nothing is published: a report reads the hashes."""
+
+    def add(self, rows: Sequence[UsageRow], ttl: float) -> None:
+        """Add these minutes to the fleet's sums (fire and forget, through the batched writer)."""
+        if not rows:
+            return
+        rows = list(rows)
+
+        def ops() -> list[Op]:
+            made: list[Op] = []
+            for minute, key, model, node, *counts in rows:
+                hour = self._codec.key("usage", str(minute - minute % 60))
+                # The hash lives for the retention after its last minute.
+                ttl_ms = int((ttl + (minute - minute % 60 + 60) * 60 - self._wall()) * 1000)
+                for metric, n in zip(USAGE_METRICS, counts, strict=True):
+                    if n:
+                        name = json.dumps([minute, key, model, node, metric])
+                        made.append(("hincr", hour, name, n, max(ttl_ms, 1000)))
+            return made
+
+        self._write(ops)
+
+    def _wall(self) -> float:
+        return self._reactor.seconds()
+
+    async def rows(self, dialer: Any, cmd: Any, since: int, until: int) -> list[UsageRow]:
+        """Every minute from ``since`` to ``until`` the fleet summed; malformed fields ignored."""
+        hours = range(since - since % 60, until + 1, 60)
+        asked = [dialer.timed(cmd.hgetall(self._codec.key("usage", str(h))), cmd) for h in hours]
+        found: dict[tuple[int, str, str, str], list[int]] = {}
+        for pending in asked:
+            try:
+                stored = await pending
+            except Exception as error:  # a wrong type: that hour is skipped
+                if type(error).__name__ != "ResponseError":
+                    raise
+                continue
+            for name, value in (stored or {}).items():
+                parsed = _usage_field(name, value)
+                if parsed is None:
+                    continue
+                (bucket, metric), n = parsed
+                if since <= bucket[0] <= until:
+                    found.setdefault(bucket, [0] * len(USAGE_METRICS))[metric] += n
+        return [(*bucket, *counts) for bucket, counts in found.items()]  # type: ignore[misc]
+
+
+def _usage_field(
+    field: Any, value: Any
+) -> tuple[tuple[tuple[int, str, str, str], int], int] | None:
+    """One hash field as ((minute, key, model, node), metric index) and its count, or None."""
+    try:
+        minute, key, model, node, metric = json.loads(field)
+        n = int(value)
+    except (ValueError, TypeError):
+        return None
+    if not (
+        isinstance(minute, int)
+        and all(isinstance(v, str) for v in (key, model, node))
+        and metric in USAGE_METRICS
+    ):
+        return None
+    return ((minute, key, model, node), USAGE_METRICS.index(metric)), n

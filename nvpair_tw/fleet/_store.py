@@ -12,7 +12,9 @@ names the same store:
 - reservation counts (through :class:`~nvpair_tw.selection._reservations.ReservationLedger`): each proxy
   publishes its own counts, the ledger adds the peers' to its own;
 - the time each node last sent body bytes (:meth:`FleetStore.note_progress`, at most once per node
-  per second), readable with :meth:`FleetStore.peer_progress`.
+  per second), readable with :meth:`FleetStore.peer_progress`;
+- usage sums per minute (:meth:`FleetStore.add_usage`, :meth:`FleetStore.usage_rows`;
+  docs/behaviour.md §12.4), so a usage report covers the fleet.
 
 The request path never waits on the store: decisions read local state that the subscriber keeps
 current, and writes go out fire-and-forget, bounded (:data:`MAX_PENDING_WRITES` in flight, the same
@@ -31,11 +33,11 @@ connections' life (:mod:`~nvpair_tw.fleet._session`), the bounded batched writer
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attrs import frozen
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 
 from nvpair_tw.core import IProxyReactor
 from nvpair_tw.fleet._config import StateConfig, parse_state_url, read_secret
@@ -48,6 +50,8 @@ from nvpair_tw.fleet._sharing import (
     SharedProgress,
     SharedReservations,
     SharedStallTracker,
+    SharedUsage,
+    UsageRow,
 )
 from nvpair_tw.fleet._wire import Codec, sealer
 from nvpair_tw.fleet._writer import MAX_PENDING_WRITES, BatchedWriter
@@ -89,6 +93,7 @@ class FleetStore:
         self._affinity = SharedAffinity(*parts, seal=sealer(config.secret))
         self._reservations = SharedReservations(*parts)
         self._progress = SharedProgress(*parts)
+        self._usage = SharedUsage(*parts)
         self._sharing = _Kinds(
             self._cooldowns, self._cordons, self._affinity, self._reservations, self._progress
         )
@@ -134,6 +139,19 @@ class FleetStore:
         """When (local clock seconds) a peer last reported body bytes from ``node_id``, or None."""
         return self._progress.peer(engine, node_id)
 
+    def add_usage(self, rows: Sequence[UsageRow], ttl: float) -> None:
+        """Add this proxy's minutes to the fleet's usage sums, expiring ``ttl`` seconds after
+        their hour (fire and forget: queued while the store is away, bounded like every write)."""
+        self._usage.add(rows, ttl)
+
+    def usage_rows(self, since: int, until: int) -> Deferred[list[UsageRow]]:
+        """The fleet's usage minutes from ``since`` to ``until`` (minutes since the epoch); fails
+        while the store is away or when it does not answer in time."""
+        conn = self._session.connection()
+        if conn is None:
+            return fail(ConnectionError("the fleet store is away"))
+        return Deferred.fromCoroutine(self._usage.rows(self._session.dialer, conn, since, until))
+
     # --- life cycle -----------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -143,6 +161,7 @@ class FleetStore:
     def stop(self) -> Deferred[None]:
         """Stop reconnecting, cancel timers, close the connections."""
         self._reservations.stop()
+        self._writer.flush()  # the last usage minutes (and whatever else is queued) go out
         self._writer.stop()
         closed = self._session.stop()
         self._cooldowns.stop()

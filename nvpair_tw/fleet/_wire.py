@@ -18,12 +18,13 @@ __all__ = ["WRITE_SCRIPT", "Codec", "Command", "Op", "json_object", "sealer", "t
 
 Op = tuple[Any, ...]
 """One store operation: ``("set", key, value, ttl_ms)``, ``("keep", key, value)`` (no TTL: a
-cordon stays until it is lifted), ``("del", key)`` or ``("pub", message)``."""
+cordon stays until it is lifted), ``("del", key)``, ``("hincr", key, field, n, ttl_ms)`` (add ``n``
+to a hash field and give the hash that TTL: usage sums) or ``("pub", message)``."""
 Command = Callable[[], Sequence[Op]]
 """Makes a write's operations when it is sent (so a TTL is what is left *then*)."""
 
-# One round trip for a whole batch; SET and DEL replace any type, so a key a person corrupted by
-# hand cannot make the batch fail.
+# One round trip for a whole batch; SET and DEL replace any type, and a usage key that is not a
+# hash is deleted before HINCRBY, so a key a person corrupted by hand cannot make the batch fail.
 WRITE_SCRIPT = """
 local k, i = 1, 1
 while i <= #ARGV do
@@ -34,6 +35,11 @@ while i <= #ARGV do
     redis.call('SET', KEYS[k], ARGV[i + 1]); k = k + 1; i = i + 2
   elseif op == 'd' then
     redis.call('DEL', KEYS[k]); k = k + 1; i = i + 1
+  elseif op == 'h' then
+    local kind = redis.call('TYPE', KEYS[k]).ok
+    if kind ~= 'hash' and kind ~= 'none' then redis.call('DEL', KEYS[k]) end
+    redis.call('HINCRBY', KEYS[k], ARGV[i + 1], ARGV[i + 2])
+    redis.call('PEXPIRE', KEYS[k], ARGV[i + 3]); k = k + 1; i = i + 4
   else
     redis.call('PUBLISH', ARGV[i + 1], ARGV[i + 2]); i = i + 3
   end
@@ -75,6 +81,9 @@ class Codec:
             elif op[0] == "del":
                 keys.append(op[1])
                 args.append("d")
+            elif op[0] == "hincr":
+                keys.append(op[1])
+                args += ["h", op[2], int(op[3]), max(1, int(op[4]))]
             else:
                 messages.append(op[1])
         if messages:

@@ -18,6 +18,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST
 from twisted.application import service
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.python.failure import Failure
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
@@ -27,6 +28,7 @@ from nvpair_tw.events import PROXY_REQUEST, Event, EventBus, Subscription
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.ops._maintenance import in_flight
 from nvpair_tw.ops._metrics import ProxyMetrics
+from nvpair_tw.ops._usage import read_report, report_of
 from nvpair_tw.runtime import ListenerService, Runtime
 
 __all__ = [
@@ -346,7 +348,7 @@ def admin_resource(
     open_stream: Callable[[Request], None],
 ) -> Resource:
     """The admin resource tree: ``/``, ``/status.js``, ``/metrics``, ``/healthz``, ``/readyz``,
-    ``/api/state`` and ``/events``."""
+    ``/api/state``, ``/api/usage`` and ``/events``."""
 
     def serve_metrics(request: Request) -> bytes:
         request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
@@ -377,8 +379,42 @@ def admin_resource(
     root.putChild(b"events", _Get(serve_events))
     api = _Root()
     api.putChild(b"state", _Get(lambda r: _json(r, 200, board.state(listening))))
+    api.putChild(b"usage", _Get(lambda r: serve_usage(runtime, r)))
     root.putChild(b"api", api)
     return root
+
+
+def _query(request: Request, name: str) -> str | None:
+    values = (request.args or {}).get(name.encode())
+    return None if not values else values[-1].decode("utf-8", "replace")
+
+
+def serve_usage(runtime: Runtime, request: Request) -> bytes | int:
+    """``GET /api/usage?since=24h&until=…&by=key,model``: the usage report as JSON (400 with
+    ``{"error", "code": "invalid-params"}`` for bad parameters, 503 when it cannot be read)."""
+    try:
+        report = read_report(
+            runtime, _query(request, "since"), _query(request, "until"), _query(request, "by")
+        )
+    except ValueError as error:
+        return _json(request, 400, {"error": str(error), "code": "invalid-params"})
+    gone: list[object] = []
+    request.notifyFinish().addErrback(gone.append)
+
+    def answer(document: dict[str, Any]) -> None:
+        if not gone:
+            request.write(_json(request, 200, document))
+            request.finish()
+
+    def failed(failure: Failure) -> None:
+        log.failure("usage report failed", failure)
+        if not gone:
+            error = {"error": "usage could not be read", "code": "usage-unavailable"}
+            request.write(_json(request, 503, error))
+            request.finish()
+
+    report_of(runtime, report).addCallbacks(answer, failed)
+    return NOT_DONE_YET
 
 
 class _QuietSite(Site):

@@ -28,6 +28,7 @@ from nvpair_tw.ops._rpc import (
     string,
     text,
 )
+from nvpair_tw.ops._usage import USAGE
 from nvpair_tw.runtime import Runtime
 from nvpair_tw.selection import make_rank
 
@@ -191,9 +192,10 @@ SCOPED: dict[str, Callable[[FacadeState, Params], Result | Deferred[Result]]] = 
 }
 """Methods on one engine's facade (``ENGINE:`` prefix when several engines are served)."""
 
-PROCESS: dict[str, Callable[[Runtime, Params], Result]] = {
+PROCESS: dict[str, Callable[[Runtime, Params], Result | Deferred[Result]]] = {
     "node/set-priority": set_priority,
     "workload/cancel": cancel,
     "log/set-level": log_set_level,
+    **USAGE,
 }
 """Methods on the whole process."""

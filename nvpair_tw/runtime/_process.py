@@ -58,6 +58,7 @@ from nvpair_tw.upstream import (
     make_http_client,
     make_pool,
 )
+from nvpair_tw.usage import DEFAULT_RETENTION, UsageRecorder
 
 __all__ = ["Runtime", "StallTrackerFactory", "build_runtime", "upstream_agent"]
 
@@ -79,11 +80,17 @@ class Runtime:
     fleet: FleetStore | None = None
     native: NodeAgent | None = None
     """The upstream client when ``--upstream-client native`` (``pool`` then holds nothing)."""
+    usage: UsageRecorder | None = None
+    """The usage history (docs/behaviour.md §12.4)."""
 
     def start(self) -> None:
         """Load node files, start watching and polling (and connecting to the fleet store)."""
         if self.fleet is not None:
             self.fleet.start()
+        if self.usage is not None:
+            self.usage.start().addErrback(
+                lambda failure: log.failure("usage history did not start", failure)
+            )
         for facade in self.facades.values():
             facade.directory.start()
             facade.inventory.start()
@@ -102,6 +109,12 @@ class Runtime:
         if self.shared.ingress is not None:
             self.shared.ingress.stop()
         closed = self.close_idle()
+        if self.usage is not None:
+            # The last minutes are written (and handed to the fleet store) before it closes.
+            saved = self.usage.stop().addErrback(
+                lambda failure: log.failure("usage history did not stop cleanly", failure)
+            )
+            closed = gatherResults([closed, saved]).addCallback(lambda _: None)
         if self.fleet is not None:
             fleet = self.fleet
             closed.addCallback(lambda _: fleet.stop())
@@ -153,6 +166,8 @@ def build_runtime(
     client: UpstreamClient | None = None,
     http: HTTPClient | None = None,
     state: StateConfig | None = None,
+    usage_db: str | None = None,
+    usage_retention: float = DEFAULT_RETENTION,
 ) -> Runtime:
     """Build every facade of one process around one pool, one ledger, one workload registry, one bus.
 
@@ -161,6 +176,8 @@ def build_runtime(
     ``client`` (attempts) and ``http`` (a treq client for model lists and inventory polls) default
     to clients over the process's pool; ``nvpair_tw.testing.MemoryCluster`` injects in-memory ones.
     ``state`` (``--state``) shares cooldowns, affinity and reservations with a fleet (docs/behaviour.md §6.6).
+    ``usage_db`` is the usage database (``None``: usage in memory only) and ``usage_retention``
+    how long its minutes are kept (docs/behaviour.md §12.4).
     """
     if environ is not None:
         if ingress is not None:
@@ -193,7 +210,12 @@ def build_runtime(
             fleet=fleet,
         )
     native = agent if isinstance(agent, NodeAgent) else None
-    return Runtime(reactor, settings, shared, facades, pool, fleet=fleet, native=native)
+    usage = UsageRecorder(
+        reactor, shared.bus, path=usage_db, retention=usage_retention, fleet=fleet
+    )
+    return Runtime(
+        reactor, settings, shared, facades, pool, fleet=fleet, native=native, usage=usage
+    )
 
 
 def upstream_agent(
