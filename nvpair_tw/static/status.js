@@ -251,19 +251,22 @@
     const off = document.getElementById("usage-off");
     const tables = document.getElementById("usage");
     const scope = document.getElementById("usage-scope");
+    let byKey, byModel;
     try {
-      const [byKey, byModel] = await Promise.all([usageOf("key"), usageOf("model")]);
-      usageRows("usage-by-key", "key", byKey.rows);
-      usageRows("usage-by-model", "model", byModel.rows);
-      scope.textContent = byKey.scope === "fleet" ? "· whole fleet" : "· this proxy";
-      off.hidden = true;
-      tables.hidden = false;
+      [byKey, byModel] = await Promise.all([usageOf("key"), usageOf("model")]);
     } catch (error) {
       off.textContent = "usage history is off" + (error.message ? " (" + error.message + ")" : "");
       off.hidden = false;
       tables.hidden = true;
       scope.textContent = "";
+      return;
     }
+    // outside the try: a rendering bug is a page error, never "usage history is off"
+    usageRows("usage-by-key", "key", byKey.rows);
+    usageRows("usage-by-model", "model", byModel.rows);
+    scope.textContent = byKey.scope === "fleet" ? "· whole fleet" : "· this proxy";
+    off.hidden = true;
+    tables.hidden = false;
   }
 
   let usageTimer = null;
@@ -279,26 +282,29 @@
   }
 
   async function load() {
+    let snapshot;
     try {
       const response = await fetch("api/state", { cache: "no-store" });
-      const snapshot = await response.json();
-      state.offset = snapshot.now - Date.now();
-      state.runId = snapshot.runId;
-      state.facades = snapshot.facades;
-      state.workloads = new Map(snapshot.workloads.map((w) => [w.id, w]));
-      state.failovers = snapshot.failovers;
-      state.throughput = snapshot.throughput || null;
-      const store = document.getElementById("store");
-      store.hidden = !snapshot.store;
-      if (snapshot.store) {
-        store.textContent = "fleet store " + snapshot.store.store + ": " + snapshot.store.state +
-          (snapshot.store.state === "down" ? " (working on local state)" : "");
-      }
-      render();
-      renderChart();
+      snapshot = await response.json();
     } catch (error) {
       document.getElementById("connection").textContent = "snapshot failed, retrying";
+      return;
     }
+    // outside the try: a rendering bug is a page error, never "snapshot failed"
+    state.offset = snapshot.now - Date.now();
+    state.runId = snapshot.runId;
+    state.facades = snapshot.facades;
+    state.workloads = new Map(snapshot.workloads.map((w) => [w.id, w]));
+    state.failovers = snapshot.failovers;
+    state.throughput = snapshot.throughput || null;
+    const store = document.getElementById("store");
+    store.hidden = !snapshot.store;
+    if (snapshot.store) {
+      store.textContent = "fleet store " + snapshot.store.store + ": " + snapshot.store.state +
+        (snapshot.store.state === "down" ? " (working on local state)" : "");
+    }
+    render();
+    renderChart();
   }
 
   // Slots, queue depth and busy waits have no events of their own: a workload or request event

@@ -316,6 +316,19 @@ def _rows(page: Any, table: str) -> list[list[str]]:
     )
 
 
+def _until(page: Any, predicate: str, seen: dict[str, Any]) -> None:
+    """Poll ``predicate`` (a JS function) for up to 10 s; on a timeout, fail naming the page's
+    errors (a script that throws is why a chart never appears)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(predicate, timeout=10_000)
+    except PlaywrightTimeout:
+        raise AssertionError(
+            f"timed out on {predicate}; page errors {seen['errors']}, console {seen['console']}"
+        ) from None
+
+
 def _watch_throughput(admin_url: str, proxy_url: str, shot: str) -> dict[str, Any]:
     """In a worker thread: open the page (empty chart and tables), send inferences to two nodes,
     wait (polling the DOM, bounded) for a polyline per node and the 24 h rows, screenshot."""
@@ -344,12 +357,12 @@ def _watch_throughput(admin_url: str, proxy_url: str, shot: str) -> dict[str, An
             for model, stream in (("llama3", False), ("llama3", True), ("qwen2", False)):
                 seen["statuses"].append(_infer(proxy_url, model, stream))
             # the request events refresh the snapshot (250 ms) and the usage (2 s throttle)
-            page.wait_for_function(f"() => {CHART_POLYLINES} === 2", timeout=10_000)
-            page.wait_for_function(
+            _until(page, f"() => {CHART_POLYLINES} === 2", seen)
+            _until(
+                page,
                 "() => document.querySelectorAll('#usage-by-model tbody tr[data-model]').length"
-                " === 2"
-                " && document.querySelector('#usage-by-key tbody tr[data-key]') !== null",
-                timeout=10_000,
+                " === 2 && document.querySelector('#usage-by-key tbody tr[data-key]') !== null",
+                seen,
             )
             seen["legend"] = page.eval_on_selector_all(
                 "#throughput-legend li", "items => items.map(i => i.dataset.node)"
