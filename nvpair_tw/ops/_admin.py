@@ -36,6 +36,7 @@ __all__ = [
     "EventStream",
     "StatusBoard",
     "StreamState",
+    "Throughput",
     "admin_resource",
     "admin_service",
     "readiness",
@@ -46,6 +47,10 @@ log = LevelledLogger(namespace="nvpair_tw.admin")
 KEEPALIVE_INTERVAL = 15.0
 SSE_MAX_PENDING = 256
 RECENT_FAILOVERS = 20
+THROUGHPUT_BUCKET = 10.0
+"""Seconds per throughput bucket on the status page's chart."""
+THROUGHPUT_BUCKETS = 90
+"""How many buckets the chart covers: 90 buckets of 10 s, the last 15 minutes."""
 
 Listening = Callable[[str], bool]
 
@@ -75,13 +80,83 @@ def readiness(runtime: Runtime, listening: Listening) -> str | None:
     return "no node has a known inventory yet"
 
 
+def _tokens(value: object) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        return None
+    return value
+
+
+class Throughput:
+    """Completion tokens per (engine, node) in fixed buckets over a short window (the chart's data).
+
+    A request's completion tokens all count in the bucket its record was published in, that is the
+    bucket of the request's *end* on the runtime's clock (the bus stamps events with it): a long
+    answer shows as one spike when it finishes, never spread over the time it streamed. A bucket
+    is ``bucket`` seconds (``int(t // bucket)``); only the last ``buckets`` of them are kept, older
+    ones are dropped whenever a request is counted or the series is read, so memory is bounded by
+    nodes times ``buckets``. The newest bucket is still filling, so its rate reads low until it ends.
+    """
+
+    def __init__(
+        self, bucket: float = THROUGHPUT_BUCKET, buckets: int = THROUGHPUT_BUCKETS
+    ) -> None:
+        self.bucket = bucket
+        self.buckets = buckets
+        self._counts: dict[tuple[str, str], dict[int, int]] = {}
+
+    def _index(self, time: float) -> int:
+        return int(time // self.bucket)
+
+    def add(self, time: float, engine: str, node: str, tokens: int) -> None:
+        """Count ``tokens`` completion tokens for ``(engine, node)`` in the bucket of ``time``."""
+        index = self._index(time)
+        counts = self._counts.setdefault((engine, node), {})
+        counts[index] = counts.get(index, 0) + tokens
+        self._prune(index)
+
+    def _prune(self, newest: int) -> None:
+        oldest = newest - self.buckets + 1
+        for series, counts in list(self._counts.items()):
+            for index in [i for i in counts if i < oldest]:
+                del counts[index]
+            if not counts:
+                del self._counts[series]
+
+    def kept(self) -> int:
+        """How many buckets are held in all (for the bound's tests)."""
+        return sum(len(counts) for counts in self._counts.values())
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        """``{"bucketSeconds", "since" (ms, the oldest bucket's start), "series": [{"engine",
+        "node", "points": [[t_ms, tokens_per_second], ...]}]}``: one point per bucket of the
+        window, oldest first, zero where the node served no tokens, each at its bucket's start;
+        only nodes with tokens in the window have a series (ordered by engine, then node)."""
+        newest = self._index(now)
+        self._prune(newest)
+        oldest = newest - self.buckets + 1
+        series = []
+        for (engine, node), counts in sorted(self._counts.items()):
+            points = [
+                [int(i * self.bucket * 1000), round(counts.get(i, 0) / self.bucket, 2)]
+                for i in range(oldest, newest + 1)
+            ]
+            series.append({"engine": engine, "node": node, "points": points})
+        return {
+            "bucketSeconds": self.bucket,
+            "since": int(oldest * self.bucket * 1000),
+            "series": series,
+        }
+
+
 class StatusBoard:
-    """What the status page needs beyond live state: recent failovers and each node's last success."""
+    """What the status page needs beyond live state: recent failovers, each node's last success and
+    the per-node throughput of the last 15 minutes."""
 
     def __init__(self, runtime: Runtime, keep: int = RECENT_FAILOVERS) -> None:
         self._runtime = runtime
         self.failovers: deque[dict[str, Any]] = deque(maxlen=keep)
         self.last_success: dict[tuple[str, str], int] = {}
+        self.throughput = Throughput()
         self._subscription: Subscription | None = runtime.shared.bus.subscribe(
             self._observe, name="status-board"
         )
@@ -103,6 +178,10 @@ class StatusBoard:
         )
         if isinstance(status, int) and 200 <= status < 300 and isinstance(node_id, str):
             self.last_success[(str(engine), node_id)] = int(event.time * 1000)
+        completion = _tokens(payload.get("completion_tokens"))
+        if completion is not None and isinstance(node_id, str):
+            # event.time is the publish time on the runtime's clock: the request's end
+            self.throughput.add(event.time, str(engine), node_id, completion)
         attempts = payload.get("attempts")
         if isinstance(attempts, list) and len(attempts) > 1:
             self.failovers.appendleft(
@@ -119,7 +198,8 @@ class StatusBoard:
 
     def state(self, listening: Listening) -> dict[str, Any]:
         """The ``/api/state`` snapshot: facades (with their queue depth), nodes (with slots in use,
-        busy waits and the models loaded, ``None`` when unknown), live workloads, recent failovers."""
+        busy waits and the models loaded, ``None`` when unknown), live workloads, recent failovers
+        and ``throughput`` (:meth:`Throughput.to_json`)."""
         runtime = self._runtime
         live = runtime.shared.workloads.live()
         facades = []
@@ -168,6 +248,7 @@ class StatusBoard:
             "workloads": [w.info() for w in live],
             "failovers": list(self.failovers),
             "store": None if runtime.fleet is None else runtime.fleet.status(),
+            "throughput": self.throughput.to_json(runtime.reactor.seconds()),
         }
 
 

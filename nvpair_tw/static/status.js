@@ -1,9 +1,12 @@
 // nvpair-tw live status page: a snapshot from /api/state, then every bus event from /events.
-// Only metadata is ever shown (events carry no prompts); all text goes in through textContent.
+// The throughput chart is drawn from the snapshot's `throughput`; the last 24 hours come from
+// /api/usage. Only metadata is ever shown (events carry no prompts, usage only key names); all
+// text goes in through textContent.
 "use strict";
 (() => {
   const MAX_FAILOVERS = 20;
-  const state = { offset: 0, runId: null, facades: [], workloads: new Map(), failovers: [] };
+  const state = { offset: 0, runId: null, facades: [], workloads: new Map(), failovers: [],
+    throughput: null };
 
   const now = () => Date.now() + state.offset;
 
@@ -108,25 +111,200 @@
     }
   }
 
+  // --- the throughput chart: one polyline per node, inline SVG ---------------------------------
+  const SVG = "http://www.w3.org/2000/svg";
+  const CHART = { width: 960, height: 260, left: 56, right: 16, top: 14, bottom: 40 };
+  const COLOURS = ["#0a66c2", "#d1495b", "#2a9d8f", "#e9a23b", "#6a4c93", "#3d5a80", "#8ab17d",
+    "#b5651d"];
+
+  function svg(tag, attrs, text) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
+    if (text !== undefined) node.textContent = String(text);
+    return node;
+  }
+
+  function niceCeiling(value) {
+    if (!(value > 0)) return 1;
+    const power = Math.pow(10, Math.floor(Math.log10(value)));
+    for (const step of [1, 2, 4, 6, 8, 10]) if (value <= step * power) return step * power;
+    return 10 * power;
+  }
+
+  function rate(value) {
+    return value >= 10 || value === 0 ? value.toFixed(0) : value.toFixed(1);
+  }
+
+  function tick(value) {
+    return String(Number(value.toFixed(2)));  // 0.25, 2.5, 250: no rounding to a wrong label
+  }
+
+  function renderChart() {
+    const chart = document.getElementById("throughput-chart");
+    const legend = document.getElementById("throughput-legend");
+    const data = state.throughput;
+    const series = data ? data.series : [];
+    const bucket = data ? data.bucketSeconds * 1000 : 10000;
+    const start = data ? data.since : 0;
+    const points = series.length ? series[0].points.length : 90;
+    const span = Math.max(1, (points - 1) * bucket);
+    const c = CHART;
+    const plotWidth = c.width - c.left - c.right;
+    const plotHeight = c.height - c.top - c.bottom;
+    let peak = 0;
+    for (const s of series) for (const [, v] of s.points) peak = Math.max(peak, v);
+    const top = niceCeiling(peak);
+    const x = (t) => c.left + ((t - start) / span) * plotWidth;
+    const y = (v) => c.top + plotHeight - (v / top) * plotHeight;
+    chart.replaceChildren();
+    chart.dataset.series = String(series.length);
+    for (let i = 0; i <= 4; i++) {
+      const value = (top * i) / 4;
+      chart.appendChild(svg("line", { class: i ? "grid" : "axis", x1: c.left, x2: c.width - c.right,
+        y1: y(value), y2: y(value) }));
+      chart.appendChild(svg("text", { x: c.left - 6, y: y(value) + 4, "text-anchor": "end" },
+        tick(value)));
+    }
+    chart.appendChild(svg("line", { class: "axis", x1: c.left, x2: c.left, y1: c.top,
+      y2: c.top + plotHeight }));
+    for (const minutes of [15, 10, 5, 0]) {
+      const at = c.left + plotWidth * Math.max(0, 1 - (minutes * 60000) / span);
+      chart.appendChild(svg("line", { class: "axis", x1: at, x2: at, y1: c.top + plotHeight,
+        y2: c.top + plotHeight + 4 }));
+      chart.appendChild(svg("text", { x: at, y: c.top + plotHeight + 18,
+        "text-anchor": minutes === 15 ? "start" : minutes === 0 ? "end" : "middle" },
+      minutes ? "−" + minutes + " min" : "now"));
+    }
+    chart.appendChild(svg("text", { x: c.left + plotWidth / 2, y: c.height - 4,
+      "text-anchor": "middle" }, "time (" + bucket / 1000 + " s buckets)"));
+    chart.appendChild(svg("text", { x: 14, y: c.top + plotHeight / 2, "text-anchor": "middle",
+      transform: "rotate(-90 14 " + (c.top + plotHeight / 2) + ")" }, "tokens / s"));
+    legend.replaceChildren();
+    if (!series.length) {
+      chart.appendChild(svg("text", { class: "empty", x: c.left + plotWidth / 2,
+        y: c.top + plotHeight / 2, "text-anchor": "middle" }, "no tokens yet"));
+      return;
+    }
+    const engines = new Set(series.map((s) => s.engine));
+    series.forEach((s, i) => {
+      const colour = COLOURS[i % COLOURS.length];
+      const name = engines.size > 1 ? s.engine + "/" + s.node : s.node;
+      const line = svg("polyline", { stroke: colour,
+        points: s.points.map(([t, v]) => x(t).toFixed(1) + "," + y(v).toFixed(1)).join(" ") });
+      line.dataset.node = s.engine + "/" + s.node;
+      line.appendChild(svg("title", {}, name));
+      chart.appendChild(line);
+      for (const [t, v] of s.points) {  // a dot where tokens were served: a lone bucket shows
+        if (v > 0) chart.appendChild(svg("circle", { cx: x(t), cy: y(v), r: 2.5, fill: colour }));
+      }
+      const item = el("li");
+      item.dataset.node = s.engine + "/" + s.node;
+      const swatch = el("span", null, "swatch");
+      swatch.style.background = colour;
+      item.appendChild(swatch);
+      item.appendChild(el("span", name));
+      const last = s.points.length ? s.points[s.points.length - 1][1] : 0;
+      const busiest = Math.max(...s.points.map(([, v]) => v));
+      item.appendChild(el("span", " peak " + rate(busiest) + " tok/s, now " + rate(last), "muted"));
+      legend.appendChild(item);
+    });
+  }
+
+  // --- the last 24 hours: /api/usage by key and by model ---------------------------------------
+  const USAGE_REFRESH_MS = 30000;
+  const USAGE_THROTTLE_MS = 2000;
+
+  function usageRows(id, column, rows) {
+    const body = document.querySelector("#" + id + " tbody");
+    body.replaceChildren();
+    if (!rows.length) {
+      const empty = el("td", "no requests in the last 24 hours", "muted");
+      empty.colSpan = 5;
+      body.appendChild(row([empty]));
+      return;
+    }
+    for (const r of rows) {
+      const name = r[column] === null || r[column] === undefined ? "—" : r[column];
+      const tr = row([el("td", name), el("td", r.requests, "n"), el("td", r.errors, "n"),
+        el("td", r.prompt_tokens, "n"), el("td", r.completion_tokens, "n")]);
+      tr.dataset[column] = String(name);
+      body.appendChild(tr);
+    }
+  }
+
+  async function usageOf(by) {
+    const response = await fetch("api/usage?since=24h&by=" + by, { cache: "no-store" });
+    let answer = null;
+    try {
+      answer = await response.json();
+    } catch (error) {
+      answer = null;
+    }
+    if (!response.ok || !answer || !Array.isArray(answer.rows)) {
+      const code = answer && answer.code ? answer.code : "HTTP " + response.status;
+      throw new Error(response.status === 404 ? "" : code);
+    }
+    return answer;
+  }
+
+  async function loadUsage() {
+    const off = document.getElementById("usage-off");
+    const tables = document.getElementById("usage");
+    const scope = document.getElementById("usage-scope");
+    let byKey, byModel;
+    try {
+      [byKey, byModel] = await Promise.all([usageOf("key"), usageOf("model")]);
+    } catch (error) {
+      off.textContent = "usage history is off" + (error.message ? " (" + error.message + ")" : "");
+      off.hidden = false;
+      tables.hidden = true;
+      scope.textContent = "";
+      return;
+    }
+    // outside the try: a rendering bug is a page error, never "usage history is off"
+    usageRows("usage-by-key", "key", byKey.rows);
+    usageRows("usage-by-model", "model", byModel.rows);
+    scope.textContent = byKey.scope === "fleet" ? "· whole fleet" : "· this proxy";
+    off.hidden = true;
+    tables.hidden = false;
+  }
+
+  let usageTimer = null;
+  let usageAt = 0;
+  function refreshUsageSoon() {
+    if (usageTimer !== null) return;
+    const wait = Math.max(0, usageAt + USAGE_THROTTLE_MS - Date.now());
+    usageTimer = setTimeout(() => {
+      usageTimer = null;
+      usageAt = Date.now();
+      loadUsage();
+    }, wait);
+  }
+
   async function load() {
+    let snapshot;
     try {
       const response = await fetch("api/state", { cache: "no-store" });
-      const snapshot = await response.json();
-      state.offset = snapshot.now - Date.now();
-      state.runId = snapshot.runId;
-      state.facades = snapshot.facades;
-      state.workloads = new Map(snapshot.workloads.map((w) => [w.id, w]));
-      state.failovers = snapshot.failovers;
-      const store = document.getElementById("store");
-      store.hidden = !snapshot.store;
-      if (snapshot.store) {
-        store.textContent = "fleet store " + snapshot.store.store + ": " + snapshot.store.state +
-          (snapshot.store.state === "down" ? " (working on local state)" : "");
-      }
-      render();
+      snapshot = await response.json();
     } catch (error) {
       document.getElementById("connection").textContent = "snapshot failed, retrying";
+      return;
     }
+    // outside the try: a rendering bug is a page error, never "snapshot failed"
+    state.offset = snapshot.now - Date.now();
+    state.runId = snapshot.runId;
+    state.facades = snapshot.facades;
+    state.workloads = new Map(snapshot.workloads.map((w) => [w.id, w]));
+    state.failovers = snapshot.failovers;
+    state.throughput = snapshot.throughput || null;
+    const store = document.getElementById("store");
+    store.hidden = !snapshot.store;
+    if (snapshot.store) {
+      store.textContent = "fleet store " + snapshot.store.store + ": " + snapshot.store.state +
+        (snapshot.store.state === "down" ? " (working on local state)" : "");
+    }
+    render();
+    renderChart();
   }
 
   // Slots, queue depth and busy waits have no events of their own: a workload or request event
@@ -180,6 +358,7 @@
     connection.textContent = "live";
     connection.className = "ready";
     load();
+    refreshUsageSoon();
   };
   events.onerror = () => {
     connection.textContent = "reconnecting…";
@@ -187,11 +366,15 @@
   };
   for (const [name, handle] of Object.entries(handlers)) {
     events.addEventListener(name, (message) => {
-      handle(JSON.parse(message.data));
+      const payload = JSON.parse(message.data);
+      handle(payload);
       render();
       if (name.startsWith("workload:") || name === "proxy/request") refreshSoon();
+      if (name === "proxy/request" && payload.model) refreshUsageSoon();
     });
   }
   setInterval(render, 500);
   setInterval(load, 10000);
+  setInterval(refreshUsageSoon, USAGE_REFRESH_MS);
+  renderChart();
 })();

@@ -27,6 +27,7 @@ from nvpair_tw.ops._admin import (
     EventStream,
     StatusBoard,
     StreamState,
+    Throughput,
     admin_resource,
     readiness,
 )
@@ -209,6 +210,90 @@ def test_state_snapshot_shows_slots_queue_depth_busy_waits_and_residency() -> No
     _, _, body = _get(client, "/api/state")
     [ollama] = json.loads(body)["facades"]
     assert ollama["queueDepth"] == 0 and ollama["nodes"][0]["slotsInUse"] == 0
+
+
+def _inference(node: str, completion: object, engine: str = "ollama") -> dict[str, Any]:
+    return {
+        "id": "r",
+        "engine": engine,
+        "node_id": node,
+        "path": "/api/chat",
+        "status": 200,
+        "attempts": [{"node_id": node, "outcome": "committed", "ms": 5}],
+        "model": "llama3",
+        "prompt_tokens": 7,
+        "completion_tokens": completion,
+        "tokens_per_s": 40.0,
+        "duration_ms": 500,
+    }
+
+
+def test_state_throughput_counts_completion_tokens_per_node_in_10s_buckets() -> None:
+    """/api/state ``throughput``: each node's completion tokens per second in 10 s buckets of the
+    last 15 minutes (90 points, oldest first, zero-filled), counted in the bucket of the request's
+    end on the runtime's clock; records without counts (or not inference) add nothing."""
+    clock, runtime = _runtime([Node("a", "http://127.0.0.1:1", STATIC), Node("b", "http://x:1")])
+    client = _client(runtime)
+    bus = runtime.shared.bus
+    bus.publish("proxy/request", _inference("a", 120))
+    clock.advance(3)  # 1_700_000_003: still the bucket starting at ..._000
+    bus.publish("proxy/request", _inference("a", 30))
+    clock.advance(10)  # ..._013: the next bucket
+    bus.publish("proxy/request", _inference("b", 50))
+    bus.publish("proxy/request", _inference("b", None))  # an engine that gave no counts
+    bus.publish("proxy/request", _inference("b", True))  # not a count
+    bus.publish("proxy/request", {"id": "m", "engine": "ollama", "node_id": "a", "status": 200})
+    _, _, body = _get(client, "/api/state")
+    throughput = json.loads(body)["throughput"]
+    assert throughput["bucketSeconds"] == 10
+    newest = 1_700_000_010_000
+    assert throughput["since"] == newest - 89 * 10_000
+    a, b = throughput["series"]
+    assert (a["engine"], a["node"], b["node"]) == ("ollama", "a", "b")
+    assert len(a["points"]) == len(b["points"]) == 90
+    assert [t for t, _ in a["points"]] == [throughput["since"] + 10_000 * i for i in range(90)]
+    assert a["points"][-2:] == [[newest - 10_000, 15.0], [newest, 0.0]]
+    assert b["points"][-2:] == [[newest - 10_000, 0.0], [newest, 5.0]]
+    assert sum(rate for _, rate in a["points"][:-2]) == 0
+
+
+def test_throughput_drops_buckets_older_than_15_minutes() -> None:
+    """Buckets leave the window 15 minutes on (a node with none left has no series), and however
+    long it runs the board keeps at most 90 buckets a node."""
+    clock, runtime = _runtime([Node("a", "http://127.0.0.1:1", STATIC)])
+    board = StatusBoard(runtime)
+    bus = runtime.shared.bus
+    bus.publish("proxy/request", _inference("a", 100))
+    clock.advance(890)  # the bucket of t=0 is the oldest of the window
+    [a] = board.state(lambda _e: True)["throughput"]["series"]
+    assert a["points"][0][1] == 10.0
+    clock.advance(10)
+    assert board.state(lambda _e: True)["throughput"]["series"] == []
+    assert board.throughput.kept() == 0
+    for _ in range(1000):
+        clock.advance(5)
+        bus.publish("proxy/request", _inference("a", 1))
+        bus.publish("proxy/request", _inference("b", 1, engine="openai"))
+    assert board.throughput.kept() == 2 * 90
+    board.close()
+
+
+def test_throughput_series_is_bounded_by_its_window() -> None:
+    """A ``Throughput`` of 3 buckets of 2 s: points per bucket start, oldest dropped on add."""
+    series = Throughput(bucket=2.0, buckets=3)
+    series.add(0.5, "ollama", "a", 4)
+    series.add(1.9, "ollama", "a", 2)
+    series.add(4.0, "ollama", "a", 8)
+    assert series.to_json(4.5) == {
+        "bucketSeconds": 2.0,
+        "since": 0,
+        "series": [
+            {"engine": "ollama", "node": "a", "points": [[0, 3.0], [2000, 0.0], [4000, 4.0]]}
+        ],
+    }
+    series.add(6.0, "ollama", "a", 2)
+    assert series.kept() == 2
+    assert series.to_json(6.0)["series"][0]["points"] == [[2000, 0.0], [4000, 4.0], [6000, 1.0]]
 
 
 def test_unknown_paths_and_methods_get_json_errors() -> None:

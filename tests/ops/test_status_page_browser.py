@@ -288,3 +288,203 @@ async def test_status_page_shows_a_cordon_come_and_go_live(reactor: Any, tmp_pat
         await engine.stop()
     assert seen["errors"] == []
     assert seen["cordoned_text"] == "cordoned — driver upgrade"
+
+
+CHART_POLYLINES = "document.querySelectorAll('#throughput-chart polyline').length"
+# Functions, not bare expressions: polling a bare expression evals it, which the page's CSP forbids.
+
+
+def _infer(proxy_url: str, model: str, stream: bool) -> int:
+    body = json.dumps(
+        {"model": model, "messages": [{"role": "user", "content": CANARY}], "stream": stream}
+    ).encode()
+    request = urllib.request.Request(
+        proxy_url + "/api/chat", data=body, headers={"content-type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        response.read()
+        return int(response.status)
+
+
+def _rows(page: Any, table: str) -> list[list[str]]:
+    return cast(
+        list[list[str]],
+        page.eval_on_selector_all(
+            f"#{table} tbody tr",
+            "rows => rows.map(r => Array.from(r.cells, c => c.textContent))",
+        ),
+    )
+
+
+def _until(page: Any, predicate: str, seen: dict[str, Any]) -> None:
+    """Poll ``predicate`` (a JS function) for up to 10 s; on a timeout, fail naming the page's
+    errors (a script that throws is why a chart never appears)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(predicate, timeout=10_000)
+    except PlaywrightTimeout:
+        raise AssertionError(
+            f"timed out on {predicate}; page errors {seen['errors']}, console {seen['console']}"
+        ) from None
+
+
+def _watch_throughput(admin_url: str, proxy_url: str, shot: str) -> dict[str, Any]:
+    """In a worker thread: open the page (empty chart and tables), send inferences to two nodes,
+    wait (polling the DOM, bounded) for a polyline per node and the 24 h rows, screenshot."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict[str, Any] = {"errors": [], "console": [], "statuses": []}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.on("pageerror", lambda error: seen["errors"].append(str(error)))
+            page.on(
+                "console",
+                lambda m: seen["console"].append(m.text) if m.type == "error" else None,
+            )
+            page.goto(admin_url + "/")
+            page.wait_for_function(
+                "() => document.getElementById('connection').textContent === 'live'",
+                timeout=10_000,
+            )
+            page.wait_for_selector("#usage-by-model tbody tr", timeout=10_000)
+            seen["empty_chart"] = page.text_content("#throughput-chart")
+            seen["empty_polylines"] = page.evaluate(f"() => {CHART_POLYLINES}")
+            seen["empty_usage"] = page.inner_text("#usage-by-key tbody")
+            page.screenshot(path=shot.replace(".png", "-empty.png"), full_page=True)
+            for model, stream in (("llama3", False), ("llama3", True), ("qwen2", False)):
+                seen["statuses"].append(_infer(proxy_url, model, stream))
+            # the request events refresh the snapshot (250 ms) and the usage (2 s throttle)
+            _until(page, f"() => {CHART_POLYLINES} === 2", seen)
+            _until(
+                page,
+                "() => document.querySelectorAll('#usage-by-model tbody tr[data-model]').length"
+                " === 2 && document.querySelector('#usage-by-key tbody tr[data-key]') !== null",
+                seen,
+            )
+            seen["legend"] = page.eval_on_selector_all(
+                "#throughput-legend li", "items => items.map(i => i.dataset.node)"
+            )
+            seen["lines"] = page.eval_on_selector_all(
+                "#throughput-chart polyline",
+                "lines => lines.map(l => [l.dataset.node, l.getAttribute('points').split(' ')"
+                ".length])",
+            )
+            seen["chart_text"] = page.text_content("#throughput-chart")
+            seen["by_key"] = _rows(page, "usage-by-key")
+            seen["by_model"] = _rows(page, "usage-by-model")
+            seen["off_hidden"] = page.eval_on_selector("#usage-off", "e => e.hidden")
+            page.screenshot(path=shot, full_page=True)
+            seen["html"] = page.content()
+            seen["text"] = page.inner_text("body")
+        finally:
+            browser.close()
+    return seen
+
+
+@pytest.mark.browser
+@on_reactor
+async def test_status_page_charts_tokens_per_node_and_lists_the_last_24_hours(
+    reactor: Any, tmp_path: Any
+) -> None:
+    """Inferences through the proxy to two simulated nodes (whose answers carry their token
+    counts): the chart goes from "no tokens yet" to one polyline per node with a legend, and the
+    24 hour tables list the key and each model with their requests and tokens."""
+    _require_browser()
+    # kind="ollama": answers end with Ollama's prompt_eval_count / eval_count (one chunk a token)
+    ollama = SimulatedEngine(reactor, chunks=4, kind="ollama")
+    a = await start_engine(reactor, ollama)
+    qwen = SimulatedEngine(reactor, models=("qwen2:latest",), chunks=6, kind="ollama")
+    b = await start_engine(reactor, qwen)
+    proxy = await start_proxy(
+        reactor,
+        {
+            "ollama": [
+                Node("gpu-a", a.url, ("llama3:latest",)),
+                Node("gpu-b", b.url, ("qwen2:latest",)),
+            ]
+        },
+    )
+    admin = AdminService(reactor, proxy.runtime, "tcp:0:interface=127.0.0.1")
+    admin.startService()
+    # looked at by hand when the page changes (keep them with --basetemp DIR): only ever written
+    # in the test's own tmp dir, as tests write nothing beside the repository (outside_reads.py)
+    shot = str(tmp_path / "status-page.png")
+    try:
+        port = (await admin.listener.ready).getHost().port  # type: ignore[attr-defined]
+        url = f"http://127.0.0.1:{port}"
+        seen = await deferToThread(_watch_throughput, url, proxy.url(), shot)
+    finally:
+        await admin.stopService()
+        await proxy.stop()
+        await a.stop()
+        await b.stop()
+    assert seen["statuses"] == [200, 200, 200]
+    assert seen["errors"] == [] and seen["console"] == []
+    assert seen["empty_polylines"] == 0 and "no tokens yet" in seen["empty_chart"]
+    assert "no requests in the last 24 hours" in seen["empty_usage"]
+    assert seen["legend"] == ["ollama/gpu-a", "ollama/gpu-b"]
+    assert seen["lines"] == [["ollama/gpu-a", 90], ["ollama/gpu-b", 90]]
+    assert "no tokens yet" not in seen["chart_text"]
+    assert "now" in seen["chart_text"] and "tokens / s" in seen["chart_text"]
+    # key, requests, errors, prompt tokens, completion tokens (one chunk is one token)
+    prompt = str(len(CANARY.split()))
+    assert seen["by_key"] == [["anonymous", "3", "0", str(3 * int(prompt)), str(4 + 4 + 6)]]
+    assert seen["by_model"] == [
+        ["llama3", "2", "0", str(2 * int(prompt)), "8"],
+        ["qwen2", "1", "0", prompt, "6"],
+    ]
+    assert seen["off_hidden"] is True
+    assert CANARY not in seen["html"] and CANARY not in seen["text"]
+
+
+def _usage_off(admin_url: str) -> dict[str, Any]:
+    """In a worker thread: the page with ``/api/usage`` answering 404 (a proxy without it)."""
+    from playwright.sync_api import sync_playwright
+
+    seen: dict[str, Any] = {"errors": []}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda error: seen["errors"].append(str(error)))
+            page.route(
+                "**/api/usage*",
+                lambda route: route.fulfill(
+                    status=404,
+                    content_type="application/json",
+                    body='{"error": "not found", "code": "not-found"}',
+                ),
+            )
+            page.goto(admin_url + "/")
+            off = page.wait_for_selector("#usage-off:not([hidden])", timeout=10_000)
+            assert off is not None
+            seen["off"] = off.text_content()
+            seen["tables_hidden"] = page.eval_on_selector("#usage", "e => e.hidden")
+            seen["chart"] = page.text_content("#throughput-chart")
+        finally:
+            browser.close()
+    return seen
+
+
+@pytest.mark.browser
+@on_reactor
+async def test_status_page_says_when_usage_history_is_off(reactor: Any) -> None:
+    """When the usage route is not there (404) the page says "usage history is off" instead of
+    the tables; the chart still shows its empty state."""
+    _require_browser()
+    proxy = await start_proxy(reactor, {"ollama": [Node("a", "http://127.0.0.1:1", ("m:1",))]})
+    admin = AdminService(reactor, proxy.runtime, "tcp:0:interface=127.0.0.1")
+    admin.startService()
+    try:
+        port = (await admin.listener.ready).getHost().port  # type: ignore[attr-defined]
+        seen = await deferToThread(_usage_off, f"http://127.0.0.1:{port}")
+    finally:
+        await admin.stopService()
+        await proxy.stop()
+    assert seen["errors"] == []
+    assert seen["off"] == "usage history is off"
+    assert seen["tables_hidden"] is True
+    assert "no tokens yet" in seen["chart"]
