@@ -57,7 +57,7 @@ def main() -> None:
             common = [
                 sys.executable, "-m", "twisted", "nvpair", "--engine", "ollama",
                 "--node", f"n0=http://127.0.0.1:{engine}", "--admin", "none",
-                "--log-level", "warn",
+                "--log-level", "warn", "--usage-db", "none",
             ]  # fmt: skip
             processes = {
                 "without --state": (

@@ -305,6 +305,7 @@ def running(
             # --assemble off: the relay is compared with RPR and nginx, which never assemble (and the
             # fast engine answers a stream on /api/chat as SSE); bench/assembly.py measures assembly.
             argv = [PY, "-m", "twisted", "nvpair", "--engine", "ollama", "--assemble", "off"]
+            argv += ["--usage-db", "none"]
             argv += ["--listen", f"tcp:{port}:interface=127.0.0.1:backlog=4096"]
             argv += [a for node in nodes for a in ("--node", node)]
             argv += ["--admin", "none", "--log-level", "warn", "--max-connections", "4096"]

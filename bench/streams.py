@@ -214,6 +214,7 @@ class Bench:
             # --assemble off: the relay is compared with RPR and nginx, which never assemble.
             # nvpair-agent: the same proxy over Twisted's stock Agent (--upstream-client twisted).
             argv = [PY, "-m", "twisted", "nvpair", "--engine", "ollama", "--assemble", "off"]
+            argv += ["--usage-db", "none"]
             argv += ["--listen", f"tcp:{port}:interface=127.0.0.1:backlog=4096"]
             argv += ["--node", f"a=http://127.0.0.1:{up}", "--admin", "none", "--log-level"]
             argv += ["warn", "--max-connections", str(max(8192, 4 * self.max_streams))]

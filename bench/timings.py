@@ -111,6 +111,8 @@ async def drain(reactor: Any) -> float:
         "nvpair",
         "--engine",
         "ollama",
+        "--usage-db",
+        "none",
         "--listen",
         f"tcp:{facade}:interface=127.0.0.1",
         "--admin",

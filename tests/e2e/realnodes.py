@@ -184,6 +184,8 @@ class ProxyProcess:
             "none",
             "--control",
             f"unix:{workdir / 'control.sock'}",
+            "--usage-db",
+            str(workdir / "usage.sqlite3"),
             *args,
         ]
         self.control = workdir / "control.sock"

@@ -134,6 +134,8 @@ def _proxy_process(nodes: list[str], log: Path, facade: str = "ollama") -> Itera
         "nvpair",
         "--engine",
         facade,
+        "--usage-db",
+        "none",
         "--listen",
         f"tcp:{port}:interface=127.0.0.1",
         *(arg for node in nodes for arg in ("--node", node)),
