@@ -431,7 +431,7 @@ async def test_status_page_charts_tokens_per_node_and_lists_the_last_24_hours(
     assert "now" in seen["chart_text"] and "tokens / s" in seen["chart_text"]
     # key, requests, errors, prompt tokens, completion tokens (one chunk is one token)
     prompt = str(len(CANARY.split()))
-    assert seen["by_key"] == [["anonymous", "3", "0", str(3 * int(prompt)), str(4 + 4 + 6)]]
+    assert seen["by_key"] == [["local", "3", "0", str(3 * int(prompt)), str(4 + 4 + 6)]]
     assert seen["by_model"] == [
         ["llama3", "2", "0", str(2 * int(prompt)), "8"],
         ["qwen2", "1", "0", prompt, "6"],

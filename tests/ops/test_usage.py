@@ -134,7 +134,7 @@ async def test_admin_api_usage_is_json_with_json_errors(reactor: Any, tmp_path: 
         assert response.code == 200
         assert document["rows"] == [
             {
-                "key": "anonymous",
+                "key": "local",
                 "model": "llama3:latest",
                 "requests": 1,
                 "errors": 0,
