@@ -593,6 +593,10 @@ async def test_no_prompt_text_reaches_the_store(
         await fleet.post(proxy, {"model": "llama3", "prompt": long_prompt}, "/api/generate")
     facade_of(p1).stalls.cool("n0", "stall")
     await eventually(reactor, lambda: "n0" in facade_of(p2).stalls.cooling(), PEER_BOUND)
+    for proxy in (p1, p2):  # the usage minutes (§12.4) go to the store too
+        assert proxy.runtime.usage is not None
+        await proxy.runtime.usage.flush()
+    await eventually(reactor, lambda: "nvpair:usage:" in redis.everything(), PEER_BOUND)
     stored = redis.everything()
     assert "nvpair:aff:" in stored and "nvpair:cool:" in stored
     assert CANARY not in stored
