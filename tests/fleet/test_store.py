@@ -596,7 +596,7 @@ async def test_no_prompt_text_reaches_the_store(
     for proxy in (p1, p2):  # the usage minutes (§12.4) go to the store too
         assert proxy.runtime.usage is not None
         await proxy.runtime.usage.flush()
-    await eventually(reactor, lambda: "nvpair:usage:" in redis.everything(), PEER_BOUND)
+    await eventually(reactor, lambda: "nvpair:usage:" in redis.everything(), 5.0, "usage stored")
     stored = redis.everything()
     assert "nvpair:aff:" in stored and "nvpair:cool:" in stored
     assert CANARY not in stored
