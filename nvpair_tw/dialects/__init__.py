@@ -11,7 +11,8 @@ transducers, no reactor and no I/O.
   model-list records in a facade's shape from what a node of another kind reports.
 
 The request table and the dropped fields are in ``_requests``'s docstring, the answers in
-``_answers``'s, the renaming rule in ``_rename``'s, the model lists in ``_models``'s.
+``_answers``'s and ``_ollama_stream``'s, the renaming rule in ``_rename``'s, the model lists in
+``_models``'s.
 """
 
 from __future__ import annotations

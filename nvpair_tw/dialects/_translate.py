@@ -1,7 +1,7 @@
 # -*- test-case-name: tests.dialects.test_translate -*-
 """One request translated for a node of another kind (SPEC §11.3): the upstream route and body
 (:func:`translate`, the table in ``_requests``), and a fresh transducer per attempt for its
-answer (:meth:`Translation.answer`, the answers in ``_answers``)."""
+answer (:meth:`Translation.answer`, the answers in ``_answers`` and ``_ollama_stream``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ from typing import Any
 
 from attrs import field, frozen
 
-from nvpair_tw.dialects._answers import EmbedAnswer, ErrorAnswer, OllamaStream, V0Stream, V0Whole
+from nvpair_tw.dialects._answers import EmbedAnswer, ErrorAnswer, V0Stream, V0Whole
 from nvpair_tw.dialects._common import Transducer, Untranslatable, media_type
+from nvpair_tw.dialects._ollama_stream import OllamaStream
 from nvpair_tw.dialects._rename import renamer
 from nvpair_tw.dialects._requests import OLLAMA_ROUTES, V0_ROUTES, translate_request
 
@@ -47,7 +48,8 @@ class Translation:
     ) -> Transducer:
         """A fresh transducer for one attempt's answer, created when its status and headers
         arrive: a 2xx becomes the client's dialect, anything else an error answer (see
-        ``_answers``). ``clock`` gives seconds since the epoch (the reactor's ``seconds``)."""
+        ``_answers`` and ``_ollama_stream``). ``clock`` gives seconds since the epoch (the
+        reactor's ``seconds``)."""
         if not 200 <= status < 300:
             return ErrorAnswer(
                 content_type, ollama=self.client_path in OLLAMA_ROUTES, limit=self.limit

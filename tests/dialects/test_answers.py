@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nvpair_tw.dialects import AnswerTooLarge, MalformedAnswer, StreamCut, Translation, translate
-from nvpair_tw.dialects._answers import _EVENTS, _RUN, content_literal
+from nvpair_tw.dialects._ollama_fast import _EVENTS, _RUN, content_literal
 from tests.dialects.streams import (
     BASE,
     DONE,
@@ -512,7 +512,7 @@ def test_the_learned_prefix_path_gives_the_event_by_event_bytes_without_a_regex(
 ) -> None:
     """After one read the stream's bytes around the content are known; later reads of such
     events (escapes included) are split, not matched, and give the same bytes."""
-    from nvpair_tw.dialects import _answers
+    from nvpair_tw.dialects import _ollama_fast
 
     words = ["a", ' "q" ', "back\\slash\\", "new\nline", "é ☃", "x"]
     first = [delta(content=w) for w in words]
@@ -527,7 +527,7 @@ def test_the_learned_prefix_path_gives_the_event_by_event_bytes_without_a_regex(
         def match(self, *args: Any) -> None:
             raise AssertionError("the learned path was not taken")
 
-    monkeypatch.setattr(_answers, "_RUN", NoRegex())
+    monkeypatch.setattr(_ollama_fast, "_RUN", NoRegex())
     got += tr.feed(b"".join(second) + rest[0])  # a run, then the finish event after it
     monkeypatch.undo()
     got += tr.feed(b"".join(rest[1:])) + tr.end()

@@ -1,0 +1,174 @@
+# -*- test-case-name: tests.dialects.test_answers -*-
+"""The parts of :class:`~nvpair_tw.dialects._ollama_stream.OllamaStream`'s answer: what a chunk
+takes from a choice, the Ollama chunks and the final object, and a whole answer's texts and tool
+calls gathered (:class:`Gathered`: tool calls by ``index``, their ``arguments`` parsed from the
+JSON string to a value, kept as the string when it is not JSON).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nvpair_tw.dialects._common import AnswerTooLarge, MalformedAnswer, dump
+
+__all__ = ["Gathered", "as_deltas", "calls_chunk", "choice_parts", "content_chunk", "final_object"]
+
+
+class Gathered:
+    """The texts (a whole answer's) and the tool calls of an answer, capped at ``limit``
+    characters together."""
+
+    __slots__ = ("_calls", "_held", "_limit", "texts")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self.texts: dict[str, list[str]] = {}
+        self._held = 0
+        self._calls: dict[int, dict[str, Any]] = {}
+
+    @property
+    def has_calls(self) -> bool:
+        """Whether tool call fragments were gathered since the last :meth:`take_calls`."""
+        return bool(self._calls)
+
+    def keep(self, key: str, text: str) -> None:
+        self._held += len(text)
+        if self._held > self._limit:
+            raise AnswerTooLarge(f"the assembled answer passed {self._limit} characters")
+        self.texts.setdefault(key, []).append(text)
+
+    def gather(self, fragments: list[Any]) -> None:
+        for position, fragment in enumerate(fragments):
+            if not isinstance(fragment, dict):
+                raise MalformedAnswer("a tool call is not an object")
+            index = fragment.get("index")
+            if not isinstance(index, int):
+                index = position
+            call = self._calls.setdefault(index, {"id": None, "name": [], "arguments": []})
+            if isinstance(fragment.get("id"), str) and fragment["id"]:
+                call["id"] = fragment["id"]
+            function = fragment.get("function")
+            if isinstance(function, dict):
+                for key in ("name", "arguments"):
+                    part = function.get(key)
+                    if isinstance(part, str):
+                        call[key].append(part)
+                        self._held += len(part)
+                    elif isinstance(part, dict) and key == "arguments":
+                        call[key].append(json.dumps(part))
+            if self._held > self._limit:
+                raise AnswerTooLarge(f"the assembled answer passed {self._limit} characters")
+
+    def take_calls(self) -> list[dict[str, Any]]:
+        """The tool calls gathered, whole and in ``index`` order; forgotten here."""
+        calls = []
+        for index, call in sorted(self._calls.items()):
+            text = "".join(call["arguments"])
+            try:
+                arguments: Any = json.loads(text) if text.strip() else {}
+            except ValueError:
+                arguments = text
+            function = {"index": index, "name": "".join(call["name"]), "arguments": arguments}
+            calls.append(
+                {"id": call["id"], "function": function} if call["id"] else {"function": function}
+            )
+        self._calls.clear()
+        return calls
+
+
+def choice_parts(choice: dict[str, Any], completions: bool) -> tuple[str | None, str | None, Any]:
+    """A choice's content text and thinking (None when absent or empty) and its tool calls."""
+    if completions:
+        content, thinking, calls = choice.get("text"), None, None
+    else:
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            delta = {}
+        content = delta.get("content")
+        thinking = delta.get("reasoning_content") or delta.get("reasoning")
+        calls = delta.get("tool_calls")
+    text = content if isinstance(content, str) and content else None
+    thought = thinking if isinstance(thinking, str) and thinking else None
+    return text, thought, calls
+
+
+def content_chunk(
+    model: str, stamp: str, text: str | None, thought: str | None, *, generate: bool
+) -> bytes:
+    """The NDJSON line of one content (or thinking) delta."""
+    body: dict[str, Any] = {"role": "assistant", "content": text or ""}
+    if thought is not None:
+        body["thinking"] = thought
+    if generate:
+        chunk: dict[str, Any] = {
+            "model": model,
+            "created_at": stamp,
+            "response": text or "",
+        }
+        if thought is not None:
+            chunk["thinking"] = thought
+    else:
+        chunk = {"model": model, "created_at": stamp, "message": body}
+    chunk["done"] = False
+    return dump(chunk) + b"\n"
+
+
+def calls_chunk(model: str, stamp: str, calls: list[dict[str, Any]]) -> bytes:
+    """The NDJSON line of the whole tool calls."""
+    message = {"role": "assistant", "content": "", "tool_calls": calls}
+    return dump({"model": model, "created_at": stamp, "message": message, "done": False}) + b"\n"
+
+
+def final_object(
+    model: str,
+    stamp: str,
+    texts: dict[str, str],
+    calls: list[dict[str, Any]],
+    *,
+    generate: bool,
+    reason: Any,
+    tokens: tuple[int | None, int | None],
+    durations: tuple[int, int, int],
+) -> dict[str, Any]:
+    """The final object (``done: true``); ``durations`` are the total, prompt evaluation and
+    evaluation ones in nanoseconds, ``tokens`` the prompt and completion counts."""
+    final: dict[str, Any] = {"model": model, "created_at": stamp}
+    if generate:
+        final["response"] = texts.get("content", "")
+        if texts.get("thinking"):
+            final["thinking"] = texts["thinking"]
+    else:
+        message: dict[str, Any] = {"role": "assistant", "content": texts.get("content", "")}
+        if texts.get("thinking"):
+            message["thinking"] = texts["thinking"]
+        if calls:
+            message["tool_calls"] = calls
+        final["message"] = message
+    final["done_reason"] = "length" if reason == "length" else "stop"
+    final["done"] = True
+    prompt, completion = tokens
+    total, prompt_eval, evaluation = durations
+    final["total_duration"] = total
+    if prompt is not None:
+        final["prompt_eval_count"] = prompt
+    final["prompt_eval_duration"] = prompt_eval
+    if completion is not None:
+        final["eval_count"] = completion
+    final["eval_duration"] = evaluation
+    return final
+
+
+def as_deltas(doc: dict[str, Any]) -> dict[str, Any]:
+    """A whole ``chat.completion`` (or ``text_completion``) answer with each choice's
+    ``message`` as its ``delta``."""
+    choices = doc.get("choices")
+    if isinstance(choices, list):
+        delta_choices = []
+        for choice in choices:
+            if isinstance(choice, dict):
+                message = choice.get("message")
+                delta = {"delta": message} if isinstance(message, dict) else {}
+                delta_choices.append({**choice, **delta})
+        doc = {**doc, "choices": delta_choices}
+    return doc
