@@ -43,6 +43,9 @@ __all__ = ["Chain", "Usage", "UsageMeter", "UsageStripper", "asks_usage"]
 
 TAIL = 64 << 10
 """The longest unfinished first line looked at for the first content."""
+END_BYTES = 16 << 10
+"""The bytes of a stream's end its counts are looked for in (a usage chunk or a final object
+is well under 1 KiB)."""
 TAIL_CHUNKS = 64
 """Chunks of a stream's end kept to read its counts from."""
 WHOLE_CAP = 8 << 20
@@ -229,7 +232,7 @@ class UsageMeter:
     def end(self) -> Usage:
         """The counts the answer stated (None when it never did, e.g. a stream cut before them)."""
         if self._streaming:
-            prompt, completion, rate = _last_counts(b"".join(self._tail))
+            prompt, completion, rate = _last_counts(_last_bytes(self._tail, END_BYTES))
         elif self._whole_size <= WHOLE_CAP:
             whole = b"".join(self._whole).replace(b"\n", b" ").replace(b"\r", b" ")
             prompt, completion, rate = _last_counts(whole)
@@ -239,6 +242,19 @@ class UsageMeter:
             prompt = self._prompt
         # The answer ends as its last chunk is relayed: that is its last token's time.
         return Usage(prompt, completion, self._first, self._clock(), rate)
+
+
+def _last_bytes(chunks: deque[bytes], wanted: int) -> bytes:
+    """The last chunks joined, as few as hold ``wanted`` bytes (a read can be 50 KiB: joining
+    all 64 kept ones at every answer's end cost more than the stream's own relaying)."""
+    taken: list[bytes] = []
+    size = 0
+    for chunk in reversed(chunks):
+        taken.append(chunk)
+        size += len(chunk)
+        if size >= wanted:
+            break
+    return b"".join(reversed(taken))
 
 
 def asks_usage(parsed: dict[str, Any]) -> bool:
