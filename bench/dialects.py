@@ -175,7 +175,8 @@ def running(
         for label, checkout in checkouts.items():
             port = free_port()
             argv = [PY, "-m", "twisted", "nvpair", "--engine", "ollama", "--assemble", "off"]
-            argv += ["--usage-db", "none"]
+            if checkout is None:  # usage in memory: its recording is part of what is measured
+                argv += ["--usage-db", "none"]
             argv += ["--listen", f"tcp:{port}:interface=127.0.0.1:backlog=4096"]
             argv += ["--nodes", str(nodes), "--admin", "none", "--log-level", "warn"]
             if checkout is not None:  # its own nvpair_tw first on the path, run from there
