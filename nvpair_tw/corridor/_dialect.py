@@ -30,7 +30,6 @@ from nvpair_tw.core import EngineProfile
 from nvpair_tw.dialects import (
     SYNTHESISED_ROUTES,
     TRANSLATED_ROUTES,
-    StreamCut,
     Transducer,
     rename_request,
     renamer,
@@ -243,14 +242,16 @@ class _Transcoding(Protocol):
         self._ended = True
         if reason.check(ResponseDone, PotentialDataLoss):
             try:
-                out = self._transducer.end()
-            except StreamCut as error:
-                reason = Failure(ResponseFailed([Failure(error)]))
+                out = self._transducer.end()  # StreamCut: the terminal frame never came
             except Exception as error:
                 reason = Failure(ResponseFailed([Failure(error)]))
             else:
                 if out:
-                    self._reader.dataReceived(out)
+                    try:
+                        self._reader.dataReceived(out)
+                    finally:
+                        self._reader.connectionLost(reason)
+                    return
         self._reader.connectionLost(reason)
 
     def _refuse(self, error: Exception) -> None:

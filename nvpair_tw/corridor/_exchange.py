@@ -62,9 +62,6 @@ class _Route:
     candidates: list[Node]
     key: AffinityKey | None
     warm: str | None
-    scoped: str | None = None
-    """The public model a key's scope is checked against (§12.1): the inference's or the one a
-    model-routed request names."""
 
 
 class _Observer(AttemptObserver):
@@ -100,10 +97,12 @@ async def forward(
     ``target`` is the node an ``X-NVPair-Node`` header chose: the only candidate (§2.1).
     ``caller`` is who the ingress said is calling: its key's model scope and limits apply (§12.1).
     """
+    if caller is not None and _out_of_scope(facade, request, kind, record, caller):
+        return
     route = _route(facade, request, kind, record, target)
     if route is None:
         return
-    permit = _permitted(facade, request, kind, record, route, caller)
+    permit = _permitted(facade, request, kind, record, caller)
     if permit is None:
         return
     try:
@@ -116,24 +115,41 @@ async def forward(
 # --- named keys (§12.1): the model scope, then the limits; nothing reaches a node when refused --
 
 
+def _out_of_scope(
+    facade: FacadeState, request: Request, kind: RouteKind, record: RequestRecord, caller: Caller
+) -> bool:
+    """403 ``model-not-allowed`` for a model outside the key's scope, answered before anything
+    else looks at the model (so the answer never says whether the fleet has it); True then."""
+    assert request.content is not None
+    body = request.content.read()
+    request.content.seek(0)
+    if kind is RouteKind.INFERENCE:
+        named, _ = model_of(body)
+    elif kind is RouteKind.MODEL_ROUTED:
+        named = _routed_model(facade, request.method, record.path, body)
+    else:
+        return False
+    scoped = facade.directory.catalogue.public(named) if named else None
+    if not scoped or caller.rules.allows(scoped):
+        return False
+    refused = model_not_allowed(scoped)
+    write_error(request, refused.status, refused.message, refused.code, refused.headers)
+    record.publish(facade.shared.bus, status=refused.status, node_id=None, error=refused.code)
+    return True
+
+
 def _permitted(
     facade: FacadeState,
     request: Request,
     kind: RouteKind,
     record: RequestRecord,
-    route: _Route,
     caller: Caller | None,
 ) -> Permit | Literal[True] | None:
-    """403 ``model-not-allowed`` or 429 ``rate-limited`` (None, answered here), else the permit
-    of a limited inference (True: nothing to count)."""
+    """429 ``rate-limited`` (None, answered here), else the permit of a limited inference (True:
+    nothing to count)."""
     if caller is None:
         return True
     bus = facade.shared.bus
-    if route.scoped and not caller.rules.allows(route.scoped):
-        refused = model_not_allowed(route.scoped)
-        write_error(request, refused.status, refused.message, refused.code, refused.headers)
-        record.publish(bus, status=refused.status, node_id=None, error=refused.code)
-        return None
     if kind is not RouteKind.INFERENCE:
         return True
     admitted = facade.shared.limiter.admit(caller)
@@ -242,7 +258,7 @@ def _measured(record: RequestRecord, usage: Usage, first_token_at: float | None)
     if first is not None and record.dispatched_at is not None:
         record.ttft_ms = max(0, round((first - record.dispatched_at) * 1000))
     rate = usage.engine_rate
-    if rate is None and usage.completion_tokens and first is not None and usage.last_at:
+    if rate is None and usage.completion_tokens and first is not None and usage.last_at is not None:
         span = usage.last_at - first
         rate = usage.completion_tokens / span if span > 0 else None
     record.tokens_per_s = None if rate is None else round(rate, 2)
@@ -343,8 +359,7 @@ def _route(
         named = _routed_model(facade, request.method, record.path, body)
     plan = _plan(facade, request, kind, record, body, parsed, named, candidates)
     warm = candidates[0].id if promoted else None
-    scoped = model or (facade.directory.catalogue.public(named) if named else None)
-    return _Route(plan, model, candidates, key, warm, scoped)
+    return _Route(plan, model, candidates, key, warm)
 
 
 def _eligible(
@@ -432,11 +447,8 @@ def _plan(
     path = record.path
     settings = facade.shared.settings
     inference = kind is RouteKind.INFERENCE
-    assembly = (
-        plan_assembly(path, body, parsed, settings.max_body_size)
-        if inference and settings.assembles(facade.engine)
-        else None
-    )
+    assembles = inference and settings.assembles(facade.engine)
+    assembly = plan_assembly(path, body, parsed, settings.max_body_size) if assembles else None
     target = target_of(request.uri)
     body, asked = _asking_usage(path, body, parsed, assembly) if inference else (body, False)
     strip_usage = record.usage_noted if asked else None
@@ -452,7 +464,7 @@ def _plan(
             model=model,
             assembly=assembly,
             local_name=facade.inventory.local_name,
-            assembles=inference and settings.assembles(facade.engine),
+            assembles=assembles,
             limit=settings.max_body_size,
             clock=facade.shared.clock.seconds,
         )

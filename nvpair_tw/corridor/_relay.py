@@ -85,18 +85,22 @@ class Progress:
     """
 
     def __init__(
-        self, content_type: str | None, length: int | object, meter: UsageMeter | None = None
+        self,
+        content_type: str | None,
+        length: int | object,
+        meter: Callable[[bool], UsageMeter] | None = None,
     ) -> None:
         self.sent = 0
         self._length = length if isinstance(length, int) else None  # UNKNOWN_LENGTH is a str
         self.frames = TerminalFrameDetector(content_type)
-        self._meter = meter
+        self.meter = meter(self.frames.streaming) if meter is not None else None
+        """The answer's meter, made for its framing (None: not metered)."""
 
     def wrap(self, write: Callable[[bytes], None]) -> Callable[[bytes], None]:
         """A sink that counts and watches frames (and, metered, the tokens) before writing."""
         feed = self.frames.feed
         streaming = self.frames.streaming
-        meter = self._meter
+        meter = self.meter
 
         if meter is not None:
             count = meter.feed
@@ -178,9 +182,8 @@ async def relay(
     response = committed.response
     _write_head(request, response, committed.node.id)
     content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
-    streams = TerminalFrameDetector(content_type.decode("latin-1")).streaming
-    counting = meter(streams) if meter is not None else None
-    progress = Progress(content_type.decode("latin-1"), response.length, counting)
+    progress = Progress(content_type.decode("latin-1"), response.length, meter)
+    counting = progress.meter
     if committed.first:
         progress.wrap(request.write)(committed.first)
     else:

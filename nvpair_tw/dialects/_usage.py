@@ -280,14 +280,14 @@ class UsageStripper:
 
     def feed(self, data: bytes) -> bytes:
         # Whole events pass on (an engine writes one or more whole events per chunk, so this is
-        # one search from the end and no copy); an unfinished event waits for its end, so a
+        # one test of the chunk's end and no copy); an unfinished event waits for its end, so a
         # "usage" cut across two chunks is still seen whole.
-        if not self._held and data.endswith(b"\n\n") and b'"usage"' not in data:
+        if not self._held and data.endswith(_BLANK) and b'"usage"' not in data:
             return data
         if self._held:
             data, self._held = self._held + data, b""
-        end = data.rfind(b"\n\n") + 2  # 1 when there is none
-        if end == 1:
+        end = _after_last_event(data)
+        if end == 0:
             self._held = data
             return b""
         if end != len(data):
@@ -305,10 +305,8 @@ class UsageStripper:
         ``"usage"`` is found in C, and only the event around it is parsed."""
         at = events.find(b'"usage"')
         while at >= 0:
-            start = events.rfind(b"\n\n", 0, at)
-            start = 0 if start < 0 else start + 2
-            end = events.find(b"\n\n", at)
-            end = len(events) if end < 0 else end + 2
+            start = _after_last_event(events, at)
+            end = _event_end(events, at)
             frame = _usage_chunk(events[start:end])
             if frame is None:
                 at = events.find(b'"usage"', end)
@@ -318,6 +316,25 @@ class UsageStripper:
             events = events[:start] + events[end:]
             at = events.find(b'"usage"', start)
         return events
+
+
+_BLANK = (b"\n\n", b"\r\n\r\n", b"\r\r")
+"""What ends an SSE event: a blank line, after LF, CRLF or CR line ends."""
+
+
+def _after_last_event(data: bytes, before: int | None = None) -> int:
+    """The index just after the last event end in ``data[:before]`` (0 when there is none)."""
+    limit = len(data) if before is None else before
+    return max(
+        (at + len(blank) for blank in _BLANK if (at := data.rfind(blank, 0, limit)) >= 0),
+        default=0,
+    )
+
+
+def _event_end(data: bytes, at: int) -> int:
+    """The index just after the end of the event holding ``at`` (the end of ``data`` if open)."""
+    ends = [found + len(blank) for blank in _BLANK if (found := data.find(blank, at)) >= 0]
+    return min(ends, default=len(data))
 
 
 def _usage_chunk(event: bytes) -> dict[str, Any] | None:

@@ -77,7 +77,9 @@ class InventoryBook:
     _known: dict[str, _Known] = field(factory=dict, init=False)
     _loaded: dict[str, _Loaded] = field(factory=dict, init=False)
     _slots: dict[str, tuple[str, int]] = field(factory=dict, init=False)
-    _matchable: dict[str, tuple[object, dict[str, str]]] = field(factory=dict, init=False)
+    _matchable: dict[str, tuple[object, EngineProfile, dict[str, str]]] = field(
+        factory=dict, init=False
+    )
     _poller: InventoryPoller = field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -166,12 +168,12 @@ class InventoryBook:
             return None
         profile = node.kind_of(self._engine)
         cached = self._matchable.get(node_id)
-        if cached is None or cached[0] is not source:
-            cached = (source, _normalised(profile, self.models(node_id)))
+        if cached is None or cached[0] is not source or cached[1] is not profile:
+            cached = (source, profile, _normalised(profile, self.models(node_id)))
             self._matchable[node_id] = cached
         wanted = model.strip()
         for name in (wanted, *self._directory.catalogue.lookup(wanted).names):
-            local = cached[1].get(profile.normalise(name))
+            local = cached[2].get(profile.normalise(name))
             if local is not None:
                 return local
         return None

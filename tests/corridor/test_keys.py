@@ -262,3 +262,14 @@ def test_tokens_per_minute_counts_the_engines_own_tokens_and_refuses_the_next_mi
     assert refused.json()["code"] == "rate-limited" and int(refused.header("retry-after") or 0) >= 1
     clock.advance(60)
     assert cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ALICE)).status == 200
+
+
+def test_a_model_outside_the_scope_is_403_even_when_no_node_has_it(
+    memory_cluster: Make, keys_path: str
+) -> None:
+    """The scope is checked before the capability gate: a key cannot learn from a 404/502 which
+    models the fleet has."""
+    clock = Clock()
+    cluster = cluster_with(memory_cluster, clock, keys_path)
+    response = cluster.fetch("POST", "/api/chat", json=chat("nobody-has-this"), headers=auth(ALICE))
+    assert response.status == 403 and response.json()["code"] == "model-not-allowed"

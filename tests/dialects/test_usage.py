@@ -174,3 +174,14 @@ def test_asks_usage() -> None:
     assert asks_usage({"stream_options": {"include_usage": True}})
     assert not asks_usage({"stream_options": {"include_usage": False}})
     assert not asks_usage({})
+
+
+def test_events_ended_by_crlf_pass_at_once_and_lose_only_the_usage_chunk() -> None:
+    """SSE may end its events with CRLF blank lines: nothing is held back for them."""
+    crlf = [c.replace(b"\n", b"\r\n") for c in OPENAI_STREAM]
+    noted: list[dict[str, Any]] = []
+    stripper = UsageStripper(b"text/event-stream", noted.append)
+    assert stripper.feed(crlf[1]) == crlf[1]
+    out = stripper.feed(b"".join(crlf[2:])) + stripper.end()
+    assert out == b"".join(c for c in crlf[2:] if b'"usage"' not in c)
+    assert noted == [USAGE]
