@@ -21,7 +21,6 @@ and re-exports the others' public names:
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,6 +41,7 @@ from nvpair_tw.assembly._gate import (
     AssemblyState,
 )
 from nvpair_tw.assembly._lines import Assembler
+from nvpair_tw.core import object_members, skip_whitespace
 
 __all__ = [
     "ANSWER_CONTENT_TYPE",
@@ -117,9 +117,9 @@ def rewrite_body(dialect: Dialect, body: bytes) -> bytes:
     JSON object.
     """
     text = body.decode("utf-8")
-    start = _skip(text, 0)
-    members, end = _members(text, start)
-    if _skip(text, end) != len(text):
+    start = skip_whitespace(text, 0)
+    members, end = object_members(text, start)
+    if skip_whitespace(text, end) != len(text):
         raise ValueError("trailing data after the JSON object")
     wanted = {"stream": "true"}
     edits: list[tuple[int, int, str]] = []
@@ -129,7 +129,7 @@ def rewrite_body(dialect: Dialect, body: bytes) -> bytes:
             wanted["stream_options"] = '{"include_usage":true}'
         for value_start, value_end in options:
             if text[value_start] == "{":
-                nested, _ = _members(text, value_start)
+                nested, _ = object_members(text, value_start)
                 edits.extend(_assign(text, value_start, nested, {"include_usage": "true"}))
             else:
                 edits.append((value_start, value_end, '{"include_usage":true}'))
@@ -138,46 +138,6 @@ def rewrite_body(dialect: Dialect, body: bytes) -> bytes:
     for s, e, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
         out = out[:s] + replacement + out[e:]
     return out.encode("utf-8")
-
-
-_WS = re.compile(r"[ \t\n\r]*")
-_DECODER = json.JSONDecoder()
-
-
-def _skip(text: str, index: int) -> int:
-    """The index of the first non-whitespace character at or after ``index``."""
-    match = _WS.match(text, index)
-    return match.end() if match is not None else index
-
-
-def _members(text: str, start: int) -> tuple[list[tuple[str, int, int]], int]:
-    """The members of the JSON object at ``start``: (key, value start, value end); and its end."""
-    if text[start : start + 1] != "{":
-        raise ValueError("not a JSON object")
-    members: list[tuple[str, int, int]] = []
-    index = _skip(text, start + 1)
-    if text[index : index + 1] == "}":
-        return members, index + 1
-    while True:
-        if text[index : index + 1] != '"':
-            raise ValueError("expected a member name")
-        key, index = json.decoder.scanstring(text, index + 1)  # type: ignore[attr-defined]
-        index = _skip(text, index)
-        if text[index : index + 1] != ":":
-            raise ValueError("expected ':'")
-        value_start = _skip(text, index + 1)
-        try:
-            _, value_end = _DECODER.raw_decode(text, value_start)
-        except (json.JSONDecodeError, RecursionError) as error:
-            raise ValueError("bad member value") from error
-        members.append((key, value_start, value_end))
-        index = _skip(text, value_end)
-        separator = text[index : index + 1]
-        if separator == "}":
-            return members, index + 1
-        if separator != ",":
-            raise ValueError("expected ',' or '}'")
-        index = _skip(text, index + 1)
 
 
 def _assign(

@@ -24,6 +24,7 @@ from nvpair_tw.core._headers import (
     header_tokens,
     upstream_request_headers,
 )
+from nvpair_tw.core._json import object_members, skip_whitespace
 from nvpair_tw.core._reactor import IProxyReactor, abort, close
 from nvpair_tw.core._resolved import (
     UPSTREAM_CLIENTS,
@@ -56,10 +57,12 @@ __all__ = [
     "format_duration",
     "forward_headers",
     "header_tokens",
+    "object_members",
     "parse_duration",
     "raw_error_response",
     "resolve_first_body_timeout",
     "resolve_response_header_timeout",
+    "skip_whitespace",
     "upstream_request_headers",
     "write_error",
 ]
