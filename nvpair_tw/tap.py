@@ -286,6 +286,7 @@ class Options(usage.Options):
         self["node-kind"] = {}
         self["assemble"] = {}
         self["cors-origin"] = []
+        self["allow-host"] = []
 
     def opt_engine(self, name: str) -> None:
         """Engine facade to serve: ollama, lmstudio, omlx or openai (repeatable)."""
@@ -333,6 +334,11 @@ class Options(usage.Options):
         except ValueError as error:
             raise usage.UsageError(f"--cors-origin: {error}") from None
 
+    def opt_allow_host(self, name: str) -> None:
+        """A host name local callers may use in Host besides localhost, IP literals and this
+        machine's name (docs/behaviour.md §14.2; repeatable)."""
+        self["allow-host"].append(name)
+
     def opt_node_slots(self, text: str) -> None:
         """Slots of a --node: ID=N or ENGINE:ID=N, 0 = unlimited (repeatable)."""
         self["node-slots"].append(parse_node_slots(text))
@@ -371,7 +377,7 @@ class Options(usage.Options):
             if nodes_file is not None:
                 for engine in engines:
                     load_nodes_file(nodes_file, engine)
-            ingress = parse_ingress(environ, keys_file=self["keys"])
+            ingress = parse_ingress(environ, keys_file=self["keys"], allow_hosts=self["allow-host"])
             settings = _settings(self, engines, header.seconds, first.seconds)
             state = _state(self)
             usage_db, usage_retention = _usage(self)

@@ -7,6 +7,7 @@ from twisted.application import service
 
 from nvpair_tw.app._config import Config
 from nvpair_tw.core import IProxyReactor, format_duration
+from nvpair_tw.inbound import ingress_warnings
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.runtime import ListenerService, Runtime, RuntimeService, build_runtime, own_urls
@@ -42,7 +43,7 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
             "fleet store {store}: sharing cooldowns, affinity and reservations",
             store=str(config.state),
         )
-    for warning in config.warnings:
+    for warning in (*config.warnings, *ingress_warnings(config.ingress)):
         log.warn("{warning}", warning=warning)
     sources = config.sources
     log.info(

@@ -1,5 +1,6 @@
-"""The client side of the wire: protocol limits on a facade's ``Site``, who may talk to it, and how
-much (named keys with scopes and limits)."""
+"""The client side of the wire: protocol limits on a facade's ``Site``, who may talk to it (the
+``local`` test, keys and roles, docs/behaviour.md §14.2), and how much (named keys with scopes and
+limits)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from nvpair_tw.inbound._ingress import (
     IngressConfigError,
     IngressPolicy,
     Rejection,
+    ingress_warnings,
     model_not_allowed,
     parse_ingress,
 )
@@ -18,10 +20,12 @@ from nvpair_tw.inbound._keys import (
     KeyBook,
     KeyRules,
     KeysFileError,
+    Role,
     env_key_name,
     read_keys_file,
 )
 from nvpair_tw.inbound._limits import LimitedChannel, LimitedSite, allow_origin, make_site
+from nvpair_tw.inbound._local import Locality, LocalNames, locality
 from nvpair_tw.inbound._rates import Change, LimitCounters, Permit, RateLimiter, Refusal
 
 __all__ = [
@@ -38,12 +42,17 @@ __all__ = [
     "LimitCounters",
     "LimitedChannel",
     "LimitedSite",
+    "LocalNames",
+    "Locality",
     "Permit",
     "RateLimiter",
     "Refusal",
     "Rejection",
+    "Role",
     "allow_origin",
     "env_key_name",
+    "ingress_warnings",
+    "locality",
     "make_site",
     "model_not_allowed",
     "parse_ingress",

@@ -1,27 +1,30 @@
 # -*- test-case-name: tests.inbound.test_ingress -*-
-"""Who may talk to a facade: the loopback / API-key / CIDR gate and the identity probe (docs/behaviour.md §9).
+"""Who may talk to a facade: source, ``local``, keys and the identity probe, decided once at the end
+of the head (docs/behaviour.md §9, §14.2).
 
-By default only loopback (and UNIX-socket) callers are served, decided from the TCP peer, never
-from forwarding headers. API keys open the gate to other hosts, optionally narrowed to CIDRs.
-Keys are kept only as SHA-256 digests and compared in constant time; a key file is re-read when
-it changes, so keys rotate without a restart. Key text is never logged or echoed.
+A caller that passes the ``local`` test (:mod:`~nvpair_tw.inbound._local`: loopback peer, a local
+``Host``, no foreign ``Origin``) is :data:`~nvpair_tw.inbound._keys.LOCAL`, unless it presents one
+of the proxy's keys, which makes it that key's caller. Any other caller is remote: without keys it
+is refused (403 ``loopback-only``, or ``host-not-allowed`` for a loopback peer that failed the
+test), outside ``NVPAIR_PROXY_ALLOWED_CIDRS`` 403, and without a right key 401. The credential
+read is ``X-Api-Key`` when present, else ``Authorization: Bearer``. The proxy's keys never reach a
+node: :meth:`IngressPolicy.strip` removes every header value carrying one, from every caller.
 
-Named keys (``--keys``, docs/behaviour.md §12.1, :mod:`~nvpair_tw.inbound._keys`) open the gate
-like any other key; :meth:`IngressPolicy.identify` says which key a caller presented (its name and
-rules), by the same judgement :meth:`IngressPolicy.check` makes.
+Keys are kept only as SHA-256 digests and compared in constant time; the key files are re-read
+when they change (:mod:`~nvpair_tw.inbound._reload`: the file is the truth), and
+:meth:`IngressPolicy.watch_changes` tells which names a reload removed or changed. Key text is
+never logged or echoed.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import ipaddress
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from attrs import define, field, frozen
-from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.interfaces import IAddress, IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
@@ -31,11 +34,21 @@ from nvpair_tw.inbound._keys import (
     LOCAL,
     Caller,
     KeyBook,
+    KeysFileEmpty,
     KeysFileError,
     NamedKey,
     file_signature,
     read_keys_file,
 )
+from nvpair_tw.inbound._local import (
+    Locality,
+    LocalNames,
+    check_host_name,
+    ip_of,
+    is_loopback,
+    locality,
+)
+from nvpair_tw.inbound._reload import KeyFileWatch, LiveKeys
 from nvpair_tw.logs import LevelledLogger
 
 __all__ = [
@@ -43,6 +56,8 @@ __all__ = [
     "IngressConfigError",
     "IngressPolicy",
     "Rejection",
+    "credential",
+    "ingress_warnings",
     "is_loopback",
     "model_not_allowed",
     "parse_ingress",
@@ -54,13 +69,17 @@ CIDRS_VAR = "NVPAIR_PROXY_ALLOWED_CIDRS"
 PROBE_HEADER = b"X-NVPAIR-Engine-Identity-Probe"
 RELOAD_INTERVAL = 2.0
 
-_IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _CHALLENGE = b'Bearer realm="nvpair"'
+Signature = tuple[int, int, int, int]
 
 
 class IngressConfigError(Exception):
     """The ingress configuration is unusable; the proxy must not start with it."""
+
+
+class KeyFileEmpty(IngressConfigError):
+    """``NVPAIR_PROXY_API_KEYS_FILE`` holds no key (two such reads in a row revoke its keys)."""
 
 
 @frozen
@@ -85,38 +104,17 @@ _KEY_INVALID = Rejection(
     ((b"WWW-Authenticate", _CHALLENGE + b', error="invalid_token"'),),
 )
 _PROBE = Rejection(409, "proxy-facade", "this is an nvpair proxy facade, not an engine")
+_TWO_HOSTS = Rejection(400, "bad-request", "more than one Host header")
+_HOST_NOT_ALLOWED = Rejection(
+    403,
+    "host-not-allowed",
+    "this Host or Origin is not a local one (see --allow-host and --cors-origin)",
+)
 
 
 def model_not_allowed(model: str) -> Rejection:
     """403 ``model-not-allowed``: the caller's key may not use ``model`` (§12.1)."""
     return Rejection(403, "model-not-allowed", f"this key may not use model '{model}'")
-
-
-def _ip_of(peer: IAddress) -> _IPAddress | None:
-    """The peer's IP (IPv4-mapped IPv6 unwrapped), or ``None`` if it has none that parses."""
-    if not isinstance(peer, IPv4Address | IPv6Address):
-        return None
-    return _parse_ip(peer.host)
-
-
-@functools.lru_cache(maxsize=1024)
-def _parse_ip(host: str) -> _IPAddress | None:
-    """Parse once per distinct peer host: this runs on every request."""
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    return ip
-
-
-def is_loopback(peer: IAddress) -> bool:
-    """Whether ``peer`` is local: a loopback IP or a UNIX socket; anything unparseable is not."""
-    if isinstance(peer, UNIXAddress):
-        return True
-    ip = _ip_of(peer)
-    return ip is not None and ip.is_loopback
 
 
 def _digest(key: bytes) -> bytes:
@@ -155,9 +153,6 @@ def _parse_cidrs(value: str) -> tuple[_IPNetwork, ...]:
     return tuple(networks)
 
 
-_file_signature = file_signature
-
-
 def _read_key_file(path: str) -> frozenset[bytes]:
     """Read a key file (one key per line, ``#`` comment lines) into digests; raise on any flaw."""
     try:
@@ -176,6 +171,8 @@ def _read_key_file(path: str) -> frozenset[bytes]:
                 raw = f.read()
         finally:
             os.close(fd)
+    except FileNotFoundError as e:
+        raise KeyFileEmpty(f"{KEYS_FILE_VAR} {path} cannot be read: {e.strerror}") from None
     except OSError as e:
         raise IngressConfigError(f"{KEYS_FILE_VAR} {path} cannot be read: {e.strerror}") from None
     try:
@@ -188,7 +185,7 @@ def _read_key_file(path: str) -> frozenset[bytes]:
         if key and not key.startswith("#"):
             digests.add(_digest(_check_key(key, f"{KEYS_FILE_VAR} {path} line {number}")))
     if not digests:
-        raise IngressConfigError(f"{KEYS_FILE_VAR} {path} contains no keys")
+        raise KeyFileEmpty(f"{KEYS_FILE_VAR} {path} contains no keys")
     return frozenset(digests)
 
 
@@ -198,12 +195,24 @@ def _bearer_token(value: bytes) -> bytes | None:
     return token if scheme.lower() == b"bearer" and token else None
 
 
-def _presented_keys(headers: Headers) -> list[bytes]:
-    """Credentials the caller presented: ``Authorization: Bearer <key>`` and ``X-Api-Key``."""
-    tokens = (_bearer_token(v) for v in headers.getRawHeaders(b"authorization", []))
-    keys = [token for token in tokens if token is not None]
-    keys.extend(v.strip() for v in headers.getRawHeaders(b"x-api-key", []) if v.strip())
-    return keys
+def credential(headers: Headers) -> bytes | None:
+    """The credential the proxy reads (§14.2): the first non-empty ``X-Api-Key`` when there is
+    one, else the first ``Authorization: Bearer`` token; ``None`` when neither is sent."""
+    for value in headers.getRawHeaders(b"x-api-key", []):
+        if value.strip():
+            return value.strip()
+    for value in headers.getRawHeaders(b"authorization", []):
+        token = _bearer_token(value)
+        if token is not None:
+            return token
+    return None
+
+
+def _parse_allow_hosts(hosts: Iterable[str]) -> tuple[str, ...]:
+    try:
+        return tuple(sorted({check_host_name(h) for h in hosts}))
+    except ValueError as error:
+        raise IngressConfigError(f"--allow-host: {error}") from None
 
 
 @frozen
@@ -216,12 +225,14 @@ class IngressConfig:
     static_digests: frozenset[bytes] = field(default=frozenset(), repr=False)
     key_file: str | None = None
     file_digests: frozenset[bytes] = field(default=frozenset(), repr=False)
-    file_signature: tuple[int, int, int, int] | None = field(default=None, repr=False)
+    file_signature: Signature | None = field(default=None, repr=False)
     networks: tuple[_IPNetwork, ...] = ()
     keys_file: str | None = None
     """The ``--keys`` file of named keys (§12.1)."""
     named: KeyBook = field(factory=KeyBook, repr=False)
-    named_signature: tuple[int, int, int, int] | None = field(default=None, repr=False)
+    named_signature: Signature | None = field(default=None, repr=False)
+    allow_hosts: tuple[str, ...] = ()
+    """The ``--allow-host`` names a ``local`` caller's ``Host`` may carry (§14.2), lower case."""
 
     @property
     def keys_configured(self) -> bool:
@@ -229,31 +240,33 @@ class IngressConfig:
         return bool(self.static_digests or self.file_digests or self.named)
 
 
-def parse_ingress(environ: Mapping[str, str], keys_file: str | None = None) -> IngressConfig:
-    """Read the ingress variables, the key file and the ``--keys`` file of named keys; raise
-    ``IngressConfigError`` (or :class:`~nvpair_tw.inbound._keys.KeysFileError`) if unusable."""
+def _signature_of(path: str, error: type[Exception], what: str) -> Signature:
+    try:
+        return file_signature(path)
+    except OSError as e:
+        raise error(f"{what} {path} cannot be read: {e.strerror}") from None
+
+
+def parse_ingress(
+    environ: Mapping[str, str], keys_file: str | None = None, allow_hosts: Iterable[str] = ()
+) -> IngressConfig:
+    """Read the ingress variables, the key file, the ``--keys`` file of named keys and the
+    ``--allow-host`` names; raise ``IngressConfigError`` (or
+    :class:`~nvpair_tw.inbound._keys.KeysFileError`) if unusable."""
     keys_value = environ.get(KEYS_VAR, "").strip()
     static = _parse_keys_var(keys_value) if keys_value else frozenset()
     key_file = environ.get(KEYS_FILE_VAR, "").strip() or None
     file_digests: frozenset[bytes] = frozenset()
     signature = None
     if key_file is not None:
-        try:
-            signature = _file_signature(key_file)
-        except OSError as e:
-            raise IngressConfigError(
-                f"{KEYS_FILE_VAR} {key_file} cannot be read: {e.strerror}"
-            ) from None
+        signature = _signature_of(key_file, IngressConfigError, KEYS_FILE_VAR)
         file_digests = _read_key_file(key_file)
     cidrs_value = environ.get(CIDRS_VAR, "").strip()
     networks = _parse_cidrs(cidrs_value) if cidrs_value else ()
     named = KeyBook()
     named_signature = None
     if keys_file is not None:
-        try:
-            named_signature = _file_signature(keys_file)
-        except OSError as e:
-            raise KeysFileError(f"keys file {keys_file} cannot be read: {e.strerror}") from None
+        named_signature = _signature_of(keys_file, KeysFileError, "keys file")
         named = read_keys_file(keys_file)
     if networks and not (static or file_digests or named):
         raise IngressConfigError(
@@ -268,202 +281,194 @@ def parse_ingress(environ: Mapping[str, str], keys_file: str | None = None) -> I
         keys_file=keys_file,
         named=named,
         named_signature=named_signature,
+        allow_hosts=_parse_allow_hosts(allow_hosts),
+    )
+
+
+def ingress_warnings(config: IngressConfig) -> tuple[str, ...]:
+    """The start-up warnings of §14.7 about the keys (logged once by the wiring): how many named
+    keys have role user, and what the keys file's reader flagged (names starting ``key-``)."""
+    warnings = list(config.named.warnings)
+    users = config.named.user_keys()
+    if users:
+        keys = "named key has" if users == 1 else "named keys have"
+        warnings.append(
+            f"{users} {keys} role user: model management and X-NVPair-Node: * need"
+            ' role = "admin" (docs/upgrading.md)'
+        )
+    return tuple(warnings)
+
+
+def _key_file_watch(path: str, signature: Signature | None) -> KeyFileWatch[frozenset[bytes]]:
+    return KeyFileWatch(
+        path,
+        KEYS_FILE_VAR,
+        _read_key_file,
+        frozenset(),
+        (KeyFileEmpty,),
+        (IngressConfigError,),
+        signature,
+    )
+
+
+def _keys_file_watch(path: str, signature: Signature | None) -> KeyFileWatch[KeyBook]:
+    return KeyFileWatch(
+        path, "keys file", read_keys_file, KeyBook(), (KeysFileEmpty,), (KeysFileError,), signature
     )
 
 
 @define
 class IngressPolicy:
-    """The live gate in front of every facade; build it with ``from_config``."""
+    """The live gate in front of every facade and the admin listener; build it with
+    ``from_config``."""
 
     clock: IReactorTime
-    static_digests: frozenset[bytes] = frozenset()
-    key_file: str | None = None
+    keys: LiveKeys = field(factory=LiveKeys)
     networks: tuple[_IPNetwork, ...] = ()
+    names: LocalNames = field(factory=LocalNames.of)
+    """What the ``local`` test accepts (§14.2)."""
     reload_interval: float = RELOAD_INTERVAL
-    _file_digests: frozenset[bytes] = frozenset()
-    _file_signature: tuple[int, int, int, int] | None = None
-    _last_problem: str | None = None
-    keys_file: str | None = None
-    _named: KeyBook = field(factory=KeyBook)
-    _named_signature: tuple[int, int, int, int] | None = None
-    _named_problem: str | None = None
-    _book: KeyBook = field(init=False, factory=KeyBook)
-    _loop: LoopingCall | None = field(default=None, init=False)
-
-    def __attrs_post_init__(self) -> None:
-        self._rebuild()
+    _loop: LoopingCall | None = field(default=None, init=False, repr=False)
 
     log = LevelledLogger(namespace="nvpair_tw.ingress")
 
     @classmethod
-    def from_config(cls, config: IngressConfig, clock: IReactorTime) -> IngressPolicy:
-        """The gate for ``config``; a key file is re-read on ``clock`` once :meth:`start` runs."""
-        return cls(
-            clock=clock,
+    def from_config(
+        cls,
+        config: IngressConfig,
+        clock: IReactorTime,
+        *,
+        cors_origins: Iterable[str] = (),
+        hostname: str | None = None,
+    ) -> IngressPolicy:
+        """The gate for ``config`` and the ``--cors-origin`` origins (a ``local`` caller's
+        ``Origin`` may be one); ``hostname`` defaults to this machine's. The key files are
+        re-read on ``clock`` once :meth:`start` runs."""
+        keys = LiveKeys(
             static_digests=config.static_digests,
-            key_file=config.key_file,
-            networks=config.networks,
             file_digests=config.file_digests,
-            file_signature=config.file_signature,
-            keys_file=config.keys_file,
             named=config.named,
-            named_signature=config.named_signature,
+            key_watch=(
+                _key_file_watch(config.key_file, config.file_signature)
+                if config.key_file is not None
+                else None
+            ),
+            keys_watch=(
+                _keys_file_watch(config.keys_file, config.named_signature)
+                if config.keys_file is not None
+                else None
+            ),
         )
+        names = LocalNames.of(config.allow_hosts, cors_origins, hostname)
+        return cls(clock=clock, keys=keys, networks=config.networks, names=names)
 
     @property
     def keys_configured(self) -> bool:
         """Whether API keys open the gate to non-loopback callers."""
-        return bool(self._book)
+        return bool(self.keys.book)
 
     @property
     def book(self) -> KeyBook:
         """Every key the gate knows now, named: the ``--keys`` file's, then the environment's."""
-        return self._book
+        return self.keys.book
 
-    def _rebuild(self) -> None:
-        self._book = self._named.with_defaults(self.static_digests | self._file_digests)
+    @property
+    def static_digests(self) -> frozenset[bytes]:
+        return self.keys.static_digests
+
+    @property
+    def key_file(self) -> str | None:
+        return self.keys.key_watch.path if self.keys.key_watch is not None else None
+
+    @property
+    def keys_file(self) -> str | None:
+        return self.keys.keys_watch.path if self.keys.keys_watch is not None else None
+
+    def admit(self, peer: IAddress, headers: Headers) -> Caller | Rejection:
+        """Who is calling, or why the request is refused (docs/behaviour.md §9, §14.2): decided
+        once, from the peer and the head, before any body byte is read."""
+        where = locality(peer, headers, self.names)
+        if where is Locality.AMBIGUOUS:
+            return _TWO_HOSTS
+        presented = credential(headers) if self.keys.book else None
+        entry = self.keys.book.lookup(presented) if presented is not None else None
+        if where is Locality.LOCAL:
+            caller: Caller | Rejection = LOCAL if entry is None else entry.caller
+        else:
+            caller = self._remote(peer, where, presented is not None, entry)
+        if isinstance(caller, Caller) and any(
+            v.strip() == b"1" for v in headers.getRawHeaders(PROBE_HEADER, [])
+        ):
+            return _PROBE
+        return caller
+
+    def _remote(
+        self, peer: IAddress, where: Locality, presented: bool, entry: NamedKey | None
+    ) -> Caller | Rejection:
+        """A caller that is not ``local``: source, then key."""
+        if not self.keys.book:
+            return _HOST_NOT_ALLOWED if where is Locality.LOOPBACK_FOREIGN else _LOOPBACK_ONLY
+        if where is Locality.REMOTE and self.networks:
+            ip = ip_of(peer)
+            if ip is None or not any(ip in net for net in self.networks):
+                return _NOT_ALLOWED
+        if not presented:
+            return _KEY_MISSING
+        if entry is None:
+            return _KEY_INVALID
+        return entry.caller
+
+    def strip(self, headers: Headers) -> None:
+        """Remove every ``X-Api-Key`` and ``Authorization`` value that carries one of the proxy's
+        keys, whoever sent it: the proxy's keys never reach a node (§14.2). Others stay."""
+        if not self.keys.book:
+            return
+        for name in (b"x-api-key", b"authorization"):
+            values = headers.getRawHeaders(name)
+            if values is None:
+                continue
+            kept = [v for v in values if not self._carries_key(name, v)]
+            if not kept:
+                headers.removeHeader(name)
+            elif len(kept) != len(values):
+                headers.setRawHeaders(name, kept)
+
+    def _carries_key(self, name: bytes, value: bytes) -> bool:
+        token = value.strip() if name == b"x-api-key" else _bearer_token(value)
+        return bool(token) and self.keys.book.lookup(token or b"") is not None
 
     def check(self, peer: IAddress, headers: Headers) -> Rejection | None:
-        """Return why the request must be refused, or ``None`` to let it through."""
-        verdict = self._judge(peer, headers)
-        if isinstance(verdict, Rejection):
-            return verdict
-        probe = headers.getRawHeaders(PROBE_HEADER, [])
-        if any(v.strip() == b"1" for v in probe):
-            return _PROBE
-        return None
+        """:meth:`admit`'s refusal, or ``None`` (for callers not yet moved to :meth:`admit`)."""
+        verdict = self.admit(peer, headers)
+        return verdict if isinstance(verdict, Rejection) else None
 
     def identify(self, peer: IAddress, headers: Headers) -> Caller | None:
-        """Who is calling (§12.1): the presented key's name and rules, :data:`LOCAL` for a
-        loopback caller without a known key, ``None`` when :meth:`check` refuses the caller's
-        source or key. Call it before :meth:`strip_credentials`."""
-        verdict = self._judge(peer, headers)
-        if isinstance(verdict, Rejection):
-            return None
-        return LOCAL if verdict is None else verdict.caller
-
-    def _judge(self, peer: IAddress, headers: Headers) -> Rejection | NamedKey | None:
-        """The gate: a refusal, the key presented, or None (loopback without a known key)."""
-        loopback = is_loopback(peer)
-        if not loopback:
-            if not self.keys_configured:
-                return _LOOPBACK_ONLY
-            if self.networks:
-                ip = _ip_of(peer)
-                if ip is None or not any(ip in net for net in self.networks):
-                    return _NOT_ALLOWED
-        presented = _presented_keys(headers) if self.keys_configured else []
-        if not presented:
-            return None if loopback else _KEY_MISSING
-        entry = self._book.first_of(presented)
-        if entry is None and not loopback:
-            return _KEY_INVALID
-        return entry
-
-    def _matches(self, key: bytes) -> bool:
-        return self._book.lookup(key) is not None
+        """:meth:`admit`'s caller, or ``None`` when it refuses (as :meth:`check`)."""
+        verdict = self.admit(peer, headers)
+        return verdict if isinstance(verdict, Caller) else None
 
     def strip_credentials(self, peer: IAddress, headers: Headers) -> None:
-        """Remove the proxy's own credentials before forwarding (non-loopback callers only).
+        """:meth:`strip` (the peer no longer matters: every caller's proxy keys go)."""
+        self.strip(headers)
 
-        ``X-Api-Key`` goes; an ``Authorization`` value goes when it carries one of our keys, so a
-        caller that authenticated with ``X-Api-Key`` can still pass its own token upstream.
-        """
-        if is_loopback(peer) or not self.keys_configured:
-            return
-        headers.removeHeader(b"x-api-key")
-        kept = []
-        for value in headers.getRawHeaders(b"authorization", []):
-            token = _bearer_token(value)
-            if token is None or not self._matches(token):
-                kept.append(value)
-        if kept:
-            headers.setRawHeaders(b"authorization", kept)
-        else:
-            headers.removeHeader(b"authorization")
+    def watch_changes(self, callback: Callable[[frozenset[str]], None]) -> None:
+        """Call ``callback`` after each reload that removed a key or changed one's key or
+        rules, with those names, so their open tunnels and queued requests can be cut (§14.2)."""
+        self.keys.watch_changes(callback)
 
     def start(self) -> None:
         """Begin watching the key files for changes (no-op without one)."""
-        if (self.key_file is None and self.keys_file is None) or self._loop is not None:
+        if not self.keys.watched or self._loop is not None:
             return
-        self._loop = LoopingCall(self._poll)
+        self._loop = LoopingCall(self.keys.poll)
         self._loop.clock = self.clock
         self._loop.start(self.reload_interval, now=False).addErrback(self._loop_failed)
 
     def stop(self) -> None:
-        """Stop watching the key file."""
+        """Stop watching the key files."""
         loop, self._loop = self._loop, None
         if loop is not None and loop.running:
             loop.stop()
 
     def _loop_failed(self, failure: Failure) -> None:
         self.log.failure("API key file watcher stopped", failure)
-
-    def _poll(self) -> None:
-        if self.key_file is not None:
-            self._poll_key_file()
-        if self.keys_file is not None:
-            self._poll_keys_file()
-
-    def _poll_keys_file(self) -> None:
-        """Re-read the ``--keys`` file when it changed; a bad one keeps the previous keys."""
-        path = self.keys_file
-        assert path is not None
-        try:
-            signature = _file_signature(path)
-            if signature == self._named_signature:
-                return
-            self._named_signature = signature
-            named = read_keys_file(path)
-        except (OSError, KeysFileError) as e:
-            why = f"cannot be read: {e.strerror}" if isinstance(e, OSError) else str(e)
-            if why != self._named_problem:
-                self._named_problem = why
-                self._named_signature = None
-                self.log.warn(
-                    "keys file {path} not reloaded, keeping the previous keys: {why}",
-                    path=path,
-                    why=why,
-                )
-            return
-        self._named = named
-        self._named_problem = None
-        self._rebuild()
-        self.log.info(
-            "reloaded {count} named keys from {path}: {names}",
-            count=len(named),
-            path=path,
-            names=", ".join(named.names()),
-        )
-
-    def _poll_key_file(self) -> None:
-        assert self.key_file is not None
-        try:
-            signature = _file_signature(self.key_file)
-        except OSError as e:
-            self._problem(f"cannot be read: {e.strerror}")
-            return
-        if signature == self._file_signature:
-            return
-        self._file_signature = signature
-        try:
-            digests = _read_key_file(self.key_file)
-        except IngressConfigError as e:
-            self._problem(str(e))
-            return
-        self._file_digests = digests
-        self._last_problem = None
-        self._rebuild()
-        self.log.info(
-            "reloaded {count} API keys from {path}", count=len(digests), path=self.key_file
-        )
-
-    def _problem(self, why: str) -> None:
-        if why != self._last_problem:
-            self._last_problem = why
-            self._file_signature = None
-            self.log.warn(
-                "API key file {path} not reloaded, keeping the previous keys: {why}",
-                path=self.key_file,
-                why=why,
-            )

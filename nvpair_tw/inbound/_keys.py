@@ -4,10 +4,14 @@
 A keys file is TOML, mode 0600 or stricter, with one ``[[key]]`` table per key: ``name`` (shown
 in usage, logs and metrics, never the key), exactly one of ``key`` or ``key_sha256``, and
 optionally ``models`` (case-sensitive ``fnmatch`` patterns over public model names),
-``requests_per_minute``, ``tokens_per_minute`` and ``max_concurrent``. Keys are kept only as
-SHA-256 digests, looked up in constant time, and never logged or put into an error message.
-The keys of ``NVPAIR_PROXY_API_KEYS[_FILE]`` are named ``key-`` + the first 8 hex digits of their
-digest; a loopback caller without a key is :data:`LOCAL`.
+``requests_per_minute``, ``tokens_per_minute``, ``max_concurrent``, ``role`` (``"user"``, the
+default, or ``"admin"``), ``tunnels`` (``true`` lets a user key without a model scope open the LM
+Studio channel) and ``max_tunnels`` (default 4) (docs/behaviour.md §14.2). The names ``local``,
+``anonymous`` and ``other`` are refused; a name starting ``key-`` is warned about (it can collide
+with an environment key's). Keys are kept only as SHA-256 digests, looked up in constant time, and
+never logged or put into an error message. The keys of ``NVPAIR_PROXY_API_KEYS[_FILE]`` are named
+``key-`` + the first 8 hex digits of their digest and have role admin; a ``local`` caller
+(docs/behaviour.md §14.2) without a key is :data:`LOCAL`, with every right.
 """
 
 from __future__ import annotations
@@ -20,39 +24,70 @@ import re
 import stat
 import tomllib
 from collections.abc import Iterable
+from enum import Enum
 from typing import Any
 
 from attrs import field, frozen
 
 __all__ = [
+    "ENVIRONMENT_RULES",
     "LOCAL",
     "Caller",
     "KeyBook",
     "KeyRules",
+    "KeysFileEmpty",
     "KeysFileError",
     "NamedKey",
+    "Role",
     "env_key_name",
     "read_keys_file",
 ]
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _HEX64 = re.compile(r"[0-9A-Fa-f]{64}")
-_LIMITS = ("requests_per_minute", "tokens_per_minute", "max_concurrent")
-_FIELDS = frozenset({"name", "key", "key_sha256", "models", *_LIMITS})
+_LIMITS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "max_tunnels")
+_FIELDS = frozenset({"name", "key", "key_sha256", "models", "role", "tunnels", *_LIMITS})
+RESERVED_NAMES = frozenset({"local", "anonymous", "other"})
+"""Names the records use for callers without a key or models without a name (§14.2, §14.6)."""
+DEFAULT_MAX_TUNNELS = 4
 
 
 class KeysFileError(Exception):
     """The keys file cannot be used as written (the message never holds a key)."""
 
 
-@frozen
+class KeysFileEmpty(KeysFileError):
+    """The keys file holds no key (two such reads in a row revoke every key, §14.2)."""
+
+
+class Role(Enum):
+    """What a key may do beyond inference within its scope (docs/behaviour.md §14.2)."""
+
+    ADMIN = "admin"
+    """Every route, ``X-NVPair-Node: *``, model management."""
+    USER = "user"
+    """Inference, model-routed routes and reads within the key's scope."""
+
+
+@frozen(kw_only=True)
 class KeyRules:
-    """What one key may do: its model patterns (``None``: every model) and its limits."""
+    """What one key may do: its role, its model patterns (``None``: every model), its limits
+    and its tunnels (``max_tunnels`` ``None``: no cap of its own, :data:`LOCAL` and the
+    environment's keys)."""
 
     models: tuple[str, ...] | None = None
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     max_concurrent: int | None = None
+    role: Role = Role.USER
+    tunnels: bool = False
+    max_tunnels: int | None = DEFAULT_MAX_TUNNELS
+
+    @property
+    def may_tunnel(self) -> bool:
+        """Whether the LM Studio WebSocket channel is open to this key: it has no model scope
+        (a tunnel is unscoped) and is admin or says ``tunnels = true`` (§14.2)."""
+        return self.models is None and (self.role is Role.ADMIN or self.tunnels)
 
     @property
     def limited(self) -> bool:
@@ -74,17 +109,24 @@ class KeyRules:
 
 
 UNRESTRICTED = KeyRules()
+ENVIRONMENT_RULES = KeyRules(role=Role.ADMIN, tunnels=True, max_tunnels=None)
+"""The rules of a key from ``NVPAIR_PROXY_API_KEYS[_FILE]``: every right, as before named keys."""
 
 
 @frozen
 class Caller:
-    """Who is calling: the key's name (``local`` for loopback without a key) and its rules."""
+    """Who is calling: the key's name (``local`` for a local caller without a key) and its rules."""
 
     name: str
     rules: KeyRules = UNRESTRICTED
 
+    @property
+    def role(self) -> Role:
+        return self.rules.role
 
-LOCAL = Caller("local")
+
+LOCAL = Caller("local", ENVIRONMENT_RULES)
+"""A ``local`` caller (§14.2) without one of the proxy's keys: every right."""
 
 
 @frozen
@@ -110,6 +152,8 @@ class KeyBook:
     """Every named key the gate knows, looked up by digest in constant time."""
 
     entries: tuple[NamedKey, ...] = ()
+    warnings: tuple[str, ...] = ()
+    """What the file's reader should hear about (a name starting ``key-``); never a key."""
 
     def __bool__(self) -> bool:
         return bool(self.entries)
@@ -142,8 +186,20 @@ class KeyBook:
         """This book plus unrestricted entries for ``digests`` it does not hold (the
         environment's keys, named by :func:`env_key_name`); an entry of this book wins."""
         held = {e.digest for e in self.entries}
-        extra = [NamedKey(d, env_key_name(d)) for d in sorted(digests) if d not in held]
-        return KeyBook(self.entries + tuple(extra))
+        extra = [
+            NamedKey(d, env_key_name(d), ENVIRONMENT_RULES)
+            for d in sorted(digests)
+            if d not in held
+        ]
+        return KeyBook(self.entries + tuple(extra), self.warnings)
+
+    def rules_by_name(self) -> dict[str, tuple[bytes, KeyRules]]:
+        """Each name's digest and rules (to tell which keys a reload removed or changed)."""
+        return {e.name: (e.digest, e.rules) for e in self.entries}
+
+    def user_keys(self) -> int:
+        """How many keys have role user."""
+        return sum(1 for e in self.entries if e.rules.role is Role.USER)
 
 
 def _check_name(value: Any, where: str, seen: set[str]) -> str:
@@ -152,8 +208,10 @@ def _check_name(value: Any, where: str, seen: set[str]) -> str:
             f"{where}: name must be 1-64 characters of letters, digits, '.', '_', '@' or '-' "
             "(starting with a letter or digit)"
         )
-    if value == "local":
-        raise KeysFileError(f"{where}: the name 'local' is kept for loopback callers without a key")
+    if value.lower() in RESERVED_NAMES:
+        raise KeysFileError(
+            f"{where}: the names local, anonymous and other are kept for the proxy's records"
+        )
     if value in seen:
         raise KeysFileError(f"{where}: the name {value!r} is used twice")
     seen.add(value)
@@ -201,8 +259,47 @@ def _limit_of(entry: dict[str, Any], name: str, where: str) -> int | None:
     return value
 
 
+def _role_of(entry: dict[str, Any], where: str) -> Role:
+    value = entry.get("role", Role.USER.value)
+    if not isinstance(value, str) or value not in {r.value for r in Role}:
+        raise KeysFileError(f'{where}: role must be "admin" or "user"')
+    return Role(value)
+
+
+def _tunnels_of(entry: dict[str, Any], where: str) -> bool:
+    value = entry.get("tunnels", False)
+    if not isinstance(value, bool):
+        raise KeysFileError(f"{where}: tunnels must be true or false")
+    return value
+
+
+def _rules_of(entry: dict[str, Any], where: str) -> KeyRules:
+    limits = {limit: _limit_of(entry, limit, where) for limit in _LIMITS}
+    if limits["max_tunnels"] is None:
+        limits["max_tunnels"] = DEFAULT_MAX_TUNNELS
+    return KeyRules(
+        models=_models_of(entry, where),
+        role=_role_of(entry, where),
+        tunnels=_tunnels_of(entry, where),
+        **limits,
+    )
+
+
+def _warnings_of(entry: NamedKey, where: str) -> list[str]:
+    warnings = []
+    if entry.name.startswith("key-"):
+        warnings.append(
+            f"{where}: a name starting 'key-' can collide with an NVPAIR_PROXY_API_KEYS key's name"
+        )
+    rules = entry.rules
+    if rules.tunnels and rules.models is not None:
+        warnings.append(f"{where}: tunnels = true has no effect on a key with a model scope")
+    return warnings
+
+
 def parse_keys(document: dict[str, Any], path: str) -> KeyBook:
-    """The key book of a parsed keys file; raise :class:`KeysFileError` on any flaw."""
+    """The key book of a parsed keys file; raise :class:`KeysFileError` on any flaw
+    (:class:`KeysFileEmpty` when it holds no key)."""
     extra = set(document) - {"key"}
     if extra:
         raise KeysFileError(f"keys file {path}: unknown table {sorted(extra)[0]!r}")
@@ -210,10 +307,11 @@ def parse_keys(document: dict[str, Any], path: str) -> KeyBook:
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise KeysFileError(f"keys file {path}: keys are [[key]] tables")
     if not tables:
-        raise KeysFileError(f"keys file {path} contains no keys")
+        raise KeysFileEmpty(f"keys file {path} contains no keys")
     seen: set[str] = set()
     digests: set[bytes] = set()
     entries = []
+    warnings: list[str] = []
     for number, entry in enumerate(tables, start=1):
         where = f"keys file {path}: [[key]] #{number}"
         unknown = set(entry) - _FIELDS
@@ -225,11 +323,9 @@ def parse_keys(document: dict[str, Any], path: str) -> KeyBook:
         if digest in digests:
             raise KeysFileError(f"{where}: the same key is given twice")
         digests.add(digest)
-        rules = KeyRules(
-            _models_of(entry, where), *(_limit_of(entry, limit, where) for limit in _LIMITS)
-        )
-        entries.append(NamedKey(digest, name, rules))
-    return KeyBook(tuple(entries))
+        entries.append(NamedKey(digest, name, _rules_of(entry, where)))
+        warnings.extend(_warnings_of(entries[-1], where))
+    return KeyBook(tuple(entries), tuple(warnings))
 
 
 def file_signature(path: str) -> tuple[int, int, int, int]:
@@ -256,6 +352,8 @@ def read_keys_file(path: str) -> KeyBook:
                 raw = f.read()
         finally:
             os.close(fd)
+    except FileNotFoundError as e:
+        raise KeysFileEmpty(f"keys file {path} cannot be read: {e.strerror}") from None
     except OSError as e:
         raise KeysFileError(f"keys file {path} cannot be read: {e.strerror}") from None
     try:

@@ -2,7 +2,10 @@
 """The admin listener (SPEC §10): metrics, health, readiness, the live status page and its events.
 
 A separate ``Site`` (``--admin``, loopback by default) so operators never share a port with clients.
-Everything it shows is derived from the runtime's state and the event bus, which carry metadata only:
+It serves ``local`` callers only (docs/behaviour.md §14.2, §14.4): every request passes the same
+test as a facade's (loopback peer, a local ``Host``, no foreign ``Origin``), else 403
+``host-not-allowed``, so a web page cannot read it through DNS rebinding. It has the facades' header
+timeout and a 1 MiB body cap (413). Everything it shows is derived from the runtime's state and the event bus, which carry metadata only:
 no prompt, body or credential can reach the page, the JSON or the event stream.
 """
 
@@ -20,11 +23,12 @@ from twisted.application import service
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.resource import IResource, Resource
-from twisted.web.server import NOT_DONE_YET, Request, Site
+from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from nvpair_tw.core import IProxyReactor
 from nvpair_tw.events import PROXY_REQUEST, Event, EventBus, Subscription
+from nvpair_tw.inbound import LimitedSite, Locality, LocalNames, locality, make_site
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.ops._maintenance import in_flight
 from nvpair_tw.ops._metrics import ProxyMetrics
@@ -34,11 +38,14 @@ from nvpair_tw.runtime import ListenerService, Runtime
 __all__ = [
     "AdminService",
     "EventStream",
+    "LocalOnly",
     "StatusBoard",
     "StreamState",
     "Throughput",
     "admin_resource",
     "admin_service",
+    "admin_site",
+    "facade_header_timeout",
     "readiness",
 ]
 
@@ -51,6 +58,10 @@ THROUGHPUT_BUCKET = 10.0
 """Seconds per throughput bucket on the status page's chart."""
 THROUGHPUT_BUCKETS = 90
 """How many buckets the chart covers: 90 buckets of 10 s, the last 15 minutes."""
+MAX_BODY_SIZE = 1024 * 1024
+"""The admin listener's body cap (§14.4): it reads no body, so anything larger is 413."""
+HEADER_TIMEOUT = 10.0
+"""The facades' header timeout when the runtime has no facade site to read it from."""
 
 Listening = Callable[[str], bool]
 
@@ -498,13 +509,69 @@ def serve_usage(runtime: Runtime, request: Request) -> bytes | int:
     return NOT_DONE_YET
 
 
-class _QuietSite(Site):
-    """No access log: the status page polls and streams, and its lines would drown the proxy's."""
+class LocalOnly(Resource):
+    """The admin listener's gate (§14.2, §14.4): ``root`` for a ``local`` caller; else 403
+    ``host-not-allowed`` (400 ``bad-request`` for two ``Host`` headers), nothing else read."""
 
-    noisy = False
+    def __init__(self, root: Resource, names: LocalNames) -> None:
+        super().__init__()
+        self._root = root
+        self._names = names
 
-    def log(self, request: Any) -> None:
-        pass
+    def _refusal(self, request: Request) -> _Refusal | None:
+        where = locality(request.getClientAddress(), request.requestHeaders, self._names)
+        if where is Locality.LOCAL:
+            return None
+        if where is Locality.AMBIGUOUS:
+            return _Refusal(400, "bad-request", "more than one Host header")
+        return _Refusal(403, "host-not-allowed", "the admin listener serves local callers only")
+
+    def getChildWithDefault(self, path: bytes, request: Request) -> IResource:  # type: ignore[override]
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused
+        child: IResource = self._root.getChildWithDefault(path, request)
+        return child
+
+    def render(self, request: Request) -> bytes | int:  # type: ignore[override]
+        refused = self._refusal(request)
+        if refused is not None:
+            return refused.render(request)
+        rendered: bytes | int = self._root.render(request)
+        return rendered
+
+
+class _Refusal(Resource):
+    """A JSON error to every method; the connection closes after it."""
+
+    isLeaf = True
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__()
+        self._status, self._code, self._message = status, code, message
+
+    def render(self, request: Request) -> bytes:  # type: ignore[override]
+        request.setHeader(b"connection", b"close")
+        return _json(request, self._status, {"error": self._message, "code": self._code})
+
+
+def facade_header_timeout(runtime: Runtime) -> float:
+    """The facades' header timeout (§14.4): what their sites' limits say."""
+    sites = [runtime.site_for(engine) for engine in runtime.facades]
+    return min((site.limits.header_timeout for site in sites), default=HEADER_TIMEOUT)
+
+
+def admin_site(reactor: IProxyReactor, runtime: Runtime, root: Resource) -> LimitedSite:
+    """The admin ``Site``: ``root`` behind the ``local`` gate, with the facades' header timeout
+    and a 1 MiB body cap (§14.4)."""
+    ingress = runtime.shared.ingress
+    names = ingress.names if ingress is not None else LocalNames.of()
+    return make_site(
+        LocalOnly(root, names),
+        clock=reactor,
+        max_body_size=MAX_BODY_SIZE,
+        header_timeout=facade_header_timeout(runtime),
+    )
 
 
 class AdminService(service.MultiService):
@@ -528,7 +595,7 @@ class AdminService(service.MultiService):
         self.streams: set[EventStream] = set()
         self.listening = listening if listening is not None else site_listening(runtime)
         root = admin_resource(runtime, self.metrics, self.board, self.listening, self._open)
-        self.site = _QuietSite(root, reactor=reactor)
+        self.site = admin_site(reactor, runtime, root)
         self.listener = ListenerService(reactor, description, self.site, "admin")
         self.listener.setServiceParent(self)
 

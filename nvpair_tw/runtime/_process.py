@@ -173,6 +173,7 @@ def build_runtime(
     ingress: IngressConfig | None = None,
     environ: Mapping[str, str] | None = None,
     keys_file: str | None = None,
+    allow_hosts: Sequence[str] = (),
     stall_tracker: StallTrackerFactory | None = None,
     client: UpstreamClient | None = None,
     http: HTTPClient | None = None,
@@ -184,7 +185,7 @@ def build_runtime(
 
     ``ingress`` is the parsed gate configuration (loopback only when absent); ``environ`` is a
     shorthand for tests, parsed with :func:`~nvpair_tw.inbound._ingress.parse_ingress` (not both),
-    with ``keys_file`` (``--keys``, §12.1) if given.
+    with ``keys_file`` (``--keys``, §12.1) and ``allow_hosts`` (``--allow-host``, §14.2) if given.
     ``client`` (attempts) and ``http`` (a treq client for model lists and inventory polls) default
     to clients over the process's pool; ``nvpair_tw.testing.MemoryCluster`` injects in-memory ones.
     ``state`` (``--state``) shares cooldowns, affinity and reservations with a fleet (docs/behaviour.md §6.6).
@@ -194,9 +195,9 @@ def build_runtime(
     if environ is not None:
         if ingress is not None:
             raise TypeError("give build_runtime ingress or environ, not both")
-        ingress = parse_ingress(environ, keys_file=keys_file)
-    elif keys_file is not None:
-        raise TypeError("build_runtime's keys_file goes with environ")
+        ingress = parse_ingress(environ, keys_file=keys_file, allow_hosts=allow_hosts)
+    elif keys_file is not None or allow_hosts:
+        raise TypeError("build_runtime's keys_file and allow_hosts go with environ")
     pool = make_pool(reactor)
     facades: dict[str, FacadeState] = {}
     # One endpoint factory for inference and control-plane reads alike: the same per-node TLS trust
@@ -286,7 +287,9 @@ def _shared(
         bus=bus,
         settings=settings,
         ingress=IngressPolicy.from_config(
-            ingress if ingress is not None else IngressConfig(), reactor
+            ingress if ingress is not None else IngressConfig(),
+            reactor,
+            cors_origins=settings.cors_origins,
         ),
         cors=CorsPolicy.of(settings.cors_origins),
     )

@@ -181,13 +181,14 @@ def test_right_key_via_x_api_key_is_allowed_and_stripped() -> None:
     assert headers.getRawHeaders(b"authorization") == [b"Bearer engine-token"]
 
 
-def test_loopback_caller_needs_no_key_and_keeps_its_authorization() -> None:
-    """With keys configured a loopback caller still passes and its headers are untouched."""
+def test_loopback_caller_needs_no_key_keeps_its_own_credential_and_loses_the_proxys() -> None:
+    """With keys configured a loopback caller still passes; its own credential passes to the
+    node, while a value carrying one of the proxy's keys is removed (docs/behaviour.md §14.2)."""
     policy = _policy(NVPAIR_PROXY_API_KEYS=KEY)
     headers = _headers(Authorization="Bearer " + KEY, X_Api_Key="whatever")
     assert policy.check(LOCAL, headers) is None
     policy.strip_credentials(LOCAL, headers)
-    assert headers.getRawHeaders(b"authorization") == [b"Bearer " + KEY.encode()]
+    assert not headers.hasHeader(b"authorization")
     assert headers.getRawHeaders(b"x-api-key") == [b"whatever"]
 
 
@@ -404,8 +405,11 @@ def test_bad_reload_keeps_the_old_keys_and_logs_why(
     assert clock.getDelayedCalls() == []
 
 
-def test_removed_key_file_keeps_the_old_keys(tmp_path: Path, log_events: list[LogEvent]) -> None:
-    """A key file that disappears leaves the last good keys in force and says so."""
+def test_a_key_file_missing_once_keeps_the_keys_and_missing_twice_revokes_them(
+    tmp_path: Path, log_events: list[LogEvent]
+) -> None:
+    """The file is the truth (§14.2): one read without it may be an editor's save in progress,
+    two in a row revoke its keys, with one warning."""
     clock = Clock()
     path = _key_file(tmp_path / "keys", KEY)
     policy = _policy(clock, NVPAIR_PROXY_API_KEYS_FILE=path)
@@ -413,7 +417,12 @@ def test_removed_key_file_keeps_the_old_keys(tmp_path: Path, log_events: list[Lo
     os.remove(path)
     clock.advance(2)
     assert policy.check(LAN, _headers(X_Api_Key=KEY)) is None
-    assert "cannot be read" in _logged_text(log_events)
+    clock.advance(2)
+    refused = policy.check(LAN, _headers(X_Api_Key=KEY))
+    assert refused is not None and refused.code == "loopback-only"
+    clock.advance(2)
+    warnings = [e for e in log_events if "revoked" in formatEvent(e)]
+    assert len(warnings) == 1 and "2 reads in a row" in formatEvent(warnings[0])
     policy.stop()
 
 
