@@ -26,9 +26,18 @@ from nvpair_tw.inbound._keys import (
 )
 from nvpair_tw.inbound._limits import LimitedChannel, LimitedSite, allow_origin, make_site
 from nvpair_tw.inbound._local import Locality, LocalNames, locality
+from nvpair_tw.inbound._parse import (
+    LARGE_BODY,
+    Target,
+    parse_body,
+    parse_large,
+    parse_target,
+    read_model,
+)
 from nvpair_tw.inbound._rates import Change, LimitCounters, Permit, RateLimiter, Refusal
 
 __all__ = [
+    "LARGE_BODY",
     "LOCAL",
     "Caller",
     "Change",
@@ -49,13 +58,18 @@ __all__ = [
     "Refusal",
     "Rejection",
     "Role",
+    "Target",
     "allow_origin",
     "env_key_name",
     "ingress_warnings",
     "locality",
     "make_site",
     "model_not_allowed",
+    "parse_body",
     "parse_ingress",
+    "parse_large",
     "parse_origin",
+    "parse_target",
     "read_keys_file",
+    "read_model",
 ]
