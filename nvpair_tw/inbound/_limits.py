@@ -251,20 +251,10 @@ class _Deadline:
         self._call = None
 
 
-class LimitedChannel(_HandOver):
-    """An ``HTTPChannel`` that answers limit violations with JSON errors and then closes.
-
-    States (``_phase``, a :class:`_Phase`): between requests (the idle timeout runs), reading a
-    request head (the header-read deadline runs as well, armed by the first byte), reading a
-    body (the body deadline runs, restarted by each byte), handling a request (no timer of ours),
-    and rejected (everything further is ignored until the connection is gone). At the end of a
-    head the site's ``head_gate`` runs, before Twisted's ``gotLength`` and ``100 Continue``.
-
-    Twisted has no public hook for two of the answers: it overrides ``HTTPChannel``'s private
-    ``_send100Continue`` and ``_respondToBadRequestAndDisconnect``, and reads its header count and
-    size, ``_handlingRequest``, ``_dataBuffer`` and ``_networkProducer``. Twisted is pinned below
-    its next major and ``tests/test_dependency_internals.py`` guards each of them.
-    """
+class _Answering(_HandOver):
+    """The part of a limited channel that answers for itself: a JSON error with a versionless
+    ``Server`` and the site's CORS grants, then the close (§14.4, §14.5); the limits and site it
+    answers by, and the one deadline of its input."""
 
     site: server.Site | None = None
 
@@ -274,14 +264,6 @@ class LimitedChannel(_HandOver):
         self._clock = clock
         self._deadline = _Deadline(clock)
         self._phase = _Phase.OUTSIDE_HEAD
-        self._request_line = b""
-        self._counted = False  # admitted by (and so counted in) the site's connection caps
-        self._source: str | None = None
-        self.maxHeaders = limits.max_headers
-        self.totalHeadersSize = limits.max_header_bytes
-        self.MAX_LENGTH = max(limits.max_request_line, limits.max_header_bytes)
-        # TimeoutMixin annotates an int but takes any number of seconds.
-        self.timeOut = limits.idle_timeout  # type: ignore[assignment]
 
     def callLater(self, period: float, func: Any) -> IDelayedCall:
         """Schedule the idle timeout on the injected clock (``TimeoutMixin`` calls this)."""
@@ -295,30 +277,6 @@ class LimitedChannel(_HandOver):
         """The site's CORS policy (§14.5), ``None`` when CORS is off."""
         site = self._limited_site()
         return site.cors if site is not None else None
-
-    def connectionMade(self) -> None:
-        super().connectionMade()
-        site = self._limited_site()
-        if site is None or self.transport is None:
-            return
-        self._source = source_of(self.transport.getPeer())
-        refused = site.admit(self._source)
-        self._counted = refused is None
-        if refused is not None:
-            self.refuse(refused)
-
-    def _handed_over(self) -> None:
-        self._deadline.stop()
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if self._sink is not None:
-            self._sink.client_lost(reason)
-        self._deadline.stop()
-        site = self._limited_site()
-        if self._counted and site is not None:
-            site.release(self._source)
-            self._counted = False
-        super().connectionLost(reason)
 
     def refuse(self, rejection: Rejection, request: server.Request | None = None) -> None:
         """Answer with ``rejection`` (its status, code, message and headers) and close."""
@@ -359,6 +317,64 @@ class LimitedChannel(_HandOver):
             return ()
         current = request if request is not None else (self.requests[-1] if self.requests else None)
         return policy.raw_grants(current.requestHeaders if current is not None else None)
+
+    def _send100Continue(self) -> None:
+        if self._phase is not _Phase.REJECTED:
+            super()._send100Continue()
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        self.reject(400, b"Bad Request", "malformed request", "bad-request")
+
+
+class LimitedChannel(_Answering):
+    """An ``HTTPChannel`` that answers limit violations with JSON errors and then closes.
+
+    States (``_phase``, a :class:`_Phase`): between requests (the idle timeout runs), reading a
+    request head (the header-read deadline runs as well, armed by the first byte), reading a
+    body (the body deadline runs, restarted by each byte), handling a request (no timer of ours),
+    and rejected (everything further is ignored until the connection is gone). At the end of a
+    head the site's ``head_gate`` runs, before Twisted's ``gotLength`` and ``100 Continue``.
+
+    Twisted has no public hook for two of the answers: it overrides ``HTTPChannel``'s private
+    ``_send100Continue`` and ``_respondToBadRequestAndDisconnect``, and reads its header count and
+    size, ``_handlingRequest``, ``_dataBuffer`` and ``_networkProducer``. Twisted is pinned below
+    its next major and ``tests/test_dependency_internals.py`` guards each of them.
+    """
+
+    def __init__(self, limits: Limits, clock: IReactorTime) -> None:
+        super().__init__(limits, clock)
+        self._request_line = b""
+        self._counted = False  # admitted by (and so counted in) the site's connection caps
+        self._source: str | None = None
+        self.maxHeaders = limits.max_headers
+        self.totalHeadersSize = limits.max_header_bytes
+        self.MAX_LENGTH = max(limits.max_request_line, limits.max_header_bytes)
+        # TimeoutMixin annotates an int but takes any number of seconds.
+        self.timeOut = limits.idle_timeout  # type: ignore[assignment]
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        site = self._limited_site()
+        if site is None or self.transport is None:
+            return
+        self._source = source_of(self.transport.getPeer())
+        refused = site.admit(self._source)
+        self._counted = refused is None
+        if refused is not None:
+            self.refuse(refused)
+
+    def _handed_over(self) -> None:
+        self._deadline.stop()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._sink is not None:
+            self._sink.client_lost(reason)
+        self._deadline.stop()
+        site = self._limited_site()
+        if self._counted and site is not None:
+            site.release(self._source)
+            self._counted = False
+        super().connectionLost(reason)
 
     def _header_timed_out(self) -> None:
         message = f"request headers not received within {self.limits.header_timeout:g} seconds"
@@ -453,13 +469,6 @@ class LimitedChannel(_HandOver):
             self._deadline.stop()
             self._phase = _Phase.OUTSIDE_HEAD
         super().allContentReceived()
-
-    def _send100Continue(self) -> None:
-        if self._phase is not _Phase.REJECTED:
-            super()._send100Continue()
-
-    def _respondToBadRequestAndDisconnect(self) -> None:
-        self.reject(400, b"Bad Request", "malformed request", "bad-request")
 
     def _request_line_too_long(self) -> None:
         message = f"request line exceeds {self.limits.max_request_line} bytes"
