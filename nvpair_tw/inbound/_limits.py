@@ -221,29 +221,28 @@ class _Phase(Enum):
 
 
 class _Deadline:
-    """The one timer of a channel's input: the header read's, or the body's (never both)."""
+    """The one timer of a channel's input: the header read's, then (same call, moved) the
+    body's; one ``callLater`` per request, moved rather than replaced."""
 
-    def __init__(self, clock: IReactorTime) -> None:
+    def __init__(self, clock: IReactorTime, expired: Callable[[], None]) -> None:
         self._clock = clock
+        self._expired = expired
         self._call: IDelayedCall | None = None
 
     @property
     def running(self) -> bool:
         return self._call is not None
 
-    def start(self, seconds: float, expired: Callable[[], None]) -> None:
-        self.stop()
-
-        def fire() -> None:
-            self._call = None
-            expired()
-
-        self._call = self._clock.callLater(seconds, fire)
-
-    def restart(self, seconds: float) -> None:
-        """Something arrived: the same deadline counts again from now."""
-        if self._call is not None:
+    def start(self, seconds: float) -> None:
+        """Expire ``seconds`` from now (a running deadline is moved)."""
+        if self._call is None:
+            self._call = self._clock.callLater(seconds, self._fire)
+        else:
             self._call.reset(seconds)
+
+    def _fire(self) -> None:
+        self._call = None
+        self._expired()
 
     def stop(self) -> None:
         if self._call is not None and self._call.active():
@@ -262,7 +261,7 @@ class _Answering(_HandOver):
         super().__init__()
         self.limits = limits
         self._clock = clock
-        self._deadline = _Deadline(clock)
+        self._deadline = _Deadline(clock, self._deadline_passed)
         self._phase = _Phase.OUTSIDE_HEAD
 
     def callLater(self, period: float, func: Any) -> IDelayedCall:
@@ -317,6 +316,21 @@ class _Answering(_HandOver):
             return ()
         current = request if request is not None else (self.requests[-1] if self.requests else None)
         return policy.raw_grants(current.requestHeaders if current is not None else None)
+
+    def _deadline_passed(self) -> None:
+        if self._phase is _Phase.IN_BODY:
+            self._body_stalled()
+        else:
+            self._header_timed_out()
+
+    def _header_timed_out(self) -> None:
+        message = f"request headers not received within {self.limits.header_timeout:g} seconds"
+        self.reject(408, b"Request Timeout", message, "header-timeout")
+
+    def _body_stalled(self) -> None:
+        message = f"request body stalled for {self.limits.body_timeout:g} seconds"
+        request = self.requests[-1] if self.requests else None
+        self.reject(408, b"Request Timeout", message, "body-timeout", request)
 
     def _send100Continue(self) -> None:
         if self._phase is not _Phase.REJECTED:
@@ -376,15 +390,6 @@ class LimitedChannel(_Answering):
             self._counted = False
         super().connectionLost(reason)
 
-    def _header_timed_out(self) -> None:
-        message = f"request headers not received within {self.limits.header_timeout:g} seconds"
-        self.reject(408, b"Request Timeout", message, "header-timeout")
-
-    def _body_stalled(self) -> None:
-        message = f"request body stalled for {self.limits.body_timeout:g} seconds"
-        request = self.requests[-1] if self.requests else None
-        self.reject(408, b"Request Timeout", message, "body-timeout", request)
-
     def dataReceived(self, data: bytes) -> None:
         if self._sink is not None:
             self._sink.client_data(data)
@@ -392,7 +397,7 @@ class LimitedChannel(_Answering):
         if self._phase is _Phase.REJECTED:
             return
         if data and not self._deadline.running and self.line_mode and not self._handlingRequest:
-            self._deadline.start(self.limits.header_timeout, self._header_timed_out)
+            self._deadline.start(self.limits.header_timeout)
         super().dataReceived(data)
 
     def lineReceived(self, line: bytes) -> None:
@@ -430,7 +435,6 @@ class LimitedChannel(_Answering):
     def allHeadersReceived(self) -> None:
         """The head is complete: the gate, then Twisted (``gotLength``, ``100 Continue``), then
         the body deadline when a body follows."""
-        self._deadline.stop()
         self._phase = _Phase.OUTSIDE_HEAD
         request = self.requests[-1]
         _describe(request, self._request_line)
@@ -439,7 +443,9 @@ class LimitedChannel(_Answering):
         super().allHeadersReceived()
         if self._phase is _Phase.OUTSIDE_HEAD and self.length != 0:
             self._phase = _Phase.IN_BODY
-            self._deadline.start(self.limits.body_timeout, self._body_stalled)
+            self._deadline.start(self.limits.body_timeout)  # the head's, moved
+        elif self._phase is _Phase.OUTSIDE_HEAD:
+            self._deadline.stop()
 
     def _passes_gate(self, request: server.Request) -> bool:
         site = self._limited_site()
@@ -459,7 +465,7 @@ class LimitedChannel(_Answering):
         if self._phase is _Phase.REJECTED:
             return
         if self._phase is _Phase.IN_BODY:
-            self._deadline.restart(self.limits.body_timeout)
+            self._deadline.start(self.limits.body_timeout)
         super().rawDataReceived(data)
 
     def allContentReceived(self) -> None:
