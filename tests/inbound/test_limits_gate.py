@@ -220,6 +220,17 @@ def test_a_body_that_stops_arriving_for_30_seconds_gets_408() -> None:
     assert clock.getDelayedCalls() == []
 
 
+def test_a_body_that_never_starts_gets_408_after_the_body_deadline() -> None:
+    """The deadline runs from the end of the head, not from the first body byte."""
+    clock = Clock()
+    site = _counting_site(clock, body_timeout=5)
+    transport = _connect(site)
+    transport.protocol.dataReceived(_post(b"/a", b"abc")[:-3])
+    clock.advance(5)
+    assert _answer(transport.value())[0] == b"HTTP/1.1 408 Request Timeout"
+    assert not transport.connected
+
+
 def test_a_chunked_body_that_stalls_gets_408_and_a_complete_one_stops_the_deadline() -> None:
     clock = Clock()
     site = _counting_site(clock, body_timeout=5)
