@@ -179,6 +179,13 @@ _PARAMETERS: list[list[str | None]] = [
     ["affinity-ttl", None, "5m", "Idle time after which an affinity entry is forgotten."],
     ["write-stall-timeout", None, "30s", "Drop a client that accepts no bytes this long."],
     ["max-connections", None, "256", "Open client connections per facade (503 beyond)."],
+    [
+        "max-connections-per-source",
+        None,
+        "64",
+        "Open connections per remote address (IPv6: per /64) on each facade (503 beyond); "
+        "loopback shares --max-connections only.",
+    ],
     ["max-tunnels", None, "64", "Open WebSocket tunnels, process-wide (503 beyond)."],
     [
         "control",
@@ -477,6 +484,7 @@ def _settings(options: Options, engines: list[str], header: float, first: float)
         affinity_max_entries=_count(options, "affinity-max-entries", int),
         affinity_ttl=_positive(options, "affinity-ttl"),
         max_connections=_count(options, "max-connections", int),
+        max_connections_per_source=_count(options, "max-connections-per-source", int),
         max_tunnels=_count(options, "max-tunnels", int),
         cors_origins=tuple(options["cors-origin"]),
         shutdown_grace=_positive(options, "shutdown-grace", zero_ok=True),

@@ -95,6 +95,8 @@ class Settings:
     affinity_max_entries: int = 10_000
     affinity_ttl: float = 300.0
     max_connections: int = 256
+    max_connections_per_source: int = 64
+    """Open connections per remote source on each facade (docs/behaviour.md §14.4)."""
     max_tunnels: int = 64
     """WebSocket tunnels open at once, process-wide (503 ``too-many-tunnels`` beyond, §2.1)."""
     shutdown_grace: float = 10.0

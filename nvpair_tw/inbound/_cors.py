@@ -1,13 +1,15 @@
 # -*- test-case-name: tests.inbound.test_cors -*-
-"""Browsers on other origins (docs/behaviour.md §13.4): ``--cors-origin ORIGIN``, repeatable.
+"""Browsers on other origins (docs/behaviour.md §13.4, §14.5): ``--cors-origin ORIGIN``, repeatable.
 
 For an allowed origin a preflight (``OPTIONS`` with ``Origin`` and
 ``Access-Control-Request-Method``) is answered here, without a key and without a node: 204 with
-the allowed methods and headers. Every other answer to that origin carries
-``Access-Control-Allow-Origin: <origin>`` and ``Vary: Origin``, whatever a node said about CORS
-itself. The request itself still passes the ingress gate (a key where keys are configured). An
-origin that is not allowed gets no CORS header from the proxy, as without the option; off by
-default.
+the allowed methods and headers. The request itself still passes the ingress gate (a key where
+keys are configured). With the option set, CORS belongs to the proxy (§14.5): as each answer's
+head is written (``CorsPolicy.own_head``), every ``Access-Control-*`` header a node sent is
+removed, and only an allowed origin gets grants (``Access-Control-Allow-Origin: <origin>``, the
+exposed headers, ``Vary: Origin``) -- on the proxy's own errors too (``CorsPolicy.raw_grants``
+for those written below the ``Request``). ``Access-Control-Allow-Credentials`` is never sent.
+Off by default: without the option a node's CORS headers pass untouched.
 """
 
 from __future__ import annotations
@@ -18,12 +20,25 @@ from attrs import frozen
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
-__all__ = ["ALLOWED_HEADERS", "ALLOWED_METHODS", "CorsPolicy", "parse_origin"]
+__all__ = [
+    "ALLOWED_HEADERS",
+    "ALLOWED_METHODS",
+    "EXPOSED_HEADERS",
+    "CorsPolicy",
+    "grant",
+    "parse_origin",
+    "strip_cors",
+]
 
 ALLOWED_METHODS = b"GET, POST, PUT, DELETE, HEAD, OPTIONS"
-ALLOWED_HEADERS = b"Authorization, Content-Type, X-Api-Key, X-NVPair-Node"
+ALLOWED_HEADERS = (
+    b"Authorization, Content-Type, X-Api-Key, X-NVPair-Node, X-NVPAIR-Engine-Identity-Probe"
+)
+"""What a page may send: the credentials, JSON, and every ``X-NVPair-*`` request header."""
 EXPOSED_HEADERS = b"X-NVPair-Node, X-NVPair-Request-Id"
-"""What a page's script may read from an answer besides the CORS-safelisted headers."""
+"""What a page's script may read from an answer besides the CORS-safelisted headers: every
+``X-NVPair-*`` response header."""
+_PREFIX = b"access-control-"
 MAX_AGE = b"600"
 """Seconds a browser may reuse a preflight's answer."""
 
@@ -53,7 +68,11 @@ class CorsPolicy:
 
     def origin(self, request: Request) -> bytes | None:
         """The request's ``Origin`` when it is allowed, else ``None``."""
-        values = request.requestHeaders.getRawHeaders(b"origin")
+        return self.allowed(request.requestHeaders)
+
+    def allowed(self, request_headers: Headers) -> bytes | None:
+        """The one ``Origin`` in ``request_headers`` when it is allowed, else ``None``."""
+        values = request_headers.getRawHeaders(b"origin")
         if values is None or len(values) != 1:
             return None
         try:
@@ -77,6 +96,42 @@ class CorsPolicy:
         headers.setRawHeaders(b"access-control-max-age", [MAX_AGE])
         grant(headers, origin)
         request.finish()
+
+    def own_head(self, request: Request) -> None:
+        """Make the CORS headers of ``request``'s answer the proxy's (§14.5), just before its
+        head is written: every ``Access-Control-*`` header already set (a node's, or anyone's)
+        is removed; an allowed origin then gets its grants, and its preflight the allowed
+        methods and headers."""
+        headers = request.responseHeaders
+        strip_cors(headers)
+        origin = self.origin(request)
+        if origin is None:
+            return
+        if self.is_preflight(request):
+            headers.setRawHeaders(b"access-control-allow-methods", [ALLOWED_METHODS])
+            headers.setRawHeaders(b"access-control-allow-headers", [ALLOWED_HEADERS])
+            headers.setRawHeaders(b"access-control-max-age", [MAX_AGE])
+        grant(headers, origin)
+
+    def raw_grants(self, request_headers: Headers | None) -> tuple[tuple[bytes, bytes], ...]:
+        """The grant headers of an error written below the ``Request`` (a refused head, a limit)
+        to a request with ``request_headers`` (what was read of them): none unless its origin is
+        allowed."""
+        origin = self.allowed(request_headers) if request_headers is not None else None
+        if origin is None:
+            return ()
+        return (
+            (b"Access-Control-Allow-Origin", origin),
+            (b"Access-Control-Expose-Headers", EXPOSED_HEADERS),
+            (b"Vary", b"Origin"),
+        )
+
+
+def strip_cors(headers: Headers) -> None:
+    """Remove every ``Access-Control-*`` header from ``headers``."""
+    doomed = [name for name, _ in headers.getAllRawHeaders() if name.lower().startswith(_PREFIX)]
+    for name in doomed:
+        headers.removeHeader(name)
 
 
 def grant(headers: Headers, origin: bytes) -> None:

@@ -1,11 +1,15 @@
-# -*- test-case-name: tests.inbound.test_limits -*-
-"""Inbound protocol limits for a facade's ``Site`` (docs/behaviour.md §9, TWISTED.md §3.1 and §3.6).
+# -*- test-case-name: tests.inbound.test_limits,tests.inbound.test_limits_gate,tests.inbound.test_limits_sources,tests.inbound.test_cors_owned -*-
+"""Inbound protocol limits for a facade's ``Site`` (docs/behaviour.md §9, §14.1, §14.4, §14.5;
+TWISTED.md §3.1 and §3.6).
 
 Twisted has no request-body cap, answers header-limit violations with a bare 400 and drops an
 over-long line silently. ``make_site`` builds a ``Site`` whose channel and request enforce a body
 cap (413), header count and size (431), request-line length (414), a header-read deadline (408),
-an idle keep-alive timeout and a per-site connection cap (503), each answered with JSON.
-Everything here speaks HTTP/1.1 only: an HTTP/2 channel would bypass these limits.
+a body that stops arriving (408), an idle keep-alive timeout, a per-site connection cap and a
+per-source one (503), each answered with JSON. When a request's head is complete, before any
+``100 Continue`` and before any body byte is read, the site's ``head_gate`` decides whether it
+goes on (§14.1's order of checks); a refused request is answered and its connection closed, its
+body never read. Everything here speaks HTTP/1.1 only: an HTTP/2 channel would bypass these limits.
 """
 
 from __future__ import annotations
@@ -16,18 +20,22 @@ from typing import Any, Protocol
 
 from attrs import field, frozen
 from attrs.validators import gt
-from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
 
 from nvpair_tw.core import raw_error_response
-from nvpair_tw.inbound._cors import grant
+from nvpair_tw.inbound._cors import CorsPolicy, grant
+from nvpair_tw.inbound._ingress import Rejection
+from nvpair_tw.inbound._sources import SourceCounts, source_of
 from nvpair_tw.logs import LevelledLogger
 
 __all__ = [
     "MIB",
+    "SERVER",
+    "HeadGate",
     "LimitedChannel",
     "LimitedRequest",
     "LimitedSite",
@@ -38,7 +46,14 @@ __all__ = [
 ]
 
 MIB = 1024 * 1024
+SERVER = b"nvpair-tw"
+"""The ``Server`` header of every answer the proxy makes itself: no version (§14.4)."""
 _TOO_LARGE = b"Request Header Fields Too Large"
+_TOO_MANY = Rejection(503, "too-many-connections", "too many connections")
+_TOO_MANY_FROM_SOURCE = Rejection(
+    503, "too-many-connections", "too many connections from this source"
+)
+_GATE_FAILED = Rejection(500, "internal-error", "internal proxy error")
 _log = LevelledLogger(namespace="nvpair_tw.limits")
 
 
@@ -74,6 +89,10 @@ class Limits:
     max_headers: int = field(default=100, validator=gt(0))
     max_header_bytes: int = field(default=16384, validator=gt(0))
     max_request_line: int = field(default=8192, validator=gt(0))
+    body_timeout: float = field(default=30.0, validator=gt(0))
+    """Seconds a request body may deliver nothing before it is dropped with 408 (§14.4)."""
+    max_connections_per_source: int = field(default=64, validator=gt(0))
+    """Open connections per remote source address (IPv6: per /64); loopback is not counted."""
 
 
 class RawSink(Protocol):
@@ -85,28 +104,43 @@ class RawSink(Protocol):
 
 
 def allow_origin(request: server.Request, origin: bytes) -> None:
-    """Answer ``request`` with the CORS grants for ``origin`` (docs/behaviour.md §13.4)."""
+    """Answer ``request`` with the CORS grants for ``origin`` (docs/behaviour.md §13.4).
+
+    On a ``LimitedSite`` that knows the ``CorsPolicy`` this is redundant: the site grants as the
+    head is written (§14.5)."""
     grant(request.responseHeaders, origin)
     if isinstance(request, LimitedRequest):
         request.cors_origin = origin
 
 
 class LimitedRequest(server.Request):
-    """A ``Request`` that refuses a body larger than the site's cap with 413 JSON.
+    """A ``Request`` that refuses a body larger than the site's cap with 413 JSON, and whose
+    answer's head is the proxy's: a versionless ``Server`` and the site's CORS (§14.4, §14.5).
 
-    The check runs in ``gotLength`` (before any automatic ``100 Continue``) for a declared
+    The body check runs in ``gotLength`` (before any automatic ``100 Continue``) for a declared
     length, and per chunk for chunked uploads.
     """
 
     _rejected = False
     cors_origin: bytes | None = None
-    """An allowed browser origin (§13.4): its grants are set as the head is written, last, so
-    they win over any CORS header a node sent."""
+    """An allowed browser origin (§13.4) when the site knows no ``CorsPolicy``: its grants are
+    set as the head is written, last, so they win over any CORS header a node sent."""
 
     def write(self, data: bytes) -> None:
-        if not self.startedWriting and self.cors_origin is not None:
-            grant(self.responseHeaders, self.cors_origin)
+        if not self.startedWriting:
+            self._own_head()
         super().write(data)
+
+    def _own_head(self) -> None:
+        headers = self.responseHeaders
+        if headers.getRawHeaders(b"server") == [server.version]:
+            headers.setRawHeaders(b"server", [SERVER])  # Twisted's, with its version (§14.4)
+        channel = self.channel
+        policy = channel.cors if isinstance(channel, LimitedChannel) else None
+        if policy is not None:
+            policy.own_head(self)
+        elif self.cors_origin is not None:
+            grant(headers, self.cors_origin)
 
     def _max_body_size(self) -> int:
         channel = self.channel
@@ -140,6 +174,11 @@ class LimitedRequest(server.Request):
             channel.loseConnection()
 
 
+HeadGate = Callable[[LimitedRequest], Rejection | None]
+"""Decides on a request whose head is complete (method, target, headers and peer known; no body
+byte read, no ``100 Continue`` sent): ``None`` lets it go on, a ``Rejection`` answers it."""
+
+
 class _HandOver(http.HTTPChannel):
     """The part of a channel that can hand its connection over to a tunnel (a WebSocket upgrade)."""
 
@@ -168,29 +207,53 @@ class _Phase(Enum):
     """Where a :class:`LimitedChannel` is in its input, as far as its limits care."""
 
     OUTSIDE_HEAD = "outside-head"
-    """No request head being read: between requests (the next line is a request line), or
-    reading a body, or handling a request."""
+    """No request head or body being read: between requests (the next line is a request line)
+    or handling a request."""
 
     IN_HEAD = "in-head"
     """The request line is in, the headers are being read (a long line is a header's)."""
+
+    IN_BODY = "in-body"
+    """The head passed, the body is being read: it must keep arriving (the body deadline)."""
 
     REJECTED = "rejected"
     """A JSON error was written: every further input is ignored until the connection is gone."""
 
 
-class LimitedChannel(_HandOver):
-    """An ``HTTPChannel`` that answers limit violations with JSON errors and then closes.
+class _Deadline:
+    """The one timer of a channel's input: the header read's, then (same call, moved) the
+    body's; one ``callLater`` per request, moved rather than replaced."""
 
-    States: between requests (the idle timeout runs), reading a request head (the header-read
-    timer runs as well, armed by the first byte), reading a body or handling a request (no timer
-    of ours), and rejected (everything further is ignored until the connection is gone); what the
-    limits tell apart of these is ``_phase`` (a :class:`_Phase`).
+    def __init__(self, clock: IReactorTime, expired: Callable[[], None]) -> None:
+        self._clock = clock
+        self._expired = expired
+        self._call: IDelayedCall | None = None
 
-    Twisted has no public hook for two of the answers: it overrides ``HTTPChannel``'s private
-    ``_send100Continue`` and ``_respondToBadRequestAndDisconnect``, and reads its header count and
-    size, ``_handlingRequest``, ``_dataBuffer`` and ``_networkProducer``. Twisted is pinned below
-    its next major and ``tests/test_dependency_internals.py`` guards each of them.
-    """
+    @property
+    def running(self) -> bool:
+        return self._call is not None
+
+    def start(self, seconds: float) -> None:
+        """Expire ``seconds`` from now (a running deadline is moved)."""
+        if self._call is None:
+            self._call = self._clock.callLater(seconds, self._fire)
+        else:
+            self._call.reset(seconds)
+
+    def _fire(self) -> None:
+        self._call = None
+        self._expired()
+
+    def stop(self) -> None:
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+
+
+class _Answering(_HandOver):
+    """The part of a limited channel that answers for itself: a JSON error with a versionless
+    ``Server`` and the site's CORS grants, then the close (§14.4, §14.5); the limits and site it
+    answers by, and the one deadline of its input."""
 
     site: server.Site | None = None
 
@@ -198,14 +261,8 @@ class LimitedChannel(_HandOver):
         super().__init__()
         self.limits = limits
         self._clock = clock
-        self._head_timer: IDelayedCall | None = None
+        self._deadline = _Deadline(clock, self._deadline_passed)
         self._phase = _Phase.OUTSIDE_HEAD
-        self._counted = False  # admitted by (and so counted in) the site's connection cap
-        self.maxHeaders = limits.max_headers
-        self.totalHeadersSize = limits.max_header_bytes
-        self.MAX_LENGTH = max(limits.max_request_line, limits.max_header_bytes)
-        # TimeoutMixin annotates an int but takes any number of seconds.
-        self.timeOut = limits.idle_timeout  # type: ignore[assignment]
 
     def callLater(self, period: float, func: Any) -> IDelayedCall:
         """Schedule the idle timeout on the injected clock (``TimeoutMixin`` calls this)."""
@@ -214,25 +271,18 @@ class LimitedChannel(_HandOver):
     def _limited_site(self) -> LimitedSite | None:
         return self.site if isinstance(self.site, LimitedSite) else None
 
-    def connectionMade(self) -> None:
-        super().connectionMade()
+    @property
+    def cors(self) -> CorsPolicy | None:
+        """The site's CORS policy (§14.5), ``None`` when CORS is off."""
         site = self._limited_site()
-        self._counted = site is not None and site.admit()
-        if site is not None and not self._counted:
-            self.reject(503, b"Service Unavailable", "too many connections", "too-many-connections")
+        return site.cors if site is not None else None
 
-    def _handed_over(self) -> None:
-        self._cancel_head_timer()
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if self._sink is not None:
-            self._sink.client_lost(reason)
-        self._cancel_head_timer()
-        site = self._limited_site()
-        if self._counted and site is not None:
-            site.open_connections -= 1
-            self._counted = False
-        super().connectionLost(reason)
+    def refuse(self, rejection: Rejection, request: server.Request | None = None) -> None:
+        """Answer with ``rejection`` (its status, code, message and headers) and close."""
+        reason = http.RESPONSES.get(rejection.status, b"Error")
+        self.reject(
+            rejection.status, reason, rejection.message, rejection.code, request, rejection.headers
+        )
 
     def reject(
         self,
@@ -241,28 +291,104 @@ class LimitedChannel(_HandOver):
         message: str,
         code: str,
         request: server.Request | None = None,
+        headers: tuple[tuple[bytes, bytes], ...] = (),
     ) -> None:
-        """Write a JSON error response, ignore all further input and close the connection."""
+        """Write a JSON error response, ignore all further input and close the connection.
+
+        The answer carries ``headers``, a versionless ``Server`` and, for an allowed origin,
+        the CORS grants (§14.4, §14.5); never a request id."""
         if self._phase is _Phase.REJECTED:
             return
         self._phase = _Phase.REJECTED
-        self._cancel_head_timer()
+        self._deadline.stop()
         site = self._limited_site()
         if site is not None:
             site.rejected(status, code, request)
         if self.transport is not None:
-            self.transport.write(raw_error_response(status, reason, message, code))
+            own = (*headers, (b"Server", SERVER), *self._grants(request))
+            self.transport.write(raw_error_response(status, reason, message, code, own))
             self.loseConnection()
 
-    def _cancel_head_timer(self) -> None:
-        if self._head_timer is not None and self._head_timer.active():
-            self._head_timer.cancel()
-        self._head_timer = None
+    def _grants(self, request: server.Request | None) -> tuple[tuple[bytes, bytes], ...]:
+        """CORS grants for the request being read (as much of its head as was read)."""
+        policy = self.cors
+        if policy is None:
+            return ()
+        current = request if request is not None else (self.requests[-1] if self.requests else None)
+        return policy.raw_grants(current.requestHeaders if current is not None else None)
+
+    def _deadline_passed(self) -> None:
+        if self._phase is _Phase.IN_BODY:
+            self._body_stalled()
+        else:
+            self._header_timed_out()
 
     def _header_timed_out(self) -> None:
-        self._head_timer = None
         message = f"request headers not received within {self.limits.header_timeout:g} seconds"
         self.reject(408, b"Request Timeout", message, "header-timeout")
+
+    def _body_stalled(self) -> None:
+        message = f"request body stalled for {self.limits.body_timeout:g} seconds"
+        request = self.requests[-1] if self.requests else None
+        self.reject(408, b"Request Timeout", message, "body-timeout", request)
+
+    def _send100Continue(self) -> None:
+        if self._phase is not _Phase.REJECTED:
+            super()._send100Continue()
+
+    def _respondToBadRequestAndDisconnect(self) -> None:
+        self.reject(400, b"Bad Request", "malformed request", "bad-request")
+
+
+class LimitedChannel(_Answering):
+    """An ``HTTPChannel`` that answers limit violations with JSON errors and then closes.
+
+    States (``_phase``, a :class:`_Phase`): between requests (the idle timeout runs), reading a
+    request head (the header-read deadline runs as well, armed by the first byte), reading a
+    body (the body deadline runs, restarted by each byte), handling a request (no timer of ours),
+    and rejected (everything further is ignored until the connection is gone). At the end of a
+    head the site's ``head_gate`` runs, before Twisted's ``gotLength`` and ``100 Continue``.
+
+    Twisted has no public hook for two of the answers: it overrides ``HTTPChannel``'s private
+    ``_send100Continue`` and ``_respondToBadRequestAndDisconnect``, and reads its header count and
+    size, ``_handlingRequest``, ``_dataBuffer`` and ``_networkProducer``. Twisted is pinned below
+    its next major and ``tests/test_dependency_internals.py`` guards each of them.
+    """
+
+    def __init__(self, limits: Limits, clock: IReactorTime) -> None:
+        super().__init__(limits, clock)
+        self._request_line = b""
+        self._counted = False  # admitted by (and so counted in) the site's connection caps
+        self._source: str | None = None
+        self.maxHeaders = limits.max_headers
+        self.totalHeadersSize = limits.max_header_bytes
+        self.MAX_LENGTH = max(limits.max_request_line, limits.max_header_bytes)
+        # TimeoutMixin annotates an int but takes any number of seconds.
+        self.timeOut = limits.idle_timeout  # type: ignore[assignment]
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        site = self._limited_site()
+        if site is None or self.transport is None:
+            return
+        self._source = source_of(self.transport.getPeer())
+        refused = site.admit(self._source)
+        self._counted = refused is None
+        if refused is not None:
+            self.refuse(refused)
+
+    def _handed_over(self) -> None:
+        self._deadline.stop()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._sink is not None:
+            self._sink.client_lost(reason)
+        self._deadline.stop()
+        site = self._limited_site()
+        if self._counted and site is not None:
+            site.release(self._source)
+            self._counted = False
+        super().connectionLost(reason)
 
     def dataReceived(self, data: bytes) -> None:
         if self._sink is not None:
@@ -270,10 +396,8 @@ class LimitedChannel(_HandOver):
             return
         if self._phase is _Phase.REJECTED:
             return
-        if data and self._head_timer is None and self.line_mode and not self._handlingRequest:
-            self._head_timer = self._clock.callLater(
-                self.limits.header_timeout, self._header_timed_out
-            )
+        if data and not self._deadline.running and self.line_mode and not self._handlingRequest:
+            self._deadline.start(self.limits.header_timeout)
         super().dataReceived(data)
 
     def lineReceived(self, line: bytes) -> None:
@@ -287,6 +411,7 @@ class LimitedChannel(_HandOver):
                 self._respondToBadRequestAndDisconnect()
                 return
             self._phase = _Phase.IN_HEAD
+            self._request_line = line
         if self._receivedHeaderSize + len(line) > self.totalHeadersSize:
             self._headers_too_large()
             return
@@ -308,25 +433,48 @@ class LimitedChannel(_HandOver):
         return bool(super().headerReceived(line))
 
     def allHeadersReceived(self) -> None:
-        self._cancel_head_timer()
-        if self._phase is _Phase.IN_HEAD:
-            self._phase = _Phase.OUTSIDE_HEAD
+        """The head is complete: the gate, then Twisted (``gotLength``, ``100 Continue``), then
+        the body deadline when a body follows."""
+        self._phase = _Phase.OUTSIDE_HEAD
+        request = self.requests[-1]
+        _describe(request, self._request_line)
+        if not self._passes_gate(request):
+            return
         super().allHeadersReceived()
+        if self._phase is _Phase.OUTSIDE_HEAD and self.length != 0:
+            self._phase = _Phase.IN_BODY
+            self._deadline.start(self.limits.body_timeout)  # the head's, moved
+        elif self._phase is _Phase.OUTSIDE_HEAD:
+            self._deadline.stop()
+
+    def _passes_gate(self, request: server.Request) -> bool:
+        site = self._limited_site()
+        gate = site.head_gate if site is not None else None
+        if gate is None or not isinstance(request, LimitedRequest):
+            return True
+        try:
+            refused = gate(request)
+        except Exception:
+            _log.failure("the head gate failed", Failure())
+            refused = _GATE_FAILED
+        if refused is not None:
+            self.refuse(refused, request)
+        return refused is None
 
     def rawDataReceived(self, data: bytes) -> None:
-        if self._phase is not _Phase.REJECTED:
-            super().rawDataReceived(data)
+        if self._phase is _Phase.REJECTED:
+            return
+        if self._phase is _Phase.IN_BODY:
+            self._deadline.start(self.limits.body_timeout)
+        super().rawDataReceived(data)
 
     def allContentReceived(self) -> None:
-        if self._phase is not _Phase.REJECTED:
-            super().allContentReceived()
-
-    def _send100Continue(self) -> None:
-        if self._phase is not _Phase.REJECTED:
-            super()._send100Continue()
-
-    def _respondToBadRequestAndDisconnect(self) -> None:
-        self.reject(400, b"Bad Request", "malformed request", "bad-request")
+        if self._phase is _Phase.REJECTED:
+            return
+        if self._phase is _Phase.IN_BODY:
+            self._deadline.stop()
+            self._phase = _Phase.OUTSIDE_HEAD
+        super().allContentReceived()
 
     def _request_line_too_long(self) -> None:
         message = f"request line exceeds {self.limits.max_request_line} bytes"
@@ -337,12 +485,29 @@ class LimitedChannel(_HandOver):
         self.reject(431, _TOO_LARGE, message, "headers-too-large")
 
 
+def _describe(request: server.Request, line: bytes) -> None:
+    """Give ``request`` its method, target and version from its request line as soon as its
+    head is complete, for the gate and for records (Twisted sets the same when the body is in)."""
+    parts = line.split(b" ")
+    if len(parts) == 3:
+        request.method, request.uri, request.clientproto = parts
+        request.path = parts[1].split(b"?", 1)[0]
+
+
 class LimitedSite(server.Site):
-    """A ``Site`` building ``LimitedChannel``s and counting its open connections."""
+    """A ``Site`` building ``LimitedChannel``s and counting its open connections (overall and
+    per remote source).
+
+    ``head_gate`` (a :data:`HeadGate`, ``None`` = every head passes) runs once per request when
+    its head is complete; ``cors`` (``None`` = CORS off) makes every answer's CORS the proxy's;
+    ``on_reject`` is told of each answer made below the facade.
+    """
 
     noisy = False
 
-    def __init__(self, root: Resource, limits: Limits, clock: IReactorTime) -> None:
+    def __init__(
+        self, root: Resource, limits: Limits, clock: IReactorTime, cors: CorsPolicy | None = None
+    ) -> None:
         super().__init__(
             root,
             LimitedRequest,
@@ -353,20 +518,35 @@ class LimitedSite(server.Site):
         self.limits = limits
         self.max_body_size = limits.max_body_size
         self.open_connections = 0
+        self.sources = SourceCounts(limits.max_connections_per_source)
+        self.cors = cors
+        self.head_gate: HeadGate | None = None
         self._clock = clock
         self.on_reject: Callable[[int, str, str, str], None] | None = None
 
-    def admit(self) -> bool:
-        """Count a new connection, or refuse it (False) at the cap."""
+    def admit(self, source: str | None) -> Rejection | None:
+        """Count a new connection from ``source`` (``None``: a local peer), or say why not."""
         if self.open_connections >= self.limits.max_connections:
             _log.warn(
                 "refusing a connection: {open} open, cap {cap}",
                 open=self.open_connections,
                 cap=self.limits.max_connections,
             )
-            return False
+            return _TOO_MANY
+        if source is not None and not self.sources.admit(source):
+            _log.warn(
+                "refusing a connection: {cap} open from one source",
+                cap=self.limits.max_connections_per_source,
+            )
+            return _TOO_MANY_FROM_SOURCE
         self.open_connections += 1
-        return True
+        return None
+
+    def release(self, source: str | None) -> None:
+        """An admitted connection from ``source`` closed."""
+        self.open_connections -= 1
+        if source is not None:
+            self.sources.release(source)
 
     def rejected(self, status: int, code: str, request: server.Request | None) -> None:
         """Tell ``on_reject`` (the request record) about a rejection made below the facade."""
@@ -380,7 +560,7 @@ class LimitedSite(server.Site):
         """No access log: every request already ends in a structured ``proxy/request`` record,
         which leaves out query strings and client headers (and costs ~15 % throughput if doubled)."""
 
-    def buildProtocol(self, addr: IAddress | None) -> Any:
+    def buildProtocol(self, addr: Any) -> Any:
         channel = LimitedChannel(self.limits, self._clock)
         channel.factory = self
         channel.site = self
@@ -399,8 +579,13 @@ def make_site(
     max_headers: int = 100,
     max_header_bytes: int = 16384,
     max_request_line: int = 8192,
+    body_timeout: float = 30.0,
+    max_connections_per_source: int = 64,
+    cors: CorsPolicy | None = None,
 ) -> LimitedSite:
-    """Build the facade's ``Site`` with every inbound limit enforced; see ``Limits``."""
+    """Build the facade's ``Site`` with every inbound limit enforced; see ``Limits``. ``cors``
+    (the ``--cors-origin`` policy) makes CORS the proxy's (§14.5); set ``head_gate`` on the
+    result to decide on each request at the end of its head (§14.1)."""
     limits = Limits(
         max_body_size=max_body_size,
         max_connections=max_connections,
@@ -409,5 +594,7 @@ def make_site(
         max_headers=max_headers,
         max_header_bytes=max_header_bytes,
         max_request_line=max_request_line,
+        body_timeout=body_timeout,
+        max_connections_per_source=max_connections_per_source,
     )
-    return LimitedSite(root, limits, clock)
+    return LimitedSite(root, limits, clock, cors)

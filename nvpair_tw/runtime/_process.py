@@ -146,6 +146,8 @@ class Runtime:
                 clock=self.reactor,
                 max_body_size=settings.max_body_size,
                 max_connections=settings.max_connections,
+                max_connections_per_source=settings.max_connections_per_source,
+                cors=self.shared.cors,
             )
             self.sites[engine].on_reject = self._record_rejection(engine)
         return self.sites[engine]

@@ -63,7 +63,8 @@ def test_a_relayed_answer_carries_the_proxys_grant_not_the_nodes(
     memory_cluster: Callable[..., Any],
 ) -> None:
     """What a node says about CORS is replaced for an allowed origin: the page's origin, never
-    ``*``, whatever the node was configured with."""
+    ``*``, whatever the node was configured with; a request without an origin gets none of the
+    node's CORS headers either (§14.5)."""
     clock = Clock()
     cluster: MemoryCluster = memory_cluster(
         clock,
@@ -76,4 +77,36 @@ def test_a_relayed_answer_carries_the_proxys_grant_not_the_nodes(
     assert answer.status == 200
     assert answer.headers.getRawHeaders(b"access-control-allow-origin") == [ORIGIN.encode()]
     plain = cluster.fetch("POST", "/api/chat", json=chat)
-    assert plain.headers.getRawHeaders(b"access-control-allow-origin") == [b"*"]  # as without CORS
+    assert not plain.headers.hasHeader(b"access-control-allow-origin")  # §14.5: the proxy's
+
+
+@define
+class CredentialedEngine(SimulatedEngine):
+    """An engine that grants every origin, with credentials."""
+
+    def render(self, request: Request) -> bytes | int:  # type: ignore[override]
+        request.setHeader(b"access-control-allow-origin", b"https://evil.example")
+        request.setHeader(b"access-control-allow-credentials", b"true")
+        return super().render(request)
+
+
+def test_an_origin_not_allowed_gets_no_cors_header_from_a_node(
+    memory_cluster: Callable[..., Any],
+) -> None:
+    """The finding (§14.5): with ``--cors-origin https://ok.example``, a page on
+    ``https://evil.example`` received the node's ``Allow-Origin`` and ``Allow-Credentials:
+    true``. Now the node's CORS headers are removed and ``ok.example`` alone gets a grant."""
+    clock = Clock()
+    cluster: MemoryCluster = memory_cluster(
+        clock,
+        {"a": CredentialedEngine(clock)},
+        settings=Settings(cors_origins=("https://ok.example",)),
+    )
+    cluster.flush()
+    chat = {"model": "llama3", "messages": [], "stream": False}
+    evil = cluster.fetch("POST", "/api/chat", json=chat, headers={"Origin": "https://evil.example"})
+    assert evil.status == 200
+    assert [n for n, _ in evil.headers.getAllRawHeaders() if n.lower().startswith(b"access-")] == []
+    ok = cluster.fetch("POST", "/api/chat", json=chat, headers={"Origin": "https://ok.example"})
+    assert ok.headers.getRawHeaders(b"access-control-allow-origin") == [b"https://ok.example"]
+    assert not ok.headers.hasHeader(b"access-control-allow-credentials")
