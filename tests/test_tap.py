@@ -541,7 +541,9 @@ def test_parsing_has_no_side_effects(
     monkeypatch.setattr(MemoryReactor, "__init__", _refuse("MemoryReactor"))
     monkeypatch.setattr(IngressPolicy, "__init__", _refuse("IngressPolicy"))
     before = set(reactor.getDelayedCalls())
-    config = config_of("-e", "ollama", "--log-level", "debug", "--control", "tcp:0")
+    config = config_of(
+        "-e", "ollama", "--log-level", "debug", "--control", "unix:/tmp/nvpair-control.sock"
+    )
     assert config.log_level is LogLevel.debug
     assert config.ingress.key_file == str(keys) and config.ingress.keys_configured
     assert current_level() is LogLevel.info

@@ -60,14 +60,34 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
         cooldown=format_duration(settings.cooldown),
     )
     RuntimeService(runtime).setServiceParent(top)
+    own = [
+        url
+        for d in (*config.listen.values(), config.admin, config.control)
+        if d
+        for url in own_urls(d)
+    ]
     for engine in engines:
         description = config.listen[engine]
-        runtime.facades[engine].directory.exclude_urls(own_urls(description))
+        runtime.facades[engine].directory.exclude_urls(own)
         ListenerService(
             reactor, description, runtime.site_for(engine), f"{engine} facade"
         ).setServiceParent(top)
     _optional_services(reactor, runtime, config, top)
+    for listener in _listeners(top):
+        listener.ready.addCallback(runtime.self_guard.listened)
     return top
+
+
+def _listeners(parent: service.IServiceCollection) -> list[ListenerService]:
+    """Every listener under ``parent`` (the admin listener sits one level down), so the self-loop
+    check learns each port this process listens on (docs/behaviour.md §14.3)."""
+    found: list[ListenerService] = []
+    for child in parent:
+        if isinstance(child, ListenerService):
+            found.append(child)
+        elif isinstance(child, service.MultiService):
+            found.extend(_listeners(child))
+    return found
 
 
 def _optional_services(
@@ -85,7 +105,9 @@ def _optional_services(
     if config.control is not None:
         from nvpair_tw.ops import control_service
 
-        control_service(reactor, runtime, config.control).setServiceParent(top)
+        control_service(
+            reactor, runtime, config.control, token=config.control_token
+        ).setServiceParent(top)
     if config.admin is not None:
         from nvpair_tw.ops import admin_service
 
