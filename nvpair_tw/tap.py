@@ -33,7 +33,7 @@ from nvpair_tw.core import (
 from nvpair_tw.fleet import StateConfig, parse_state_url, read_secret
 from nvpair_tw.inbound import IngressConfigError, KeysFileError, parse_ingress, parse_origin
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
-from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url
+from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url, validate_url
 from nvpair_tw.ops import ControlToken, needs_token, read_control_token
 from nvpair_tw.runtime import tcp_listener
 from nvpair_tw.usage import parse_span
@@ -83,6 +83,10 @@ def parse_node(text: str) -> tuple[str | None, Node]:
     parts = urlsplit(url)
     try:
         port = parts.port
+    except ValueError:
+        port = -1
+    try:
+        validate_url(url)
     except ValueError:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, 0):

@@ -85,7 +85,7 @@ def read_control_token(path: str) -> ControlToken:
     except OSError as failure:
         raise ValueError(f"{where} cannot be read: {failure.strerror}") from None
     try:
-        lines = raw.decode("utf-8").strip().splitlines()
+        lines = raw.decode("utf-8").splitlines()
     except UnicodeDecodeError:
         lines = []
     token = lines[0].strip() if lines else ""
