@@ -73,21 +73,18 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
             reactor, description, runtime.site_for(engine), f"{engine} facade"
         ).setServiceParent(top)
     _optional_services(reactor, runtime, config, top)
-    for listener in _listeners(top):
-        listener.ready.addCallback(runtime.self_guard.listened)
+    _learn_ports(top, runtime)
     return top
 
 
-def _listeners(parent: service.IServiceCollection) -> list[ListenerService]:
-    """Every listener under ``parent`` (the admin listener sits one level down), so the self-loop
-    check learns each port this process listens on (docs/behaviour.md §14.3)."""
-    found: list[ListenerService] = []
+def _learn_ports(parent: service.IServiceCollection, runtime: Runtime) -> None:
+    """Every listener under ``parent`` (the admin listener sits one level down) reports its port
+    to the self-loop check once it listens (docs/behaviour.md §14.3)."""
     for child in parent:
         if isinstance(child, ListenerService):
-            found.append(child)
+            child.ready.addCallback(runtime.self_guard.listened)
         elif isinstance(child, service.MultiService):
-            found.extend(_listeners(child))
-    return found
+            _learn_ports(child, runtime)
 
 
 def _optional_services(

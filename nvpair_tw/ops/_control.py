@@ -28,7 +28,7 @@ from twisted.internet.stdio import PipeAddress, StandardIO
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nvpair_tw.core import IProxyReactor
+from nvpair_tw.core import IProxyReactor, abort
 from nvpair_tw.events import Event, Subscription
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.ops._dispatch import ControlMethods, InOrder
@@ -72,6 +72,9 @@ log = LevelledLogger(namespace="nvpair_tw.control")
 
 MAX_LINE_BYTES = 1 << 20
 """A request line longer than this is answered with -32600 and the connection is closed."""
+_TOO_LONG = rpc_error(
+    None, INVALID_REQUEST, f"invalid request: line longer than {MAX_LINE_BYTES} bytes; closing"
+)
 
 
 def forwarded(name: str) -> bool:
@@ -125,7 +128,6 @@ class ControlProtocol(Protocol):
         self.disconnected: Deferred[None] = Deferred()
 
     def connectionMade(self) -> None:
-        assert self.transport is not None
         cast(IConsumer, self.transport).registerProducer(self, True)
         self._control.connections.add(self)
         log.info("control client {peer} connected", peer=self.peer)
@@ -145,9 +147,7 @@ class ControlProtocol(Protocol):
         )
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.state = _Flow.CLOSED
-        if self._subscription is not None:
-            self._subscription.close()
+        self._stop()
         self._control.connections.discard(self)
         log.info("control client {peer} disconnected", peer=self.peer)
         if not self.disconnected.called:
@@ -158,7 +158,7 @@ class ControlProtocol(Protocol):
             return
         self._lines.feed(data)
         if self._waiting is not None and self._lines.size > MAX_LINE_BYTES:
-            self._too_long()  # requests piled up behind an in-order answer: bounded too
+            self._refuse(_TOO_LONG, "requests piled up behind an in-order answer")
             return
         self._serve()
 
@@ -170,7 +170,7 @@ class ControlProtocol(Protocol):
             if line is None:
                 return
             if isinstance(line, TooLong):
-                self._too_long()
+                self._refuse(_TOO_LONG, "request line too long")
                 return
             self.lineReceived(line)
 
@@ -217,65 +217,59 @@ class ControlProtocol(Protocol):
             self._send(response)
 
     def _resume_lines(self, _: None) -> None:
-        self._waiting = None
+        self._waiting = None  # the in-order answer is sent: read on
         self._serve()
 
     def _refuse(self, response: Result, why: str) -> None:
         """Answer, then close at once: nothing after this line is read or acted on."""
         self._send(response)
         log.warn("control client {peer} closed: {why}", peer=self.peer, why=why)
-        self._close(abort=False)
-
-    def _too_long(self) -> None:
-        message = f"invalid request: line longer than {MAX_LINE_BYTES} bytes; closing"
-        self._refuse(rpc_error(None, INVALID_REQUEST, message), "request line too long")
+        self._close()
 
     def pauseProducing(self) -> None:
         if self.state is _Flow.LIVE and self._subscription is not None:
-            assert self.transport is not None
             self.state = _Flow.PAUSED
             self._subscription.pause()
             cast(IPushProducer, self.transport).pauseProducing()
 
     def resumeProducing(self) -> None:
         if self.state is _Flow.PAUSED and self._subscription is not None:
-            assert self.transport is not None
             self.state = _Flow.LIVE
             cast(IPushProducer, self.transport).resumeProducing()
             self._subscription.resume()
 
     def stopProducing(self) -> None:
-        self._close(abort=False)
+        self._close()
 
     def _deliver(self, event: Event) -> None:
-        line = notification(event)
-        if line is not None:
-            self._write(line)
+        self._write(notification(event))
 
     def _dropped(self, reason: str) -> None:
+        """The client stopped reading: unsent bytes are discarded (RST)."""
         log.warn("control client {peer} dropped: {reason}", peer=self.peer, reason=reason)
-        self._close(abort=True)
+        if self._stop():
+            abort(self.transport)
 
     def _send(self, message: Result) -> None:
         self._write(json.dumps(message, separators=(",", ":"), default=str).encode())
 
-    def _write(self, line: bytes) -> None:
-        if self.state is not _Flow.CLOSED and self.transport is not None:
+    def _write(self, line: bytes | None) -> None:
+        if line is not None and self.state is not _Flow.CLOSED and self.transport is not None:
             self.transport.write(line + b"\n")
 
-    def _close(self, *, abort: bool) -> None:
-        """Stop everything now; ``abort`` discards unsent bytes (for a client that does not read)."""
+    def _stop(self) -> bool:
+        """Write and read nothing more, unsubscribe; ``False`` when already stopped."""
         if self.state is _Flow.CLOSED:
-            return
+            return False
         self.state = _Flow.CLOSED
         if self._subscription is not None:
             self._subscription.close()
-        if self.transport is not None:
-            abort_connection = getattr(self.transport, "abortConnection", None)
-            if abort and abort_connection is not None:
-                abort_connection()
-            else:
-                self.transport.loseConnection()
+        return True
+
+    def _close(self) -> None:
+        """Stop now; what was written is still delivered, then the connection closes."""
+        if self._stop() and self.transport is not None:
+            self.transport.loseConnection()
 
 
 class ControlFactory(Factory):
