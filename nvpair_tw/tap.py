@@ -33,7 +33,8 @@ from nvpair_tw.core import (
 from nvpair_tw.fleet import StateConfig, parse_state_url, read_secret
 from nvpair_tw.inbound import IngressConfigError, KeysFileError, parse_ingress, parse_origin
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
-from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url
+from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url, validate_url
+from nvpair_tw.ops import ControlToken, needs_token, read_control_token
 from nvpair_tw.runtime import tcp_listener
 from nvpair_tw.usage import parse_span
 
@@ -82,6 +83,10 @@ def parse_node(text: str) -> tuple[str | None, Node]:
     parts = urlsplit(url)
     try:
         port = parts.port
+    except ValueError:
+        port = -1
+    try:
+        validate_url(url)
     except ValueError:
         port = -1
     if parts.scheme not in ("http", "https") or not parts.hostname or port in (-1, 0):
@@ -191,7 +196,15 @@ _PARAMETERS: list[list[str | None]] = [
         "control",
         None,
         None,
-        "JSON-RPC control channel endpoint (e.g. unix:/run/nvpair.sock, stdio).",
+        "JSON-RPC control channel endpoint (e.g. unix:/run/nvpair.sock, stdio); every other"
+        " endpoint (tcp:...) needs --control-token.",
+    ],
+    [
+        "control-token",
+        None,
+        None,
+        "File (mode 0600) whose first line is the control channel's token; each control"
+        " connection then opens with auth {token}.",
     ],
     [
         "admin",
@@ -388,6 +401,7 @@ class Options(usage.Options):
             settings = _settings(self, engines, header.seconds, first.seconds)
             state = _state(self)
             usage_db, usage_retention = _usage(self)
+            control_token = _control_token(self["control-token"], control)
         except (ValueError, OSError, NodesFileError, IngressConfigError, KeysFileError) as error:
             raise usage.UsageError(str(error)) from None
         return Config(
@@ -397,6 +411,7 @@ class Options(usage.Options):
             nodes_file=nodes_file,
             settings=settings,
             control=control,
+            control_token=control_token,
             admin=admin,
             demo=bool(self["demo"]),
             log_level=log_level,
@@ -469,6 +484,21 @@ def _endpoints(
         if description is not None:
             _check_endpoint(flag, description)
     return listen, admin, control or None
+
+
+def _control_token(path: str | None, control: str | None) -> ControlToken | None:
+    """The ``--control-token``, read now; a control endpoint that needs one (all but stdio and a
+    unix socket, docs/behaviour.md §14.3) without one is a ``ValueError``."""
+    if path is None:
+        if control is not None and needs_token(control):
+            raise ValueError(
+                f"--control {control}: a control channel on this endpoint needs"
+                " --control-token FILE (only stdio and a unix socket may go without)"
+            )
+        return None
+    if control is None:
+        raise ValueError("--control-token is given without --control")
+    return read_control_token(path)
 
 
 def _settings(options: Options, engines: list[str], header: float, first: float) -> Settings:

@@ -29,6 +29,7 @@ from nvpair_tw.core._resolved import FIRST_BODY_ENV, RESPONSE_HEADER_ENV, Settin
 from nvpair_tw.inbound._ingress import KEYS_FILE_VAR, KEYS_VAR, IngressPolicy
 from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes._directory import Node
+from nvpair_tw.ops._token import ControlToken
 from nvpair_tw.runtime._service import ListenerService
 from nvpair_tw.tap import Options, makeService, parse_size
 
@@ -255,6 +256,9 @@ def test_bad_node_slots_are_usage_errors(args: list[str], needle: str) -> None:
         "gpu1=http://10.0.0.5:70000",
         "gpu1=http://10.0.0.5:0",
         "gpu1=http://10.0.0.5:port",
+        "gpu1=file:///etc/passwd",
+        "gpu1=http://10.0.0.5:11434/?x=1",
+        "gpu1=http://10.0.\t0.5:11434",
     ],
 )
 def test_bad_nodes_are_usage_errors(text: str) -> None:
@@ -477,6 +481,11 @@ def _twistd(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
         (["nvpair"], "twistd nvpair: at least one --engine is required"),
         (["nvpair", "-e", "ollama", "--node", "x=http://h:99999"], "twistd nvpair: --node x:"),
         (["nvpair", "-e", "ollama", "--log-level", "loud"], "twistd nvpair: unknown log level"),
+        (
+            ["nvpair", "-e", "ollama", "--control", "tcp:7070:interface=127.0.0.1"],
+            "twistd nvpair: --control tcp:7070:interface=127.0.0.1: a control channel on this"
+            " endpoint needs --control-token FILE",
+        ),
     ],
 )
 def test_twistd_reports_bad_options_in_one_line(
@@ -541,7 +550,9 @@ def test_parsing_has_no_side_effects(
     monkeypatch.setattr(MemoryReactor, "__init__", _refuse("MemoryReactor"))
     monkeypatch.setattr(IngressPolicy, "__init__", _refuse("IngressPolicy"))
     before = set(reactor.getDelayedCalls())
-    config = config_of("-e", "ollama", "--log-level", "debug", "--control", "tcp:0")
+    config = config_of(
+        "-e", "ollama", "--log-level", "debug", "--control", "unix:/tmp/nvpair-control.sock"
+    )
     assert config.log_level is LogLevel.debug
     assert config.ingress.key_file == str(keys) and config.ingress.keys_configured
     assert current_level() is LogLevel.info
@@ -796,3 +807,40 @@ def test_usage_options_default_to_a_file_here_and_90_days() -> None:
     for bad in ("soon", "0", "30s", "-1d"):
         with pytest.raises(usage.UsageError, match="--usage-retention"):
             parse("-e", "ollama", "--usage-retention", bad)
+
+
+def _token_file(tmp_path: Path, mode: int = 0o600) -> str:
+    path = tmp_path / "control.token"
+    path.write_text("s3cret-token\n")
+    path.chmod(mode)
+    return str(path)
+
+
+def test_a_tcp_control_channel_runs_with_a_token_file(tmp_path: Path) -> None:
+    """``--control tcp:… --control-token FILE``: the token is read at parse time into the config."""
+    config = config_of(
+        "-e", "ollama", "--control", "tcp:7070:interface=127.0.0.1",
+        "--control-token", _token_file(tmp_path),
+    )  # fmt: skip
+    assert config.control_token == ControlToken(b"s3cret-token")
+    assert config_of("-e", "ollama", "--control", "stdio").control_token is None
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--control", "tcp:7070"], "needs --control-token FILE"),
+        (["--control", "tcp6:port=7070:interface=\\:\\:1"], "needs --control-token FILE"),
+        (["--control-token", "TOKEN"], "--control-token is given without --control"),
+        (["--control", "tcp:7070", "--control-token", "LOOSE"], "mode 0644"),
+        (["--control", "tcp:7070", "--control-token", "/nonexistent/t"], "cannot be read"),
+    ],
+)
+def test_control_token_mistakes_are_usage_errors(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    """A TCP control channel without a token, a token without a channel, a token file readable by
+    others or missing: the process refuses to start, with one clear line."""
+    paths = {"TOKEN": _token_file(tmp_path), "LOOSE": _token_file(tmp_path, 0o644)}
+    with pytest.raises(usage.UsageError, match=re.escape(needle)):
+        parse("-e", "ollama", *(paths.get(a, a) for a in args))

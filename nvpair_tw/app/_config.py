@@ -17,6 +17,7 @@ from nvpair_tw.core import Settings
 from nvpair_tw.fleet import StateConfig
 from nvpair_tw.inbound import IngressConfig
 from nvpair_tw.nodes import Node
+from nvpair_tw.ops import ControlToken
 
 __all__ = ["Config"]
 
@@ -38,6 +39,8 @@ class Config:
     nodes_file: str | None = None
     settings: Settings = field(factory=Settings)
     control: str | None = None
+    control_token: ControlToken | None = None
+    """``--control-token``: every control connection opens with ``auth`` (docs/behaviour.md §14.3)."""
     admin: str | None = None
     demo: bool = False
     log_level: LogLevel = LogLevel.info

@@ -61,14 +61,31 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
         cooldown=format_duration(settings.cooldown),
     )
     RuntimeService(runtime).setServiceParent(top)
+    own = [
+        url
+        for d in (*config.listen.values(), config.admin, config.control)
+        if d
+        for url in own_urls(d)
+    ]
     for engine in engines:
         description = config.listen[engine]
-        runtime.facades[engine].directory.exclude_urls(own_urls(description))
+        runtime.facades[engine].directory.exclude_urls(own)
         ListenerService(
             reactor, description, runtime.site_for(engine), f"{engine} facade"
         ).setServiceParent(top)
     _optional_services(reactor, runtime, config, top)
+    _learn_ports(top, runtime)
     return top
+
+
+def _learn_ports(parent: service.IServiceCollection, runtime: Runtime) -> None:
+    """Every listener under ``parent`` (the admin listener sits one level down) reports its port
+    to the self-loop check once it listens (docs/behaviour.md §14.3)."""
+    for child in parent:
+        if isinstance(child, ListenerService):
+            child.ready.addCallback(runtime.self_guard.listened)
+        elif isinstance(child, service.MultiService):
+            _learn_ports(child, runtime)
 
 
 def _optional_services(
@@ -86,7 +103,9 @@ def _optional_services(
     if config.control is not None:
         from nvpair_tw.ops import control_service
 
-        control_service(reactor, runtime, config.control).setServiceParent(top)
+        control_service(
+            reactor, runtime, config.control, token=config.control_token
+        ).setServiceParent(top)
     if config.admin is not None:
         from nvpair_tw.ops import admin_service
 

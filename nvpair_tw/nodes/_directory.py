@@ -142,7 +142,11 @@ class NodesFileError(Exception):
 
 
 def validate_url(url: str) -> None:
-    """Raise :class:`ValueError` unless ``url`` is an http(s) base URL with a host."""
+    """Raise :class:`ValueError` unless ``url`` is an http(s) base URL with a host, whatever the
+    source (flag, file, control channel, discovery; docs/behaviour.md §14.3). Spaces and control
+    characters are refused (``urlsplit`` would silently drop a tab or newline)."""
+    if any(ch.isspace() or not ch.isprintable() for ch in url):
+        raise ValueError("must not contain spaces or control characters")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018 -- raises ValueError for a bad port

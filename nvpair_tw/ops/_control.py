@@ -6,6 +6,11 @@ One JSON object per line in each direction. Methods change the very state the fa
 applies to the next request without a restart. Every connected client also receives the proxy's
 events (§7) as notifications through a bounded bus subscription that the transport's flow control
 pauses: a client that stops reading is dropped and never slows the proxy.
+
+No web page can drive it (docs/behaviour.md §14.3): on a channel with a token a connection's first
+call must be ``auth`` with it, and nothing (not one notification) is sent before; a line that is
+not JSON-RPC (an HTTP request line or header included) is answered -32700 and the connection closes
+at once, with nothing after it in the same read acted on.
 """
 
 from __future__ import annotations
@@ -18,31 +23,32 @@ from twisted.application import service
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IAddress, IConsumer, IPushProducer
-from twisted.internet.protocol import Factory, connectionDone
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.internet.stdio import PipeAddress, StandardIO
-from twisted.protocols.basic import LineOnlyReceiver
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nvpair_tw.core import IProxyReactor
-from nvpair_tw.corridor import FacadeState
+from nvpair_tw.core import IProxyReactor, abort
 from nvpair_tw.events import Event, Subscription
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.ops._dispatch import ControlMethods, InOrder
+from nvpair_tw.ops._lines import LineBuffer, TooLong
 from nvpair_tw.ops._rpc import (
     INTERNAL_ERROR,
     INVALID_PARAMS,
     INVALID_REQUEST,
     METHOD_NOT_FOUND,
     PARSE_ERROR,
+    UNAUTHORIZED,
+    BadRequest,
+    NotJsonRpc,
     Request,
     Result,
     RpcError,
-    invalid,
     read_request,
-    short,
 )
 from nvpair_tw.ops._rpc import error as rpc_error
-from nvpair_tw.ops._steering import PROCESS, SCOPED
+from nvpair_tw.ops._token import ControlToken, authenticate, needs_token
 from nvpair_tw.runtime import ListenerService, Runtime
 
 __all__ = [
@@ -52,6 +58,7 @@ __all__ = [
     "MAX_LINE_BYTES",
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
+    "UNAUTHORIZED",
     "ControlFactory",
     "ControlMethods",
     "ControlProtocol",
@@ -65,6 +72,9 @@ log = LevelledLogger(namespace="nvpair_tw.control")
 
 MAX_LINE_BYTES = 1 << 20
 """A request line longer than this is answered with -32600 and the connection is closed."""
+_TOO_LONG = rpc_error(
+    None, INVALID_REQUEST, f"invalid request: line longer than {MAX_LINE_BYTES} bytes; closing"
+)
 
 
 def forwarded(name: str) -> bool:
@@ -72,126 +82,62 @@ def forwarded(name: str) -> bool:
     return name.startswith(("workload:", "node/")) or name == "proxy/request"
 
 
-def _failed_later(
-    failure: Failure, method: str, request_id: object, notification: bool
-) -> Result | None:
-    """A method that answers later failed: -32603 like a method that fails at once, logged."""
-    log.failure("control {method} failed", failure, method=short(method))
-    return None if notification else rpc_error(request_id, INTERNAL_ERROR, "internal error")
-
-
-class ControlMethods:
-    """The method table of docs/behaviour.md §8 over one runtime; :meth:`handle_line` is the whole protocol logic.
-
-    The methods themselves are in :mod:`nvpair_tw.ops._steering`, the JSON-RPC plumbing in
-    :mod:`nvpair_tw.ops._rpc`; this class reads a line, dispatches it and answers.
-    """
-
-    def __init__(self, runtime: Runtime) -> None:
-        self._runtime = runtime
-        self._scoped = SCOPED
-        self._process = PROCESS
-
-    def handle_line(self, line: bytes) -> Result | Deferred[Result | None] | None:
-        """Answer one request line; ``None`` for a blank line or a (valid) notification. A method
-        that answers later (``node/drain``) gives a Deferred of the answer."""
-        request = read_request(line)
-        if not isinstance(request, Request):
-            return request
-        method, notification = request.method, request.notification
-        try:
-            result = self.call(method, request.params)
-            if isinstance(result, Deferred):
-                return result.addCallbacks(
-                    lambda later: (
-                        None
-                        if notification
-                        else {"jsonrpc": "2.0", "id": request.id, "result": later}
-                    ),
-                    lambda failure: _failed_later(failure, method, request.id, notification),
-                )
-        except RpcError as error:
-            log.info(
-                "control {method} refused ({code})",
-                method=short(method),
-                code=error.code,
-                notification=notification,
-            )
-            return None if notification else rpc_error(request.id, error.code, error.message)
-        except Exception:
-            log.failure("control {method} failed", method=short(method))
-            return None if notification else rpc_error(request.id, INTERNAL_ERROR, "internal error")
-        log.debug("control {method} done", method=short(method), notification=notification)
-        return None if notification else {"jsonrpc": "2.0", "id": request.id, "result": result}
-
-    def call(self, method: str, params: object) -> Result | Deferred[Result]:
-        """Run one method (``ENGINE:`` prefix allowed); raise :class:`RpcError` on bad input."""
-        name, engine = self._resolve(method)
-        if not isinstance(params, dict):
-            raise invalid("params must be an object (by-name)")
-        process = self._process.get(name)
-        if process is not None:
-            return process(self._runtime, params)
-        return self._scoped[name](self._facade(name, engine), params)
-
-    def _resolve(self, method: str) -> tuple[str, str | None]:
-        if method in self._scoped or method in self._process:
-            return method, None
-        engine, colon, name = method.partition(":")
-        if colon and (name in self._scoped or name in self._process):
-            if engine not in self._runtime.facades:
-                raise RpcError(
-                    METHOD_NOT_FOUND,
-                    f"method not found: {short(method)!r}: this proxy serves no engine "
-                    f"{short(engine)!r} (engines: {', '.join(self._runtime.facades)})",
-                )
-            return name, engine
-        raise RpcError(METHOD_NOT_FOUND, f"method not found: {short(method)!r}")
-
-    def _facade(self, name: str, engine: str | None) -> FacadeState:
-        facades = self._runtime.facades
-        if engine is not None:
-            return facades[engine]
-        if len(facades) == 1:
-            return next(iter(facades.values()))
-        first = next(iter(facades))
-        raise RpcError(
-            INVALID_PARAMS,
-            f"several engines are served ({', '.join(facades)}); "
-            f"address one as ENGINE:{name}, e.g. {first}:{name}",
+def notification(event: Event) -> bytes | None:
+    """The JSON-RPC notification line for a forwarded event; ``None`` when it is not sent."""
+    if not forwarded(event.name):
+        return None
+    try:
+        payload = json.dumps(
+            {"jsonrpc": "2.0", "method": event.name, "params": event.payload},
+            separators=(",", ":"),
+            default=str,
         )
+    except ValueError:
+        log.warn("event {name} is not serialisable; not forwarded", name=event.name)
+        return None
+    return payload.encode()
 
 
 class _Flow(Enum):
-    """Where a connection's event stream stands."""
+    """Where a connection stands."""
 
     OPENING = "opening"  # built, not yet connected
+    AUTHENTICATING = "authenticating"  # connected; only an ``auth`` call is taken, nothing is sent
     LIVE = "live"  # events are written as they happen
     PAUSED = (
         "paused"  # the transport's buffer is full: events queue (bounded), requests are not read
     )
-    CLOSED = "closed"  # dropped, over-long line, or disconnected: nothing more is written
+    CLOSED = "closed"  # dropped, refused, over-long line, or disconnected: nothing more is written
 
 
 @implementer(IPushProducer)
-class ControlProtocol(LineOnlyReceiver):
+class ControlProtocol(Protocol):
     """One control connection: answers request lines and forwards events as notifications.
 
     It is its transport's streaming producer, so a full send buffer pauses its bus subscription.
+    While an :class:`~nvpair_tw.ops._dispatch.InOrder` answer is pending, later lines wait.
     """
-
-    delimiter = b"\n"
-    MAX_LENGTH = MAX_LINE_BYTES
 
     def __init__(self, control: ControlFactory, peer: str) -> None:
         self._control = control
         self.peer = peer
         self.state = _Flow.OPENING
+        self._lines = LineBuffer(MAX_LINE_BYTES)
+        self._waiting: Deferred[None] | None = None
         self._subscription: Subscription | None = None
         self.disconnected: Deferred[None] = Deferred()
 
     def connectionMade(self) -> None:
-        assert self.transport is not None
+        cast(IConsumer, self.transport).registerProducer(self, True)
+        self._control.connections.add(self)
+        log.info("control client {peer} connected", peer=self.peer)
+        if self._control.token is None:
+            self._open()
+        else:
+            self.state = _Flow.AUTHENTICATING
+
+    def _open(self) -> None:
+        """Start the event feed: the connection may now be sent notifications."""
         self.state = _Flow.LIVE
         self._subscription = self._control.runtime.shared.bus.subscribe(
             self._deliver,
@@ -199,110 +145,153 @@ class ControlProtocol(LineOnlyReceiver):
             on_dropped=self._dropped,
             max_pending=self._control.max_pending,
         )
-        cast(IConsumer, self.transport).registerProducer(self, True)
-        self._control.connections.add(self)
-        log.info("control client {peer} connected", peer=self.peer)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.state = _Flow.CLOSED
-        if self._subscription is not None:
-            self._subscription.close()
+        self._stop()
         self._control.connections.discard(self)
         log.info("control client {peer} disconnected", peer=self.peer)
         if not self.disconnected.called:
             self.disconnected.callback(None)
 
     def dataReceived(self, data: bytes) -> None:
-        if self.state is not _Flow.CLOSED:
-            super().dataReceived(data)
+        if self.state is _Flow.CLOSED:
+            return
+        self._lines.feed(data)
+        if self._waiting is not None and self._lines.size > MAX_LINE_BYTES:
+            self._refuse(_TOO_LONG, "requests piled up behind an in-order answer")
+            return
+        self._serve()
+
+    def _serve(self) -> None:
+        """Answer the buffered lines, one at a time, until none is left, the connection closes or
+        an in-order answer is pending."""
+        while self.state is not _Flow.CLOSED and self._waiting is None:
+            line = self._lines.next_line()
+            if line is None:
+                return
+            if isinstance(line, TooLong):
+                self._refuse(_TOO_LONG, "request line too long")
+                return
+            self.lineReceived(line)
 
     def lineReceived(self, line: bytes) -> None:
-        response = self._control.methods.handle_line(line)
-        if isinstance(response, Deferred):
-            response.addCallback(self._send_later)
-        elif response is not None:
-            self._send(response)
+        request = read_request(line)
+        if request is None:
+            return
+        if isinstance(request, NotJsonRpc):
+            self._refuse(request.response, "not JSON-RPC")
+            return
+        if self.state is _Flow.AUTHENTICATING:
+            self._authenticate(request)
+            return
+        answer = (
+            request.response
+            if isinstance(request, BadRequest)
+            else self._control.methods.answer(request)
+        )
+        if isinstance(answer, InOrder):
+            self._waiting = answer.answer.addCallback(self._send_later)
+            self._waiting.addCallback(self._resume_lines)
+        elif isinstance(answer, Deferred):
+            answer.addCallback(self._send_later)
+        elif answer is not None:
+            self._send(answer)
+
+    def _authenticate(self, request: Request | BadRequest) -> None:
+        """The first call on a channel with a token: ``auth`` opens the connection, anything
+        else is -32001 and closes it (docs/behaviour.md §14.3)."""
+        token = self._control.token
+        assert token is not None
+        admitted = authenticate(request, token)
+        if not isinstance(admitted, Request):
+            self._refuse(admitted, "not authenticated")
+            return
+        self._open()
+        log.info("control client {peer} authenticated", peer=self.peer)
+        if not admitted.notification:
+            self._send({"jsonrpc": "2.0", "id": admitted.id, "result": {"authenticated": True}})
 
     def _send_later(self, response: Result | None) -> None:
         """A late answer, sent if the connection is still there to take it."""
         if response is not None and self.state is not _Flow.CLOSED:
             self._send(response)
 
-    def lineLengthExceeded(self, line: bytes) -> None:
-        message = f"invalid request: line longer than {self.MAX_LENGTH} bytes; closing"
-        self._send(rpc_error(None, INVALID_REQUEST, message))
-        log.warn("control client {peer} closed: request line too long", peer=self.peer)
-        self._close(abort=False)
+    def _resume_lines(self, _: None) -> None:
+        self._waiting = None  # the in-order answer is sent: read on
+        self._serve()
+
+    def _refuse(self, response: Result, why: str) -> None:
+        """Answer, then close at once: nothing after this line is read or acted on."""
+        self._send(response)
+        log.warn("control client {peer} closed: {why}", peer=self.peer, why=why)
+        self._close()
 
     def pauseProducing(self) -> None:
         if self.state is _Flow.LIVE and self._subscription is not None:
-            assert self.transport is not None
             self.state = _Flow.PAUSED
             self._subscription.pause()
             cast(IPushProducer, self.transport).pauseProducing()
 
     def resumeProducing(self) -> None:
         if self.state is _Flow.PAUSED and self._subscription is not None:
-            assert self.transport is not None
             self.state = _Flow.LIVE
             cast(IPushProducer, self.transport).resumeProducing()
             self._subscription.resume()
 
     def stopProducing(self) -> None:
-        self._close(abort=False)
+        self._close()
 
     def _deliver(self, event: Event) -> None:
-        if not forwarded(event.name):
-            return
-        try:
-            payload = json.dumps(
-                {"jsonrpc": "2.0", "method": event.name, "params": event.payload},
-                separators=(",", ":"),
-                default=str,
-            )
-        except ValueError:
-            log.warn("event {name} is not serialisable; not forwarded", name=event.name)
-            return
-        self._write(payload.encode())
+        self._write(notification(event))
 
     def _dropped(self, reason: str) -> None:
+        """The client stopped reading: unsent bytes are discarded (RST)."""
         log.warn("control client {peer} dropped: {reason}", peer=self.peer, reason=reason)
-        self._close(abort=True)
+        if self._stop():
+            abort(self.transport)
 
     def _send(self, message: Result) -> None:
         self._write(json.dumps(message, separators=(",", ":"), default=str).encode())
 
-    def _write(self, line: bytes) -> None:
-        if self.state is not _Flow.CLOSED:
-            self.sendLine(line)
+    def _write(self, line: bytes | None) -> None:
+        if line is not None and self.state is not _Flow.CLOSED and self.transport is not None:
+            self.transport.write(line + b"\n")
 
-    def _close(self, *, abort: bool) -> None:
-        """Stop everything now; ``abort`` discards unsent bytes (for a client that does not read)."""
+    def _stop(self) -> bool:
+        """Write and read nothing more, unsubscribe; ``False`` when already stopped."""
         if self.state is _Flow.CLOSED:
-            return
+            return False
         self.state = _Flow.CLOSED
         if self._subscription is not None:
             self._subscription.close()
-        if self.transport is not None:
-            abort_connection = getattr(self.transport, "abortConnection", None)
-            if abort and abort_connection is not None:
-                abort_connection()
-            else:
-                self.transport.loseConnection()
+        return True
+
+    def _close(self) -> None:
+        """Stop now; what was written is still delivered, then the connection closes."""
+        if self._stop() and self.transport is not None:
+            self.transport.loseConnection()
 
 
 class ControlFactory(Factory):
     """Builds a :class:`ControlProtocol` per connection; holds the runtime and the method table.
 
     ``max_pending`` bounds each paused connection's event queue (default: the bus's bound).
+    ``token``, when given, must open every connection with ``auth`` (docs/behaviour.md §14.3).
     """
 
     noisy = False
 
-    def __init__(self, runtime: Runtime, *, max_pending: int | None = None) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        max_pending: int | None = None,
+        token: ControlToken | None = None,
+    ) -> None:
         self.runtime = runtime
         self.methods = ControlMethods(runtime)
         self.max_pending = max_pending
+        self.token = token
         self.connections: set[ControlProtocol] = set()
         self._serial = 0
 
@@ -349,12 +338,26 @@ class StdioControlService(service.Service):
         return self.protocol.disconnected
 
 
-def control_service(reactor: IProxyReactor, runtime: Runtime, description: str) -> service.IService:
+def control_service(
+    reactor: IProxyReactor,
+    runtime: Runtime,
+    description: str,
+    *,
+    token: ControlToken | None = None,
+) -> service.IService:
     """The ``--control`` service: a listener on a Twisted server endpoint string, or ``stdio``.
 
-    A description the endpoint parser rejects raises :class:`ValueError` with a one-line message.
+    A description the endpoint parser rejects, or one that needs a token (every endpoint but
+    ``stdio`` and a filesystem ``unix:`` socket, docs/behaviour.md §14.3) given none, raises
+    :class:`ValueError` with a one-line message. With a ``token`` every connection must open with
+    ``auth``, on every endpoint.
     """
-    factory = ControlFactory(runtime)
+    if token is None and needs_token(description):
+        raise ValueError(
+            f"--control {description!r}: a control endpoint other than stdio or a unix socket"
+            " needs --control-token FILE"
+        )
+    factory = ControlFactory(runtime, token=token)
     if description.strip() == "stdio":
         return StdioControlService(reactor, factory)
     try:

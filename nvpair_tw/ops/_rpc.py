@@ -1,6 +1,10 @@
 # -*- test-case-name: tests.ops.test_control -*-
 """JSON-RPC 2.0 plumbing for the control channel (docs/behaviour.md §8): the error codes, :class:`RpcError`,
 reading one request line into a :class:`Request`, and the by-name params checks every method uses.
+
+A line that is not JSON-RPC at all (not JSON, not a JSON object: an HTTP request line or header
+included) is :class:`NotJsonRpc`, which closes the connection (docs/behaviour.md §14.3); a JSON
+object that is not a valid request is :class:`BadRequest`, answered on a connection that stays open.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ __all__ = [
     "INVALID_REQUEST",
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
+    "UNAUTHORIZED",
+    "BadRequest",
+    "NotJsonRpc",
     "Params",
     "Request",
     "Result",
@@ -37,6 +44,8 @@ INVALID_REQUEST = -32600
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
+UNAUTHORIZED = -32001
+"""The first call on a channel with a token was not ``auth`` with that token (§14.3)."""
 
 Params = Mapping[str, Any]
 Result = dict[str, Any]
@@ -61,6 +70,20 @@ class Request:
     notification: bool
 
 
+@frozen
+class NotJsonRpc:
+    """A line that is not a JSON object: answered -32700, then the connection closes."""
+
+    response: Result
+
+
+@frozen
+class BadRequest:
+    """A JSON object that is not a valid request: answered -32600; the connection stays open."""
+
+    response: Result
+
+
 def invalid(message: str) -> RpcError:
     """An ``invalid params`` error."""
     return RpcError(INVALID_PARAMS, f"invalid params: {message}")
@@ -80,34 +103,35 @@ def _valid_id(value: object) -> bool:
     return value is None or (isinstance(value, str | int | float) and not isinstance(value, bool))
 
 
-def read_request(line: bytes) -> Request | Result | None:
-    """The request on one line; an error response for a malformed one; ``None`` for a blank line."""
+def read_request(line: bytes) -> Request | NotJsonRpc | BadRequest | None:
+    """The request on one line; :class:`NotJsonRpc` or :class:`BadRequest` for a malformed one;
+    ``None`` for a blank line."""
     text = line.strip()
     if not text:
         return None
     try:
         message = json.loads(text)
     except (ValueError, RecursionError):
-        return error(None, PARSE_ERROR, "parse error: the line is not valid JSON")
+        return NotJsonRpc(error(None, PARSE_ERROR, "parse error: the line is not JSON; closing"))
     if isinstance(message, list):
-        return error(
-            None,
-            INVALID_REQUEST,
-            "invalid request: batches are not supported; one object per line",
+        return NotJsonRpc(
+            error(None, PARSE_ERROR, "parse error: batches are not supported; one object per line")
         )
     if not isinstance(message, dict):
-        return error(None, INVALID_REQUEST, "invalid request: expected a JSON object")
+        return NotJsonRpc(error(None, PARSE_ERROR, "parse error: expected a JSON object; closing"))
     request_id = message.get("id")
     if not _valid_id(request_id):
-        return error(
-            None, INVALID_REQUEST, "invalid request: id must be a string, a number or null"
+        return BadRequest(
+            error(None, INVALID_REQUEST, "invalid request: id must be a string, a number or null")
         )
     if message.get("jsonrpc") != "2.0":
-        return error(request_id, INVALID_REQUEST, 'invalid request: jsonrpc must be "2.0"')
+        return BadRequest(
+            error(request_id, INVALID_REQUEST, 'invalid request: jsonrpc must be "2.0"')
+        )
     method = message.get("method")
     if not isinstance(method, str) or not method:
-        return error(
-            request_id, INVALID_REQUEST, "invalid request: method must be a non-empty string"
+        return BadRequest(
+            error(request_id, INVALID_REQUEST, "invalid request: method must be a non-empty string")
         )
     return Request(request_id, method, message.get("params", {}), "id" not in message)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from attrs import define, field
+from attrs import Factory, define, field
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.web.client import Agent, HTTPConnectionPool
@@ -36,7 +36,7 @@ from nvpair_tw.inbound import (
     parse_ingress,
 )
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.nodes import Node, NodeDirectory, NodeTrustPolicy
+from nvpair_tw.nodes import Node, NodeDirectory, NodeTrustPolicy, SelfGuard
 from nvpair_tw.selection import (
     PROBE_BOUND,
     Admission,
@@ -89,6 +89,10 @@ class Runtime:
     """The request spans when ``--otlp-endpoint`` is given (docs/behaviour.md §12.5)."""
     usage: UsageRecorder | None = None
     """The usage history (docs/behaviour.md §12.4)."""
+    self_guard: SelfGuard = field(
+        default=Factory(lambda runtime: SelfGuard(runtime.reactor), takes_self=True), kw_only=True
+    )
+    """This process's listening addresses, for the self-loop check (docs/behaviour.md §14.3)."""
 
     def start(self) -> None:
         """Load node files, start watching and polling (and connecting to the fleet store)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
@@ -73,11 +74,11 @@ def test_each_engine_gets_its_facade_listener() -> None:
 
 def test_admin_none_and_control_endpoint() -> None:
     """``--admin none`` leaves the admin listener out; ``--control ENDPOINT`` adds a control listener."""
-    _reactor, top = built("-e", "omlx", "--admin", "none", "--control", "tcp:0:interface=127.0.0.1")
+    _reactor, top = built("-e", "omlx", "--admin", "none", "--control", "unix:/tmp/nv-ctl.sock")
     found = listeners(top)
     assert "admin" not in found
     assert found["omlx facade"] == "tcp:8001:interface=127.0.0.1"
-    assert "tcp:0:interface=127.0.0.1" in found.values()
+    assert "unix:/tmp/nv-ctl.sock" in found.values()
     assert len(found) == 2
 
 
@@ -160,12 +161,29 @@ def test_demo_adds_simulated_nodes_and_their_listeners() -> None:
     assert found["demo node flaky"] == "tcp:11502:interface=127.0.0.1"
 
 
-def test_assembling_starts_nothing() -> None:
+def test_assembling_starts_nothing(tmp_path: Path) -> None:
     """Assembly only builds: no port is opened and no timer is scheduled until the service starts."""
-    reactor, top = built("-e", "ollama", "-e", "omlx", "--control", "tcp:0:interface=127.0.0.1")
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    token.chmod(0o600)
+    reactor, top = built(
+        "-e", "ollama", "-e", "omlx", "--control", "tcp:0:interface=127.0.0.1",
+        "--control-token", str(token),
+    )  # fmt: skip
     assert not top.running
     assert reactor.tcpServers == []
     assert reactor.getDelayedCalls() == []
+
+
+def test_every_listening_port_reaches_the_self_loop_check() -> None:
+    """Facade, admin and control listeners report their ports to the runtime's self-loop check
+    (docs/behaviour.md §14.3), so a node at one of them is this process."""
+    _reactor, top = built("-e", "ollama", "--admin", "tcp:9181:interface=127.0.0.1")
+    top.startService()
+    guard = runtime_of(top).self_guard
+    assert {port for _, port in guard.listening} == {11435, 9181}
+    assert guard.excludes("http://localhost:9181") and not guard.excludes("http://10.0.0.5:9181")
+    top.stopService()
 
 
 def test_the_assembled_tree_starts_and_stops_cleanly() -> None:

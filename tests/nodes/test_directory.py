@@ -78,6 +78,8 @@ def test_file_cordon_is_read_onto_the_node(tmp_path: Path) -> None:
         ),
         ("[[node]]\nid = 'a'\nurl = 'ftp://a:1'\n", "node 1 (id 'a'): url: must be an http"),
         ("[[node]]\nid = 'a'\nurl = 'http://'\n", "url: must be an http"),
+        ("[[node]]\nid = 'a'\nurl = 'file:///etc/passwd'\n", "url: must be an http"),
+        ('[[node]]\nid = "a"\nurl = "http://a\\nb:1"\n', "url: must not contain spaces"),
         ("[[node]]\nid = 'a'\nurl = 'http://a:99999'\n", "url: must be an http"),
         ("[[node]]\nid = 'a'\n[node.url]\nollama = 'nope'\n", "(id 'a'): url.ollama: must be"),
         ("[[node]]\nid = 'a'\n[node.url]\nollamma = 'http://a'\n", "url.ollamma: unknown engine"),

@@ -112,6 +112,21 @@ def test_blank_lines_are_ignored() -> None:
         (b"3", "object"),
         (b'"x"', "object"),
         (b'[{"jsonrpc": "2.0", "id": 1, "method": "nodes/list"}]', "batch"),
+        (b"POST / HTTP/1.1", "not JSON"),
+        (b"Host: 127.0.0.1:7070", "not JSON"),
+    ],
+)
+def test_lines_that_are_not_json_objects_answer_32700(line: bytes, needle: str) -> None:
+    """Non-objects, batches and HTTP request lines or headers are not JSON-RPC: -32700, id null."""
+    response = ControlMethods(_runtime()).handle_line(line)
+    code, message = _error_of(response)
+    assert code == PARSE_ERROR and needle in message
+    assert isinstance(response, dict) and response["id"] is None
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
         (b'{"jsonrpc": "1.0", "id": 1, "method": "nodes/list"}', "jsonrpc"),
         (b'{"id": 1, "method": "nodes/list"}', "jsonrpc"),
         (b'{"jsonrpc": "2.0", "id": true, "method": "nodes/list"}', "id"),
@@ -121,7 +136,7 @@ def test_blank_lines_are_ignored() -> None:
     ],
 )
 def test_invalid_requests_answer_32600(line: bytes, needle: str) -> None:
-    """Non-objects, batches, a wrong jsonrpc, a bad id or method type answer -32600 naming the problem."""
+    """A wrong jsonrpc, a bad id or method type answer -32600 naming the problem."""
     code, message = _error_of(ControlMethods(_runtime()).handle_line(line))
     assert code == INVALID_REQUEST
     assert needle in message
@@ -286,6 +301,11 @@ def test_nodes_list_reports_slots_slots_in_use_and_queue_depth() -> None:
         ("node/remove-manual", {"id": ""}, "id"),
         ("discovery:nodes", {"nodes": {}}, "nodes"),
         ("discovery:nodes", {"nodes": [{"id": "d", "url": "ftp://x"}]}, "nodes[0].url"),
+        ("discovery:nodes", {"nodes": [{"id": "d", "url": "http://"}]}, "nodes[0].url"),
+        ("node/add-manual", {"id": "m", "url": "javascript:alert(1)"}, "url"),
+        ("node/add-manual", {"id": "m", "url": "unix:/run/x.sock"}, "url"),
+        ("node/add-manual", {"id": "m", "url": "http:///path-only"}, "url"),
+        ("node/add-manual", {"id": "m", "url": "http://a\nb:1"}, "url"),
         ("node/set-priority", {"nodes": []}, "generation"),
         ("node/set-priority", {"generation": 1, "nodes": "a"}, "nodes"),
         ("node/set-priority", {"generation": 1, "nodes": [""]}, "nodes[0]"),
@@ -398,12 +418,29 @@ def _lines(transport: StringTransport) -> list[dict[str, Any]]:
     return out
 
 
-def test_connection_answers_after_a_parse_error() -> None:
-    """A malformed line is answered -32700 and the next line on the same connection is served."""
+@pytest.mark.parametrize("first", [b"garbage", b"POST / HTTP/1.1", b"[]", b"Host: x"])
+def test_a_line_that_is_not_json_rpc_closes_the_connection_before_the_next_line(
+    first: bytes,
+) -> None:
+    """-32700, then the connection closes: a request after it in the same read is not acted on."""
+    factory, protocol, transport = _connected()
+    add = {"jsonrpc": "2.0", "id": 2, "method": "node/add-manual"}
+    add["params"] = {"id": "evil", "url": "http://10.6.6.6:11434"}
+    protocol.dataReceived(first + b"\r\n" + json.dumps(add).encode() + b"\n")
+    [response] = _lines(transport)
+    assert response["error"]["code"] == PARSE_ERROR and response["id"] is None
+    assert transport.disconnecting
+    assert factory.runtime.facades["ollama"].directory.get("evil") is None
+
+
+def test_an_invalid_request_is_answered_and_the_connection_goes_on() -> None:
+    """A JSON object that is not a valid request is -32600; the next line is served."""
     _, protocol, transport = _connected()
-    protocol.dataReceived(b"garbage\n" + b'{"jsonrpc":"2.0","id":2,"method":"nodes/list"}\r\n')
+    protocol.dataReceived(
+        b'{"id":1,"method":"x"}\n{"jsonrpc":"2.0","id":2,"method":"nodes/list"}\n'
+    )
     first, second = _lines(transport)
-    assert first["error"]["code"] == PARSE_ERROR
+    assert first["error"]["code"] == INVALID_REQUEST
     assert second["id"] == 2 and second["result"]["nodes"][0]["id"] == "a"
     assert not transport.disconnecting
 
@@ -776,8 +813,8 @@ async def test_notifications_arrive_for_a_request(reactor: Any) -> None:
 
 
 @ensure_deferred
-async def test_malformed_line_over_the_socket_keeps_the_connection(reactor: Any) -> None:
-    """Garbage is answered -32700 and the same connection answers the next request."""
+async def test_malformed_line_over_the_unix_socket_closes_the_connection(reactor: Any) -> None:
+    """Over a unix socket too, garbage is answered -32700 and the connection is closed."""
     h = await _harness(
         reactor, lambda urls: [Node("a", urls[0], LLAMA)], [SimulatedEngine(reactor)]
     )
@@ -786,7 +823,7 @@ async def test_malformed_line_over_the_socket_keeps_the_connection(reactor: Any)
         ctl.sendLine(b"{this is not json")
         parse = await ctl.wait_for(lambda m: "error" in m)
         assert parse["error"]["code"] == PARSE_ERROR and parse["id"] is None
-        assert [n["id"] for n in (await ctl.result("nodes/list"))["nodes"]] == ["a"]
+        await ctl.lost
     finally:
         await h.stop()
 

@@ -1,0 +1,104 @@
+# -*- test-case-name: tests.nodes.test_self -*-
+"""What the self-loop check needs at run time (docs/behaviour.md §14.3): the addresses this process
+listens on, learnt from each listening port, and what node host names resolved to.
+
+Names are resolved on the reactor's own resolver (``reactor.nameResolver``; Twisted's default runs
+``getaddrinfo`` in the reactor's thread pool), never on the reactor thread, and only for a URL whose
+port is one this process listens on (every other URL cannot be this process). IP literals and
+``localhost`` are never resolved. The verdict itself is the pure :func:`~nvpair_tw.nodes._self.is_self`.
+"""
+
+from __future__ import annotations
+
+from attrs import define, field
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import (
+    IAddress,
+    IHostResolution,
+    IListeningPort,
+    IReactorPluggableNameResolver,
+    IResolutionReceiver,
+)
+from zope.interface import implementer
+
+from nvpair_tw.nodes._self import Listening, is_self, name_to_resolve, port_of
+
+__all__ = ["SelfGuard"]
+
+
+@implementer(IResolutionReceiver)
+class _Addresses:
+    """Collects one resolution's addresses; ``done`` fires with them."""
+
+    def __init__(self) -> None:
+        self.found: set[str] = set()
+        self.done: Deferred[frozenset[str]] = Deferred()
+
+    def resolutionBegan(self, resolutionInProgress: IHostResolution) -> None:
+        pass
+
+    def addressResolved(self, address: IAddress) -> None:
+        host = getattr(address, "host", None)
+        if isinstance(host, str):
+            self.found.add(host)
+
+    def resolutionComplete(self) -> None:
+        self.done.callback(frozenset(self.found))
+
+
+@define
+class SelfGuard:
+    """This process's listening addresses and its node names' resolutions, for :meth:`excludes`.
+
+    The runtime keeps one; every listener reports its port to :meth:`listened`. The node code
+    calls :meth:`refresh` when a node is added and at each poll, and :meth:`excludes` where
+    candidates are chosen (synchronous: it uses the last resolution).
+    """
+
+    _reactor: IReactorPluggableNameResolver
+    _listening: set[tuple[str, int]] = field(factory=set, init=False)
+    _resolved: dict[str, frozenset[str]] = field(factory=dict, init=False)
+
+    @property
+    def listening(self) -> Listening:
+        """The ``(interface, port)`` pairs this process listens on now."""
+        return frozenset(self._listening)
+
+    def listened(self, port: IListeningPort) -> IListeningPort:
+        """Record a listening port (a ``Deferred`` callback: returns ``port``); unix and other
+        address families without a TCP port are ignored."""
+        address = port.getHost()
+        host, number = getattr(address, "host", None), getattr(address, "port", None)
+        if isinstance(host, str) and isinstance(number, int):
+            self._listening.add((host, number))
+        return port
+
+    def excludes(self, url: str) -> bool:
+        """Whether ``url`` is this process (so never a candidate), by the last resolution."""
+        name = name_to_resolve(url)
+        addresses = self._resolved.get(name, frozenset()) if name is not None else frozenset()
+        return is_self(url, self.listening, addresses)
+
+    def must_resolve(self, url: str) -> bool:
+        """Whether telling if ``url`` is this process needs its host name resolved: a name (not
+        an IP literal or ``localhost``) on a port this process listens on."""
+        port = port_of(url)
+        return name_to_resolve(url) is not None and any(p == port for _, p in self._listening)
+
+    def refresh(self, url: str) -> Deferred[bool]:
+        """Resolve ``url``'s host name again if it could be this process, then :meth:`excludes`.
+
+        Fires at once when :meth:`must_resolve` is false. A name that does not resolve is not
+        this process.
+        """
+        name = name_to_resolve(url)
+        if name is None or not self.must_resolve(url):
+            return succeed(self.excludes(url))
+        receiver = _Addresses()
+        self._reactor.nameResolver.resolveHostName(receiver, name, port_of(url) or 0)
+
+        def resolved(addresses: frozenset[str]) -> bool:
+            self._resolved[name] = addresses
+            return self.excludes(url)
+
+        return receiver.done.addCallback(resolved)
