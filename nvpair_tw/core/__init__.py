@@ -19,9 +19,12 @@ from nvpair_tw.core._engines import (
 from nvpair_tw.core._errors import raw_error_response, write_error
 from nvpair_tw.core._headers import (
     HOP_BY_HOP,
+    LOOP_HEADER,
+    PROCESS_NONCE,
     TARGET_HEADER,
     forward_headers,
     header_tokens,
+    loop_marks,
     upstream_request_headers,
 )
 from nvpair_tw.core._json import object_members, skip_whitespace
@@ -38,6 +41,8 @@ from nvpair_tw.core._states import IllegalCall
 __all__ = [
     "ENGINES",
     "HOP_BY_HOP",
+    "LOOP_HEADER",
+    "PROCESS_NONCE",
     "RESPONSES_PATH",
     "TARGET_HEADER",
     "UPSTREAM_CLIENTS",
@@ -57,6 +62,7 @@ __all__ = [
     "format_duration",
     "forward_headers",
     "header_tokens",
+    "loop_marks",
     "object_members",
     "parse_duration",
     "raw_error_response",

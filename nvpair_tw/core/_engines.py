@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
-from urllib.parse import unquote
 
 from attrs import field, frozen
 
@@ -262,8 +261,10 @@ def _show_model(_path: str, body: Any) -> str | None:
 
 
 def _path_model(prefix: str) -> Callable[[str, Any], str | None]:
+    """The model id below ``prefix`` of a path already decoded (docs/behaviour.md §14.1)."""
+
     def model(path: str, _body: Any) -> str | None:
-        return unquote(path[len(prefix) :]) or None
+        return path[len(prefix) :] or None
 
     return model
 

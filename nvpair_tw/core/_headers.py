@@ -1,15 +1,22 @@
 # -*- test-case-name: tests.core.test_headers -*-
-"""End-to-end header forwarding: hop-by-hop headers stripped both ways (RFC 9110 §7.6.1)."""
+"""End-to-end header forwarding: hop-by-hop headers stripped both ways (RFC 9110 §7.6.1), the
+proxy's own ``X-NVPair-*`` request headers never forwarded, and the per-process loop mark every
+request to a node carries (docs/behaviour.md §14.2, §14.3)."""
 
 from __future__ import annotations
+
+import secrets
 
 from twisted.web.http_headers import Headers
 
 __all__ = [
     "HOP_BY_HOP",
+    "LOOP_HEADER",
+    "PROCESS_NONCE",
     "TARGET_HEADER",
     "forward_headers",
     "header_tokens",
+    "loop_marks",
     "upstream_request_headers",
 ]
 
@@ -30,6 +37,23 @@ HOP_BY_HOP = frozenset(
     }
 )
 _REQUEST_DROP = frozenset({b"host", b"content-length", b"expect", TARGET_HEADER})
+_PROXY_PREFIX = b"x-nvpair-"
+
+LOOP_HEADER = b"x-nvpair-via"
+"""Carries :data:`PROCESS_NONCE` on every request this process sends to a node: a request that
+comes back to its sender, by whatever address, is refused (508 ``loop-detected``, §14.3)."""
+
+PROCESS_NONCE = secrets.token_hex(16).encode("ascii")
+"""This process's loop mark: random, made once at start-up, never shown to clients."""
+
+_MAX_MARKS = 8
+"""Loop marks a request keeps: the proxies it passed through add theirs, so a loop through
+several proxies (A → B → A) comes back to A with A's mark."""
+
+
+def loop_marks(headers: Headers) -> bool:
+    """Whether a request came back to the process that sent it (it carries this process's mark)."""
+    return PROCESS_NONCE in headers.getRawHeaders(LOOP_HEADER, [])
 
 
 def header_tokens(headers: Headers, name: bytes) -> list[bytes]:
@@ -54,9 +78,22 @@ def forward_headers(source: Headers, drop: frozenset[bytes] = frozenset()) -> He
     return out
 
 
-def upstream_request_headers(source: Headers, client_host: str | None) -> Headers:
-    """Headers for an upstream attempt: end-to-end ones, ``Host`` left to the agent, XFF appended."""
+def _without_proxy_headers(source: Headers) -> Headers:
+    """``source`` without any ``X-NVPair-*`` header (they are the proxy's, never a node's)."""
     out = forward_headers(source, _REQUEST_DROP)
+    for name, _ in list(out.getAllRawHeaders()):
+        if name.lower().startswith(_PROXY_PREFIX):
+            out.removeHeader(name)
+    return out
+
+
+def upstream_request_headers(source: Headers, client_host: str | None) -> Headers:
+    """Headers for an upstream attempt: end-to-end ones without the proxy's own ``X-NVPair-*``,
+    ``Host`` left to the agent, XFF appended, and the loop marks: those of the proxies the
+    request passed (the last seven) and this process's own (§14.3)."""
+    marks = source.getRawHeaders(LOOP_HEADER, [])[-_MAX_MARKS + 1 :]
+    out = _without_proxy_headers(source)
+    out.setRawHeaders(LOOP_HEADER, [*marks, PROCESS_NONCE])
     if client_host:
         previous = out.getRawHeaders(b"x-forwarded-for", [])
         joined = b", ".join([*previous, client_host.encode("ascii", "replace")])

@@ -11,10 +11,8 @@ turns those values into the request record, the workload's end and the affinity 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import Any
 
 from attrs import evolve, frozen
 from twisted.internet.defer import CancelledError
@@ -22,7 +20,7 @@ from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from nvpair_tw.assembly import Assembly, Dialect, plan_assembly, rewrite_body
-from nvpair_tw.core import RESPONSES_PATH, RouteKind, upstream_request_headers, write_error
+from nvpair_tw.core import RESPONSES_PATH, RouteKind, write_error
 from nvpair_tw.corridor._attempts import (
     Abandoned,
     AttemptObserver,
@@ -32,12 +30,13 @@ from nvpair_tw.corridor._attempts import (
     Exhausted,
     run_attempts,
 )
-from nvpair_tw.corridor._dialect import Speech, reach
+from nvpair_tw.corridor._dialect import Reach, Speech, reach
+from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._relay import RelayEnd, RelayOutcome, cut, relay
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import RequestRecord, Workload
 from nvpair_tw.dialects import Usage, UsageMeter, asks_usage
-from nvpair_tw.inbound import Caller, Permit, Refusal, model_not_allowed
+from nvpair_tw.inbound import LOCAL, Permit, Refusal, Rejection, Role
 from nvpair_tw.nodes import Node
 from nvpair_tw.selection import (
     RETRY_AFTER_SECONDS,
@@ -50,7 +49,7 @@ from nvpair_tw.selection import (
     affinity_key,
 )
 
-__all__ = ["forward", "model_of", "remember_response", "target_of"]
+__all__ = ["forward", "remember_response"]
 
 
 @frozen
@@ -62,6 +61,9 @@ class _Route:
     candidates: list[Node]
     key: AffinityKey | None
     warm: str | None
+    label: str | None
+    """The model as records, usage and metrics name it: the public name the gate resolved, else
+    ``other`` (docs/behaviour.md §14.6)."""
 
 
 class _Observer(AttemptObserver):
@@ -84,81 +86,44 @@ class _Observer(AttemptObserver):
 
 
 async def forward(
-    facade: FacadeState,
-    request: Request,
-    kind: RouteKind,
-    record: RequestRecord,
-    target: Node | None = None,
-    *,
-    caller: Caller | None = None,
+    facade: FacadeState, request: Request, inbound: Inbound, record: RequestRecord
 ) -> None:
     """Forward one inference, model-routed or pass-through request and conclude it.
 
-    ``target`` is the node an ``X-NVPair-Node`` header chose: the only candidate (§2.1).
-    ``caller`` is who the ingress said is calling: its key's model scope and limits apply (§12.1).
+    ``inbound`` is the request understood once (docs/behaviour.md §14.1): its node named by
+    ``X-NVPair-Node`` is the only candidate (§2.1), its caller's limits apply (§12.1). ``request``
+    is only written to and watched for the client's departure.
     """
-    if caller is not None and _out_of_scope(facade, request, kind, record, caller):
+    route = _route(facade, inbound, record)
+    if isinstance(route, Rejection):
+        _refused(facade, request, record, route)
         return
-    route = _route(facade, request, kind, record, target)
-    if route is None:
-        return
-    permit = _permitted(facade, request, kind, record, caller)
-    if permit is None:
+    permit = _permitted(facade, inbound)
+    if isinstance(permit, Rejection):
+        _refused(facade, request, record, permit)
         return
     try:
-        await _admitted(facade, request, record, target, route)
+        await _admitted(facade, request, record, inbound, route)
     finally:
-        if permit is not True:
+        if permit is not None:
             permit.done(_tokens(record))
 
 
-# --- named keys (§12.1): the model scope, then the limits; nothing reaches a node when refused --
-
-
-def _out_of_scope(
-    facade: FacadeState, request: Request, kind: RouteKind, record: RequestRecord, caller: Caller
-) -> bool:
-    """403 ``model-not-allowed`` for a model outside the key's scope, answered before anything
-    else looks at the model (so the answer never says whether the fleet has it); True then."""
-    assert request.content is not None
-    body = request.content.read()
-    request.content.seek(0)
-    if kind is RouteKind.INFERENCE:
-        named, _ = model_of(body)
-    elif kind is RouteKind.MODEL_ROUTED:
-        named = _routed_model(facade, request.method, record.path, body)
-    else:
-        return False
-    scoped = facade.directory.catalogue.public(named) if named else None
-    if not scoped or caller.rules.allows(scoped):
-        return False
-    refused = model_not_allowed(scoped)
+def _refused(
+    facade: FacadeState, request: Request, record: RequestRecord, refused: Rejection
+) -> None:
+    """Answer a refusal of the corridor (no node contacted) and record it."""
     write_error(request, refused.status, refused.message, refused.code, refused.headers)
     record.publish(facade.shared.bus, status=refused.status, node_id=None, error=refused.code)
-    return True
 
 
-def _permitted(
-    facade: FacadeState,
-    request: Request,
-    kind: RouteKind,
-    record: RequestRecord,
-    caller: Caller | None,
-) -> Permit | Literal[True] | None:
-    """429 ``rate-limited`` (None, answered here), else the permit of a limited inference (True:
-    nothing to count)."""
-    if caller is None:
-        return True
-    bus = facade.shared.bus
-    if kind is not RouteKind.INFERENCE:
-        return True
-    admitted = facade.shared.limiter.admit(caller)
-    if isinstance(admitted, Refusal):
-        limited = admitted.rejection
-        write_error(request, limited.status, limited.message, limited.code, limited.headers)
-        record.publish(bus, status=limited.status, node_id=None, error=limited.code)
+def _permitted(facade: FacadeState, inbound: Inbound) -> Permit | Rejection | None:
+    """The permit of an admitted inference (counted now, §12.1), 429 ``rate-limited``, or None
+    for a route the limits do not count."""
+    if inbound.kind is not RouteKind.INFERENCE:
         return None
-    return admitted
+    admitted = facade.shared.limiter.admit(inbound.caller)
+    return admitted.rejection if isinstance(admitted, Refusal) else admitted
 
 
 def _tokens(record: RequestRecord) -> int | None:
@@ -171,10 +136,11 @@ async def _admitted(
     facade: FacadeState,
     request: Request,
     record: RequestRecord,
-    target: Node | None,
+    inbound: Inbound,
     route: _Route,
 ) -> None:
     """Admission (a slot, or the queue), the workload, then the answer."""
+    target = inbound.node
     ticket = (
         facade.admission.admit(route.candidates, targeted=target is not None)
         if route.model
@@ -188,7 +154,13 @@ async def _admitted(
         record.workload_id = workload.id
     caller = _watch(request, workload, facade)
     if isinstance(ticket, Waiter):
-        ticket = await _queue(facade, request, ticket, caller, record, workload)
+        key = None if inbound.caller is LOCAL else inbound.caller.name
+        release = facade.shared.holdings.hold(key, ticket.bound.cancel) if key else None
+        try:
+            ticket = await _queue(facade, request, ticket, caller, record, workload)
+        finally:
+            if release is not None:
+                release()
         if ticket is None:
             return
     booking = Booking.nothing()
@@ -224,8 +196,8 @@ async def _answer(
         progress=facade.progress,
     )
     if isinstance(result, Committed):
-        if route.model and result.wire is not None:
-            record.served_as(route.model, result.wire.local_model, result.wire.translated)
+        if route.label and result.wire is not None:
+            record.served_as(route.label, result.wire.local_model, result.wire.translated)
         record.first_byte()
         remember_response(facade, record.path, result)
         clock = shared.clock
@@ -316,35 +288,33 @@ def _busy(
     record.publish(facade.shared.bus, status=503, node_id=None, error=code)
 
 
-def _route(
-    facade: FacadeState,
-    request: Request,
-    kind: RouteKind,
-    record: RequestRecord,
-    target: Node | None = None,
-) -> _Route | None:
-    """The gate, affinity and candidate order; None when the request was answered here (502/404).
+def _route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> _Route | Rejection:
+    """The gate, affinity and candidate order, or the refusal (502/404/400/503).
 
     A model-routed request (``/api/show``, ``/api/v0/models/{id}``) is gated like inference but
     has no workload, reservation or affinity: its plan moves on past a 404 (``inference``) and
-    commits on headers (not ``gated``). A ``target`` is the only candidate, ungated.
+    commits on headers (not ``gated``). A targeted node is the only candidate; a key of role
+    ``user`` still has the gate run on it (docs/behaviour.md §14.2).
     """
-    inference = kind is RouteKind.INFERENCE
-    assert request.content is not None
-    body = request.content.read()
-    sent, parsed = model_of(body) if inference else (None, None)
-    eligible = _eligible(facade, request, kind, record, body, sent, target)
-    if eligible is None:
-        return None
-    eligible = _speakable(facade, request, record, eligible, parsed)
-    if eligible is None:
-        return None
+    inference = inbound.kind is RouteKind.INFERENCE
+    gated = inbound.model if inbound.kind in _GATED else None
+    parsed = inbound.doc if inference else None
+    eligible = _eligible(facade, inbound, gated)
+    if isinstance(eligible, Rejection):
+        return eligible
+    eligible = _speakable(facade, inbound.path, eligible, parsed)
+    if isinstance(eligible, Rejection):
+        return eligible
     # Affinity, reservations, residency, workloads and events key on the public name (§11.4).
-    model = facade.directory.catalogue.public(sent) if sent else sent
+    model = facade.directory.catalogue.public(gated) if gated else None
+    target = inbound.node
+    label = model
+    if model and target is not None and target not in facade.eligible(gated):
+        label = OTHER_MODEL  # a targeted node that does not list it (§14.6)
     key: AffinityKey | None = None
     hint: str | None = None
     if model and parsed is not None and target is None:
-        key = affinity_key(record.path, facade.profile.normalise(model.strip()), parsed)
+        key = affinity_key(inbound.path, facade.profile.normalise(model.strip()), parsed)
         hint = facade.affinity.lookup(key) if key is not None else None
     if target is not None:
         candidates, promoted = [target], False
@@ -352,111 +322,96 @@ def _route(
         candidates, promoted = facade.order(
             eligible, head_selection=bool(model), affinity_hint=hint, model=model
         )
-        if model and parsed is not None and record.path == RESPONSES_PATH:
+        if model and parsed is not None and inbound.path == RESPONSES_PATH:
             candidates = _conversation_first(facade, parsed, candidates)
-    named = sent
-    if kind is RouteKind.MODEL_ROUTED:
-        named = _routed_model(facade, request.method, record.path, body)
-    plan = _plan(facade, request, kind, record, body, parsed, named, candidates)
+    plan = _plan(facade, inbound, record, gated, candidates)
     warm = candidates[0].id if promoted else None
-    return _Route(plan, model, candidates, key, warm)
+    if not inference:
+        model = label = None
+    return _Route(plan, model, candidates, key, warm, label)
 
 
-def _eligible(
-    facade: FacadeState,
-    request: Request,
-    kind: RouteKind,
-    record: RequestRecord,
-    body: bytes,
-    model: str | None,
-    target: Node | None,
-) -> list[Node] | None:
-    """The capability gate (§4.2): the nodes that may answer, or None after answering 404/502."""
-    bus = facade.shared.bus
-    if kind is RouteKind.MODEL_ROUTED:
-        route_model = _routed_model(facade, request.method, record.path, body)
-        eligible = facade.eligible(route_model)
-        if route_model and not eligible and target is None:
-            if _all_cordoned(facade, request, record, route_model):
-                return None
-            write_error(request, 404, f"model '{route_model}' not found", "model-not-found")
-            record.publish(bus, status=404, node_id=None, error="model-not-found")
-            return None
+_GATED = (RouteKind.INFERENCE, RouteKind.MODEL_ROUTED)
+OTHER_MODEL = "other"
+"""How records, usage and metrics name a model the gate did not resolve (§14.6)."""
+
+
+def _eligible(facade: FacadeState, inbound: Inbound, model: str | None) -> list[Node] | Rejection:
+    """The capability gate (§4.2): the nodes that may answer, or why none may (404/502/503)."""
+    target = inbound.node
+    if target is not None:
+        if inbound.caller.rules.role is Role.ADMIN or not model:
+            return [target]
+        if facade.cordons.cordoned(target):
+            return Rejection(
+                503, "node-cordoned", f"node '{target.id}' is cordoned for maintenance"
+            )
+        return [target] if target in facade.eligible(model) else _no_owner(inbound, model)
+    eligible = facade.eligible(model)
+    if eligible:
         return eligible
-    eligible = facade.eligible(model) if target is None else [target]
-    if not eligible and target is None and _all_cordoned(facade, request, record, model):
-        return None
-    if model and not eligible:
-        message = "no available node advertises the requested model"
-        write_error(request, 502, message, "no-model-owner")
-        record.publish(bus, status=502, node_id=None, error="no-model-owner")
-        return None
-    return eligible
+    if facade.cordoned_owners(model):
+        what = f"every node with model '{model}'" if model else "every node"
+        return Rejection(503, "node-cordoned", f"{what} is cordoned for maintenance")
+    return _no_owner(inbound, model) if model else eligible
+
+
+def _no_owner(inbound: Inbound, model: str) -> Rejection:
+    if inbound.kind is RouteKind.MODEL_ROUTED:
+        return Rejection(404, "model-not-found", f"model '{model}' not found")
+    return Rejection(502, "no-model-owner", "no available node advertises the requested model")
 
 
 def _speakable(
-    facade: FacadeState,
-    request: Request,
-    record: RequestRecord,
-    eligible: list[Node],
-    parsed: dict[str, Any] | None,
-) -> list[Node] | None:
-    """The eligible nodes that can take the route, natively or translated (§11.3); None after
-    answering 400 ``untranslatable`` (no native candidate, and the request cannot be translated)
-    or 502 ``no-route-owner`` (no candidate of a kind that serves the route)."""
-    reaches = [(node, reach(facade.profile, node, record.path, parsed)) for node in eligible]
-    able = [node for node, how in reaches if how.ok]
+    facade: FacadeState, path: str, eligible: list[Node], parsed: dict[str, Any] | None
+) -> list[Node] | Rejection:
+    """The eligible nodes that can take the route, natively or translated (§11.3), decided once
+    per node kind; 400 ``untranslatable`` (no native candidate, and the request cannot be
+    translated) or 502 ``no-route-owner`` (no candidate of a kind that serves the route)."""
+    by_kind: dict[str, Reach] = {}
+    able: list[Node] = []
+    for node in eligible:
+        kind = node.kind_of(facade.profile).name
+        how = by_kind.get(kind)
+        if how is None:
+            how = by_kind[kind] = reach(facade.profile, node, path, parsed)
+        if how.ok:
+            able.append(node)
     if able or not eligible:
         return able
-    bus = facade.shared.bus
-    field = next((how.field for _, how in reaches if how.field), None)
+    field = next((how.field for how in by_kind.values() if how.field), None)
     if field is not None:
         message = f"the request cannot be translated for the nodes that have it: field '{field}'"
-        write_error(request, 400, message, "untranslatable")
-        record.publish(bus, status=400, node_id=None, error="untranslatable")
-        return None
-    message = "no node of a kind that serves this route"
-    write_error(request, 502, message, "no-route-owner")
-    record.publish(bus, status=502, node_id=None, error="no-route-owner")
-    return None
-
-
-def _all_cordoned(
-    facade: FacadeState, request: Request, record: RequestRecord, model: str | None
-) -> bool:
-    """Every node that could answer is cordoned (§13.1): 503 ``node-cordoned``, and True."""
-    if not facade.cordoned_owners(model):
-        return False
-    what = f"every node with model '{model}'" if model else "every node"
-    write_error(request, 503, f"{what} is cordoned for maintenance", "node-cordoned")
-    record.publish(facade.shared.bus, status=503, node_id=None, error="node-cordoned")
-    return True
+        return Rejection(400, "untranslatable", message)
+    return Rejection(502, "no-route-owner", "no node of a kind that serves this route")
 
 
 def _plan(
     facade: FacadeState,
-    request: Request,
-    kind: RouteKind,
+    inbound: Inbound,
     record: RequestRecord,
-    body: bytes,
-    parsed: dict[str, Any] | None,
     model: str | None,
     candidates: list[Node],
 ) -> AttemptPlan:
-    """What every attempt sends and how it commits, its timers and the assembly of §6.5."""
-    path = record.path
+    """What every attempt sends and how it commits, its timers and the assembly of §6.5: the
+    checked body and the normalised target of the one parse (docs/behaviour.md §14.1)."""
+    path = inbound.path
     settings = facade.shared.settings
+    kind = inbound.kind
     inference = kind is RouteKind.INFERENCE
+    body = inbound.body
+    parsed = inbound.doc if inference else None
+    method = inbound.head.method
     assembles = inference and settings.assembles(facade.engine)
     assembly = plan_assembly(path, body, parsed, settings.max_body_size) if assembles else None
-    target = target_of(request.uri)
+    target = inbound.head.target.wire
     body, asked = _asking_usage(path, body, parsed, assembly) if inference else (body, False)
     strip_usage = record.usage_noted if asked else None
     speech = None
     if _needs_speech(facade, path, model, candidates):
         speech = Speech(
             facade=facade.profile,
-            method=request.method,
+            method=method,
             target=target,
             path=path,
             body=body,
@@ -469,9 +424,9 @@ def _plan(
             clock=facade.shared.clock.seconds,
         )
     return AttemptPlan(
-        method=request.method,
+        method=method,
         target=target,
-        headers=upstream_request_headers(request.requestHeaders, _client_host(request)),
+        headers=inbound.head.headers,
         body=assembly.body if assembly is not None else body,
         inference=inference or kind is RouteKind.MODEL_ROUTED,
         gated=inference and facade.first_body_gate,
@@ -515,15 +470,6 @@ def _needs_speech(facade: FacadeState, path: str, model: str | None, nodes: list
     if model and facade.directory.catalogue.lookup(model).aliases:
         return True
     return any(not node.speaks(facade.profile, path) for node in nodes)
-
-
-def _routed_model(facade: FacadeState, method: bytes, path: str, body: bytes) -> str | None:
-    """The model a model-routed request names (None: it names none, so every node may answer)."""
-    route = facade.profile.model_route(method, path)
-    if route is None:
-        return None
-    _, parsed = model_of(body)
-    return route.model(path, parsed)
 
 
 # --- /v1/responses: the conversation's stored state lives on the node that produced it ---------
@@ -665,36 +611,3 @@ def _conclude(
         error=outcome.error,
         cache_affinity=route.warm is not None and node.id == route.warm,
     )
-
-
-def model_of(body: bytes) -> tuple[str | None, dict[str, Any] | None]:
-    """The top-level string ``model`` of a JSON body; an unparseable body has none (not gated)."""
-    if not body.lstrip().startswith(b"{"):
-        return None, None
-    try:
-        parsed = json.loads(body)
-    except (ValueError, RecursionError):
-        return None, None
-    if not isinstance(parsed, dict):
-        return None, None
-    model = parsed.get("model")
-    if isinstance(model, str) and model.strip():
-        return model, parsed
-    return None, parsed
-
-
-def _client_host(request: Request) -> str | None:
-    host = getattr(request.getClientAddress(), "host", None)
-    return host if isinstance(host, str) else None
-
-
-def target_of(uri: bytes) -> bytes:
-    """The raw path and query of a request target (absolute-form reduced to its path).
-
-    Raises ``ValueError`` for an absolute-form target whose authority does not parse.
-    """
-    if uri.startswith(b"/"):
-        return uri.partition(b"#")[0]
-    parts = urlsplit(uri.decode("latin-1"))
-    path = (parts.path or "/").encode("latin-1")
-    return path + (b"?" + parts.query.encode("latin-1") if parts.query else b"")

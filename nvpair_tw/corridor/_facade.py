@@ -1,10 +1,12 @@
 # -*- test-case-name: tests.corridor.test_facade -*-
-"""One engine's facade: the resource that classifies a request and hands it on.
+"""One engine's facade: the resource that reads a request once and hands it on.
 
-Every request gets an id and a record; the ingress policy and the drain come first; then the route
-kind decides (docs/behaviour.md §2): model lists are answered from every node here, everything else
-is handed to :func:`nvpair_tw.corridor._exchange.forward`, which walks the corridor (order → attempts →
-relay) and concludes it.
+The head is checked at its end (:meth:`FacadeResource.head_gate`, docs/behaviour.md §14.1): the
+source, the key, the path, the route, the role and the limits that need no body, into a
+:class:`~nvpair_tw.corridor._head.Head`. Then the body is parsed once and the model scope-checked
+into an :class:`~nvpair_tw.corridor._inbound.Inbound`, and the route decides (§2): model lists are
+answered from every node here, fan-outs run on several nodes, tunnels are spliced, everything else
+is handed to :func:`nvpair_tw.corridor._exchange.forward` (order → attempts → relay → conclusion).
 """
 
 from __future__ import annotations
@@ -16,27 +18,28 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from nvpair_tw.core import RouteKind, abort, write_error
 from nvpair_tw.corridor._aggregate import aggregate_model_list
-from nvpair_tw.corridor._exchange import forward, model_of, target_of
+from nvpair_tw.corridor._exchange import forward
 from nvpair_tw.corridor._fanout import FanOutRequest, fan_out
+from nvpair_tw.corridor._head import Head, Refused, read_head
+from nvpair_tw.corridor._inbound import Inbound, read_body
+from nvpair_tw.corridor._roles import Channel, Targeting
 from nvpair_tw.corridor._state import FacadeState, Shared
-from nvpair_tw.corridor._targets import choose
-from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, is_upgrade, open_tunnel
+from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, open_tunnel
 from nvpair_tw.corridor._workloads import RequestRecord
-from nvpair_tw.inbound import Caller, Rejection, allow_origin
+from nvpair_tw.inbound import LOCAL, LimitedRequest, Rejection, allow_origin
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.nodes import Node
 
-__all__ = ["FacadeResource", "FacadeState", "Shared", "model_of", "target_of"]
+__all__ = ["FacadeResource", "FacadeState", "Shared"]
 
 log = LevelledLogger(namespace="nvpair_tw.facade")
 
-_BAD_TARGET = Rejection(400, "bad-request", "malformed request target")
-_SHUTTING_DOWN = Rejection(503, "shutting-down", "the proxy is shutting down")
-_NOT_SERVED = Rejection(404, "not-found", "this facade does not serve this route")
+_HEAD = "nvpair_head"
+"""The attribute of a request where the head gate leaves its :class:`Head` and record."""
 
 
 class FacadeResource(Resource):
-    """The whole resource tree of one facade: a leaf that classifies by method and exact path."""
+    """The whole resource tree of one facade: a leaf that classifies by method and normalised
+    path (docs/behaviour.md §2, §14.1)."""
 
     isLeaf = True
 
@@ -44,47 +47,113 @@ class FacadeResource(Resource):
         super().__init__()
         self._facade = facade
 
+    def head_gate(self, request: Request) -> Rejection | None:
+        """The site's head gate: the checks that need no body, when the head is complete and
+        before ``100 Continue``; a refusal is answered by the channel, which then closes."""
+        if self._is_preflight(request):
+            return None
+        record = self._record(request)  # first: the tracer rewrites traceparent (§12.5)
+        head = read_head(self._facade, request)
+        if isinstance(head, Refused):
+            record.key = head.key
+            refused = head.rejection
+            record.publish(
+                self._facade.shared.bus, status=refused.status, node_id=None, error=refused.code
+            )
+            if isinstance(request, LimitedRequest):
+                request.recorded = True
+            return refused
+        setattr(request, _HEAD, (head, record))
+        return None
+
     def render(self, request: Request) -> bytes | int:  # type: ignore[override]
         request.defaultContentType = None
-        facade = self._facade
-        shared = facade.shared
-        request_id = shared.workloads.next_request_id()
-        request.responseHeaders.setRawHeaders(b"x-nvpair-request-id", [request_id.encode()])
-        try:
-            target: bytes | None = target_of(request.uri)
-        except ValueError:
-            target = None
-        path = (target or request.uri).partition(b"?")[0].decode("latin-1")
-        method = request.method.decode("latin-1")
-        record = RequestRecord.begin(shared.clock, request_id, facade.engine, method, path)
-        if shared.tracer is not None:
-            shared.tracer.begin(record, request.requestHeaders)
-        if self._preflight(request, record):
+        passed = getattr(request, _HEAD, None)
+        if passed is not None:
+            head, record = passed
+        else:  # a preflight, or a site without the head gate (the head is read here instead)
+            record = self._record(request)
+            if self._preflight(request, record):
+                return NOT_DONE_YET
+            head = read_head(self._facade, request)
+        if isinstance(head, Refused):
+            record.key = head.key
+            self._refuse(request, record, head.rejection)
             return NOT_DONE_YET
-        rejection, caller = self._rejection(request, target)
-        record.key = caller.name if caller is not None else None  # §12.1
-        chosen = choose(facade, request, path, target or b"") if rejection is None else rejection
-        if isinstance(chosen, Rejection):
-            write_error(request, chosen.status, chosen.message, chosen.code, chosen.headers)
-            record.publish(shared.bus, status=chosen.status, node_id=None, error=chosen.code)
-            return NOT_DONE_YET
-        if isinstance(chosen, FanOutRequest):
-            return self._fan_out(request, record, chosen)
-        kind = facade.profile.classify(request.method, path)
-        if kind is RouteKind.PASS_THROUGH and not facade.profile.passes_through:
-            write_error(request, 404, _NOT_SERVED.message, _NOT_SERVED.code)
-            record.publish(shared.bus, status=404, node_id=None, error=_NOT_SERVED.code)
-            return NOT_DONE_YET
-        if facade.engine in TUNNEL_ENGINES and is_upgrade(request):
-            work = Deferred.fromCoroutine(self._tunnel(request, record, chosen))
-        elif kind is RouteKind.MODEL_LIST:
-            work = Deferred.fromCoroutine(self._model_list(request, path, record, chosen, caller))
-        else:
-            work = Deferred.fromCoroutine(
-                forward(facade, request, kind, record, chosen, caller=caller)
-            )
+        request.responseHeaders.setRawHeaders(b"x-nvpair-request-id", [record.id.encode()])
+        record.path = head.path
+        record.key = head.caller.name  # §12.1
+        work = Deferred.fromCoroutine(self._serve(request, head, record))
         work.addErrback(self._crashed, request, record)
         return NOT_DONE_YET
+
+    def _record(self, request: Request) -> RequestRecord:
+        shared = self._facade.shared
+        request_id = shared.workloads.next_request_id()
+        path = request.uri.partition(b"?")[0].decode("latin-1")[:256]
+        method = request.method.decode("latin-1")
+        record = RequestRecord.begin(shared.clock, request_id, self._facade.engine, method, path)
+        if shared.tracer is not None:
+            shared.tracer.begin(record, request.requestHeaders)
+        return record
+
+    def _refuse(self, request: Request, record: RequestRecord, refused: Rejection) -> None:
+        """Answer ``refused`` (the one writer of the corridor's refusals) and record it."""
+        write_error(request, refused.status, refused.message, refused.code, refused.headers)
+        record.publish(
+            self._facade.shared.bus, status=refused.status, node_id=None, error=refused.code
+        )
+
+    async def _serve(self, request: Request, head: Head, record: RequestRecord) -> None:
+        """Hand the request to its stage: a tunnel, a model list, or (with its body read once) a
+        fan-out or the corridor."""
+        if head.channel is Channel.TUNNEL:
+            await self._tunnel(request, record, head)
+            return
+        if head.kind is RouteKind.MODEL_LIST:
+            await self._model_list(request, record, head)
+            return
+        assert request.content is not None
+        body = request.content.read()
+        inbound = await read_body(self._facade, head, body, self._facade.shared.clock)
+        if isinstance(inbound, Rejection):
+            self._refuse(request, record, inbound)
+            return
+        fan = self._fan(inbound)
+        if isinstance(fan, Rejection):
+            self._refuse(request, record, fan)
+        elif fan is not None:
+            await fan_out(self._facade, request, fan, record)
+        else:
+            await forward(self._facade, request, inbound, record)
+
+    def _fan(self, inbound: Inbound) -> FanOutRequest | Rejection | None:
+        """The fan-out of docs/behaviour.md §13.2: the nodes ``X-NVPair-Node`` listed, or every
+        owner of the model a delete names; None when the request goes down the corridor."""
+        facade = self._facade
+        head = inbound.head
+        route = facade.profile.fan_out_route(head.method, head.path)
+        if route is None:
+            return None
+        if head.targeting is Targeting.MANY:
+            nodes = list(head.nodes)
+        elif head.targeting is Targeting.NONE and route.owners and inbound.model is not None:
+            nodes = [
+                n for n in facade.eligible(inbound.model) if n.speaks(facade.profile, head.path)
+            ]
+            if not nodes:
+                model = inbound.model
+                return Rejection(404, "model-not-found", f"model '{model}' not found"[:300])
+        else:
+            return None
+        return FanOutRequest(
+            route, nodes, head.method, head.target.wire, head.headers, inbound.body
+        )
+
+    def _is_preflight(self, request: Request) -> bool:
+        """A CORS preflight of an allowed origin (§13.4): answered here, before any key check."""
+        cors = self._facade.shared.cors
+        return cors is not None and cors.origin(request) is not None and cors.is_preflight(request)
 
     def _preflight(self, request: Request, record: RequestRecord) -> bool:
         """CORS (§13.4): grant an allowed origin; answer its preflight here, before the key check."""
@@ -100,36 +169,6 @@ class FacadeResource(Resource):
         record.publish(shared.bus, status=204, node_id=None, error=None)
         return True
 
-    def _fan_out(self, request: Request, record: RequestRecord, fan: FanOutRequest) -> int:
-        """Run a model-management call on several nodes at once (docs/behaviour.md §13.2)."""
-        if not fan.body:
-            assert request.content is not None
-            fan.body = request.content.read()
-        work = Deferred.fromCoroutine(fan_out(self._facade, request, fan, record))
-        work.addErrback(self._crashed, request, record)
-        return NOT_DONE_YET
-
-    def _rejection(
-        self, request: Request, target: bytes | None
-    ) -> tuple[Rejection | None, Caller | None]:
-        """Why this request is answered here at once (a bad target, ingress, or the drain), and
-        who is calling (the key's name and rules, §12.1; None without an ingress policy)."""
-        shared = self._facade.shared
-        if target is None:
-            return _BAD_TARGET, None
-        caller = None
-        if shared.ingress is not None:
-            peer = request.getClientAddress()
-            refused = shared.ingress.check(peer, request.requestHeaders)
-            if refused is not None:
-                return refused, None
-            caller = shared.ingress.identify(peer, request.requestHeaders)
-            shared.ingress.strip_credentials(peer, request.requestHeaders)
-        if shared.draining:
-            request.setHeader(b"connection", b"close")
-            return _SHUTTING_DOWN, caller
-        return None, caller
-
     def _crashed(self, failure: Failure, request: Request, record: RequestRecord) -> None:
         log.failure("request handling failed", failure, engine=self._facade.engine)
         if not request.startedWriting and not request.finished:
@@ -138,11 +177,13 @@ class FacadeResource(Resource):
             abort(request.transport)
         record.publish(self._facade.shared.bus, status=500, node_id=None, error="internal-error")
 
-    async def _tunnel(self, request: Request, record: RequestRecord, target: Node | None) -> None:
+    async def _tunnel(self, request: Request, record: RequestRecord, head: Head) -> None:
         """A WebSocket upgrade (§2.1): the base order with demotion, no reservation; or the
         targeted node alone."""
         facade = self._facade
         shared = facade.shared
+        target = head.node
+        caller = head.caller
         if target is not None:
             nodes = [target]
             if target.kind_of(facade.profile).name not in TUNNEL_ENGINES:
@@ -161,7 +202,9 @@ class FacadeResource(Resource):
         await open_tunnel(
             request,
             nodes,
-            target_of(request.uri),
+            head.target.wire,
+            head.headers,
+            key=None if caller is LOCAL else (caller.name, caller.rules.max_tunnels),
             engine=facade.engine,
             book=shared.tunnels,
             endpoints=shared.endpoints,
@@ -171,18 +214,13 @@ class FacadeResource(Resource):
             bus=shared.bus,
         )
 
-    async def _model_list(
-        self,
-        request: Request,
-        path: str,
-        record: RequestRecord,
-        target: Node | None,
-        caller: Caller | None = None,
-    ) -> None:
+    async def _model_list(self, request: Request, record: RequestRecord, head: Head) -> None:
         """Answer a model list from every node at once (docs/behaviour.md §4.3), or from the
         targeted node alone; a key with a model scope sees only its models (§12.1)."""
         facade = self._facade
-        fmt = facade.profile.model_lists[path]
+        fmt = facade.profile.model_lists[head.path]
+        target = head.node
+        rules = head.caller.rules
         if target is not None:
             nodes = [target]
         else:
@@ -190,17 +228,13 @@ class FacadeResource(Resource):
         result = await aggregate_model_list(
             fmt,
             nodes,
-            target_of(request.uri).decode("latin-1"),
+            head.target.wire.decode("latin-1"),
             facade.shared.http,
             facade.shared.clock,
             timeout=facade.shared.settings.model_list_timeout,
             facade=facade.profile,
             catalogue=facade.directory.catalogue,
-            allows=(
-                caller.rules.allows
-                if caller is not None and caller.rules.models is not None
-                else None
-            ),
+            allows=rules.allows if rules.models is not None else None,
         )
         if not request.finished and request.channel is not None:
             request.setResponseCode(result.status)

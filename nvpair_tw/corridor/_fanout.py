@@ -27,18 +27,19 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from attrs import define, field
+from attrs import define, field, frozen
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from nvpair_tw.core import FanOutRoute, abort, upstream_request_headers
+from nvpair_tw.core import FanOutRoute, abort
 from nvpair_tw.corridor._attempts import classify_failure, node_headers
 from nvpair_tw.corridor._relay import CLIENT_STOPPED_READING, DROPPED_MID_STREAM, StallGuard
 from nvpair_tw.corridor._state import FacadeState
@@ -53,7 +54,6 @@ __all__ = [
     "FanOutRequest",
     "fan_out",
     "is_fan_out",
-    "owners_of",
     "parse_targets",
 ]
 
@@ -86,30 +86,17 @@ def parse_targets(value: str, nodes: Sequence[Node]) -> tuple[list[Node], list[s
     return [by_id[i] for i in wanted if i in by_id], [i for i in wanted if i not in by_id]
 
 
-def owners_of(facade: FacadeState, body: bytes) -> tuple[str | None, list[Node]]:
-    """The model a delete names (``model``, else ``name``) and the nodes whose inventory has it
-    (matched as the capability gate matches, docs/behaviour.md §4.1); (None, []) for none."""
-    try:
-        parsed = json.loads(body) if body.strip() else None
-    except (ValueError, RecursionError):
-        parsed = None
-    if not isinstance(parsed, dict):
-        return None, []
-    for key in ("model", "name"):
-        value = parsed.get(key)
-        if isinstance(value, str) and value.strip():
-            return value, facade.eligible(value)
-    return None, []
-
-
-@define
+@frozen
 class FanOutRequest:
-    """One fan-out as the facade hands it on: the route, the nodes (at least one), the raw target
-    (path and query) and the body."""
+    """One fan-out as the facade hands it on: the route, the nodes (at least one), the method,
+    the target as a node receives it (normalised path and query), the forwardable headers and the
+    checked body (docs/behaviour.md §14.1)."""
 
     route: FanOutRoute
     nodes: list[Node]
+    method: bytes
     target: bytes
+    headers: Headers
     body: bytes
 
 
@@ -307,15 +294,10 @@ class _Run:
     async def send(self, part: _Part) -> IResponse | None:
         """The node's response, or None after recording why it gave none."""
         shared = self.facade.shared
-        request = self.request
-        host = getattr(request.getClientAddress(), "host", None)
-        headers = upstream_request_headers(
-            request.requestHeaders, host if isinstance(host, str) else None
-        )
         attempt = shared.client.request(
-            request.method,
+            self.fan.method,
             node_url(part.node.url, self.fan.target),
-            node_headers(headers, part.node),
+            node_headers(self.fan.headers, part.node),
             self.fan.body,
             shared.settings.response_header_timeout,
         )

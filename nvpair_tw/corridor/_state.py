@@ -20,11 +20,12 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory
 
 from nvpair_tw.core import EngineProfile, Settings
+from nvpair_tw.corridor._revocation import Holdings
 from nvpair_tw.corridor._tunnel import TunnelBook
 from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry
 from nvpair_tw.events import EventBus
 from nvpair_tw.inbound import CorsPolicy, IngressPolicy, RateLimiter
-from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.nodes import Node, NodeDirectory, SelfGuard
 from nvpair_tw.selection import (
     Admission,
     AffinityTable,
@@ -73,6 +74,12 @@ class Shared:
     """Traces (``--otlp-endpoint``, §12.5); ``None``: tracing is off and costs nothing."""
     limiter: RateLimiter = Factory(lambda self: RateLimiter(self.clock), takes_self=True)
     """The named keys' rate and concurrency limits (§12.1); fleet-wide with ``--state``."""
+    self_guard: SelfGuard | None = None
+    """This process's own listening addresses: a node that is this process is never a candidate
+    (§14.3); ``None``: no such check (tests that build no runtime)."""
+    holdings: Holdings = Factory(lambda self: Holdings(self.tunnels), takes_self=True)
+    """What each named key holds (queued requests, tunnels), ended when the key is revoked
+    (§14.2)."""
 
 
 @define
@@ -98,8 +105,14 @@ class FacadeState:
         return self.profile.name
 
     def serving(self) -> list[Node]:
-        """The nodes that take new work: every node but the cordoned ones (§13.1)."""
-        return [n for n in self.directory.nodes() if not self.cordons.cordoned(n)]
+        """The nodes that take new work: every node but the cordoned ones (§13.1) and any that
+        is this process itself (§14.3)."""
+        guard = self.shared.self_guard
+        return [
+            n
+            for n in self.directory.nodes()
+            if not self.cordons.cordoned(n) and (guard is None or not guard.excludes(n.url))
+        ]
 
     def eligible(self, model: str | None) -> list[Node]:
         """Nodes allowed for a request: the serving owners of the model (docs/behaviour.md §4.2),

@@ -44,7 +44,6 @@ from nvpair_tw.core import (
     close,
     forward_headers,
     header_tokens,
-    upstream_request_headers,
     write_error,
 )
 from nvpair_tw.corridor._workloads import AttemptOutcome, RequestRecord, status_outcome
@@ -126,13 +125,26 @@ class TunnelBook:
     """Called with ``"node"`` when a node's reading is paused because its client is slow, and
     ``"client"`` when a client's reading is paused because its node is slow."""
 
-    def admit(self, engine: str) -> Tunnel | None:
-        """A new tunnel in ``HANDSHAKE``, or None at the cap."""
+    def admit(self, engine: str, key: str | None = None, cap: int | None = None) -> Tunnel | None:
+        """A new tunnel in ``HANDSHAKE`` for the named ``key`` (None: the ``local`` caller), or
+        None at the process's cap or at the key's own ``cap`` (``max_tunnels``, §14.2)."""
         if len(self.tunnels) >= self.limit:
             return None
-        tunnel = Tunnel(self, engine)
+        if key is not None and cap is not None and self.held_by(key) >= cap:
+            return None
+        tunnel = Tunnel(self, engine, key=key)
         self.tunnels.add(tunnel)
         return tunnel
+
+    def held_by(self, key: str) -> int:
+        """Tunnels the named ``key`` has open (or opening)."""
+        return sum(1 for t in self.tunnels if t.key == key)
+
+    def revoke(self, keys: frozenset[str]) -> None:
+        """Close the tunnels of keys removed or re-scoped in the keys file (§14.2)."""
+        for tunnel in [t for t in self.tunnels if t.key in keys]:
+            if tunnel.state is TunnelState.OPEN:
+                tunnel.close()
 
     def count(self, engine: str, node_id: str) -> int:
         """Open tunnels to ``node_id`` through ``engine``'s facade (in flight on that node)."""
@@ -177,6 +189,8 @@ class Tunnel:
 
     book: TunnelBook
     engine: str
+    key: str | None = None
+    """The named key that opened it (None: the ``local`` caller)."""
     state: TunnelState = TunnelState.HANDSHAKE
     node_id: str | None = None
     _channel: LimitedChannel | None = None
@@ -387,12 +401,12 @@ class _NodeSide(Protocol):
                 self._fail(AttemptOutcome.DROPPED.value, "the node closed during the handshake")
 
 
-def _request_head(request: Request, node: Node, target: bytes, uri: URI) -> bytes:
-    """The upgrade request toward ``node``: end-to-end headers, the upgrade, its credentials."""
-    host = getattr(request.getClientAddress(), "host", None)
-    headers = upstream_request_headers(
-        request.requestHeaders, host if isinstance(host, str) else None
-    )
+def _request_head(
+    request: Request, forwarded: Headers, node: Node, target: bytes, uri: URI
+) -> bytes:
+    """The upgrade request toward ``node``: the head's forwardable headers (docs/behaviour.md
+    §14.1), the upgrade, its credentials."""
+    headers = forwarded.copy()
     headers.setRawHeaders(b"upgrade", request.requestHeaders.getRawHeaders(b"upgrade", []))
     headers.setRawHeaders(b"connection", [b"Upgrade"])
     authorization = node.authorization
@@ -408,6 +422,7 @@ def _request_head(request: Request, node: Node, target: bytes, uri: URI) -> byte
 
 async def _handshake(
     request: Request,
+    forwarded: Headers,
     node: Node,
     target: bytes,
     endpoints: IAgentEndpointFactory,
@@ -417,7 +432,7 @@ async def _handshake(
     """Try the upgrade on one node; raises :class:`_HandshakeFailed`."""
     base = node.public_url.rstrip("/").encode("utf-8")
     uri = URI.fromBytes(base + target)
-    side = _NodeSide(_request_head(request, node, target, uri))
+    side = _NodeSide(_request_head(request, forwarded, node, target, uri))
     try:
         await connectProtocol(endpoints.endpointForURI(uri), side)
     except Exception as error:
@@ -436,7 +451,9 @@ async def open_tunnel(
     request: Request,
     candidates: list[Node],
     target: bytes,
+    forwarded: Headers,
     *,
+    key: tuple[str, int | None] | None = None,
     engine: str,
     book: TunnelBook,
     endpoints: IAgentEndpointFactory,
@@ -446,7 +463,7 @@ async def open_tunnel(
     bus: EventBus,
 ) -> None:
     """Try ``candidates`` in order until one switches protocols; splice; conclude on close."""
-    tunnel = book.admit(engine)
+    tunnel = book.admit(engine, *key) if key is not None else book.admit(engine)
     if tunnel is None:
         write_error(request, 503, "too many open tunnels", "too-many-tunnels")
         record.publish(bus, status=503, node_id=None, error="too-many-tunnels")
@@ -459,7 +476,9 @@ async def open_tunnel(
         for node in candidates:
             record.attempt_started(node.id)
             try:
-                answer = await _handshake(request, node, target, endpoints, clock, timeout)
+                answer = await _handshake(
+                    request, forwarded, node, target, endpoints, clock, timeout
+                )
             except _HandshakeFailed as error:
                 record.attempt_ended(error.outcome)
                 failure = f"{node.id}: {error}"

@@ -24,7 +24,13 @@ from nvpair_tw.inbound._keys import (
     env_key_name,
     read_keys_file,
 )
-from nvpair_tw.inbound._limits import LimitedChannel, LimitedSite, allow_origin, make_site
+from nvpair_tw.inbound._limits import (
+    LimitedChannel,
+    LimitedRequest,
+    LimitedSite,
+    allow_origin,
+    make_site,
+)
 from nvpair_tw.inbound._local import Locality, LocalNames, locality
 from nvpair_tw.inbound._parse import (
     LARGE_BODY,
@@ -50,6 +56,7 @@ __all__ = [
     "KeysFileError",
     "LimitCounters",
     "LimitedChannel",
+    "LimitedRequest",
     "LimitedSite",
     "LocalNames",
     "Locality",

@@ -122,6 +122,9 @@ class LimitedRequest(server.Request):
     """
 
     _rejected = False
+    recorded = False
+    """The facade recorded this request's refusal itself (its head gate knew the caller's key):
+    the site does not record it again."""
     cors_origin: bytes | None = None
     """An allowed browser origin (§13.4) when the site knows no ``CorsPolicy``: its grants are
     set as the head is written, last, so they win over any CORS header a node sent."""
@@ -550,7 +553,7 @@ class LimitedSite(server.Site):
 
     def rejected(self, status: int, code: str, request: server.Request | None) -> None:
         """Tell ``on_reject`` (the request record) about a rejection made below the facade."""
-        if self.on_reject is None:
+        if self.on_reject is None or (isinstance(request, LimitedRequest) and request.recorded):
             return
         method = request.method.decode("latin-1") if request is not None else "-"
         path = request.uri.partition(b"?")[0].decode("latin-1") if request is not None else "-"

@@ -134,11 +134,26 @@ class RateLimiter:
     """Per key: slots the store counted whose release it missed (given back with the next
     change)."""
 
+    def check(self, caller: Caller) -> Refusal | None:
+        """Whether ``caller`` is over a limit now, counting nothing (docs/behaviour.md §14.1: the
+        limits that need no body are checked before the body is read; the request is counted
+        only by :meth:`admit`, once it is admitted)."""
+        if not caller.rules.limited:
+            return None
+        return self._over(caller)
+
     def admit(self, caller: Caller) -> Permit | Refusal:
         """Admit one request of ``caller``, or say why not (nothing is counted then)."""
-        rules = caller.rules
-        if not rules.limited:
+        if not caller.rules.limited:
             return _NO_LIMITS
+        refusal = self._over(caller)
+        if refusal is not None:
+            return refusal
+        return self._count(caller)
+
+    def _over(self, caller: Caller) -> Refusal | None:
+        """The refusal of the limit ``caller`` is over now (the longest wait), or None."""
+        rules = caller.rules
         now = self.clock.seconds()
         window = int(now // WINDOW)
         shared = self._shared()
@@ -165,6 +180,15 @@ class RateLimiter:
             refusals.append(Refusal(left, f"key '{caller.name}' reached {tpm} tokens per minute"))
         if refusals:
             return max(refusals, key=lambda r: r.retry_after)
+        return None
+
+    def _count(self, caller: Caller) -> Permit:
+        """Count one admitted request of ``caller`` (here, and in the fleet's store if shared)."""
+        window = int(self.clock.seconds() // WINDOW)
+        shared = self._shared()
+        concurrent = self._tally(caller.name, "conc", _CONCURRENT)
+        requests = self._tally(caller.name, "rpm", window)
+        tokens = self._tally(caller.name, "tpm", window)
         requests.local += 1
         concurrent.local += 1
         if not shared:

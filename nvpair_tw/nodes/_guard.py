@@ -58,6 +58,9 @@ class SelfGuard:
     _reactor: IReactorPluggableNameResolver
     _listening: set[tuple[str, int]] = field(factory=set, init=False)
     _resolved: dict[str, frozenset[str]] = field(factory=dict, init=False)
+    _verdicts: dict[str, bool] = field(factory=dict, init=False)
+    """:meth:`excludes` per URL, forgotten when a port or a resolution is learnt (it is asked
+    for every candidate of every request)."""
 
     @property
     def listening(self) -> Listening:
@@ -71,13 +74,17 @@ class SelfGuard:
         host, number = getattr(address, "host", None), getattr(address, "port", None)
         if isinstance(host, str) and isinstance(number, int):
             self._listening.add((host, number))
+            self._verdicts.clear()
         return port
 
     def excludes(self, url: str) -> bool:
         """Whether ``url`` is this process (so never a candidate), by the last resolution."""
-        name = name_to_resolve(url)
-        addresses = self._resolved.get(name, frozenset()) if name is not None else frozenset()
-        return is_self(url, self.listening, addresses)
+        verdict = self._verdicts.get(url)
+        if verdict is None:
+            name = name_to_resolve(url)
+            addresses = self._resolved.get(name, frozenset()) if name is not None else frozenset()
+            verdict = self._verdicts[url] = is_self(url, self.listening, addresses)
+        return verdict
 
     def must_resolve(self, url: str) -> bool:
         """Whether telling if ``url`` is this process needs its host name resolved: a name (not
@@ -99,6 +106,7 @@ class SelfGuard:
 
         def resolved(addresses: frozenset[str]) -> bool:
             self._resolved[name] = addresses
+            self._verdicts.clear()
             return self.excludes(url)
 
         return receiver.done.addCallback(resolved)

@@ -94,6 +94,9 @@ class Runtime:
     )
     """This process's listening addresses, for the self-loop check (docs/behaviour.md §14.3)."""
 
+    def __attrs_post_init__(self) -> None:
+        self.shared.self_guard = self.self_guard
+
     def start(self) -> None:
         """Load node files, start watching and polling (and connecting to the fleet store)."""
         if self.fleet is not None:
@@ -145,8 +148,9 @@ class Runtime:
         """The limited Site of one facade (built once)."""
         if engine not in self.sites:
             settings = self.settings
+            facade = FacadeResource(self.facades[engine])
             self.sites[engine] = make_site(
-                FacadeResource(self.facades[engine]),
+                facade,
                 clock=self.reactor,
                 max_body_size=settings.max_body_size,
                 max_connections=settings.max_connections,
@@ -154,6 +158,7 @@ class Runtime:
                 cors=self.shared.cors,
             )
             self.sites[engine].on_reject = self._record_rejection(engine)
+            self.sites[engine].head_gate = facade.head_gate
         return self.sites[engine]
 
     def _record_rejection(self, engine: str) -> Callable[[int, str, str, str], None]:
@@ -284,7 +289,7 @@ def _shared(
     """What every facade of the process shares; the bus logs every event."""
     bus = EventBus(reactor)
     log_events(bus, LevelledLogger(namespace="nvpair_tw.events"))
-    return Shared(
+    shared = Shared(
         clock=reactor,
         client=client,
         http=http,
@@ -299,6 +304,10 @@ def _shared(
         ),
         cors=CorsPolicy.of(settings.cors_origins),
     )
+    # A key removed or re-scoped loses its queued requests and tunnels (§14.2).
+    assert shared.ingress is not None
+    shared.ingress.watch_changes(shared.holdings.revoke)
+    return shared
 
 
 def _facade(

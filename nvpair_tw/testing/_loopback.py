@@ -96,7 +96,9 @@ async def start_proxy(
     )
     runtime.start()
     ports = {
-        engine: reactor.listenTCP(0, runtime.site_for(engine), backlog=256, interface="127.0.0.1")
+        engine: runtime.self_guard.listened(
+            reactor.listenTCP(0, runtime.site_for(engine), backlog=256, interface="127.0.0.1")
+        )
         for engine in nodes
     }
     return ProxyHandle(runtime, ports)

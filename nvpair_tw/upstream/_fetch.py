@@ -23,6 +23,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
 from zope.interface import implementer
 
+from nvpair_tw.core import LOOP_HEADER, PROCESS_NONCE
 from nvpair_tw.upstream._attempt import is_cancellation
 
 __all__ = [
@@ -153,7 +154,7 @@ async def post_json(
     """POST ``document`` as JSON to ``url``: the status and the answer parsed as JSON (``None``
     when it is not JSON), all within ``timeout`` seconds. Raises :class:`ReadError` when no whole
     answer arrives (connect error, timeout, oversize, a cut body)."""
-    headers = {b"content-type": [b"application/json"]}
+    headers = {b"content-type": [b"application/json"], LOOP_HEADER: [PROCESS_NONCE]}
     if authorization is not None:
         headers[b"authorization"] = [authorization]
     try:
@@ -209,12 +210,15 @@ async def _read(
 
 
 def _start_get(http: HTTPClient, url: str, authorization: bytes | None) -> Deferred[IResponse]:
-    """The GET of ``url`` (with the node's ``authorization``, if any), unbuffered, no redirects.
+    """The GET of ``url`` (with the node's ``authorization``, if any, and this process's loop
+    mark, docs/behaviour.md §14.3), unbuffered, no redirects.
 
     Typed as the public ``IResponse`` it provides (treq's response class is private): only
     ``code`` and ``deliverBody`` are used.
     """
-    headers = Headers({b"authorization": [authorization]}) if authorization is not None else None
+    headers = Headers({LOOP_HEADER: [PROCESS_NONCE]})
+    if authorization is not None:
+        headers.setRawHeaders(b"authorization", [authorization])
     try:
         getting = http.get(
             _request_url(url), headers=headers, unbuffered=True, allow_redirects=False

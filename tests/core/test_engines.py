@@ -159,16 +159,18 @@ def test_issue_14_routes_are_classified_per_engine() -> None:
 
 
 def test_model_routes_read_the_model_from_the_body_or_the_path() -> None:
-    """``/api/show`` takes ``model``, else ``name``; ``/api/v0/models/{id}`` the decoded path."""
+    """``/api/show`` takes ``model``, else ``name``; ``/api/v0/models/{id}`` the path's tail."""
     show = OLLAMA.model_route(b"POST", "/api/show")
     assert show is not None
     assert show.model("/api/show", {"model": "a", "name": "b"}) == "a"
     assert show.model("/api/show", {"name": "b"}) == "b"
     assert show.model("/api/show", {"model": " "}) is None
     assert show.model("/api/show", None) is None
-    lookup = LMSTUDIO.model_route(b"GET", "/api/v0/models/qwen%2F7b")
+    # The path is already decoded by the one parse of docs/behaviour.md §14.1.
+    lookup = LMSTUDIO.model_route(b"GET", "/api/v0/models/qwen/7b")
     assert lookup is not None
-    assert lookup.model("/api/v0/models/qwen%2F7b", None) == "qwen/7b"
+    assert lookup.model("/api/v0/models/qwen/7b", None) == "qwen/7b"
+    assert lookup.model("/api/v0/models/a%2Fb", None) == "a%2Fb"  # never decoded twice
 
 
 @pytest.mark.parametrize(

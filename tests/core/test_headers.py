@@ -13,8 +13,11 @@ from twisted.web.http_headers import Headers
 
 from nvpair_tw.core._headers import (
     HOP_BY_HOP,
+    LOOP_HEADER,
+    PROCESS_NONCE,
     forward_headers,
     header_tokens,
+    loop_marks,
     upstream_request_headers,
 )
 from nvpair_tw.nodes._directory import Node
@@ -102,13 +105,45 @@ def test_request_headers_lose_host_content_length_and_expect() -> None:
         }
     )
     out = upstream_request_headers(source, "10.0.0.7")
-    assert names(out) == {b"content-type", b"x-forwarded-for"}
+    assert names(out) == {b"content-type", b"x-forwarded-for", LOOP_HEADER}
 
 
 def test_request_headers_drop_hop_by_hop_too() -> None:
     """The request direction strips hop-by-hop and Connection-listed headers as well."""
     out = upstream_request_headers(headers(HOP_HEADERS, END_TO_END), None)
-    assert names(out) == {name.lower() for name in END_TO_END}
+    assert names(out) == {name.lower() for name in END_TO_END} | {LOOP_HEADER}
+
+
+def test_the_proxys_own_headers_never_reach_a_node() -> None:
+    """Every ``X-NVPair-*`` request header is the proxy's (docs/behaviour.md §14.2): removed,
+    whatever its case; only the loop marks go on, this process's own last (§14.3)."""
+    source = headers(
+        {
+            b"X-NVPair-Node": [b"a"],
+            b"x-nvpair-anything": [b"1"],
+            b"X-NVPAIR-Engine-Identity-Probe": [b"1"],
+            b"X-NVPair-Via": [b"other-proxy"],
+            b"Content-Type": [b"application/json"],
+        }
+    )
+    out = upstream_request_headers(source, None)
+    assert names(out) == {b"content-type", LOOP_HEADER}
+    assert out.getRawHeaders(LOOP_HEADER) == [b"other-proxy", PROCESS_NONCE]
+
+
+def test_a_request_that_passed_this_process_is_marked_as_a_loop() -> None:
+    """The mark this process puts on what it sends is what it refuses to take back (§14.3)."""
+    sent = upstream_request_headers(headers({b"X-NVPair-Via": [b"other-proxy"]}), None)
+    assert loop_marks(sent)
+    assert not loop_marks(headers({b"X-NVPair-Via": [b"other-proxy"]}))
+    assert not loop_marks(headers({}))
+
+
+def test_loop_marks_kept_are_bounded() -> None:
+    """A client cannot grow the header without bound: the last seven marks and this process's."""
+    source = headers({b"X-NVPair-Via": [b"m%d" % i for i in range(20)]})
+    kept = upstream_request_headers(source, None).getRawHeaders(LOOP_HEADER)
+    assert kept == [b"m%d" % i for i in range(13, 20)] + [PROCESS_NONCE]
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ deadline's view of a busy node (busy waits and the cold-load allowance, docs/beh
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 
 import pytest
@@ -13,7 +12,6 @@ from twisted.internet.task import Clock
 from twisted.web.server import Request
 
 from nvpair_tw.core._resolved import Settings
-from nvpair_tw.corridor._exchange import model_of, target_of
 from nvpair_tw.selection._inventory import InventoryBook
 from nvpair_tw.simulated._engine import Behaviour, SimulatedEngine, always
 from nvpair_tw.testing import MemoryCluster
@@ -110,49 +108,6 @@ def test_every_request_releases_its_reservation(memory_cluster: Make) -> None:
         cluster.fetch("POST", "/api/chat", json=TURN)
     ledger = cluster.runtime.shared.ledger
     assert ledger.reservations("a") == ledger.reservations("b") == 0
-
-
-@pytest.mark.parametrize(
-    ("body", "model"),
-    [
-        (b'{"model": "llama3"}', "llama3"),
-        (b'  {"model": " llama3 "}', " llama3 "),
-        (b'{"model": ""}', None),
-        (b'{"model": 7}', None),
-        (b"[1, 2]", None),
-        (b"not json", None),
-        (b'{"model": "x"' + b"]" * 10, None),
-        (b"[" * 100_000, None),
-    ],
-)
-def test_model_of_takes_only_a_non_empty_top_level_string(body: bytes, model: str | None) -> None:
-    """Only a top-level, non-blank string ``model`` gates a request; anything else is not gated."""
-    assert model_of(body)[0] == model
-
-
-def test_model_of_returns_the_parsed_object_for_affinity() -> None:
-    """The parsed body comes back with the model, so affinity does not parse it twice."""
-    assert model_of(json.dumps(TURN).encode()) == ("llama3", TURN)
-
-
-@pytest.mark.parametrize(
-    ("uri", "target"),
-    [
-        (b"/api/tags?x=1", b"/api/tags?x=1"),
-        (b"/api/tags#frag", b"/api/tags"),
-        (b"http://proxy:11435/v1/models?a=b", b"/v1/models?a=b"),
-        (b"http://proxy:11435", b"/"),
-    ],
-)
-def test_target_of_keeps_the_raw_path_and_query(uri: bytes, target: bytes) -> None:
-    """Origin-form passes as sent (fragment dropped); absolute-form is reduced to path and query."""
-    assert target_of(uri) == target
-
-
-def test_target_of_refuses_an_unparseable_authority() -> None:
-    """An absolute-form target whose authority does not parse is a ValueError (the facade's 400)."""
-    with pytest.raises(ValueError):
-        target_of(b"http://[::1/x")
 
 
 def test_a_truncated_whole_answer_records_no_affinity(memory_cluster: Make) -> None:

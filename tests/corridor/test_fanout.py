@@ -520,7 +520,7 @@ async def test_a_client_that_reads_nothing_pauses_every_node_of_a_pull(
         sock.connect(("127.0.0.1", int(proxy.url().rsplit(":", 1)[1])))
         body = json.dumps(PULL).encode()
         sock.sendall(
-            b"POST /api/pull HTTP/1.1\r\nHost: proxy\r\nX-NVPair-Node: *\r\n"
+            b"POST /api/pull HTTP/1.1\r\nHost: localhost\r\nX-NVPair-Node: *\r\n"
             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(body), body)
         )
         sock.setblocking(False)

@@ -511,7 +511,7 @@ async def test_client_that_reads_nothing_pauses_the_upstream(
     try:
         sock.connect(("127.0.0.1", loopback.port))
         sock.sendall(
-            b"POST /api/chat HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\n"
+            b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(REQUEST_BODY), REQUEST_BODY)
         )
         sock.setblocking(False)
@@ -775,7 +775,7 @@ class Relayed:
         assert self.channel is not None
         self.channel.makeConnection(self.client)
         self.channel.dataReceived(
-            method + b" /api/chat " + version + b"\r\nHost: proxy\r\nContent-Length: 0\r\n\r\n"
+            method + b" /api/chat " + version + b"\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n"
         )
         [self.request] = captured.requests
         self.caller = CallerState()

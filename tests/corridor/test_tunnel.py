@@ -281,7 +281,7 @@ def _raw_upgrade(url: str) -> socket.socket:
     host, port = url.removeprefix("ws://").split("/")[0].split(":")
     conn = socket.create_connection((host, int(port)), timeout=30)
     conn.sendall(
-        b"GET /llm HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"GET /llm HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
         b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
     )
     head = b""
@@ -532,7 +532,7 @@ async def test_bytes_sent_before_the_101_reach_the_node_after_it(
     def eager() -> bytes:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as conn:
             conn.sendall(
-                b"GET /llm HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                b"GET /llm HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
                 b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
                 + _masked(0x1, b"early bird")
             )

@@ -311,7 +311,7 @@ def raw_requests(draw: st.DrawFn) -> bytes:
         return bytes(draw(st.binary(min_size=1, max_size=400)))
     eol = draw(EOL)
     line = draw(METHODS) + b" " + draw(TARGETS) + b" " + draw(VERSIONS)
-    headers = [b"Host: proxy"] if draw(st.booleans()) else []
+    headers = [b"Host: localhost"] if draw(st.booleans()) else []
     pairs = draw(st.lists(st.tuples(HEADER_NAMES, HEADER_VALUES), max_size=3))
     headers += [name + b": " + value for name, value in pairs]
     body = draw(json_bodies()) if draw(st.integers(0, 3)) else b""
@@ -411,7 +411,7 @@ async def test_request_line_with_a_target_the_facade_cannot_map_gets_400_json(
     engine = SimulatedEngine(reactor, MODEL)
     await stack.start([engine], Settings())
     port = listen(stack.site())
-    exchange = await deferToThread(raw_exchange, port, line + b"\r\nHost: proxy\r\n\r\n", 5.0)
+    exchange = await deferToThread(raw_exchange, port, line + b"\r\nHost: localhost\r\n\r\n", 5.0)
     assert exchange.status == 400
     assert exchange.headers is not None
     assert exchange.headers.get_all("content-type") == ["application/json"]
@@ -434,7 +434,7 @@ async def test_well_formed_request_targets_are_still_served(
     """OPTIONS *, absolute-form and percent-encoded targets pass the request-line check."""
     await stack.start([SimulatedEngine(reactor, MODEL)], Settings())
     port = listen(stack.site())
-    exchange = await deferToThread(raw_exchange, port, line + b"\r\nHost: proxy\r\n\r\n", 5.0)
+    exchange = await deferToThread(raw_exchange, port, line + b"\r\nHost: localhost\r\n\r\n", 5.0)
     assert exchange.status == status
 
 
@@ -453,7 +453,7 @@ async def test_targets_urlsplit_rejects_get_a_well_formed_answer_not_a_crash(
     Twisted's HTML 500 and a logged traceback."""
     await stack.start([SimulatedEngine(reactor, MODEL)], Settings())
     port = listen(stack.site())
-    raw = b"GET " + target + b" HTTP/1.1\r\nHost: proxy\r\n\r\n"
+    raw = b"GET " + target + b" HTTP/1.1\r\nHost: localhost\r\n\r\n"
     exchange = await deferToThread(raw_exchange, port, raw, 5.0)
     assert exchange.outcome == "response"
     assert exchange.status != 500
@@ -475,7 +475,7 @@ class Trickler(Protocol):
 
     def connectionMade(self) -> None:
         assert self.transport is not None
-        self.transport.write(b"POST /api/chat HTTP/1.1\r\nHost: proxy\r\nX-Slow: ")
+        self.transport.write(b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
         self._drip()
 
     def _drip(self) -> None:
@@ -616,7 +616,7 @@ def open_stalled_reader(port: int, frames: int) -> socket.socket:
     sock.settimeout(10)
     sock.connect(("127.0.0.1", port))
     body = json.dumps({"model": "llama3", "stream": True, "frames": frames}).encode()
-    head = b"POST /api/chat HTTP/1.1\r\nHost: proxy\r\nContent-Length: %d\r\n\r\n" % len(body)
+    head = b"POST /api/chat HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n" % len(body)
     sock.sendall(head + body)
     return sock
 

@@ -147,7 +147,8 @@ async def test_no_canary_reaches_events_logs_or_request_records(
         await proxy.send(foreign, chat(), **{"X-Api-Key": KEY, "Authorization": bearer}),
     ]
 
-    assert [code for code, _ in results] == [200, 200, 502, 413, 200, 200, 401, 200]
+    # The malformed body is refused at the boundary (400 bad-body, docs/behaviour.md §14.1).
+    assert [code for code, _ in results] == [200, 200, 502, 413, 400, 200, 401, 200]
     assert all(REPLY.encode() in body for code, body in results if code == 200)
     assert b"cnry" not in b"".join(body for code, body in results if code != 200)
     bodies = [r.body for r in proxy.healthy.received if r.method == b"POST"]
@@ -158,7 +159,7 @@ async def test_no_canary_reaches_events_logs_or_request_records(
     capture = proxy.capture
     records = [e.payload for e in capture.events if e.name == "proxy/request"]
     # The 413 is refused by the channel before the facade sees it; the site still records it.
-    assert [r["status"] for r in records] == [200, 200, 502, 413, 200, 200, 401, 200]
+    assert [r["status"] for r in records] == [200, 200, 502, 413, 400, 200, 401, 200]
     assert [a["outcome"] for a in records[0]["attempts"]] == ["stall", "committed"]
     assert any(e.name == "workload:completed" for e in capture.events)
     assert capture.logs, "the observer saw the proxy's log events"

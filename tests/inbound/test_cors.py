@@ -105,7 +105,8 @@ def test_an_origin_not_allowed_gets_no_cors_header_from_a_node(
     cluster.flush()
     chat = {"model": "llama3", "messages": [], "stream": False}
     evil = cluster.fetch("POST", "/api/chat", json=chat, headers={"Origin": "https://evil.example"})
-    assert evil.status == 200
+    # A foreign Origin makes a loopback caller remote (§14.2): refused, and still no grant.
+    assert (evil.status, evil.json()["code"]) == (403, "host-not-allowed")
     assert [n for n, _ in evil.headers.getAllRawHeaders() if n.lower().startswith(b"access-")] == []
     ok = cluster.fetch("POST", "/api/chat", json=chat, headers={"Origin": "https://ok.example"})
     assert ok.headers.getRawHeaders(b"access-control-allow-origin") == [b"https://ok.example"]

@@ -1,0 +1,173 @@
+# -*- test-case-name: tests.corridor.test_head -*-
+"""The end of a request's head: who is calling and what they ask, decided once, before the body.
+
+:func:`read_head` runs when the head is complete (the site's head gate, before any ``100 Continue``
+and before a body byte is read, docs/behaviour.md §14.1) and gives a :class:`Head` or a refusal:
+the loop mark (508), the source and the key (401/403, §14.2), the drain (503), the normalised path
+(400 ``bad-path``), the route, the node ``X-NVPair-Node`` names, the role (403
+``route-not-allowed``) and the limits that need no body (429). Every later stage reads the
+:class:`Head`, never the request's raw target or headers again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from attrs import frozen
+from twisted.web.http_headers import Headers
+from twisted.web.server import Request
+
+from nvpair_tw.core import TARGET_HEADER, RouteKind, loop_marks, upstream_request_headers
+from nvpair_tw.corridor._fanout import is_fan_out, parse_targets
+from nvpair_tw.corridor._roles import Channel, Targeting, refusal
+from nvpair_tw.corridor._state import FacadeState
+from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, is_upgrade
+from nvpair_tw.inbound import LOCAL, Caller, Rejection, Target, parse_target
+from nvpair_tw.nodes import Node
+
+__all__ = ["Head", "Refused", "read_head"]
+
+_LOOP = Rejection(508, "loop-detected", "this request came back to the proxy that sent it")
+_SHUTTING_DOWN = Rejection(
+    503, "shutting-down", "the proxy is shutting down", ((b"Connection", b"close"),)
+)
+_NOT_SERVED = Rejection(404, "not-found", "this facade does not serve this route")
+_UNKNOWN = Rejection(404, "unknown-node", "unknown node")
+_NOT_FAN_OUT = Rejection(
+    400,
+    "fan-out-not-supported",
+    "X-NVPair-Node: * or a list of ids is only for /api/pull, /api/create, /api/copy and"
+    " /api/delete",
+)
+
+
+@frozen
+class Refused:
+    """A head refused: the answer, and the named key that sent it when it was known (for the
+    record, docs/behaviour.md §12.1)."""
+
+    rejection: Rejection
+    key: str | None = None
+
+
+@frozen
+class Head:
+    """A request as its head says it, checked: every stage after the head reads this."""
+
+    method: bytes
+    target: Target
+    kind: RouteKind
+    channel: Channel
+    caller: Caller
+    targeting: Targeting
+    nodes: tuple[Node, ...]
+    """The nodes ``X-NVPair-Node`` named (one, or a fan-out's), in the header's order."""
+    headers: Headers
+    """What a node may receive of the client's headers: end-to-end ones, without the proxy's
+    keys and ``X-NVPair-*`` headers, with this process's loop mark."""
+
+    @property
+    def path(self) -> str:
+        return self.target.path
+
+    @property
+    def node(self) -> Node | None:
+        """The one node ``X-NVPair-Node: ID`` chose (docs/behaviour.md §2.1)."""
+        return self.nodes[0] if self.targeting is Targeting.ONE else None
+
+
+def read_head(facade: FacadeState, request: Request) -> Head | Refused:
+    """The checked head of ``request``, or why it is refused (nothing read of its body)."""
+    headers = request.requestHeaders
+    if loop_marks(headers):
+        return Refused(_LOOP)
+    caller = _caller(facade, request)
+    if isinstance(caller, Rejection):
+        return Refused(caller)
+    checked = _checked(facade, request, caller)
+    if isinstance(checked, Rejection):
+        return Refused(checked, None if caller is LOCAL else caller.name)
+    return checked
+
+
+def _checked(facade: FacadeState, request: Request, caller: Caller) -> Head | Rejection:
+    """The head of a caller who passed the source and key checks, or why it is refused."""
+    headers = request.requestHeaders
+    if facade.shared.draining:
+        return _SHUTTING_DOWN
+    target = parse_target(request.uri)
+    if isinstance(target, Rejection):
+        return target
+    method = request.method
+    kind = facade.profile.classify(method, target.path)
+    if kind is RouteKind.PASS_THROUGH and not facade.profile.passes_through:
+        return _NOT_SERVED
+    channel = (
+        Channel.TUNNEL if facade.engine in TUNNEL_ENGINES and is_upgrade(request) else Channel.HTTP
+    )
+    wanted = headers.getRawHeaders(TARGET_HEADER)
+    targeting = _targeting(wanted)
+    denied = refusal(caller, method, target.path, kind, targeting, channel)
+    if denied is not None:
+        return denied
+    nodes = _named(facade, method, target.path, wanted, targeting)
+    if isinstance(nodes, Rejection):
+        return nodes
+    if kind is RouteKind.INFERENCE:
+        over = facade.shared.limiter.check(caller)
+        if over is not None:
+            return over.rejection
+    host = getattr(request.getClientAddress(), "host", None)
+    forwarded = upstream_request_headers(headers, host if isinstance(host, str) else None)
+    if facade.shared.ingress is not None:
+        facade.shared.ingress.strip(forwarded)
+    return Head(method, target, kind, channel, caller, targeting, nodes, forwarded)
+
+
+def _caller(facade: FacadeState, request: Request) -> Caller | Rejection:
+    """The source and key check (docs/behaviour.md §14.2). The proxy's keys are removed from
+    :attr:`Head.headers`, so no node ever receives them."""
+    ingress = facade.shared.ingress
+    if ingress is None:
+        return LOCAL
+    return ingress.admit(request.getClientAddress(), request.requestHeaders)
+
+
+def _targeting(wanted: Sequence[bytes] | None) -> Targeting:
+    if wanted is None:
+        return Targeting.NONE
+    if len(wanted) == 1 and is_fan_out(wanted[0].decode("latin-1")):
+        return Targeting.MANY
+    return Targeting.ONE
+
+
+def _named(
+    facade: FacadeState,
+    method: bytes,
+    path: str,
+    wanted: Sequence[bytes] | None,
+    targeting: Targeting,
+) -> tuple[Node, ...] | Rejection:
+    """The nodes ``X-NVPair-Node`` names, or why the header is refused (404, 400, 502)."""
+    if wanted is None:
+        return ()
+    if targeting is Targeting.ONE:
+        chosen = facade.directory.get(wanted[0].decode("latin-1").strip())
+        return _UNKNOWN if chosen is None or len(wanted) > 1 else (chosen,)
+    if facade.profile.fan_out_route(method, path) is None:
+        return _NOT_FAN_OUT
+    value = wanted[0].decode("latin-1")
+    nodes, unknown = parse_targets(value, list(facade.directory.nodes()))
+    if unknown or not nodes:
+        message = f"unknown node: {', '.join(unknown)}" if unknown else "unknown node"
+        return Rejection(404, "unknown-node", message[:300])
+    # Only nodes whose kind serves the route take part (§11.1): ``*`` means every such node,
+    # a list naming another kind's node is refused.
+    speaking = [n for n in nodes if n.speaks(facade.profile, path)]
+    foreign = [n.id for n in nodes if n not in speaking]
+    if foreign and value.strip() != "*":
+        message = f"{path} is not served by the engine of node(s): {', '.join(foreign)}"
+        return Rejection(400, "route-not-served", message[:300])
+    if not speaking:
+        return Rejection(502, "no-route-owner", "no node of a kind that serves this route")
+    return tuple(speaking)

@@ -1,0 +1,132 @@
+# -*- test-case-name: tests.corridor.test_inbound -*-
+"""A request understood once (docs/behaviour.md §14.1): the checked head, then the body.
+
+:func:`read_body` parses the body of every route the proxy reads a model from (inference,
+model-routed, model management, fan-out) once and strictly, reads the one model the engine would
+run, and checks it against the key's scope. The :class:`Inbound` it gives is what every later stage
+uses (gate, catalogue, affinity, translation, usage, records): none of them reads the body again,
+and what a node receives is what was checked.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qsl
+
+from attrs import frozen
+from twisted.internet.interfaces import IReactorTime
+
+from nvpair_tw.core import RouteKind
+from nvpair_tw.corridor._head import Head
+from nvpair_tw.corridor._roles import MANAGEMENT_PATHS, Targeting
+from nvpair_tw.corridor._state import FacadeState
+from nvpair_tw.inbound import (
+    LARGE_BODY,
+    Caller,
+    Rejection,
+    model_not_allowed,
+    parse_body,
+    parse_large,
+    read_model,
+)
+from nvpair_tw.nodes import Node
+
+__all__ = ["Inbound", "read_body"]
+
+_INFERENCE_NAMES = ("model",)
+_ROUTED_NAMES = ("model", "name")
+_QUERY_NOT_ALLOWED = Rejection(
+    403, "route-not-allowed", "this key may not name a model outside its scope (role user)"
+)
+_NAMES_NONE = Rejection(
+    403, "model-not-allowed", "this key may only use its own models, and the request names none"
+)
+
+
+@frozen
+class Inbound:
+    """One request, understood once: its checked head, the client's body bytes, the parsed
+    document (routes that name a model in their body) and the model as the client named it."""
+
+    head: Head
+    body: bytes
+    doc: dict[str, Any] | None
+    model: str | None
+
+    @property
+    def path(self) -> str:
+        return self.head.target.path
+
+    @property
+    def kind(self) -> RouteKind:
+        return self.head.kind
+
+    @property
+    def caller(self) -> Caller:
+        return self.head.caller
+
+    @property
+    def node(self) -> Node | None:
+        return self.head.node
+
+
+def _reads_body(facade: FacadeState, head: Head) -> bool:
+    """Whether the route names its model in a JSON body (so the body is parsed, §14.1)."""
+    if head.kind is RouteKind.INFERENCE:
+        return True
+    if head.kind is RouteKind.MODEL_ROUTED:
+        return head.method == b"POST"
+    return (
+        facade.profile.fan_out_route(head.method, head.path) is not None
+        or head.path in MANAGEMENT_PATHS
+    )
+
+
+async def read_body(
+    facade: FacadeState, head: Head, body: bytes, clock: IReactorTime
+) -> Inbound | Rejection:
+    """The request with its body parsed and its model read and scope-checked, or the refusal
+    (400 ``bad-body`` / ``bad-model``, 403 ``model-not-allowed``); no node is contacted."""
+    if not _reads_body(facade, head):
+        model = _unbodied_model(facade, head)
+        refused = _out_of_scope(facade, head, model)
+        if refused is not None and head.kind is RouteKind.PASS_THROUGH:
+            return _QUERY_NOT_ALLOWED  # a pass-through GET naming a model outside the scope
+        return refused if refused is not None else Inbound(head, body, None, model)
+    doc = parse_body(body) if len(body) < LARGE_BODY else await parse_large(body, clock)
+    if isinstance(doc, Rejection):
+        return doc
+    names = _INFERENCE_NAMES if head.kind is RouteKind.INFERENCE else _ROUTED_NAMES
+    named = read_model(doc, names)
+    if isinstance(named, Rejection):
+        return named
+    refused = _out_of_scope(facade, head, named)
+    return refused if refused is not None else Inbound(head, body, doc, named)
+
+
+def _unbodied_model(facade: FacadeState, head: Head) -> str | None:
+    """The model a route names outside a body: the id of ``/v1/models/{id}`` and its twins, or
+    a ``model`` query parameter of a pass-through ``GET`` (§14.2)."""
+    if head.target.model_id is not None:
+        return head.target.model_id
+    route = facade.profile.model_route(head.method, head.path)
+    if route is not None:
+        return route.model(head.path, None)
+    query = head.target.query.decode("latin-1")
+    for name, value in parse_qsl(query, keep_blank_values=True):
+        if name.casefold() in _ROUTED_NAMES and value.strip():
+            return value
+    return None
+
+
+def _out_of_scope(facade: FacadeState, head: Head, model: str | None) -> Rejection | None:
+    """403 ``model-not-allowed`` for a model outside the key's scope, before anything else looks
+    at the model (so the answer never says whether the fleet has it)."""
+    rules = head.caller.rules
+    if rules.models is None:
+        return None
+    if model is None:
+        named = head.kind in (RouteKind.INFERENCE, RouteKind.MODEL_ROUTED)
+        return _NAMES_NONE if named and head.targeting is not Targeting.MANY else None
+    public = facade.directory.catalogue.public(model)
+    return None if rules.allows(public) else model_not_allowed(public)
