@@ -122,8 +122,6 @@ def _model_prefix(segments: list[str]) -> int:
 
 def _segments(path: bytes) -> list[str] | Rejection:
     """The decoded segments of ``path``, dot-segments resolved, empty ones dropped."""
-    if _CONTROL_BYTES.search(path):
-        return _bad_path("a control character")
     if _BAD_ESCAPE.search(path):
         return _bad_path("a malformed percent-escape")
     out: list[str] = []
@@ -275,14 +273,13 @@ def parse_body(body: bytes) -> dict[str, Any] | Rejection:
     Anything else is 400 ``bad-body``. Holds the reactor for the whole body: above
     :data:`LARGE_BODY` use :func:`parse_large`.
     """
-    if not body.startswith(_UTF8_BOM):
-        try:
-            text = body.decode("utf-8")
-            doc = _walk(text)
-        except (ValueError, RecursionError, StopIteration, IndexError):
-            doc = None
-        if doc is not None and not _suspect_body(body, text, doc):
-            return doc
+    try:
+        text = body.decode("utf-8")  # a BOM is U+FEFF, not "{": _walk refuses it
+        doc = _walk(text)
+    except (ValueError, RecursionError, StopIteration, IndexError):
+        doc = None
+    if doc is not None and not _suspect_body(body, text, doc):
+        return doc
     reader = _read(body)
     try:
         while True:
@@ -314,7 +311,7 @@ def _walk(text: str) -> dict[str, Any] | None:
         return None
     i = i + 1 if text[i + 1] not in space else ws(text, i + 1).end()  # type: ignore[union-attr]
     doc: dict[str, Any] = {}
-    folds = set()
+    folds, members = set(), 0
     closing = text[i] == "}"
     while not closing:
         if text[i] != '"':
@@ -331,6 +328,7 @@ def _walk(text: str) -> dict[str, Any] | None:
                 i = ws(text, i).end()  # type: ignore[union-attr]
         doc[key], i = scan(text, i)
         folds.add(key.casefold())
+        members += 1
         if text[i] in space:
             i = ws(text, i).end()  # type: ignore[union-attr]
         closing = text[i] == "}"
@@ -345,7 +343,7 @@ def _walk(text: str) -> dict[str, Any] | None:
     i += 1
     if i != len(text) and ws(text, i).end() != len(text):  # type: ignore[union-attr]
         return None
-    return doc if len(folds) == len(doc) else None
+    return doc if len(folds) == members else None
 
 
 # --- the body: any size, in slices -------------------------------------------------------------
