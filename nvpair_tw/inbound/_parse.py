@@ -43,8 +43,10 @@ __all__ = [
 
 MAX_DEPTH: Final = 128
 MAX_MODEL_BYTES: Final = 256
-# Above this size callers use parse_large: parse_body holds the reactor ~4 ms per MiB (bench/parse.py).
-LARGE_BODY: Final = 1 << 20
+# Above this size callers use parse_large. parse_body holds the reactor for the whole body: about
+# 6 ms per MiB of long strings but 60 ms per MiB of small objects (bench/parse.py), so 256 KiB
+# keeps that hold near 15 ms at worst; below it, parse_body is the cheaper of the two.
+LARGE_BODY: Final = 256 << 10
 
 # --- the path -------------------------------------------------------------------------------
 
@@ -122,8 +124,6 @@ def _model_prefix(segments: list[str]) -> int:
 
 def _segments(path: bytes) -> list[str] | Rejection:
     """The decoded segments of ``path``, dot-segments resolved, empty ones dropped."""
-    if _CONTROL_BYTES.search(path):
-        return _bad_path("a control character")
     if _BAD_ESCAPE.search(path):
         return _bad_path("a malformed percent-escape")
     out: list[str] = []
@@ -275,14 +275,13 @@ def parse_body(body: bytes) -> dict[str, Any] | Rejection:
     Anything else is 400 ``bad-body``. Holds the reactor for the whole body: above
     :data:`LARGE_BODY` use :func:`parse_large`.
     """
-    if not body.startswith(_UTF8_BOM):
-        try:
-            text = body.decode("utf-8")
-            doc = _walk(text)
-        except (ValueError, RecursionError, StopIteration, IndexError):
-            doc = None
-        if doc is not None and not _suspect_body(body, text, doc):
-            return doc
+    try:
+        text = body.decode("utf-8")  # a BOM is U+FEFF, not "{": _walk refuses it
+        doc = _walk(text)
+    except (ValueError, RecursionError, StopIteration, IndexError):
+        doc = None
+    if doc is not None and not _suspect_body(body, text, doc):
+        return doc
     reader = _read(body)
     try:
         while True:
@@ -314,7 +313,7 @@ def _walk(text: str) -> dict[str, Any] | None:
         return None
     i = i + 1 if text[i + 1] not in space else ws(text, i + 1).end()  # type: ignore[union-attr]
     doc: dict[str, Any] = {}
-    folds = set()
+    folds, members = set(), 0
     closing = text[i] == "}"
     while not closing:
         if text[i] != '"':
@@ -331,6 +330,7 @@ def _walk(text: str) -> dict[str, Any] | None:
                 i = ws(text, i).end()  # type: ignore[union-attr]
         doc[key], i = scan(text, i)
         folds.add(key.casefold())
+        members += 1
         if text[i] in space:
             i = ws(text, i).end()  # type: ignore[union-attr]
         closing = text[i] == "}"
@@ -345,7 +345,7 @@ def _walk(text: str) -> dict[str, Any] | None:
     i += 1
     if i != len(text) and ws(text, i).end() != len(text):  # type: ignore[union-attr]
         return None
-    return doc if len(folds) == len(doc) else None
+    return doc if len(folds) == members else None
 
 
 # --- the body: any size, in slices -------------------------------------------------------------
@@ -436,8 +436,8 @@ class _Reader:
         while not closing:
             if text[i : i + 1] != '"':
                 _refuse(SYNTAX)
-            key = yield from self.string(i)
-            i = self._ws(self.i)
+            key, i = yield from _string(text, i)
+            i = self._ws(i)
             if text[i : i + 1] != ":":
                 _refuse(SYNTAX)
             self.i = i + 1
@@ -463,7 +463,8 @@ class _Reader:
         i = self._ws(self.i)
         first = self.text[i : i + 1]
         if first == '"':
-            return (yield from self.string(i))
+            value, self.i = yield from _string(self.text, i)
+            return value
         if first not in ("{", "["):
             return self._scalar(i)
         whole = self._window(i, depth - 1)
@@ -515,8 +516,8 @@ class _Reader:
             self.i = i + 1
             return into
         while True:
-            i = self._batch(i, depth, into)
-            self.work += _OVERHEAD
+            i, scanned = _batch(text, i, depth, into)
+            self.work += scanned + _OVERHEAD
             if self._due():
                 yield
             if isinstance(into, list):
@@ -525,8 +526,8 @@ class _Reader:
             else:
                 if text[i : i + 1] != '"':
                     _refuse(SYNTAX)
-                key = yield from self.string(i)
-                i = self._ws(self.i)
+                key, i = yield from _string(text, i)
+                i = self._ws(i)
                 if text[i : i + 1] != ":":
                     _refuse(SYNTAX)
                 self.i = i + 1
@@ -539,68 +540,71 @@ class _Reader:
                 _refuse(SYNTAX)
             i = self._ws(i + 1)
 
-    def _batch(self, i: int, depth: int, into: list[Any] | dict[str, Any]) -> int:
-        """Read the elements (members) from ``i`` up to a comma within a slice, if they parse.
 
-        The comma is the last one after the closing character of the first element's kind, else
-        the last one; when the batch fails inside an element, the last comma before that point.
-        """
-        text, opener = self.text, "[" if isinstance(into, list) else "{"
-        limit = i + _SLICE
-        pair = _SEPARATORS.get(text[i : i + 1]) if opener == "[" else None
-        comma = text.rfind(pair, i, limit) + 1 if pair else text.rfind(",", i, limit)
-        for _ in range(_RETRIES):
-            if comma <= i:
-                return i
-            self.work += comma - i
-            wrapped = opener + text[i:comma] + _CLOSER[opener]
-            try:
-                value, end = _SCAN(wrapped, 0)
-            except json.JSONDecodeError as error:
-                comma = text.rfind(",", i, i + error.pos - 1)
-                continue
-            except (ValueError, RecursionError, StopIteration):
-                return i
-            if end != len(wrapped) or not value or _suspect(wrapped, 0, end, value, depth - 1):
-                return i
-            if isinstance(into, list):
-                into.extend(value)
-            else:
-                into.update(value)
-            return self._ws(comma + 1)
-        return i
+def _batch(text: str, i: int, depth: int, into: list[Any] | dict[str, Any]) -> tuple[int, int]:
+    """Read the elements (members) from ``i`` up to a comma within a slice, if they parse.
 
-    def string(self, i: int) -> Generator[None, None, str]:
-        """The string whose opening quote is at ``i``, decoded a slice at a time.
+    The comma is the last one after the closing character of the first element's kind, else
+    the last one; when the batch fails inside an element, the last comma before that point.
+    Returns where the reading goes on (``i`` when nothing was read) and how much was scanned.
+    """
+    opener = "[" if isinstance(into, list) else "{"
+    limit = i + _SLICE
+    pair = _SEPARATORS.get(text[i : i + 1]) if opener == "[" else None
+    comma = text.rfind(pair, i, limit) + 1 if pair else text.rfind(",", i, limit)
+    scanned = 0
+    for _ in range(_RETRIES):
+        if comma <= i:
+            break
+        scanned += comma - i
+        wrapped = opener + text[i:comma] + _CLOSER[opener]
+        try:
+            value, end = _SCAN(wrapped, 0)
+        except json.JSONDecodeError as error:
+            comma = text.rfind(",", i, i + error.pos - 1)
+            continue
+        except (ValueError, RecursionError, StopIteration):
+            break
+        if end != len(wrapped) or not value or _suspect(wrapped, 0, end, value, depth - 1):
+            break
+        if isinstance(into, list):
+            into.extend(value)
+        else:
+            into.update(value)
+        return _WS.match(text, comma + 1).end(), scanned  # type: ignore[union-attr]
+    return i, scanned
 
-        A surrogate pair split between two slices is put back together; the string grows in place.
-        """
-        text, size = self.text, len(self.text)
-        value, carry, start = "", "", i + 1
-        while True:
-            limit = min(start + _SLICE, size)
-            end = _STRING_PART.match(text, start, limit).end()  # type: ignore[union-attr]
-            final = end < limit and text[end] == '"'
-            if not final and not (limit < size and end > limit - 6 and end > start):
-                _refuse(SYNTAX)
-            piece = _STRING(text[start:end] + '"', 0)[0]
-            if carry:
-                if not "\udc00" <= piece[:1] <= "\udfff":
-                    _refuse(LONE_SURROGATE)
-                pair = (carry + piece[0]).encode("utf-16-le", "surrogatepass").decode("utf-16-le")
-                piece, carry = pair + piece[1:], ""
-            if not final and "\ud800" <= piece[-1:] <= "\udbff":
-                piece, carry = piece[:-1], piece[-1]
-            try:
-                piece.encode("utf-8")
-            except UnicodeEncodeError:
+
+def _string(text: str, i: int) -> Generator[None, None, tuple[str, int]]:
+    """The string whose opening quote is at ``i``, decoded a slice at a time, and where it ends.
+
+    A surrogate pair split between two slices is put back together; the string grows in place.
+    """
+    size = len(text)
+    value, carry, start = "", "", i + 1
+    while True:
+        limit = min(start + _SLICE, size)
+        end = _STRING_PART.match(text, start, limit).end()  # type: ignore[union-attr]
+        final = end < limit and text[end] == '"'
+        if not final and not (limit < size and end > limit - 6 and end > start):
+            _refuse(SYNTAX)
+        piece = _STRING(text[start:end] + '"', 0)[0]
+        if carry:
+            if not "\udc00" <= piece[:1] <= "\udfff":
                 _refuse(LONE_SURROGATE)
-            value += piece
-            if final:
-                self.i = end + 1
-                return value
-            start = end
-            yield
+            pair = (carry + piece[0]).encode("utf-16-le", "surrogatepass").decode("utf-16-le")
+            piece, carry = pair + piece[1:], ""
+        if not final and "\ud800" <= piece[-1:] <= "\udbff":
+            piece, carry = piece[:-1], piece[-1]
+        try:
+            piece.encode("utf-8")
+        except UnicodeEncodeError:
+            _refuse(LONE_SURROGATE)
+        value += piece
+        if final:
+            return value, end + 1
+        start = end
+        yield
 
 
 def parse_large(body: bytes, clock: IReactorTime) -> Deferred[dict[str, Any] | Rejection]:
