@@ -81,15 +81,17 @@ async def start_proxy(
     stall_tracker: StallTrackerFactory | None = None,
     state: StateConfig | None = None,
     usage_db: str | None = None,
+    keys_file: str | None = None,
 ) -> ProxyHandle:
     """Build and start a runtime with a facade per key of ``nodes``, each on its own loopback port
-    (``usage_db``: the usage database, else usage in memory)."""
+    (``usage_db``: the usage database, else usage in memory; ``keys_file``: ``--keys``)."""
     runtime = build_runtime(
         reactor,
         settings if settings is not None else Settings(),
         list(nodes),
         nodes=nodes,
-        environ=environ,
+        environ=environ if environ is not None or keys_file is None else {},
+        keys_file=keys_file,
         stall_tracker=stall_tracker,
         state=state,
         usage_db=usage_db,

@@ -1,0 +1,73 @@
+"""What a key's role may do (docs/behaviour.md §14.2): the one table, read at the end of the head."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvpair_tw.core import RouteKind
+from nvpair_tw.corridor._roles import MANAGEMENT_PATHS, Channel, Targeting, refusal
+from nvpair_tw.inbound import LOCAL, Caller, KeyRules, Role
+
+pytestmark = pytest.mark.timeout(10)
+
+USER = Caller("u", KeyRules(models=("llama3*",)))
+UNSCOPED_USER = Caller("v", KeyRules())
+TUNNELLER = Caller("t", KeyRules(tunnels=True))
+SCOPED_TUNNELLER = Caller("s", KeyRules(models=("a",), tunnels=True))
+ADMIN = Caller("a", KeyRules(role=Role.ADMIN))
+SCOPED_ADMIN = Caller("b", KeyRules(role=Role.ADMIN, models=("a",)))
+HTTP, TUNNEL = Channel.HTTP, Channel.TUNNEL
+NONE, ONE, MANY = Targeting.NONE, Targeting.ONE, Targeting.MANY
+
+
+def code(caller: Caller, method: bytes, path: str, kind: RouteKind, *rest: object) -> str | None:
+    targeting = rest[0] if rest else NONE
+    channel = rest[1] if len(rest) > 1 else HTTP
+    assert isinstance(targeting, Targeting) and isinstance(channel, Channel)
+    refused = refusal(caller, method, path, kind, targeting, channel)
+    return None if refused is None else f"{refused.status} {refused.code}"
+
+
+@pytest.mark.parametrize("path", [*sorted(MANAGEMENT_PATHS), "/api/blobs/sha256:0"])
+def test_a_user_may_not_manage_models_and_an_admin_may(path: str) -> None:
+    for caller in (USER, UNSCOPED_USER):
+        assert code(caller, b"POST", path, RouteKind.PASS_THROUGH) == "403 route-not-allowed"
+    for caller in (ADMIN, LOCAL):
+        assert code(caller, b"POST", path, RouteKind.PASS_THROUGH) is None
+
+
+def test_a_user_may_not_fan_out_but_may_name_one_node() -> None:
+    assert code(USER, b"POST", "/api/chat", RouteKind.INFERENCE, MANY) == "403 route-not-allowed"
+    assert code(USER, b"POST", "/api/chat", RouteKind.INFERENCE, ONE) is None
+    assert code(ADMIN, b"POST", "/api/pull", RouteKind.PASS_THROUGH, MANY) is None
+
+
+@pytest.mark.parametrize(
+    ("method", "kind", "allowed"),
+    [
+        (b"POST", RouteKind.INFERENCE, True),
+        (b"POST", RouteKind.MODEL_ROUTED, True),
+        (b"GET", RouteKind.MODEL_LIST, True),
+        (b"GET", RouteKind.PASS_THROUGH, True),
+        (b"HEAD", RouteKind.PASS_THROUGH, True),
+        (b"POST", RouteKind.PASS_THROUGH, False),
+        (b"PUT", RouteKind.PASS_THROUGH, False),
+        (b"DELETE", RouteKind.PASS_THROUGH, False),
+        (b"OPTIONS", RouteKind.PASS_THROUGH, False),
+    ],
+)
+def test_a_user_reads_any_route_but_writes_only_known_ones(
+    method: bytes, kind: RouteKind, allowed: bool
+) -> None:
+    got = code(USER, method, "/some/route", kind)
+    assert got is None if allowed else got == "403 route-not-allowed"
+
+
+def test_the_tunnel_needs_tunnels_and_no_model_scope_whatever_the_role() -> None:
+    """The LM Studio channel carries any model, so a key with a scope may never open it."""
+    args = (b"GET", "/llm", RouteKind.PASS_THROUGH, NONE, TUNNEL)
+    assert code(TUNNELLER, *args) is None
+    assert code(LOCAL, *args) is None
+    assert code(ADMIN, *args) is None
+    for caller in (USER, UNSCOPED_USER, SCOPED_TUNNELLER, SCOPED_ADMIN):
+        assert code(caller, *args) == "403 route-not-allowed", caller.name
