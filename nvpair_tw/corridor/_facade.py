@@ -119,13 +119,17 @@ class FacadeResource(Resource):
         if isinstance(inbound, Rejection):
             self._refuse(request, record, inbound)
             return
-        fan = self._fan(inbound)
-        if isinstance(fan, Rejection):
-            self._refuse(request, record, fan)
-        elif fan is not None:
-            await fan_out(self._facade, request, fan, record)
-        else:
-            await forward(self._facade, request, inbound, record)
+        try:
+            fan = self._fan(inbound)
+            if isinstance(fan, Rejection):
+                self._refuse(request, record, fan)
+            elif fan is not None:
+                await fan_out(self._facade, request, fan, record)
+            else:
+                await forward(self._facade, request, inbound, record)
+        finally:
+            if inbound.large:
+                self._facade.shared.collector.released()
 
     def _fan(self, inbound: Inbound) -> FanOutRequest | Rejection | None:
         """The fan-out of docs/behaviour.md §13.2: the nodes ``X-NVPair-Node`` listed, or every

@@ -52,6 +52,9 @@ class Inbound:
     body: bytes
     doc: dict[str, Any] | None
     model: str | None
+    large: bool = False
+    """The body was parsed in slices (docs/behaviour.md §14.1): its objects are frozen out of the
+    collector's passes until :meth:`QuietCollector.released`."""
 
     @property
     def path(self) -> str:
@@ -93,7 +96,8 @@ async def read_body(
         if refused is not None and head.kind is RouteKind.PASS_THROUGH:
             return _QUERY_NOT_ALLOWED  # a pass-through GET naming a model outside the scope
         return refused if refused is not None else Inbound(head, body, None, model)
-    doc = parse_body(body) if len(body) < LARGE_BODY else await parse_large(body, clock)
+    large = len(body) >= LARGE_BODY
+    doc = parse_body(body) if not large else await _parse_large(facade, body, clock)
     if isinstance(doc, Rejection):
         return doc
     names = _INFERENCE_NAMES if head.kind is RouteKind.INFERENCE else _ROUTED_NAMES
@@ -101,7 +105,26 @@ async def read_body(
     if isinstance(named, Rejection):
         return named
     refused = _out_of_scope(facade, head, named)
-    return refused if refused is not None else Inbound(head, body, doc, named)
+    if refused is not None:
+        if large:
+            facade.shared.collector.released()
+        return refused
+    return Inbound(head, body, doc, named, large)
+
+
+async def _parse_large(
+    facade: FacadeState, body: bytes, clock: IReactorTime
+) -> dict[str, Any] | Rejection:
+    """A large body parsed in slices, its objects kept out of the collector's passes."""
+    collector = facade.shared.collector
+    collector.parse_started()
+    try:
+        doc = await parse_large(body, clock)
+    finally:
+        collector.parse_ended()
+    if isinstance(doc, Rejection):
+        collector.released()
+    return doc
 
 
 def _unbodied_model(facade: FacadeState, head: Head) -> str | None:

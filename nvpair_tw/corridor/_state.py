@@ -20,6 +20,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory
 
 from nvpair_tw.core import EngineProfile, Settings
+from nvpair_tw.corridor._collector import QuietCollector
 from nvpair_tw.corridor._revocation import Holdings
 from nvpair_tw.corridor._tunnel import TunnelBook
 from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry
@@ -77,6 +78,8 @@ class Shared:
     self_guard: SelfGuard | None = None
     """This process's own listening addresses: a node that is this process is never a candidate
     (§14.3); ``None``: no such check (tests that build no runtime)."""
+    collector: QuietCollector = Factory(QuietCollector)
+    """Keeps the cyclic collector off large bodies' objects (§14.1)."""
     holdings: Holdings = Factory(lambda self: Holdings(self.tunnels), takes_self=True)
     """What each named key holds (queued requests, tunnels), ended when the key is revoked
     (§14.2)."""

@@ -6,6 +6,7 @@ last winning). Every refusal must leave the node untouched; what the node runs i
 
 from __future__ import annotations
 
+import gc
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -347,3 +348,18 @@ async def test_what_a_node_runs_is_what_the_proxy_checked(boundary: Boundary) ->
             assert seen.model is None or seen.model.lower().startswith("llama3"), (target, body)
 
     await deferToThread(example)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_large_body_is_parsed_in_slices_and_then_let_go(boundary: Boundary) -> None:
+    """A body over the large-body threshold is parsed cooperatively, forwarded as sent, and the
+    collector's state is back to normal once its request ended, served or refused (§14.1)."""
+    big = chat("llama3", pad="x" * (600 << 10))
+    served = await boundary.send(b"POST", b"/api/chat", big)
+    refused = await boundary.send(b"POST", b"/api/chat", big + b" x")
+    assert (served.status, refused.status, refused.json()["code"]) == (200, 400, "bad-body")
+    [seen] = boundary.inference()
+    assert seen.model == "llama3"
+    collector = boundary.proxy.runtime.shared.collector
+    assert (collector.parsing, collector.holding) == (0, 0)
+    assert gc.get_freeze_count() == 0 and gc.isenabled()
