@@ -14,10 +14,17 @@ When the last request holding such a body ends, the permanent generation is hand
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from attrs import define
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import Cooperator
 
-__all__ = ["QuietCollector"]
+__all__ = ["QuietCollector", "let_go"]
+
+_SLICE = 20_000
+"""Items freed per reactor turn (a million small objects freed at once held it 93 ms)."""
 
 
 @define
@@ -50,3 +57,31 @@ class QuietCollector:
         self.holding -= 1
         if self.holding == 0 and self.parsing == 0:
             gc.unfreeze()
+
+
+def let_go(doc: dict[str, Any], clock: IReactorTime) -> None:
+    """Free a large parsed document a slice at a time, yielding to the reactor in between (freeing
+    a million objects at once holds it as long as building them). ``doc`` must be held by nothing
+    else: it is emptied."""
+    cooperator = Cooperator(
+        terminationPredicateFactory=_one_slice,
+        scheduler=lambda work: clock.callLater(0, work),
+        started=True,
+    )
+    cooperator.cooperate(_emptied(doc))
+
+
+def _one_slice() -> Callable[[], bool]:
+    """One slice a reactor turn (a slice frees in about 2 ms)."""
+    return lambda: True
+
+
+def _emptied(doc: dict[str, Any]) -> Iterator[None]:
+    for key in list(doc):
+        value = doc.pop(key)
+        if isinstance(value, list):
+            while value:
+                del value[-_SLICE:]
+                yield None
+        del value
+        yield None

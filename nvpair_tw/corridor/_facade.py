@@ -18,6 +18,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from nvpair_tw.core import RouteKind, abort, write_error
 from nvpair_tw.corridor._aggregate import aggregate_model_list
+from nvpair_tw.corridor._collector import let_go
 from nvpair_tw.corridor._exchange import forward
 from nvpair_tw.corridor._fanout import FanOutRequest, fan_out
 from nvpair_tw.corridor._head import Head, Refused, read_head
@@ -129,7 +130,14 @@ class FacadeResource(Resource):
                 await forward(self._facade, request, inbound, record)
         finally:
             if inbound.large:
-                self._facade.shared.collector.released()
+                self._let_go(inbound)
+
+    def _let_go(self, inbound: Inbound) -> None:
+        """The request that held a large body ended: free it a slice at a time (§14.1)."""
+        shared = self._facade.shared
+        if inbound.doc is not None:
+            let_go(inbound.doc, shared.clock)
+        shared.collector.released()
 
     def _fan(self, inbound: Inbound) -> FanOutRequest | Rejection | None:
         """The fan-out of docs/behaviour.md §13.2: the nodes ``X-NVPair-Node`` listed, or every

@@ -6,8 +6,9 @@ import gc
 from collections.abc import Iterator
 
 import pytest
+from twisted.internet.task import Clock
 
-from nvpair_tw.corridor._collector import QuietCollector
+from nvpair_tw.corridor._collector import QuietCollector, let_go
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -51,3 +52,18 @@ def test_a_collector_that_was_off_stays_off() -> None:
     quiet.parse_ended()
     assert not gc.isenabled()
     quiet.released()
+
+
+def test_a_large_document_is_freed_a_slice_at_a_time() -> None:
+    """Freeing a million objects at once holds the reactor as long as building them."""
+    clock = Clock()
+    messages = [{"n": i} for i in range(50_000)]
+    doc = {"model": "m", "messages": messages}
+    let_go(doc, clock)
+    turns = 0
+    while clock.getDelayedCalls():
+        clock.advance(0)
+        turns += 1
+        assert turns < 100
+    assert doc == {} and messages == []
+    assert turns >= 3  # 50,000 items in slices of 20,000, and the other key
