@@ -14,12 +14,11 @@ When the last request holding such a body ends, the permanent generation is hand
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from attrs import define
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import Cooperator
 
 __all__ = ["QuietCollector", "let_go"]
 
@@ -60,20 +59,19 @@ class QuietCollector:
 
 
 def let_go(doc: dict[str, Any], clock: IReactorTime) -> None:
-    """Free a large parsed document a slice at a time, yielding to the reactor in between (freeing
-    a million objects at once holds it as long as building them). ``doc`` must be held by nothing
+    """Free a large parsed document a slice at a time, one slice a reactor turn (freeing a
+    million objects at once holds it as long as building them). ``doc`` must be held by nothing
     else: it is emptied."""
-    cooperator = Cooperator(
-        terminationPredicateFactory=_one_slice,
-        scheduler=lambda work: clock.callLater(0, work),
-        started=True,
-    )
-    cooperator.cooperate(_emptied(doc))
+    work = _emptied(doc)
+
+    def step() -> None:
+        if next(work, _DONE) is not _DONE:
+            clock.callLater(0, step)
+
+    clock.callLater(0, step)
 
 
-def _one_slice() -> Callable[[], bool]:
-    """One slice a reactor turn (a slice frees in about 2 ms)."""
-    return lambda: True
+_DONE = object()
 
 
 def _emptied(doc: dict[str, Any]) -> Iterator[None]:
