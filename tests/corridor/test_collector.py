@@ -67,6 +67,6 @@ def test_a_large_document_is_freed_a_slice_at_a_time() -> None:
         turns += 1
         assert turns < 100
         if messages:
-            assert len(messages) in (30_000, 10_000), len(messages)  # 20,000 freed a turn
+            assert len(messages) in (50_000, 30_000, 10_000), len(messages)  # 20,000 a turn
     assert doc == {} and messages == []
     assert turns == 6
