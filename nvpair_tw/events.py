@@ -121,11 +121,25 @@ class Subscription:
     def _offer(self, event: Event) -> None:
         if self._closed:
             return
+        if not (self._queue or self._paused or self._draining):
+            self._deliver(event)  # nothing waits before it: no queueing needed
+            return
         if len(self._queue) >= self._max_pending and (self._paused or self._draining):
             self._drop(f"more than {self._max_pending} events pending")
             return
         self._queue.append(event)
         self._drain()
+
+    def _deliver(self, event: Event) -> None:
+        """Hand one event to the sink as `_drain` would (nothing can queue meanwhile: the bus
+        holds back a publish made from inside a sink until this delivery is over)."""
+        self._draining = True
+        try:
+            self._sink(event)
+        except Exception as e:
+            self._drop(f"sink raised {type(e).__name__}")
+        finally:
+            self._draining = False
 
     def _drain(self) -> None:
         if self._draining:
