@@ -19,7 +19,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from nvpair_tw.core import EngineProfile
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.nodes import Catalogue, Node, NodeDirectory
 from nvpair_tw.selection._polling import InventoryPoller
 from nvpair_tw.upstream import MAX_JSON_BYTES, ReadError, get_json, join_url, make_http_client
 
@@ -56,6 +56,18 @@ def _normalised(profile: EngineProfile, names: frozenset[str]) -> dict[str, str]
     return {profile.normalise(n.strip()): n for n in sorted(names)}
 
 
+def _local(
+    profile: EngineProfile, normalised: Mapping[str, str], catalogue: Catalogue, model: str
+) -> str | None:
+    """The name a node whose inventory normalises to ``normalised`` knows ``model`` by."""
+    wanted = model.strip()
+    for name in (wanted, *catalogue.lookup(wanted).names):
+        local = normalised.get(profile.normalise(name))
+        if local is not None:
+            return local
+    return None
+
+
 @define
 class InventoryBook:
     """Per facade: the last good inventory of every node, and what each node has loaded, as its
@@ -80,6 +92,12 @@ class InventoryBook:
     _matchable: dict[str, tuple[object, EngineProfile, dict[str, str]]] = field(
         factory=dict, init=False
     )
+    _named: dict[str, tuple[str, object, Catalogue, str | None]] = field(factory=dict, init=False)
+    """Per node, the last model `local_name` was asked for and its answer, with what it came from."""
+    _resident: dict[str, tuple[str, _Loaded, EngineProfile, Catalogue, bool]] = field(
+        factory=dict, init=False
+    )
+    """Per node, the last model `resident` was asked for and its answer, with what it came from."""
     _poller: InventoryPoller = field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -130,11 +148,23 @@ class InventoryBook:
         """
         loaded = self._loaded.get(node_id)
         node = self._directory.get(node_id)
-        if loaded is None or node is None or not self._polled(node_id):
+        if loaded is None or node is None or node.models is not None:
             return None
         profile = node.kind_of(self._engine)
-        names = self._directory.catalogue.lookup(model).names
-        return any(profile.normalise(name) in loaded.normalised for name in names)
+        catalogue = self._directory.catalogue
+        last = self._resident.get(node_id)
+        if (
+            last is not None
+            and last[0] == model
+            and last[1] is loaded
+            and last[2] is profile
+            and last[3] is catalogue
+        ):
+            return last[4]  # every request of a burst asks the same: answer it once
+        names = catalogue.lookup(model).names
+        found = any(profile.normalise(name) in loaded.normalised for name in names)
+        self._resident[node_id] = (model, loaded, profile, catalogue, found)
+        return found
 
     def loaded(self, node_id: str) -> frozenset[str] | None:
         """The models loaded on the node as its engine names them, or None when unknown."""
@@ -171,12 +201,13 @@ class InventoryBook:
         if cached is None or cached[0] is not source or cached[1] is not profile:
             cached = (source, profile, _normalised(profile, self.models(node_id)))
             self._matchable[node_id] = cached
-        wanted = model.strip()
-        for name in (wanted, *self._directory.catalogue.lookup(wanted).names):
-            local = cached[2].get(profile.normalise(name))
-            if local is not None:
-                return local
-        return None
+        catalogue = self._directory.catalogue
+        last = self._named.get(node_id)
+        if last is not None and last[0] == model and last[1] is cached and last[2] is catalogue:
+            return last[3]  # every request of a burst asks the same: answer it once
+        found = _local(profile, cached[2], catalogue, model)
+        self._named[node_id] = (model, cached, catalogue, found)
+        return found
 
     def poll_now(self) -> Deferred[None]:
         """Poll every polled node once, concurrently; fires when all are done (never fails)."""
@@ -235,10 +266,12 @@ class InventoryBook:
             if node is None or node.url != self._known[node_id].url:
                 del self._known[node_id]
                 self._matchable.pop(node_id, None)
+                self._named.pop(node_id, None)
         for node_id in list(self._loaded):
             node = current.get(node_id)
             if node is None or node.url != self._loaded[node_id].url:
                 del self._loaded[node_id]
+                self._resident.pop(node_id, None)
         for node_id in list(self._slots):
             node = current.get(node_id)
             if node is None or node.url != self._slots[node_id][0]:
