@@ -2,7 +2,7 @@
 
 ``python bench/perrequest.py [--base REF] [--runs N] [--requests N]`` times, in µs per request,
 what every small request does besides moving bytes (docs/performance.md): its candidate order
-(``FacadeState.eligible`` and ``order`` with the residency reads), its workload's events and its
+(its affinity digests, ``FacadeState.eligible`` and ``order`` with the residency reads), its workload's events and its
 ``proxy/request`` record on the bus, with the sinks of a deployment subscribed (the log line at
 ``info`` through twist's JSON file observer into /dev/null, the admin listener's metrics and status
 board). Each run is a fresh process; runs alternate between the code at ``REF`` (default
@@ -47,6 +47,7 @@ def _worker(requests: int) -> dict[str, float]:
     from nvpair_tw.ops._admin import StatusBoard
     from nvpair_tw.ops._metrics import ProxyMetrics
     from nvpair_tw.runtime._process import build_runtime
+    from nvpair_tw.selection import affinity_key
 
     sink = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     observer = FilteringLogObserver(
@@ -67,7 +68,10 @@ def _worker(requests: int) -> dict[str, float]:
     shared = runtime.shared
     model = "llama3:latest"
 
+    chat = {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hi"}]}
+
     def order() -> None:
+        affinity_key("/api/chat", facade.profile.normalise("llama3"), chat)
         eligible = facade.eligible(model)
         facade.order(eligible, head_selection=True, affinity_hint=None, model=model)
 
