@@ -38,6 +38,8 @@ __all__ = ["NodeAgent"]
 
 _TARGET = re.compile(rb"[\x21-\x7e]+\Z")
 _Key = tuple[bytes, bytes, int]
+PARSED_KEPT = 256
+"""How many request URLs an agent keeps parsed (a node's base URL and a path each)."""
 
 
 class _ClientFactory(Factory):
@@ -84,6 +86,7 @@ class NodeAgent:
         self._idle: dict[_Key, list[NodeClientProtocol]] = {}
         self._keys: dict[NodeClientProtocol, _Key] = {}
         self._timers: dict[NodeClientProtocol, IDelayedCall] = {}
+        self._parsed: dict[bytes, tuple[URI, bytes]] = {}
 
     def request(
         self,
@@ -93,10 +96,8 @@ class NodeAgent:
         bodyProducer: IBodyProducer | None = None,
     ) -> Deferred[IResponse]:
         try:
-            parsed = URI.fromBytes(uri)
-            if parsed.scheme not in (b"http", b"https"):
-                raise ValueError("only http and https node URLs")
-            head, persistent = _head(method, parsed, headers, bodyProducer)
+            parsed, target = self._parse(uri)
+            head, persistent = _head(method, parsed, target, headers, bodyProducer)
         except Exception:
             return fail()
         request = ClientRequest(method, uri, headers if headers is not None else Headers())
@@ -115,6 +116,23 @@ class NodeAgent:
             return protocol.request(head, request, bodyProducer, persistent)
 
         return connecting.addCallback(connected)
+
+    def _parse(self, uri: bytes) -> tuple[URI, bytes]:
+        """The URL parsed and its request target, checked; kept for the next request to the same
+        URL (the same few node paths, again and again), up to `PARSED_KEPT` of them."""
+        kept = self._parsed.get(uri)
+        if kept is not None:
+            return kept
+        parsed = URI.fromBytes(uri)
+        if parsed.scheme not in (b"http", b"https"):
+            raise ValueError("only http and https node URLs")
+        target = parsed.originForm
+        if not _TARGET.match(target):
+            raise ValueError("invalid request target")
+        if len(self._parsed) >= PARSED_KEPT:
+            self._parsed.clear()
+        self._parsed[uri] = (parsed, target)
+        return parsed, target
 
     def close(self) -> Deferred[None]:
         """Close every idle connection; fires once all of them are gone."""
@@ -178,14 +196,16 @@ class NodeAgent:
 
 
 def _head(
-    method: bytes, uri: URI, headers: Headers | None, producer: IBodyProducer | None
+    method: bytes,
+    uri: URI,
+    target: bytes,
+    headers: Headers | None,
+    producer: IBodyProducer | None,
 ) -> tuple[bytes, bool]:
-    """The request line and headers, and whether the request allows keep-alive."""
+    """The request line (``target``: the URL's, checked) and headers, and whether the request
+    allows keep-alive."""
     if not TOKEN.match(method):
         raise ValueError("invalid request method")
-    target = uri.originForm
-    if not _TARGET.match(target):
-        raise ValueError("invalid request target")
     lines = [method, b" ", target, b" HTTP/1.1\r\n"]
     persistent = True
     if headers is None or not headers.hasHeader(b"host"):
