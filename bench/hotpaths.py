@@ -4,8 +4,9 @@
 as it is at ``REF`` (default ``HEAD~1``) and as it is in the working tree, and times one step of a
 small request with each, in alternating batches on the same thread: the CPU time of the thread
 (not wall time, which other processes' turns would inflate), best batch of ``--rounds``. Steps:
-the affinity digests of a one-message chat (``selection._affinity``) and the upstream request
-head of a small POST, its URL parsed (``upstream._agent``). ``bench/perrequest.py`` measures the
+the affinity digests of a one-message chat (``selection._affinity``), the upstream request head
+of a small POST, its URL parsed (``upstream._agent``), and a response body's gate from relay to
+end (``upstream._attempt``). ``bench/perrequest.py`` measures the
 bookkeeping that needs a runtime.
 """
 
@@ -72,9 +73,26 @@ def request_head(module: ModuleType) -> Step:
     return step
 
 
+def body_end(module: ModuleType) -> Step:
+    from twisted.internet.task import Clock
+    from twisted.python.failure import Failure
+    from twisted.web.client import ResponseDone
+
+    clock = Clock()
+
+    def step() -> object:
+        gate = module.BodyGate(clock, 30.0)
+        gate.start_relay(len)
+        gate.connectionLost(Failure(ResponseDone()))
+        return gate
+
+    return step
+
+
 STEPS: dict[str, tuple[str, Callable[[ModuleType], Step]]] = {
     "affinity digests (one message)": ("nvpair_tw/selection/_affinity.py", affinity),
     "upstream request head": ("nvpair_tw/upstream/_agent.py", request_head),
+    "upstream body gate, one response": ("nvpair_tw/upstream/_attempt.py", body_end),
 }
 
 
