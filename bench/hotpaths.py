@@ -62,15 +62,17 @@ def request_head(module: ModuleType) -> Step:
     url = b"http://127.0.0.1:41234/api/chat"
     headers = Headers({b"content-type": [b"application/json"], b"x-forwarded-for": [b"127.0.0.1"]})
     body = ReplayBodyProducer(b"x" * 80, lambda: None)
-    if "target" not in inspect.signature(module._head).parameters:
-        return lambda: module._head(b"POST", URI.fromBytes(url), headers, body)
     agent: Any = module.NodeAgent(Clock(), None)
+    if not hasattr(agent, "_parse"):  # before URLs were kept parsed
+        return lambda: module._head(b"POST", URI.fromBytes(url), headers, body)
+    if "target" in inspect.signature(module._head).parameters:  # before the Host value was kept
 
-    def step() -> object:
-        parsed, target = agent._parse(url)
-        return module._head(b"POST", parsed, target, headers, body)
+        def parts() -> object:
+            parsed, target = agent._parse(url)
+            return module._head(b"POST", parsed, target, headers, body)
 
-    return step
+        return parts
+    return lambda: module._head(b"POST", agent._parse(url), headers, body)
 
 
 def body_end(module: ModuleType) -> Step:
