@@ -5,8 +5,8 @@ as it is at ``REF`` (default ``HEAD~1``) and as it is in the working tree, and t
 small request with each, in alternating batches on the same thread: the CPU time of the thread
 (not wall time, which other processes' turns would inflate), best batch of ``--rounds``. Steps:
 the affinity digests of a one-message chat (``selection._affinity``), the upstream request head
-of a small POST, its URL parsed (``upstream._agent``), and a response body's gate from relay to
-end (``upstream._attempt``). ``bench/perrequest.py`` measures the
+of a small POST, its URL parsed (``upstream._agent``), a response body's gate from relay to end
+(``upstream._attempt``) and one read of 50 chunked SSE events decoded (``upstream._http1``). ``bench/perrequest.py`` measures the
 bookkeeping that needs a runtime.
 """
 
@@ -91,10 +91,24 @@ def body_end(module: ModuleType) -> Step:
     return step
 
 
+def chunked_read(module: ModuleType) -> Step:
+    event = (
+        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,'
+        b'"model":"llama3","choices":[{"index":0,"delta":{"content":"tok 42"}}]}\n\n'
+    )
+    read = (b"%x\r\n%s\r\n" % (len(event), event)) * 50
+
+    def step() -> object:
+        return module.ChunkedDecoder().feed(read)
+
+    return step
+
+
 STEPS: dict[str, tuple[str, Callable[[ModuleType], Step]]] = {
     "affinity digests (one message)": ("nvpair_tw/selection/_affinity.py", affinity),
     "upstream request head": ("nvpair_tw/upstream/_agent.py", request_head),
     "upstream body gate, one response": ("nvpair_tw/upstream/_attempt.py", body_end),
+    "chunked read of 50 SSE events": ("nvpair_tw/upstream/_http1.py", chunked_read),
 }
 
 

@@ -1,13 +1,15 @@
-"""Small non-streaming requests only: nvpair-tw vs ReverseProxyResource side by side, and a profile.
+"""Small requests and streamed events: nvpair-tw vs ReverseProxyResource side by side, a profile.
 
-``python bench/small.py [--rounds N] [--seconds S] [--log-level L] [--no-admin] [--profile SECONDS]``
-starts the fast fake engine, nvpair-tw (the flags of ``bench/run.py``, but the log level is a
-choice: ``info``, the default of a deployment, writes one line per request; ``warn`` is what
-``bench/run.py`` uses; the admin listener, whose metrics and status board follow every request, is
-on as deployed unless ``--no-admin``, as in ``bench/run.py``) and RPR, then runs ``wrk`` at c=1 and c=32 on ``POST /api/chat``,
-interleaved round by round, and prints medians and ratios. With ``--profile`` it also records
-py-spy on nvpair-tw during a c=32 run and prints the reactor thread's hottest frames, inclusive
-and self. It is the narrow form of scenario 1 of ``bench/run.py`` (docs/performance.md).
+``python bench/small.py [--rounds N] [--seconds S] [--log-level L] [--no-admin]
+[--load small|stream|both] [--profile SECONDS]`` starts the fast fake engine, nvpair-tw (the flags
+of ``bench/run.py``, but the log level is a choice: ``info``, a deployment's default, writes one
+line per request, ``warn`` is what ``bench/run.py`` uses; the admin listener, whose metrics and
+status board follow every request, is on as deployed unless ``--no-admin``, as in
+``bench/run.py``) and RPR. ``small``: ``wrk`` at c=1 and c=32 on ``POST /api/chat``; ``stream``:
+``wrk`` at c=4 on streams of 1,000 SSE events in one burst, CPU per relayed event. Contenders
+interleave round by round; medians and ratios to RPR are printed. ``--profile`` records py-spy on
+nvpair-tw under the (first) load and prints the hottest frames, inclusive and self. It is the
+narrow form of scenarios 1 and 2 of ``bench/run.py`` (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from run import (
     BENCH,
     CHAT,
+    CHUNKS,
     PY,
+    STREAM,
     Harness,
     Server,
     free_port,
@@ -78,6 +83,77 @@ def summarise(path: Path, top: int) -> list[str]:
     return out
 
 
+Rows = dict[str, dict[str, list[float]]]
+
+
+def small(harness: Harness, servers: dict[str, Server], rounds: int, seconds: int) -> Rows:
+    """c=1 latency, then c=32 throughput and CPU per request, interleaved round by round."""
+    rows: Rows = {}
+    for _ in range(rounds):
+        for name, server in servers.items():
+            row = rows.setdefault(name, {"p50": [], "rps": [], "cpu": [], "err": []})
+            c1 = wrk(harness, server.port, "/api/chat", CHAT, 1, seconds)
+            before = server.cpu()
+            c32 = wrk(harness, server.port, "/api/chat", CHAT, 32, seconds)
+            row["cpu"].append((server.cpu() - before) / max(c32["requests"], 1) * 1e6)
+            row["p50"].append(c1["p50_us"] / 1000)
+            row["rps"].append(c32["rps"])
+            row["err"].append(c1["status_errors"] + c32["status_errors"] + c32["timeouts"])
+    return rows
+
+
+def streamed(harness: Harness, servers: dict[str, Server], rounds: int, seconds: int) -> Rows:
+    """c=4 streams of 1,000 SSE events in one burst: CPU per relayed event, interleaved."""
+    rows: Rows = {}
+    for _ in range(rounds):
+        for name, server in servers.items():
+            row = rows.setdefault(name, {"cpu": [], "eps": [], "err": []})
+            before = server.cpu()
+            run = wrk(harness, server.port, "/v1/chat/completions", STREAM, 4, seconds)
+            events = max(run["requests"], 1) * CHUNKS
+            row["cpu"].append((server.cpu() - before) / events * 1e6)
+            row["eps"].append(run["rps"] * CHUNKS)
+            row["err"].append(run["status_errors"] + run["timeouts"] + run["socket_errors"])
+    return rows
+
+
+def profile(harness: Harness, server: Server, seconds: int, load: str, top: int) -> list[str]:
+    """py-spy on ``server`` during ``seconds`` of the small (c=32) or the streamed (c=4) load."""
+    spy = shutil.which("py-spy") or str(Path(PY).with_name("py-spy"))
+    out = harness.tmp / "profile.txt"
+    argv = [spy, "record", "-p", str(server.process.pid), "-d", str(seconds), "-f", "raw"]
+    recorder = subprocess.Popen(
+        [*argv, "-r", "200", "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    if load == "stream":
+        wrk(harness, server.port, "/v1/chat/completions", STREAM, 4, seconds)
+    else:
+        wrk(harness, server.port, "/api/chat", CHAT, 32, seconds)
+    recorder.wait(timeout=seconds + 30)
+    keep = BENCH / "results"
+    keep.mkdir(exist_ok=True)
+    shutil.copy(out, keep / f"{load}-profile-{os.getpid()}.txt")
+    return summarise(out, top)
+
+
+def table(rows: Rows, columns: dict[str, tuple[str, int]], ratio: str) -> list[str]:
+    """Medians per contender, ``ratio`` also as a multiple of RPR's."""
+    names = list(columns)
+    lines = [
+        "| contender | " + " | ".join(columns[n][0] for n in names) + f" | {ratio} x RPR |",
+        "|---|" + "---|" * (len(names) + 1),
+    ]
+    rpr = statistics.median(rows["rpr"][ratio])
+    for contender, row in rows.items():
+        cells = [f"{statistics.median(row[n]):,.{columns[n][1]}f}" for n in names]
+        lines.append(
+            f"| {contender} | "
+            + " | ".join(cells)
+            + f" | {statistics.median(row[ratio]) / rpr:.2f} |"
+        )
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -89,61 +165,44 @@ def main() -> None:
         default=True,
         help="the admin listener (metrics, status board) on, as deployed, or off as in run.py",
     )
-    parser.add_argument("--profile", type=int, default=0, help="py-spy seconds at c=32 (0: none)")
+    parser.add_argument("--load", choices=("small", "stream", "both"), default="small")
+    parser.add_argument("--profile", type=int, default=0, help="py-spy seconds (0: none)")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
     pin = shutil.which("taskset") is not None and {0, 1} <= os.sched_getaffinity(0)
     if pin:
         os.sched_setaffinity(0, {1})
     harness = Harness(Path(tempfile.mkdtemp(prefix="nvpair-small-")), pin)
-    rows: dict[str, dict[str, list[float]]] = {}
+    out: list[str] = []
+    results: dict[str, Any] = {}
     try:
         servers = start(harness, args.log_level, args.admin)
         for server in servers.values():  # warm up
             wrk(harness, server.port, "/api/chat", CHAT, 32, 1)
-        for _ in range(args.rounds):
-            for name, server in servers.items():
-                row = rows.setdefault(name, {"p50": [], "rps": [], "cpu": [], "err": []})
-                c1 = wrk(harness, server.port, "/api/chat", CHAT, 1, args.seconds)
-                before = server.cpu()
-                c32 = wrk(harness, server.port, "/api/chat", CHAT, 32, args.seconds)
-                row["cpu"].append((server.cpu() - before) / max(c32["requests"], 1) * 1e6)
-                row["p50"].append(c1["p50_us"] / 1000)
-                row["rps"].append(c32["rps"])
-                row["err"].append(c1["status_errors"] + c32["status_errors"] + c32["timeouts"])
+        if args.load in ("small", "both"):
+            results["small"] = small(harness, servers, args.rounds, args.seconds)
+        if args.load in ("stream", "both"):
+            results["stream"] = streamed(harness, servers, args.rounds, args.seconds)
         if args.profile:
-            spy = shutil.which("py-spy") or str(Path(PY).with_name("py-spy"))
-            out = harness.tmp / "profile.txt"
-            pid = str(servers["nvpair-tw"].process.pid)
-            argv = [spy, "record", "-p", pid, "-d", str(args.profile), "-f", "raw", "-r", "200"]
-            recorder = subprocess.Popen(
-                [*argv, "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-            )
-            wrk(harness, servers["nvpair-tw"].port, "/api/chat", CHAT, 32, args.profile)
-            recorder.wait(timeout=args.profile + 30)
-            keep = BENCH / "results"
-            keep.mkdir(exist_ok=True)
-            shutil.copy(out, keep / f"small-profile-{os.getpid()}.txt")
-            print("\n".join(summarise(out, args.top)))
+            load = "stream" if args.load == "stream" else "small"
+            out = profile(harness, servers["nvpair-tw"], args.profile, load, args.top)
     finally:
         harness.stop()
         shutil.rmtree(harness.tmp, ignore_errors=True)
+    print("\n".join(out))
     admin = "admin on" if args.admin else "admin none"
     print(
         f"\nlog level {args.log_level}, {admin}, {args.rounds} rounds of {args.seconds} s, medians"
     )
-    print(
-        "| contender | p50 ms c=1 | req/s c=32 | x RPR | CPU µs/req c=32 | errors | rounds req/s |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    rpr = statistics.median(rows["rpr"]["rps"])
-    for name, row in rows.items():
-        rps = statistics.median(row["rps"])
-        print(
-            f"| {name} | {statistics.median(row['p50']):.3f} | {rps:,.0f} | {rps / rpr:.2f} "
-            f"| {statistics.median(row['cpu']):.0f} | {sum(row['err']):.0f} "
-            f"| {', '.join(f'{r:,.0f}' for r in row['rps'])} |"
-        )
+    if "small" in results:
+        columns = {"p50": ("p50 ms c=1", 3), "rps": ("req/s c=32", 0), "cpu": ("CPU µs/req", 0)}
+        print("\n".join(table(results["small"], columns, "rps")))
+    if "stream" in results:
+        columns = {"eps": ("events/s c=4", 0), "cpu": ("CPU µs/event", 2)}
+        print("\n".join(table(results["stream"], columns, "cpu")))
+    for kind, rows in results.items():
+        for name, row in rows.items():
+            print(f"{kind} {name} rounds: " + ", ".join(f"{k}={v}" for k, v in row.items()))
 
 
 if __name__ == "__main__":
