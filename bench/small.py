@@ -1,15 +1,16 @@
 """Small requests and streamed events: nvpair-tw vs ReverseProxyResource side by side, a profile.
 
 ``python bench/small.py [--rounds N] [--seconds S] [--log-level L] [--no-admin]
-[--load small|stream|both] [--profile SECONDS]`` starts the fast fake engine, nvpair-tw (the flags
-of ``bench/run.py``, but the log level is a choice: ``info``, a deployment's default, writes one
-line per request, ``warn`` is what ``bench/run.py`` uses; the admin listener, whose metrics and
-status board follow every request, is on as deployed unless ``--no-admin``, as in
-``bench/run.py``) and RPR. ``small``: ``wrk`` at c=1 and c=32 on ``POST /api/chat``; ``stream``:
-``wrk`` at c=4 on streams of 1,000 SSE events in one burst, CPU per relayed event. Contenders
-interleave round by round; medians and ratios to RPR are printed. ``--profile`` records py-spy on
-nvpair-tw under the (first) load and prints the hottest frames, inclusive and self. It is the
-narrow form of scenarios 1 and 2 of ``bench/run.py`` (docs/performance.md).
+[--load small|stream|both] [--base REF] [--profile SECONDS]`` starts the fast fake engine,
+nvpair-tw (the flags of ``bench/run.py``, but the log level is a choice: ``info``, a deployment's
+default, writes one line per request, ``warn`` is what ``bench/run.py`` uses; the admin listener,
+whose metrics and status board follow every request, is on as deployed unless ``--no-admin``, as
+in ``bench/run.py``), with ``--base`` a second nvpair-tw running the code at that git ref, and
+RPR. ``small``: ``wrk`` at c=1 and c=32 on ``POST /api/chat``; ``stream``: ``wrk`` at c=4 on
+streams of 1,000 SSE events in one burst, CPU per relayed event. Contenders interleave round by
+round; medians and ratios to RPR are printed. ``--profile`` records py-spy on nvpair-tw under the
+(first) load and prints the hottest frames, inclusive and self. It is the narrow form of
+scenarios 1 and 2 of ``bench/run.py`` (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 from collections import Counter
+from io import BytesIO
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,7 @@ from run import (
     CHAT,
     CHUNKS,
     PY,
+    REPO,
     STREAM,
     Harness,
     Server,
@@ -41,17 +45,42 @@ from run import (
 )
 
 
-def start(harness: Harness, log_level: str, admin: bool) -> dict[str, Server]:
-    up = free_port()
-    upstream = harness.spawn("upstream", [PY, str(BENCH / "upstream.py"), str(up)])
-    wait_ready(up, upstream)
+def nvpair(harness: Harness, up: int, options: argparse.Namespace, root: Path) -> Server:
+    """nvpair-tw in front of the engine on ``up``, its code (and plugin) from ``root``."""
     port = free_port()
     argv = [PY, "-m", "twisted", "nvpair", "--engine", "ollama", "--assemble", "off"]
     argv += ["--usage-db", "none", "--listen", f"tcp:{port}:interface=127.0.0.1:backlog=4096"]
-    listener = f"tcp:{free_port()}:interface=127.0.0.1" if admin else "none"
+    listener = f"tcp:{free_port()}:interface=127.0.0.1" if options.admin else "none"
     argv += ["--node", f"a=http://127.0.0.1:{up}", "--admin", listener]
-    argv += ["--log-level", log_level, "--max-connections", "4096"]
-    servers = {"nvpair-tw": Server("nvpair-tw", port, harness.spawn("nvpair-tw", argv))}
+    argv += ["--log-level", options.log_level, "--max-connections", "4096"]
+    if harness.pin:
+        argv = ["taskset", "-c", "0", *argv]
+    name = "nvpair-tw" if root == REPO else f"nvpair-tw@{options.base}"
+    log = (harness.tmp / f"{name}.log").open("wb")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=root, env=env)
+    harness.servers.append(process)
+    return Server(name, port, process)
+
+
+def start(harness: Harness, options: argparse.Namespace) -> dict[str, Server]:
+    """The engine, nvpair-tw (and, with ``--base``, nvpair-tw at that ref) and RPR, ready."""
+    up = free_port()
+    upstream = harness.spawn("upstream", [PY, str(BENCH / "upstream.py"), str(up)])
+    wait_ready(up, upstream)
+    servers = {"nvpair-tw": nvpair(harness, up, options, REPO)}
+    if options.base:
+        root = harness.tmp / "base"
+        root.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", options.base, "nvpair_tw", "twisted"],
+            capture_output=True,
+            check=True,
+        ).stdout
+        with tarfile.open(fileobj=BytesIO(archive)) as tar:
+            tar.extractall(root, filter="data")
+        base = nvpair(harness, up, options, root)
+        servers[base.name] = base
     rpr = free_port()
     servers["rpr"] = Server(
         "rpr", rpr, harness.spawn("rpr", [PY, str(BENCH / "rpr.py"), str(rpr), str(up)])
@@ -165,6 +194,7 @@ def main() -> None:
         default=True,
         help="the admin listener (metrics, status board) on, as deployed, or off as in run.py",
     )
+    parser.add_argument("--base", help="also run nvpair-tw as it is at this git ref")
     parser.add_argument("--load", choices=("small", "stream", "both"), default="small")
     parser.add_argument("--profile", type=int, default=0, help="py-spy seconds (0: none)")
     parser.add_argument("--top", type=int, default=25)
@@ -176,7 +206,7 @@ def main() -> None:
     out: list[str] = []
     results: dict[str, Any] = {}
     try:
-        servers = start(harness, args.log_level, args.admin)
+        servers = start(harness, args)
         for server in servers.values():  # warm up
             wrk(harness, server.port, "/api/chat", CHAT, 32, 1)
         if args.load in ("small", "both"):
