@@ -8,8 +8,9 @@ whose metrics and status board follow every request, is on as deployed unless ``
 in ``bench/run.py``), with ``--base`` a second nvpair-tw running the code at that git ref, and
 RPR. ``small``: ``wrk`` at c=1 and c=32 on ``POST /api/chat``; ``stream``: ``wrk`` at c=4 on
 streams of 1,000 SSE events in one burst, CPU per relayed event. Contenders interleave round by
-round; medians and ratios to RPR are printed. ``--profile`` records py-spy on nvpair-tw under the
-(first) load and prints the hottest frames, inclusive and self. It is the narrow form of
+round; medians and ratios to RPR are printed. ``--profile`` records py-spy on each nvpair-tw under the
+(first) load, keeps the raw stacks in ``bench/results/`` and prints the hottest frames, inclusive
+and self. It is the narrow form of
 scenarios 1 and 2 of ``bench/run.py`` (docs/performance.md).
 """
 
@@ -161,8 +162,12 @@ def profile(harness: Harness, server: Server, seconds: int, load: str, top: int)
     recorder.wait(timeout=seconds + 30)
     keep = BENCH / "results"
     keep.mkdir(exist_ok=True)
-    shutil.copy(out, keep / f"{load}-profile-{os.getpid()}.txt")
-    return summarise(out, top)
+    name = server.name.replace("@", "-at-")
+    shutil.copy(out, keep / f"{load}-profile-{name}-{os.getpid()}.txt")
+    return [
+        f"{server.name}: " + line if not line.startswith(" ") else line
+        for line in summarise(out, top)
+    ]
 
 
 def table(rows: Rows, columns: dict[str, tuple[str, int]], ratio: str) -> list[str]:
@@ -215,7 +220,9 @@ def main() -> None:
             results["stream"] = streamed(harness, servers, args.rounds, args.seconds)
         if args.profile:
             load = "stream" if args.load == "stream" else "small"
-            out = profile(harness, servers["nvpair-tw"], args.profile, load, args.top)
+            for name, server in servers.items():
+                if name.startswith("nvpair-tw"):
+                    out += profile(harness, server, args.profile, load, args.top)
     finally:
         harness.stop()
         shutil.rmtree(harness.tmp, ignore_errors=True)
