@@ -239,12 +239,28 @@ def _counter(
     return Counter(name, documentation, labels, registry=registry)
 
 
+class _Children:
+    """Each metric's child for a set of label values, made once: prometheus_client's ``labels``
+    validates and takes a lock on every call, and the bus asks for about ten a request. The kept
+    children are those the metrics keep anyway (none is ever removed)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+    def __call__(self, metric: _Metric, *values: str) -> _Metric:
+        key = (metric, values)
+        child: _Metric | None = self._kept.get(key)
+        if child is None:
+            child = self._kept[key] = metric.labels(*values)
+        return child
+
+
 class ProxyMetrics:
     """The metrics of one runtime: bus-fed counters plus the scrape-time collector."""
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
-        self._children: dict[tuple[object, tuple[str, ...]], Any] = {}
+        self._child = _Children()
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
         self._define_counters(registry)
@@ -345,16 +361,6 @@ class ProxyMetrics:
             buckets=DURATION_BUCKETS,
             registry=registry,
         )
-
-    def _child(self, metric: _Metric, *values: str) -> _Metric:
-        """The metric's child for these label values, made once: prometheus_client's ``labels``
-        validates and takes a lock on every call, and the bus calls this for every request. The
-        kept children are those the metric keeps anyway (none is ever removed)."""
-        key = (metric, values)
-        child: _Metric | None = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
 
     def _model_label(self, engine: str, model: str) -> str:
         """The model as a label: a name some node or the catalogue knows, else ``other`` (so a

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random as _random
 from collections.abc import Callable, Mapping
+from typing import Generic, TypeVar
 
 from attrs import define, field, frozen
 from treq.client import HTTPClient
@@ -31,6 +32,9 @@ __all__ = [
     "join_url",
     "make_http_client",
 ]
+
+
+_T = TypeVar("_T")
 
 
 @frozen
@@ -68,6 +72,37 @@ def _local(
     return None
 
 
+def _is_loaded(
+    profile: EngineProfile, loaded: frozenset[str], catalogue: Catalogue, model: str
+) -> bool:
+    """Whether any name of ``model`` is among a node's ``loaded`` names (normalised)."""
+    return any(profile.normalise(name) in loaded for name in catalogue.lookup(model).names)
+
+
+class _LastAnswers(Generic[_T]):
+    """Per node, the last model asked and the answer, with the inputs it came from: asked the
+    same with equal inputs, the answer is given again (every request of a burst asks the same,
+    several times over)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[str, tuple[object, ...], _T]] = {}
+
+    def find(self, node_id: str, model: str, inputs: tuple[object, ...]) -> tuple[_T] | None:
+        """The kept answer (in a 1-tuple), or None when the question or its inputs differ."""
+        kept = self._kept.get(node_id)
+        if kept is None or kept[0] != model or kept[1] != inputs:
+            return None
+        return (kept[2],)
+
+    def keep(self, node_id: str, model: str, inputs: tuple[object, ...], answer: _T) -> _T:
+        """Keep ``answer`` as the node's last; return it."""
+        self._kept[node_id] = (model, inputs, answer)
+        return answer
+
+    def forget(self, node_id: str) -> None:
+        self._kept.pop(node_id, None)
+
+
 @define
 class InventoryBook:
     """Per facade: the last good inventory of every node, and what each node has loaded, as its
@@ -92,12 +127,8 @@ class InventoryBook:
     _matchable: dict[str, tuple[object, EngineProfile, dict[str, str]]] = field(
         factory=dict, init=False
     )
-    _named: dict[str, tuple[str, object, Catalogue, str | None]] = field(factory=dict, init=False)
-    """Per node, the last model `local_name` was asked for and its answer, with what it came from."""
-    _resident: dict[str, tuple[str, _Loaded, EngineProfile, Catalogue, bool]] = field(
-        factory=dict, init=False
-    )
-    """Per node, the last model `resident` was asked for and its answer, with what it came from."""
+    _named: _LastAnswers[str | None] = field(factory=lambda: _LastAnswers(), init=False)
+    _resident: _LastAnswers[bool] = field(factory=lambda: _LastAnswers(), init=False)
     _poller: InventoryPoller = field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -151,20 +182,12 @@ class InventoryBook:
         if loaded is None or node is None or node.models is not None:
             return None
         profile = node.kind_of(self._engine)
-        catalogue = self._directory.catalogue
-        last = self._resident.get(node_id)
-        if (
-            last is not None
-            and last[0] == model
-            and last[1] is loaded
-            and last[2] is profile
-            and last[3] is catalogue
-        ):
-            return last[4]  # every request of a burst asks the same: answer it once
-        names = catalogue.lookup(model).names
-        found = any(profile.normalise(name) in loaded.normalised for name in names)
-        self._resident[node_id] = (model, loaded, profile, catalogue, found)
-        return found
+        inputs = (loaded, profile, self._directory.catalogue)
+        last = self._resident.find(node_id, model, inputs)
+        if last is not None:
+            return last[0]
+        found = _is_loaded(profile, loaded.normalised, inputs[2], model)
+        return self._resident.keep(node_id, model, inputs, found)
 
     def loaded(self, node_id: str) -> frozenset[str] | None:
         """The models loaded on the node as its engine names them, or None when unknown."""
@@ -201,13 +224,13 @@ class InventoryBook:
         if cached is None or cached[0] is not source or cached[1] is not profile:
             cached = (source, profile, _normalised(profile, self.models(node_id)))
             self._matchable[node_id] = cached
-        catalogue = self._directory.catalogue
-        last = self._named.get(node_id)
-        if last is not None and last[0] == model and last[1] is cached and last[2] is catalogue:
-            return last[3]  # every request of a burst asks the same: answer it once
-        found = _local(profile, cached[2], catalogue, model)
-        self._named[node_id] = (model, cached, catalogue, found)
-        return found
+        inputs = (cached, self._directory.catalogue)
+        last = self._named.find(node_id, model, inputs)
+        if last is not None:
+            return last[0]
+        return self._named.keep(
+            node_id, model, inputs, _local(profile, cached[2], inputs[1], model)
+        )
 
     def poll_now(self) -> Deferred[None]:
         """Poll every polled node once, concurrently; fires when all are done (never fails)."""
@@ -266,12 +289,12 @@ class InventoryBook:
             if node is None or node.url != self._known[node_id].url:
                 del self._known[node_id]
                 self._matchable.pop(node_id, None)
-                self._named.pop(node_id, None)
+                self._named.forget(node_id)
         for node_id in list(self._loaded):
             node = current.get(node_id)
             if node is None or node.url != self._loaded[node_id].url:
                 del self._loaded[node_id]
-                self._resident.pop(node_id, None)
+                self._resident.forget(node_id)
         for node_id in list(self._slots):
             node = current.get(node_id)
             if node is None or node.url != self._slots[node_id][0]:
