@@ -6,7 +6,8 @@ small request with each, in alternating batches on the same thread: the CPU time
 (not wall time, which other processes' turns would inflate), best batch of ``--rounds``. Steps:
 the affinity digests of a one-message chat (``selection._affinity``), the upstream request head
 of a small POST, its URL parsed (``upstream._agent``), a response body's gate from relay to end
-(``upstream._attempt``) and one read of 50 chunked SSE events decoded (``upstream._http1``). ``bench/perrequest.py`` measures the
+(``upstream._attempt``) and one read of 50 chunked SSE events decoded, alone and with the body's
+last chunk (``upstream._http1``). ``bench/perrequest.py`` measures the
 bookkeeping that needs a runtime.
 """
 
@@ -91,17 +92,21 @@ def body_end(module: ModuleType) -> Step:
     return step
 
 
+EVENT = (
+    b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,'
+    b'"model":"llama3","choices":[{"index":0,"delta":{"content":"tok 42"}}]}\n\n'
+)
+READ = (b"%x\r\n%s\r\n" % (len(EVENT), EVENT)) * 50
+"""One read of 50 chunked SSE events, as an engine's burst arrives."""
+
+
 def chunked_read(module: ModuleType) -> Step:
-    event = (
-        b'data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,'
-        b'"model":"llama3","choices":[{"index":0,"delta":{"content":"tok 42"}}]}\n\n'
-    )
-    read = (b"%x\r\n%s\r\n" % (len(event), event)) * 50
+    return lambda: module.ChunkedDecoder().feed(READ)
 
-    def step() -> object:
-        return module.ChunkedDecoder().feed(read)
 
-    return step
+def last_chunked_read(module: ModuleType) -> Step:
+    last = READ + b"0\r\n\r\n"
+    return lambda: module.ChunkedDecoder().feed(last)
 
 
 STEPS: dict[str, tuple[str, Callable[[ModuleType], Step]]] = {
@@ -109,6 +114,7 @@ STEPS: dict[str, tuple[str, Callable[[ModuleType], Step]]] = {
     "upstream request head": ("nvpair_tw/upstream/_agent.py", request_head),
     "upstream body gate, one response": ("nvpair_tw/upstream/_attempt.py", body_end),
     "chunked read of 50 SSE events": ("nvpair_tw/upstream/_http1.py", chunked_read),
+    "the same read ending the body": ("nvpair_tw/upstream/_http1.py", last_chunked_read),
 }
 
 

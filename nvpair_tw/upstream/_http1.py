@@ -66,11 +66,14 @@ def _plain_chunks(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int
     pieces = data[pos:].split(b"\r\n")
     whole = (len(pieces) - 1) // 2  # a size line, a payload and the CRLF after it
     sizes, payloads = pieces[0 : 2 * whole : 2], pieces[1 : 2 * whole : 2]
-    if sizes == [b"%x" % len(payload) for payload in payloads] and all(payloads):
+    expected = [b"%x" % len(payload) for payload in payloads]
+    if sizes == expected and all(payloads):
         run = whole
+    elif sizes[:-1] == expected[:-1] and all(payloads[:-1]):
+        run = whole - 1  # the usual case: the body's last chunk (size 0) ends the read
     else:
         run = 0
-        while run < whole and payloads[run] and sizes[run] == b"%x" % len(payloads[run]):
+        while run < whole and payloads[run] and sizes[run] == expected[run]:
             run += 1
     if not run:
         return pos
