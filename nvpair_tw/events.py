@@ -121,11 +121,25 @@ class Subscription:
     def _offer(self, event: Event) -> None:
         if self._closed:
             return
+        if not (self._queue or self._paused or self._draining):
+            self._deliver(event)  # nothing waits before it: no queueing needed
+            return
         if len(self._queue) >= self._max_pending and (self._paused or self._draining):
             self._drop(f"more than {self._max_pending} events pending")
             return
         self._queue.append(event)
         self._drain()
+
+    def _deliver(self, event: Event) -> None:
+        """Hand one event to the sink as `_drain` would (nothing can queue meanwhile: the bus
+        holds back a publish made from inside a sink until this delivery is over)."""
+        self._draining = True
+        try:
+            self._sink(event)
+        except Exception as e:
+            self._drop(f"sink raised {type(e).__name__}")
+        finally:
+            self._draining = False
 
     def _drain(self) -> None:
         if self._draining:
@@ -282,11 +296,27 @@ def _format(name: str, fields: Mapping[str, Any]) -> str:
 _RESERVED = frozenset({"format", "event"})
 
 
+def _preformatted(name: str, fields: Mapping[str, Any]) -> str:
+    """The event's line, already rendered, as a format with no fields (braces doubled).
+
+    Twisted would parse the format and flatten its fields again for every event; rendered here
+    once, the line is the same and the observers find nothing to parse. A payload the format
+    cannot render keeps the format itself, for Twisted to report as it always has.
+    """
+    fmt = _format(name, fields)
+    try:
+        text = fmt.format_map({**fields, "event": name})
+    except Exception:
+        return fmt
+    return text.replace("{", "{{").replace("}", "}}")
+
+
 def log_events(bus: EventBus, log: Logger) -> Subscription:
     """Subscribe a sink that emits each event through ``log`` as a structured event.
 
     The event name is the ``event`` field and the payload's fields are the other fields (keys that
-    would clash with the logger's own, ``log_*`` and ``format``, are left out). ``node/cooldown``
+    would clash with the logger's own, ``log_*`` and ``format``, are left out); the message is
+    rendered once, here (`_preformatted`). ``node/cooldown``
     logs at warn, a workload's queueing, start and completion at debug, everything else at info. With a
     :class:`~nvpair_tw.logs.LevelledLogger`, events below its level are skipped before any work.
     """
@@ -302,6 +332,6 @@ def log_events(bus: EventBus, log: Logger) -> Subscription:
             for k, v in event.payload.items()
             if k not in _RESERVED and not k.startswith("log_")
         }
-        log.emit(level, _format(event.name, fields), event=event.name, **fields)
+        log.emit(level, _preformatted(event.name, fields), event=event.name, **fields)
 
     return bus.subscribe(sink, name="log")

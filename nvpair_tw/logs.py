@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from time import time
 from typing import IO, Any
 
 from twisted.logger import (
@@ -73,7 +74,22 @@ class LevelledLogger(Logger):
     def emit(self, level: LogLevel, format: str | None = None, **kwargs: Any) -> None:
         if _RANK.get(level, 0) < _threshold[0]:
             return
-        super().emit(level, format, **kwargs)
+        if level not in _RANK:
+            super().emit(level, format, **kwargs)  # Twisted reports the invalid level
+            return
+        # What Twisted's Logger.emit does for a valid level, without its validity check (a sort
+        # of every LogLevel constant per event): the request path logs a line per request.
+        kwargs.update(
+            log_logger=self,
+            log_level=level,
+            log_namespace=self.namespace,
+            log_source=self.source,
+            log_format=format,
+            log_time=time(),
+        )
+        if "log_trace" in kwargs:
+            kwargs["log_trace"].append((self, self.observer))
+        self.observer(kwargs)
 
 
 _SKIP = {"format", "message", "time", "system", "isError", "printed", "why", "failure"}

@@ -8,7 +8,14 @@ from typing import Any
 
 import pytest
 from twisted.internet.task import Clock
-from twisted.logger import Logger, LogLevel, capturedLogs, formatEvent
+from twisted.logger import (
+    Logger,
+    LogLevel,
+    capturedLogs,
+    eventAsJSON,
+    eventFromJSON,
+    formatEvent,
+)
 
 from nvpair_tw.corridor._workloads import RequestRecord
 from nvpair_tw.events import (
@@ -344,6 +351,25 @@ def _request_payload(**changes: Any) -> dict[str, Any]:
     }
     payload.update(changes)
     return payload
+
+
+def test_the_request_line_is_rendered_once_and_keeps_braces_in_the_path() -> None:
+    """The line reaches the observers rendered (nothing left to parse or flatten), braces in the
+    path stay literal, and a JSON log reader renders the same line."""
+    [logged] = _log_all((PROXY_REQUEST, _request_payload(path="/api/{x}", node_id="a")))
+    line = "proxy/request r-7 ollama POST /api/{x} -> 503 via a in 2 ms"
+    assert formatEvent(logged) == line
+    assert logged["path"] == "/api/{x}"
+    decoded = eventFromJSON(eventAsJSON(logged))
+    assert "log_flattened" not in decoded
+    assert formatEvent(decoded) == line
+
+
+def test_a_payload_the_line_cannot_render_is_reported_by_twisted_as_before() -> None:
+    """A workload payload that is not a mapping keeps its format: Twisted says it cannot format it."""
+    [logged] = _log_all(("workload:errored", {"workload": 5}))
+    assert logged["workload"] == 5
+    assert "Unable to format event" in formatEvent(logged)
 
 
 def test_request_no_node_served_logs_its_error_instead_of_via_none() -> None:

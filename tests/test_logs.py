@@ -67,6 +67,23 @@ def test_info_level_keeps_info_and_drops_debug() -> None:
     assert [e["log_format"] for e in events] == ["i"]
 
 
+def test_an_emitted_event_carries_twisted_s_fields_and_its_trace() -> None:
+    """An event at a valid level reaches the observer as Twisted's ``Logger.emit`` builds it, a
+    ``log_trace`` list included; an invalid level is reported as Twisted reports it."""
+    set_level(LogLevel.debug)
+    logger, events = _collecting_logger()
+    trace: list[object] = []
+    logger.emit(LogLevel.info, "hello {who}", who="you", log_trace=trace)
+    [event] = events
+    assert event["who"] == "you" and event["log_format"] == "hello {who}"
+    assert event["log_logger"] is logger and event["log_level"] is LogLevel.info
+    assert event["log_namespace"] == "test.ns" and event["log_source"] is None
+    assert isinstance(event["log_time"], float)
+    assert trace == [(logger, logger.observer)]
+    logger.emit(cast(LogLevel, "loud"), "x")
+    assert "invalid log level" in events[-1]["log_format"]
+
+
 def test_set_level_changes_current_level() -> None:
     """``set_level`` is what ``current_level`` reports afterwards."""
     set_level(LogLevel.error)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -230,10 +230,29 @@ class RuntimeCollector(Collector):
         yield from (exported, dropped)
 
 
+_Metric = TypeVar("_Metric", Counter, Histogram)
+
+
 def _counter(
     registry: CollectorRegistry, name: str, documentation: str, labels: list[str]
 ) -> Counter:
     return Counter(name, documentation, labels, registry=registry)
+
+
+class _Children:
+    """Each metric's child for a set of label values, made once: prometheus_client's ``labels``
+    validates and takes a lock on every call, and the bus asks for about ten a request. The kept
+    children are those the metrics keep anyway (none is ever removed)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+    def __call__(self, metric: _Metric, *values: str) -> _Metric:
+        key = (metric, values)
+        child: _Metric | None = self._kept.get(key)
+        if child is None:
+            child = self._kept[key] = metric.labels(*values)
+        return child
 
 
 class ProxyMetrics:
@@ -241,6 +260,7 @@ class ProxyMetrics:
 
     def __init__(self, runtime: Runtime) -> None:
         self._runtime = runtime
+        self._child = _Children()
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
         self._define_counters(registry)
@@ -356,7 +376,7 @@ class ProxyMetrics:
         """An inference record's tokens, first token, rate and queue time."""
         queued = payload.get("queued_ms")
         if isinstance(queued, int | float):
-            self.queue.labels(engine).observe(queued / 1000)
+            self._child(self.queue, engine).observe(queued / 1000)
         node = payload.get("node_id")
         model = payload.get("model")
         if not isinstance(node, str) or not isinstance(model, str):
@@ -366,13 +386,13 @@ class ProxyMetrics:
         for kind in ("prompt", "completion"):
             count = payload.get(f"{kind}_tokens")
             if isinstance(count, int) and count > 0:
-                self.tokens.labels(engine, node, label, key, kind).inc(count)
+                self._child(self.tokens, engine, node, label, key, kind).inc(count)
         ttft = payload.get("ttft_ms")
         if isinstance(ttft, int | float):
-            self.ttft.labels(engine, node, label).observe(ttft / 1000)
+            self._child(self.ttft, engine, node, label).observe(ttft / 1000)
         rate = payload.get("tokens_per_s")
         if isinstance(rate, int | float):
-            self.rate.labels(engine, node, label).observe(rate)
+            self._child(self.rate, engine, node, label).observe(rate)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format."""
@@ -389,9 +409,12 @@ class ProxyMetrics:
         if event.name == PROXY_REQUEST:
             self._request(payload)
         elif event.name == NODE_COOLDOWN:
-            self.cooldowns.labels(_text(payload.get("engine")), _text(payload.get("node_id"))).inc()
+            self._child(
+                self.cooldowns, _text(payload.get("engine")), _text(payload.get("node_id"))
+            ).inc()
         elif event.name == NODE_COOLDOWN_ENDED:
-            self.cooldowns_ended.labels(
+            self._child(
+                self.cooldowns_ended,
                 _text(payload.get("engine")),
                 _text(payload.get("node_id")),
                 _text(payload.get("why")),
@@ -399,7 +422,9 @@ class ProxyMetrics:
         elif event.name in (WORKLOAD_COMPLETED, WORKLOAD_ERRORED):
             info = payload.get("workload")
             if isinstance(info, Mapping):
-                self.workloads.labels(_text(info.get("engine")), _text(info.get("state"))).inc()
+                self._child(
+                    self.workloads, _text(info.get("engine")), _text(info.get("state"))
+                ).inc()
 
     def _request(self, payload: Mapping[str, Any]) -> None:
         engine = _text(payload.get("engine"))
@@ -407,26 +432,26 @@ class ProxyMetrics:
         path = _text(payload.get("path"), "")
         facade = self._runtime.facades.get(engine)
         route = facade.profile.classify(method.encode(), path).value if facade else "unknown"
-        self.requests.labels(engine, route, _text(payload.get("status"))).inc()
+        self._child(self.requests, engine, route, _text(payload.get("status"))).inc()
         attempts = payload.get("attempts")
         attempts = attempts if isinstance(attempts, list) else []
         for attempt in attempts:
             node = _text(attempt.get("node_id"))
             outcome = _text(attempt.get("outcome"))
-            self.attempts.labels(engine, node, outcome).inc()
+            self._child(self.attempts, engine, node, outcome).inc()
             if outcome in STALL_OUTCOMES:
-                self.stalls.labels(engine, node).inc()
+                self._child(self.stalls, engine, node).inc()
         if len(attempts) > 1 and not payload.get("fan_out"):  # a fan-out's parts are no failover
-            self.failovers.labels(engine).inc()
+            self._child(self.failovers, engine).inc()
         if route == "inference" and path in AFFINITY_PATHS and payload.get("node_id"):
-            self.affinity_requests.labels(engine).inc()
+            self._child(self.affinity_requests, engine).inc()
             if payload.get("cache_affinity") is True:
-                self.affinity_hits.labels(engine).inc()
+                self._child(self.affinity_hits, engine).inc()
         duration = payload.get("duration_ms")
         if isinstance(duration, int | float):
-            self.duration.labels(engine, route).observe(duration / 1000)
+            self._child(self.duration, engine, route).observe(duration / 1000)
         ttfb = payload.get("ttfb_ms")
         if isinstance(ttfb, int | float):
-            self.ttfb.labels(engine, route).observe(ttfb / 1000)
+            self._child(self.ttfb, engine, route).observe(ttfb / 1000)
         if "model" in payload:
             self._llm(engine, payload)

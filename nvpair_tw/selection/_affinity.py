@@ -66,8 +66,13 @@ class AffinityKey:
     lookups: tuple[bytes, ...]
 
 
+# What json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False) would build
+# for every call (an encoder holds no state between calls).
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def _canonical(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return _ENCODER.encode(value).encode()
 
 
 def _sha256(*parts: bytes) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random as _random
 from collections.abc import Callable, Mapping
+from typing import Generic, TypeVar
 
 from attrs import define, field, frozen
 from treq.client import HTTPClient
@@ -19,7 +20,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from nvpair_tw.core import EngineProfile
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.nodes import Catalogue, Node, NodeDirectory
 from nvpair_tw.selection._polling import InventoryPoller
 from nvpair_tw.upstream import MAX_JSON_BYTES, ReadError, get_json, join_url, make_http_client
 
@@ -31,6 +32,9 @@ __all__ = [
     "join_url",
     "make_http_client",
 ]
+
+
+_T = TypeVar("_T")
 
 
 @frozen
@@ -54,6 +58,49 @@ class _Loaded:
 def _normalised(profile: EngineProfile, names: frozenset[str]) -> dict[str, str]:
     """Each name's normalised form (the node kind's rule, §4.1) to the name as the node spells it."""
     return {profile.normalise(n.strip()): n for n in sorted(names)}
+
+
+def _local(
+    profile: EngineProfile, normalised: Mapping[str, str], catalogue: Catalogue, model: str
+) -> str | None:
+    """The name a node whose inventory normalises to ``normalised`` knows ``model`` by."""
+    wanted = model.strip()
+    for name in (wanted, *catalogue.lookup(wanted).names):
+        local = normalised.get(profile.normalise(name))
+        if local is not None:
+            return local
+    return None
+
+
+def _is_loaded(
+    profile: EngineProfile, loaded: frozenset[str], catalogue: Catalogue, model: str
+) -> bool:
+    """Whether any name of ``model`` is among a node's ``loaded`` names (normalised)."""
+    return any(profile.normalise(name) in loaded for name in catalogue.lookup(model).names)
+
+
+class _LastAnswers(Generic[_T]):
+    """Per node, the last model asked and the answer, with the inputs it came from: asked the
+    same with equal inputs, the answer is given again (every request of a burst asks the same,
+    several times over)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[str, tuple[str, tuple[object, ...], _T]] = {}
+
+    def find(self, node_id: str, model: str, inputs: tuple[object, ...]) -> tuple[_T] | None:
+        """The kept answer (in a 1-tuple), or None when the question or its inputs differ."""
+        kept = self._kept.get(node_id)
+        if kept is None or kept[0] != model or kept[1] != inputs:
+            return None
+        return (kept[2],)
+
+    def keep(self, node_id: str, model: str, inputs: tuple[object, ...], answer: _T) -> _T:
+        """Keep ``answer`` as the node's last; return it."""
+        self._kept[node_id] = (model, inputs, answer)
+        return answer
+
+    def forget(self, node_id: str) -> None:
+        self._kept.pop(node_id, None)
 
 
 @define
@@ -80,6 +127,8 @@ class InventoryBook:
     _matchable: dict[str, tuple[object, EngineProfile, dict[str, str]]] = field(
         factory=dict, init=False
     )
+    _named: _LastAnswers[str | None] = field(factory=lambda: _LastAnswers(), init=False)
+    _resident: _LastAnswers[bool] = field(factory=lambda: _LastAnswers(), init=False)
     _poller: InventoryPoller = field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -130,11 +179,15 @@ class InventoryBook:
         """
         loaded = self._loaded.get(node_id)
         node = self._directory.get(node_id)
-        if loaded is None or node is None or not self._polled(node_id):
+        if loaded is None or node is None or node.models is not None:
             return None
         profile = node.kind_of(self._engine)
-        names = self._directory.catalogue.lookup(model).names
-        return any(profile.normalise(name) in loaded.normalised for name in names)
+        inputs = (loaded, profile, self._directory.catalogue)
+        last = self._resident.find(node_id, model, inputs)
+        if last is not None:
+            return last[0]
+        found = _is_loaded(profile, loaded.normalised, inputs[2], model)
+        return self._resident.keep(node_id, model, inputs, found)
 
     def loaded(self, node_id: str) -> frozenset[str] | None:
         """The models loaded on the node as its engine names them, or None when unknown."""
@@ -171,12 +224,13 @@ class InventoryBook:
         if cached is None or cached[0] is not source or cached[1] is not profile:
             cached = (source, profile, _normalised(profile, self.models(node_id)))
             self._matchable[node_id] = cached
-        wanted = model.strip()
-        for name in (wanted, *self._directory.catalogue.lookup(wanted).names):
-            local = cached[2].get(profile.normalise(name))
-            if local is not None:
-                return local
-        return None
+        inputs = (cached, self._directory.catalogue)
+        last = self._named.find(node_id, model, inputs)
+        if last is not None:
+            return last[0]
+        return self._named.keep(
+            node_id, model, inputs, _local(profile, cached[2], inputs[1], model)
+        )
 
     def poll_now(self) -> Deferred[None]:
         """Poll every polled node once, concurrently; fires when all are done (never fails)."""
@@ -235,10 +289,12 @@ class InventoryBook:
             if node is None or node.url != self._known[node_id].url:
                 del self._known[node_id]
                 self._matchable.pop(node_id, None)
+                self._named.forget(node_id)
         for node_id in list(self._loaded):
             node = current.get(node_id)
             if node is None or node.url != self._loaded[node_id].url:
                 del self._loaded[node_id]
+                self._resident.forget(node_id)
         for node_id in list(self._slots):
             node = current.get(node_id)
             if node is None or node.url != self._slots[node_id][0]:

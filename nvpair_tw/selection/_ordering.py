@@ -90,9 +90,11 @@ def order_candidates(
         ):
             head, affinity = affinity_hint, True
         else:
-            position = {n: i for i, n in enumerate(balanced)}
             pool = [n for n in balanced if n not in cooling_set] or balanced
-            if pool:
+            if len(pool) == 1:
+                head = pool[0]  # the usual single candidate: nothing to weigh
+            elif pool:
+                position = {n: i for i, n in enumerate(balanced)}
                 head = min(pool, key=lambda n: (_load(ledger_view, n), n not in warm, position[n]))
         if head is not None:
             base.remove(head)
@@ -119,6 +121,8 @@ def _load(view: LoadView, node: str) -> int:
 
 def _demote(nodes: Sequence[str], cooling: frozenset[str]) -> tuple[str, ...]:
     """Stable partition: ready nodes in order, then cooling ones in order."""
+    if not cooling:
+        return tuple(nodes)
     ready = [n for n in nodes if n not in cooling]
     if not ready:
         return tuple(nodes)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any, cast
 
+from attrs import frozen
 from twisted.internet.abstract import isIPv6Address
 from twisted.internet.defer import Deferred, fail, gatherResults
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -38,6 +39,8 @@ __all__ = ["NodeAgent"]
 
 _TARGET = re.compile(rb"[\x21-\x7e]+\Z")
 _Key = tuple[bytes, bytes, int]
+PARSED_KEPT = 256
+"""How many request URLs an agent keeps parsed (a node's base URL and a path each)."""
 
 
 class _ClientFactory(Factory):
@@ -56,6 +59,26 @@ def _host_value(scheme: bytes, host: bytes, port: int) -> bytes:
     if (scheme, port) in ((b"http", 80), (b"https", 443)):
         return host
     return b"%b:%d" % (host, port)
+
+
+@frozen
+class _Url:
+    """A request URL, parsed and checked: its request target and its ``Host`` value."""
+
+    parsed: URI
+    target: bytes
+    host: bytes
+
+
+def _url(uri: bytes) -> _Url:
+    """Parse and check a request URL (ValueError when it cannot be sent)."""
+    parsed = URI.fromBytes(uri)
+    if parsed.scheme not in (b"http", b"https"):
+        raise ValueError("only http and https node URLs")
+    target = parsed.originForm
+    if not _TARGET.match(target):
+        raise ValueError("invalid request target")
+    return _Url(parsed, target, _host_value(parsed.scheme, parsed.host, parsed.port))
 
 
 @implementer(IAgent)
@@ -84,6 +107,7 @@ class NodeAgent:
         self._idle: dict[_Key, list[NodeClientProtocol]] = {}
         self._keys: dict[NodeClientProtocol, _Key] = {}
         self._timers: dict[NodeClientProtocol, IDelayedCall] = {}
+        self._parsed: dict[bytes, _Url] = {}
 
     def request(
         self,
@@ -93,13 +117,12 @@ class NodeAgent:
         bodyProducer: IBodyProducer | None = None,
     ) -> Deferred[IResponse]:
         try:
-            parsed = URI.fromBytes(uri)
-            if parsed.scheme not in (b"http", b"https"):
-                raise ValueError("only http and https node URLs")
-            head, persistent = _head(method, parsed, headers, bodyProducer)
+            url = self._parse(uri)
+            head, persistent = _head(method, url, headers, bodyProducer)
         except Exception:
             return fail()
         request = ClientRequest(method, uri, headers if headers is not None else Headers())
+        parsed = url.parsed
         key: _Key = (parsed.scheme, parsed.host, parsed.port)
         idle = self._take_idle(key)
         if idle is not None:
@@ -115,6 +138,17 @@ class NodeAgent:
             return protocol.request(head, request, bodyProducer, persistent)
 
         return connecting.addCallback(connected)
+
+    def _parse(self, uri: bytes) -> _Url:
+        """The URL parsed and checked (`_url`), kept for the next request to the same URL (the
+        same few node paths, again and again), up to `PARSED_KEPT` of them."""
+        kept = self._parsed.get(uri)
+        if kept is None:
+            kept = _url(uri)
+            if len(self._parsed) >= PARSED_KEPT:
+                self._parsed.clear()
+            self._parsed[uri] = kept
+        return kept
 
     def close(self) -> Deferred[None]:
         """Close every idle connection; fires once all of them are gone."""
@@ -178,18 +212,15 @@ class NodeAgent:
 
 
 def _head(
-    method: bytes, uri: URI, headers: Headers | None, producer: IBodyProducer | None
+    method: bytes, url: _Url, headers: Headers | None, producer: IBodyProducer | None
 ) -> tuple[bytes, bool]:
     """The request line and headers, and whether the request allows keep-alive."""
     if not TOKEN.match(method):
         raise ValueError("invalid request method")
-    target = uri.originForm
-    if not _TARGET.match(target):
-        raise ValueError("invalid request target")
-    lines = [method, b" ", target, b" HTTP/1.1\r\n"]
+    lines = [method, b" ", url.target, b" HTTP/1.1\r\n"]
     persistent = True
     if headers is None or not headers.hasHeader(b"host"):
-        lines += [b"Host: ", _host_value(uri.scheme, uri.host, uri.port), b"\r\n"]
+        lines += [b"Host: ", url.host, b"\r\n"]
     if headers is not None:
         persistent = b"close" not in header_tokens(headers, b"connection")
         for name, values in headers.getAllRawHeaders():

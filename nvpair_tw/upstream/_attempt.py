@@ -510,9 +510,11 @@ class BodyGate(FirstBodyTimer):
     def _end(self, reason: Failure) -> None:
         self._state = GateState.ENDED
         self._ending = None
-        if reason.check(ResponseDone):
+        # isinstance, not Failure.check: this runs for every response, and check qualifies the
+        # names of every class of the exception's MRO to compare them.
+        if isinstance(reason.value, ResponseDone):
             self.done.callback(BodyEnd.COMPLETE)
-        elif reason.check(PotentialDataLoss):
+        elif isinstance(reason.value, PotentialDataLoss):
             self.done.callback(BodyEnd.CLOSED)
         else:
             self.done.errback(reason)

@@ -58,6 +58,29 @@ class _Chunk(Enum):
     DONE = "done"
 
 
+def _plain_chunks(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int:
+    """The leading run of chunks at ``pos`` whose size line is the payload's length in lowercase
+    hex alone (what engines write) and whose payload holds no CRLF, found by one split of the
+    read: their payloads are appended to ``parts``; where the run ends. The regular-expression
+    loop takes whatever follows (any other size line, a CRLF in a payload, a cut chunk)."""
+    pieces = data[pos:].split(b"\r\n")
+    whole = (len(pieces) - 1) // 2  # a size line, a payload and the CRLF after it
+    sizes, payloads = pieces[0 : 2 * whole : 2], pieces[1 : 2 * whole : 2]
+    expected = [b"%x" % len(payload) for payload in payloads]
+    if sizes == expected and all(payloads):
+        run = whole
+    elif sizes[:-1] == expected[:-1] and all(payloads[:-1]):
+        run = whole - 1  # the usual case: the body's last chunk (size 0) ends the read
+    else:
+        run = 0
+        while run < whole and payloads[run] and sizes[run] == expected[run]:
+            run += 1
+    if not run:
+        return pos
+    parts += payloads[:run]
+    return pos + sum(map(len, pieces[: 2 * run])) + 4 * run
+
+
 class ChunkedDecoder:
     """Decodes ``Transfer-Encoding: chunked`` in bulk: :meth:`feed` returns every payload byte found
     in the bytes it is given, joined, however many chunks (or parts of chunks) they hold."""
@@ -72,6 +95,7 @@ class ChunkedDecoder:
     def _whole_chunks(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int:
         """Append the payloads of the run of complete, regular, non-empty chunks at ``pos`` to
         ``parts``; where the run ends."""
+        pos = _plain_chunks(data, pos, parts)
         end = len(data)
         match = _SIZE_LINE.match
         while pos < end:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
 
 import pytest
@@ -345,3 +347,19 @@ def test_table_repr_reveals_no_entries() -> None:
     table = AffinityTable(Clock())
     table.record(chat_key(turn(1)), "secret-node")
     assert "secret-node" not in repr(table)
+
+
+def test_a_digest_is_of_the_canonical_json_of_the_request() -> None:
+    """A one-message chat's key is SHA-256 over the envelope's canonical JSON (sorted keys, no
+    spaces, non-ASCII kept), then the message's length and canonical JSON: digests stay the same
+    bytes whatever encoder builds them."""
+    message = {"role": "user", "content": "héllo", "name": {"z": 1, "a": [1, 2]}}
+    body = {"model": "m", "tools": [{"b": 1, "a": "é"}], "messages": [message]}
+
+    def canonical(value: Any) -> bytes:
+        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+    base = hashlib.sha256(canonical(["/api/chat", {"tools": body["tools"]}])).digest()
+    encoded = canonical(message)
+    key = hashlib.sha256(base + len(encoded).to_bytes(8, "big") + encoded).digest()
+    assert affinity_key("/api/chat", "m", body) == AffinityKey("m", key, (key,))

@@ -732,3 +732,31 @@ def test_an_openai_node_that_reports_its_slots_gets_them_unless_it_sets_its_own(
     memory.engines.residency[1001] = (200, b'{"total_slots": "many"}')
     memory.poll()
     assert limit("cpp") == 1
+
+
+def test_a_reloaded_catalogue_changes_the_answers_for_a_name_asked_before(tmp_path: Any) -> None:
+    """§11.4: the name and residency matches follow a new catalogue at once, even for the very
+    name the last request asked for (the book keeps each node's last answer only as long as what
+    it came from)."""
+    path = tmp_path / "nodes.toml"
+    polled = '[[node]]\nid = "box"\nurl = "http://127.0.0.1:1001"\n'
+    path.write_text(polled)
+    clock = Clock()
+    engines = Engines()
+    engines.answers[1001] = (200, tags("llama3.1:8b"))
+    engines.residency[1001] = (200, ps("llama3.1:8b"))
+    agent = RequestTraversalAgent(engines)
+    directory = NodeDirectory(OLLAMA, clock, nodes_file=str(path))
+    directory.start()
+    book = InventoryBook(OLLAMA, directory, make_http_client(agent), clock)
+    done = book.poll_now()
+    for _ in range(4):
+        agent.flush()
+    assert done.called
+    assert book.local_name("box", "fancy") is None
+    assert book.resident("box", "fancy") is False
+    path.write_text(polled + '[[model]]\nname = "fancy"\naliases = ["llama3.1:8b"]\n')
+    assert directory.reload_file()
+    assert book.local_name("box", "fancy") == "llama3.1:8b"
+    assert book.resident("box", "fancy") is True
+    directory.stop()

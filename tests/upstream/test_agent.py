@@ -37,7 +37,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
-from nvpair_tw.upstream._agent import NodeAgent, _head, _host_value
+from nvpair_tw.upstream._agent import PARSED_KEPT, NodeAgent, _head, _host_value, _url
 from nvpair_tw.upstream._attempt import (
     ReplayBodyProducer,
     describe_failure,
@@ -670,13 +670,31 @@ def test_the_host_header_names_the_node_as_its_url_does(
 
 
 def test_a_given_host_header_is_sent_alone_and_bad_heads_say_why() -> None:
-    uri = URI.fromBytes(b"http://n:81/p")
-    head, persistent = _head(b"GET", uri, Headers({b"host": [b"given"]}), None)
+    url = _url(b"http://n:81/p")
+    head, persistent = _head(b"GET", url, Headers({b"host": [b"given"]}), None)
     assert head == b"GET /p HTTP/1.1\r\nHost: given\r\n\r\n" and persistent
     with pytest.raises(ValueError, match=r"^invalid request method$"):
-        _head(b"G T", uri, None, None)
+        _head(b"G T", url, None, None)
     with pytest.raises(ValueError, match=r"^invalid request target$"):
-        _head(b"GET", URI.fromBytes(b"http://n/a b"), None, None)
+        _url(b"http://n/a b")
+    made, _ = idle_agent()
+    assert str(failure_of(made.request(b"GET", b"http://n/a b")).value) == "invalid request target"
+
+
+def test_an_agent_keeps_a_bounded_number_of_urls_parsed_and_never_a_bad_one() -> None:
+    """Parsed URLs are kept for the next request (the same node paths recur), at most
+    PARSED_KEPT of them; a URL that fails is checked again each time, never kept."""
+    made, _ = idle_agent()
+    assert made._parse(b"http://n:81/p?q") is made._parse(b"http://n:81/p?q")
+    assert made._parse(b"http://n:81/p?q").target == b"/p?q"
+    assert made._parse(b"http://n:81/p?q").host == b"n:81"
+    for i in range(PARSED_KEPT + 1):
+        made._parse(b"http://n/%d" % i)
+    assert 0 < len(made._parsed) <= PARSED_KEPT
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^only http and https node URLs$"):
+            made._parse(b"ftp://n/")
+    assert b"ftp://n/" not in made._parsed
 
 
 def idle_agent() -> tuple[NodeAgent, Clock]:
@@ -765,7 +783,7 @@ def test_https_is_a_node_scheme_and_others_say_they_are_not() -> None:
 def test_bodyless_puts_and_posts_say_so_and_the_host_is_the_url_s(
     method: bytes, length: bytes
 ) -> None:
-    head, _ = _head(method, URI.fromBytes(b"http://n/"), None, None)
+    head, _ = _head(method, _url(b"http://n/"), None, None)
     assert head == method + b" / HTTP/1.1\r\nHost: n\r\n" + length + b"\r\n"
 
 
