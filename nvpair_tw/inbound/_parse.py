@@ -6,12 +6,17 @@ bad UTF-8 and match field names case-insensitively (the last match wins). Whatev
 must therefore be what the node will read: the path is normalised and forwarded in one canonical
 encoding (:func:`parse_target`), and a body is accepted only when every reader agrees on it — one
 JSON object per RFC 8259, nothing after it, no top-level keys equal under ``casefold()``
-(:func:`parse_body`). :func:`read_model` takes the model from that one document.
+(:func:`parse_document`). :func:`read_model` takes the model from that one document.
+
+The parse also gives where each top-level member's value lies in the body's bytes (a
+:class:`Parsed` is a :class:`~nvpair_tw.core.Outline` with its document), so the rewrites that
+follow (``"stream": true``, the model's local name) edit those spans and never read a large body
+again. :func:`parse_body` and :func:`parse_large` give the document alone.
 
 Small bodies are read by the C scanner, with a short Python walk over the top-level members;
-when that finds anything wrong, the same slice-by-slice reader that :func:`parse_large` runs
-cooperatively names the fault, so both give the same answers. Pure: no reactor, except the clock
-:func:`parse_large` yields to.
+when that finds anything wrong, the same slice-by-slice reader that :func:`parse_document_large`
+runs cooperatively names the fault, so both give the same answers and the same spans. Pure: no
+reactor, except the clock :func:`parse_document_large` yields to.
 """
 
 from __future__ import annotations
