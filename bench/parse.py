@@ -12,6 +12,12 @@ no sockets:
   the reactor for the whole body. The interpreter's own full garbage collection
   (generation 2) may run inside any turn of any program that allocates this much; the turns it
   fell in are shown apart.
+- **rewrites of large bodies** (docs/behaviour.md §6.5, §11.4): on the same bodies, the one hold of
+  each body rewrite, scanning the body (``plan_assembly`` / ``rewrite_body`` / ``rename_request``
+  as before) against editing it by the spans :func:`nvpair_tw.inbound.parse_document_large` gave
+  (``plan_assembly(..., outline)`` / ``rewrite_outlined`` / ``rename_outlined``), best and worst
+  of five; the floor is one copy of the body (the new body is built once, a fresh allocation whose
+  pages the kernel faults in).
 """
 
 from __future__ import annotations
@@ -24,7 +30,17 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from nvpair_tw.inbound import LARGE_BODY, parse_body, parse_large
+from nvpair_tw.assembly import Dialect, plan_assembly, rewrite_body, rewrite_outlined
+from nvpair_tw.core import Outlined
+from nvpair_tw.dialects import rename_outlined, rename_request
+from nvpair_tw.inbound import (
+    LARGE_BODY,
+    Parsed,
+    parse_body,
+    parse_document,
+    parse_document_large,
+    parse_large,
+)
 
 
 def chat_body(size: int) -> bytes:
@@ -139,34 +155,83 @@ def large(name: str, body: bytes) -> None:
     )
 
 
+def rewrites(name: str, body: bytes) -> None:
+    """The one hold of each rewrite of ``body``: scanning it, and by the parse's spans."""
+    turns = Turns()
+    results: list[object] = []
+    parse_document_large(body, turns).addBoth(results.append)  # type: ignore[arg-type]
+    turns.run()
+    parsed = results[0]
+    assert isinstance(parsed, Parsed), parsed
+    source = Outlined(body, parsed)
+    path = Dialect.OLLAMA_CHAT.value
+    doc = {**parsed.doc, "stream": False}
+    pairs: dict[str, tuple[Callable[[], object], Callable[[], object]]] = {
+        "plan_assembly": (
+            lambda: plan_assembly(path, body, doc, len(body) * 2),
+            lambda: plan_assembly(path, body, doc, len(body) * 2, parsed),
+        ),
+        "rewrite (OpenAI chat)": (
+            lambda: rewrite_body(Dialect.OPENAI_CHAT, body),
+            lambda: rewrite_outlined(Dialect.OPENAI_CHAT, source),
+        ),
+        "rename model": (
+            lambda: rename_request(body, "llama3:8b"),
+            lambda: rename_outlined(source, "llama3:8b"),
+        ),
+    }
+    pairs["one copy of the body (the floor)"] = (lambda: None, lambda: b"".join([body, b""]))
+    for rewrite, (scanning, spanned) in pairs.items():
+        gc.collect()
+        old = one_hold(scanning)
+        holds = []
+        for _ in range(5):
+            gc.collect()
+            holds.append(one_hold(spanned))
+        print(f"| {name}, {len(body) / 2**20:.0f} MiB | {rewrite} | {old * 1e3:.1f} ms "
+              f"| {min(holds) * 1e3:.1f} ms | {max(holds) * 1e3:.1f} ms |")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--mib", type=int, default=32)
+    parser.add_argument("--rewrites-only", action="store_true", help="skip the parse tables")
     args = parser.parse_args()
     print(f"# strict body reading, best of {args.rounds} interleaved rounds\n")
-    print("| chat body | json.loads | parse_body | ratio |")
-    print("|---|---|---|---|")
+    print("| chat body | json.loads | parse_body | ratio | parse_document | ratio |")
+    print("|---|---|---|---|---|---|")
     for size in (200, 2048, 200 * 1024):
         body = chat_body(size)
         assert parse_body(body) == json.loads(body)
         number = max(3, 200_000 // len(body))
         best = best_of(
             args.rounds,
-            {"loads": partial(json.loads, body), "parse": partial(parse_body, body)},
+            {
+                "loads": partial(json.loads, body),
+                "parse": partial(parse_body, body),
+                "document": partial(parse_document, body),
+            },
             number,
         )
         print(
             f"| {len(body):,} B | {best['loads'] * 1e6:.1f} µs | {best['parse'] * 1e6:.1f} µs "
-            f"| {best['parse'] / best['loads']:.2f}x |"
+            f"| {best['parse'] / best['loads']:.2f}x | {best['document'] * 1e6:.1f} µs "
+            f"| {best['document'] / best['loads']:.2f}x |"
         )
     print(f"\nLARGE_BODY = {LARGE_BODY:,} B: callers use parse_large above it.\n")
     print("| large body | json.loads (one hold) | parse_body (one hold) | parse_large longest hold "
           "| same, turns without a full GC | parse_large total | turns | full GC passes |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
-    large("one long string", one_string(args.mib))
-    large("a million small objects", many_objects(args.mib))
-    large("objects with separators in their strings", awkward_objects(args.mib))
+    if not args.rewrites_only:
+        large("one long string", one_string(args.mib))
+        large("a million small objects", many_objects(args.mib))
+        large("objects with separators in their strings", awkward_objects(args.mib))
+    print("\n| large body | rewrite | scanning the body (one hold) | by the parse's spans, best of 5 "
+          "| worst of 5 |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    rewrites("one long string", one_string(args.mib))
+    rewrites("a million small objects", many_objects(args.mib))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,13 @@ from __future__ import annotations
 
 from nvpair_tw.assembly._frames import Dialect
 from nvpair_tw.assembly._gate import AssemblyGate
-from nvpair_tw.assembly._whole import Assembly, plan_assembly, rewrite_body
+from nvpair_tw.assembly._whole import Assembly, plan_assembly, rewrite_body, rewrite_outlined
 
-__all__ = ["Assembly", "AssemblyGate", "Dialect", "plan_assembly", "rewrite_body"]
+__all__ = [
+    "Assembly",
+    "AssemblyGate",
+    "Dialect",
+    "plan_assembly",
+    "rewrite_body",
+    "rewrite_outlined",
+]

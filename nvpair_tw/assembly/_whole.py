@@ -41,7 +41,7 @@ from nvpair_tw.assembly._gate import (
     AssemblyState,
 )
 from nvpair_tw.assembly._lines import Assembler
-from nvpair_tw.core import object_members, skip_whitespace
+from nvpair_tw.core import Edit, Outline, Outlined, object_members, outline_body, set_members
 
 __all__ = [
     "ANSWER_CONTENT_TYPE",
@@ -58,6 +58,7 @@ __all__ = [
     "StreamCut",
     "plan_assembly",
     "rewrite_body",
+    "rewrite_outlined",
 ]
 
 _BY_PATH = {d.value: d for d in Dialect}
@@ -65,11 +66,13 @@ _BY_PATH = {d.value: d for d in Dialect}
 
 @frozen
 class Assembly:
-    """An assembled request: its route's dialect, the body sent upstream, and the answer's cap."""
+    """An assembled request: its route's dialect, the body sent upstream, and the answer's cap;
+    the outline of that body when the plan was given the client's (later edits use it)."""
 
     dialect: Dialect
     body: bytes
     limit: int
+    outline: Outline | None = None
 
     def accepts(self, content_type: bytes | None) -> bool:
         """Whether an upstream 2xx with ``content_type`` is the stream to assemble.
@@ -81,14 +84,20 @@ class Assembly:
 
 
 def plan_assembly(
-    path: str, body: bytes, parsed: Mapping[str, Any] | None, limit: int
+    path: str,
+    body: bytes,
+    parsed: Mapping[str, Any] | None,
+    limit: int,
+    outline: Outline | None = None,
 ) -> Assembly | None:
     """The assembly of a request to ``path`` whose body ``parsed`` to a JSON object, or None.
 
     Ollama ``/api/chat`` and ``/api/generate`` stream unless ``"stream": false``; the OpenAI routes
     stream only with ``"stream": true`` (absent or null is non-streaming). A ``stream`` of another
     type, an OpenAI ``stream_options`` that is neither an object nor null, or a body that is not
-    UTF-8 is left alone: the engine answers it as it would have.
+    UTF-8 is left alone: the engine answers it as it would have. With the ``outline`` of ``body``
+    (the one parse's, docs/behaviour.md §14.1) the body is not read again, and the assembly
+    carries the outline of its rewritten body.
     """
     dialect = _BY_PATH.get(path)
     if dialect is None or parsed is None:
@@ -103,10 +112,11 @@ def plan_assembly(
     elif stream is not False:
         return None
     try:
-        rewritten = rewrite_body(dialect, body)
+        source = outline_body(body) if outline is None else Outlined(body, outline)
+        rewritten = rewrite_outlined(dialect, source)
     except ValueError:
         return None
-    return Assembly(dialect, rewritten, limit)
+    return Assembly(dialect, rewritten.body, limit, rewritten.outline if outline else None)
 
 
 def rewrite_body(dialect: Dialect, body: bytes) -> bytes:
@@ -114,27 +124,32 @@ def rewrite_body(dialect: Dialect, body: bytes) -> bytes:
 
     Only those members' values are replaced (every duplicate of them), or the members inserted
     first; every other byte is the client's. Raises ``ValueError`` for a body that is not one UTF-8
-    JSON object.
+    JSON object. Reads the whole body: given its outline, use :func:`rewrite_outlined`.
     """
-    text = body.decode("utf-8")
-    start = skip_whitespace(text, 0)
-    members, end = object_members(text, start)
-    if skip_whitespace(text, end) != len(text):
-        raise ValueError("trailing data after the JSON object")
-    wanted = {"stream": "true"}
-    edits: list[tuple[int, int, str]] = []
+    return rewrite_outlined(dialect, outline_body(body)).body
+
+
+def rewrite_outlined(dialect: Dialect, doc: Outlined) -> Outlined:
+    """:func:`rewrite_body` of ``doc.body``, reading only the spans its outline names (and a
+    ``stream_options`` object's own span), with the outline of the result."""
+    edits: dict[str, Edit] = {"stream": _true}
     if dialect.sse:
-        options = [(s, e) for key, s, e in members if key == "stream_options"]
-        if not options:
-            wanted["stream_options"] = '{"include_usage":true}'
-        for value_start, value_end in options:
-            if text[value_start] == "{":
-                nested, _ = object_members(text, value_start)
-                edits.extend(_assign(text, value_start, nested, {"include_usage": "true"}))
-            else:
-                edits.append((value_start, value_end, '{"include_usage":true}'))
-    edits.extend(_assign(text, start, members, wanted))
+        edits["stream_options"] = _asking_usage
+    return set_members(doc, edits)
+
+
+def _true(old: memoryview | None) -> bytes:
+    return b"true"
+
+
+def _asking_usage(old: memoryview | None) -> bytes:
+    """A ``stream_options`` value with ``include_usage: true``: an object keeps its other bytes."""
+    if old is None or old[:1].tobytes() != b"{":
+        return b'{"include_usage":true}'
+    text = bytes(old).decode("utf-8")
+    nested, _ = object_members(text, 0)
     out = text
+    edits = _assign(text, 0, nested, {"include_usage": "true"})
     for s, e, replacement in sorted(edits, key=lambda edit: edit[0], reverse=True):
         out = out[:s] + replacement + out[e:]
     return out.encode("utf-8")

@@ -24,7 +24,7 @@ from nvpair_tw.dialects._common import (
     Transducer,
     Untranslatable,
 )
-from nvpair_tw.dialects._json import rename_request
+from nvpair_tw.dialects._json import rename_outlined, rename_request
 from nvpair_tw.dialects._models import ModelFacts, facts_from, record_for, show_answer
 from nvpair_tw.dialects._rename import renamer
 from nvpair_tw.dialects._synthesis import SYNTHESISED_ROUTES, synthesis
@@ -53,6 +53,7 @@ __all__ = [
     "asks_usage",
     "facts_from",
     "record_for",
+    "rename_outlined",
     "rename_request",
     "renamer",
     "show_answer",

@@ -1,27 +1,15 @@
 # -*- test-case-name: tests.dialects.test_json -*-
-"""Byte-preserving edits of a JSON request body: the top-level members of an object and their
-spans (core's scanner), and :func:`rename_request`, which replaces the ``model`` value and nothing
-else."""
+"""Byte-preserving edits of a JSON request body: :func:`rename_request`, which replaces the
+top-level ``model`` value and nothing else (docs/behaviour.md §11.4), on core's outline of the
+body's members — the one parse's (:func:`rename_outlined`) or a scan of the body."""
 
 from __future__ import annotations
 
 import json
 
-from nvpair_tw.core import object_members, skip_whitespace
+from nvpair_tw.core import Outlined, outline_body, set_members
 
-__all__ = ["members", "rename_request"]
-
-
-def members(text: str) -> list[tuple[str, int, int]]:
-    """The top-level members of the one JSON object ``text`` is: (key, value start, value end).
-
-    Raises ``ValueError`` when ``text`` is not exactly one JSON object (whitespace around it
-    allowed).
-    """
-    found, end = object_members(text, skip_whitespace(text, 0))
-    if skip_whitespace(text, end) != len(text):
-        raise ValueError("trailing data after the JSON object")
-    return found
+__all__ = ["rename_outlined", "rename_request"]
 
 
 def rename_request(body: bytes, local_model: str) -> bytes:
@@ -29,18 +17,15 @@ def rename_request(body: bytes, local_model: str) -> bytes:
     ``local_model`` (as a JSON string; every duplicate member too); every other byte unchanged.
 
     Raises ``ValueError`` when ``body`` is not one UTF-8 JSON object or has no top-level
-    ``model`` member (the capability gate routes only requests that name a model).
+    ``model`` member (the capability gate routes only requests that name a model). Reads the
+    whole body: given its outline, use :func:`rename_outlined`.
     """
-    text = body.decode("utf-8")
-    spans = [(s, e) for key, s, e in members(text) if key == "model"]
-    if not spans:
+    return rename_outlined(outline_body(body), local_model).body
+
+
+def rename_outlined(doc: Outlined, local_model: str) -> Outlined:
+    """:func:`rename_request` of ``doc.body``, reading none of it, with the outline of the result."""
+    if not any(key == "model" for key, _, _ in doc.outline.members):
         raise ValueError("the body has no top-level model member")
-    value = json.dumps(local_model, ensure_ascii=False)
-    out = []
-    last = 0
-    for start, end in spans:
-        out.append(text[last:start])
-        out.append(value)
-        last = end
-    out.append(text[last:])
-    return "".join(out).encode("utf-8")
+    value = json.dumps(local_model, ensure_ascii=False).encode("utf-8")
+    return set_members(doc, {"model": lambda old: value})

@@ -34,8 +34,11 @@ from nvpair_tw.inbound._limits import (
 from nvpair_tw.inbound._local import Locality, LocalNames, locality
 from nvpair_tw.inbound._parse import (
     LARGE_BODY,
+    Parsed,
     Target,
     parse_body,
+    parse_document,
+    parse_document_large,
     parse_large,
     parse_target,
     read_model,
@@ -60,6 +63,7 @@ __all__ = [
     "LimitedSite",
     "LocalNames",
     "Locality",
+    "Parsed",
     "Permit",
     "RateLimiter",
     "Refusal",
@@ -73,6 +77,8 @@ __all__ = [
     "make_site",
     "model_not_allowed",
     "parse_body",
+    "parse_document",
+    "parse_document_large",
     "parse_ingress",
     "parse_large",
     "parse_origin",

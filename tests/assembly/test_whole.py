@@ -35,9 +35,11 @@ from nvpair_tw.assembly._whole import (
     StreamCut,
     plan_assembly,
     rewrite_body,
+    rewrite_outlined,
 )
-from nvpair_tw.core import IllegalCall
+from nvpair_tw.core import IllegalCall, Outline, Outlined, outline_body
 from nvpair_tw.core._resolved import Settings
+from nvpair_tw.inbound import Parsed, parse_document
 from nvpair_tw.testing import (
     Behaviour,
     Clusters,
@@ -47,6 +49,8 @@ from nvpair_tw.testing import (
     always,
 )
 from nvpair_tw.upstream._attempt import BodyEnd, FirstBodyTimeout
+from tests.jsonbodies import bodies
+from tests.old_rewriters import old_rewrite_body
 
 Make = Callable[..., MemoryCluster]
 MODEL = "llama3:latest"
@@ -934,3 +938,48 @@ async def test_official_clients_parse_assembled_answers(
     assert text.usage is not None and text.usage.completion_tokens == 5
     bodies = proxied.received(0)
     assert all(json.loads(b)["stream"] is True for b in bodies)
+
+
+# --- the rewrite on the one parse's spans (docs/behaviour.md §14.1) ------------------------------
+
+
+def _parsed(body: bytes) -> Parsed:
+    parsed = parse_document(body)
+    assert isinstance(parsed, Parsed)
+    return parsed
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=bodies(), dialect=st.sampled_from(list(Dialect)))
+def test_the_rewrite_on_the_parses_spans_is_byte_identical_to_the_scanning_one(
+    body: bytes, dialect: Dialect
+) -> None:
+    expected = old_rewrite_body(dialect, body)
+    rewritten = rewrite_outlined(dialect, Outlined(body, _parsed(body)))
+    assert rewritten.body == expected == rewrite_body(dialect, body)
+    assert rewritten.outline == outline_body(expected).outline
+
+
+@settings(max_examples=100, deadline=None)
+@given(body=bodies(), dialect=st.sampled_from(list(Dialect)))
+def test_an_assembly_planned_with_the_outline_sends_the_same_body_and_carries_its_outline(
+    body: bytes, dialect: Dialect
+) -> None:
+    parsed = _parsed(body)
+    scanned = plan_assembly(dialect.value, body, parsed.doc, 1000)
+    planned = plan_assembly(dialect.value, body, parsed.doc, 1000, parsed)
+    assert (planned is None) is (scanned is None)
+    if planned is not None and scanned is not None:
+        assert planned.body == scanned.body
+        assert planned.outline == outline_body(planned.body).outline
+
+
+def test_the_rewrite_on_spans_reads_only_the_stream_options_object() -> None:
+    # outside the members it changes, the body is not read: invalid bytes there do not matter
+    body = b'{"x":\xff\xff,"stream_options":{ "a":1 }}'
+    outline = Outline(0, len(body) - 1, (("x", 5, 7), ("stream_options", 25, 34)))
+    rewritten = rewrite_outlined(Dialect.OPENAI_CHAT, Outlined(body, outline))
+    assert (
+        rewritten.body
+        == b'{"stream":true,"x":\xff\xff,"stream_options":{"include_usage":true, "a":1 }}'
+    )

@@ -8,7 +8,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nvpair_tw.dialects import rename_request
+from nvpair_tw.core import Outline, Outlined, outline_body
+from nvpair_tw.dialects import rename_outlined, rename_request
+from nvpair_tw.inbound import Parsed, parse_document
+from tests.jsonbodies import bodies
+from tests.old_rewriters import old_rename_request
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -63,3 +67,32 @@ def test_rename_preserves_every_byte_but_the_model_value(
     start = body.index(marker) + len(b'"model": ')
     assert renamed == body[:start] + new_json + body[start + len(old_json) :]
     assert json.loads(renamed) == {**document, "model": new}
+
+
+# --- the rename on the one parse's spans (docs/behaviour.md §14.1) -------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=bodies(), new=st.text(max_size=10))
+def test_the_rename_on_the_parses_spans_is_byte_identical_to_the_scanning_one(
+    body: bytes, new: str
+) -> None:
+    parsed = parse_document(body)
+    assert isinstance(parsed, Parsed)
+    source = Outlined(body, parsed)
+    if "model" not in parsed.doc:
+        with pytest.raises(ValueError):
+            rename_outlined(source, new)
+        return
+    expected = old_rename_request(body, new)
+    renamed = rename_outlined(source, new)
+    assert renamed.body == expected == rename_request(body, new)
+    assert renamed.outline == outline_body(expected).outline
+
+
+def test_the_rename_on_spans_reads_nothing_but_the_model_value() -> None:
+    body = b'{"x":\xff\xff,"model":"a"}'
+    outline = Outline(0, len(body) - 1, (("x", 5, 7), ("model", 16, 19)))
+    assert rename_outlined(Outlined(body, outline), "b\u00e9").body == (
+        b'{"x":\xff\xff,"model":"b\xc3\xa9"}'
+    )

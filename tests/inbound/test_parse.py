@@ -13,16 +13,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
+from nvpair_tw.core import Outline, outline_body
 from nvpair_tw.inbound import (
+    Parsed,
     Rejection,
     Target,
     _parse,
     parse_body,
+    parse_document,
+    parse_document_large,
     parse_large,
     parse_target,
     read_model,
 )
 from tests.golike import go_model, go_path
+from tests.jsonbodies import bodies
 
 # --- the path -------------------------------------------------------------------------------
 
@@ -461,3 +466,72 @@ def test_a_model_that_is_not_a_short_plain_string_is_bad_model(value: object, wh
     assert (refused.status, refused.code) == (400, "bad-model")
     assert why in refused.message
     assert "x" * 10 not in refused.message
+
+
+# --- the outline: the top-level members' spans, from the same one parse ----------------------
+
+
+def _documents(body: bytes) -> Parsed | Rejection:
+    """``parse_document``, after checking that the slice reader, run at once and run by a clock
+    (``parse_document_large``), gives exactly the same document and spans."""
+    clock = Clock()
+    results: list[Any] = []
+    parse_document_large(body, clock).addBoth(results.append)
+    clock.advance(0)
+    parsed = parse_document(body)
+    assert results == [parsed]
+    assert _parse._drained(_parse._read(body)) == parsed
+    return parsed
+
+
+def _check_outline(body: bytes, parsed: Parsed) -> None:
+    """The spans are UTF-8 byte offsets of ``body``: the braces, and each value's exact JSON."""
+    assert body[parsed.opening : parsed.opening + 1] == b"{"
+    assert body[parsed.closing : parsed.closing + 1] == b"}"
+    assert [key for key, _, _ in parsed.members] == list(parsed.doc)
+    for key, start, end in parsed.members:
+        assert json.loads(body[start:end]) == parsed.doc[key]
+    assert outline_body(body).outline == Outline(parsed.opening, parsed.closing, parsed.members)
+
+
+def test_the_outline_names_each_top_level_value_in_the_bodys_bytes() -> None:
+    body = ' \n{ "a" : "\u00e9\\u00e9" ,\t"b":[1, {"c": "\U0001f600"}] , "m" :null }\r\n'.encode()
+    parsed = _documents(body)
+    assert isinstance(parsed, Parsed)
+    assert parsed.opening == 2
+    assert [(key, body[s:e]) for key, s, e in parsed.members] == [
+        ("a", '"\u00e9\\u00e9"'.encode()),
+        ("b", '[1, {"c": "\U0001f600"}]'.encode()),
+        ("m", b"null"),
+    ]
+    assert body[parsed.closing :] == b"}\r\n"
+    assert _documents(b"{ }") == Parsed(0, 2, (), {})
+    assert parse_body(body) == parsed.doc
+
+
+def test_a_refused_body_has_no_outline() -> None:
+    assert _documents(b'{"a": 1, "A": 2}') == Rejection(400, "bad-body", _parse.DUPLICATE)
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=bodies())
+def test_both_readers_give_the_same_spans_of_any_accepted_body(body: bytes) -> None:
+    parsed = _documents(body)
+    assert isinstance(parsed, Parsed)
+    _check_outline(body, parsed)
+
+
+@pytest.mark.parametrize("wide", ["\u00e9", "\u4e2d", "\U0001f600"])
+def test_the_slice_reader_spans_a_body_of_many_slices_in_bytes(wide: str) -> None:
+    # values long enough that their offsets are converted a slice of characters at a time
+    long = (wide + "x" * 7) * (_parse._DECODE_SLICE // 4)
+    doc = {"first": long, "model": "m\u00e9", "messages": [{"c": long}], "last": wide}
+    body = json.dumps(doc, ensure_ascii=False, indent=1).encode()
+    clock = Clock()
+    results: list[Any] = []
+    parse_document_large(body, clock).addBoth(results.append)
+    while not results:
+        clock.advance(0)
+    parsed = results[0]
+    assert isinstance(parsed, Parsed)
+    _check_outline(body, parsed)
