@@ -26,12 +26,12 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 
 from nvpair_tw.assembly import Assembly, plan_assembly
-from nvpair_tw.core import EngineProfile
+from nvpair_tw.core import EngineProfile, Outline, Outlined, outline_body
 from nvpair_tw.dialects import (
     SYNTHESISED_ROUTES,
     TRANSLATED_ROUTES,
     Transducer,
-    rename_request,
+    rename_outlined,
     renamer,
     synthesis,
     translate,
@@ -101,6 +101,8 @@ class Speech:
     target: bytes
     path: str
     body: bytes
+    outline: Outline | None
+    """Where ``body``'s top-level members are (None: not known, the renamer scans)."""
     parsed: Mapping[str, Any] | None
     model: str | None
     assembly: Assembly | None
@@ -130,25 +132,25 @@ class Speech:
         return Wire(b"GET", list_path.encode("ascii"), b"", None, plan.answer, True, local or model)
 
     def _native(self, kind: EngineProfile, local: str | None) -> Wire:
-        body = self.assembly.body if self.assembly is not None else self.body
+        assembly = self.assembly
+        body = assembly.body if assembly is not None else self.body
+        outline = assembly.outline if assembly is not None else self.outline
         model = self.model
         if model is None or local is None or kind.matches(model, local):
-            return Wire(self.method, self.target, body, self.assembly, local_model=local)
+            return Wire(self.method, self.target, body, assembly, local_model=local)
         # The node knows the model by another name (§11.4): only the model value changes.
         try:
-            renamed = rename_request(body, local)
+            known = Outlined(body, outline) if outline is not None else outline_body(body)
+            renamed = rename_outlined(known, local)
         except ValueError:  # no top-level "model" (a route naming it otherwise): sent as it is
-            return Wire(self.method, self.target, body, self.assembly, local_model=local)
-        assembly = (
-            Assembly(self.assembly.dialect, renamed, self.assembly.limit)
-            if (self.assembly is not None)
-            else None
-        )
+            return Wire(self.method, self.target, body, assembly, local_model=local)
+        if assembly is not None:
+            assembly = Assembly(assembly.dialect, renamed.body, assembly.limit, renamed.outline)
 
         def answer(status: int, content_type: bytes | None) -> Transducer:
             return renamer(local, model, content_type)
 
-        return Wire(self.method, self.target, renamed, assembly, answer, local_model=local)
+        return Wire(self.method, self.target, renamed.body, assembly, answer, local_model=local)
 
     def _translated(self, local: str | None) -> Wire:
         assert self.parsed is not None  # the gate admits translation only for a JSON body
@@ -158,7 +160,7 @@ class Speech:
         # route's own assembly (the first-body timer stops at the first translated byte).
         assembly = None
         if self.assembles and parsed.get("stream", True) is False:
-            assembly = plan_assembly(self.path, self.body, parsed, self.limit)
+            assembly = plan_assembly(self.path, self.body, parsed, self.limit, self.outline)
             if assembly is not None:
                 parsed = {**parsed, "stream": True}
         translation = translate(

@@ -19,8 +19,8 @@ from twisted.internet.defer import CancelledError
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from nvpair_tw.assembly import Assembly, Dialect, plan_assembly, rewrite_body
-from nvpair_tw.core import RESPONSES_PATH, RouteKind, write_error
+from nvpair_tw.assembly import Assembly, Dialect, plan_assembly, rewrite_outlined
+from nvpair_tw.core import RESPONSES_PATH, Outlined, RouteKind, write_error
 from nvpair_tw.corridor._attempts import (
     Abandoned,
     AttemptObserver,
@@ -418,9 +418,17 @@ def _plan(
     parsed = inbound.doc if inference else None
     method = inbound.head.method
     assembles = inference and settings.assembles(facade.engine)
-    assembly = plan_assembly(path, body, parsed, settings.max_body_size) if assembles else None
+    outline = inbound.outline
+    assembly = (
+        plan_assembly(path, body, parsed, settings.max_body_size, outline) if assembles else None
+    )
     target = inbound.head.target.wire
-    body, asked = _asking_usage(path, body, parsed, assembly) if inference else (body, False)
+    sent = Outlined(body, outline) if outline is not None else None
+    if inference:
+        sent, asked = _asking_usage(path, sent, parsed, assembly)
+        body = sent.body if sent is not None else body
+    else:
+        asked = False
     strip_usage = record.usage_noted if asked else None
     speech = None
     if _needs_speech(facade, path, model, candidates):
@@ -430,6 +438,7 @@ def _plan(
             target=target,
             path=path,
             body=body,
+            outline=sent.outline if sent is not None else None,
             parsed=parsed,
             model=model,
             assembly=assembly,
@@ -462,22 +471,20 @@ _USAGE_ROUTES = {
 
 
 def _asking_usage(
-    path: str, body: bytes, parsed: dict[str, Any] | None, assembly: Assembly | None
-) -> tuple[bytes, bool]:
+    path: str, sent: Outlined | None, parsed: dict[str, Any] | None, assembly: Assembly | None
+) -> tuple[Outlined | None, bool]:
     """An OpenAI stream whose client did not ask for ``stream_options.include_usage`` asks for it
-    (the counts of §12.2), and its usage chunk is removed before the client sees it."""
+    (the counts of §12.2), and its usage chunk is removed before the client sees it. The body is
+    edited where its outline says, never read again (docs/behaviour.md §14.1)."""
     dialect = _USAGE_ROUTES.get(path)
-    if dialect is None or parsed is None or assembly is not None:
-        return body, False
+    if dialect is None or parsed is None or sent is None or assembly is not None:
+        return sent, False
     if parsed.get("stream") is not True or asks_usage(parsed):
-        return body, False
+        return sent, False
     options = parsed.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        return body, False
-    try:
-        return rewrite_body(dialect, body), True
-    except ValueError:
-        return body, False
+        return sent, False
+    return rewrite_outlined(dialect, sent), True
 
 
 def _needs_speech(facade: FacadeState, path: str, model: str | None, nodes: list[Node]) -> bool:

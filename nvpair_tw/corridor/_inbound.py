@@ -16,17 +16,18 @@ from urllib.parse import parse_qsl
 from attrs import frozen
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair_tw.core import RouteKind
+from nvpair_tw.core import Outline, RouteKind
 from nvpair_tw.corridor._head import Head
 from nvpair_tw.corridor._roles import MANAGEMENT_PATHS, Targeting
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.inbound import (
     LARGE_BODY,
     Caller,
+    Parsed,
     Rejection,
     model_not_allowed,
-    parse_body,
-    parse_large,
+    parse_document,
+    parse_document_large,
     read_model,
 )
 from nvpair_tw.nodes import Node
@@ -52,6 +53,9 @@ class Inbound:
     body: bytes
     doc: dict[str, Any] | None
     model: str | None
+    outline: Outline | None = None
+    """Where the body's top-level members are (from the one parse): what the rewriters edit
+    without reading the body again."""
     large: bool = False
     """The body was parsed in slices (docs/behaviour.md §14.1): its objects are frozen out of the
     collector's passes until :meth:`QuietCollector.released`."""
@@ -97,9 +101,10 @@ async def read_body(
             return _QUERY_NOT_ALLOWED  # a pass-through GET naming a model outside the scope
         return refused if refused is not None else Inbound(head, body, None, model)
     large = len(body) >= LARGE_BODY
-    doc = parse_body(body) if not large else await _parse_large(facade, body, clock)
-    if isinstance(doc, Rejection):
-        return doc
+    parsed = parse_document(body) if not large else await _parse_large(facade, body, clock)
+    if isinstance(parsed, Rejection):
+        return parsed
+    doc = parsed.doc
     names = _INFERENCE_NAMES if head.kind is RouteKind.INFERENCE else _ROUTED_NAMES
     named = read_model(doc, names)
     if isinstance(named, Rejection):
@@ -109,17 +114,15 @@ async def read_body(
         if large:
             facade.shared.collector.released()
         return refused
-    return Inbound(head, body, doc, named, large)
+    return Inbound(head, body, doc, named, parsed, large)
 
 
-async def _parse_large(
-    facade: FacadeState, body: bytes, clock: IReactorTime
-) -> dict[str, Any] | Rejection:
+async def _parse_large(facade: FacadeState, body: bytes, clock: IReactorTime) -> Parsed | Rejection:
     """A large body parsed in slices, its objects kept out of the collector's passes."""
     collector = facade.shared.collector
     collector.parse_started()
     try:
-        doc = await parse_large(body, clock)
+        doc = await parse_document_large(body, clock)
     finally:
         collector.parse_ended()
     if isinstance(doc, Rejection):
