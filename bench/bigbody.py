@@ -92,10 +92,10 @@ def during(port: int, body: bytes) -> tuple[list[float], float, bytes]:
     return times, float(result["seconds"]) * 1000, bytes(result["status"])  # type: ignore[arg-type]
 
 
-def contender(harness: Harness, name: str, tree: Path, up: int) -> Server:
+def contender(harness: Harness, name: str, tree: Path, up: int, assemble: str) -> Server:
     """nvpair-tw from ``tree`` (its package first on the path) in front of the fast engine."""
     port = free_port()
-    argv = [PY, "-m", "twisted", "nvpair", "--engine", "ollama", "--assemble", "off"]
+    argv = [PY, "-m", "twisted", "nvpair", "--engine", "ollama", "--assemble", assemble]
     argv += ["--usage-db", "none", "--max-body-size", "64MiB"]
     argv += ["--listen", f"tcp:{port}:interface=127.0.0.1", "--node", f"a=http://127.0.0.1:{up}"]
     argv += ["--admin", "none", "--log-level", "warn"]
@@ -110,6 +110,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkout", action="append", type=Path, default=[])
     parser.add_argument("--baseline", type=int, default=200, help="small requests alone")
+    parser.add_argument("--assemble", choices=("on", "off"), default="on", help="as --assemble")
     args = parser.parse_args()
     harness = Harness(Path(tempfile.mkdtemp(prefix="nvpair-bigbody-")), pin=False)
     rows = []
@@ -118,7 +119,7 @@ def main() -> None:
         upstream = harness.spawn("upstream", [PY, str(BENCH / "upstream.py"), str(up)])
         wait_ready(up, upstream)
         trees = [("this checkout", REPO)] + [(str(t), t.resolve()) for t in args.checkout]
-        servers = [(label, contender(harness, f"c{i}", tree, up)) for i, (label, tree) in
+        servers = [(label, contender(harness, f"c{i}", tree, up, args.assemble)) for i, (label, tree) in
                    enumerate(trees)]  # fmt: skip
         for _, server in servers:
             wait_ready(server.port, server.process)
