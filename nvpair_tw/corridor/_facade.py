@@ -17,17 +17,15 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
 from nvpair_tw.core import RouteKind, abort, write_error
-from nvpair_tw.corridor._aggregate import aggregate_model_list
-from nvpair_tw.corridor._collector import let_go
 from nvpair_tw.corridor._exchange import forward
-from nvpair_tw.corridor._fanout import FanOutRequest, fan_out
+from nvpair_tw.corridor._fanout import fan_out
 from nvpair_tw.corridor._head import Head, Refused, read_head
-from nvpair_tw.corridor._inbound import Inbound, read_body
-from nvpair_tw.corridor._roles import Channel, Targeting
+from nvpair_tw.corridor._inbound import read_body
+from nvpair_tw.corridor._roles import Channel
+from nvpair_tw.corridor._stages import fan_of, let_go_of, serve_model_list, serve_tunnel
 from nvpair_tw.corridor._state import FacadeState, Shared
-from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, open_tunnel
 from nvpair_tw.corridor._workloads import RequestRecord
-from nvpair_tw.inbound import LOCAL, LimitedRequest, Rejection, allow_origin
+from nvpair_tw.inbound import LimitedRequest, Rejection, allow_origin
 from nvpair_tw.logs import LevelledLogger
 
 __all__ = ["FacadeResource", "FacadeState", "Shared"]
@@ -109,10 +107,10 @@ class FacadeResource(Resource):
         """Hand the request to its stage: a tunnel, a model list, or (with its body read once) a
         fan-out or the corridor."""
         if head.channel is Channel.TUNNEL:
-            await self._tunnel(request, record, head)
+            await serve_tunnel(self._facade, request, record, head)
             return
         if head.kind is RouteKind.MODEL_LIST:
-            await self._model_list(request, record, head)
+            await serve_model_list(self._facade, request, record, head)
             return
         assert request.content is not None
         body = request.content.read()
@@ -121,7 +119,7 @@ class FacadeResource(Resource):
             self._refuse(request, record, inbound)
             return
         try:
-            fan = self._fan(inbound)
+            fan = fan_of(self._facade, inbound)
             if isinstance(fan, Rejection):
                 self._refuse(request, record, fan)
             elif fan is not None:
@@ -130,37 +128,7 @@ class FacadeResource(Resource):
                 await forward(self._facade, request, inbound, record)
         finally:
             if inbound.large:
-                self._let_go(inbound)
-
-    def _let_go(self, inbound: Inbound) -> None:
-        """The request that held a large body ended: free it a slice at a time (§14.1)."""
-        shared = self._facade.shared
-        if inbound.doc is not None:
-            let_go(inbound.doc, shared.clock)
-        shared.collector.released()
-
-    def _fan(self, inbound: Inbound) -> FanOutRequest | Rejection | None:
-        """The fan-out of docs/behaviour.md §13.2: the nodes ``X-NVPair-Node`` listed, or every
-        owner of the model a delete names; None when the request goes down the corridor."""
-        facade = self._facade
-        head = inbound.head
-        route = facade.profile.fan_out_route(head.method, head.path)
-        if route is None:
-            return None
-        if head.targeting is Targeting.MANY:
-            nodes = list(head.nodes)
-        elif head.targeting is Targeting.NONE and route.owners and inbound.model is not None:
-            nodes = [
-                n for n in facade.eligible(inbound.model) if n.speaks(facade.profile, head.path)
-            ]
-            if not nodes:
-                model = inbound.model
-                return Rejection(404, "model-not-found", f"model '{model}' not found"[:300])
-        else:
-            return None
-        return FanOutRequest(
-            route, nodes, head.method, head.target.wire, head.headers, inbound.body
-        )
+                let_go_of(self._facade, inbound)
 
     def _is_preflight(self, request: Request) -> bool:
         """A CORS preflight of an allowed origin (§13.4): answered here, before any key check."""
@@ -188,76 +156,3 @@ class FacadeResource(Resource):
         else:
             abort(request.transport)
         record.publish(self._facade.shared.bus, status=500, node_id=None, error="internal-error")
-
-    async def _tunnel(self, request: Request, record: RequestRecord, head: Head) -> None:
-        """A WebSocket upgrade (§2.1): the base order with demotion, no reservation; or the
-        targeted node alone."""
-        facade = self._facade
-        shared = facade.shared
-        target = head.node
-        caller = head.caller
-        if target is not None:
-            nodes = [target]
-            if target.kind_of(facade.profile).name not in TUNNEL_ENGINES:
-                write_error(
-                    request, 502, "no node of a kind that serves this route", "no-route-owner"
-                )
-                record.publish(shared.bus, status=502, node_id=None, error="no-route-owner")
-                return
-        else:
-            # Only a node of a kind that speaks the SDK channel itself can carry it (§11.3).
-            speaking = [
-                n for n in facade.serving() if n.kind_of(facade.profile).name in TUNNEL_ENGINES
-            ]
-            nodes, _ = facade.order(speaking, head_selection=False)
-        assert shared.endpoints is not None
-        await open_tunnel(
-            request,
-            nodes,
-            head.target.wire,
-            head.headers,
-            key=None if caller is LOCAL else (caller.name, caller.rules.max_tunnels),
-            engine=facade.engine,
-            book=shared.tunnels,
-            endpoints=shared.endpoints,
-            clock=shared.clock,
-            timeout=shared.settings.response_header_timeout,
-            record=record,
-            bus=shared.bus,
-        )
-
-    async def _model_list(self, request: Request, record: RequestRecord, head: Head) -> None:
-        """Answer a model list from every node at once (docs/behaviour.md §4.3), or from the
-        targeted node alone; a key with a model scope sees only its models (§12.1)."""
-        facade = self._facade
-        fmt = facade.profile.model_lists[head.path]
-        target = head.node
-        rules = head.caller.rules
-        if target is not None:
-            nodes = [target]
-        else:
-            nodes, _ = facade.order(facade.serving(), head_selection=False)
-        result = await aggregate_model_list(
-            fmt,
-            nodes,
-            head.target.wire.decode("latin-1"),
-            facade.shared.http,
-            facade.shared.clock,
-            timeout=facade.shared.settings.model_list_timeout,
-            facade=facade.profile,
-            catalogue=facade.directory.catalogue,
-            allows=rules.allows if rules.models is not None else None,
-        )
-        if not request.finished and request.channel is not None:
-            request.setResponseCode(result.status)
-            request.setHeader(b"content-type", b"application/json")
-            request.setHeader(b"x-content-type-options", b"nosniff")
-            request.setHeader(b"content-length", b"%d" % len(result.body))
-            request.write(result.body)
-            request.finish()
-        record.publish(
-            facade.shared.bus,
-            status=result.status,
-            node_id=None,
-            error=None if result.status == 200 else "inventory-unavailable",
-        )

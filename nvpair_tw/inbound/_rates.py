@@ -120,6 +120,28 @@ class Permit:
 _NO_LIMITS = Permit(None, None)
 
 
+def _refusals(caller: Caller, counts: tuple[int, int, int], left: int) -> list[Refusal]:
+    """Each limit of ``caller`` its counts (in flight, requests, tokens) reach; ``left``: the
+    seconds to the next window."""
+    rules, name = caller.rules, caller.name
+    in_flight, requests, tokens = counts
+    refusals = []
+    if rules.max_concurrent is not None and in_flight >= rules.max_concurrent:
+        message = f"key '{name}' has {rules.max_concurrent} requests in flight (max_concurrent)"
+        refusals.append(Refusal(1, message))
+    rpm = rules.requests_per_minute
+    if rpm is not None and requests >= rpm:
+        refusals.append(Refusal(left, f"key '{name}' reached {rpm} requests per minute"))
+    tpm = rules.tokens_per_minute
+    if tpm is not None and tokens >= tpm:
+        refusals.append(Refusal(left, f"key '{name}' reached {tpm} tokens per minute"))
+    return refusals
+
+
+def _longest(refusals: list[Refusal]) -> Refusal | None:
+    return max(refusals, key=lambda r: r.retry_after) if refusals else None
+
+
 @define
 class RateLimiter:
     """The per-key limits of §12.1 on ``clock``, fleet-wide through ``counters`` when given."""
@@ -153,34 +175,19 @@ class RateLimiter:
 
     def _over(self, caller: Caller) -> Refusal | None:
         """The refusal of the limit ``caller`` is over now (the longest wait), or None."""
-        rules = caller.rules
         now = self.clock.seconds()
         window = int(now // WINDOW)
         shared = self._shared()
-        refusals = []
         concurrent = self._tally(caller.name, "conc", _CONCURRENT)
         if not shared:
             concurrent.fleet = None  # stale once the store is away: learnt again when back
-        if rules.max_concurrent is not None and concurrent.value(shared) >= rules.max_concurrent:
-            refusals.append(
-                Refusal(
-                    1,
-                    f"key '{caller.name}' has {rules.max_concurrent} requests in flight "
-                    "(max_concurrent)",
-                )
-            )
+        counts = (
+            concurrent.value(shared),
+            self._tally(caller.name, "rpm", window).value(shared),
+            self._tally(caller.name, "tpm", window).value(shared),
+        )
         left = max(1, math.ceil((window + 1) * WINDOW - now))
-        requests = self._tally(caller.name, "rpm", window)
-        rpm = rules.requests_per_minute
-        if rpm is not None and requests.value(shared) >= rpm:
-            refusals.append(Refusal(left, f"key '{caller.name}' reached {rpm} requests per minute"))
-        tokens = self._tally(caller.name, "tpm", window)
-        tpm = rules.tokens_per_minute
-        if tpm is not None and tokens.value(shared) >= tpm:
-            refusals.append(Refusal(left, f"key '{caller.name}' reached {tpm} tokens per minute"))
-        if refusals:
-            return max(refusals, key=lambda r: r.retry_after)
-        return None
+        return _longest(_refusals(caller, counts, left))
 
     def _count(self, caller: Caller) -> Permit:
         """Count one admitted request of ``caller`` (here, and in the fleet's store if shared)."""

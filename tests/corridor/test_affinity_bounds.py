@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvpair_tw.corridor._exchange import AFFINITY_MAX_BODY, AFFINITY_MAX_MESSAGES, _affine
+from nvpair_tw.corridor._route import AFFINITY_MAX_BODY, AFFINITY_MAX_MESSAGES, _affine
 
 pytestmark = pytest.mark.timeout(10)
 

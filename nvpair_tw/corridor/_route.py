@@ -1,0 +1,283 @@
+# -*- test-case-name: tests.corridor.test_exchange, tests.corridor.test_affinity_bounds -*-
+"""The route of one request (docs/behaviour.md §4, §5, §11.3, §14.6): the capability gate, the
+nodes that can take the route (decided once per node kind), affinity, the candidate order, and the
+:class:`~nvpair_tw.corridor._attempts.AttemptPlan` every attempt sends — from the
+:class:`~nvpair_tw.corridor._inbound.Inbound` value, never from the request again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import frozen
+
+from nvpair_tw.assembly import Assembly, Dialect, plan_assembly, rewrite_outlined
+from nvpair_tw.core import RESPONSES_PATH, Outline, Outlined, RouteKind
+from nvpair_tw.corridor._attempts import (
+    AttemptPlan,
+)
+from nvpair_tw.corridor._dialect import Reach, Speech, reach
+from nvpair_tw.corridor._inbound import Inbound
+from nvpair_tw.corridor._responses import conversation_first
+from nvpair_tw.corridor._state import FacadeState
+from nvpair_tw.corridor._workloads import RequestRecord
+from nvpair_tw.dialects import asks_usage
+from nvpair_tw.inbound import Rejection, Role
+from nvpair_tw.nodes import Node
+from nvpair_tw.selection import (
+    AffinityKey,
+    affinity_key,
+)
+
+__all__ = ["AFFINITY_MAX_BODY", "AFFINITY_MAX_MESSAGES", "OTHER_MODEL", "Route", "route"]
+
+
+@frozen
+class Route:
+    """What the facade learnt of a request before the first attempt."""
+
+    plan: AttemptPlan
+    model: str | None
+    candidates: list[Node]
+    key: AffinityKey | None
+    warm: str | None
+    label: str | None
+    """The model as records, usage and metrics name it: the public name the gate resolved, else
+    ``other`` (docs/behaviour.md §14.6)."""
+
+
+def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route | Rejection:
+    """The gate, affinity and candidate order, or the refusal (502/404/400/503).
+
+    A model-routed request (``/api/show``, ``/api/v0/models/{id}``) is gated like inference but
+    has no workload, reservation or affinity: its plan moves on past a 404 (``inference``) and
+    commits on headers (not ``gated``). A targeted node is the only candidate; a key of role
+    ``user`` still has the gate run on it (docs/behaviour.md §14.2).
+    """
+    inference = inbound.kind is RouteKind.INFERENCE
+    gated = inbound.model if inbound.kind in _GATED else None
+    parsed = inbound.doc if inference else None
+    eligible = _eligible(facade, inbound, gated)
+    if isinstance(eligible, Rejection):
+        return eligible
+    eligible = _speakable(facade, inbound.path, eligible, parsed)
+    if isinstance(eligible, Rejection):
+        return eligible
+    # Affinity, reservations, residency, workloads and events key on the public name (§11.4).
+    model = facade.directory.catalogue.public(gated) if gated else None
+    target = inbound.node
+    label = model
+    if model and target is not None and target not in facade.eligible(gated):
+        label = OTHER_MODEL  # a targeted node that does not list it (§14.6)
+    key: AffinityKey | None = None
+    hint: str | None = None
+    if model and parsed is not None and target is None and _affine(inbound.body, parsed):
+        key = affinity_key(inbound.path, facade.profile.normalise(model.strip()), parsed)
+        hint = facade.affinity.lookup(key) if key is not None else None
+    if target is not None:
+        candidates, promoted = [target], False
+    else:
+        candidates, promoted = facade.order(
+            eligible, head_selection=bool(model), affinity_hint=hint, model=model
+        )
+        if model and parsed is not None and inbound.path == RESPONSES_PATH:
+            candidates = conversation_first(facade, parsed, candidates)
+    plan = _plan(facade, inbound, record, gated, candidates)
+    warm = candidates[0].id if promoted else None
+    if not inference:
+        model = label = None
+    return Route(plan, model, candidates, key, warm, label)
+
+
+AFFINITY_MAX_BODY = 2 << 20
+"""Bytes: a larger body gets no prefix affinity (its digests would hold the reactor, §14.1)."""
+
+
+AFFINITY_MAX_MESSAGES = 2048
+"""Messages: a longer conversation gets no prefix affinity (one digest per message)."""
+
+
+def _affine(body: bytes, parsed: dict[str, Any]) -> bool:
+    """Whether a request is small enough to have its prefix digests made on the reactor: a few
+    milliseconds at these bounds, where a 32 MiB body of a million messages took 5.8 s."""
+    if len(body) > AFFINITY_MAX_BODY:
+        return False
+    messages = parsed.get("messages")
+    return not isinstance(messages, list) or len(messages) <= AFFINITY_MAX_MESSAGES
+
+
+_GATED = (RouteKind.INFERENCE, RouteKind.MODEL_ROUTED)
+
+
+OTHER_MODEL = "other"
+"""How records, usage and metrics name a model the gate did not resolve (§14.6)."""
+
+
+def _eligible(facade: FacadeState, inbound: Inbound, model: str | None) -> list[Node] | Rejection:
+    """The capability gate (§4.2): the nodes that may answer, or why none may (404/502/503)."""
+    target = inbound.node
+    if target is not None:
+        if inbound.caller.rules.role is Role.ADMIN or not model:
+            return [target]
+        if facade.cordons.cordoned(target):
+            return Rejection(
+                503, "node-cordoned", f"node '{target.id}' is cordoned for maintenance"
+            )
+        return [target] if target in facade.eligible(model) else _no_owner(inbound, model)
+    eligible = facade.eligible(model)
+    if eligible:
+        return eligible
+    if facade.cordoned_owners(model):
+        what = f"every node with model '{model}'" if model else "every node"
+        return Rejection(503, "node-cordoned", f"{what} is cordoned for maintenance")
+    return _no_owner(inbound, model) if model else eligible
+
+
+def _no_owner(inbound: Inbound, model: str) -> Rejection:
+    if inbound.kind is RouteKind.MODEL_ROUTED:
+        return Rejection(404, "model-not-found", f"model '{model}' not found")
+    return Rejection(502, "no-model-owner", "no available node advertises the requested model")
+
+
+def _speakable(
+    facade: FacadeState, path: str, eligible: list[Node], parsed: dict[str, Any] | None
+) -> list[Node] | Rejection:
+    """The eligible nodes that can take the route, natively or translated (§11.3), decided once
+    per node kind; 400 ``untranslatable`` (no native candidate, and the request cannot be
+    translated) or 502 ``no-route-owner`` (no candidate of a kind that serves the route)."""
+    by_kind: dict[str, Reach] = {}
+    able: list[Node] = []
+    for node in eligible:
+        kind = node.kind_of(facade.profile).name
+        how = by_kind.get(kind)
+        if how is None:
+            how = by_kind[kind] = reach(facade.profile, node, path, parsed)
+        if how.ok:
+            able.append(node)
+    if able or not eligible:
+        return able
+    field = next((how.field for how in by_kind.values() if how.field), None)
+    if field is not None:
+        message = f"the request cannot be translated for the nodes that have it: field '{field}'"
+        return Rejection(400, "untranslatable", message)
+    return Rejection(502, "no-route-owner", "no node of a kind that serves this route")
+
+
+def _speech(
+    facade: FacadeState,
+    inbound: Inbound,
+    body: bytes,
+    outline: Outline | None,
+    model: str | None,
+    assembly: Assembly | None,
+) -> Speech:
+    """How each candidate is spoken to (§11.3, §11.4), from the body every attempt starts from
+    (``outline``: where its members are) and the assembly planned for it."""
+    settings = facade.shared.settings
+    inference = inbound.kind is RouteKind.INFERENCE
+    return Speech(
+        facade=facade.profile,
+        method=inbound.head.method,
+        target=inbound.head.target.wire,
+        path=inbound.path,
+        body=body,
+        outline=outline,
+        parsed=inbound.doc if inference else None,
+        model=model,
+        assembly=assembly,
+        local_name=facade.inventory.local_name,
+        assembles=inference and settings.assembles(facade.engine),
+        limit=settings.max_body_size,
+        clock=facade.shared.clock.seconds,
+    )
+
+
+def _plan(
+    facade: FacadeState,
+    inbound: Inbound,
+    record: RequestRecord,
+    model: str | None,
+    candidates: list[Node],
+) -> AttemptPlan:
+    """What every attempt sends and how it commits, its timers and the assembly of §6.5: the
+    checked body and the normalised target of the one parse (docs/behaviour.md §14.1)."""
+    path = inbound.path
+    settings = facade.shared.settings
+    kind = inbound.kind
+    inference = kind is RouteKind.INFERENCE
+    body = inbound.body
+    parsed = inbound.doc if inference else None
+    method = inbound.head.method
+    assembles = inference and settings.assembles(facade.engine)
+    outline = inbound.outline
+    assembly = (
+        plan_assembly(path, body, parsed, settings.max_body_size, outline) if assembles else None
+    )
+    target = inbound.head.target.wire
+    sent = Outlined(body, outline) if outline is not None else None
+    if inference:
+        sent, asked = _asking_usage(path, sent, parsed, assembly)
+        body = sent.body if sent is not None else body
+    else:
+        asked = False
+    strip_usage = record.usage_noted if asked else None
+    speech = None
+    if _needs_speech(facade, path, model, candidates):
+        outline = sent.outline if sent is not None else None
+        speech = _speech(facade, inbound, body, outline, model, assembly)
+    return AttemptPlan(
+        method=method,
+        target=target,
+        headers=inbound.head.headers,
+        body=assembly.body if assembly is not None else body,
+        inference=inference or kind is RouteKind.MODEL_ROUTED,
+        gated=inference and facade.first_body_gate,
+        header_timeout=settings.response_header_timeout,
+        first_body_timeout=settings.first_body_timeout if inference else 0.0,
+        assembly=assembly,
+        first_extra=_cold_allowances(facade, model, candidates) if inference else {},
+        busy_max_wait=settings.busy_max_wait,
+        speech=speech,
+        strip_usage=strip_usage,
+    )
+
+
+_USAGE_ROUTES = {
+    "/v1/chat/completions": Dialect.OPENAI_CHAT,
+    "/v1/completions": Dialect.OPENAI_COMPLETIONS,
+}
+
+
+def _asking_usage(
+    path: str, sent: Outlined | None, parsed: dict[str, Any] | None, assembly: Assembly | None
+) -> tuple[Outlined | None, bool]:
+    """An OpenAI stream whose client did not ask for ``stream_options.include_usage`` asks for it
+    (the counts of §12.2), and its usage chunk is removed before the client sees it. The body is
+    edited where its outline says, never read again (docs/behaviour.md §14.1)."""
+    dialect = _USAGE_ROUTES.get(path)
+    if dialect is None or parsed is None or sent is None or assembly is not None:
+        return sent, False
+    if parsed.get("stream") is not True or asks_usage(parsed):
+        return sent, False
+    options = parsed.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        return sent, False
+    return rewrite_outlined(dialect, sent), True
+
+
+def _needs_speech(facade: FacadeState, path: str, model: str | None, nodes: list[Node]) -> bool:
+    """Whether any candidate is of another kind, or the model has other names (§11.3, §11.4)."""
+    if model and facade.directory.catalogue.lookup(model).aliases:
+        return True
+    return any(not node.speaks(facade.profile, path) for node in nodes)
+
+
+def _cold_allowances(facade: FacadeState, model: str | None, nodes: list[Node]) -> dict[str, float]:
+    """The cold-load allowance for each candidate known not to have ``model`` loaded (§6.4).
+
+    Unknown residency (None) adds nothing.
+    """
+    if not model:
+        return {}
+    allowance = facade.shared.settings.cold_load_allowance
+    return {n.id: allowance for n in nodes if facade.inventory.resident(n.id, model) is False}
