@@ -164,6 +164,7 @@ FACES: dict[str, list[str]] = {
         "parse_target",
         "read_keys_file",
         "read_model",
+        "read_private_file",
     ],
     "nodes": [
         "Catalogue",

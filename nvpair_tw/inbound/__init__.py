@@ -23,6 +23,7 @@ from nvpair_tw.inbound._keys import (
     Role,
     env_key_name,
     read_keys_file,
+    read_private_file,
 )
 from nvpair_tw.inbound._limits import (
     LimitedChannel,
@@ -85,4 +86,5 @@ __all__ = [
     "parse_target",
     "read_keys_file",
     "read_model",
+    "read_private_file",
 ]

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
-import os
-import stat
 from collections.abc import Callable, Iterable, Mapping
 
 from attrs import define, field, frozen
@@ -37,8 +35,10 @@ from nvpair_tw.inbound._keys import (
     KeysFileEmpty,
     KeysFileError,
     NamedKey,
+    PrivateFileError,
     file_signature,
     read_keys_file,
+    read_private_file,
 )
 from nvpair_tw.inbound._local import (
     Locality,
@@ -156,21 +156,9 @@ def _parse_cidrs(value: str) -> tuple[_IPNetwork, ...]:
 def _read_key_file(path: str) -> frozenset[bytes]:
     """Read a key file (one key per line, ``#`` comment lines) into digests; raise on any flaw."""
     try:
-        # O_NONBLOCK: a FIFO put in the file's place must not block the reactor.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise IngressConfigError(f"{KEYS_FILE_VAR} {path} is not a regular file")
-            if st.st_mode & 0o077:
-                raise IngressConfigError(
-                    f"{KEYS_FILE_VAR} {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must not "
-                    "be accessible by group or other (chmod 600)"
-                )
-            with open(fd, "rb", closefd=False) as f:
-                raw = f.read()
-        finally:
-            os.close(fd)
+        raw = read_private_file(path, f"{KEYS_FILE_VAR} {path}")
+    except PrivateFileError as e:
+        raise IngressConfigError(str(e)) from None
     except FileNotFoundError as e:
         raise KeyFileEmpty(f"{KEYS_FILE_VAR} {path} cannot be read: {e.strerror}") from None
     except OSError as e:

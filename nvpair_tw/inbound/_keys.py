@@ -328,6 +328,31 @@ def parse_keys(document: dict[str, Any], path: str) -> KeyBook:
     return KeyBook(tuple(entries), tuple(warnings))
 
 
+class PrivateFileError(ValueError):
+    """A secrets file that is not a regular file of mode 0600 or stricter (the message says which)."""
+
+
+def read_private_file(path: str, what: str, limit: int | None = None) -> bytes:
+    """The bytes of a secrets file (keys, tokens), at most ``limit`` + 1 of them: it must be a
+    regular file no group or other may access. Raises :class:`PrivateFileError` (``what`` names
+    the file in its message) or the ``OSError`` of a file that cannot be opened."""
+    # O_NONBLOCK: a FIFO put in the file's place must not block the reactor.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PrivateFileError(f"{what} is not a regular file")
+        if st.st_mode & 0o077:
+            raise PrivateFileError(
+                f"{what} has mode {stat.S_IMODE(st.st_mode):04o}; it must not be "
+                "accessible by group or other (chmod 600)"
+            )
+        with open(fd, "rb", closefd=False) as f:
+            return f.read() if limit is None else f.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
 def file_signature(path: str) -> tuple[int, int, int, int]:
     """What changes when a file is rewritten, replaced or re-moded."""
     st = os.stat(path)
@@ -337,21 +362,9 @@ def file_signature(path: str) -> tuple[int, int, int, int]:
 def read_keys_file(path: str) -> KeyBook:
     """Read and check a keys file (a regular file, mode 0600 or stricter, TOML)."""
     try:
-        # O_NONBLOCK: a FIFO put in the file's place must not block the reactor.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise KeysFileError(f"keys file {path} is not a regular file")
-            if st.st_mode & 0o077:
-                raise KeysFileError(
-                    f"keys file {path} has mode {stat.S_IMODE(st.st_mode):04o}; it must not be "
-                    "accessible by group or other (chmod 600)"
-                )
-            with open(fd, "rb", closefd=False) as f:
-                raw = f.read()
-        finally:
-            os.close(fd)
+        raw = read_private_file(path, f"keys file {path}")
+    except PrivateFileError as e:
+        raise KeysFileError(str(e)) from None
     except FileNotFoundError as e:
         raise KeysFileEmpty(f"keys file {path} cannot be read: {e.strerror}") from None
     except OSError as e:

@@ -10,12 +10,11 @@ file, never its content. The token is compared in constant time (:func:`hmac.com
 from __future__ import annotations
 
 import hmac
-import os
 import re
-import stat
 
 from attrs import field, frozen
 
+from nvpair_tw.inbound import read_private_file
 from nvpair_tw.ops._rpc import UNAUTHORIZED, BadRequest, Request, Result, error
 
 __all__ = [
@@ -67,21 +66,7 @@ def read_control_token(path: str) -> ControlToken:
     """The token in ``path``; :class:`ValueError` with one clear line for any flaw."""
     where = f"--control-token {path}"
     try:
-        # O_NONBLOCK: a FIFO put in the file's place must not hang the start.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        try:
-            status = os.fstat(fd)
-            if not stat.S_ISREG(status.st_mode):
-                raise ValueError(f"{where} is not a regular file")
-            if status.st_mode & 0o077:
-                raise ValueError(
-                    f"{where} has mode {stat.S_IMODE(status.st_mode):04o}; it must not be"
-                    " accessible by group or other (chmod 600)"
-                )
-            with open(fd, "rb", closefd=False) as handle:
-                raw = handle.read(MAX_TOKEN_FILE_BYTES + 1)
-        finally:
-            os.close(fd)
+        raw = read_private_file(path, where, MAX_TOKEN_FILE_BYTES)
     except OSError as failure:
         raise ValueError(f"{where} cannot be read: {failure.strerror}") from None
     try:
