@@ -37,6 +37,10 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "http1": ("upstream/_http1.py", ("tests/upstream/test_http1.py",)),
     "protocol": ("upstream/_protocol.py", ("tests/upstream/test_protocol.py",)),
     "agent": ("upstream/_agent.py", ("tests/upstream/test_agent.py",)),
+    "roles": ("corridor/_roles.py", ("tests/corridor/test_roles.py",)),
+    "local": ("inbound/_local.py", ("tests/inbound/test_local.py",)),
+    "collector": ("corridor/_collector.py", ("tests/corridor/test_collector.py",)),
+    "parse": ("inbound/_parse.py", ("tests/inbound/test_parse.py",)),
 }
 """Short name → (its file under ``nvpair_tw/``, the test files that must kill its mutants)."""
 

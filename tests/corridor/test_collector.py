@@ -63,6 +63,7 @@ def test_a_large_document_is_freed_a_slice_at_a_time() -> None:
     turns = 0
     while clock.calls:
         turn = clock.calls.pop(0)  # one turn at a time (advance would run them all)
+        assert turn.getTime() == clock.seconds()  # the next reactor turn, not later
         turn.func(*turn.args, **turn.kw)
         turns += 1
         assert turns < 100

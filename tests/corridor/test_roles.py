@@ -71,3 +71,32 @@ def test_the_tunnel_needs_tunnels_and_no_model_scope_whatever_the_role() -> None
     assert code(ADMIN, *args) is None
     for caller in (USER, UNSCOPED_USER, SCOPED_TUNNELLER, SCOPED_ADMIN):
         assert code(caller, *args) == "403 route-not-allowed", caller.name
+
+
+def test_reading_a_management_route_is_management_too() -> None:
+    """``HEAD /api/blobs/…`` is how ``ollama create`` checks a blob: a user may not, though it reads."""
+    for method in (b"GET", b"HEAD"):
+        got = code(USER, method, "/api/blobs/sha256:0", RouteKind.PASS_THROUGH)
+        assert got == "403 route-not-allowed", method
+        assert code(USER, method, "/api/blobsx", RouteKind.PASS_THROUGH) is None
+
+
+@pytest.mark.parametrize(
+    ("caller", "method", "path", "targeting", "channel", "says"),
+    [
+        (USER, b"POST", "/api/pull", NONE, HTTP, "may not manage models (/api/pull)"),
+        (USER, b"POST", "/api/chat", MANY, HTTP, "may not run a call on several nodes"),
+        (USER, b"PUT", "/x", NONE, HTTP, "may not send PUT to a route the proxy does not know"),
+        (USER, b"GET", "/llm", NONE, TUNNEL, "may not open the LM Studio channel"),
+    ],
+)
+def test_a_refusal_says_what_was_refused(
+    caller: Caller,
+    method: bytes,
+    path: str,
+    targeting: Targeting,
+    channel: Channel,
+    says: str,
+) -> None:
+    refused = refusal(caller, method, path, RouteKind.PASS_THROUGH, targeting, channel)
+    assert refused is not None and says in refused.message

@@ -14,9 +14,13 @@ from nvpair_tw.inbound._local import check_host_name
 LOOP = IPv4Address("TCP", "127.0.0.1", 5000)
 LOOP6 = IPv6Address("TCP", "::1", 5000)
 LAN = IPv4Address("TCP", "192.0.2.10", 5000)
-NAMES = LocalNames.of(
-    hosts=["proxy.lan"], origins=["https://chat.example:8080"], hostname="Studio.Local"
-)
+
+
+def names() -> LocalNames:
+    """Built per use, not at import: a mutant of ``LocalNames.of`` must run under the tests."""
+    return LocalNames.of(
+        hosts=["Proxy.LAN."], origins=["https://chat.example:8080"], hostname="Studio.Local."
+    )
 
 
 def head(host: str | None = None, origin: str | None = None) -> Headers:
@@ -50,7 +54,7 @@ def head(host: str | None = None, origin: str | None = None) -> Headers:
 )
 def test_a_loopback_caller_with_a_local_host_is_local(host: str) -> None:
     for peer in (LOOP, LOOP6, UNIXAddress(b"/run/nvpair.sock")):
-        assert locality(peer, head(host), NAMES) is Locality.LOCAL, (peer, host)
+        assert locality(peer, head(host), names()) is Locality.LOCAL, (peer, host)
 
 
 @pytest.mark.parametrize(
@@ -75,7 +79,7 @@ def test_a_loopback_caller_with_a_local_host_is_local(host: str) -> None:
 def test_a_loopback_caller_with_another_host_is_foreign(host: str) -> None:
     """A page whose name resolves to 127.0.0.1 (DNS rebinding) sends its own name as Host."""
     headers = Headers({b"host": [host.encode("latin-1")]})
-    assert locality(LOOP, headers, NAMES) is Locality.LOOPBACK_FOREIGN
+    assert locality(LOOP, headers, names()) is Locality.LOOPBACK_FOREIGN
 
 
 @pytest.mark.parametrize(
@@ -92,7 +96,7 @@ def test_a_loopback_caller_with_another_host_is_foreign(host: str) -> None:
     ],
 )
 def test_a_loopback_or_allowed_origin_keeps_the_caller_local(origin: str) -> None:
-    assert locality(LOOP, head("localhost", origin), NAMES) is Locality.LOCAL
+    assert locality(LOOP, head("localhost", origin), names()) is Locality.LOCAL
 
 
 @pytest.mark.parametrize(
@@ -113,20 +117,20 @@ def test_a_loopback_or_allowed_origin_keeps_the_caller_local(origin: str) -> Non
 )
 def test_a_foreign_origin_makes_a_loopback_caller_foreign(origin: str) -> None:
     """Any page's simple POST carries its Origin: it must not become local."""
-    assert locality(LOOP, head("127.0.0.1:11434", origin), NAMES) is Locality.LOOPBACK_FOREIGN
+    assert locality(LOOP, head("127.0.0.1:11434", origin), names()) is Locality.LOOPBACK_FOREIGN
 
 
 def test_two_origin_headers_are_foreign_and_two_host_headers_ambiguous() -> None:
     two_origins = Headers({b"origin": [b"http://localhost", b"http://localhost"]})
-    assert locality(LOOP, two_origins, NAMES) is Locality.LOOPBACK_FOREIGN
+    assert locality(LOOP, two_origins, names()) is Locality.LOOPBACK_FOREIGN
     two_hosts = Headers({b"host": [b"localhost", b"evil.example"]})
     for peer in (LOOP, LAN):
-        assert locality(peer, two_hosts, NAMES) is Locality.AMBIGUOUS
+        assert locality(peer, two_hosts, names()) is Locality.AMBIGUOUS
 
 
 def test_no_host_header_passes_the_host_test() -> None:
     """No browser omits Host; a raw HTTP/1.0 client on this machine may."""
-    assert locality(LOOP, Headers(), NAMES) is Locality.LOCAL
+    assert locality(LOOP, Headers(), names()) is Locality.LOCAL
 
 
 @pytest.mark.parametrize(
@@ -139,9 +143,9 @@ def test_no_host_header_passes_the_host_test() -> None:
     ],
 )
 def test_any_other_peer_is_remote_whatever_its_headers(peer: IAddress) -> None:
-    assert locality(peer, head("localhost"), NAMES) is Locality.REMOTE
+    assert locality(peer, head("localhost"), names()) is Locality.REMOTE
     forwarded = Headers({b"x-forwarded-for": [b"127.0.0.1"], b"host": [b"127.0.0.1"]})
-    assert locality(peer, forwarded, NAMES) is Locality.REMOTE
+    assert locality(peer, forwarded, names()) is Locality.REMOTE
 
 
 def test_the_host_name_defaults_to_this_machines() -> None:
@@ -157,3 +161,27 @@ def test_allow_host_names_are_checked_and_lower_cased() -> None:
     for bad in ("proxy.lan:80", "", "a b", "-x.lan", "http://proxy.lan", "[::1]"):
         with pytest.raises(ValueError, match="not a host name"):
             check_host_name(bad)
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [
+        "http://localhost@evil.example",
+        "http://127.0.0.1/x",
+        "http://evil.example://127.0.0.1",
+        "http://l\u00f6calhost",
+    ],
+)
+def test_an_origin_that_only_looks_local_is_foreign(origin: str) -> None:
+    headers = Headers()
+    headers.addRawHeader(b"host", b"localhost")
+    headers.addRawHeader(b"origin", origin.encode("utf-8"))
+    assert locality(LOOP, headers, names()) is not Locality.LOCAL, origin
+
+
+def test_a_host_name_is_at_most_253_characters() -> None:
+    longest = ".".join(["a" * 63] * 3 + ["a" * 61])
+    assert len(longest) == 253
+    assert check_host_name(longest) == longest
+    with pytest.raises(ValueError):
+        check_host_name(longest + "a")
