@@ -10,6 +10,8 @@ port is one this process listens on (every other URL cannot be this process). IP
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from attrs import define, field
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import (
@@ -17,13 +19,19 @@ from twisted.internet.interfaces import (
     IHostResolution,
     IListeningPort,
     IReactorPluggableNameResolver,
+    IReactorTime,
     IResolutionReceiver,
 )
+from twisted.internet.task import LoopingCall
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes._self import Listening, is_self, name_to_resolve, port_of
 
 __all__ = ["SelfGuard"]
+
+_log = LevelledLogger(namespace="nvpair_tw.nodes")
 
 
 @implementer(IResolutionReceiver)
@@ -58,6 +66,10 @@ class SelfGuard:
     _reactor: IReactorPluggableNameResolver
     _listening: set[tuple[str, int]] = field(factory=set, init=False)
     _resolved: dict[str, frozenset[str]] = field(factory=dict, init=False)
+    _watch: tuple[Callable[[], Iterable[str]], IReactorTime, float] | None = field(
+        default=None, init=False
+    )
+    _loop: LoopingCall | None = field(default=None, init=False)
     _verdicts: dict[str, bool] = field(factory=dict, init=False)
     """:meth:`excludes` per URL, forgotten when a port or a resolution is learnt (it is asked
     for every candidate of every request)."""
@@ -75,7 +87,34 @@ class SelfGuard:
         if isinstance(host, str) and isinstance(number, int):
             self._listening.add((host, number))
             self._verdicts.clear()
+            self._start_loop()
         return port
+
+    def watch(self, urls: Callable[[], Iterable[str]], clock: IReactorTime, every: float) -> None:
+        """Resolve again, every ``every`` seconds on ``clock``, each of ``urls()`` that could be
+        this process (§14.3: names are resolved at each poll); from the first listening port on
+        (before it, no URL can be this process) until :meth:`stop`."""
+        self._watch = (urls, clock, every)
+        self._start_loop()
+
+    def stop(self) -> None:
+        """Stop resolving node names again."""
+        loop, self._loop, self._watch = self._loop, None, None
+        if loop is not None and loop.running:
+            loop.stop()
+
+    def _start_loop(self) -> None:
+        if self._watch is None or self._loop is not None or not self._listening:
+            return
+        urls, clock, every = self._watch
+        self._loop = LoopingCall(self._check, urls)
+        self._loop.clock = clock
+        self._loop.start(every, now=False)
+
+    def _check(self, urls: Callable[[], Iterable[str]]) -> None:
+        for url in urls():
+            if self.must_resolve(url):
+                self.refresh(url).addErrback(_unresolved)
 
     def excludes(self, url: str) -> bool:
         """Whether ``url`` is this process (so never a candidate), by the last resolution."""
@@ -110,3 +149,7 @@ class SelfGuard:
             return self.excludes(url)
 
         return receiver.done.addCallback(resolved)
+
+
+def _unresolved(failure: Failure) -> None:
+    _log.failure("a node name did not resolve", failure)

@@ -69,6 +69,9 @@ __all__ = ["Runtime", "StallTrackerFactory", "build_runtime", "upstream_agent"]
 
 log = LevelledLogger(namespace="nvpair_tw.runtime")
 
+SELF_CHECK_INTERVAL = 10.0
+"""Seconds between two resolutions of the node names that could be this process (§14.3)."""
+
 StallTrackerFactory = Callable[[str, CooldownListener], IStallTracker]
 
 
@@ -110,9 +113,15 @@ class Runtime:
             facade.inventory.start()
         if self.shared.ingress is not None:
             self.shared.ingress.start()
+        self.self_guard.watch(self._node_urls, self.reactor, SELF_CHECK_INTERVAL)
+
+    def _node_urls(self) -> list[str]:
+        """Every node URL of every facade (for the self check, §14.3)."""
+        return [n.url for facade in self.facades.values() for n in facade.directory.nodes()]
 
     def stop(self) -> Deferred[None]:
         """Stop timers and polls; close open tunnels and idle upstream connections."""
+        self.self_guard.stop()
         self.shared.tunnels.close_all()
         for facade in self.facades.values():
             facade.inventory.stop()

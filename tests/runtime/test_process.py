@@ -22,11 +22,13 @@ from nvpair_tw.core._resolved import Settings
 from nvpair_tw.corridor._facade import FacadeResource
 from nvpair_tw.events import Event
 from nvpair_tw.inbound._ingress import parse_ingress
+from nvpair_tw.nodes import SelfGuard
 from nvpair_tw.nodes._directory import Node
-from nvpair_tw.runtime._process import Runtime, build_runtime
+from nvpair_tw.runtime._process import SELF_CHECK_INTERVAL, Runtime, build_runtime
 from nvpair_tw.selection._stalls import IStallTracker, NeverCools
 from nvpair_tw.upstream._agent import NodeAgent
 from nvpair_tw.upstream._protocol import NodeClientProtocol
+from tests.nodes.test_self import FakePort, ResolvingReactor
 
 ENGINES = ["ollama", "lmstudio"]
 NODES = {
@@ -261,3 +263,25 @@ def test_stop_closes_the_native_clients_idle_connections() -> None:
     assert transport.disconnecting and not closed.called
     idle.connectionLost(Failure(ConnectionDone()))
     assert closed.called
+
+
+def test_a_node_name_that_resolves_to_this_process_stops_being_a_candidate() -> None:
+    """Each node name on one of this process's ports is resolved again every
+    ``SELF_CHECK_INTERVAL`` (docs/behaviour.md §14.3): once it resolves to loopback, the node is
+    never a candidate; the check stops with the runtime."""
+    clock = MemoryReactorClock()
+    nodes = {"ollama": [Node("me", "http://proxy.example:11435"), Node("o", "http://10.0.0.9:1")]}
+    runtime = build_runtime(cast(IProxyReactor, clock), Settings(), ["ollama"], nodes=nodes)
+    resolving = ResolvingReactor()
+    runtime.self_guard = SelfGuard(resolving)  # type: ignore[arg-type]
+    runtime.shared.self_guard = runtime.self_guard
+    runtime.self_guard.listened(FakePort(IPv4Address("TCP", "127.0.0.1", 11435)))  # type: ignore[arg-type]
+    runtime.start()
+    facade = runtime.facades["ollama"]
+    assert [n.id for n in facade.serving()] == ["me", "o"]
+    clock.advance(SELF_CHECK_INTERVAL)
+    assert [name for _, name, _ in resolving.nameResolver.asked] == ["proxy.example"]
+    resolving.nameResolver.answer("127.0.0.1")
+    assert [n.id for n in facade.serving()] == ["o"]
+    runtime.stop()
+    assert not [c for c in clock.getDelayedCalls() if c.active() and "SelfGuard" in repr(c)]
