@@ -25,6 +25,7 @@ from nvpair_tw.corridor._attempts import (
     run_attempts,
 )
 from nvpair_tw.corridor._inbound import Inbound
+from nvpair_tw.corridor._refusal import refuse
 from nvpair_tw.corridor._relay import RelayEnd, RelayOutcome, cut, relay
 from nvpair_tw.corridor._responses import remember_response
 from nvpair_tw.corridor._route import Route
@@ -76,25 +77,17 @@ async def forward(
     """
     route = choose_route(facade, inbound, record)
     if isinstance(route, Rejection):
-        _refused(facade, request, record, route)
+        refuse(facade, request, record, route)
         return
     permit = _permitted(facade, inbound)
     if isinstance(permit, Rejection):
-        _refused(facade, request, record, permit)
+        refuse(facade, request, record, permit)
         return
     try:
         await _admitted(facade, request, record, inbound, route)
     finally:
         if permit is not None:
             permit.done(_tokens(record))
-
-
-def _refused(
-    facade: FacadeState, request: Request, record: RequestRecord, refused: Rejection
-) -> None:
-    """Answer a refusal of the corridor (no node contacted) and record it."""
-    write_error(request, refused.status, refused.message, refused.code, refused.headers)
-    record.publish(facade.shared.bus, status=refused.status, node_id=None, error=refused.code)
 
 
 def _permitted(facade: FacadeState, inbound: Inbound) -> Permit | Rejection | None:

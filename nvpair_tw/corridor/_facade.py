@@ -21,6 +21,7 @@ from nvpair_tw.corridor._exchange import forward
 from nvpair_tw.corridor._fanout import fan_out
 from nvpair_tw.corridor._head import Head, Refused, read_head
 from nvpair_tw.corridor._inbound import read_body
+from nvpair_tw.corridor._refusal import refuse
 from nvpair_tw.corridor._roles import Channel
 from nvpair_tw.corridor._stages import fan_of, let_go_of, serve_model_list, serve_tunnel
 from nvpair_tw.corridor._state import FacadeState, Shared
@@ -77,7 +78,7 @@ class FacadeResource(Resource):
             head = read_head(self._facade, request)
         if isinstance(head, Refused):
             record.key = head.key
-            self._refuse(request, record, head.rejection)
+            refuse(self._facade, request, record, head.rejection)
             return NOT_DONE_YET
         request.responseHeaders.setRawHeaders(b"x-nvpair-request-id", [record.id.encode()])
         record.path = head.path
@@ -96,13 +97,6 @@ class FacadeResource(Resource):
             shared.tracer.begin(record, request.requestHeaders)
         return record
 
-    def _refuse(self, request: Request, record: RequestRecord, refused: Rejection) -> None:
-        """Answer ``refused`` (the one writer of the corridor's refusals) and record it."""
-        write_error(request, refused.status, refused.message, refused.code, refused.headers)
-        record.publish(
-            self._facade.shared.bus, status=refused.status, node_id=None, error=refused.code
-        )
-
     async def _serve(self, request: Request, head: Head, record: RequestRecord) -> None:
         """Hand the request to its stage: a tunnel, a model list, or (with its body read once) a
         fan-out or the corridor."""
@@ -116,12 +110,12 @@ class FacadeResource(Resource):
         body = request.content.read()
         inbound = await read_body(self._facade, head, body, self._facade.shared.clock)
         if isinstance(inbound, Rejection):
-            self._refuse(request, record, inbound)
+            refuse(self._facade, request, record, inbound)
             return
         try:
             fan = fan_of(self._facade, inbound)
             if isinstance(fan, Rejection):
-                self._refuse(request, record, fan)
+                refuse(self._facade, request, record, fan)
             elif fan is not None:
                 await fan_out(self._facade, request, fan, record)
             else:

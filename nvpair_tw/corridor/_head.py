@@ -17,7 +17,13 @@ from attrs import frozen
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
-from nvpair_tw.core import TARGET_HEADER, RouteKind, loop_marks, upstream_request_headers
+from nvpair_tw.core import (
+    TARGET_HEADER,
+    FanOutRoute,
+    RouteKind,
+    loop_marks,
+    upstream_request_headers,
+)
 from nvpair_tw.corridor._fanout import is_fan_out, parse_targets
 from nvpair_tw.corridor._roles import Channel, Targeting, refusal
 from nvpair_tw.corridor._state import FacadeState
@@ -65,6 +71,9 @@ class Head:
     headers: Headers
     """What a node may receive of the client's headers: end-to-end ones, without the proxy's
     keys and ``X-NVPair-*`` headers, with this process's loop mark."""
+    fan: FanOutRoute | None
+    """The model-management route of docs/behaviour.md §13.2 this request takes, if any
+    (looked up once: the fan-out, the body rule and ``X-NVPair-Node: *`` all ask)."""
 
     @property
     def path(self) -> str:
@@ -110,7 +119,8 @@ def _checked(facade: FacadeState, request: Request, caller: Caller) -> Head | Re
     denied = refusal(caller, method, target.path, kind, targeting, channel)
     if denied is not None:
         return denied
-    nodes = _named(facade, method, target.path, wanted, targeting)
+    fan = facade.profile.fan_out_route(method, target.path)
+    nodes = _named(facade, fan, target.path, wanted, targeting)
     if isinstance(nodes, Rejection):
         return nodes
     if kind is RouteKind.INFERENCE:
@@ -121,7 +131,7 @@ def _checked(facade: FacadeState, request: Request, caller: Caller) -> Head | Re
     forwarded = upstream_request_headers(headers, host if isinstance(host, str) else None)
     if facade.shared.ingress is not None:
         facade.shared.ingress.strip(forwarded)
-    return Head(method, target, kind, channel, caller, targeting, nodes, forwarded)
+    return Head(method, target, kind, channel, caller, targeting, nodes, forwarded, fan)
 
 
 def _caller(facade: FacadeState, request: Request) -> Caller | Rejection:
@@ -143,7 +153,7 @@ def _targeting(wanted: Sequence[bytes] | None) -> Targeting:
 
 def _named(
     facade: FacadeState,
-    method: bytes,
+    fan: FanOutRoute | None,
     path: str,
     wanted: Sequence[bytes] | None,
     targeting: Targeting,
@@ -154,7 +164,7 @@ def _named(
     if targeting is Targeting.ONE:
         chosen = facade.directory.get(wanted[0].decode("latin-1").strip())
         return _UNKNOWN if chosen is None or len(wanted) > 1 else (chosen,)
-    if facade.profile.fan_out_route(method, path) is None:
+    if fan is None:
         return _NOT_FAN_OUT
     value = wanted[0].decode("latin-1")
     nodes, unknown = parse_targets(value, list(facade.directory.nodes()))

@@ -77,16 +77,13 @@ class Inbound:
         return self.head.node
 
 
-def _reads_body(facade: FacadeState, head: Head) -> bool:
+def _reads_body(head: Head) -> bool:
     """Whether the route names its model in a JSON body (so the body is parsed, §14.1)."""
     if head.kind is RouteKind.INFERENCE:
         return True
     if head.kind is RouteKind.MODEL_ROUTED:
         return head.method == b"POST"
-    return (
-        facade.profile.fan_out_route(head.method, head.path) is not None
-        or head.path in MANAGEMENT_PATHS
-    )
+    return head.fan is not None or head.path in MANAGEMENT_PATHS
 
 
 async def read_body(
@@ -94,7 +91,7 @@ async def read_body(
 ) -> Inbound | Rejection:
     """The request with its body parsed and its model read and scope-checked, or the refusal
     (400 ``bad-body`` / ``bad-model``, 403 ``model-not-allowed``); no node is contacted."""
-    if not _reads_body(facade, head):
+    if not _reads_body(head):
         model = _unbodied_model(facade, head)
         refused = _out_of_scope(facade, head, model)
         if refused is not None and head.kind is RouteKind.PASS_THROUGH:

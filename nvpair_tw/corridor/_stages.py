@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from twisted.web.server import Request
 
-from nvpair_tw.core import write_error
 from nvpair_tw.corridor._aggregate import aggregate_model_list
 from nvpair_tw.corridor._collector import let_go
 from nvpair_tw.corridor._fanout import FanOutRequest
 from nvpair_tw.corridor._head import Head
 from nvpair_tw.corridor._inbound import Inbound
+from nvpair_tw.corridor._refusal import refuse
 from nvpair_tw.corridor._roles import Targeting
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, open_tunnel
@@ -21,6 +21,8 @@ from nvpair_tw.corridor._workloads import RequestRecord
 from nvpair_tw.inbound import LOCAL, Rejection
 
 __all__ = ["fan_of", "let_go_of", "serve_model_list", "serve_tunnel"]
+
+_NO_ROUTE_OWNER = Rejection(502, "no-route-owner", "no node of a kind that serves this route")
 
 
 async def serve_tunnel(
@@ -34,8 +36,7 @@ async def serve_tunnel(
     if target is not None:
         nodes = [target]
         if target.kind_of(facade.profile).name not in TUNNEL_ENGINES:
-            write_error(request, 502, "no node of a kind that serves this route", "no-route-owner")
-            record.publish(shared.bus, status=502, node_id=None, error="no-route-owner")
+            refuse(facade, request, record, _NO_ROUTE_OWNER)
             return
     else:
         # Only a node of a kind that speaks the SDK channel itself can carry it (§11.3).
@@ -100,7 +101,7 @@ def fan_of(facade: FacadeState, inbound: Inbound) -> FanOutRequest | Rejection |
     """The fan-out of docs/behaviour.md §13.2: the nodes ``X-NVPair-Node`` listed, or every
     owner of the model a delete names; None when the request goes down the corridor."""
     head = inbound.head
-    route = facade.profile.fan_out_route(head.method, head.path)
+    route = head.fan
     if route is None:
         return None
     if head.targeting is Targeting.MANY:
