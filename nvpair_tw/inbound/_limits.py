@@ -225,27 +225,28 @@ class _Phase(Enum):
 
 class _Deadline:
     """The one timer of a channel's input: the header read's, then (same call, moved) the
-    body's; one ``callLater`` per request, moved rather than replaced."""
+    body's; one ``callLater`` per request, moved rather than replaced. Only the pending call
+    holds ``expired`` (a method of the channel that holds this deadline), so no reference cycle
+    outlives the timer (docs/performance.md)."""
 
-    def __init__(self, clock: IReactorTime, expired: Callable[[], None]) -> None:
+    def __init__(self, clock: IReactorTime) -> None:
         self._clock = clock
-        self._expired = expired
         self._call: IDelayedCall | None = None
 
     @property
     def running(self) -> bool:
         return self._call is not None
 
-    def start(self, seconds: float) -> None:
-        """Expire ``seconds`` from now (a running deadline is moved)."""
+    def start(self, seconds: float, expired: Callable[[], None]) -> None:
+        """Call ``expired`` ``seconds`` from now (a running deadline is moved)."""
         if self._call is None:
-            self._call = self._clock.callLater(seconds, self._fire)
+            self._call = self._clock.callLater(seconds, self._fire, expired)
         else:
             self._call.reset(seconds)
 
-    def _fire(self) -> None:
+    def _fire(self, expired: Callable[[], None]) -> None:
         self._call = None
-        self._expired()
+        expired()
 
     def stop(self) -> None:
         if self._call is not None and self._call.active():
@@ -264,7 +265,7 @@ class _Answering(_HandOver):
         super().__init__()
         self.limits = limits
         self._clock = clock
-        self._deadline = _Deadline(clock, self._deadline_passed)
+        self._deadline = _Deadline(clock)
         self._phase = _Phase.OUTSIDE_HEAD
 
     def callLater(self, period: float, func: Any) -> IDelayedCall:
@@ -400,7 +401,7 @@ class LimitedChannel(_Answering):
         if self._phase is _Phase.REJECTED:
             return
         if data and not self._deadline.running and self.line_mode and not self._handlingRequest:
-            self._deadline.start(self.limits.header_timeout)
+            self._deadline.start(self.limits.header_timeout, self._deadline_passed)
         super().dataReceived(data)
 
     def lineReceived(self, line: bytes) -> None:
@@ -446,7 +447,9 @@ class LimitedChannel(_Answering):
         super().allHeadersReceived()
         if self._phase is _Phase.OUTSIDE_HEAD and self.length != 0:
             self._phase = _Phase.IN_BODY
-            self._deadline.start(self.limits.body_timeout)  # the head's, moved
+            self._deadline.start(
+                self.limits.body_timeout, self._deadline_passed
+            )  # the head's, moved
         elif self._phase is _Phase.OUTSIDE_HEAD:
             self._deadline.stop()
 
@@ -468,7 +471,7 @@ class LimitedChannel(_Answering):
         if self._phase is _Phase.REJECTED:
             return
         if self._phase is _Phase.IN_BODY:
-            self._deadline.start(self.limits.body_timeout)
+            self._deadline.start(self.limits.body_timeout, self._deadline_passed)
         super().rawDataReceived(data)
 
     def allContentReceived(self) -> None:

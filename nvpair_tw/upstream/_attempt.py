@@ -142,30 +142,48 @@ class ReplayBodyProducer:
 
     def startProducing(self, consumer: IConsumer) -> Deferred[None]:
         self._consumer = consumer
-        self._done = Deferred()
+        done: Deferred[None] = Deferred()
+        self._done = done
         self._pump()
-        return self._done
+        return done
 
     def _pump(self) -> None:
-        assert self._consumer is not None and self._done is not None
+        consumer, done = self._consumer, self._done
+        if consumer is None or done is None:
+            return
         while not self._paused and not self._stopped and self._offset < self.length:
             chunk = self._body[self._offset : self._offset + self._CHUNK]
             self._offset += len(chunk)
-            self._consumer.write(bytes(chunk))
-        if self._offset >= self.length and not self._stopped and not self._done.called:
-            self._on_written()
-            self._done.callback(None)
+            consumer.write(bytes(chunk))
+        if self._offset >= self.length and not self._stopped:
+            on_written = self._on_written
+            self._let_go()
+            on_written()
+            done.callback(None)
+
+    def _let_go(self) -> None:
+        # The consumer holds this producer: dropping both references when the body is written
+        # (or stopped) leaves no cycle, so reference counting frees the request's objects at
+        # once instead of the cyclic collector later (docs/performance.md).
+        self._consumer = None
+        self._done = None
+        self._on_written = _nothing
 
     def pauseProducing(self) -> None:
         self._paused = True
 
     def resumeProducing(self) -> None:
         self._paused = False
-        if self._consumer is not None and not self._stopped:
+        if not self._stopped:
             self._pump()
 
     def stopProducing(self) -> None:
         self._stopped = True
+        self._let_go()
+
+
+def _nothing() -> None:
+    pass
 
 
 @implementer(IAgentEndpointFactory)
@@ -304,38 +322,66 @@ class UpstreamClient:
         The first deadline is ``header_timeout + first_extra`` (a cold-load allowance); each busy
         wait (see :class:`BusyWait`) adds at most one more ``header_timeout``.
         """
-        timer: list[IDelayedCall] = []
-        timed_out: list[bool] = []
-        waited = [header_timeout + first_extra, 0.0]  # total deadline so far, busy extension
-
-        def written() -> None:
-            timer.append(self._clock.callLater(waited[0], expire))
-            if on_written is not None:
-                on_written()
-
-        def expire() -> None:
-            if busy is not None and waited[1] < busy.max_wait and busy.working():
-                step = min(header_timeout, busy.max_wait - waited[1])
-                waited[0] += step
-                waited[1] += step
-                timer[0] = self._clock.callLater(step, expire)
-                busy.on_wait()
-                return
-            timed_out.append(True)
-            attempt.cancel()
-
-        def settle(result: IResponse | Failure) -> IResponse | Failure:
-            if timer and timer[0].active():
-                timer[0].cancel()
-            if timed_out and isinstance(result, Failure):
-                raise HeaderTimeout(f"no response headers within {waited[0]:g}s") from result.value
-            return result
-
+        deadline = _HeaderDeadline(self._clock, header_timeout, first_extra, busy, on_written)
         attempt: Deferred[IResponse] = self.agent.request(
-            method, url, headers, ReplayBodyProducer(body, written)
+            method, url, headers, ReplayBodyProducer(body, deadline.written)
         )
-        attempt.addBoth(settle)
+        deadline.attempt = attempt
+        attempt.addBoth(deadline.settle)
         return attempt
+
+
+class _HeaderDeadline:
+    """One attempt's wait for response headers, from the last body byte written.
+
+    An object, not closures: a closure that schedules itself holds itself through its own cell,
+    a reference cycle that kept every request's objects for the cyclic collector.
+    """
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        header_timeout: float,
+        first_extra: float,
+        busy: BusyWait | None,
+        on_written: Callable[[], None] | None,
+    ) -> None:
+        self._clock = clock
+        self._header_timeout = header_timeout
+        self._busy = busy
+        self._on_written = on_written
+        self.attempt: Deferred[IResponse] | None = None
+        self._timer: IDelayedCall | None = None
+        self._timed_out = False
+        self._total = header_timeout + first_extra  # the deadline so far
+        self._extended = 0.0  # of which busy extensions
+
+    def written(self) -> None:
+        self._timer = self._clock.callLater(self._total, self._expire)
+        if self._on_written is not None:
+            self._on_written()
+
+    def _expire(self) -> None:
+        self._timer = None
+        busy = self._busy
+        if busy is not None and self._extended < busy.max_wait and busy.working():
+            step = min(self._header_timeout, busy.max_wait - self._extended)
+            self._total += step
+            self._extended += step
+            self._timer = self._clock.callLater(step, self._expire)
+            busy.on_wait()
+            return
+        self._timed_out = True
+        if self.attempt is not None:
+            self.attempt.cancel()
+
+    def settle(self, result: IResponse | Failure) -> IResponse | Failure:
+        timer, self._timer, self.attempt = self._timer, None, None
+        if timer is not None and timer.active():
+            timer.cancel()
+        if self._timed_out and isinstance(result, Failure):
+            raise HeaderTimeout(f"no response headers within {self._total:g}s") from result.value
+        return result
 
 
 class Discard(Protocol):
