@@ -18,7 +18,6 @@ A node known to be cold gets ``AttemptPlan.first_extra[node]`` added to its firs
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from attrs import define, evolve, field, frozen
 from twisted.internet.error import ConnectError, DNSLookupError
@@ -28,9 +27,8 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
 from nvpair_tw.assembly import Assembly, AssemblyGate
-from nvpair_tw.corridor._dialect import Answer, Speech, TranscodedResponse, Wire
+from nvpair_tw.corridor._dialect import Sends, TranscodedResponse, Wire
 from nvpair_tw.corridor._workloads import AttemptOutcome, status_outcome
-from nvpair_tw.dialects import Chain, Transducer, UsageStripper
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.selection import Booking, IStallTracker, ProgressBook
@@ -66,40 +64,23 @@ log = LevelledLogger(namespace="nvpair_tw.attempts")
 
 @frozen
 class AttemptPlan:
-    """What every attempt of one request sends, and how it may commit."""
+    """How every attempt of one request runs and may commit; ``sends`` is what each sends."""
 
-    method: bytes
-    target: bytes
     headers: Headers
-    body: bytes
+    sends: Sends
     inference: bool
     gated: bool
     header_timeout: float
     first_body_timeout: float
-    assembly: Assembly | None = None
-    """Set when ``body`` is a non-streaming request rewritten to stream: a 2xx stream is folded
-    into one answer and commits only when whole (docs/behaviour.md §6.5)."""
     first_extra: Mapping[str, float] = field(factory=dict)
     """Per node id: seconds added to the first header deadline (a cold-load allowance)."""
     busy_max_wait: float = 0.0
     """How much a header wait may be extended while the node shows progress (0: never)."""
-    speech: Speech | None = None
-    """How each candidate is spoken to when its kind or its name for the model differs (§11.3,
-    §11.4); None: every attempt sends the fields above as they are."""
-    strip_usage: Callable[[dict[str, Any]], None] | None = None
-    """Set when ``body`` asks for the usage chunk the client did not ask for (§12.2): a native
-    answer's usage chunk is removed on its way to the client and handed to this callable."""
 
     def wire(self, node: Node) -> Wire:
-        """What the attempt to ``node`` sends."""
-        wire = (
-            self.speech.wire(node)
-            if self.speech is not None
-            else Wire(self.method, self.target, self.body, self.assembly)
-        )
-        if self.strip_usage is None or wire.translated:
-            return wire
-        return evolve(wire, answer=_stripping(wire.answer, self.strip_usage))
+        """What the attempt to ``node`` sends (its wire's ``assembly``, when set, folds a 2xx
+        stream into one answer that commits only when whole, docs/behaviour.md §6.5)."""
+        return self.sends.wire(node)
 
 
 @frozen
@@ -179,16 +160,6 @@ class AttemptObserver:
 
     def busy_wait(self, node: Node) -> None:
         """The attempt to ``node`` waits one more period: the node shows progress elsewhere."""
-
-
-def _stripping(answer: Answer | None, noted: Callable[[dict[str, Any]], None]) -> Answer:
-    """``answer`` (or the bytes as they come) followed by the usage chunk's removal."""
-
-    def strip(status: int, content_type: bytes | None) -> Transducer:
-        stripper = UsageStripper(content_type, noted)
-        return stripper if answer is None else Chain(answer(status, content_type), stripper)
-
-    return strip
 
 
 def retryable_status(code: int, inference: bool) -> bool:

@@ -1,10 +1,13 @@
 # -*- test-case-name: tests.corridor.test_dialect -*-
 """Every attempt speaks its node's dialect (docs/behaviour.md §11.3, §11.4).
 
-A request's :class:`Speech` is decided once, before the first attempt; :meth:`Speech.wire` gives,
-for each candidate, the :class:`Wire` its attempt sends: the client's own request when the node's
-kind speaks the route natively (with only the ``model`` value replaced when the node knows the
-model by another name), or the request translated from the client's original body. The node's
+What a request's attempts send is one value, :data:`Sends`, decided once before the first
+attempt: :class:`AsIs` when every candidate speaks the route natively under the client's name for
+the model (one :class:`Wire` for all), else a :class:`Speech`, whose :meth:`Speech.wire` gives
+each candidate its :class:`Wire`: the client's own request when the node's kind speaks the route
+natively (with only the ``model`` value replaced when the node knows the model by another name),
+or the request translated from the client's original body. A :class:`Speech` builds each distinct
+wire once (per node kind and local name), however many candidates share it. The node's
 answer reaches the attempt loop through a :class:`TranscodedResponse`, so the gates, the commit
 point and the relay see the client's dialect, and nothing else in the corridor changes: commit at
 the first translated byte, failover, deadlines, truncation.
@@ -15,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from attrs import frozen
+from attrs import evolve, field, frozen
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
@@ -30,7 +33,9 @@ from nvpair_tw.core import EngineProfile, Outline, Outlined, outline_body
 from nvpair_tw.dialects import (
     SYNTHESISED_ROUTES,
     TRANSLATED_ROUTES,
+    Chain,
     Transducer,
+    UsageStripper,
     rename_outlined,
     renamer,
     synthesis,
@@ -39,9 +44,20 @@ from nvpair_tw.dialects import (
 )
 from nvpair_tw.nodes import Node
 
-__all__ = ["Answer", "Reach", "Speech", "TranscodedResponse", "Wire", "reach"]
+__all__ = [
+    "Answer",
+    "AsIs",
+    "Reach",
+    "Sends",
+    "Speech",
+    "TranscodedResponse",
+    "Wire",
+    "reach",
+]
 
 Answer = Callable[[int, bytes | None], Transducer]
+UsageNoted = Callable[[dict[str, Any]], None]
+"""Takes the usage chunk a native OpenAI stream was asked for on the client's behalf (§12.2)."""
 
 
 @frozen
@@ -89,6 +105,46 @@ def reach(facade: EngineProfile, node: Node, path: str, parsed: Mapping[str, Any
 
 
 @frozen
+class AsIs:
+    """Every attempt sends the same :class:`Wire`: each candidate speaks the route natively and
+    knows the model by the client's name."""
+
+    sent: Wire
+
+    @classmethod
+    def of(
+        cls,
+        method: bytes,
+        target: bytes,
+        body: bytes,
+        assembly: Assembly | None = None,
+        strip_usage: UsageNoted | None = None,
+    ) -> AsIs:
+        """``body`` (or the assembly's) to ``target``; a usage chunk asked for on the client's
+        behalf is removed on the way back when ``strip_usage`` takes it."""
+        sent = Wire(method, target, assembly.body if assembly is not None else body, assembly)
+        return cls(_stripped(sent, strip_usage))
+
+    def wire(self, node: Node) -> Wire:
+        """The one wire, whichever the node."""
+        return self.sent
+
+
+def _stripped(wire: Wire, noted: UsageNoted | None) -> Wire:
+    """``wire`` with the usage chunk's removal after its answer (a native answer only: a
+    translated one reports usage through its translation)."""
+    if noted is None or wire.translated:
+        return wire
+    answer = wire.answer
+
+    def strip(status: int, content_type: bytes | None) -> Transducer:
+        stripper = UsageStripper(content_type, noted)
+        return stripper if answer is None else Chain(answer(status, content_type), stripper)
+
+    return evolve(wire, answer=strip)
+
+
+@frozen
 class Speech:
     """How every candidate of one request is spoken to (decided once, before the first attempt).
 
@@ -110,12 +166,23 @@ class Speech:
     assembles: bool
     limit: int
     clock: Callable[[], float]
+    strip_usage: UsageNoted | None = None
+    _made: dict[tuple[str, str | None], Wire] = field(factory=dict, eq=False, repr=False)
+    """The wires built so far, per node kind and local name (each built once)."""
 
     def wire(self, node: Node) -> Wire:
         """The request ``node``'s attempt sends (raises ``Untranslatable`` only for a node the
         gate let through by mistake)."""
         kind = node.kind_of(self.facade)
         local = self.local_name(node.id, self.model) if self.model else None
+        made = self._made.get((kind.name, local))
+        if made is None:
+            made = self._made[kind.name, local] = _stripped(
+                self._build(node, kind, local), self.strip_usage
+            )
+        return made
+
+    def _build(self, node: Node, kind: EngineProfile, local: str | None) -> Wire:
         if node.speaks(self.facade, self.path):
             return self._native(kind, local)
         if self.path.startswith(SYNTHESISED_ROUTES):
@@ -180,6 +247,10 @@ class Speech:
             translated=True,
             local_model=local or model,
         )
+
+
+Sends = AsIs | Speech
+"""What a request's attempts send, decided once before the first one."""
 
 
 @implementer(IResponse)

@@ -12,11 +12,11 @@ from typing import Any
 from attrs import frozen
 
 from nvpair_tw.assembly import Assembly, Dialect, plan_assembly, rewrite_outlined
-from nvpair_tw.core import RESPONSES_PATH, Outline, Outlined, RouteKind
+from nvpair_tw.core import RESPONSES_PATH, Outlined, RouteKind
 from nvpair_tw.corridor._attempts import (
     AttemptPlan,
 )
-from nvpair_tw.corridor._dialect import Reach, Speech, reach
+from nvpair_tw.corridor._dialect import AsIs, Reach, Sends, Speech, UsageNoted, reach
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._responses import conversation_first
 from nvpair_tw.corridor._state import FacadeState
@@ -166,14 +166,15 @@ def _speakable(
 def _speech(
     facade: FacadeState,
     inbound: Inbound,
-    body: bytes,
-    outline: Outline | None,
+    sent: Outlined | bytes,
     model: str | None,
     assembly: Assembly | None,
+    strip_usage: UsageNoted | None,
 ) -> Speech:
     """How each candidate is spoken to (§11.3, §11.4), from the body every attempt starts from
-    (``outline``: where its members are) and the assembly planned for it."""
+    (with where its members are, when known) and the assembly planned for it."""
     settings = facade.shared.settings
+    body, outline = (sent.body, sent.outline) if isinstance(sent, Outlined) else (sent, None)
     inference = inbound.kind is RouteKind.INFERENCE
     return Speech(
         facade=facade.profile,
@@ -189,6 +190,7 @@ def _speech(
         assembles=inference and settings.assembles(facade.engine),
         limit=settings.max_body_size,
         clock=facade.shared.clock.seconds,
+        strip_usage=strip_usage,
     )
 
 
@@ -199,47 +201,50 @@ def _plan(
     model: str | None,
     candidates: list[Node],
 ) -> AttemptPlan:
-    """What every attempt sends and how it commits, its timers and the assembly of §6.5: the
-    checked body and the normalised target of the one parse (docs/behaviour.md §14.1)."""
-    path = inbound.path
+    """How every attempt runs and commits, its timers and what it sends (with the assembly of
+    §6.5): the checked body and the normalised target of the one parse (§14.1)."""
     settings = facade.shared.settings
-    kind = inbound.kind
-    inference = kind is RouteKind.INFERENCE
-    body = inbound.body
-    parsed = inbound.doc if inference else None
-    method = inbound.head.method
-    assembles = inference and settings.assembles(facade.engine)
-    outline = inbound.outline
-    assembly = (
-        plan_assembly(path, body, parsed, settings.max_body_size, outline) if assembles else None
-    )
-    target = inbound.head.target.wire
-    sent = Outlined(body, outline) if outline is not None else None
-    if inference:
-        sent, asked = _asking_usage(path, sent, parsed, assembly)
-        body = sent.body if sent is not None else body
-    else:
-        asked = False
-    strip_usage = record.usage_noted if asked else None
-    speech = None
-    if _needs_speech(facade, path, model, candidates):
-        outline = sent.outline if sent is not None else None
-        speech = _speech(facade, inbound, body, outline, model, assembly)
+    inference = inbound.kind is RouteKind.INFERENCE
     return AttemptPlan(
-        method=method,
-        target=target,
         headers=inbound.head.headers,
-        body=assembly.body if assembly is not None else body,
-        inference=inference or kind is RouteKind.MODEL_ROUTED,
+        sends=_sends(facade, inbound, record, model, candidates),
+        inference=inference or inbound.kind is RouteKind.MODEL_ROUTED,
         gated=inference and facade.first_body_gate,
         header_timeout=settings.response_header_timeout,
         first_body_timeout=settings.first_body_timeout if inference else 0.0,
-        assembly=assembly,
         first_extra=_cold_allowances(facade, model, candidates) if inference else {},
         busy_max_wait=settings.busy_max_wait,
-        speech=speech,
-        strip_usage=strip_usage,
     )
+
+
+def _sends(
+    facade: FacadeState,
+    inbound: Inbound,
+    record: RequestRecord,
+    model: str | None,
+    candidates: list[Node],
+) -> Sends:
+    """What the attempts send, decided once: the same wire for all when every candidate speaks
+    the route natively under the client's name for the model, else a :class:`Speech`."""
+    path = inbound.path
+    settings = facade.shared.settings
+    inference = inbound.kind is RouteKind.INFERENCE
+    body = inbound.body
+    parsed = inbound.doc if inference else None
+    outline = inbound.outline
+    assembly = None
+    if inference and settings.assembles(facade.engine):
+        assembly = plan_assembly(path, body, parsed, settings.max_body_size, outline)
+    sent = Outlined(body, outline) if outline is not None else None
+    strip_usage = None
+    if inference:
+        sent, asked = _asking_usage(path, sent, parsed, assembly)
+        strip_usage = record.usage_noted if asked else None
+    if _needs_speech(facade, path, model, candidates):
+        known = sent if sent is not None else body
+        return _speech(facade, inbound, known, model, assembly, strip_usage)
+    body = sent.body if sent is not None else body
+    return AsIs.of(inbound.head.method, inbound.head.target.wire, body, assembly, strip_usage)
 
 
 _USAGE_ROUTES = {

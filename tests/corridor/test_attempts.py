@@ -53,6 +53,7 @@ from nvpair_tw.corridor._attempts import (
     retryable_status,
     run_attempts,
 )
+from nvpair_tw.corridor._dialect import AsIs
 from nvpair_tw.corridor._workloads import AttemptOutcome
 from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes._directory import Node
@@ -503,10 +504,8 @@ class Loop:
         self.hooks = Hooks(self.clock)
         self.progress = ProgressBook(self.clock) if progress else None
         self.plan = AttemptPlan(
-            method=b"POST",
-            target=b"/api/chat",
             headers=Headers({b"content-type": [b"application/json"]}),
-            body=PAYLOAD,
+            sends=AsIs.of(b"POST", b"/api/chat", PAYLOAD),
             inference=inference,
             gated=gated,
             header_timeout=TIMEOUT,
@@ -1547,7 +1546,8 @@ ANSWER = {"message": {"role": "assistant", "content": "Hello"}, "done": True}
 
 def assembling(loop: Loop) -> Loop:
     """``loop`` with its plan assembled as Ollama ``/api/chat``."""
-    loop.plan = evolve(loop.plan, assembly=Assembly(Dialect.OLLAMA_CHAT, PAYLOAD, 1 << 20))
+    assembly = Assembly(Dialect.OLLAMA_CHAT, PAYLOAD, 1 << 20)
+    loop.plan = evolve(loop.plan, sends=AsIs.of(b"POST", b"/api/chat", PAYLOAD, assembly))
     return loop
 
 

@@ -397,3 +397,44 @@ def test_an_assembled_answers_first_token_is_when_its_stream_began(memory_cluste
     assert response.status == 200
     [record] = requests_of(cluster)
     assert record["ttft_ms"] == 1000 and record["ttfb_ms"] >= 5000
+
+
+def _speech_over(parsed: dict[str, Any], names: dict[str, str]) -> Any:
+    from nvpair_tw.core._engines import OLLAMA
+    from nvpair_tw.corridor._dialect import Speech
+
+    body = json.dumps(parsed).encode()
+    return Speech(
+        facade=OLLAMA,
+        method=b"POST",
+        target=b"/api/chat",
+        path="/api/chat",
+        body=body,
+        outline=None,
+        parsed=parsed,
+        model="llama3",
+        assembly=None,
+        local_name=lambda node_id, model: names.get(node_id),
+        assembles=False,
+        limit=1 << 20,
+        clock=lambda: 0.0,
+    )
+
+
+def test_a_request_is_translated_once_per_dialect_and_local_name_not_once_per_attempt() -> None:
+    """Two openai nodes that know the model by one name share one translated wire; a third that
+    knows it by another name gets its own; an ollama node gets the client's request."""
+    from nvpair_tw.nodes import Node
+
+    names = {"o1": "llama-3", "o2": "llama-3", "o3": "meta/llama-3", "n": "llama3"}
+    speech = _speech_over(chat(stream=True), names)
+    o1, o2, o3 = (
+        Node(i, f"http://127.0.0.1:{p}", kind="openai")
+        for i, p in (("o1", 1), ("o2", 2), ("o3", 3))
+    )
+    native = Node("n", "http://127.0.0.1:4")
+    first, second, third = speech.wire(o1), speech.wire(o2), speech.wire(o3)
+    assert first is second and first.translated
+    assert third is not first and third.local_model == "meta/llama-3"
+    assert json.loads(third.body)["model"] == "meta/llama-3"
+    assert speech.wire(native).body == speech.body and not speech.wire(native).translated
