@@ -257,8 +257,7 @@ def _busy(
 ) -> None:
     """503 ``queue-full`` / ``queue-timeout`` with ``Retry-After``, and its record."""
     retry = (b"Retry-After", b"%d" % RETRY_AFTER_SECONDS)
-    write_error(request, 503, message, code, [retry])
-    record.publish(facade.shared.bus, status=503, node_id=None, error=code)
+    refuse(facade, request, record, Rejection(503, code, message, (retry,)))
 
 
 def _watch(request: Request, workload: Workload | None, facade: FacadeState) -> CallerState:
