@@ -35,7 +35,7 @@ from nvpair_tw.inbound import IngressConfigError, KeysFileError, parse_ingress, 
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
 from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url, validate_url
 from nvpair_tw.ops import ControlToken, needs_token, read_control_token
-from nvpair_tw.runtime import tcp_listener
+from nvpair_tw.runtime import steady_collector, tcp_listener
 from nvpair_tw.usage import parse_span
 
 __all__ = ["Options", "makeService", "parse_size"]
@@ -656,8 +656,11 @@ def _assemble_by_engine(given: Mapping[str | None, bool], engines: list[str]) ->
 
 
 def makeService(options: Options) -> service.IService:
-    """Apply the configuration's process-wide settings, then build the process on the global reactor."""
+    """Apply the configuration's process-wide settings, build the process on the global reactor,
+    then settle its garbage collector (``runtime.steady_collector``)."""
     from twisted.internet import reactor
 
     set_level(options.config.log_level)
-    return assemble(cast(IProxyReactor, reactor), options.config)
+    built = assemble(cast(IProxyReactor, reactor), options.config)
+    steady_collector()
+    return built

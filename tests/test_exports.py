@@ -196,6 +196,7 @@ FACES: dict[str, list[str]] = {
         "StallTrackerFactory",
         "build_runtime",
         "own_urls",
+        "steady_collector",
         "tcp_listener",
     ],
     "selection": [

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import subprocess
@@ -30,6 +31,7 @@ from nvpair_tw.inbound._ingress import KEYS_FILE_VAR, KEYS_VAR, IngressPolicy
 from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._token import ControlToken
+from nvpair_tw.runtime._collector import YOUNG_THRESHOLD
 from nvpair_tw.runtime._service import ListenerService
 from nvpair_tw.tap import Options, makeService, parse_size
 
@@ -611,6 +613,17 @@ def test_make_service_at_debug_lets_debug_through() -> None:
     assert current_level() is LogLevel.info
     makeService(options)
     assert current_level() is LogLevel.debug
+
+
+def test_make_service_settles_the_garbage_collector() -> None:
+    """Once built, the process's start-up heap is frozen and young passes are spaced."""
+    thresholds = gc.get_threshold()
+    try:
+        makeService(parse("-e", "ollama", "--admin", "none"))
+        assert gc.get_threshold()[0] == YOUNG_THRESHOLD and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nvpair_tw.runtime._collector import steady_collector
 from nvpair_tw.runtime._endpoints import own_urls, tcp_listener
 from nvpair_tw.runtime._process import Runtime, StallTrackerFactory, build_runtime
 from nvpair_tw.runtime._service import ListenerService, RuntimeService
@@ -13,5 +14,6 @@ __all__ = [
     "StallTrackerFactory",
     "build_runtime",
     "own_urls",
+    "steady_collector",
     "tcp_listener",
 ]
