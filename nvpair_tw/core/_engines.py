@@ -357,6 +357,9 @@ class EngineProfile:
     under one of these prefixes; any other route is translated for it or not sent to it."""
     foreign_prefixes: tuple[str, ...] = field(default=(), kw_only=True)
     """Paths under a native prefix that are another engine's (LM Studio's ``/api/v0/`` on Ollama)."""
+    unserved_prefixes: tuple[str, ...] = field(default=(), kw_only=True)
+    """Client routes a node of this kind may lack even behind a facade of its own kind, so they are
+    translated for it (docs/behaviour.md §17.3): Ollama before 0.14 has no ``/v1/messages``."""
     slots: SlotsFormat | None = field(default=None, kw_only=True)
     """Where a node of this kind reports its slots, used when the node sets none (§11.1); a node
     that does not answer there keeps ``--default-slots``."""
@@ -390,9 +393,15 @@ class EngineProfile:
 
     def speaks(self, path: str) -> bool:
         """Whether a node of this kind serves the client route ``path`` natively (§11.3)."""
-        return path.startswith(self.native_prefixes) and not path.startswith(
-            self.foreign_prefixes or ("\0",)
+        return (
+            path.startswith(self.native_prefixes)
+            and not path.startswith(self.foreign_prefixes or ("\0",))
+            and not self.lacks(path)
         )
+
+    def lacks(self, path: str) -> bool:
+        """Whether ``path`` is one of :attr:`unserved_prefixes` (§17.3)."""
+        return path.startswith(self.unserved_prefixes or ("\0",))
 
     def matches(self, requested: str, advertised: str) -> bool:
         """Whether an advertised model name serves a requested one (docs/behaviour.md §4.1)."""
@@ -423,6 +432,7 @@ OLLAMA = EngineProfile(
     control=OLLAMA_CONTROL,
     native_prefixes=("/api/", "/v1/"),
     foreign_prefixes=("/api/v0/", "/api/v1/"),
+    unserved_prefixes=("/v1/messages",),
 )
 LMSTUDIO = EngineProfile(
     name="lmstudio",

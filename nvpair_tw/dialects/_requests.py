@@ -74,6 +74,7 @@ from typing import Any
 
 from nvpair_tw.dialects._common import Untranslatable, dump
 from nvpair_tw.dialects._json import rename_request
+from nvpair_tw.dialects._messages_request import MESSAGES_PATH, messages_request
 
 __all__ = ["OLLAMA_ROUTES", "V0_ROUTES", "UpstreamRequest", "translate_request"]
 
@@ -114,6 +115,9 @@ def translate_request(
         return _generate(parsed, local_model)
     if client_path in ("/api/embed", "/api/embeddings"):
         return _embed(client_path, parsed, local_model)
+    if client_path == MESSAGES_PATH:  # §17.3; Messages' default is a whole answer
+        body = messages_request(parsed, local_model)
+        return "/v1/chat/completions", body, parsed.get("stream") is True
     raise ValueError(f"{client_path} is not a translated route")
 
 
