@@ -249,5 +249,5 @@ def test_an_upstream_error_is_in_messages_error_shape(
 
 
 def test_an_error_already_in_messages_shape_passes_unchanged() -> None:
-    raw = b'{"type":"error","error":{"type":"not_found_error","message":"no"}}'
+    raw = b'{"type": "error", "error": {"type": "permission_error", "message": "no"}}'
     assert run(answer(False, 404, b"application/json"), raw) == raw
