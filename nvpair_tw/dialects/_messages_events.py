@@ -7,6 +7,7 @@ stop reasons and the error object, built from what an OpenAI-compatible answer s
 - :func:`message_start`, :func:`block_start`, :func:`block_stop`, :func:`message_end`: the frame
   of a stream; :func:`text_delta_head` the bytes of a ``text_delta`` event before its text.
 - :func:`whole_message`: the one message object of a ``stream: false`` answer.
+- :func:`refusal_body`: one of the proxy's own refusals in that shape (with its ``code``).
 - :func:`error_object`: ``{"type": "error", "error": {"type", "message"}}``, its ``type`` from
   the status (400 ``invalid_request_error``, 401 ``authentication_error``, 403
   ``permission_error``, 404 ``not_found_error``, 413 ``request_too_large``, 429
@@ -33,6 +34,7 @@ __all__ = [
     "event",
     "message_end",
     "message_start",
+    "refusal_body",
     "stop_reason",
     "text_delta_head",
     "whole_message",
@@ -157,6 +159,12 @@ def whole_message(
 def error_object(status: int, message: str) -> dict[str, Any]:
     kind = _ERROR_TYPES.get(status, "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def refusal_body(status: int, message: str, code: str) -> bytes:
+    """One of the proxy's own refusals (docs/behaviour.md §9) in Messages' error shape, its
+    ``code`` kept beside it: ``{"type": "error", "error": {"type", "message"}, "code"}``."""
+    return dump({**error_object(status, message), "code": code})
 
 
 def arguments_text(arguments: Any) -> str | None:

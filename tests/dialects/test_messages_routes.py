@@ -137,7 +137,8 @@ def test_an_untranslatable_messages_request_is_refused_without_contacting_a_node
     cluster = memory_cluster(clock, {"a": SimulatedEngine(clock, (MODEL,), kind="ollama")})
     body = {**request(), "mcp_servers": [{"type": "url", "url": "https://x"}]}
     response = cluster.fetch("POST", "/v1/messages", json=body)
-    assert response.status == 400 and "mcp_servers" in response.json()["error"]
+    assert response.status == 400 and response.json()["code"] == "untranslatable"
+    assert "mcp_servers" in response.json()["error"]["message"]
     assert sent(cluster, "a") == []
 
 
@@ -158,3 +159,58 @@ async def test_a_translated_messages_stream_over_loopback_sockets(
     assert got[-1] == {"type": "message_stop"}
     [upstream] = cluster.received(0)
     assert json.loads(upstream)["stream_options"] == {"include_usage": True}
+
+
+# --- /v1/messages/count_tokens (docs/behaviour.md §17.3) ------------------------------------------
+
+COUNT = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_count_tokens_is_model_routed_on_every_facade() -> None:
+    for profile in ENGINES.values():
+        route = profile.model_route(b"POST", "/v1/messages/count_tokens")
+        assert route is not None and route.model("/v1/messages/count_tokens", COUNT) == MODEL
+
+
+def test_count_tokens_goes_to_an_owner_that_serves_it(memory_cluster: Make) -> None:
+    clock = Clock()
+    engines = {
+        "a": SimulatedEngine(clock, (MODEL,), kind="ollama"),
+        "b": SimulatedEngine(clock, (MODEL,), kind="openai"),
+    }
+    cluster = memory_cluster(clock, engines)
+    for _ in range(3):
+        response = cluster.fetch("POST", "/v1/messages/count_tokens", json=COUNT)
+        assert response.header("x-nvpair-node") == "b"
+    assert sent(cluster, "a") == []
+    assert [path for path, _ in sent(cluster, "b")] == [b"/v1/messages/count_tokens"] * 3
+
+
+def test_count_tokens_with_no_owner_that_serves_it_is_a_404_in_messages_shape(
+    memory_cluster: Make,
+) -> None:
+    clock = Clock()
+    cluster = memory_cluster(clock, {"a": SimulatedEngine(clock, (MODEL,), kind="ollama")})
+    response = cluster.fetch("POST", "/v1/messages/count_tokens", json=COUNT)
+    assert response.status == 404
+    answer = response.json()
+    assert answer["type"] == "error" and answer["error"]["type"] == "not_found_error"
+    assert answer["code"] == "no-route-owner" and isinstance(answer["error"]["message"], str)
+    assert sent(cluster, "a") == []
+    unknown = cluster.fetch("POST", "/v1/messages/count_tokens", json={**COUNT, "model": "nope"})
+    assert unknown.status == 404 and unknown.json()["error"]["type"] == "not_found_error"
+
+
+def test_a_refusal_on_messages_is_in_messages_error_shape(memory_cluster: Make) -> None:
+    clock = Clock()
+    cluster = memory_cluster(clock, {"a": SimulatedEngine(clock, (MODEL,), kind="ollama")})
+    response = cluster.fetch("POST", "/v1/messages", json={**request(), "model": "nope"})
+    assert response.status == 502
+    assert response.json() == {
+        "type": "error",
+        "error": {
+            "type": "api_error",
+            "message": "no available node advertises the requested model",
+        },
+        "code": "no-model-owner",
+    }
