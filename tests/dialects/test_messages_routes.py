@@ -88,6 +88,8 @@ def test_a_messages_stream_to_an_ollama_node_is_translated(
     assert path == b"/v1/chat/completions"
     assert body["messages"][0] == {"role": "system", "content": "Be brief."}
     assert body["max_tokens"] == 32 and body["stream"] is True
+    [record] = cluster.named("proxy/request")
+    assert record["translated"] and (record["prompt_tokens"], record["completion_tokens"]) == (3, 3)
 
 
 def test_a_whole_messages_answer_is_one_message_object(memory_cluster: Make) -> None:
