@@ -15,7 +15,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.task import Clock
 
-from nvpair_tw.core import ENGINES
+from nvpair_tw.core import ENGINES, Settings
 from nvpair_tw.testing import (
     Behaviour,
     Clusters,
@@ -216,3 +216,22 @@ def test_a_refusal_on_messages_is_in_messages_error_shape(memory_cluster: Make) 
         },
         "code": "no-model-owner",
     }
+
+
+def test_a_frozen_node_fails_over_to_another_each_attempt_translated(
+    memory_cluster: Make,
+) -> None:
+    """§11.3: the second attempt is translated from the client's own body, like the first."""
+    clock = Clock()
+    frozen = SimulatedEngine(clock, (MODEL,), kind="ollama", policy=always(Behaviour.FROZEN))
+    engines = {"a": frozen, "b": SimulatedEngine(clock, (MODEL,), kind="ollama")}
+    cluster = memory_cluster(clock, engines, settings=Settings(response_header_timeout=5.0))
+    cluster.facade().pin = "a"
+    pending = cluster.request("POST", "/v1/messages", json=request(stream=True))
+    cluster.advance(5.0)
+    response = cluster.result(pending)
+    assert response.status == 200 and response.header("x-nvpair-node") == "b"
+    assert events(response.body)[-1] == {"type": "message_stop"}
+    assert sent(cluster, "a") == sent(cluster, "b")
+    [(path, _)] = sent(cluster, "b")
+    assert path == b"/v1/chat/completions"
