@@ -114,6 +114,7 @@ FACES: dict[str, list[str]] = {
         "untranslatable_field",
         "MESSAGES_PATH",
         "messages_refusal",
+        "route_missing",
     ],
     "fleet": ["FleetStore", "StateConfig", "parse_state_url", "read_secret"],
     "usage": [
