@@ -20,7 +20,10 @@ client received is its CPU µs per token:
 - **translated**: ``/api/chat`` for ``remote-name`` (node ``x`` is asked
   ``/v1/chat/completions`` and its SSE becomes Ollama NDJSON);
 - **native SSE**: ``/v1/chat/completions`` for ``local-name`` (node ``o``, natively);
-- **renamed SSE**: ``/v1/chat/completions`` for ``pub``.
+- **renamed SSE**: ``/v1/chat/completions`` for ``pub``;
+- **translated SSE->Messages**: ``/v1/messages`` for ``local-name`` (node ``o``: an Ollama node
+  may lack Anthropic Messages, docs/behaviour.md §17.3, so it is asked ``/v1/chat/completions``
+  and its SSE becomes Messages events), against native SSE (target at most 2x).
 
 Rounds interleave the variants (the order rotates every round), so load from other processes on
 the machine falls on all of them alike; the tables give the median and the best of the rounds and
@@ -87,6 +90,7 @@ VARIANTS = (
     Variant("translated SSE->NDJSON", "/api/chat", "remote-name", "remote-name", "ndjson"),
     Variant("native SSE", "/v1/chat/completions", "local-name", "local-name", "sse"),
     Variant("renamed SSE", "/v1/chat/completions", "pub", "pub", "sse"),
+    Variant("translated SSE->Messages", "/v1/messages", "local-name", "local-name", "messages"),
 )
 BASE = {"renamed NDJSON": "native NDJSON", "renamed SSE": "native SSE"}
 # (numerator, denominator, target) of every ratio reported
@@ -95,6 +99,7 @@ RATIOS = (
     ("translated SSE->NDJSON", "native NDJSON", 2.0),
     ("translated SSE->NDJSON", "native SSE", 2.0),
     ("renamed SSE", "native SSE", 1.2),
+    ("translated SSE->Messages", "native SSE", 2.0),
 )
 
 
@@ -124,6 +129,9 @@ def check(port: int, variant: Variant) -> None:
     """The variant is what it says: every chunk names the right model, and the translated one was
     translated (its final object is the proxy's, without the engine's ``load_duration``)."""
     lines = fetch(port, variant)
+    if variant.framing == "messages":
+        check_messages(lines, variant)
+        return
     chunks = [line.removeprefix(b"data: ") for line in lines if line != b"data: [DONE]"]
     docs = [json.loads(chunk) for chunk in chunks]
     models = {doc.get("model") for doc in docs if "model" in doc}
@@ -139,6 +147,20 @@ def check(port: int, variant: Variant) -> None:
     tokens = sum(1 for chunk in chunks if b'"content":"tok' in chunk)
     if tokens < 5:
         raise RuntimeError(f"{variant.name}: {tokens} token chunks")
+
+
+def check_messages(lines: list[bytes], variant: Variant) -> None:
+    """A Messages stream: every event named, the model in ``message_start``, ``message_stop``
+    last, the tokens as ``text_delta`` events."""
+    docs = [json.loads(line.removeprefix(b"data: ")) for line in lines if line.startswith(b"data:")]
+    names = [line.removeprefix(b"event: ").decode() for line in lines if line.startswith(b"event:")]
+    if names != [doc.get("type") for doc in docs]:
+        raise RuntimeError(f"{variant.name}: events not named as their type")
+    if docs[0]["message"]["model"] != variant.answered or docs[-1]["type"] != "message_stop":
+        raise RuntimeError(f"{variant.name}: not a Messages stream for {variant.answered!r}")
+    tokens = sum(1 for line in lines if b'"text":"tok' in line)
+    if tokens < 5:
+        raise RuntimeError(f"{variant.name}: {tokens} token events")
 
 
 def wait_ready(port: int, process: Any, seconds: float = 30.0) -> None:

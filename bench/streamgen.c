@@ -534,9 +534,10 @@ static uint64_t percentile(double q) {
     return max_us;
 }
 
-/* relay with a MODEL: count "content":"tok markers, not "t": stamps */
-static int count_content;
-#define CONTENT_MARK "\"content\":\"tok"
+/* relay with a MODEL: count "content":"tok markers, not "t": stamps (an Anthropic Messages
+ * stream, relay to /v1/messages: "text":"tok markers, ended by message_stop) */
+static int count_content, messages_stream;
+#define CONTENT_MARK (messages_stream ? "\"text\":\"tok" : "\"content\":\"tok")
 
 /* Scan received bytes for "t":<ns> stamps and the stream's end; 1 = end seen. */
 static int scan(client *k, const char *data, size_t len, uint64_t recv_ns, uint64_t lo,
@@ -547,7 +548,7 @@ static int scan(client *k, const char *data, size_t len, uint64_t recv_ns, uint6
     memcpy(buf + n, data, len);
     n += len;
     int ended = 0;
-    const char *end_mark = ndjson ? "\"done\":true" : "[DONE]";
+    const char *end_mark = ndjson ? "\"done\":true" : messages_stream ? "message_stop" : "[DONE]";
     if (memmem(buf, n, end_mark, strlen(end_mark))) ended = 1;
     size_t keep_from = n > 12 ? n - 12 : 0; /* a marker cut by the read end */
     char *at = buf;
@@ -742,6 +743,7 @@ static int relay(int argc, char **argv) {
      * "t": stamps, and a translated stream has none either) */
     const char *model = argc > 8 ? argv[8] : "llama3";
     count_content = argc > 8;
+    messages_stream = strcmp(path, "/v1/messages") == 0;
     int ndjson = strcmp(path, "/api/chat") == 0;
     hist = calloc(BUCKETS, sizeof(uint32_t));
     slow_hist = calloc(SLOW_BUCKETS, sizeof(uint32_t));

@@ -112,6 +112,9 @@ FACES: dict[str, list[str]] = {
         "synthesis",
         "translate",
         "untranslatable_field",
+        "MESSAGES_PATH",
+        "messages_refusal",
+        "route_missing",
     ],
     "fleet": ["FleetStore", "StateConfig", "parse_state_url", "read_secret"],
     "usage": [

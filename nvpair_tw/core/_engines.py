@@ -14,6 +14,7 @@ from typing import Any
 from attrs import field, frozen
 
 __all__ = [
+    "COUNT_TOKENS",
     "ENGINES",
     "LMSTUDIO",
     "LMSTUDIO_LOADED",
@@ -260,6 +261,17 @@ def _show_model(_path: str, body: Any) -> str | None:
     return None
 
 
+def _body_model(_path: str, body: Any) -> str | None:
+    """The ``model`` of a JSON body (Anthropic's ``/v1/messages/count_tokens``)."""
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) and model.strip() else None
+
+
+COUNT_TOKENS = ModelRoute(b"POST", "/v1/messages/count_tokens", _body_model)
+"""Anthropic's token count (docs/behaviour.md §17.3): routed to an owner of the model that serves
+it, on every facade (each serves ``/v1/messages``)."""
+
+
 def _path_model(prefix: str) -> Callable[[str, Any], str | None]:
     """The model id below ``prefix`` of a path already decoded (docs/behaviour.md §14.1)."""
 
@@ -357,6 +369,9 @@ class EngineProfile:
     under one of these prefixes; any other route is translated for it or not sent to it."""
     foreign_prefixes: tuple[str, ...] = field(default=(), kw_only=True)
     """Paths under a native prefix that are another engine's (LM Studio's ``/api/v0/`` on Ollama)."""
+    unserved_prefixes: tuple[str, ...] = field(default=(), kw_only=True)
+    """Client routes a node of this kind may lack even behind a facade of its own kind, so they are
+    translated for it (docs/behaviour.md §17.3): Ollama before 0.14 has no ``/v1/messages``."""
     slots: SlotsFormat | None = field(default=None, kw_only=True)
     """Where a node of this kind reports its slots, used when the node sets none (§11.1); a node
     that does not answer there keeps ``--default-slots``."""
@@ -390,9 +405,15 @@ class EngineProfile:
 
     def speaks(self, path: str) -> bool:
         """Whether a node of this kind serves the client route ``path`` natively (§11.3)."""
-        return path.startswith(self.native_prefixes) and not path.startswith(
-            self.foreign_prefixes or ("\0",)
+        return (
+            path.startswith(self.native_prefixes)
+            and not path.startswith(self.foreign_prefixes or ("\0",))
+            and not self.lacks(path)
         )
+
+    def lacks(self, path: str) -> bool:
+        """Whether ``path`` is one of :attr:`unserved_prefixes` (§17.3)."""
+        return path.startswith(self.unserved_prefixes or ("\0",))
 
     def matches(self, requested: str, advertised: str) -> bool:
         """Whether an advertised model name serves a requested one (docs/behaviour.md §4.1)."""
@@ -412,7 +433,7 @@ OLLAMA = EngineProfile(
     default_listen="tcp:11435:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:11434",
     normalise=normalise_ollama,
-    model_routes=(ModelRoute(b"POST", "/api/show", _show_model),),
+    model_routes=(ModelRoute(b"POST", "/api/show", _show_model), COUNT_TOKENS),
     fan_out_routes=(
         FanOutRoute(b"POST", "/api/pull", streams=True),
         FanOutRoute(b"POST", "/api/create", streams=True),
@@ -423,6 +444,7 @@ OLLAMA = EngineProfile(
     control=OLLAMA_CONTROL,
     native_prefixes=("/api/", "/v1/"),
     foreign_prefixes=("/api/v0/", "/api/v1/"),
+    unserved_prefixes=("/v1/messages",),
 )
 LMSTUDIO = EngineProfile(
     name="lmstudio",
@@ -432,7 +454,10 @@ LMSTUDIO = EngineProfile(
     default_listen="tcp:1235:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:1234",
     normalise=_normalise_exact,
-    model_routes=(ModelRoute(b"GET", _LMSTUDIO_MODEL, _path_model(_LMSTUDIO_MODEL), prefix=True),),
+    model_routes=(
+        ModelRoute(b"GET", _LMSTUDIO_MODEL, _path_model(_LMSTUDIO_MODEL), prefix=True),
+        COUNT_TOKENS,
+    ),
     residency=LMSTUDIO_LOADED,
     control=LMSTUDIO_CONTROL,
     facts_list=LMSTUDIO_MODELS.path,
@@ -446,6 +471,7 @@ OMLX = EngineProfile(
     default_listen="tcp:8001:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:8000",
     normalise=_normalise_casefold,
+    model_routes=(COUNT_TOKENS,),
     residency=None,
 )
 
@@ -457,6 +483,7 @@ OPENAI = EngineProfile(
     default_listen="tcp:4000:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:8080",
     normalise=_normalise_exact,
+    model_routes=(COUNT_TOKENS,),
     residency=None,
     slots=LLAMACPP_PROPS,
     passes_through=False,

@@ -35,8 +35,11 @@ def write_error(
     message: str,
     code: str,
     headers: Sequence[tuple[bytes, bytes]] = (),
+    body: bytes | None = None,
 ) -> None:
-    """Answer ``request`` with a JSON error and finish it.
+    """Answer ``request`` with a JSON error and finish it (``body``: the error in a client
+    dialect's own shape, e.g. Anthropic Messages', docs/behaviour.md §17.3; else
+    ``{"error", "code"}``).
 
     Does nothing if the client is already gone or the request is finished. If the response has
     already started, no clean error can follow, so the connection is aborted instead.
@@ -48,7 +51,7 @@ def write_error(
         if transport is not None:
             cast(ITCPTransport, transport).abortConnection()
         return
-    body = error_body(message, code)
+    body = error_body(message, code) if body is None else body
     request.setResponseCode(status)
     for name, value in (*_BASE_HEADERS, *headers):
         request.responseHeaders.setRawHeaders(name, [value])

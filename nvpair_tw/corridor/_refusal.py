@@ -9,6 +9,7 @@ from twisted.web.server import Request
 from nvpair_tw.core import write_error
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import RequestRecord
+from nvpair_tw.dialects import MESSAGES_PATH, messages_refusal
 from nvpair_tw.inbound import Rejection
 
 __all__ = ["refuse"]
@@ -18,5 +19,8 @@ def refuse(
     facade: FacadeState, request: Request, record: RequestRecord, refused: Rejection
 ) -> None:
     """Answer ``refused`` and publish its record."""
-    write_error(request, refused.status, refused.message, refused.code, refused.headers)
+    body = None
+    if request.path.startswith(MESSAGES_PATH.encode()):  # Messages' shape (§17.3)
+        body = messages_refusal(refused.status, refused.message, refused.code)
+    write_error(request, refused.status, refused.message, refused.code, refused.headers, body)
     record.publish(facade.shared.bus, status=refused.status, node_id=None, error=refused.code)

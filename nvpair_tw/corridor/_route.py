@@ -160,7 +160,9 @@ def _speakable(
     if field is not None:
         message = f"the request cannot be translated for the nodes that have it: field '{field}'"
         return Rejection(400, "untranslatable", message)
-    return Rejection(502, "no-route-owner", "no node of a kind that serves this route")
+    # a model-routed route (no parsed body) that no owner serves is not found (§17.3)
+    status = 502 if parsed is not None else 404
+    return Rejection(status, "no-route-owner", "no node of a kind that serves this route")
 
 
 def _speech(

@@ -6,6 +6,9 @@ transducers, no reactor and no I/O.
   :class:`Translation` whose :meth:`~Translation.answer` gives, per attempt, a
   :class:`Transducer` turning the node's answer back into the client's dialect;
   :func:`untranslatable_field` says beforehand which field (if any) forbids it.
+- Anthropic Messages (``/v1/messages``, :data:`MESSAGES_PATH`) is one of the translated routes
+  (§17.3); :func:`messages_refusal` gives one of the proxy's refusals in its error shape, and
+  :func:`route_missing` tells a 404 about a missing route from one about an unknown model.
 - :func:`rename_request` and :func:`renamer` carry one model's many names on native routes.
 - :class:`ModelFacts`, :func:`facts_from`, :func:`record_for` and :func:`show_answer` synthesise
   model-list records in a facade's shape from what a node of another kind reports.
@@ -25,6 +28,9 @@ from nvpair_tw.dialects._common import (
     Untranslatable,
 )
 from nvpair_tw.dialects._json import rename_outlined, rename_request
+from nvpair_tw.dialects._messages_events import refusal_body as messages_refusal
+from nvpair_tw.dialects._messages_request import MESSAGES_PATH
+from nvpair_tw.dialects._missing_route import route_missing
 from nvpair_tw.dialects._models import ModelFacts, facts_from, record_for, show_answer
 from nvpair_tw.dialects._rename import renamer
 from nvpair_tw.dialects._synthesis import SYNTHESISED_ROUTES, synthesis
@@ -37,6 +43,7 @@ from nvpair_tw.dialects._translate import (
 from nvpair_tw.dialects._usage import Chain, Usage, UsageMeter, UsageStripper, asks_usage
 
 __all__ = [
+    "MESSAGES_PATH",
     "SYNTHESISED_ROUTES",
     "TRANSLATED_ROUTES",
     "AnswerTooLarge",
@@ -52,10 +59,12 @@ __all__ = [
     "UsageStripper",
     "asks_usage",
     "facts_from",
+    "messages_refusal",
     "record_for",
     "rename_outlined",
     "rename_request",
     "renamer",
+    "route_missing",
     "show_answer",
     "synthesis",
     "translate",

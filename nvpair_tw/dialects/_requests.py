@@ -36,21 +36,23 @@ Options: ``temperature``, ``top_p``, ``seed``, ``stop``, ``frequency_penalty``,
 oMLX accept them). ``format: "json"`` → ``response_format: {"type": "json_object"}``; a JSON-schema
 object → ``{"type": "json_schema", "json_schema": {"name": "schema", "schema": …}}``.
 
+Reasoning (docs/behaviour.md §17.4): ``think: "low" | "medium" | "high"`` → ``reasoning_effort``
+of the same name; ``think: true`` → ``reasoning_effort: "medium"``; ``think: false`` → no
+``reasoning_effort`` and ``chat_template_kwargs: {"enable_thinking": false}`` (what llama.cpp
+and vLLM read); an assistant message's ``thinking`` → its ``reasoning_content``.
+
 Dropped fields, and why:
 
 =================================  ===============================================================
 field                              why
 =================================  ===============================================================
 ``keep_alive``                     residency is the node's own policy; no OpenAI counterpart
-``think``                          no portable counterpart; a reasoning model's reasoning still
-                                   comes back as ``thinking``
 ``options.num_ctx``                the context length is fixed when the node loads the model
 ``options.*`` (others: ``num_keep``,  sampler and runtime settings with no OpenAI-compatible name
 ``typical_p``, ``repeat_last_n``,
 ``mirostat*``, ``tfs_z``,
 ``num_batch``, ``num_gpu``,
 ``num_thread``, ``use_mmap``, …)
-message ``thinking``               earlier reasoning has no OpenAI message field
 ``truncate`` (embed)               OpenAI servers truncate or refuse by their own rule
 ``logprobs``, ``top_logprobs``     their answer is not translated back
 other unknown top-level fields     no known meaning to carry over
@@ -74,6 +76,7 @@ from typing import Any
 
 from nvpair_tw.dialects._common import Untranslatable, dump
 from nvpair_tw.dialects._json import rename_request
+from nvpair_tw.dialects._messages_request import MESSAGES_PATH, messages_request
 
 __all__ = ["OLLAMA_ROUTES", "V0_ROUTES", "UpstreamRequest", "translate_request"]
 
@@ -114,6 +117,9 @@ def translate_request(
         return _generate(parsed, local_model)
     if client_path in ("/api/embed", "/api/embeddings"):
         return _embed(client_path, parsed, local_model)
+    if client_path == MESSAGES_PATH:  # §17.3; Messages' default is a whole answer
+        body = messages_request(parsed, local_model)
+        return "/v1/chat/completions", body, parsed.get("stream") is True
     raise ValueError(f"{client_path} is not a translated route")
 
 
@@ -143,8 +149,22 @@ def _sampling(parsed: Mapping[str, Any], out: dict[str, Any]) -> None:
         }
     elif fmt not in (None, ""):
         raise Untranslatable("format", 'only "json" or a JSON schema object is translated')
+    _think(parsed.get("think"), out)
     out["stream"] = True
     out["stream_options"] = {"include_usage": True}
+
+
+_EFFORTS = frozenset({"low", "medium", "high"})
+
+
+def _think(think: Any, out: dict[str, Any]) -> None:
+    """Ollama's ``think`` as ``reasoning_effort`` (docs/behaviour.md §17.4)."""
+    if think is True:
+        out["reasoning_effort"] = "medium"
+    elif think is False:
+        out["chat_template_kwargs"] = {"enable_thinking": False}
+    elif isinstance(think, str) and think in _EFFORTS:
+        out["reasoning_effort"] = think
 
 
 def _image_url(image: Any) -> dict[str, Any]:
@@ -185,6 +205,9 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
             "role": role,
             "content": _content(message.get("content"), message.get("images")),
         }
+        thinking = message.get("thinking")
+        if isinstance(thinking, str) and thinking and role == "assistant":
+            item["reasoning_content"] = thinking
         calls = message.get("tool_calls")
         if calls:
             if not isinstance(calls, list):

@@ -1,7 +1,9 @@
 # -*- test-case-name: tests.dialects.test_translate -*-
-"""One request translated for a node of another kind (SPEC §11.3): the upstream route and body
-(:func:`translate`, the table in ``_requests``), and a fresh transducer per attempt for its
-answer (:meth:`Translation.answer`, the answers in ``_answers`` and ``_ollama_stream``)."""
+"""One request translated for a node of another kind (docs/behaviour.md §11.3, §17.3): the
+upstream route and body (:func:`translate`, the table in ``_requests`` and, for Anthropic
+Messages, ``_messages_request``), and a fresh transducer per attempt for its answer
+(:meth:`Translation.answer`, the answers in ``_answers``, ``_ollama_stream`` and
+``_messages_answer``)."""
 
 from __future__ import annotations
 
@@ -12,13 +14,15 @@ from attrs import field, frozen
 
 from nvpair_tw.dialects._answers import EmbedAnswer, ErrorAnswer, V0Stream, V0Whole
 from nvpair_tw.dialects._common import Transducer, Untranslatable, media_type
+from nvpair_tw.dialects._messages_answer import MessagesError, MessagesStream, MessagesWhole
+from nvpair_tw.dialects._messages_request import MESSAGES_PATH
 from nvpair_tw.dialects._ollama_stream import OllamaStream
 from nvpair_tw.dialects._rename import renamer
 from nvpair_tw.dialects._requests import OLLAMA_ROUTES, V0_ROUTES, translate_request
 
 __all__ = ["TRANSLATED_ROUTES", "Translation", "translate", "untranslatable_field"]
 
-TRANSLATED_ROUTES: frozenset[str] = OLLAMA_ROUTES | frozenset(V0_ROUTES)
+TRANSLATED_ROUTES: frozenset[str] = OLLAMA_ROUTES | frozenset(V0_ROUTES) | {MESSAGES_PATH}
 """The client routes :func:`translate` handles (all ``POST``)."""
 
 
@@ -50,6 +54,8 @@ class Translation:
         arrive: a 2xx becomes the client's dialect, anything else an error answer (see
         ``_answers`` and ``_ollama_stream``). ``clock`` gives seconds since the epoch (the
         reactor's ``seconds``)."""
+        if self.client_path == MESSAGES_PATH:
+            return self._messages(status, content_type)
         if not 200 <= status < 300:
             return ErrorAnswer(
                 content_type, ollama=self.client_path in OLLAMA_ROUTES, limit=self.limit
@@ -74,6 +80,14 @@ class Translation:
             upstream_json=media_type(content_type) == b"application/json",
             limit=self.limit,
         )
+
+    def _messages(self, status: int, content_type: bytes | None) -> Transducer:
+        """An Anthropic Messages client's answer (docs/behaviour.md §17.3)."""
+        if not 200 <= status < 300:
+            return MessagesError(status, content_type, self.limit)
+        if self.streams:
+            return MessagesStream(self.client_model, content_type, limit=self.limit)
+        return MessagesWhole(self.client_model, content_type, limit=self.limit)
 
 
 def translate(

@@ -107,7 +107,7 @@ class Node:
         always for a node of the facade's own kind (every route it passes through), else when the
         node's kind serves the route itself."""
         if self.kind is None or self.kind == facade.name:
-            return True
+            return not facade.lacks(path)  # §17.3: a route its engine may lack is translated
         return ENGINES[self.kind].speaks(path)
 
     @property

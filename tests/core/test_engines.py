@@ -78,6 +78,8 @@ def test_the_openai_facade_fronts_one_default_node_of_each_local_engine() -> Non
         ("omlx", "/v1/chat/completions", True),
         ("omlx", "/api/generate", False),
         ("openai", "/v1/messages", True),
+        ("ollama", "/v1/messages", False),
+        ("ollama", "/v1/messages/count_tokens", False),
         ("openai", "/api/embed", False),
         ("openai", "/api/v0/models", False),
     ],

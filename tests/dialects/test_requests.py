@@ -64,6 +64,7 @@ def test_chat_golden_translation_with_options_format_and_tools() -> None:
         "min_p": 0.05,
         "repeat_penalty": 1.1,
         "response_format": {"type": "json_object"},
+        "reasoning_effort": "medium",
         "stream": True,
         "stream_options": {"include_usage": True},
     }
@@ -252,9 +253,48 @@ def test_translated_routes_are_the_table_and_others_are_refused() -> None:
                 "/api/v0/chat/completions",
                 "/api/v0/completions",
                 "/api/v0/embeddings",
+                "/v1/messages",
             }
         )
         == TRANSLATED_ROUTES
     )
     with pytest.raises(ValueError):
         translate("/api/pull", {}, local_model="a", client_model="b")
+
+
+@pytest.mark.parametrize(
+    ("think", "expected"),
+    [
+        ("low", {"reasoning_effort": "low"}),
+        ("medium", {"reasoning_effort": "medium"}),
+        ("high", {"reasoning_effort": "high"}),
+        (True, {"reasoning_effort": "medium"}),
+        (False, {"chat_template_kwargs": {"enable_thinking": False}}),
+        ("extreme", {}),
+    ],
+)
+def test_think_becomes_reasoning_effort_or_disables_the_template_thinking(
+    think: Any, expected: dict[str, Any]
+) -> None:
+    """docs/behaviour.md §17.4, on chat and generate alike."""
+    for path, body in (
+        ("/api/chat", {"model": "tiny", "messages": [], "think": think}),
+        ("/api/generate", {"model": "tiny", "prompt": "hi", "think": think}),
+    ):
+        _, sent, _ = upstream(path, body)
+        got = {k: sent[k] for k in ("reasoning_effort", "chat_template_kwargs") if k in sent}
+        assert got == expected
+
+
+def test_an_assistant_messages_thinking_becomes_its_reasoning_content() -> None:
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", "thinking": "two and two"},
+        {"role": "user", "content": "and 3+3?", "thinking": "not an assistant's"},
+    ]
+    _, body, _ = upstream("/api/chat", {"model": "tiny", "messages": messages})
+    assert body["messages"] == [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4", "reasoning_content": "two and two"},
+        {"role": "user", "content": "and 3+3?"},
+    ]
