@@ -25,7 +25,13 @@ from nvpair_tw.dialects._common import (
     Untranslatable,
 )
 from nvpair_tw.dialects._json import rename_outlined, rename_request
-from nvpair_tw.dialects._models import ModelFacts, facts_from, record_for, show_answer
+from nvpair_tw.dialects._models import (
+    ModelFacts,
+    client_fields,
+    facts_from,
+    record_for,
+    show_answer,
+)
 from nvpair_tw.dialects._rename import renamer
 from nvpair_tw.dialects._synthesis import SYNTHESISED_ROUTES, synthesis
 from nvpair_tw.dialects._translate import (
@@ -51,6 +57,7 @@ __all__ = [
     "UsageMeter",
     "UsageStripper",
     "asks_usage",
+    "client_fields",
     "facts_from",
     "record_for",
     "rename_outlined",
