@@ -21,6 +21,7 @@ from nvpair_tw.corridor._exchange import forward
 from nvpair_tw.corridor._fanout import fan_out
 from nvpair_tw.corridor._head import Head, Refused, read_head
 from nvpair_tw.corridor._inbound import read_body
+from nvpair_tw.corridor._preload import preload_of, serve_preload
 from nvpair_tw.corridor._probes import probe_of, serve_probe
 from nvpair_tw.corridor._refusal import refuse
 from nvpair_tw.corridor._roles import Channel
@@ -123,6 +124,8 @@ class FacadeResource(Resource):
                 refuse(self._facade, request, record, fan)
             elif fan is not None:
                 await fan_out(self._facade, request, fan, record)
+            elif (preload := preload_of(self._facade, inbound)) is not None:
+                await serve_preload(self._facade, request, record, preload)  # §17.6
             else:
                 await forward(self._facade, request, inbound, record)
         finally:
