@@ -9,12 +9,14 @@ from __future__ import annotations
 import gzip
 import json
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import pytest_twisted
 import zstandard
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
 
@@ -135,9 +137,11 @@ class CountingClock(Clock):
 
     turns = 0
 
-    def callLater(self, delay: float, f: Any, *args: Any, **kw: Any) -> Any:
+    def callLater(
+        self, delay: float, callable: Callable[..., object], *args: object, **kw: object
+    ) -> IDelayedCall:
         self.turns += 1
-        return super().callLater(delay, f, *args, **kw)
+        return super().callLater(delay, callable, *args, **kw)
 
 
 def test_decoding_yields_to_the_reactor_between_slices_and_stops_at_the_cap() -> None:
