@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from twisted.internet.task import Clock
 
@@ -13,6 +14,7 @@ from nvpair_tw.testing import MemoryCluster
 
 Make = Callable[..., MemoryCluster]
 MODEL = "smollm2"
+ALICE = "sk-alice-0123456789"
 
 
 def openai_node(clock: Clock, **kw: object) -> SimulatedEngine:
@@ -104,3 +106,26 @@ def test_openai_health_is_503_when_no_node_has_answered_a_poll(memory_cluster: M
     cluster = memory_cluster(clock, {"b": engine}, facades=("openai",), nodes={"openai": [polled]})
     got = cluster.fetch("GET", "/health")
     assert got.status == 503 and got.json()["code"] == "no-usable-node"
+
+
+def test_probes_come_after_the_key_check_and_any_role_may_read_them(
+    memory_cluster: Make, tmp_path: Path
+) -> None:
+    """docs/behaviour.md §14.2: a ``user`` key may read the probes (recorded under its name);
+    a prompt-less generate outside its scope is still 403 before anything answers it."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text(f'[[key]]\nname = "alice"\nkey = "{ALICE}"\nmodels = ["llama3*"]\n')
+    keys.chmod(0o600)
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock)}, keys_file=str(keys), environ={})
+    alice = {"Authorization": f"Bearer {ALICE}"}
+    assert cluster.fetch("HEAD", "/", headers=alice).status == 200
+    assert cluster.fetch("GET", "/api/version", headers=alice).status == 200
+    preload = cluster.fetch("POST", "/api/generate", json={"model": MODEL}, headers=alice)
+    assert preload.status == 403 and preload.json()["code"] == "model-not-allowed"
+    records = [e.payload for e in cluster.events if e.name == "proxy/request"]
+    assert [(r["key"], r["status"]) for r in records] == [
+        ("alice", 200),
+        ("alice", 200),
+        ("alice", 403),
+    ]
