@@ -17,7 +17,7 @@ figures: one slice takes well under the 10 ms a turn may hold it).
 from __future__ import annotations
 
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from enum import Enum
 
 import zstandard
@@ -76,34 +76,37 @@ def codings(headers: Headers) -> list[Coding] | Rejection:
     return found
 
 
-def _zlib_pieces(data: bytes, wbits: int, members: bool) -> Iterator[bytes]:
-    """Output of a zlib-family stream, at most :data:`SLICE` bytes a piece; with ``members``,
-    gzip members one after the other."""
-    while True:
-        decoder = zlib.decompressobj(wbits)
-        chunk = data
-        while not decoder.eof:
-            try:
-                out = decoder.decompress(chunk, SLICE)
-            except zlib.error as error:
-                raise _Bad(str(error)) from None
-            if out:
-                yield out
-            chunk = decoder.unconsumed_tail
-            if not chunk and not out and not decoder.eof:
-                raise _Bad("the compressed body ends early")
-        data = decoder.unused_data
-        if not data:
-            return
-        if not members:
-            raise _Bad("bytes after the end of the compressed body")
+def _zlib_stream(data: bytes, wbits: int) -> Generator[bytes, None, bytes]:
+    """Output of one zlib-family stream at the start of ``data``, at most :data:`SLICE` bytes a
+    piece; returns the bytes after its end."""
+    decoder = zlib.decompressobj(wbits)
+    chunk = data
+    while not decoder.eof:
+        try:
+            out = decoder.decompress(chunk, SLICE)
+        except zlib.error as error:
+            raise _Bad(str(error)) from None
+        if out:
+            yield out
+        chunk = decoder.unconsumed_tail
+        if not chunk and not out and not decoder.eof:
+            raise _Bad("the compressed body ends early")
+    return decoder.unused_data
+
+
+def _gzip_pieces(data: bytes) -> Iterator[bytes]:
+    """gzip members one after the other (RFC 1952 allows several)."""
+    while data:
+        data = yield from _zlib_stream(data, 16 + zlib.MAX_WBITS)
 
 
 def _deflate_pieces(data: bytes) -> Iterator[bytes]:
     """HTTP's ``deflate`` is the zlib format (RFC 1950); a raw deflate stream, which some clients
     send instead, is taken too."""
     zlib_header = len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
-    return _zlib_pieces(data, zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS, False)
+    rest = yield from _zlib_stream(data, zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS)
+    if rest:
+        raise _Bad("bytes after the end of the compressed body")
 
 
 def _zstd_pieces(data: bytes) -> Iterator[bytes]:
@@ -117,7 +120,7 @@ def _zstd_pieces(data: bytes) -> Iterator[bytes]:
 
 def _pieces(coding: Coding, data: bytes) -> Iterator[bytes]:
     if coding is Coding.GZIP:
-        return _zlib_pieces(data, 16 + zlib.MAX_WBITS, True)
+        return _gzip_pieces(data)
     if coding is Coding.DEFLATE:
         return _deflate_pieces(data)
     if coding is Coding.ZSTD:

@@ -21,7 +21,15 @@ from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
 
 from nvpair_tw.core import RouteKind, Settings
-from nvpair_tw.corridor._decoding import SLICE, Coding, _decode, _TooLarge, codings, decode_body
+from nvpair_tw.corridor._decoding import (
+    SLICE,
+    Coding,
+    _Bad,
+    _decode,
+    _TooLarge,
+    codings,
+    decode_body,
+)
 from nvpair_tw.corridor._head import Head
 from nvpair_tw.corridor._roles import Channel, Targeting
 from nvpair_tw.inbound import LOCAL, Rejection, parse_target
@@ -162,3 +170,19 @@ def test_decoding_yields_to_the_reactor_between_slices_and_stops_at_the_cap() ->
     clock.advance(0)
     [failure] = capped
     assert failure.check(_TooLarge)
+
+
+def test_gzip_members_follow_each_other_and_deflate_takes_raw_streams() -> None:
+    """Two gzip members decode to both halves; a raw deflate stream is taken for ``deflate``;
+    bytes after a deflate stream's end are refused."""
+    clock = Clock()
+
+    def decoded(coding: Coding, data: bytes) -> Any:
+        outcome: list[Any] = []
+        Deferred.fromCoroutine(_decode(coding, data, 1 << 20, clock)).addBoth(outcome.append)
+        return outcome[0]
+
+    assert decoded(Coding.GZIP, gzip.compress(b"ab") + gzip.compress(b"cd")) == b"abcd"
+    raw = zlib.compressobj(wbits=-zlib.MAX_WBITS)
+    assert decoded(Coding.DEFLATE, raw.compress(BODY) + raw.flush()) == BODY
+    assert decoded(Coding.DEFLATE, zlib.compress(BODY) + b"x").check(_Bad)
