@@ -4,8 +4,8 @@ The real ``ollama`` 0.9.3 binary (the one ``tests/engines/ollama.py`` installs, 
 CLI) runs ``list``, ``ps``, ``show`` and ``run`` with ``OLLAMA_HOST`` set to a ``twist nvpair``
 subprocess in front of a real Ollama (kind ``ollama``) and a simulated OpenAI-compatible node
 (kind ``openai``, a subprocess), both owning ``smollm2``. Then the real Ollama is frozen (SIGSTOP,
-thawed in teardown): the CLI's heartbeat (``HEAD /``) is the facade's own answer, and ``list`` and
-``show`` still work from the openai node's synthesised records (the merged ``/api/tags`` record once
+thawed in teardown): the CLI's heartbeat (``HEAD /``) is the facade's own answer, ``list`` and
+``show`` still work from the openai node's synthesised records, and ``run`` and ``ps`` too (the merged ``/api/tags`` record once
 lacked ``digest`` and the CLI panicked on ``digest[:12]``).
 """
 
@@ -116,7 +116,7 @@ def test_list_ps_show_and_run_through_a_mixed_fleet(proxy: ProxyProcess) -> None
 
 
 @BOUND
-def test_list_and_show_work_with_the_ollama_node_frozen(
+def test_list_show_and_run_work_with_the_ollama_node_frozen(
     proxy: ProxyProcess, real_ollama: RealOllama
 ) -> None:
     real_ollama.freeze()
@@ -128,5 +128,7 @@ def test_list_and_show_work_with_the_ollama_node_frozen(
         shown = ok(cli(proxy, "show", MODEL))
         assert "Model" in shown
         assert ok(cli(proxy, "--version")).strip()
+        assert "hello" in ok(cli(proxy, "run", MODEL, "Say hi.", "--nowordwrap"))  # the openai node
+        assert ok(cli(proxy, "ps")).split()[:2] == ["NAME", "ID"]
     finally:
         real_ollama.thaw()
