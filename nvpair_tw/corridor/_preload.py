@@ -79,8 +79,11 @@ def preload_of(facade: FacadeState, inbound: Inbound) -> Preload | None:
     if verb is None:
         return None
     model = inbound.model
+    eligible = facade.eligible(model)
     target = inbound.node
-    owners = [target] if target is not None else facade.eligible(model)
+    if target is not None:  # the gate still runs on a named node (§14.2): else the corridor says
+        eligible = [target] if target in eligible else []
+    owners = eligible
     if not owners or any(n.speaks(facade.profile, GENERATE) for n in owners):
         return None
     nodes, _ = facade.order(owners, head_selection=False)

@@ -85,3 +85,23 @@ def test_a_preload_with_an_ollama_owner_is_the_ollama_nodes(memory_cluster: Make
     assert got.status == 200 and got.header("x-nvpair-node") == "a"
     assert sent(engine(cluster, "a")) == [(b"/api/generate", {"model": MODEL})]
     assert sent(engine(cluster, "b")) == []
+
+
+def test_a_named_node_without_the_model_is_left_to_the_corridors_gate(
+    memory_cluster: Make,
+) -> None:
+    """``X-NVPair-Node`` naming a node that lacks the model: not answered here (§14.2's gate)."""
+    clock = Clock()
+    engines = {
+        "b": SimulatedEngine(clock, (MODEL,), kind="openai"),
+        "c": SimulatedEngine(clock, ("other",), kind="openai"),
+    }
+    cluster = memory_cluster(clock, engines)
+    named = cluster.fetch(
+        "POST", "/api/generate", json={"model": MODEL}, headers={"x-nvpair-node": "c"}
+    )
+    assert "done_reason" not in named.body.decode()
+    got = cluster.fetch(
+        "POST", "/api/generate", json={"model": MODEL}, headers={"x-nvpair-node": "b"}
+    )
+    assert got.json()["done_reason"] == "load" and got.header("x-nvpair-node") == "b"
