@@ -8,6 +8,7 @@ from typing import Any
 
 from twisted.internet.task import Clock
 
+from nvpair_tw.nodes import Node
 from nvpair_tw.simulated._engine import SimulatedEngine
 from nvpair_tw.testing import MemoryCluster
 
@@ -105,3 +106,15 @@ def test_a_named_node_without_the_model_is_left_to_the_corridors_gate(
         "POST", "/api/generate", json={"model": MODEL}, headers={"x-nvpair-node": "b"}
     )
     assert got.json()["done_reason"] == "load" and got.header("x-nvpair-node") == "b"
+
+
+def test_a_failed_load_api_moves_on_and_none_left_is_502(memory_cluster: Make) -> None:
+    clock = Clock()
+    studio = SimulatedEngine(clock, (MODEL,), kind="lmstudio", loaded=())
+    down = Node("down", "http://down.node.test:11434", (MODEL,), kind="lmstudio")
+    cluster = memory_cluster(clock, {"l": studio}, nodes={"ollama": [down, "l"]})
+    got = cluster.fetch("POST", "/api/generate", json={"model": MODEL})
+    assert got.status == 200 and got.header("x-nvpair-node") == "l"
+    alone = memory_cluster(clock, {"l": studio}, nodes={"ollama": [down]})
+    refused = alone.fetch("POST", "/api/generate", json={"model": MODEL})
+    assert refused.status == 502 and refused.json()["code"] == "load-failed"
