@@ -103,6 +103,7 @@ FACES: dict[str, list[str]] = {
         "UsageMeter",
         "UsageStripper",
         "asks_usage",
+        "client_fields",
         "facts_from",
         "record_for",
         "rename_outlined",

@@ -159,7 +159,7 @@ def test_memory_cluster_routes_each_facade_and_serves_any_resource(memory_cluste
     assert cluster.facade_url("lmstudio") == "http://lmstudio.facade.test:1235"
     assert cluster.node("plain") == Node("plain", "http://plain.node.test:11434", ())
     for facade in ("ollama", "lmstudio"):
-        response = cluster.fetch("GET", "/api/version", facade=facade)
+        response = cluster.fetch("GET", "/api/other", facade=facade)
         assert response.json() == {"version": "plain"}
         assert response.header("x-nvpair-node") == "plain"
 

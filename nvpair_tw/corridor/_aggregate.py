@@ -8,7 +8,9 @@ forwarded; a node's own credential is sent to it.
 
 A node whose kind does not serve the list (an LM Studio node behind the Ollama facade, §11.3) is
 asked for its own list, and its records are synthesised in the facade's shape from what it
-reports. With a catalogue (§11.4) a record listed under an alias is listed under its public name,
+reports, with the few fields the engine's own clients cannot do without (§17.6). A record from a
+node of the facade's own kind is preferred to a synthesised one whatever the candidate order (it
+takes the place where the model first appeared). With a catalogue (§11.4) a record listed under an alias is listed under its public name,
 so a public name appears once.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from enum import IntEnum
 from typing import Any
 
 from attrs import frozen
@@ -24,12 +27,12 @@ from twisted.internet.defer import Deferred, FirstError, gatherResults
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair_tw.core import EngineProfile, ModelListFormat
-from nvpair_tw.dialects import facts_from, record_for
+from nvpair_tw.dialects import client_fields, facts_from, record_for
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Catalogue, Node
 from nvpair_tw.upstream import ReadError, get_json, join_url
 
-__all__ = ["UNAVAILABLE_BODY", "AggregateResult", "aggregate_model_list"]
+__all__ = ["UNAVAILABLE_BODY", "AggregateResult", "FirstSeen", "aggregate_model_list"]
 
 log = LevelledLogger(namespace="nvpair_tw.aggregate")
 
@@ -57,10 +60,13 @@ async def aggregate_model_list(
     facade: EngineProfile | None = None,
     catalogue: Catalogue | None = None,
     allows: Callable[[str], bool] | None = None,
+    first_seen: FirstSeen | None = None,
 ) -> AggregateResult:
     """Fan ``path_and_query`` out to every node (in candidate order) and merge the answers.
 
     With ``allows`` (a key's model scope, §12.1) only the records with a name it allows are listed.
+    A synthesised record gets the fields the engine's clients cannot do without (§17.6), its
+    ``modified_at`` / ``created`` from ``first_seen`` (a fresh book when None).
 
     Cancelling the coroutine's Deferred cancels every read; it then fails with ``CancelledError``.
     """
@@ -76,25 +82,91 @@ async def aggregate_model_list(
         answers = await gatherResults(reads, consumeErrors=True)
     except FirstError as error:  # only cancellation gets here: _records skips every node fault
         error.subFailure.raiseException()
-    good = [records for records in answers if records is not None]
-    if not good:
+    if all(records is None for records in answers):
         return AggregateResult(status=503, body=UNAVAILABLE_BODY)
-    merged: list[dict[str, Any]] = []
-    seen: set[tuple[str, str]] = set()
+    merge = _Merge(fmt, facade, catalogue, allows, first_seen, clock.seconds())
     for node, records in zip(nodes, answers, strict=True):
-        if records is None:
-            continue
+        if records is not None:
+            merge.add(node, records)
+    return AggregateResult(status=200, body=json.dumps(fmt.envelope(merge.records())).encode())
+
+
+class _Rank(IntEnum):
+    """Which record of one model wins (docs/behaviour.md §17.6): a node of the facade's own kind,
+    else one that speaks the list natively, else a synthesised one; among equals, the first."""
+
+    OWN = 0
+    NATIVE = 1
+    SYNTHESISED = 2
+
+
+class FirstSeen:
+    """When the proxy first saw each model of a list (clock seconds, by public key): the
+    ``modified_at`` / ``created`` of a record that lacks one (§17.6). At most :data:`LIMIT` names
+    are kept (node-controlled names cannot grow it without bound); beyond, a new name is "now"."""
+
+    LIMIT = 16384
+
+    def __init__(self) -> None:
+        self._seen: dict[str, float] = {}
+
+    def at(self, key: str, now: float) -> float:
+        seen = self._seen.get(key)
+        if seen is None:
+            if len(self._seen) >= self.LIMIT:
+                return now
+            seen = self._seen[key] = now
+        return seen
+
+
+class _Merge:
+    """Records merged in candidate order, de-duplicated by key, the best-ranked record of each key
+    kept at the place the key first appeared."""
+
+    def __init__(
+        self,
+        fmt: ModelListFormat,
+        facade: EngineProfile | None,
+        catalogue: Catalogue | None,
+        allows: Callable[[str], bool] | None,
+        first_seen: FirstSeen | None,
+        now: float,
+    ) -> None:
+        self._fmt, self._facade, self._catalogue, self._allows = fmt, facade, catalogue, allows
+        self._first_seen = first_seen if first_seen is not None else FirstSeen()
+        self._now = now
+        self._slots: dict[tuple[str, str], tuple[_Rank, dict[str, Any]]] = {}
+
+    def _rank(self, node: Node) -> _Rank:
+        facade = self._facade
+        if facade is None or node.kind_of(facade).name == facade.name:
+            return _Rank.OWN
+        return _Rank.NATIVE if node.speaks(facade, self._fmt.path) else _Rank.SYNTHESISED
+
+    def add(self, node: Node, records: list[tuple[str, dict[str, Any]]]) -> None:
+        fmt, facade, catalogue = self._fmt, self._facade, self._catalogue
+        rank = self._rank(node)
         for key, record in records:
             if catalogue is not None and catalogue.by_name:
                 rule = node.kind_of(facade).normalise if facade is not None else str.strip
                 key, record = _public(fmt, catalogue, rule, key, record)
-            if allows is not None and not _allowed(allows, key, record):
+            if self._allows is not None and not _allowed(self._allows, key, record):
                 continue
             slot = (key, node.id if fmt.per_node else "")
-            if slot not in seen:
-                seen.add(slot)
-                merged.append({**record, "nvpair_node": node.id} if fmt.per_node else record)
-    return AggregateResult(status=200, body=json.dumps(fmt.envelope(merged)).encode())
+            held = self._slots.get(slot)
+            if held is not None and held[0] <= rank:
+                continue
+            if rank is _Rank.SYNTHESISED:
+                first = self._first_seen.at(key, self._now)
+                owner = node.kind_of(facade).name if facade is not None else "nvpair"
+                record = client_fields(fmt.path, record, public=key, first_seen=first, owner=owner)
+            self._slots[slot] = (
+                rank,
+                {**record, "nvpair_node": node.id} if fmt.per_node else record,
+            )
+
+    def records(self) -> list[dict[str, Any]]:
+        return [record for _, record in self._slots.values()]
 
 
 async def _records(

@@ -21,6 +21,8 @@ from nvpair_tw.corridor._exchange import forward
 from nvpair_tw.corridor._fanout import fan_out
 from nvpair_tw.corridor._head import Head, Refused, read_head
 from nvpair_tw.corridor._inbound import read_body
+from nvpair_tw.corridor._preload import preload_of, serve_preload
+from nvpair_tw.corridor._probes import probe_of, serve_probe
 from nvpair_tw.corridor._refusal import refuse
 from nvpair_tw.corridor._roles import Channel
 from nvpair_tw.corridor._stages import fan_of, let_go_of, serve_model_list, serve_tunnel
@@ -100,6 +102,10 @@ class FacadeResource(Resource):
     async def _serve(self, request: Request, head: Head, record: RequestRecord) -> None:
         """Hand the request to its stage: a tunnel, a model list, or (with its body read once) a
         fan-out or the corridor."""
+        probe = probe_of(self._facade.engine, head.method, head.path)
+        if probe is not None:  # "is the engine there?" (docs/behaviour.md §17.6)
+            await serve_probe(self._facade, request, record, probe)
+            return
         if head.channel is Channel.TUNNEL:
             await serve_tunnel(self._facade, request, record, head)
             return
@@ -118,6 +124,8 @@ class FacadeResource(Resource):
                 refuse(self._facade, request, record, fan)
             elif fan is not None:
                 await fan_out(self._facade, request, fan, record)
+            elif (preload := preload_of(self._facade, inbound)) is not None:
+                await serve_preload(self._facade, request, record, preload)  # §17.6
             else:
                 await forward(self._facade, request, inbound, record)
         finally:

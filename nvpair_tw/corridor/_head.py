@@ -25,6 +25,7 @@ from nvpair_tw.core import (
     upstream_request_headers,
 )
 from nvpair_tw.corridor._fanout import is_fan_out, parse_targets
+from nvpair_tw.corridor._probes import probe_of
 from nvpair_tw.corridor._roles import Channel, Targeting, refusal
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, is_upgrade
@@ -109,7 +110,11 @@ def _checked(facade: FacadeState, request: Request, caller: Caller) -> Head | Re
         return target
     method = request.method
     kind = facade.profile.classify(method, target.path)
-    if kind is RouteKind.PASS_THROUGH and not facade.profile.passes_through:
+    if (
+        kind is RouteKind.PASS_THROUGH
+        and not facade.profile.passes_through
+        and probe_of(facade.engine, method, target.path) is None  # §17.6
+    ):
         return _NOT_SERVED
     channel = (
         Channel.TUNNEL if facade.engine in TUNNEL_ENGINES and is_upgrade(request) else Channel.HTTP

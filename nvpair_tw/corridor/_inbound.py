@@ -17,6 +17,7 @@ from attrs import frozen
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair_tw.core import Outline, RouteKind
+from nvpair_tw.corridor._decoding import decode_body
 from nvpair_tw.corridor._head import Head
 from nvpair_tw.corridor._roles import MANAGEMENT_PATHS, Targeting
 from nvpair_tw.corridor._state import FacadeState
@@ -90,7 +91,15 @@ async def read_body(
     facade: FacadeState, head: Head, body: bytes, clock: IReactorTime
 ) -> Inbound | Rejection:
     """The request with its body parsed and its model read and scope-checked, or the refusal
-    (400 ``bad-body`` / ``bad-model``, 403 ``model-not-allowed``); no node is contacted."""
+    (400 ``bad-body`` / ``bad-model``, 403 ``model-not-allowed``); no node is contacted.
+
+    A compressed body is decoded first (docs/behaviour.md §17.5: 413 past the cap once decoded,
+    415 for a coding the proxy does not decode); the :class:`Inbound` holds the decoded body and
+    a head without ``Content-Encoding``."""
+    decoded = await decode_body(head, body, facade.shared.settings.max_body_size, clock)
+    if isinstance(decoded, Rejection):
+        return decoded
+    head, body = decoded
     if not _reads_body(head):
         model = _unbodied_model(facade, head)
         refused = _out_of_scope(facade, head, model)

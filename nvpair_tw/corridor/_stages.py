@@ -81,6 +81,7 @@ async def serve_model_list(
         facade=facade.profile,
         catalogue=facade.directory.catalogue,
         allows=rules.allows if rules.models is not None else None,
+        first_seen=facade.first_seen,
     )
     if not request.finished and request.channel is not None:
         request.setResponseCode(result.status)

@@ -20,6 +20,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory
 
 from nvpair_tw.core import EngineProfile, Settings
+from nvpair_tw.corridor._aggregate import FirstSeen
 from nvpair_tw.corridor._collector import QuietCollector
 from nvpair_tw.corridor._revocation import Holdings
 from nvpair_tw.corridor._tunnel import TunnelBook
@@ -102,6 +103,8 @@ class FacadeState:
     """When each node last delivered inference body bytes, and its busy waits (§6.4)."""
     cordons: CordonBook = Factory(lambda self: CordonBook(self.shared.clock), takes_self=True)
     """The nodes an operator took out of service for new work (§13.1)."""
+    first_seen: FirstSeen = Factory(FirstSeen)
+    """When the facade's model lists first showed each model (``modified_at``, §17.6)."""
 
     @property
     def engine(self) -> str:

@@ -31,7 +31,13 @@ from nvpair_tw.dialects._json import rename_outlined, rename_request
 from nvpair_tw.dialects._messages_events import refusal_body as messages_refusal
 from nvpair_tw.dialects._messages_request import MESSAGES_PATH
 from nvpair_tw.dialects._missing_route import route_missing
-from nvpair_tw.dialects._models import ModelFacts, facts_from, record_for, show_answer
+from nvpair_tw.dialects._models import (
+    ModelFacts,
+    client_fields,
+    facts_from,
+    record_for,
+    show_answer,
+)
 from nvpair_tw.dialects._rename import renamer
 from nvpair_tw.dialects._synthesis import SYNTHESISED_ROUTES, synthesis
 from nvpair_tw.dialects._translate import (
@@ -58,6 +64,7 @@ __all__ = [
     "UsageMeter",
     "UsageStripper",
     "asks_usage",
+    "client_fields",
     "facts_from",
     "messages_refusal",
     "record_for",

@@ -8,20 +8,33 @@ What each node list gives:
 ==================  ============================================================================
 node list           facts
 ==================  ============================================================================
-``/api/tags``       ``name`` (else ``model``); loaded unknown
-``/api/ps``         ``name`` (else ``model``), ``context_length`` where given; loaded
+``/api/tags``       ``name`` (else ``model``), ``size``; loaded unknown
+``/api/ps``         ``name`` (else ``model``), ``size``, ``context_length`` where given; loaded
 ``/v1/models``      ``id``; a llama.cpp ``meta.n_ctx_train`` is not the served context: unused
 ``/api/v0/models``  ``id``, ``type``, ``state`` (``"loaded"`` → loaded), ``max_context_length``
 ==================  ============================================================================
+
+A few fields the engine's own clients cannot do without are added where a record lacks them
+(:func:`client_fields`, docs/behaviour.md §17.6): the Ollama CLI takes ``digest[:12]`` and prints
+``size`` and ``modified_at``; an OpenAI client reads ``created`` and ``owned_by``.
 """
 
 from __future__ import annotations
 
+import hashlib
+from datetime import UTC, datetime
 from typing import Any
 
 from attrs import frozen
 
-__all__ = ["LIST_PATHS", "ModelFacts", "facts_from", "record_for", "show_answer"]
+__all__ = [
+    "LIST_PATHS",
+    "ModelFacts",
+    "client_fields",
+    "facts_from",
+    "record_for",
+    "show_answer",
+]
 
 LIST_PATHS = frozenset({"/api/tags", "/api/ps", "/v1/models", "/api/v0/models"})
 
@@ -34,12 +47,14 @@ class ModelFacts:
     :ivar context_length: the context length it is (or would be) served with, if reported.
     :ivar type: LM Studio's ``type`` (``"llm"``, ``"vlm"``, ``"embeddings"``), if reported.
     :ivar loaded: whether it is resident, if the list says.
+    :ivar size: its size in bytes, if reported.
     """
 
     name: str
     context_length: int | None = None
     type: str | None = None
     loaded: bool | None = None
+    size: int | None = None
 
 
 def _int(value: Any) -> int | None:
@@ -66,7 +81,8 @@ def facts_from(node_list_path: str, document: Any) -> list[ModelFacts]:
             name = entry.get("name") or entry.get("model")
             if isinstance(name, str) and name:
                 context = _int(entry.get("context_length")) if resident else None
-                facts.append(ModelFacts(name, context, None, True if resident else None))
+                loaded = True if resident else None
+                facts.append(ModelFacts(name, context, None, loaded, _int(entry.get("size"))))
     elif node_list_path == "/v1/models":
         for entry in _entries(document, "data", node_list_path):
             if isinstance(entry.get("id"), str) and entry["id"]:
@@ -93,13 +109,15 @@ def facts_from(node_list_path: str, document: Any) -> list[ModelFacts]:
 def record_for(facade_list_path: str, facts: ModelFacts) -> dict[str, Any]:
     """One record of the facade's list at ``facade_list_path`` for ``facts``.
 
-    ``/api/tags``: ``{"name", "model"}``; ``/api/ps``: the same plus ``context_length`` where
-    known; ``/v1/models``: ``{"id", "object": "model"}``; ``/api/v0/models``: ``{"id", "object":
+    ``/api/tags``: ``{"name", "model"}`` plus ``size`` where known; ``/api/ps``: the same plus
+    ``context_length`` where known; ``/v1/models``: ``{"id", "object": "model"}``; ``/api/v0/models``: ``{"id", "object":
     "model"}`` plus ``type``, ``state`` (``"loaded"`` / ``"not-loaded"``) and
     ``max_context_length`` where known. Raises ``ValueError`` for another path.
     """
     if facade_list_path in ("/api/tags", "/api/ps"):
         record: dict[str, Any] = {"name": facts.name, "model": facts.name}
+        if facts.size is not None:
+            record["size"] = facts.size
         if facade_list_path == "/api/ps" and facts.context_length is not None:
             record["context_length"] = facts.context_length
         return record
@@ -118,15 +136,16 @@ def record_for(facade_list_path: str, facts: ModelFacts) -> dict[str, Any]:
 
 
 def show_answer(facts: ModelFacts) -> dict[str, Any]:
-    """An Ollama ``/api/show`` answer synthesised from ``facts``.
+    """An Ollama ``/api/show`` answer synthesised from ``facts`` (docs/behaviour.md §17.6).
 
-    The shape: ``{"details": {}, "model_info": {…}, "capabilities": […]}``. ``capabilities`` is
-    ``["embedding"]`` for an LM Studio ``embeddings`` model, ``["completion", "vision"]`` for a
-    ``vlm``, else ``["completion"]``; ``model_info`` holds ``"general.context_length"`` when the
-    context length is known (Ollama names it ``<architecture>.context_length``; the architecture
-    is unknown here, and clients look for the ``.context_length`` suffix) and is empty otherwise.
-    ``modelfile``, ``parameters``, ``template``, ``license`` and the ``details`` fields are unknown
-    and absent.
+    The shape: ``{"details": {}, "capabilities": […]}``. ``capabilities`` is ``["embedding"]`` for
+    an LM Studio ``embeddings`` model, ``["completion", "vision"]`` for a ``vlm``, else
+    ``["completion"]``. ``model_info`` is absent: the Ollama CLI reads it only when present, and
+    then asserts ``general.architecture``, ``general.parameter_count``,
+    ``<architecture>.context_length`` and ``<architecture>.embedding_length`` unchecked (0.9.3
+    panics on any of them missing), none of which a node of another kind reports. Without it the
+    CLI prints ``details`` instead. ``modelfile``, ``parameters``, ``template``, ``license`` and
+    the ``details`` fields are unknown and absent.
     """
     if facts.type == "embeddings":
         capabilities = ["embedding"]
@@ -134,7 +153,44 @@ def show_answer(facts: ModelFacts) -> dict[str, Any]:
         capabilities = ["completion", "vision"]
     else:
         capabilities = ["completion"]
-    info: dict[str, Any] = {}
-    if facts.context_length is not None:
-        info["general.context_length"] = facts.context_length
-    return {"details": {}, "model_info": info, "capabilities": capabilities}
+    return {"details": {}, "capabilities": capabilities}
+
+
+def _rfc3339(seconds: float) -> str:
+    return datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _digest_ok(value: Any) -> bool:
+    return isinstance(value, str) and len(value) >= 12
+
+
+def client_fields(
+    list_path: str, record: dict[str, Any], *, public: str, first_seen: float, owner: str
+) -> dict[str, Any]:
+    """``record`` with the fields its engine's own clients cannot do without, added where it lacks
+    them (docs/behaviour.md §17.6); a field it has is kept as it is.
+
+    Ollama lists (``/api/tags``, ``/api/ps``): ``name`` and ``model`` (``public``),
+    ``modified_at`` (``first_seen``, clock seconds, as RFC 3339), ``size`` 0, ``digest`` the
+    SHA-256 of ``public`` alone (a digest shorter than 12 characters is replaced: the CLI slices
+    ``[:12]``), ``details`` ``{}``. ``/v1/models``: ``object`` ``"model"``, ``created``
+    (``first_seen``), ``owned_by`` (``owner``). Other lists are returned unchanged.
+    """
+    if list_path in ("/api/tags", "/api/ps"):
+        needed: dict[str, Any] = {
+            "name": public,
+            "model": public,
+            "modified_at": _rfc3339(first_seen),
+            "size": 0,
+            "digest": hashlib.sha256(public.encode("utf-8")).hexdigest(),
+            "details": {},
+        }
+        missing = {k: v for k, v in needed.items() if k not in record}
+        if not _digest_ok(record.get("digest", "")):
+            missing["digest"] = needed["digest"]
+    elif list_path == "/v1/models":
+        needed = {"object": "model", "created": int(first_seen), "owned_by": owner}
+        missing = {k: v for k, v in needed.items() if k not in record}
+    else:
+        return record
+    return {**record, **missing} if missing else record

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -16,7 +17,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 
 from nvpair_tw.core import ENGINES
 from nvpair_tw.core._engines import OPENAI_MODELS, TAGS
-from nvpair_tw.corridor._aggregate import AggregateResult, aggregate_model_list
+from nvpair_tw.corridor._aggregate import AggregateResult, FirstSeen, aggregate_model_list
 from nvpair_tw.nodes import Catalogue
 from nvpair_tw.nodes._catalogue import ModelNames
 from nvpair_tw.nodes._directory import Node
@@ -278,3 +279,40 @@ def test_a_public_name_is_listed_once_under_each_kinds_rule(memory_cluster: Make
             )
         )
         assert sorted(r["id"] for r in decoded(result)["data"]) == ["llama3", "qwen:latest"]
+
+
+def test_an_ollama_record_is_preferred_to_a_synthesised_one_whatever_the_order(
+    memory_cluster: Make,
+) -> None:
+    """docs/behaviour.md §17.6: the Ollama node's own record wins over the one synthesised from an
+    openai node's /v1/models, at the place the model first appeared; the synthesised digest is
+    the same whichever order the nodes come in."""
+    own = {"name": "smollm2:latest", "model": "smollm2:latest", "digest": "e" * 64, "size": 9}
+    fleet = Fleet(
+        memory_cluster,
+        o=FakeEngine(tags(own)),
+        b=FakeEngine(models("smollm2", "other")),
+    )
+    nodes = [evolve(fleet.node("b"), kind="openai"), evolve(fleet.node("o"), kind="ollama")]
+    seen = FirstSeen()
+    listed = []
+    for order in (nodes, nodes[::-1]):
+        result = fleet.run(
+            aggregate_model_list(
+                TAGS,
+                order,
+                "/api/tags",
+                fleet.http,
+                fleet.clock,
+                facade=ENGINES["ollama"],
+                first_seen=seen,
+            )
+        )
+        listed.append({r["name"]: r for r in decoded(result)["models"]})
+        fleet.clock.advance(60)
+    for records in listed:
+        assert records["smollm2:latest"] == own
+        assert records["other"]["digest"] == hashlib.sha256(b"other:latest").hexdigest()
+    first, second = listed
+    assert first["other"] == second["other"]  # modified_at: when it was first seen
+    assert first["other"]["modified_at"] == "1970-01-01T00:00:00Z"

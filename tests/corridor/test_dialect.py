@@ -8,6 +8,7 @@ untranslated would get that server's 404: every translated answer here proves th
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -172,7 +173,8 @@ def test_an_upstream_error_becomes_an_ollama_error_with_the_same_status(
 
 
 def test_an_ollama_list_synthesises_records_from_an_openai_node(memory_cluster: Make) -> None:
-    """§11.3: ``/api/tags`` from a node that only has ``/v1/models``: names, nothing invented."""
+    """§11.3, §17.6: ``/api/tags`` from a node that only has ``/v1/models``: its names, with only
+    the fields the Ollama CLI cannot do without derived (digest of the name, size 0, first seen)."""
     clock = Clock()
     engines = {
         "a": SimulatedEngine(clock, ("llama3:latest",), kind="ollama"),
@@ -184,7 +186,10 @@ def test_an_ollama_list_synthesises_records_from_an_openai_node(memory_cluster: 
     assert names == ["llama3:latest", MODEL]
     synthesised = listed[1]
     assert synthesised["model"] == MODEL
-    assert "digest" not in synthesised and "size" not in synthesised
+    assert synthesised["digest"] == hashlib.sha256(b"smollm2:latest").hexdigest()
+    assert synthesised["size"] == 0 and synthesised["details"] == {}
+    assert synthesised["modified_at"] == "1970-01-01T00:00:00Z"  # the clock's start
+    assert set(synthesised) == {"name", "model", "digest", "size", "modified_at", "details"}
 
 
 def write_catalogue(
@@ -270,18 +275,14 @@ def test_the_openai_facade_answers_404_to_routes_it_does_not_serve(memory_cluste
 def test_api_show_is_synthesised_from_the_list_of_a_node_of_another_kind(
     memory_cluster: Make,
 ) -> None:
-    """§11.3: ``/api/show`` for a model only an LM Studio node has: its list says the type and the
-    context length; nothing else is invented."""
+    """§11.3, §17.6: ``/api/show`` for a model only an LM Studio node has: its list says the type;
+    no ``model_info`` (the Ollama CLI asserts four keys of it unchecked when it is present)."""
     clock = Clock()
     studio = SimulatedEngine(clock, (MODEL,), kind="lmstudio", loaded=(), context_length=8192)
     cluster = memory_cluster(clock, {"l": studio})
     response = cluster.fetch("POST", "/api/show", json={"model": MODEL})
     assert response.status == 200
-    assert response.json() == {
-        "details": {},
-        "model_info": {"general.context_length": 8192},
-        "capabilities": ["completion"],
-    }
+    assert response.json() == {"details": {}, "capabilities": ["completion"]}
     assert [(r.method, r.path) for r in studio.received][-1] == (b"GET", b"/api/v0/models")
 
 

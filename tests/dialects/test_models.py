@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
-from nvpair_tw.dialects import ModelFacts, facts_from, record_for, show_answer
+from nvpair_tw.dialects import ModelFacts, client_fields, facts_from, record_for, show_answer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,15 +73,46 @@ def test_records_hold_only_known_fields() -> None:
         record_for("/api/show", bare)
 
 
-def test_show_answer_takes_capabilities_from_type_and_context_when_known() -> None:
+def test_show_answer_takes_capabilities_from_type_and_has_no_model_info() -> None:
     assert show_answer(ModelFacts("e", type="embeddings")) == {
         "details": {},
-        "model_info": {},
         "capabilities": ["embedding"],
     }
     assert show_answer(ModelFacts("v", 4096, "vlm"))["capabilities"] == ["completion", "vision"]
-    assert show_answer(ModelFacts("m", 4096)) == {
+    assert show_answer(ModelFacts("m", 4096)) == {"details": {}, "capabilities": ["completion"]}
+
+
+def test_client_fields_add_what_the_ollama_cli_reads_and_keep_what_is_there() -> None:
+    """docs/behaviour.md §17.6: digest (SHA-256 of the public name), size 0, first seen, details."""
+    added = client_fields("/api/tags", {"name": "m"}, public="m:latest", first_seen=90.5, owner="x")
+    assert added == {
+        "name": "m",
+        "model": "m:latest",
+        "modified_at": "1970-01-01T00:01:30.500000Z",
+        "size": 0,
+        "digest": hashlib.sha256(b"m:latest").hexdigest(),
         "details": {},
-        "model_info": {"general.context_length": 4096},
-        "capabilities": ["completion"],
     }
+    kept = {"name": "m", "model": "m", "size": 7, "digest": "d" * 64, "modified_at": "t"}
+    assert client_fields(
+        "/api/ps", {**kept, "details": {}}, public="m", first_seen=0, owner="x"
+    ) == {
+        **kept,
+        "details": {},
+    }
+    short = client_fields("/api/ps", {**kept, "digest": "abc"}, public="m", first_seen=0, owner="x")
+    assert short["digest"] == hashlib.sha256(b"m").hexdigest()
+
+
+def test_client_fields_of_an_openai_list_and_others() -> None:
+    record = client_fields("/v1/models", {"id": "m"}, public="m", first_seen=12.7, owner="lmstudio")
+    assert record == {"id": "m", "object": "model", "created": 12, "owned_by": "lmstudio"}
+    lm = {"id": "m", "object": "model"}
+    assert client_fields("/api/v0/models", lm, public="m", first_seen=0, owner="x") is lm
+
+
+def test_sizes_are_read_from_ollama_lists_and_kept_in_records() -> None:
+    tags = {"models": [{"name": "m", "size": 123}, {"name": "n", "size": True}]}
+    facts = facts_from("/api/tags", tags)
+    assert [f.size for f in facts] == [123, None]
+    assert record_for("/api/tags", facts[0]) == {"name": "m", "model": "m", "size": 123}
