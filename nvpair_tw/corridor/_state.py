@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from attrs import Factory, define
+from attrs import Factory, define, frozen
 from treq.client import HTTPClient
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.http_headers import Headers
@@ -30,16 +30,26 @@ from nvpair_tw.nodes import Node, NodeDirectory, SelfGuard
 from nvpair_tw.selection import (
     Admission,
     AffinityTable,
+    Answer,
     CordonBook,
+    FlightBook,
     InventoryBook,
     IStallTracker,
+    Landing,
+    Load,
     ProgressBook,
+    RequestSize,
     ReservationLedger,
+    SpeedBook,
+    Start,
+    Trip,
     order_candidates,
+    predict_all,
+    sample_of,
 )
 from nvpair_tw.upstream import UpstreamClient
 
-__all__ = ["FacadeState", "RequestTracer", "Shared"]
+__all__ = ["FacadeState", "Ranked", "RequestTracer", "Shared"]
 
 
 class RequestTracer(Protocol):
@@ -85,6 +95,16 @@ class Shared:
     (§14.2)."""
 
 
+@frozen
+class Ranked:
+    """Candidates in order of their predicted time to the last token (docs/behaviour.md §15.2),
+    whether the warm node heads them, and each node's prediction in seconds."""
+
+    nodes: list[Node]
+    affinity: bool
+    predicted: dict[str, float]
+
+
 @define
 class FacadeState:
     """The state of one engine's facade."""
@@ -102,6 +122,16 @@ class FacadeState:
     """When each node last delivered inference body bytes, and its busy waits (§6.4)."""
     cordons: CordonBook = Factory(lambda self: CordonBook(self.shared.clock), takes_self=True)
     """The nodes an operator took out of service for new work (§13.1)."""
+    speeds: SpeedBook = Factory(
+        lambda self: SpeedBook(self.shared.clock, self._speed_seed), takes_self=True
+    )
+    """What each node has shown it can do, per model (§15.1)."""
+    flights: FlightBook = Factory(lambda self: FlightBook(self.shared.clock), takes_self=True)
+    """The attempts in flight on each node and their predicted ends (§15.2)."""
+
+    def _speed_seed(self, node_id: str) -> float | None:
+        node = self.directory.get(node_id)
+        return None if node is None else node.speed
 
     @property
     def engine(self) -> str:
@@ -162,3 +192,53 @@ class FacadeState:
             resident=resident,
         )
         return [by_id[i] for i in ordering.nodes], ordering.affinity
+
+    def rank(
+        self, nodes: list[Node], model: str, size: RequestSize, affinity_hint: str | None
+    ) -> Ranked:
+        """The order of an inference request for ``model`` (§15.2): an eligible pin first, then
+        the least predicted time to the last token, cooling nodes last."""
+        ledger = self.shared.ledger
+
+        def load(node_id: str) -> Load:
+            busy = max(self.flights.in_flight(node_id), self.admission.slots_in_use(node_id))
+            return Load(
+                busy + ledger.pending(node_id),
+                self.admission.slots(node_id),
+                self.flights.remaining(node_id),
+                self.inventory.resident(node_id, model),
+            )
+
+        ids = [n.id for n in nodes]
+        predicted = predict_all(ids, model, size, self.speeds, load, affinity_hint)
+        ordering = order_candidates(
+            ids,
+            pin=self.pin or None,
+            snapshot=ledger.in_force,
+            ledger_view=ledger,
+            affinity_hint=affinity_hint,
+            head_selection=True,
+            cooling=self.stalls.cooling(),
+            predicted=predicted,
+        )
+        by_id = {n.id: n for n in nodes}
+        return Ranked([by_id[i] for i in ordering.nodes], ordering.affinity, predicted)
+
+    def trip(self, model: str | None, predicted: dict[str, float], warm: str | None) -> Trip:
+        """The flights of one request (§15.2): how each attempt starts is read at its dispatch."""
+
+        def start(node_id: str) -> Start:
+            if node_id == warm:
+                return Start.CACHED
+            if model and self.inventory.resident(node_id, model) is False:
+                return Start.LOADED
+            return Start.PLAIN
+
+        return Trip(self.flights, predicted, start)
+
+    def learn(self, landing: Landing, model: str, answer: Answer) -> None:
+        """Fold one complete answer into the serving node's rates (§15.1)."""
+        node_id = landing.node_id
+        prefill = self.speeds.rates(node_id, model).prefill
+        sample = sample_of(answer, landing.start, landing.concurrency, prefill)
+        self.speeds.learn(node_id, model, sample)
