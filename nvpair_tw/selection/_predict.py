@@ -115,9 +115,12 @@ def request_size(doc: Mapping[str, Any] | None) -> RequestSize:
             tokens += tail
     for name in _TEXT_NAMES:
         size, images = _text_bytes(doc.get(name))
-        more = size // BYTES_PER_TOKEN + images * IMAGE_TOKENS
-        tokens += more
-        tail = tail or more
+        tokens += size // BYTES_PER_TOKEN + images * IMAGE_TOKENS
+    pictures = doc.get("images")
+    if isinstance(pictures, list):
+        tokens += len(pictures) * IMAGE_TOKENS
+    if not isinstance(messages, list):
+        tail = tokens  # a completion's cached prefix is not known: all of it counts
     return RequestSize(tokens, min(tail, tokens), _limit(doc))
 
 
