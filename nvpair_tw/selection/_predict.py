@@ -33,6 +33,9 @@ __all__ = [
 
 BYTES_PER_TOKEN = 4
 IMAGE_TOKENS = 768
+EXPLORE = 0.999
+"""An unmeasured node's prediction is this much below the median it is given, so a tie with the
+node that set the median goes to the unmeasured one (else a new node would never be measured)."""
 REFRESH_WITHIN = 2.0
 """A stale estimate is refreshed by a request predicted there within this factor of the best."""
 _LIMIT_NAMES = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
@@ -155,17 +158,18 @@ def predict_all(
 ) -> dict[str, float]:
     """Each node's predicted seconds to the last token (§15.2).
 
-    Exploration: a node whose estimate is stale and whose prediction is within
-    :data:`REFRESH_WITHIN` of the best is predicted just ahead of it, once per staleness period,
-    so the estimate is refreshed.
+    Exploration: an unmeasured node, predicted at the fleet's median, wins a tie with a measured
+    one (:data:`EXPLORE`), so it is measured; a node whose estimate is stale and whose
+    prediction is within :data:`REFRESH_WITHIN` of the best is predicted just ahead of it, once
+    per staleness period, so the estimate is refreshed.
     """
     completion = expected_completion(size, speeds.completion_mean(model))
     predicted = {}
     for node_id in nodes:
         prompt = size.tail_tokens if node_id == warm else size.prompt_tokens
-        predicted[node_id] = predict(
-            speeds.rates(node_id, model), loads(node_id), prompt, completion
-        )
+        rates = speeds.rates(node_id, model)
+        seconds = predict(rates, loads(node_id), prompt, completion)
+        predicted[node_id] = seconds if rates.measured else seconds * EXPLORE
     if len(predicted) < 2:
         return predicted
     best = min(predicted.values())

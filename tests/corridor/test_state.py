@@ -4,9 +4,11 @@ through ``MemoryCluster`` on a Clock."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+import pytest
 from twisted.internet.task import Clock
 
 from nvpair_tw.nodes._directory import Node
@@ -172,3 +174,70 @@ def test_order_promotes_a_warm_node_and_says_so(memory_cluster: Make) -> None:
     assert (ids(nodes)[0], promoted) == ("c", True)
     nodes, promoted = facade.order(owners, head_selection=True, affinity_hint=None)
     assert promoted is False
+
+
+# The fastest answer (docs/behaviour.md §15)
+
+
+def _ollama_at(rate: float) -> Callable[[bytes, bool, bytes], list[bytes]]:
+    """An Ollama chat stream of 40 tokens whose final object states ``rate`` tokens/s."""
+
+    def frames(path: bytes, streaming: bool, body: bytes) -> list[bytes]:
+        piece = {"model": "llama3", "message": {"role": "assistant", "content": "tok "}}
+        final = {
+            "model": "llama3",
+            "message": {"role": "assistant", "content": ""},
+            "done": True,
+            "prompt_eval_count": 12,
+            "eval_count": 40,
+            "eval_duration": int(40 / rate * 1e9),
+        }
+        return [json.dumps(f).encode() + b"\n" for f in (piece, piece, final)]
+
+    return frames
+
+
+def test_sequential_requests_go_to_the_node_that_showed_it_is_faster(
+    memory_cluster: Make,
+) -> None:
+    """PAIR #7's two idle nodes (10.3 and 57.7 tokens/s), the slow one's id sorting first: the
+    first request goes by id, the second explores the unmeasured node, then every one goes to
+    the fast node; each record carries its prediction and what it measured."""
+    clock = Clock()
+    slow = SimulatedEngine(clock, chunk_delay=1.9, script=_ollama_at(10.3))
+    fast = SimulatedEngine(clock, chunk_delay=0.35, script=_ollama_at(57.7))
+    cluster = memory_cluster(clock, {"a-slow": slow, "b-fast": fast})
+    cluster.flush()
+    chat = {**CHAT, "stream": True}
+    chosen = []
+    for _ in range(7):
+        pending = cluster.request("POST", "/api/chat", json=chat)
+        cluster.advance(10)
+        chosen.append(cluster.result(pending).header("x-nvpair-node"))
+    assert chosen == ["a-slow", "b-fast", *["b-fast"] * 5]
+    speeds = cluster.facade().speeds
+    assert speeds.rates("a-slow", "llama3").decode == pytest.approx(10.3)
+    assert speeds.rates("b-fast", "llama3").decode == pytest.approx(57.7)
+    last = cluster.named("proxy/request")[-1]
+    assert last["predicted_ms"] == round(40 / 57.7 * 1000)
+    assert last["measured_ms"] == 1050  # three frames, 0.35 s apart, the first one too
+
+
+def test_a_burst_spreads_by_predicted_finish_not_by_count(memory_cluster: Make) -> None:
+    """Unlimited slots, requests sharing a node's rate: with both rates known, a burst of six
+    puts more on the fast node than on the slow one (least in flight split it 3/3)."""
+    clock = Clock()
+    slow = SimulatedEngine(clock, chunk_delay=1.9, script=_ollama_at(10.3))
+    fast = SimulatedEngine(clock, chunk_delay=0.35, script=_ollama_at(57.7))
+    cluster = memory_cluster(clock, {"a-slow": slow, "b-fast": fast})
+    cluster.flush()
+    chat = {**CHAT, "stream": True}
+    for _ in range(2):  # one answer from each
+        pending = cluster.request("POST", "/api/chat", json=chat)
+        cluster.advance(10)
+        cluster.result(pending)
+    responses = [cluster.request("POST", "/api/chat", json=chat) for _ in range(6)]
+    cluster.flush()
+    counts = served([cluster.result(p) for p in responses])
+    cluster.advance(10)
+    assert counts == Counter({"b-fast": 5, "a-slow": 1})

@@ -107,3 +107,11 @@ def test_a_stale_estimate_far_behind_the_best_is_left_alone() -> None:
     book.learn("fast", "m", Sample(decode_rate=57.0))
     predicted = predict_all(["fast", "slow"], "m", RequestSize(), book, lambda n: Load(), None)
     assert predicted["slow"] > predicted["fast"]
+
+
+def test_an_unmeasured_node_wins_the_tie_with_the_median_it_is_given() -> None:
+    """Exploration: the second node of two gets the first's rate as its median and must still be
+    tried once, or it would never be measured."""
+    book = _book(Clock(), {"a": 10.0})
+    predicted = predict_all(["a", "b"], "m", RequestSize(), book, lambda n: Load(), None)
+    assert predicted["b"] < predicted["a"]
