@@ -231,6 +231,19 @@ class SpeedBook:
             if rates is not None:
                 yield node_id, model, rates
 
+    def to_json(self, node_id: str) -> dict[str, dict[str, float | int]]:
+        """The node's measured estimates by model, as ``nodes/list`` shows them (§15.1)."""
+        return {
+            model: {
+                "decodeTokensPerSecond": round(rates.decode, 2),
+                "prefillTokensPerSecond": round(rates.prefill, 2),
+                "loadSeconds": round(rates.load, 3),
+                "samples": rates.samples,
+            }
+            for node, model, rates in self.known()
+            if node == node_id
+        }
+
     def _medians(self, model: str) -> tuple[float | None, float | None, float | None]:
         entries = [e for (_n, m), e in self._entries.items() if m == model]
         return (
