@@ -239,6 +239,8 @@ FACES: dict[str, list[str]] = {
         "predict_all",
         "request_size",
         "sample_of",
+        "Fit",
+        "fit",
     ],
     "simulated": [
         "Behaviour",

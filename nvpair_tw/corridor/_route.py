@@ -83,6 +83,7 @@ def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route
     elif model:
         ranked = facade.rank(eligible, model, request_size(parsed), hint)
         candidates, promoted, predicted = ranked.nodes, ranked.affinity, ranked.predicted
+        record.context_fit = ranked.context_fit
         if parsed is not None and inbound.path == RESPONSES_PATH:
             candidates = conversation_first(facade, parsed, candidates)
     else:

@@ -43,6 +43,7 @@ from nvpair_tw.selection import (
     SpeedBook,
     Start,
     Trip,
+    fit,
     order_candidates,
     predict_all,
     sample_of,
@@ -103,6 +104,8 @@ class Ranked:
     nodes: list[Node]
     affinity: bool
     predicted: dict[str, float]
+    context_fit: bool = True
+    """False when no candidate's known context holds the request: the largest is used (§15.3)."""
 
 
 @define
@@ -196,8 +199,9 @@ class FacadeState:
     def rank(
         self, nodes: list[Node], model: str, size: RequestSize, affinity_hint: str | None
     ) -> Ranked:
-        """The order of an inference request for ``model`` (§15.2): an eligible pin first, then
-        the least predicted time to the last token, cooling nodes last."""
+        """The order of an inference request for ``model`` (§15.2): only the nodes it fits
+        (§15.3), an eligible pin first, then the least predicted time to the last token, cooling
+        nodes last."""
         ledger = self.shared.ledger
 
         def load(node_id: str) -> Load:
@@ -210,6 +214,14 @@ class FacadeState:
             )
 
         ids = [n.id for n in nodes]
+        # A request that sets its own num_ctx is served with it wherever it goes (§15.3).
+        known = (
+            (lambda n: None)
+            if size.num_ctx
+            else (lambda n: self.inventory.context_length(n, model))
+        )
+        fitted = fit(ids, size.needed, known)
+        ids = fitted.nodes
         predicted = predict_all(ids, model, size, self.speeds, load, affinity_hint)
         ordering = order_candidates(
             ids,
@@ -222,7 +234,8 @@ class FacadeState:
             predicted=predicted,
         )
         by_id = {n.id: n for n in nodes}
-        return Ranked([by_id[i] for i in ordering.nodes], ordering.affinity, predicted)
+        nodes = [by_id[i] for i in ordering.nodes]
+        return Ranked(nodes, ordering.affinity, predicted, fitted.fits)
 
     def trip(self, model: str | None, predicted: dict[str, float], warm: str | None) -> Trip:
         """The flights of one request (§15.2): how each attempt starts is read at its dispatch."""

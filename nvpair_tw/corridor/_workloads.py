@@ -294,6 +294,8 @@ class RequestRecord:
     """The usage chunk removed from the answer (the client did not ask for it, §12.2)."""
     dispatched_at: float | None = field(init=False, default=None)
     """Clock seconds the latest attempt was sent: time to first token counts from here."""
+    context_fit: bool = field(init=False, default=True)
+    """False when no candidate's known context held the request (§15.3)."""
     predicted_ms: int | None = field(init=False, default=None)
     """The time to the last token predicted for the node that served (§15.2); None: none made."""
     measured_ms: int | None = field(init=False, default=None)
@@ -424,6 +426,8 @@ class RequestRecord:
             payload["completion_tokens"] = self.completion_tokens
             payload["ttft_ms"] = self.ttft_ms
             payload["tokens_per_s"] = self.tokens_per_s
+            if not self.context_fit:
+                payload["context_fit"] = False
             if self.predicted_ms is not None:
                 payload["predicted_ms"] = self.predicted_ms
                 payload["measured_ms"] = self.measured_ms

@@ -21,6 +21,7 @@ from nvpair_tw.selection._affinity import (
     AffinityTable,
     affinity_key,
 )
+from nvpair_tw.selection._contexts import Fit, fit
 from nvpair_tw.selection._cordons import Cordon, CordonBook, CordonListener
 from nvpair_tw.selection._flights import FlightBook, Landing, Trip
 from nvpair_tw.selection._inventory import InventoryBook
@@ -53,6 +54,7 @@ __all__ = [
     "Cordon",
     "CordonBook",
     "CordonListener",
+    "Fit",
     "FlightBook",
     "IStallTracker",
     "InventoryBook",
@@ -73,6 +75,7 @@ __all__ = [
     "Waiter",
     "affinity_key",
     "expiry_probe",
+    "fit",
     "make_rank",
     "order_candidates",
     "predict_all",

@@ -50,6 +50,13 @@ class RequestSize:
     prompt_tokens: int = 0
     tail_tokens: int = 0
     max_tokens: int | None = None
+    num_ctx: int | None = None
+    """The context an Ollama request asks for itself (``options.num_ctx``), or None."""
+
+    @property
+    def needed(self) -> int:
+        """The context the request needs: its prompt and its completion limit (§15.3)."""
+        return self.prompt_tokens + (self.max_tokens or 0)
 
 
 @frozen
@@ -93,17 +100,17 @@ def _message_tokens(message: Any) -> int:
     return size // BYTES_PER_TOKEN + images * IMAGE_TOKENS
 
 
+def _positive(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _limit(doc: Mapping[str, Any]) -> int | None:
     for name in _LIMIT_NAMES:
-        value = doc.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        value = _positive(doc.get(name))
+        if value is not None:
             return value
     options = doc.get("options")
-    if isinstance(options, dict):
-        value = options.get("num_predict")
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
+    return _positive(options.get("num_predict")) if isinstance(options, dict) else None
 
 
 def request_size(doc: Mapping[str, Any] | None) -> RequestSize:
@@ -124,7 +131,9 @@ def request_size(doc: Mapping[str, Any] | None) -> RequestSize:
         tokens += len(pictures) * IMAGE_TOKENS
     if not isinstance(messages, list):
         tail = tokens  # a completion's cached prefix is not known: all of it counts
-    return RequestSize(tokens, min(tail, tokens), _limit(doc))
+    options = doc.get("options")
+    asked = _positive(options.get("num_ctx")) if isinstance(options, dict) else None
+    return RequestSize(tokens, min(tail, tokens), _limit(doc), asked)
 
 
 def expected_completion(size: RequestSize, mean: float) -> float:

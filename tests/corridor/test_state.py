@@ -241,3 +241,45 @@ def test_a_burst_spreads_by_predicted_finish_not_by_count(memory_cluster: Make) 
     counts = served([cluster.result(p) for p in responses])
     cluster.advance(10)
     assert counts == Counter({"b-fast": 5, "a-slow": 1})
+
+
+def test_a_prompt_too_long_for_a_nodes_loaded_context_goes_to_one_that_holds_it(
+    memory_cluster: Make,
+) -> None:
+    """§15.3: Ollama's /api/ps says the idle resident node loaded the model with 2,048 tokens of
+    context; a 10,000-token prompt goes to the node with 32,768, a short one still to either."""
+    clock = Clock()
+    small = SimulatedEngine(clock, loaded=["llama3:latest"], context_length=2048, kind="ollama")
+    big = SimulatedEngine(clock, loaded=["llama3:latest"], context_length=32768, kind="ollama")
+    cluster = memory_cluster(
+        clock, {"a-small": small, "b-big": big}, nodes={"ollama": polled("a-small", "b-big")}
+    )
+    cluster.flush()
+    assert cluster.facade().inventory.context_length("a-small", "llama3") == 2048
+    long_chat = {"model": "llama3", "messages": [{"role": "user", "content": "x" * 40_000}]}
+    pending = cluster.request("POST", "/api/chat", json=long_chat)
+    assert cluster.result(pending).header("x-nvpair-node") == "b-big"
+    cluster.advance(5)
+    [short] = burst(cluster, 1)
+    assert short.header("x-nvpair-node") == "a-small"
+    cluster.advance(5)
+    records = cluster.named("proxy/request")
+    assert all("context_fit" not in r for r in records)
+
+
+def test_when_no_node_holds_the_prompt_the_largest_serves_and_the_record_says_so(
+    memory_cluster: Make,
+) -> None:
+    clock = Clock()
+    small = SimulatedEngine(clock, loaded=["llama3:latest"], context_length=2048, kind="ollama")
+    less = SimulatedEngine(clock, loaded=["llama3:latest"], context_length=1024, kind="ollama")
+    cluster = memory_cluster(
+        clock, {"a-less": less, "b-small": small}, nodes={"ollama": polled("a-less", "b-small")}
+    )
+    cluster.flush()
+    long_chat = {"model": "llama3", "messages": [{"role": "user", "content": "x" * 40_000}]}
+    pending = cluster.request("POST", "/api/chat", json=long_chat)
+    assert cluster.result(pending).header("x-nvpair-node") == "b-small"
+    cluster.advance(5)
+    [record] = cluster.named("proxy/request")
+    assert record["context_fit"] is False
