@@ -81,7 +81,7 @@ def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route
     if target is not None:
         candidates, promoted = [target], False
     elif model:
-        ranked = facade.rank(eligible, model, request_size(parsed), hint)
+        ranked = facade.rank(eligible, model, request_size(parsed, len(inbound.body)), hint)
         candidates, promoted, predicted = ranked.nodes, ranked.affinity, ranked.predicted
         record.context_fit = ranked.context_fit
         if parsed is not None and inbound.path == RESPONSES_PATH:

@@ -33,6 +33,8 @@ __all__ = [
 
 BYTES_PER_TOKEN = 4
 IMAGE_TOKENS = 768
+MAX_MESSAGES = 2048
+"""Messages walked to estimate a prompt; a longer conversation is estimated from its body size."""
 EXPLORE = 0.999
 """An unmeasured node's prediction is this much below the median it is given, so a tie with the
 node that set the median goes to the unmeasured one (else a new node would never be measured)."""
@@ -113,12 +115,18 @@ def _limit(doc: Mapping[str, Any]) -> int | None:
     return _positive(options.get("num_predict")) if isinstance(options, dict) else None
 
 
-def request_size(doc: Mapping[str, Any] | None) -> RequestSize:
-    """What :func:`predict` needs of a request, from its parsed document (None: nothing known)."""
+def request_size(doc: Mapping[str, Any] | None, body_size: int = 0) -> RequestSize:
+    """What :func:`predict` needs of a request, from its parsed document (None: nothing known).
+
+    A conversation of more than :data:`MAX_MESSAGES` messages is not walked on the reactor: its
+    prompt is ``body_size`` (the body's bytes) at :data:`BYTES_PER_TOKEN`, none of it cached."""
     if doc is None:
         return RequestSize()
     tokens = tail = 0
     messages = doc.get("messages")
+    if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
+        whole = body_size // BYTES_PER_TOKEN
+        return RequestSize(whole, whole, _limit(doc))
     if isinstance(messages, list):
         for message in messages:
             tail = _message_tokens(message)

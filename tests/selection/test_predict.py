@@ -115,3 +115,9 @@ def test_an_unmeasured_node_wins_the_tie_with_the_median_it_is_given() -> None:
     book = _book(Clock(), {"a": 10.0})
     predicted = predict_all(["a", "b"], "m", RequestSize(), book, lambda n: Load(), None)
     assert predicted["b"] < predicted["a"]
+
+
+def test_a_very_long_conversation_is_estimated_from_its_body_size() -> None:
+    """More messages than are walked on the reactor: the body's bytes at 4 a token."""
+    doc = {"messages": [{"role": "user", "content": "x" * 40}] * 3000}
+    assert request_size(doc, 400_000) == RequestSize(100_000, 100_000, None)
