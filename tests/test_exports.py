@@ -241,6 +241,9 @@ FACES: dict[str, list[str]] = {
         "sample_of",
         "Fit",
         "fit",
+        "Patience",
+        "patience",
+        "slot_wait",
     ],
     "simulated": [
         "Behaviour",

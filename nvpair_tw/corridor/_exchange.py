@@ -119,7 +119,9 @@ async def _admitted(
     """Admission (a slot, or the queue), the workload, then the answer."""
     target = inbound.node
     ticket = (
-        facade.admission.admit(route.candidates, targeted=target is not None)
+        facade.admission.admit(
+            route.candidates, targeted=target is not None, patience=route.patience
+        )
         if route.model
         else None
     )

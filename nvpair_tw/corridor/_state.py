@@ -37,6 +37,7 @@ from nvpair_tw.selection import (
     IStallTracker,
     Landing,
     Load,
+    Patience,
     ProgressBook,
     RequestSize,
     ReservationLedger,
@@ -45,8 +46,10 @@ from nvpair_tw.selection import (
     Trip,
     fit,
     order_candidates,
+    patience,
     predict_all,
     sample_of,
+    slot_wait,
 )
 from nvpair_tw.upstream import UpstreamClient
 
@@ -106,6 +109,8 @@ class Ranked:
     predicted: dict[str, float]
     context_fit: bool = True
     """False when no candidate's known context holds the request: the largest is used (§15.3)."""
+    patience: Patience | None = None
+    """How long a queued request waits for its best node while a worse one frees (§15.2)."""
 
 
 @define
@@ -209,7 +214,7 @@ class FacadeState:
             return Load(
                 busy + ledger.pending(node_id),
                 self.admission.slots(node_id),
-                self.flights.remaining(node_id),
+                self.flights.remaining(node_id) + self.admission.queued_for(node_id),
                 self.inventory.resident(node_id, model),
             )
 
@@ -235,7 +240,9 @@ class FacadeState:
         )
         by_id = {n.id: n for n in nodes}
         nodes = [by_id[i] for i in ordering.nodes]
-        return Ranked(nodes, ordering.affinity, predicted, fitted.fits)
+        waits = {n: slot_wait(load(n)) for n in ids}
+        waiting = patience(list(ordering.nodes), predicted, waits, self.shared.clock.seconds())
+        return Ranked(nodes, ordering.affinity, predicted, fitted.fits, waiting)
 
     def trip(self, model: str | None, predicted: dict[str, float], warm: str | None) -> Trip:
         """The flights of one request (§15.2): how each attempt starts is read at its dispatch."""

@@ -26,8 +26,9 @@ from nvpair_tw.selection._cordons import Cordon, CordonBook, CordonListener
 from nvpair_tw.selection._flights import FlightBook, Landing, Trip
 from nvpair_tw.selection._inventory import InventoryBook
 from nvpair_tw.selection._ordering import order_candidates
+from nvpair_tw.selection._patience import Patience, patience
 from nvpair_tw.selection._polling import PROBE_BOUND, expiry_probe
-from nvpair_tw.selection._predict import Load, RequestSize, predict_all, request_size
+from nvpair_tw.selection._predict import Load, RequestSize, predict_all, request_size, slot_wait
 from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
 from nvpair_tw.selection._speed import Answer, Rates, SpeedBook, Start, sample_of
@@ -60,6 +61,7 @@ __all__ = [
     "InventoryBook",
     "Landing",
     "Load",
+    "Patience",
     "Probe",
     "ProgressBook",
     "QueueFull",
@@ -78,8 +80,10 @@ __all__ = [
     "fit",
     "make_rank",
     "order_candidates",
+    "patience",
     "predict_all",
     "request_size",
     "sample_of",
     "slot_limit",
+    "slot_wait",
 ]

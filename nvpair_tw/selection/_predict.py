@@ -152,6 +152,12 @@ def expected_completion(size: RequestSize, mean: float) -> float:
     )
 
 
+def slot_wait(load: Load) -> float:
+    """The predicted wait for a slot: 0 with one free, else the work in flight over the slots."""
+    full = load.slots > 0 and load.in_flight >= load.slots
+    return load.remaining / load.slots if full else 0.0
+
+
 def predict(rates: Rates, load: Load, prompt_tokens: int, completion: float) -> float:
     """Seconds from dispatch on this node to the answer's last token.
 
@@ -159,7 +165,7 @@ def predict(rates: Rates, load: Load, prompt_tokens: int, completion: float) -> 
     node holding the request's prefix, §5.3); ``completion`` is :func:`expected_completion`.
     """
     full = load.slots > 0 and load.in_flight >= load.slots
-    wait = load.remaining / load.slots if full else 0.0
+    wait = slot_wait(load)
     sharing = load.slots if full else load.in_flight + 1
     cold = rates.load if load.resident is False else 0.0
     return wait + cold + prompt_tokens / rates.prefill + completion * sharing / rates.decode

@@ -283,3 +283,28 @@ def test_when_no_node_holds_the_prompt_the_largest_serves_and_the_record_says_so
     cluster.advance(5)
     [record] = cluster.named("proxy/request")
     assert record["context_fit"] is False
+
+
+def test_a_queued_request_waits_for_the_fast_node_while_the_slow_one_is_free(
+    memory_cluster: Make,
+) -> None:
+    """§15.2 amending §6.4: one slot each, both rates known. A burst of six: the fast node takes
+    five, one after the other (each waits less for it than the slow node would take), and only
+    the sixth, predicted sooner on the idle slow node, goes there; under first-free binding the
+    second request would have taken the slow node at once."""
+    clock = Clock()
+    slow = SimulatedEngine(clock, chunk_delay=1.9, script=_ollama_at(10.3))
+    fast = SimulatedEngine(clock, chunk_delay=0.23, script=_ollama_at(57.7))
+    nodes = [Node(i, f"http://{i}.node.test:11434", slots=1) for i in ("a-slow", "b-fast")]
+    cluster = memory_cluster(clock, {"a-slow": slow, "b-fast": fast}, nodes={"ollama": nodes})
+    cluster.flush()
+    chat = {**CHAT, "stream": True}
+    for _ in range(2):  # one answer from each
+        pending = cluster.request("POST", "/api/chat", json=chat)
+        cluster.advance(10)
+        cluster.result(pending)
+    burst_of = [cluster.request("POST", "/api/chat", json=chat) for _ in range(6)]
+    cluster.advance(10)
+    order = [cluster.result(p).header("x-nvpair-node") for p in burst_of]
+    assert order == ["b-fast"] * 5 + ["a-slow"]
+    assert cluster.facade().admission.queue_depth == 0
