@@ -254,7 +254,9 @@ class FacadeState:
                 return Start.LOADED
             return Start.PLAIN
 
-        return Trip(self.flights, predicted, start)
+        # A request naming no model is not counted as work on a node (a fresh book keeps it).
+        book = self.flights if model else FlightBook(self.shared.clock)
+        return Trip(book, predicted, start)
 
     def learn(self, landing: Landing, model: str, answer: Answer) -> None:
         """Fold one complete answer into the serving node's rates (§15.1)."""

@@ -308,3 +308,16 @@ def test_a_queued_request_waits_for_the_fast_node_while_the_slow_one_is_free(
     order = [cluster.result(p).header("x-nvpair-node") for p in burst_of]
     assert order == ["b-fast"] * 5 + ["a-slow"]
     assert cluster.facade().admission.queue_depth == 0
+
+
+def test_only_requests_for_a_model_count_as_work_in_flight(memory_cluster: Make) -> None:
+    """A pass-through request (no model) is not work a prediction should wait for."""
+    clock = Clock()
+    cluster = memory_cluster(clock, engines(clock, {"a": None}))
+    facade = cluster.facade()
+    facade.trip(None, {}, None).attempt("a")
+    assert facade.flights.in_flight("a") == 0
+    trip = facade.trip("llama3", {"a": 2.0}, None)
+    trip.attempt("a")
+    assert (facade.flights.in_flight("a"), facade.flights.remaining("a")) == (1, 2.0)
+    trip.land()
