@@ -31,17 +31,23 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 
 from attrs import define, field, frozen
 from twisted.internet.task import Clock
 
+from nvpair_tw.nodes import Node
+from nvpair_tw.selection._admission import Admission, Slot, Waiter
 from nvpair_tw.selection._flights import Flight, FlightBook
 from nvpair_tw.selection._ordering import order_candidates
-from nvpair_tw.selection._predict import Load, RequestSize, predict_all
+from nvpair_tw.selection._patience import Patience, patience
+from nvpair_tw.selection._predict import Load, RequestSize, predict_all, slot_wait
 from nvpair_tw.selection._speed import Answer, SpeedBook, Start, sample_of
 
 MODEL = "llama3"
+_NODES: dict[str, Node] = {}
+"""The simulated fleet as the admission sees it (node id to node)."""
 
 
 @frozen
@@ -51,6 +57,8 @@ class Machine:
     prefill: float
     load: float = 0.0
     cold: bool = False
+    slots: int = 0
+    """0: unlimited (requests share the rates); 1: one at a time, the rest wait."""
 
 
 @frozen
@@ -69,6 +77,24 @@ class _Job:
     start: Start
     first_at: float | None = None
     flight: Flight | None = None
+    slot: Slot | None = None
+
+
+@frozen
+class Bind:
+    """Through the real admission: the candidates in order, the patience of §15.2 (or None) and
+    each node's prediction."""
+
+    order: list[str]
+    patience: Patience | None
+    predicted: dict[str, float]
+
+
+@frozen
+class Queue:
+    """Straight to ``node``'s own FIFO (round robin and the oracle choose at arrival)."""
+
+    node: str
 
 
 @define
@@ -90,6 +116,8 @@ class Sim:
     nodes: dict[str, _Node] = field(init=False)
     speeds: SpeedBook = field(init=False)
     flights: FlightBook = field(init=False)
+    admission: Admission = field(init=False)
+    held: dict[str, deque[Ask]] = field(init=False)
     done: list[tuple[Ask, str, float, bool | None]] = field(factory=list)
     """(request, node, clock time of its last token, whether it went to the fastest node when
     that node was idle (None: it was busy))."""
@@ -101,6 +129,34 @@ class Sim:
         }
         self.speeds = SpeedBook(self.clock)
         self.flights = FlightBook(self.clock)
+        slots = {m.id: m.slots for m in self.machines}
+        self.admission = Admission(self.clock, slots.get, 10**6, 1e12)
+        self.held = {m.id: deque() for m in self.machines}
+
+    def arrive(self, ask: Ask, decision: Bind | Queue) -> None:
+        if isinstance(decision, Queue):
+            self.held[decision.node].append(ask)
+            self._serve_held(decision.node)
+            return
+        nodes = [_NODES[n] for n in decision.order]
+        ticket = self.admission.admit(nodes, patience=decision.patience)
+        # A flight counts as work ahead its prediction from dispatch (as the corridor's Trip).
+        ahead = decision.patience.service if decision.patience else decision.predicted
+        if isinstance(ticket, Slot):
+            self._bound(ask, ahead, ticket)
+        else:
+            assert isinstance(ticket, Waiter)
+            ticket.bound.addCallback(lambda slot: self._bound(ask, ahead, slot))
+
+    def _bound(self, ask: Ask, predicted: Mapping[str, float], slot: Slot) -> None:
+        assert slot.node_id is not None
+        self.dispatch(ask, slot.node_id, predicted.get(slot.node_id, 0.0), slot)
+
+    def _serve_held(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        limit = node.machine.slots
+        while self.held[node_id] and (limit == 0 or len(node.jobs) < limit):
+            self.dispatch(self.held[node_id].popleft(), node_id, 0.0, None)
 
     @property
     def now(self) -> float:
@@ -109,7 +165,7 @@ class Sim:
     def resident(self, node_id: str) -> bool:
         return self.nodes[node_id].loaded_at <= self.now
 
-    def dispatch(self, ask: Ask, node_id: str, predicted: float) -> None:
+    def dispatch(self, ask: Ask, node_id: str, predicted: float, slot: Slot | None) -> None:
         node = self.nodes[node_id]
         fastest = max(self.nodes.values(), key=lambda n: n.machine.decode)
         hit = None if fastest.jobs else fastest.machine.id == node_id
@@ -117,7 +173,7 @@ class Sim:
             node.loaded_at = self.now + node.machine.load
         start = Start.PLAIN if self.resident(node_id) else Start.LOADED
         prefill, decode = node.work(ask)
-        job = _Job(ask, prefill, decode, self.now, start)
+        job = _Job(ask, prefill, decode, self.now, start, slot=slot)
         job.flight = self.flights.take_off(node_id, predicted)
         node.jobs.append(job)
         self.done.append((ask, node_id, -1.0, hit))
@@ -134,6 +190,9 @@ class Sim:
 
     def _next_event(self, until: float) -> tuple[float, _Node | None]:
         best, where = until - self.now, None
+        for call in self.clock.getDelayedCalls():  # the admission's patience timers
+            if call.active() and call.getTime() - self.now < best:
+                best = call.getTime() - self.now
         for node in self.nodes.values():
             if not node.jobs:
                 continue
@@ -176,16 +235,20 @@ class Sim:
             for i, (a, n, _end, hit) in enumerate(self.done):
                 if a is ask:
                     self.done[i] = (a, n, self.now, hit)
+            if job.slot is not None:
+                job.slot.release()  # binds the next waiter it suits (the real admission)
+            self._serve_held(node.machine.id)
 
 
-def predicted_rule(sim: Sim, ask: Ask) -> tuple[str, float]:
+def predicted_rule(sim: Sim, ask: Ask) -> Bind:
     ids = [m.id for m in sim.machines]
 
     def load(node_id: str) -> Load:
+        busy = max(sim.flights.in_flight(node_id), sim.admission.slots_in_use(node_id))
         return Load(
-            sim.flights.in_flight(node_id),
-            0,
-            sim.flights.remaining(node_id),
+            busy,
+            sim.admission.slots(node_id),
+            sim.flights.remaining(node_id) + sim.admission.queued_for(node_id),
             sim.resident(node_id),
         )
 
@@ -201,8 +264,9 @@ def predicted_rule(sim: Sim, ask: Ask) -> tuple[str, float]:
         cooling=(),
         predicted=predicted,
     )
-    head = ordering.nodes[0]
-    return head, predicted[head]
+    order = list(ordering.nodes)
+    waits = {n: slot_wait(load(n)) for n in ids}
+    return Bind(order, patience(order, predicted, waits, sim.now), predicted)
 
 
 @define
@@ -219,7 +283,7 @@ class _InFlight:
         return self.sim.flights.in_flight(node_id)
 
 
-def least_in_flight(sim: Sim, ask: Ask) -> tuple[str, float]:
+def least_in_flight(sim: Sim, ask: Ask) -> Bind:
     ids = [m.id for m in sim.machines]
     ordering = order_candidates(
         ids,
@@ -231,24 +295,34 @@ def least_in_flight(sim: Sim, ask: Ask) -> tuple[str, float]:
         cooling=(),
         resident={n for n in ids if sim.resident(n)},
     )
-    return ordering.nodes[0], 0.0
+    return Bind(list(ordering.nodes), None, {})
 
 
-def round_robin(sim: Sim, ask: Ask) -> tuple[str, float]:
+def round_robin(sim: Sim, ask: Ask) -> Queue:
     sim.turn += 1
-    return sim.machines[sim.turn % len(sim.machines)].id, 0.0
+    return Queue(sim.machines[sim.turn % len(sim.machines)].id)
 
 
-def oracle(sim: Sim, ask: Ask) -> tuple[str, float]:
+def oracle(sim: Sim, ask: Ask) -> Queue:
     """Greedy least finish time, knowing every rate and this request's true lengths."""
     best: tuple[float, str] | None = None
     for node in sim.nodes.values():
         prefill, decode = node.work(ask)
-        finish = _finish_with(node, prefill + decode, sim.now)
+        if node.machine.slots:
+            finish = _finish_queued(sim, node, prefill + decode)
+        else:
+            finish = _finish_with(node, prefill + decode, sim.now)
         if best is None or finish < best[0]:
             best = (finish, node.machine.id)
     assert best is not None
-    return best[1], 0.0
+    return Queue(best[1])
+
+
+def _finish_queued(sim: Sim, node: _Node, work: float) -> float:
+    """When a new job would end behind the work running and held on a one-slot node."""
+    running = sum(j.prefill_left + j.decode_left for j in node.jobs)
+    held = sum(sum(node.work(a)) for a in sim.held[node.machine.id])
+    return sim.now + running + held + work
 
 
 def _finish_with(node: _Node, work: float, now: float) -> float:
@@ -274,16 +348,21 @@ def trace(rng: random.Random, count: int, rate: float) -> list[Ask]:
     return asks
 
 
-Policy = Callable[[Sim, Ask], tuple[str, float]]
+Policy = Callable[[Sim, Ask], Bind | Queue]
 
 
 def simulate(machines: Sequence[Machine], asks: Sequence[Ask], policy: Policy) -> Sim:
+    _NODES.clear()
+    _NODES.update(
+        {m.id: Node(m.id, f"http://{m.id}.test", (MODEL,), slots=m.slots) for m in machines}
+    )
     sim = Sim(machines)
     for ask in asks:
         sim.run_until(ask.at)
-        node, predicted = policy(sim, ask)
-        sim.dispatch(ask, node, predicted)
+        sim.arrive(ask, policy(sim, ask))
     sim.run_until(asks[-1].at + 1e6)
+    assert len(sim.done) == len(asks), "a request was never dispatched"
+    assert all(end >= 0 for _a, _n, end, _h in sim.done), "a request was never answered"
     return sim
 
 
@@ -299,6 +378,10 @@ CASES = {
     "two nodes, 10 and 57 tok/s": (
         Machine("a-slow", decode=10.0, prefill=300.0),
         Machine("b-fast", decode=57.0, prefill=1500.0),
+    ),
+    "two nodes, one slot each (requests wait in the proxy's queue)": (
+        Machine("a-slow", decode=10.0, prefill=300.0, slots=1),
+        Machine("b-fast", decode=57.0, prefill=1500.0, slots=1),
     ),
     "three nodes, one cold (8 s load)": (
         Machine("a-slow", decode=10.0, prefill=300.0),

@@ -146,7 +146,7 @@ async def _admitted(
     if ticket is not None:
         route = _bound(route, ticket)
         booking = Booking.take(facade.shared.ledger, route.candidates[0].id, ticket)
-    trip = facade.trip(route.model, route.predicted, route.warm)
+    trip = facade.trip(route.model, route.predicted, route.warm, route.patience)
     try:
         await _answer(facade, request, route, caller, booking, record, workload, trip)
     finally:

@@ -244,8 +244,15 @@ class FacadeState:
         waiting = patience(list(ordering.nodes), predicted, waits, self.shared.clock.seconds())
         return Ranked(nodes, ordering.affinity, predicted, fitted.fits, waiting)
 
-    def trip(self, model: str | None, predicted: dict[str, float], warm: str | None) -> Trip:
-        """The flights of one request (§15.2): how each attempt starts is read at its dispatch."""
+    def trip(
+        self,
+        model: str | None,
+        predicted: dict[str, float],
+        warm: str | None,
+        waiting: Patience | None = None,
+    ) -> Trip:
+        """The flights of one request (§15.2): how each attempt starts is read at its dispatch;
+        each counts as work ahead its prediction from dispatch (``waiting``'s, when it has one)."""
 
         def start(node_id: str) -> Start:
             if node_id == warm:
@@ -256,7 +263,7 @@ class FacadeState:
 
         # A request naming no model is not counted as work on a node (a fresh book keeps it).
         book = self.flights if model else FlightBook(self.shared.clock)
-        return Trip(book, predicted, start)
+        return Trip(book, predicted, start, None if waiting is None else waiting.service)
 
     def learn(self, landing: Landing, model: str, answer: Answer) -> None:
         """Fold one complete answer into the serving node's rates (§15.1)."""

@@ -114,7 +114,11 @@ class Trip:
 
     _book: FlightBook
     _predicted: Mapping[str, float]
+    """Per node, the prediction made at arrival (what the record shows beside the measured)."""
     _start_of: Callable[[str], Start]
+    _service: Mapping[str, float] | None = None
+    """Per node, the prediction from dispatch (without the slot wait already spent): what the
+    flight counts as work ahead for later requests; None: the arrival prediction."""
     _flight: Flight | None = None
     _start: Start = Start.PLAIN
 
@@ -122,11 +126,13 @@ class Trip:
         """An attempt on ``node_id`` is dispatched now."""
         self.land()
         self._start = self._start_of(node_id)
-        self._flight = self._book.take_off(node_id, self._predicted.get(node_id, 0.0))
+        ahead = self._service if self._service is not None else self._predicted
+        self._flight = self._book.take_off(node_id, ahead.get(node_id, 0.0))
 
     def land(self) -> Landing | None:
         """The last attempt ends now; None when none is in flight."""
         flight, self._flight = self._flight, None
         if flight is None:
             return None
-        return Landing(flight.node_id, flight.predicted, flight.land(), self._start)
+        predicted = self._predicted.get(flight.node_id, 0.0)
+        return Landing(flight.node_id, predicted, flight.land(), self._start)
