@@ -70,3 +70,15 @@ def test_a_trip_lands_each_attempt_before_the_next_takes_off() -> None:
     assert (landing.node_id, landing.predicted, landing.start) == ("b", 3.0, Start.CACHED)
     assert trip.land() is None
     assert book.in_flight("b") == 0
+
+
+def test_a_flight_counts_its_prediction_from_dispatch_and_lands_with_the_arrivals() -> None:
+    """A request that waited in the queue: the work it adds ahead is its prediction without the
+    wait already spent; the record still compares the prediction made at arrival."""
+    clock = Clock()
+    book = FlightBook(clock)
+    trip = Trip(book, {"a": 5.0}, lambda node: Start.PLAIN, {"a": 2.0})
+    trip.attempt("a")
+    assert book.remaining("a") == 2.0
+    landing = trip.land()
+    assert landing is not None and landing.predicted == 5.0
