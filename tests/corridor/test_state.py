@@ -321,3 +321,18 @@ def test_only_requests_for_a_model_count_as_work_in_flight(memory_cluster: Make)
     trip.attempt("a")
     assert (facade.flights.in_flight("a"), facade.flights.remaining("a")) == (1, 2.0)
     trip.land()
+
+
+def test_a_nodes_speed_seeds_its_rates_until_it_has_answered(memory_cluster: Make) -> None:
+    """``speed = 5`` on a node: predicted five times the stand-in rate, so it is tried first."""
+    clock = Clock()
+    nodes = [
+        Node("a", "http://a.node.test:11434"),
+        Node("b", "http://b.node.test:11434", speed=5.0),
+    ]
+    cluster = memory_cluster(clock, engines(clock, {"a": None, "b": None}), nodes={"ollama": nodes})
+    speeds = cluster.facade().speeds
+    assert speeds.rates("b", "llama3").decode == 5 * speeds.rates("a", "llama3").decode
+    [response] = burst(cluster, 1)
+    assert response.header("x-nvpair-node") == "b"
+    cluster.advance(5)
