@@ -210,7 +210,9 @@ class FacadeState:
         ledger = self.shared.ledger
 
         def load(node_id: str) -> Load:
-            busy = max(self.flights.in_flight(node_id), self.admission.slots_in_use(node_id))
+            # The fleet's reservations (§6.6) count too: a peer's requests share the node.
+            here = max(self.flights.in_flight(node_id), self.admission.slots_in_use(node_id))
+            busy = max(here, ledger.reservations(node_id))
             return Load(
                 busy + ledger.pending(node_id),
                 self.admission.slots(node_id),

@@ -74,10 +74,8 @@ def order_candidates(
     then balances over every eligible node. ``resident`` holds the ids of nodes where the
     request's model is known to be loaded; it breaks ties on load (docs/behaviour.md §5.2, §6.4).
 
-    ``predicted`` (seconds to the last token per node, §15.2) replaces head selection: with head
-    selection, the nodes after an eligible pin go in order of their prediction (ties: base
-    order; with a snapshot, its listed nodes before the others), and the head is reserved; the
-    warm node heads only when its prediction (its prefill saved) is the least.
+    ``predicted`` (seconds to the last token per node, §15.2) replaces head selection: see
+    :func:`_by_prediction`.
     """
     candidates = tuple(dict.fromkeys(eligible))
     allowed = frozenset(candidates)
@@ -94,9 +92,8 @@ def order_candidates(
 
     if predicted is not None and head_selection:
         groups = [listed, rest] if snapshot is not None else [listed + rest]
-        return _by_prediction(
-            base[:1] if pinned else [], groups, predicted, affinity_hint, cooling_set
-        )
+        fixed = base[:1] if pinned else []
+        return _by_prediction(fixed, groups, predicted, affinity_hint, cooling_set)
     reserve = affinity = False
     if head_selection and not pinned:
         head: str | None = None
@@ -127,7 +124,9 @@ def _by_prediction(
     cooling: frozenset[str],
 ) -> Ordering:
     """``fixed`` (an eligible pin) first, then each group by least predicted time (ties: its
-    order), then cooling nodes demoted."""
+    order; with a snapshot, its listed nodes are the first group), then cooling nodes demoted.
+    The head is reserved unless pinned; the warm node heads only when its prediction (its
+    prefill saved) is the least."""
     ranked = list(fixed)
     for group in groups:
         position = {n: i for i, n in enumerate(group)}
