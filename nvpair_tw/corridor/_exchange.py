@@ -37,10 +37,12 @@ from nvpair_tw.inbound import LOCAL, Permit, Refusal, Rejection
 from nvpair_tw.nodes import Node
 from nvpair_tw.selection import (
     RETRY_AFTER_SECONDS,
+    Answer,
     Booking,
     QueueFull,
     QueueTimeout,
     Slot,
+    Trip,
     Waiter,
 )
 
@@ -50,12 +52,14 @@ __all__ = ["forward"]
 class _Observer(AttemptObserver):
     """Feeds the attempt loop's progress into this request's record and workload."""
 
-    def __init__(self, record: RequestRecord, workload: Workload | None) -> None:
+    def __init__(self, record: RequestRecord, workload: Workload | None, trip: Trip) -> None:
         self._record = record
         self._workload = workload
+        self._trip = trip
 
     def attempt_started(self, node: Node) -> None:
         self._record.attempt_started(node.id)
+        self._trip.attempt(node.id)
         if self._workload is not None:
             self._workload.running(node.id)
 
@@ -115,7 +119,9 @@ async def _admitted(
     """Admission (a slot, or the queue), the workload, then the answer."""
     target = inbound.node
     ticket = (
-        facade.admission.admit(route.candidates, targeted=target is not None)
+        facade.admission.admit(
+            route.candidates, targeted=target is not None, patience=route.patience
+        )
         if route.model
         else None
     )
@@ -140,10 +146,12 @@ async def _admitted(
     if ticket is not None:
         route = _bound(route, ticket)
         booking = Booking.take(facade.shared.ledger, route.candidates[0].id, ticket)
+    trip = facade.trip(route.model, route.predicted, route.warm, route.patience)
     try:
-        await _answer(facade, request, route, caller, booking, record, workload)
+        await _answer(facade, request, route, caller, booking, record, workload, trip)
     finally:
         booking.release()
+        trip.land()
 
 
 async def _answer(
@@ -154,6 +162,7 @@ async def _answer(
     booking: Booking,
     record: RequestRecord,
     workload: Workload | None,
+    trip: Trip,
 ) -> None:
     """The attempts, then the relay of the committed answer (or the refusal), then the end."""
     shared = facade.shared
@@ -165,7 +174,7 @@ async def _answer(
         facade.stalls,
         caller,
         booking,
-        _Observer(record, workload),
+        _Observer(record, workload, trip),
         progress=facade.progress,
     )
     if isinstance(result, Committed):
@@ -186,7 +195,9 @@ async def _answer(
         if usage is not None and record.removed_usage is not None:
             usage = usage.noted(record.removed_usage)
         if usage is not None:
-            _measured(record, usage, getattr(result.gate, "first_at", None))
+            first_at = getattr(result.gate, "first_at", None)
+            _measured(record, usage, first_at)
+            _learnt(facade, route, outcome, _answer_of(usage, record, first_at), trip, record)
         _conclude(facade, route, result.node, outcome, caller, record, workload)
     else:
         _refuse(facade, request, result, record, workload)
@@ -207,6 +218,37 @@ def _measured(record: RequestRecord, usage: Usage, first_token_at: float | None)
         span = usage.last_at - first
         rate = usage.completion_tokens / span if span > 0 else None
     record.tokens_per_s = None if rate is None else round(rate, 2)
+
+
+def _answer_of(usage: Usage, record: RequestRecord, first_at: float | None) -> Answer:
+    first = first_at if first_at is not None else usage.first_content_at
+    return Answer(
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        record.dispatched_at,
+        first,
+        usage.last_at,
+        usage.engine_rate,
+    )
+
+
+def _learnt(
+    facade: FacadeState,
+    route: Route,
+    outcome: RelayOutcome,
+    answer: Answer,
+    trip: Trip,
+    record: RequestRecord,
+) -> None:
+    """A complete answer teaches its node's rates (§15.1); the record gets the prediction made
+    for the node that served and the time it took (§15.2)."""
+    landing = trip.land()
+    if landing is None or route.model is None or outcome.end is not RelayEnd.FINISHED:
+        return
+    if outcome.status == 200:
+        facade.learn(landing, route.model, answer)
+        if landing.node_id in route.predicted:
+            record.predicted(landing.predicted, answer.last_at)
 
 
 async def _queue(

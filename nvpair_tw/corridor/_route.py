@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from attrs import frozen
+from attrs import field, frozen
 
 from nvpair_tw.assembly import Assembly, Dialect, plan_assembly, rewrite_outlined
 from nvpair_tw.core import RESPONSES_PATH, Outlined, RouteKind
@@ -26,7 +26,9 @@ from nvpair_tw.inbound import Rejection, Role
 from nvpair_tw.nodes import Node
 from nvpair_tw.selection import (
     AffinityKey,
+    Patience,
     affinity_key,
+    request_size,
 )
 
 __all__ = ["AFFINITY_MAX_BODY", "AFFINITY_MAX_MESSAGES", "OTHER_MODEL", "Route", "route"]
@@ -44,6 +46,10 @@ class Route:
     label: str | None
     """The model as records, usage and metrics name it: the public name the gate resolved, else
     ``other`` (docs/behaviour.md §14.6)."""
+    predicted: dict[str, float] = field(factory=dict)
+    """Each candidate's predicted seconds to the last token (§15.2); empty when not predicted."""
+    patience: Patience | None = None
+    """Late binding by prediction (§15.2); None: the first free candidate in order."""
 
 
 def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route | Rejection:
@@ -74,8 +80,17 @@ def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route
     if model and parsed is not None and target is None and _affine(inbound.body, parsed):
         key = affinity_key(inbound.path, facade.profile.normalise(model.strip()), parsed)
         hint = facade.affinity.lookup(key) if key is not None else None
+    predicted: dict[str, float] = {}
+    waiting: Patience | None = None
     if target is not None:
         candidates, promoted = [target], False
+    elif model:
+        ranked = facade.rank(eligible, model, request_size(parsed, len(inbound.body)), hint)
+        candidates, promoted, predicted = ranked.nodes, ranked.affinity, ranked.predicted
+        record.context_fit = ranked.context_fit
+        waiting = ranked.patience
+        if parsed is not None and inbound.path == RESPONSES_PATH:
+            candidates = conversation_first(facade, parsed, candidates)
     else:
         candidates, promoted = facade.order(
             eligible, head_selection=bool(model), affinity_hint=hint, model=model
@@ -86,7 +101,7 @@ def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route
     warm = candidates[0].id if promoted else None
     if not inference:
         model = label = None
-    return Route(plan, model, candidates, key, warm, label)
+    return Route(plan, model, candidates, key, warm, label, predicted, waiting)
 
 
 AFFINITY_MAX_BODY = 2 << 20

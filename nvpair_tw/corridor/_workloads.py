@@ -294,6 +294,12 @@ class RequestRecord:
     """The usage chunk removed from the answer (the client did not ask for it, §12.2)."""
     dispatched_at: float | None = field(init=False, default=None)
     """Clock seconds the latest attempt was sent: time to first token counts from here."""
+    context_fit: bool = field(init=False, default=True)
+    """False when no candidate's known context held the request (§15.3)."""
+    predicted_ms: int | None = field(init=False, default=None)
+    """The time to the last token predicted for the node that served (§15.2); None: none made."""
+    measured_ms: int | None = field(init=False, default=None)
+    """Arrival (queue included) to the last token, beside ``predicted_ms``."""
     workload_id: int | None = field(init=False, default=None)
     """The id of the request's workload (§7); None for a request without one. Not in the
     payload (``proxy/request`` carries none): traces read it (§12.5)."""
@@ -348,6 +354,13 @@ class RequestRecord:
     def usage_noted(self, frame: dict[str, Any]) -> None:
         """The answer's usage chunk, removed before the client saw it, keeps its counts here."""
         self.removed_usage = frame
+
+    def predicted(self, seconds: float, last_at: float | None) -> None:
+        """The serving node was predicted to answer in ``seconds``; its last token came at clock
+        time ``last_at`` (docs/behaviour.md §15.2)."""
+        self.predicted_ms = round(seconds * 1000)
+        if last_at is not None:
+            self.measured_ms = _elapsed_ms(self.started, last_at)
 
     def first_byte(self) -> None:
         """The first response byte went to the client now; later calls are no-ops."""
@@ -413,6 +426,11 @@ class RequestRecord:
             payload["completion_tokens"] = self.completion_tokens
             payload["ttft_ms"] = self.ttft_ms
             payload["tokens_per_s"] = self.tokens_per_s
+            if not self.context_fit:
+                payload["context_fit"] = False
+            if self.predicted_ms is not None:
+                payload["predicted_ms"] = self.predicted_ms
+                payload["measured_ms"] = self.measured_ms
         return payload
 
     def _close_attempt(self, outcome: str) -> None:

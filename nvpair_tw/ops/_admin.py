@@ -241,6 +241,7 @@ class StatusBoard:
                         if cooldown is None
                         else {"until": _ms(cooldown.until), "reason": cooldown.reason},
                         "cordon": None if cordon is None else cordon.to_json(),
+                        "rates": facade.speeds.to_json(node.id),
                     }
                 )
             facades.append(

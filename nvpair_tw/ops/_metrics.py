@@ -43,6 +43,7 @@ AFFINITY_PATHS = CHAT_PATHS | COMPLETION_PATHS
 DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 TTFB_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
+RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.1, 1.25, 1.5, 2, 4, 8)
 OTHER = "other"
 """The label of a model no node or catalogue knows."""
 
@@ -169,6 +170,25 @@ class RuntimeCollector(Collector):
         yield from (kinds, loaded, queue, busy, self._reservations(node_ids))
         yield from self._store()
         yield from self._traces()
+        yield from self._speeds()
+
+    def _speeds(self) -> Iterator[Metric]:
+        """The learnt rates per (node, model) (docs/behaviour.md §15.1)."""
+        decode = GaugeMetricFamily(
+            "nvpair_node_decode_tokens_per_second",
+            "Learnt decode throughput of a node for a model (one request alone), per §15.1.",
+            labels=[*_LABELS, "model"],
+        )
+        prefill = GaugeMetricFamily(
+            "nvpair_node_prefill_tokens_per_second",
+            "Learnt prompt tokens per second of a node for a model, per §15.1.",
+            labels=[*_LABELS, "model"],
+        )
+        for engine, facade in self._runtime.facades.items():
+            for node_id, model, rates in facade.speeds.known():
+                decode.add_metric([engine, node_id, model], rates.decode)
+                prefill.add_metric([engine, node_id, model], rates.prefill)
+        yield from (decode, prefill)
 
     def _inflight(self) -> Metric:
         """Running workloads by serving node (an empty node: not dispatched yet, or removed)."""
@@ -354,6 +374,13 @@ class ProxyMetrics:
             buckets=RATE_BUCKETS,
             registry=registry,
         )
+        self.prediction = Histogram(
+            "nvpair_prediction_error_ratio",
+            "Measured time to the last token over the time predicted for the node that served.",
+            ["engine"],
+            buckets=RATIO_BUCKETS,
+            registry=registry,
+        )
         self.queue = Histogram(
             "nvpair_queue_seconds",
             "Time inference requests waited in the facade's queue for a slot.",
@@ -393,6 +420,9 @@ class ProxyMetrics:
         rate = payload.get("tokens_per_s")
         if isinstance(rate, int | float):
             self._child(self.rate, engine, node, label).observe(rate)
+        predicted, measured = payload.get("predicted_ms"), payload.get("measured_ms")
+        if isinstance(predicted, int) and isinstance(measured, int) and predicted > 0:
+            self._child(self.prediction, engine).observe(measured / predicted)
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format."""

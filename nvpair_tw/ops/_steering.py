@@ -82,6 +82,7 @@ def nodes_list(facade: FacadeState, params: Params) -> Result:
                 "slotsInUse": facade.admission.slots_in_use(node.id),
                 "busyWaits": facade.progress.busy_waits(node.id),
                 "cordon": None if cordon is None else cordon.to_json(),
+                "rates": facade.speeds.to_json(node.id),
             }
         )
     return {"nodes": nodes, "queueDepth": facade.admission.queue_depth}

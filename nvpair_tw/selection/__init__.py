@@ -1,5 +1,6 @@
 """Which node, in which order, when: inventory and its poller, prefix affinity, stall cooldowns,
-reservations, the ordering function, body progress and admission.
+reservations, the ordering function, body progress and admission; learnt speeds, flights and
+predicted times to answer (docs/behaviour.md §15).
 """
 
 from __future__ import annotations
@@ -20,12 +21,17 @@ from nvpair_tw.selection._affinity import (
     AffinityTable,
     affinity_key,
 )
+from nvpair_tw.selection._contexts import Fit, fit
 from nvpair_tw.selection._cordons import Cordon, CordonBook, CordonListener
+from nvpair_tw.selection._flights import FlightBook, Landing, Trip
 from nvpair_tw.selection._inventory import InventoryBook
 from nvpair_tw.selection._ordering import order_candidates
+from nvpair_tw.selection._patience import Patience, patience
 from nvpair_tw.selection._polling import PROBE_BOUND, expiry_probe
+from nvpair_tw.selection._predict import Load, RequestSize, predict_all, request_size, slot_wait
 from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
+from nvpair_tw.selection._speed import Answer, Rates, SpeedBook, Start, sample_of
 from nvpair_tw.selection._stalls import (
     Cooldown,
     CooldownListener,
@@ -42,25 +48,42 @@ __all__ = [
     "Admission",
     "AffinityKey",
     "AffinityTable",
+    "Answer",
     "Booking",
     "Cooldown",
     "CooldownListener",
     "Cordon",
     "CordonBook",
     "CordonListener",
+    "Fit",
+    "FlightBook",
     "IStallTracker",
     "InventoryBook",
+    "Landing",
+    "Load",
+    "Patience",
     "Probe",
     "ProgressBook",
     "QueueFull",
     "QueueTimeout",
+    "Rates",
+    "RequestSize",
     "ReservationLedger",
     "Slot",
+    "SpeedBook",
     "StallTracker",
+    "Start",
+    "Trip",
     "Waiter",
     "affinity_key",
     "expiry_probe",
+    "fit",
     "make_rank",
     "order_candidates",
+    "patience",
+    "predict_all",
+    "request_size",
+    "sample_of",
     "slot_limit",
+    "slot_wait",
 ]

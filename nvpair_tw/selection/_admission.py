@@ -25,6 +25,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 from nvpair_tw.nodes import Node
+from nvpair_tw.selection._patience import Patience
 
 __all__ = [
     "QUEUE_FULL",
@@ -118,8 +119,11 @@ class Waiter:
     since: float
     targeted: bool = False
     """Chosen by ``X-NVPair-Node``: it may bind to a cordoned node (maintenance, §13.1)."""
+    patience: Patience | None = None
+    """Which freed nodes it declines while its best one may still be worth the wait (§15.2)."""
     bound: Deferred[Slot] = field(init=False)
     _timer: IDelayedCall | None = field(init=False, default=None)
+    _patience_timer: IDelayedCall | None = field(init=False, default=None)
 
 
 @define(eq=False)
@@ -144,25 +148,43 @@ class Admission:
         """The node's slots (0 = unlimited; a node gone counts as 0)."""
         return self._limit(node_id) or 0
 
+    def queued_for(self, node_id: str) -> float:
+        """The predicted seconds of work queued for ``node_id``: its waiters' service time there,
+        of the waiters whose best node it is (§15.2)."""
+        return sum(
+            w.patience.service.get(node_id, 0.0)
+            for w in self._queue
+            if w.patience is not None and w.patience.best == node_id
+        )
+
     def slots_in_use(self, node_id: str) -> int:
         """Requests of this facade holding a slot on the node now (counted when unlimited too)."""
         return self._in_use.get(node_id, 0)
 
     def admit(
-        self, candidates: Sequence[Node], *, targeted: bool = False
+        self,
+        candidates: Sequence[Node],
+        *,
+        targeted: bool = False,
+        patience: Patience | None = None,
     ) -> Slot | Waiter | QueueFull:
         """A slot on the first candidate with one free, else a place in the queue, else full.
 
-        ``targeted`` (the client named the node): a cordon does not keep it from the node."""
+        ``targeted`` (the client named the node): a cordon does not keep it from the node.
+        ``patience`` (§15.2): a free node it declines is passed over, and the request waits for
+        its best node instead, until that node's predicted finish at the latest."""
         ids = tuple(node.id for node in candidates)
-        free = self._first_free(ids, targeted)
+        waiter = Waiter(ids, self._clock.seconds(), targeted, patience)
+        free = self._first_free_for(waiter)
         if free is not None:
             return self._bind(free)
         if len(self._queue) >= self.queue_size:
             return QUEUE_FULL
-        waiter = Waiter(ids, self._clock.seconds(), targeted)
         waiter.bound = Deferred(lambda _: self._leave(waiter))
         waiter._timer = self._clock.callLater(self.queue_timeout, self._expire, waiter)
+        if patience is not None:
+            late = max(0.0, patience.best_finish - waiter.since)
+            waiter._patience_timer = self._clock.callLater(late, self.wake)
         self._queue.append(waiter)
         return waiter
 
@@ -170,7 +192,7 @@ class Admission:
         """Bind waiters to every slot free now, oldest waiter first (after any change of slots)."""
         bindings: list[tuple[Waiter, Slot]] = []
         for waiter in self._queue:
-            free = self._first_free(waiter.candidates, waiter.targeted)
+            free = self._first_free_for(waiter)
             if free is not None:
                 bindings.append((waiter, self._bind(free)))
         self._dispatch(bindings)
@@ -182,9 +204,9 @@ class Admission:
             if self._first_free((node_id,), True) is None:
                 break
             if node_id in waiter.candidates:
-                free = self._first_free(waiter.candidates, waiter.targeted)
+                free = self._first_free_for(waiter)
                 if free is None:
-                    continue  # the freed node is cordoned and this waiter did not name it
+                    continue  # cordoned and not named, or declined (§15.2): the next waiter
                 bindings.append((waiter, self._bind(free)))
         self._dispatch(bindings)
 
@@ -195,6 +217,15 @@ class Admission:
         # Fired after the scan: a woken request runs at once and may release or admit in turn.
         for waiter, slot in bindings:
             waiter.bound.callback(slot)
+
+    def _first_free_for(self, waiter: Waiter) -> str | None:
+        """The waiter's first candidate with a free slot that its patience accepts now."""
+        patience = waiter.patience
+        if patience is None:
+            return self._first_free(waiter.candidates, waiter.targeted)
+        now = self._clock.seconds()
+        taken = [n for n in waiter.candidates if patience.accepts(n, now)]
+        return self._first_free(taken, waiter.targeted)
 
     def _first_free(self, candidates: Sequence[str], targeted: bool = False) -> str | None:
         for node_id in candidates:
@@ -228,12 +259,14 @@ class Admission:
 
     def _expire(self, waiter: Waiter) -> None:
         waiter._timer = None
+        self._stop_timer(waiter)
         if waiter in self._queue:
             self._queue.remove(waiter)
             waiter.bound.errback(QueueTimeout(f"no slot freed within {self.queue_timeout:g}s"))
 
     @staticmethod
     def _stop_timer(waiter: Waiter) -> None:
-        timer, waiter._timer = waiter._timer, None
-        if timer is not None and timer.active():
-            timer.cancel()
+        for timer in (waiter._timer, waiter._patience_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        waiter._timer = waiter._patience_timer = None

@@ -21,6 +21,7 @@ from twisted.internet.interfaces import IReactorTime
 from nvpair_tw.core import EngineProfile
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Catalogue, Node, NodeDirectory
+from nvpair_tw.selection._contexts import ANY_MODEL
 from nvpair_tw.selection._polling import InventoryPoller
 from nvpair_tw.upstream import MAX_JSON_BYTES, ReadError, get_json, join_url, make_http_client
 
@@ -124,6 +125,7 @@ class InventoryBook:
     _known: dict[str, _Known] = field(factory=dict, init=False)
     _loaded: dict[str, _Loaded] = field(factory=dict, init=False)
     _slots: dict[str, tuple[str, int]] = field(factory=dict, init=False)
+    _contexts: dict[str, tuple[str, Mapping[str, int]]] = field(factory=dict, init=False)
     _matchable: dict[str, tuple[object, EngineProfile, dict[str, str]]] = field(
         factory=dict, init=False
     )
@@ -266,6 +268,24 @@ class InventoryBook:
         else:
             self._slots[node.id] = (node.url, slots)
 
+    def record_contexts(self, node: Node, contexts: Mapping[str, int]) -> None:
+        """The context lengths the node reports, by model as it spells it (§15.3)."""
+        self._contexts[node.id] = (node.url, contexts)
+
+    def context_length(self, node_id: str, model: str) -> int | None:
+        """The context the node serves ``model`` with, where it says so (§15.3), else None."""
+        node = self._directory.get(node_id)
+        kept = self._contexts.get(node_id)
+        if node is None or kept is None or kept[0] != node.url or not kept[1]:
+            return None
+        contexts = kept[1]
+        if ANY_MODEL in contexts:
+            return contexts[ANY_MODEL]
+        profile = node.kind_of(self._engine)
+        spelt = frozenset(contexts)
+        local = _local(profile, _normalised(profile, spelt), self._directory.catalogue, model)
+        return None if local is None else contexts[local]
+
     def reported_slots(self, node_id: str) -> int | None:
         """The slots the node itself reports, while it is at the URL that said so (§11.1)."""
         node = self._directory.get(node_id)
@@ -299,3 +319,7 @@ class InventoryBook:
             node = current.get(node_id)
             if node is None or node.url != self._slots[node_id][0]:
                 del self._slots[node_id]
+        for node_id in list(self._contexts):
+            node = current.get(node_id)
+            if node is None or node.url != self._contexts[node_id][0]:
+                del self._contexts[node_id]

@@ -11,11 +11,15 @@ no baselines (``pending`` and ``gpu_pressure`` are 0) and this proxy's in-flight
 exactly its reservations, so the head is the node with the fewest requests in flight; ties go to a
 node where the model is known resident, then to the lowest id. With a snapshot, ties on load go to
 a resident node, then to the earlier list position.
+
+The fastest answer (docs/behaviour.md §15.2): when the caller passes each node's predicted time to
+the last token, that order replaces the least-load rule and the affinity gate (a warm prefix is
+part of the prediction); an eligible pin still goes first and cooling nodes still go last.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Protocol
 
 from attrs import frozen
@@ -62,12 +66,16 @@ def order_candidates(
     head_selection: bool,
     cooling: Collection[str],
     resident: Collection[str] = frozenset(),
+    predicted: Mapping[str, float] | None = None,
 ) -> Ordering:
     """Order ``eligible`` (each once): base order, head selection, then demote cooling nodes.
 
     ``snapshot`` is the scheduler snapshot in force, or None when there is none: head selection
     then balances over every eligible node. ``resident`` holds the ids of nodes where the
     request's model is known to be loaded; it breaks ties on load (docs/behaviour.md §5.2, §6.4).
+
+    ``predicted`` (seconds to the last token per node, §15.2) replaces head selection: see
+    :func:`_by_prediction`.
     """
     candidates = tuple(dict.fromkeys(eligible))
     allowed = frozenset(candidates)
@@ -82,6 +90,10 @@ def order_candidates(
     base = ([pin] if pinned and pin is not None else []) + listed + rest
     balanced = listed if snapshot is not None else rest
 
+    if predicted is not None and head_selection:
+        groups = [listed, rest] if snapshot is not None else [listed + rest]
+        fixed = base[:1] if pinned else []
+        return _by_prediction(fixed, groups, predicted, affinity_hint, cooling_set)
     reserve = affinity = False
     if head_selection and not pinned:
         head: str | None = None
@@ -102,6 +114,27 @@ def order_candidates(
             reserve = True
 
     return Ordering(nodes=_demote(base, cooling_set), reserve=reserve, affinity=affinity)
+
+
+def _by_prediction(
+    fixed: list[str],
+    groups: list[list[str]],
+    predicted: Mapping[str, float],
+    warm: str | None,
+    cooling: frozenset[str],
+) -> Ordering:
+    """``fixed`` (an eligible pin) first, then each group by least predicted time (ties: its
+    order; with a snapshot, its listed nodes are the first group), then cooling nodes demoted.
+    The head is reserved unless pinned; the warm node heads only when its prediction (its
+    prefill saved) is the least."""
+    ranked = list(fixed)
+    for group in groups:
+        position = {n: i for i, n in enumerate(group)}
+        ranked += sorted(group, key=lambda n: (predicted.get(n, float("inf")), position[n]))
+    nodes = _demote(ranked, cooling)
+    head = nodes[0] if nodes else None
+    chose = not fixed and head is not None
+    return Ordering(nodes=nodes, reserve=chose, affinity=chose and head == warm)
 
 
 def _affinity_gate_passes(

@@ -19,6 +19,7 @@ from twisted.python.failure import Failure
 
 from nvpair_tw.core import EngineProfile, ResidencyFormat, SlotsFormat
 from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.selection._contexts import props_context, ps_contexts
 from nvpair_tw.upstream import ReadError, get_json, join_url, node_answers
 
 __all__ = ["PROBE_BOUND", "InventoryPoller", "InventorySink", "NodeReads", "expiry_probe"]
@@ -44,6 +45,9 @@ class InventorySink(Protocol):
 
     def record_slots(self, node: Node, slots: int | None) -> None:
         """The slots the node reports (None: it did not say)."""
+
+    def record_contexts(self, node: Node, contexts: Mapping[str, int]) -> None:
+        """The context lengths the node reports, by model name as it spells it (§15.3)."""
 
     def prune(self, current: Mapping[str, Node]) -> None:
         """Forget what was kept of nodes gone from ``current`` (the polled nodes) or moved."""
@@ -208,6 +212,7 @@ class NodeReads:
             return
         if self._still_polled(node):
             self._sink.record_loaded(node, names, self._clock.seconds())
+            self._sink.record_contexts(node, ps_contexts(document))
 
     async def _poll_slots(self, node: Node, slots: SlotsFormat) -> None:
         """llama.cpp's ``/props``: how many requests it runs at once (quietly unknown when a
@@ -223,9 +228,10 @@ class NodeReads:
             )
             reported: int | None = slots.slots(document)
         except (ReadError, ValueError):
-            reported = None
+            reported, document = None, None
         if self._still_polled(node):
             self._sink.record_slots(node, reported)
+            self._sink.record_contexts(node, props_context(document))
 
     def _residency_failed(self, node: Node, why: str) -> None:
         if not self._sink.forget_loaded(node):

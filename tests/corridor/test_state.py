@@ -4,9 +4,11 @@ through ``MemoryCluster`` on a Clock."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+import pytest
 from twisted.internet.task import Clock
 
 from nvpair_tw.nodes._directory import Node
@@ -172,3 +174,165 @@ def test_order_promotes_a_warm_node_and_says_so(memory_cluster: Make) -> None:
     assert (ids(nodes)[0], promoted) == ("c", True)
     nodes, promoted = facade.order(owners, head_selection=True, affinity_hint=None)
     assert promoted is False
+
+
+# The fastest answer (docs/behaviour.md §15)
+
+
+def _ollama_at(rate: float) -> Callable[[bytes, bool, bytes], list[bytes]]:
+    """An Ollama chat stream of 40 tokens whose final object states ``rate`` tokens/s."""
+
+    def frames(path: bytes, streaming: bool, body: bytes) -> list[bytes]:
+        piece = {"model": "llama3", "message": {"role": "assistant", "content": "tok "}}
+        final = {
+            "model": "llama3",
+            "message": {"role": "assistant", "content": ""},
+            "done": True,
+            "prompt_eval_count": 12,
+            "eval_count": 40,
+            "eval_duration": int(40 / rate * 1e9),
+        }
+        return [json.dumps(f).encode() + b"\n" for f in (piece, piece, final)]
+
+    return frames
+
+
+def test_sequential_requests_go_to_the_node_that_showed_it_is_faster(
+    memory_cluster: Make,
+) -> None:
+    """PAIR #7's two idle nodes (10.3 and 57.7 tokens/s), the slow one's id sorting first: the
+    first request goes by id, the second explores the unmeasured node, then every one goes to
+    the fast node; each record carries its prediction and what it measured."""
+    clock = Clock()
+    slow = SimulatedEngine(clock, chunk_delay=1.9, script=_ollama_at(10.3))
+    fast = SimulatedEngine(clock, chunk_delay=0.35, script=_ollama_at(57.7))
+    cluster = memory_cluster(clock, {"a-slow": slow, "b-fast": fast})
+    cluster.flush()
+    chat = {**CHAT, "stream": True}
+    chosen = []
+    for _ in range(7):
+        pending = cluster.request("POST", "/api/chat", json=chat)
+        cluster.advance(10)
+        chosen.append(cluster.result(pending).header("x-nvpair-node"))
+    assert chosen == ["a-slow", "b-fast", *["b-fast"] * 5]
+    speeds = cluster.facade().speeds
+    assert speeds.rates("a-slow", "llama3").decode == pytest.approx(10.3)
+    assert speeds.rates("b-fast", "llama3").decode == pytest.approx(57.7)
+    last = cluster.named("proxy/request")[-1]
+    assert last["predicted_ms"] == round(40 / 57.7 * 1000)
+    assert last["measured_ms"] == 1050  # three frames, 0.35 s apart, the first one too
+
+
+def test_a_burst_spreads_by_predicted_finish_not_by_count(memory_cluster: Make) -> None:
+    """Unlimited slots, requests sharing a node's rate: with both rates known, a burst of six
+    puts more on the fast node than on the slow one (least in flight split it 3/3)."""
+    clock = Clock()
+    slow = SimulatedEngine(clock, chunk_delay=1.9, script=_ollama_at(10.3))
+    fast = SimulatedEngine(clock, chunk_delay=0.35, script=_ollama_at(57.7))
+    cluster = memory_cluster(clock, {"a-slow": slow, "b-fast": fast})
+    cluster.flush()
+    chat = {**CHAT, "stream": True}
+    for _ in range(2):  # one answer from each
+        pending = cluster.request("POST", "/api/chat", json=chat)
+        cluster.advance(10)
+        cluster.result(pending)
+    responses = [cluster.request("POST", "/api/chat", json=chat) for _ in range(6)]
+    cluster.flush()
+    counts = served([cluster.result(p) for p in responses])
+    cluster.advance(10)
+    assert counts == Counter({"b-fast": 5, "a-slow": 1})
+
+
+def test_a_prompt_too_long_for_a_nodes_loaded_context_goes_to_one_that_holds_it(
+    memory_cluster: Make,
+) -> None:
+    """§15.3: Ollama's /api/ps says the idle resident node loaded the model with 2,048 tokens of
+    context; a 10,000-token prompt goes to the node with 32,768, a short one still to either."""
+    clock = Clock()
+    small = SimulatedEngine(clock, loaded=["llama3:latest"], context_length=2048, kind="ollama")
+    big = SimulatedEngine(clock, loaded=["llama3:latest"], context_length=32768, kind="ollama")
+    cluster = memory_cluster(
+        clock, {"a-small": small, "b-big": big}, nodes={"ollama": polled("a-small", "b-big")}
+    )
+    cluster.flush()
+    assert cluster.facade().inventory.context_length("a-small", "llama3") == 2048
+    long_chat = {"model": "llama3", "messages": [{"role": "user", "content": "x" * 40_000}]}
+    pending = cluster.request("POST", "/api/chat", json=long_chat)
+    assert cluster.result(pending).header("x-nvpair-node") == "b-big"
+    cluster.advance(5)
+    [short] = burst(cluster, 1)
+    assert short.header("x-nvpair-node") == "a-small"
+    cluster.advance(5)
+    records = cluster.named("proxy/request")
+    assert all("context_fit" not in r for r in records)
+
+
+def test_when_no_node_holds_the_prompt_the_largest_serves_and_the_record_says_so(
+    memory_cluster: Make,
+) -> None:
+    clock = Clock()
+    small = SimulatedEngine(clock, loaded=["llama3:latest"], context_length=2048, kind="ollama")
+    less = SimulatedEngine(clock, loaded=["llama3:latest"], context_length=1024, kind="ollama")
+    cluster = memory_cluster(
+        clock, {"a-less": less, "b-small": small}, nodes={"ollama": polled("a-less", "b-small")}
+    )
+    cluster.flush()
+    long_chat = {"model": "llama3", "messages": [{"role": "user", "content": "x" * 40_000}]}
+    pending = cluster.request("POST", "/api/chat", json=long_chat)
+    assert cluster.result(pending).header("x-nvpair-node") == "b-small"
+    cluster.advance(5)
+    [record] = cluster.named("proxy/request")
+    assert record["context_fit"] is False
+
+
+def test_a_queued_request_waits_for_the_fast_node_while_the_slow_one_is_free(
+    memory_cluster: Make,
+) -> None:
+    """§15.2 amending §6.4: one slot each, both rates known. A burst of six: the fast node takes
+    five, one after the other (each waits less for it than the slow node would take), and only
+    the sixth, predicted sooner on the idle slow node, goes there; under first-free binding the
+    second request would have taken the slow node at once."""
+    clock = Clock()
+    slow = SimulatedEngine(clock, chunk_delay=1.9, script=_ollama_at(10.3))
+    fast = SimulatedEngine(clock, chunk_delay=0.23, script=_ollama_at(57.7))
+    nodes = [Node(i, f"http://{i}.node.test:11434", slots=1) for i in ("a-slow", "b-fast")]
+    cluster = memory_cluster(clock, {"a-slow": slow, "b-fast": fast}, nodes={"ollama": nodes})
+    cluster.flush()
+    chat = {**CHAT, "stream": True}
+    for _ in range(2):  # one answer from each
+        pending = cluster.request("POST", "/api/chat", json=chat)
+        cluster.advance(10)
+        cluster.result(pending)
+    burst_of = [cluster.request("POST", "/api/chat", json=chat) for _ in range(6)]
+    cluster.advance(10)
+    order = [cluster.result(p).header("x-nvpair-node") for p in burst_of]
+    assert order == ["b-fast"] * 5 + ["a-slow"]
+    assert cluster.facade().admission.queue_depth == 0
+
+
+def test_only_requests_for_a_model_count_as_work_in_flight(memory_cluster: Make) -> None:
+    """A pass-through request (no model) is not work a prediction should wait for."""
+    clock = Clock()
+    cluster = memory_cluster(clock, engines(clock, {"a": None}))
+    facade = cluster.facade()
+    facade.trip(None, {}, None).attempt("a")
+    assert facade.flights.in_flight("a") == 0
+    trip = facade.trip("llama3", {"a": 2.0}, None)
+    trip.attempt("a")
+    assert (facade.flights.in_flight("a"), facade.flights.remaining("a")) == (1, 2.0)
+    trip.land()
+
+
+def test_a_nodes_speed_seeds_its_rates_until_it_has_answered(memory_cluster: Make) -> None:
+    """``speed = 5`` on a node: predicted five times the stand-in rate, so it is tried first."""
+    clock = Clock()
+    nodes = [
+        Node("a", "http://a.node.test:11434"),
+        Node("b", "http://b.node.test:11434", speed=5.0),
+    ]
+    cluster = memory_cluster(clock, engines(clock, {"a": None, "b": None}), nodes={"ollama": nodes})
+    speeds = cluster.facade().speeds
+    assert speeds.rates("b", "llama3").decode == 5 * speeds.rates("a", "llama3").decode
+    [response] = burst(cluster, 1)
+    assert response.header("x-nvpair-node") == "b"
+    cluster.advance(5)

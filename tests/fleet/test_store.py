@@ -402,6 +402,10 @@ async def test_turn_two_through_the_other_proxy_lands_on_turn_ones_node(
     status, _, first = await fleet.post(p1, chat("turn one"))
     assert (status, first) == (200, "n1")
     await eventually(reactor, lambda: len(facade_of(p2).affinity) == 1, PEER_BOUND, "peer entry")
+    # Turn one's reservation released everywhere: a node a peer still has work on is predicted
+    # slower (the fleet's reservations count, docs/behaviour.md §15.2), whatever its prefix.
+    ledger = p2.runtime.shared.ledger
+    await eventually(reactor, lambda: ledger.reservations("n1") == 0, PEER_BOUND, "release seen")
 
     status, _, second = await fleet.post(p2, chat("turn one", "answer", "turn two"))
     assert (status, second) == (200, "n1")

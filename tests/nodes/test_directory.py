@@ -416,3 +416,27 @@ def test_the_catalogue_comes_and_goes_with_the_nodes_file(tmp_path: Path) -> Non
     clock.advance(1.0)
     assert directory.catalogue.public("meta-llama-3.1-8b-instruct") == "meta-llama-3.1-8b-instruct"
     directory.stop()
+
+
+def test_speed_in_the_file_seeds_a_nodes_rates(tmp_path: Path) -> None:
+    """``speed = X`` (docs/behaviour.md §15.1): a number > 0, kept as a float; unset is None."""
+    text = (
+        "[[node]]\nid = 'a'\nurl = 'http://a:1'\nspeed = 5\n"
+        "[[node]]\nid = 'b'\nurl = 'http://b:1'\nspeed = 0.5\n"
+        "[[node]]\nid = 'c'\nurl = 'http://c:1'\n"
+    )
+    path = write(tmp_path / "nodes.toml", text)
+    assert [(n.id, n.speed) for n in load_nodes_file(path, "ollama")] == [
+        ("a", 5.0),
+        ("b", 0.5),
+        ("c", None),
+    ]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "true", "'fast'"])
+def test_a_speed_that_is_not_a_positive_number_is_refused(tmp_path: Path, value: str) -> None:
+    path = write(
+        tmp_path / "nodes.toml", f"[[node]]\nid = 'a'\nurl = 'http://a:1'\nspeed = {value}\n"
+    )
+    with pytest.raises(NodesFileError, match="speed: must be a number > 0"):
+        load_nodes_file(path, "ollama")

@@ -34,6 +34,7 @@ from nvpair_tw.ops._admin import (
 from nvpair_tw.ops._metrics import ProxyMetrics
 from nvpair_tw.runtime._process import Runtime, build_runtime
 from nvpair_tw.selection._admission import Slot, Waiter
+from nvpair_tw.selection._speed import Sample
 from nvpair_tw.testing import start_proxy
 
 STATIC = ("llama3:latest",)
@@ -177,8 +178,8 @@ def test_state_snapshot_shows_nodes_cooldowns_in_flight_and_failovers() -> None:
 
 
 def test_state_snapshot_shows_slots_queue_depth_busy_waits_and_residency() -> None:
-    """/api/state: each node's slots and slots in use (0 = unlimited), busy waits and loaded models
-    (None when unknown); each facade's queue depth."""
+    """/api/state: each node's slots and slots in use (0 = unlimited), busy waits, loaded models
+    (None when unknown) and learnt rates (§15.1); each facade's queue depth."""
     _, runtime = _runtime(
         [
             Node("a", "http://127.0.0.1:1", STATIC, slots=1),
@@ -205,6 +206,11 @@ def test_state_snapshot_shows_slots_queue_depth_busy_waits_and_residency() -> No
         n["id"]: (n["slotsInUse"], n["slots"], n["busyWaits"], n["loaded"]) for n in ollama["nodes"]
     }
     assert shown == {"a": (1, 1, 2, None), "b": (0, 3, 0, ["qwen:7b"]), "c": (0, 0, 0, None)}
+    facade.speeds.learn("c", "llama3", Sample(decode_rate=10.3))
+    _, _, body = _get(client, "/api/state")
+    [ollama] = json.loads(body)["facades"]
+    rates = {n["id"]: n["rates"] for n in ollama["nodes"]}
+    assert rates["a"] == {} and rates["c"]["llama3"]["decodeTokensPerSecond"] == 10.3
     queued.bound.cancel()
     holding.release()
     _, _, body = _get(client, "/api/state")

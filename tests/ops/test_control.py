@@ -51,6 +51,7 @@ from nvpair_tw.ops._control import (
 from nvpair_tw.runtime._process import Runtime, build_runtime
 from nvpair_tw.runtime._service import ListenerService
 from nvpair_tw.selection._admission import Slot, Waiter
+from nvpair_tw.selection._speed import Sample
 from nvpair_tw.testing import (
     EngineHandle,
     MemoryCluster,
@@ -185,7 +186,8 @@ def test_several_facades_need_the_engine_prefix_for_engine_scoped_methods() -> N
 
 def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
     """nodes/list gives id, url, sorted models, loaded (null: unknown), source, coolingUntil
-    (ms epoch or null), slots, the node's busy-wait count and its cordon (null: none)."""
+    (ms epoch or null), slots, the node's busy-wait count, its cordon (null: none) and its
+    learnt rates per model (docs/behaviour.md §15.1)."""
     runtime = _runtime(
         {
             "ollama": [
@@ -198,6 +200,7 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
     facade.stalls.cool("b", "header timeout")
     facade.progress.busy_waited("b")
     facade.progress.busy_waited("b")
+    facade.speeds.learn("b", "alpha", Sample(decode_rate=57.7, prefill_rate=900.0, load_seconds=2))
     result = _ask(ControlMethods(runtime), "nodes/list")["result"]
     until = 1000 * (1_700_000_000 + runtime.settings.cooldown)
     assert result == {
@@ -214,6 +217,7 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "slotsInUse": 0,
                 "busyWaits": 0,
                 "cordon": None,
+                "rates": {},
             },
             {
                 "id": "b",
@@ -227,6 +231,14 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "slotsInUse": 0,
                 "busyWaits": 2,
                 "cordon": None,
+                "rates": {
+                    "alpha": {
+                        "decodeTokensPerSecond": 57.7,
+                        "prefillTokensPerSecond": 900.0,
+                        "loadSeconds": 2.0,
+                        "samples": 1,
+                    }
+                },
             },
         ],
         "queueDepth": 0,

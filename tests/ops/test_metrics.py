@@ -21,6 +21,7 @@ from nvpair_tw.ops._admin import AdminService
 from nvpair_tw.ops._metrics import ProxyMetrics
 from nvpair_tw.runtime._process import Runtime, build_runtime
 from nvpair_tw.selection._admission import Slot, Waiter
+from nvpair_tw.selection._speed import Sample
 from nvpair_tw.testing import (
     Behaviour,
     MemoryCluster,
@@ -449,3 +450,23 @@ def test_tokens_first_token_rate_and_queue_are_observed_with_bounded_labels() ->
     assert value(scraped, "nvpair_queue_seconds_count", engine="ollama") == 3
     models = {dict(labels).get("model") for (_, labels) in scraped if dict(labels).get("model")}
     assert "made-up-123" not in models
+
+
+def test_learnt_rates_and_the_prediction_error_are_exposed() -> None:
+    """§15.1, §15.2: the decode and prefill gauges per (engine, node, model), and the measured
+    over predicted ratio of each record that carries both."""
+    _, runtime = _runtime()
+    metrics = ProxyMetrics(runtime)
+    runtime.facades["ollama"].speeds.learn(
+        "b", "llama3", Sample(decode_rate=57.7, prefill_rate=900)
+    )
+    record = {"model": "llama3:latest", "predicted_ms": 1000, "measured_ms": 1200}
+    runtime.shared.bus.publish("proxy/request", _request(**record))
+    runtime.shared.bus.publish("proxy/request", _request(model="llama3:latest"))
+    scraped = samples(metrics.exposition().decode())
+    per = {"engine": "ollama", "node": "b", "model": "llama3"}
+    assert value(scraped, "nvpair_node_decode_tokens_per_second", **per) == 57.7
+    assert value(scraped, "nvpair_node_prefill_tokens_per_second", **per) == 900
+    assert value(scraped, "nvpair_prediction_error_ratio_count", engine="ollama") == 1
+    assert value(scraped, "nvpair_prediction_error_ratio_bucket", engine="ollama", le="1.25") == 1
+    assert value(scraped, "nvpair_prediction_error_ratio_bucket", engine="ollama", le="1.1") == 0

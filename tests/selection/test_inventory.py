@@ -760,3 +760,20 @@ def test_a_reloaded_catalogue_changes_the_answers_for_a_name_asked_before(tmp_pa
     assert book.local_name("box", "fancy") == "llama3.1:8b"
     assert book.resident("box", "fancy") is True
     directory.stop()
+
+
+def test_a_llamacpp_node_says_its_per_slot_context_for_whatever_it_serves() -> None:
+    """§15.3: ``/props`` ``default_generation_settings.n_ctx`` is the context of one slot; it
+    holds for any model the server is asked for, and a node that does not say is unknown."""
+    nodes = [
+        Node("cpp", "http://127.0.0.1:1001", kind="openai"),
+        Node("vllm", "http://127.0.0.1:1002", kind="openai"),
+    ]
+    memory = InMemory(nodes)
+    for port in (1001, 1002):
+        memory.engines.answers[port] = (200, json.dumps({"data": []}).encode())
+    props = {"total_slots": 2, "default_generation_settings": {"n_ctx": 4096}}
+    memory.engines.residency[1001] = (200, json.dumps(props).encode())
+    memory.poll()
+    assert memory.book.context_length("cpp", "any-model") == 4096
+    assert memory.book.context_length("vllm", "any-model") is None

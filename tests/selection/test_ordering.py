@@ -557,3 +557,78 @@ def test_unscheduled_order_properties(
         assert not result.reserve
     elif head and eligible:
         assert result.reserve
+
+
+# The fastest answer (docs/behaviour.md §15.2)
+
+
+def _predicted(
+    eligible: Sequence[str],
+    predicted: Mapping[str, float],
+    *,
+    pin: str | None = None,
+    hint: str | None = None,
+    cooling: Collection[str] = (),
+    priority: Sequence[str] | None = None,
+) -> Ordering:
+    snapshot = (
+        None
+        if priority is None
+        else PrioritySnapshot(generation=1, nodes=tuple(priority), ranks={})
+    )
+    return order_candidates(
+        eligible,
+        pin=pin,
+        snapshot=snapshot,
+        ledger_view=Loads({}),
+        affinity_hint=hint,
+        head_selection=True,
+        cooling=cooling,
+        predicted=predicted,
+    )
+
+
+def test_the_least_predicted_time_goes_first_then_the_rest_by_prediction() -> None:
+    """The slow node's id sorting first no longer decides (PAIR #7: 10.3 against 57.7 tok/s)."""
+    ordering = _predicted(["a-slow", "b-fast", "c"], {"a-slow": 3.9, "b-fast": 0.7, "c": 2.0})
+    assert ordering == Ordering(("b-fast", "c", "a-slow"), reserve=True)
+
+
+def test_equal_predictions_keep_the_base_order() -> None:
+    assert _predicted(["b", "a"], {"a": 1.0, "b": 1.0}).nodes == ("a", "b")
+
+
+def test_a_pin_keeps_its_precedence_over_the_prediction() -> None:
+    ordering = _predicted(["a", "b", "c"], {"a": 1.0, "b": 9.0, "c": 2.0}, pin="b")
+    assert ordering == Ordering(("b", "a", "c"), reserve=False)
+
+
+def test_a_cooling_node_never_heads_however_fast() -> None:
+    ordering = _predicted(["a", "b"], {"a": 0.1, "b": 9.0}, cooling={"a"})
+    assert ordering.nodes == ("b", "a")
+
+
+def test_the_warm_node_heads_only_when_its_prediction_is_the_least() -> None:
+    """Affinity is part of the prediction: warm and fastest → promoted; warm but slower → not."""
+    assert _predicted(["a", "b"], {"a": 2.0, "b": 1.0}, hint="b").affinity
+    slower = _predicted(["a", "b"], {"a": 1.0, "b": 2.0}, hint="b")
+    assert (slower.nodes, slower.affinity) == (("a", "b"), False)
+
+
+def test_with_a_snapshot_its_listed_nodes_go_before_the_rest() -> None:
+    ordering = _predicted(["a", "b", "c"], {"a": 5.0, "b": 3.0, "c": 0.1}, priority=["a", "b"])
+    assert ordering.nodes == ("b", "a", "c")
+
+
+def test_without_head_selection_the_prediction_is_not_used() -> None:
+    ordering = order_candidates(
+        ["b", "a"],
+        pin=None,
+        snapshot=None,
+        ledger_view=Loads({}),
+        affinity_hint=None,
+        head_selection=False,
+        cooling=(),
+        predicted={"a": 9.0, "b": 1.0},
+    )
+    assert ordering.nodes == ("a", "b")

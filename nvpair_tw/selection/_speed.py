@@ -1,0 +1,253 @@
+# -*- test-case-name: tests.selection.test_speed -*-
+"""What the proxy learns of each machine's speed (docs/behaviour.md §15.1).
+
+Per (node, public model): the **decode rate** (completion tokens/s), the **prefill rate** (prompt
+tokens/s) and the **load time** (the extra time to first token of an answer that had to load the
+model); per public model, the mean **completion length**. Each is an exponentially weighted mean
+with a half-life of :data:`HALF_LIFE` answers; the first sample is taken as it is.
+
+A rate measured while other requests ran on the same node is not a single-stream rate: each
+:class:`Sample` carries the mean number of requests in flight on the node over its life
+(:mod:`nvpair_tw.selection._flights`), and the decode rate is kept as the node's *throughput*
+(rate times that mean), which requests in flight share (docs/behaviour.md §15.2). A node's
+``speed = X`` (nodes file) seeds its estimate until it has measurements.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterator
+from enum import Enum
+
+from attrs import define, field, frozen
+from twisted.internet.interfaces import IReactorTime
+
+__all__ = [
+    "HALF_LIFE",
+    "STALE_AFTER",
+    "Answer",
+    "Rates",
+    "Sample",
+    "SpeedBook",
+    "Start",
+    "sample_of",
+]
+
+HALF_LIFE = 20
+"""Answers after which a sample's weight in an estimate has halved."""
+ALPHA = 1.0 - 0.5 ** (1.0 / HALF_LIFE)
+STALE_AFTER = 600.0
+"""Seconds after which an estimate is refreshed by the next request that could use it (§15.2)."""
+
+DEFAULT_DECODE = 20.0
+"""Tokens/s assumed for a model no node has measured yet (scaled by a node's ``speed``)."""
+DEFAULT_PREFILL = 400.0
+"""Prompt tokens/s assumed before any measurement."""
+DEFAULT_LOAD = 5.0
+"""Seconds a cold load is assumed to take before any node measured one."""
+DEFAULT_COMPLETION = 200.0
+"""Completion tokens assumed for a model before any answer."""
+MIN_PREFILL_TOKENS = 32
+"""A prompt shorter than this says more of the round trip than of the prefill rate: not learnt."""
+
+
+@frozen
+class Sample:
+    """One answer's figures (None: not known for this answer).
+
+    ``decode_rate`` is the answer's own completion tokens/s (the engine's figure where given),
+    ``prefill_rate`` its prompt tokens/s (only for an answer whose prompt was not cached),
+    ``load_seconds`` the load time of an answer that loaded the model, ``concurrency`` the mean
+    requests in flight on the node over its life (itself included, so at least 1)."""
+
+    decode_rate: float | None = None
+    prefill_rate: float | None = None
+    load_seconds: float | None = None
+    completion_tokens: int | None = None
+    concurrency: float = 1.0
+
+
+class Start(Enum):
+    """How an answer started on its node: what its time to first token measured."""
+
+    PLAIN = "plain"
+    """The model was resident (or its residency unknown) and no prefix was cached: prefill."""
+    LOADED = "loaded"
+    """The model was known not to be resident: load, then prefill."""
+    CACHED = "cached"
+    """A warm prefix was counted (§5.3): the prefill measured is not the node's rate."""
+
+
+@frozen
+class Answer:
+    """One answer's own figures: the engine's counts (None: unknown), clock times of dispatch,
+    first content and last chunk, and the engine's own decode rate where it gave one."""
+
+    prompt_tokens: int | None
+    completion_tokens: int | None
+    dispatched_at: float | None
+    first_at: float | None
+    last_at: float | None
+    engine_rate: float | None = None
+
+
+def sample_of(answer: Answer, start: Start, concurrency: float, prefill: float) -> Sample:
+    """The :class:`Sample` of one answer (§15.1): the engine's decode rate where given, else
+    completion tokens over first to last content; the prefill rate from dispatch to first content
+    (:attr:`Start.PLAIN` only); the load time (:attr:`Start.LOADED`) as that time less the prompt
+    at the node's current ``prefill`` estimate."""
+    decode = answer.engine_rate
+    first, last = answer.first_at, answer.last_at
+    tokens = answer.completion_tokens
+    if decode is None and tokens and first is not None and last is not None and last > first:
+        decode = tokens / (last - first)
+    ttft = None
+    if first is not None and answer.dispatched_at is not None:
+        ttft = max(0.0, first - answer.dispatched_at)
+    prompt = answer.prompt_tokens or 0
+    rate = load = None
+    if ttft is not None and start is Start.PLAIN and prompt >= MIN_PREFILL_TOKENS and ttft > 0:
+        rate = prompt / ttft
+    if ttft is not None and start is Start.LOADED:
+        load = max(0.0, ttft - prompt / prefill)
+    return Sample(decode, rate, load, tokens, concurrency)
+
+
+@frozen
+class Rates:
+    """One node's estimate for one model: throughput (single-stream decode tokens/s when alone),
+    prefill tokens/s, load seconds; ``measured`` is False for a seed or fleet-median stand-in."""
+
+    decode: float
+    prefill: float
+    load: float
+    measured: bool = False
+    samples: int = 0
+    at: float | None = None
+
+
+@define
+class _Mean:
+    value: float | None = None
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else self.value + ALPHA * (x - self.value)
+
+
+@define
+class _Entry:
+    decode: _Mean = field(factory=_Mean)
+    prefill: _Mean = field(factory=_Mean)
+    load: _Mean = field(factory=_Mean)
+    samples: int = 0
+    at: float = 0.0
+
+
+def _positive(value: float | None) -> float | None:
+    return value if value is not None and value > 0 else None
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@define
+class SpeedBook:
+    """One facade's learnt speeds. ``seed(node_id)`` is the node's ``speed`` (None: unset)."""
+
+    _clock: IReactorTime
+    _seed: Callable[[str], float | None] = field(default=lambda _node: None)
+    _entries: dict[tuple[str, str], _Entry] = field(init=False, factory=dict)
+    _completion: dict[str, _Mean] = field(init=False, factory=dict)
+
+    def learn(self, node_id: str, model: str, sample: Sample) -> None:
+        """Fold one answer's figures into the node's estimate for ``model``."""
+        entry = self._entries.setdefault((node_id, model), _Entry())
+        decode = _positive(sample.decode_rate)
+        if decode is not None:
+            entry.decode.add(decode * max(1.0, sample.concurrency))
+        prefill = _positive(sample.prefill_rate)
+        if prefill is not None:
+            entry.prefill.add(prefill)
+        load = sample.load_seconds
+        if load is not None and load >= 0:
+            entry.load.add(load)
+        entry.samples += 1
+        entry.at = self._clock.seconds()
+        if sample.completion_tokens is not None and sample.completion_tokens >= 0:
+            self._completion.setdefault(model, _Mean()).add(float(sample.completion_tokens))
+
+    def completion_mean(self, model: str) -> float:
+        """The mean completion length of ``model`` (a default before any answer)."""
+        mean = self._completion.get(model)
+        return DEFAULT_COMPLETION if mean is None or mean.value is None else mean.value
+
+    def measured(self, node_id: str, model: str) -> Rates | None:
+        """The node's own estimate (None before its first decode measurement)."""
+        entry = self._entries.get((node_id, model))
+        if entry is None or entry.decode.value is None:
+            return None
+        medians = self._medians(model)
+        return Rates(
+            entry.decode.value,
+            entry.prefill.value or medians[1] or DEFAULT_PREFILL,
+            entry.load.value if entry.load.value is not None else medians[2] or DEFAULT_LOAD,
+            measured=True,
+            samples=entry.samples,
+            at=entry.at,
+        )
+
+    def rates(self, node_id: str, model: str) -> Rates:
+        """The node's estimate, else a stand-in: the fleet's median for ``model`` (exploration),
+        scaled by the node's ``speed`` when it has one, else the defaults (§15.1, §15.2)."""
+        own = self.measured(node_id, model)
+        if own is not None:
+            return own
+        decode, prefill, load = self._medians(model)
+        scale = self._seed(node_id)
+        if decode is None:
+            decode = DEFAULT_DECODE
+        return Rates(
+            decode * (scale if scale is not None and scale > 0 else 1.0),
+            prefill or DEFAULT_PREFILL,
+            load or DEFAULT_LOAD,
+        )
+
+    def stale(self, node_id: str, model: str) -> bool:
+        """Whether the node's estimate for ``model`` is older than :data:`STALE_AFTER`."""
+        entry = self._entries.get((node_id, model))
+        return entry is not None and self._clock.seconds() - entry.at > STALE_AFTER
+
+    def refreshing(self, node_id: str, model: str) -> None:
+        """A request went to refresh a stale estimate: others need not (until it is stale again)."""
+        entry = self._entries.get((node_id, model))
+        if entry is not None:
+            entry.at = self._clock.seconds()
+
+    def known(self) -> Iterator[tuple[str, str, Rates]]:
+        """Every (node, model, measured estimate), for ``nodes/list`` and ``/metrics``."""
+        for node_id, model in sorted(self._entries):
+            rates = self.measured(node_id, model)
+            if rates is not None:
+                yield node_id, model, rates
+
+    def to_json(self, node_id: str) -> dict[str, dict[str, float | int]]:
+        """The node's measured estimates by model, as ``nodes/list`` shows them (§15.1)."""
+        return {
+            model: {
+                "decodeTokensPerSecond": round(rates.decode, 2),
+                "prefillTokensPerSecond": round(rates.prefill, 2),
+                "loadSeconds": round(rates.load, 3),
+                "samples": rates.samples,
+            }
+            for node, model, rates in self.known()
+            if node == node_id
+        }
+
+    def _medians(self, model: str) -> tuple[float | None, float | None, float | None]:
+        entries = [e for (_n, m), e in self._entries.items() if m == model]
+        return (
+            _median([e.decode.value for e in entries if e.decode.value is not None]),
+            _median([e.prefill.value for e in entries if e.prefill.value is not None]),
+            _median([e.load.value for e in entries if e.load.value is not None]),
+        )

@@ -1,0 +1,122 @@
+"""The fastest answer on real engines (docs/behaviour.md §15.4): two real Ollama nodes serving the
+same model, one held to about a fifth of a core.
+
+The slow node is throttled by a SIGSTOP/SIGCONT duty cycle this test drives on its process group
+(running 20 ms of every 100 ms): it needs no cgroup rights (a cgroup-v1 ``cpu`` quota needs root
+and a writable hierarchy, which a test run cannot count on), and it throttles every thread of the
+engine alike. The slow node's id sorts first, so the rule this one replaced would start there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.realnodes import MODEL, ProxyProcess, RealOllama, real_nodes
+
+pytestmark = pytest.mark.e2e
+
+ONE_SLOT = {"OLLAMA_NUM_PARALLEL": "1"}
+PROMPT = [{"role": "user", "content": "Name three colours."}]
+RUN, PERIOD = 0.02, 0.1
+
+
+def chat(tokens: int) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "messages": PROMPT,
+        "stream": False,
+        "options": {"num_predict": tokens, "temperature": 0, "seed": 1, "num_thread": 1},
+    }
+
+
+@contextlib.contextmanager
+def duty_cycle(node: RealOllama) -> Iterator[None]:
+    """Hold ``node`` to RUN of every PERIOD seconds until the block ends (then let it run)."""
+    done = threading.Event()
+
+    def cycle() -> None:
+        while not done.is_set():
+            node.thaw()
+            time.sleep(RUN)
+            node.freeze()
+            done.wait(PERIOD - RUN)
+        node.thaw()
+
+    worker = threading.Thread(target=cycle, daemon=True)
+    worker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        worker.join()
+        node.thaw()
+
+
+@pytest.fixture
+def proxy_for(
+    tmp_path: Path,
+) -> Iterator[Callable[[Sequence[tuple[str, RealOllama]]], ProxyProcess]]:
+    started: list[ProxyProcess] = []
+
+    def start(nodes: Sequence[tuple[str, RealOllama]]) -> ProxyProcess:
+        lines = []
+        for name, node in nodes:
+            lines += ["[[node]]", f'id = "{name}"', f'url = "{node.url}"', "slots = 1", ""]
+        listing = tmp_path / "nodes.toml"
+        listing.write_text("\n".join(lines))
+        proxy = ProxyProcess(["--engine", "ollama", "--nodes", str(listing)], tmp_path)
+        started.append(proxy)
+        proxy.wait_ready(len(nodes))
+        return proxy
+
+    yield start
+    for proxy in started:
+        output = proxy.stop()
+        assert "Traceback" not in output, output
+        assert "colours" not in output, "a prompt reached the proxy log"
+
+
+def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], str | None]:
+    with httpx.Client(timeout=300) as client:
+        response = client.post(url, json=body)
+        return response.status_code, response.json(), response.headers.get("x-nvpair-node")
+
+
+def engine_rate(answer: dict[str, Any]) -> float:
+    return float(answer["eval_count"]) / (float(answer["eval_duration"]) / 1e9)
+
+
+def test_sequential_requests_go_to_the_fast_node_and_the_rates_are_learnt(
+    proxy_for: Callable[[Sequence[tuple[str, RealOllama]]], ProxyProcess],
+) -> None:
+    """After five warm-up answers at least 80 % of sequential requests go to the fast node; the
+    learnt decode rates are within 30 % of what each engine states when asked directly."""
+    with real_nodes([ONE_SLOT, ONE_SLOT]) as (slow, fast):
+        for node in (slow, fast):  # the model loaded on both: no load time in what is compared
+            assert post(f"{node.url}/api/chat", chat(1))[0] == 200
+        proxy = proxy_for([("a-slow", slow), ("b-fast", fast)])
+        with duty_cycle(slow):
+            served: list[str | None] = []
+            for _ in range(15):
+                status, _, name = post(f"{proxy.url}/api/chat", chat(24))
+                assert status == 200
+                served.append(name)
+            listed = {n["id"]: n["rates"] for n in proxy.call("nodes/list")["nodes"]}
+            direct_slow = engine_rate(post(f"{slow.url}/api/chat", chat(24))[1])
+        direct_fast = engine_rate(post(f"{fast.url}/api/chat", chat(24))[1])
+    after = served[5:]
+    assert after.count("b-fast") >= 0.8 * len(after), served
+    [learnt_slow] = [r["decodeTokensPerSecond"] for r in listed["a-slow"].values()]
+    [learnt_fast] = [r["decodeTokensPerSecond"] for r in listed["b-fast"].values()]
+    # Not a fixed ratio: on a shared machine the fast node does not get a whole core either.
+    assert learnt_fast > learnt_slow, (learnt_fast, learnt_slow)
+    assert abs(learnt_fast - direct_fast) <= 0.3 * direct_fast, (learnt_fast, direct_fast)
+    assert abs(learnt_slow - direct_slow) <= 0.3 * direct_slow, (learnt_slow, direct_slow)

@@ -1,0 +1,122 @@
+"""What the proxy learns of each node's speed (nvpair_tw.selection._speed, docs/behaviour.md §15.1)."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet.task import Clock
+
+from nvpair_tw.selection._speed import (
+    DEFAULT_DECODE,
+    DEFAULT_PREFILL,
+    HALF_LIFE,
+    STALE_AFTER,
+    Answer,
+    Sample,
+    SpeedBook,
+    Start,
+    sample_of,
+)
+
+
+def test_the_first_sample_is_the_estimate() -> None:
+    book = SpeedBook(Clock())
+    book.learn("a", "m", Sample(decode_rate=57.0, prefill_rate=900.0, completion_tokens=40))
+    rates = book.rates("a", "m")
+    assert (rates.decode, rates.prefill, rates.measured, rates.samples) == (57.0, 900.0, True, 1)
+
+
+def test_a_sample_weighs_half_after_twenty_answers() -> None:
+    """Half-life of 20 answers: after one sample of 0 and twenty of 100, the first weighs half
+    of what it did at the start (the estimate is half way from 0 to 100)."""
+    book = SpeedBook(Clock())
+    book.learn("a", "m", Sample(decode_rate=10.0))
+    for _ in range(HALF_LIFE):
+        book.learn("a", "m", Sample(decode_rate=110.0))
+    assert book.rates("a", "m").decode == pytest.approx(60.0)
+
+
+def test_a_rate_measured_under_load_counts_as_the_nodes_throughput() -> None:
+    """Two requests shared the node: each saw 10 tokens/s, the node gives 20 to one alone."""
+    book = SpeedBook(Clock())
+    book.learn("a", "m", Sample(decode_rate=10.0, concurrency=2.0))
+    assert book.rates("a", "m").decode == 20.0
+
+
+def test_an_unmeasured_node_is_predicted_at_the_fleet_median() -> None:
+    """Exploration: a node with no measurement for the model gets the median of those measured."""
+    book = SpeedBook(Clock())
+    for node, rate in (("a", 10.0), ("b", 30.0), ("c", 57.0)):
+        book.learn(node, "m", Sample(decode_rate=rate))
+    stand_in = book.rates("new", "m")
+    assert (stand_in.decode, stand_in.measured) == (30.0, False)
+    assert book.rates("new", "other").decode == DEFAULT_DECODE
+
+
+def test_a_speed_in_the_nodes_file_seeds_until_measured() -> None:
+    seeds = {"fast": 5.0}
+    book = SpeedBook(Clock(), seeds.get)
+    assert book.rates("fast", "m").decode == DEFAULT_DECODE * 5
+    assert book.rates("plain", "m").decode == DEFAULT_DECODE
+    book.learn("fast", "m", Sample(decode_rate=12.0))
+    assert book.rates("fast", "m").decode == 12.0
+
+
+def test_the_mean_completion_length_is_per_model() -> None:
+    book = SpeedBook(Clock())
+    book.learn("a", "m", Sample(decode_rate=10.0, completion_tokens=40))
+    book.learn("b", "n", Sample(decode_rate=10.0, completion_tokens=400))
+    assert (book.completion_mean("m"), book.completion_mean("n")) == (40.0, 400.0)
+
+
+def test_an_estimate_goes_stale_after_ten_minutes_and_a_refresh_renews_it() -> None:
+    clock = Clock()
+    book = SpeedBook(clock)
+    book.learn("a", "m", Sample(decode_rate=10.0))
+    clock.advance(STALE_AFTER - 1)
+    assert not book.stale("a", "m")
+    clock.advance(2)
+    assert book.stale("a", "m")
+    book.refreshing("a", "m")
+    assert not book.stale("a", "m")
+
+
+def test_known_lists_only_measured_estimates() -> None:
+    book = SpeedBook(Clock())
+    book.learn("b", "m", Sample(decode_rate=10.0))
+    book.learn("a", "m", Sample(prefill_rate=100.0))  # no decode rate: not an estimate yet
+    assert [(n, m) for n, m, _ in book.known()] == [("b", "m")]
+
+
+def test_the_engines_own_rate_beats_the_measured_one() -> None:
+    answer = Answer(100, 40, 0.0, 1.0, 3.0, engine_rate=57.7)
+    assert sample_of(answer, Start.PLAIN, 1.0, DEFAULT_PREFILL).decode_rate == 57.7
+
+
+def test_without_the_engines_rate_decode_is_first_to_last_content() -> None:
+    answer = Answer(100, 40, 0.0, 1.0, 5.0)
+    sample = sample_of(answer, Start.PLAIN, 1.0, DEFAULT_PREFILL)
+    assert (sample.decode_rate, sample.prefill_rate, sample.load_seconds) == (10.0, 100.0, None)
+
+
+def test_a_cold_start_measures_the_load_not_the_prefill() -> None:
+    """Known not resident: time to first token less the prompt at the prefill estimate."""
+    answer = Answer(400, 40, 10.0, 14.0, 18.0)
+    sample = sample_of(answer, Start.LOADED, 1.0, 400.0)
+    assert (sample.prefill_rate, sample.load_seconds) == (None, 3.0)
+
+
+def test_a_warm_prefix_teaches_no_prefill_rate() -> None:
+    answer = Answer(400, 40, 10.0, 10.1, 12.0)
+    assert sample_of(answer, Start.CACHED, 1.0, 400.0).prefill_rate is None
+
+
+def test_a_short_prompt_teaches_no_prefill_rate() -> None:
+    """A few tokens say more of the round trip than of the prefill rate."""
+    answer = Answer(8, 40, 10.0, 10.2, 12.0)
+    assert sample_of(answer, Start.PLAIN, 1.0, 400.0).prefill_rate is None
+
+
+def test_a_load_time_sample_is_learnt() -> None:
+    book = SpeedBook(Clock())
+    book.learn("a", "m", Sample(decode_rate=10.0, load_seconds=7.5))
+    assert book.rates("a", "m").load == 7.5
