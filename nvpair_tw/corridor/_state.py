@@ -211,17 +211,23 @@ class FacadeState:
         (§15.3), an eligible pin first, then the least predicted time to the last token, cooling
         nodes last."""
         ledger = self.shared.ledger
+        loads: dict[str, Load] = {}
 
         def load(node_id: str) -> Load:
-            # The fleet's reservations (§6.6) count too: a peer's requests share the node.
+            # The fleet's reservations (§6.6) count too: a peer's requests share the node. Read
+            # once per node and request (the prediction and the patience both ask).
+            known = loads.get(node_id)
+            if known is not None:
+                return known
             here = max(self.flights.in_flight(node_id), self.admission.slots_in_use(node_id))
             busy = max(here, ledger.reservations(node_id))
-            return Load(
+            known = loads[node_id] = Load(
                 busy + ledger.pending(node_id),
                 self.admission.slots(node_id),
                 self.flights.remaining(node_id) + self.admission.queued_for(node_id),
                 self.inventory.resident(node_id, model),
             )
+            return known
 
         ids = [n.id for n in nodes]
         # A request that sets its own num_ctx is served with it wherever it goes (§15.3).
@@ -245,8 +251,10 @@ class FacadeState:
         )
         by_id = {n.id: n for n in nodes}
         nodes = [by_id[i] for i in ordering.nodes]
-        waits = {n: slot_wait(load(n)) for n in ids}
-        waiting = patience(list(ordering.nodes), predicted, waits, self.shared.clock.seconds())
+        waiting = None
+        if len(ids) > 1:  # with one candidate there is no better node to wait for
+            waits = {n: slot_wait(load(n)) for n in ids}
+            waiting = patience(list(ordering.nodes), predicted, waits, self.shared.clock.seconds())
         return Ranked(nodes, ordering.affinity, predicted, fitted.fits, waiting)
 
     def trip(
