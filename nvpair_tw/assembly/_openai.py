@@ -37,48 +37,20 @@ class Choice:
 
 @define
 class OpenAIFolder:
-    """Folds SSE lines: ``data:`` lines gather into an event at the blank line; each event's
-    chunk grows the choices; ``data: [DONE]`` makes the answer (an error event, a 500)."""
+    """Folds SSE events (their data, gathered by the core framer): each event's chunk grows the
+    choices; ``data: [DONE]`` makes the answer (an error event, a 500)."""
 
     dialect: Dialect
     tally: Tally
-    _data: list[str] = field(factory=list, init=False, repr=False)
-    _data_size: int = field(default=0, init=False, repr=False)
     _top: dict[str, Any] = field(factory=dict, init=False, repr=False)
     _choices: dict[int, Choice] = field(factory=dict, init=False, repr=False)
     _usage: Any = field(default=None, init=False, repr=False)
 
-    @property
-    def pending(self) -> int:
-        """Characters of the event being gathered (its ``data:`` lines so far)."""
-        return self._data_size
-
-    def line(self, line: bytes) -> Assembled | None:
-        """Fold one line (without its newline); the answer once the terminal event is complete."""
-        if not line:
-            if self._data:
-                data, self._data, self._data_size = "\n".join(self._data), [], 0
-                return self._event(data)
-            return None
-        name, _, value = line.partition(b":")
-        if name == b"data":
-            text = value[1:] if value.startswith(b" ") else value
-            try:
-                self._data.append(text.decode("utf-8"))
-            except UnicodeDecodeError as error:
-                raise MalformedStream("an event is not UTF-8") from error
-            self._data_size += len(text)
-            self.tally.check(self._data_size)
-        return None
-
-    def end(self) -> Assembled | None:
-        """At the end of the body: an event not followed by its blank line still counts."""
-        return self.line(b"")
-
-    def _event(self, data: str) -> Assembled | None:
-        if data.strip() == "[DONE]":
+    def frame(self, data: bytes) -> Assembled | None:
+        """Fold one event's data; the answer once it is the terminal event."""
+        if data.strip() == b"[DONE]":
             return Assembled(200, dump(self._answer()))
-        obj = parse_object(data.encode("utf-8"))
+        obj = parse_object(data)
         if "error" in obj:
             return Assembled(500, dump({"error": obj["error"]}))
         for key, value in obj.items():
