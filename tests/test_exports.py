@@ -90,6 +90,7 @@ FACES: dict[str, list[str]] = {
         "dump",
         "event_end",
         "media_type",
+        "ToolCalls",
         "write_error",
     ],
     "corridor": [

@@ -17,6 +17,7 @@ from nvpair_tw.assembly._frames import (
     dump,
     parse_object,
 )
+from nvpair_tw.core import ToolCalls
 
 __all__ = ["Choice", "OpenAIFolder"]
 
@@ -29,7 +30,7 @@ class Choice:
     texts: dict[str, Text] = field(factory=dict)
     nulls: set[str] = field(factory=set)
     others: dict[str, Any] = field(factory=dict)
-    tools: dict[int, dict[str, Any]] = field(factory=dict)
+    tools: ToolCalls = field(factory=ToolCalls)
     finish_reason: Any = None
     logprobs: Any = None
     logprobs_seen: bool = False
@@ -145,28 +146,11 @@ def _fold_logprobs(tally: Tally, choice: Choice, value: Any) -> None:
 
 
 def _fold_tool_calls(tally: Tally, choice: Choice, fragments: list[Any]) -> None:
-    for fragment in fragments:
-        if not isinstance(fragment, dict):
-            raise MalformedStream("a tool call is not an object")
-        index = fragment.get("index")
-        if not isinstance(index, int):
-            # no index: a fragment with an id starts a call, one without continues the last
-            fresh = bool(fragment.get("id")) or not choice.tools
-            index = len(choice.tools) if fresh else max(choice.tools)
-        call = choice.tools.setdefault(index, {})
-        for key, value in fragment.items():
-            if key == "function" and isinstance(value, dict):
-                function = call.setdefault("function", {})
-                for name, part in value.items():
-                    if isinstance(part, str) and isinstance(function.get(name), str):
-                        function[name] += part
-                    elif name not in function or part is not None:
-                        function[name] = part
-                    if isinstance(part, str):
-                        tally.held += len(part)
-            elif key not in call or (value is not None and value != ""):
-                call[key] = value
-        tally.check()
+    """The fragments folded by the one rule (``core.ToolCalls``), their text counted."""
+    before = choice.tools.size
+    choice.tools.add(fragments)
+    tally.held += choice.tools.size - before
+    tally.check()
 
 
 def _choice_answer(choice: Choice, chat: bool) -> dict[str, Any]:
@@ -204,5 +188,5 @@ def _message(choice: Choice) -> dict[str, Any]:
     for key, value in choice.others.items():
         message.setdefault(key, value)
     if choice.tools:
-        message["tool_calls"] = [call for _, call in sorted(choice.tools.items())]
+        message["tool_calls"] = [call for _, call in choice.tools.calls()]
     return message

@@ -61,6 +61,7 @@ from nvpair_tw.core._resolved import (
     resolve_response_header_timeout,
 )
 from nvpair_tw.core._states import IllegalCall
+from nvpair_tw.core._toolcalls import ToolCalls
 
 __all__ = [
     "ENGINES",
@@ -93,6 +94,7 @@ __all__ = [
     "SlotsFormat",
     "Span",
     "StreamCut",
+    "ToolCalls",
     "abort",
     "after_last_event",
     "byte_offsets",
