@@ -22,6 +22,9 @@ from nvpair_tw.core import Framing, Lines
 __all__ = ["TerminalFrameDetector"]
 
 MAX_LINE_BYTES = 1 << 20
+BATCH = 8 << 10
+"""Bytes of complete lines examined at once (what waits unexamined stays below this plus a
+chunk)."""
 
 # A complete line is parsed only if it matches one of these.
 _SSE_HINT = re.compile(rb"\[DONE\]|message_stop|response\.(?:completed|failed|incomplete)")
@@ -63,25 +66,29 @@ def _head_has_done(head: bytes) -> bool:
 
 @define
 class TerminalFrameDetector:
-    """Fed every relayed response chunk; ``seen`` turns True once the terminal frame has passed.
+    """Fed every relayed response chunk; ``seen`` is True once the terminal frame has passed.
 
     ``streaming`` is True for ``text/event-stream`` and ``application/x-ndjson`` (parameters
     ignored, case-insensitive). For any other content type :meth:`feed` does nothing and ``seen``
     stays False. ``max_line_bytes`` caps the unfinished line kept between chunks; a longer line is
     judged on its head.
 
-    A chunk costs one call of the framer (which hands the chunk's complete lines back as one run,
-    without a copy when the chunk ends a line) and, for SSE, three substring searches in C (a
-    terminal line must hold one of the markers; for NDJSON, ``true``); only a run that passes is
-    split into lines and its lines that match the pattern parsed.
+    A chunk costs one call of the framer, which hands the chunk's complete lines back as one run
+    (the chunk itself when it ends a line). The runs are examined in batches of about
+    :data:`BATCH` bytes, and whenever ``seen`` is read: a batch is joined and searched for the
+    markers in C (SSE: ``[DONE]``, ``message_stop``, ``response.``; NDJSON: ``true``), so a stream
+    of small chunks pays for a few substring searches per batch, not per chunk; only a batch that
+    holds a marker is split into lines, and only its lines that match the pattern are parsed.
     """
 
     content_type: str | None
     max_line_bytes: int = field(default=MAX_LINE_BYTES, kw_only=True)
     streaming: bool = field(init=False)
-    seen: bool = field(init=False, default=False)
+    _seen: bool = field(init=False, default=False, repr=False)
     _sse: bool = field(init=False, repr=False)
     _lines: Lines = field(init=False, repr=False)
+    _runs: list[bytes] = field(init=False, factory=list, repr=False)
+    _size: int = field(init=False, default=0, repr=False)
 
     def __attrs_post_init__(self) -> None:
         if self.max_line_bytes < 1:
@@ -92,28 +99,54 @@ class TerminalFrameDetector:
         self._lines = Lines(self.max_line_bytes)
 
     @property
+    def seen(self) -> bool:
+        """Whether the terminal frame has passed (the complete lines fed so far are examined)."""
+        if self._runs:
+            self._examine()
+        return self._seen
+
+    @property
     def buffered(self) -> int:
-        """Bytes held for the unfinished last line (never more than ``max_line_bytes``)."""
+        """Bytes held for the unfinished last line (never more than ``max_line_bytes``); complete
+        lines wait unexamined for at most :data:`BATCH` bytes more."""
         return self._lines.held
 
     def feed(self, chunk: bytes) -> None:
-        """Examine one relayed chunk; chunk boundaries may fall anywhere, even inside a line."""
-        if self.seen or not self.streaming:
+        """Take one relayed chunk; chunk boundaries may fall anywhere, even inside a line."""
+        if self._seen or not self.streaming:
             return
-        run = self._lines.complete(chunk)
+        lines = self._lines
+        run = lines.complete(chunk)
         if not run:
             return
-        if self._sse:
-            if b"[DONE]" in run or b"message_stop" in run or b"response." in run:
-                self._judge(run.splitlines(), self._lines.truncated)
-        elif b"true" in run:
-            self._judge(run.splitlines(), self._lines.truncated)
+        if lines.truncated:  # a line cut to its head: judged alone, after the ones before it
+            self._examine()
+            self._judge(run.splitlines(), True)
+            return
+        self._runs.append(run)
+        self._size += len(run)
+        if self._size >= BATCH:
+            self._examine()
 
     def finish(self) -> None:
         """At a clean end of body, examine a last line the engine did not end with a newline."""
         if self.streaming and not self.seen and self._lines.held:
             line = self._lines.rest()
             self._judge([line], self._lines.truncated)
+
+    def _examine(self) -> None:
+        """Search the runs waiting (joined: one search per marker), then forget them."""
+        runs = self._runs
+        batch = runs[0] if len(runs) == 1 else b"".join(runs)
+        self._runs = []
+        self._size = 0
+        if self._seen:
+            return
+        if self._sse:
+            if b"[DONE]" in batch or b"message_stop" in batch or b"response." in batch:
+                self._judge(batch.splitlines(), False)
+        elif b"true" in batch:
+            self._judge(batch.splitlines(), False)
 
     def _judge(self, lines: list[bytes], truncated: bool) -> None:
         """Whether one of ``lines`` is the terminal frame (the first one cut to its head when
@@ -125,8 +158,9 @@ class TerminalFrameDetector:
             else:
                 terminal = hint.search(line) is not None and self._is_terminal(line)
             if terminal:
-                self.seen = True
+                self._seen = True
                 self._lines.clear()
+                self._runs = []
                 return
 
     def _is_terminal(self, line: bytes) -> bool:

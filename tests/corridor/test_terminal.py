@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nvpair_tw.corridor._terminal import TerminalFrameDetector
+from nvpair_tw.corridor._terminal import BATCH, TerminalFrameDetector
 
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"
@@ -358,3 +358,27 @@ def test_a_held_line_of_exactly_the_cap_is_judged_whole() -> None:
     assert detector.buffered == len(line)
     detector.feed(b"\n")
     assert not detector.seen
+
+
+@pytest.mark.parametrize(
+    ("content_type", "event", "terminal"),
+    [
+        (SSE, b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n', b"data: [DONE]\n\n"),
+        (NDJSON, b'{"message":{"content":"x"},"done":false}\n', b'{"done":true}\n'),
+    ],
+)
+def test_lines_are_examined_in_batches_and_every_one_counts(
+    content_type: str, event: bytes, terminal: bytes
+) -> None:
+    """Complete lines wait to be examined in batches of about ``BATCH`` bytes: a terminal frame
+    anywhere in a batch, even followed by more than a batch of other lines, is seen, and nothing
+    is examined twice or skipped at a batch's edge."""
+    detector = TerminalFrameDetector(content_type)
+    for _ in range(BATCH // len(event) + 1):
+        detector.feed(event)
+    assert not detector.seen
+    detector.feed(terminal)
+    for _ in range(2 * (BATCH // len(event) + 1)):
+        detector.feed(event)
+    assert detector.seen
+    assert detector.buffered == 0
