@@ -1,7 +1,8 @@
 # -*- test-case-name: tests.dialects.test_common -*-
-"""What the dialect translators share: the :class:`Transducer` protocol, RFC 3339 time stamps and
-the content types they answer with; the stream errors, the framer, compact JSON and media types
-are the core's (``core._framer``), named here too."""
+"""What the dialect translators share: the :class:`Transducer` protocol, the framer as they use
+it (:class:`Lines` and :class:`SseEvents`: the core's, refusing what passes the bound), RFC 3339
+time stamps and the content types they answer with; the stream errors, compact JSON and media
+types are the core's (``core._framer``), named here too."""
 
 from __future__ import annotations
 
@@ -9,14 +10,17 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from nvpair_tw.core import AnswerTooLarge, MalformedStream, StreamCut, dump, media_type
+from nvpair_tw.core import AnswerTooLarge, Events, MalformedStream, StreamCut, dump, media_type
+from nvpair_tw.core import Lines as _Lines
 
 __all__ = [
     "JSON_TYPE",
     "NDJSON_TYPE",
     "SSE_TYPE",
     "AnswerTooLarge",
+    "Lines",
     "MalformedAnswer",
+    "SseEvents",
     "Stamp",
     "StreamCut",
     "Transducer",
@@ -68,6 +72,37 @@ class Transducer(Protocol):
     @property
     def tokens(self) -> tuple[int | None, int | None]:
         """The (prompt, completion) token counts the answer reported, None where unknown."""
+
+
+class Lines(_Lines):
+    """The core framer's lines, refusing a held line past the bound: :meth:`feed` raises
+    :class:`AnswerTooLarge` (what a translator does with it)."""
+
+    __slots__ = ()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        lines = super().feed(data)
+        if self.over:
+            raise AnswerTooLarge(f"an unfinished line passed {self._limit} bytes")
+        return lines
+
+
+class SseEvents(Events):
+    """The core framer's SSE events, refusing a line or an event past the bound: :meth:`feed`
+    and :meth:`rest` raise :class:`AnswerTooLarge` (what a translator does with it)."""
+
+    __slots__ = ()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        events = super().feed(data)
+        self.check()
+        return events
+
+    def rest(self) -> list[bytes]:
+        """At the end of the body: the last line and an event not followed by its blank line."""
+        events = self.end()
+        self.check()
+        return events
 
 
 class Stamp:

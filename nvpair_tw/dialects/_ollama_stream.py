@@ -31,12 +31,12 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from nvpair_tw.core import Events
 from nvpair_tw.dialects._answers import NS, Buffer, error_message, number, parse
 from nvpair_tw.dialects._common import (
     JSON_TYPE,
     NDJSON_TYPE,
     MalformedAnswer,
+    SseEvents,
     Stamp,
     StreamCut,
     dump,
@@ -215,7 +215,7 @@ class OllamaStream(_Events):
             whole=whole,
             limit=limit,
         )
-        self._events = Events(limit)
+        self._events = SseEvents(limit)
         self._json = Buffer(limit) if upstream_json else None
         # the plain content event's bytes around its content, learned from the stream
         self._learned = Learned()
@@ -301,7 +301,6 @@ class OllamaStream(_Events):
     def _split(self, data: bytes) -> bytes:
         """``data`` through the SSE splitter, event by event."""
         events = self._events.feed(data)
-        self._events.check()
         out: list[bytes] = []
         for event in events:
             literal = None if self._completions else content_literal(event)
@@ -319,9 +318,7 @@ class OllamaStream(_Events):
             if self._json is not None:
                 self._whole_document(parse(self._json.bytes(), "the answer"), out)
             else:
-                events = self._events.end()
-                self._events.check()
-                for event in events:
+                for event in self._events.rest():
                     self._event(event, out)
                     if self._finished:
                         break

@@ -1,5 +1,4 @@
-"""What the translators share: the errors, time stamps, and the package's purity (SSE splitting
-is the core framer's: tests/core/test_framer.py)."""
+"""What the translators share: the errors, SSE splitting, time stamps, and the package's purity."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ import pytest
 
 import nvpair_tw.dialects
 from nvpair_tw.dialects import AnswerTooLarge, MalformedAnswer, StreamCut, Untranslatable
-from nvpair_tw.dialects._common import Stamp
+from nvpair_tw.dialects._common import SseEvents, Stamp
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,6 +26,18 @@ def test_untranslatable_names_its_field_in_one_sentence() -> None:
 def test_every_transducer_error_is_a_stream_cut() -> None:
     assert issubclass(AnswerTooLarge, StreamCut)
     assert issubclass(MalformedAnswer, StreamCut)
+
+
+def test_sse_events_join_data_lines_and_skip_everything_else() -> None:
+    events = SseEvents(1000)
+    got = list(events.feed(b"retry: 5\n:c\ndata: a\ndata:b\r\nevent: x\n\ndata: tail"))
+    assert got == [b"a\nb"]
+    assert list(events.rest()) == [b"tail"]
+
+
+def test_an_unfinished_line_past_the_limit_is_too_large() -> None:
+    with pytest.raises(AnswerTooLarge):
+        list(SseEvents(10).feed(b"data: " + b"x" * 20))
 
 
 def test_stamps_are_formatted_per_second_with_nanoseconds() -> None:
