@@ -122,5 +122,21 @@ def test_take_forgets_the_calls_and_a_later_call_starts_afresh() -> None:
 
 
 def test_a_fragment_that_is_not_an_object_is_malformed() -> None:
-    with pytest.raises(MalformedStream, match="not an object"):
+    with pytest.raises(MalformedStream, match=r"^a tool call is not an object$"):
         ToolCalls().add(["call"])
+
+
+def test_every_string_part_of_one_fragment_is_joined() -> None:
+    got = folded(
+        [{"index": 0, "function": {"name": "f", "arguments": "{"}}],
+        [{"index": 0, "function": {"name": "g", "arguments": "}"}}],
+    )
+    assert got == [(0, {"index": 0, "function": {"name": "fg", "arguments": "{}"}})]
+
+
+def test_a_later_value_replaces_an_earlier_one_and_a_first_null_is_kept() -> None:
+    got = folded(
+        [{"index": 0, "id": None, "type": "a"}],
+        [{"index": 0, "type": "b"}],
+    )
+    assert got == [(0, {"index": 0, "id": None, "type": "b"})]
