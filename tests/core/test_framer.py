@@ -33,7 +33,9 @@ def feed_all(lines: Lines, chunks: list[bytes]) -> list[bytes]:
 
 
 def test_lf_crlf_and_cr_each_end_a_line() -> None:
-    assert Lines(100).feed(b"a\nb\r\nc\rd\n") == [b"a", b"b", b"c", b"d"]
+    lines = Lines(100)
+    assert not lines.truncated
+    assert lines.feed(b"a\nb\r\nc\rd\n") == [b"a", b"b", b"c", b"d"]
 
 
 def test_blank_lines_are_lines() -> None:
@@ -145,7 +147,7 @@ def test_clear_forgets_the_held_line_and_a_half_seen_crlf() -> None:
 
 
 def test_the_bound_is_at_least_one_byte() -> None:
-    with pytest.raises(ValueError, match="at least 1 byte"):
+    with pytest.raises(ValueError, match=r"^a line bound must be at least 1 byte$"):
         Lines(0)
     assert Lines(1).feed(b"x\n") == [b"x"]
 
@@ -268,3 +270,83 @@ def test_event_ends_after_lf_crlf_and_cr_lines() -> None:
     assert event_end(data, data.index(b"b")) == data.index(b"data: c")
     assert event_end(data, 0) == len(b"data: a\n\n")
     assert event_end(data, data.index(b"data: d")) == len(data)
+
+
+def test_a_held_line_grows_by_every_read() -> None:
+    lines = Lines(100)
+    lines.feed(b"ab")
+    lines.feed(b"c")
+    assert lines.held == 3
+    assert not lines.truncated
+
+
+def test_a_run_after_a_cut_line_is_not_truncated() -> None:
+    lines = Lines(2)
+    lines.feed(b"abc")
+    lines.feed(b"\n")
+    assert lines.truncated
+    assert lines.feed(b"x\ny") == [b"x"]
+    assert not lines.truncated
+
+
+@pytest.mark.parametrize(
+    ("rest", "expected"),
+    [
+        (b"\nx\n", [b"ab", b"x"]),
+        (b"\rx\n", [b"ab", b"x"]),
+        (b"d\re\rf\n", [b"ab", b"e", b"f"]),
+        (b"d\ne\rf\n", [b"ab", b"e", b"f"]),
+    ],
+)
+def test_a_cut_line_ends_at_its_first_line_end(rest: bytes, expected: list[bytes]) -> None:
+    lines = Lines(2)
+    lines.feed(b"abc")
+    assert lines.feed(rest) == expected
+
+
+def test_end_gives_the_unfinished_line_as_a_line() -> None:
+    lines = Lines(100)
+    lines.feed(b"a\nb")
+    assert lines.end() == [b"b"]
+    assert lines.end() == []
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        (b"data: a\ndata: b\n\n", [b"a\nb"]),
+        (b"data: x\r\n\n", [b"x"]),
+        (b"data: x\n\n\n", [b"x"]),
+    ],
+)
+def test_a_read_that_only_looks_like_one_one_line_event(data: bytes, expected: list[bytes]) -> None:
+    """Reads starting with ``data: `` and ending with a blank line that are not one LF-ended data
+    line take the general way: several lines, a CR, a blank line more."""
+    events = Events(1000)
+    assert events.feed(data) == expected
+    assert events.held == 0
+    assert events.idle
+
+
+def test_a_one_line_event_read_completes_the_event_gathered_before() -> None:
+    events = Events(1000)
+    assert events.feed(b"data: a\n") == []
+    assert events.feed(b"data: b\n\n") == [b"a\nb"]
+
+
+def test_a_proxy_bug_chains_its_cause() -> None:
+    cause = ValueError("x")
+    assert ProxyBug(cause).__cause__ is cause
+
+
+def test_media_type_ignores_every_parameter_and_odd_characters() -> None:
+    assert media_type(b"text/event-stream; a=b; c=d") == b"text/event-stream"
+    assert Framing.of("application/x-ndjson; x=\u2603") is Framing.NDJSON
+
+
+def test_event_ends_at_the_start_and_the_first_end_after_a_point() -> None:
+    data = b"\n\ndata: a\n\ndata: b\n\ndata: c"
+    assert after_last_event(data) == data.index(b"data: c")
+    assert after_last_event(b"\n\ndata: x") == 2
+    assert event_end(data, 0) == 2
+    assert event_end(data, 2) == data.index(b"data: b")
