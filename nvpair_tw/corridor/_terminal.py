@@ -111,6 +111,11 @@ class TerminalFrameDetector:
         lines wait unexamined for at most :data:`BATCH` bytes more."""
         return self._lines.held
 
+    @property
+    def waiting(self) -> int:
+        """Bytes of complete lines not examined yet (below :data:`BATCH` between two chunks)."""
+        return self._size
+
     def feed(self, chunk: bytes) -> None:
         """Take one relayed chunk; chunk boundaries may fall anywhere, even inside a line."""
         if self._seen or not self.streaming:

@@ -382,3 +382,27 @@ def test_lines_are_examined_in_batches_and_every_one_counts(
         detector.feed(event)
     assert detector.seen
     assert detector.buffered == 0
+
+
+def test_what_waits_unexamined_stays_below_a_batch() -> None:
+    """Complete lines are examined as soon as a batch is full, so at most ``BATCH`` bytes of them
+    wait between two chunks; reading ``seen`` examines what waits."""
+    event = b'{"done":false,"pad":"' + b"x" * (128 - 24) + b'"}\n'
+    assert len(event) == 128 and BATCH % 128 == 0
+    detector = TerminalFrameDetector(NDJSON)
+    for count in range(1, 3 * BATCH // 128 + 1):
+        detector.feed(event)
+        assert detector.waiting == (count * 128) % BATCH
+    detector.feed(event)
+    assert detector.waiting == 128
+    assert not detector.seen
+    assert detector.waiting == 0
+
+
+def test_finish_judges_an_oversized_unterminated_final_frame_on_its_head() -> None:
+    """A final Ollama frame longer than the cap and without its newline is judged on its head at
+    the end of the body."""
+    final = json.dumps({"done": True, "context": list(range(5_000))}).encode()
+    detector = feed_all(TerminalFrameDetector(NDJSON, max_line_bytes=100), pieces(final, 64))
+    detector.finish()
+    assert detector.seen
