@@ -67,7 +67,7 @@ def dump(document: Any) -> bytes:
 
 def media_type(content_type: bytes | None) -> bytes:
     """The media type of a ``Content-Type`` value, lower case, without parameters."""
-    return (content_type or b"").split(b";", 1)[0].strip().lower()
+    return (content_type or b"").partition(b";")[0].strip().lower()
 
 
 class Framing(Enum):
@@ -162,8 +162,7 @@ class Lines:
 
     def feed(self, data: bytes) -> list[bytes]:
         """The lines ``data`` completes, without their line ends."""
-        run = self.complete(data)
-        return run.splitlines() if run else []
+        return self.complete(data).splitlines()
 
     def end(self) -> list[bytes]:
         """At the end of the body: the unfinished last line as a line (none when empty)."""
@@ -190,8 +189,8 @@ class Lines:
         head alone when it was cut, then the other lines."""
         self.truncated = self._cut
         if self._cut:
-            first = data.find(b"\n", 0, end)
-            cr = data.find(b"\r", 0, end)
+            first = data.find(b"\n")  # the first line end is before ``end``
+            cr = data.find(b"\r")
             if first < 0 or 0 <= cr < first:
                 first = cr
             data = data[first:end]
@@ -251,7 +250,7 @@ class Events:
         for line in self._lines.feed(data):
             if not line:
                 if pending:
-                    events.append(pending[0] if len(pending) == 1 else b"\n".join(pending))
+                    events.append(b"\n".join(pending))  # one item: joined without a copy
                     pending.clear()
                     self._size = 0
             elif line.startswith(b"data:"):
@@ -279,8 +278,7 @@ class Events:
 
     def end(self) -> list[bytes]:
         """At the end of the body: the last line, and an event not followed by its blank line."""
-        last = self._lines.rest()
-        return self.feed(last + b"\n\n" if last else b"\n")
+        return self.feed(self._lines.rest() + b"\n\n")
 
     def check(self) -> None:
         """:class:`AnswerTooLarge` once :attr:`over`."""
@@ -294,9 +292,8 @@ EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r")
 
 def after_last_event(data: bytes, before: int | None = None) -> int:
     """The index just after the last event end in ``data[:before]`` (0 when there is none)."""
-    limit = len(data) if before is None else before
     return max(
-        (at + len(blank) for blank in EVENT_ENDS if (at := data.rfind(blank, 0, limit)) >= 0),
+        (at + len(blank) for blank in EVENT_ENDS if (at := data.rfind(blank, 0, before)) >= 0),
         default=0,
     )
 
