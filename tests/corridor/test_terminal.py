@@ -406,3 +406,9 @@ def test_finish_judges_an_oversized_unterminated_final_frame_on_its_head() -> No
     detector = feed_all(TerminalFrameDetector(NDJSON, max_line_bytes=100), pieces(final, 64))
     detector.finish()
     assert detector.seen
+
+
+def test_an_event_line_that_is_not_utf8_is_not_terminal_and_no_error() -> None:
+    """An ``event:`` line with bytes that are not UTF-8 is read with replacements: never an
+    error on the relay's path, and not a terminal event."""
+    assert not feed_all(TerminalFrameDetector(SSE), [b"event: message_stop\xff\n\n"]).seen
