@@ -1,6 +1,7 @@
 # -*- test-case-name: tests.assembly.test_whole -*-
 """What the stream folders share (docs/behaviour.md §6.5): the route dialects, the assembled
-answer, the errors, and the growing text with the cap on what is kept."""
+answer, and the growing text with the cap on what is kept; the stream errors and compact JSON are
+the core framer's, named here too."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from enum import Enum
 from typing import Any
 
 from attrs import define, field, frozen
+
+from nvpair_tw.core import AnswerTooLarge, MalformedStream, StreamCut, dump
 
 __all__ = [
     "AnswerTooLarge",
@@ -44,20 +47,9 @@ class Dialect(Enum):
         return "text/event-stream" if self.sse else "application/x-ndjson"
 
 
-class AssemblyError(Exception):
-    """The stream cannot become an answer (the attempt fails as a drop, before any commit)."""
-
-
-class StreamCut(AssemblyError):
-    """The stream ended before its terminal object."""
-
-
-class MalformedStream(AssemblyError):
-    """A frame of the stream is not what the route streams (a JSON object)."""
-
-
-class AnswerTooLarge(AssemblyError):
-    """The answer (or one unfinished line) grew past the cap."""
+AssemblyError = StreamCut
+"""The stream cannot become an answer (the attempt fails as a drop, before any commit): the
+core's :class:`~nvpair_tw.core.StreamCut`, whose subclasses are the cut's kinds."""
 
 
 @frozen
@@ -67,11 +59,6 @@ class Assembled:
 
     status: int
     body: bytes
-
-
-def dump(document: Any) -> bytes:
-    """``document`` as compact UTF-8 JSON (what an answer's body is)."""
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def parse_object(line: bytes) -> dict[str, Any]:

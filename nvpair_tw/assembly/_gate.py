@@ -20,7 +20,7 @@ from zope.interface import implementer
 
 from nvpair_tw.assembly._frames import Assembled, AssemblyError, Dialect
 from nvpair_tw.assembly._lines import Assembler
-from nvpair_tw.core import IllegalCall
+from nvpair_tw.core import IllegalCall, ProxyBug
 from nvpair_tw.upstream import BodyEnd, FirstBodyTimeout, FirstBodyTimer
 
 __all__ = ["ANSWER_CONTENT_TYPE", "AssembledResponse", "AssemblyGate", "AssemblyState"]
@@ -57,9 +57,12 @@ _FOLDING = (AssemblyState.AWAITING_FIRST, AssemblyState.ASSEMBLING)
 """The states in which body bytes are folded."""
 
 
-def _failed(error: AssemblyError) -> Failure:
-    """An assembly failure as a transport failure: the attempt loop classifies it ``dropped``."""
-    return Failure(ResponseFailed([Failure(error)]))
+def _failed(error: Exception) -> Failure:
+    """An assembly failure (the node's stream: a ``StreamCut``) as a transport failure, which the
+    attempt loop classifies ``dropped``; anything else the folder raised as the proxy's bug."""
+    if isinstance(error, AssemblyError):
+        return Failure(ResponseFailed([Failure(error)]))
+    return Failure(ProxyBug(error))
 
 
 class AssemblyGate(FirstBodyTimer):
@@ -143,7 +146,7 @@ class AssemblyGate(FirstBodyTimer):
             self.first_at = self._clock.seconds()
         try:
             answer = self._assembler.feed(data)
-        except AssemblyError as error:
+        except Exception as error:
             self._fail(_failed(error))
             self.stop()
             return
@@ -165,7 +168,7 @@ class AssemblyGate(FirstBodyTimer):
         elif reason.check(ResponseDone, PotentialDataLoss):
             try:
                 answer = self._assembler.finish()
-            except AssemblyError as error:
+            except Exception as error:
                 self._fail(_failed(error))
             else:
                 self._hold(answer)

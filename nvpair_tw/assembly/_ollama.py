@@ -30,19 +30,10 @@ class OllamaFolder:
     _texts: dict[str, Text] = field(factory=dict, init=False, repr=False)
     _tool_calls: list[Any] = field(factory=list, init=False, repr=False)
 
-    @property
-    def pending(self) -> int:
-        """Characters of an unfinished frame held here (none: a line is a whole frame)."""
-        return 0
-
-    def line(self, line: bytes) -> Assembled | None:
-        """Fold one line (without its newline); the answer once it is the terminal object."""
+    def frame(self, line: bytes) -> Assembled | None:
+        """Fold one line (without its line end); the answer once it is the terminal object."""
         if line.strip():
             return self._fold(parse_object(line))
-        return None
-
-    def end(self) -> Assembled | None:
-        """At the end of the body: nothing is pending, so no answer."""
         return None
 
     def _fold(self, obj: dict[str, Any]) -> Assembled | None:

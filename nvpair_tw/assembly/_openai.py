@@ -17,6 +17,7 @@ from nvpair_tw.assembly._frames import (
     dump,
     parse_object,
 )
+from nvpair_tw.core import ToolCalls
 
 __all__ = ["Choice", "OpenAIFolder"]
 
@@ -29,7 +30,7 @@ class Choice:
     texts: dict[str, Text] = field(factory=dict)
     nulls: set[str] = field(factory=set)
     others: dict[str, Any] = field(factory=dict)
-    tools: dict[int, dict[str, Any]] = field(factory=dict)
+    tools: ToolCalls = field(factory=ToolCalls)
     finish_reason: Any = None
     logprobs: Any = None
     logprobs_seen: bool = False
@@ -37,48 +38,20 @@ class Choice:
 
 @define
 class OpenAIFolder:
-    """Folds SSE lines: ``data:`` lines gather into an event at the blank line; each event's
-    chunk grows the choices; ``data: [DONE]`` makes the answer (an error event, a 500)."""
+    """Folds SSE events (their data, gathered by the core framer): each event's chunk grows the
+    choices; ``data: [DONE]`` makes the answer (an error event, a 500)."""
 
     dialect: Dialect
     tally: Tally
-    _data: list[str] = field(factory=list, init=False, repr=False)
-    _data_size: int = field(default=0, init=False, repr=False)
     _top: dict[str, Any] = field(factory=dict, init=False, repr=False)
     _choices: dict[int, Choice] = field(factory=dict, init=False, repr=False)
     _usage: Any = field(default=None, init=False, repr=False)
 
-    @property
-    def pending(self) -> int:
-        """Characters of the event being gathered (its ``data:`` lines so far)."""
-        return self._data_size
-
-    def line(self, line: bytes) -> Assembled | None:
-        """Fold one line (without its newline); the answer once the terminal event is complete."""
-        if not line:
-            if self._data:
-                data, self._data, self._data_size = "\n".join(self._data), [], 0
-                return self._event(data)
-            return None
-        name, _, value = line.partition(b":")
-        if name == b"data":
-            text = value[1:] if value.startswith(b" ") else value
-            try:
-                self._data.append(text.decode("utf-8"))
-            except UnicodeDecodeError as error:
-                raise MalformedStream("an event is not UTF-8") from error
-            self._data_size += len(text)
-            self.tally.check(self._data_size)
-        return None
-
-    def end(self) -> Assembled | None:
-        """At the end of the body: an event not followed by its blank line still counts."""
-        return self.line(b"")
-
-    def _event(self, data: str) -> Assembled | None:
-        if data.strip() == "[DONE]":
+    def frame(self, data: bytes) -> Assembled | None:
+        """Fold one event's data; the answer once it is the terminal event."""
+        if data.strip() == b"[DONE]":
             return Assembled(200, dump(self._answer()))
-        obj = parse_object(data.encode("utf-8"))
+        obj = parse_object(data)
         if "error" in obj:
             return Assembled(500, dump({"error": obj["error"]}))
         for key, value in obj.items():
@@ -173,28 +146,11 @@ def _fold_logprobs(tally: Tally, choice: Choice, value: Any) -> None:
 
 
 def _fold_tool_calls(tally: Tally, choice: Choice, fragments: list[Any]) -> None:
-    for fragment in fragments:
-        if not isinstance(fragment, dict):
-            raise MalformedStream("a tool call is not an object")
-        index = fragment.get("index")
-        if not isinstance(index, int):
-            # no index: a fragment with an id starts a call, one without continues the last
-            fresh = bool(fragment.get("id")) or not choice.tools
-            index = len(choice.tools) if fresh else max(choice.tools)
-        call = choice.tools.setdefault(index, {})
-        for key, value in fragment.items():
-            if key == "function" and isinstance(value, dict):
-                function = call.setdefault("function", {})
-                for name, part in value.items():
-                    if isinstance(part, str) and isinstance(function.get(name), str):
-                        function[name] += part
-                    elif name not in function or part is not None:
-                        function[name] = part
-                    if isinstance(part, str):
-                        tally.held += len(part)
-            elif key not in call or (value is not None and value != ""):
-                call[key] = value
-        tally.check()
+    """The fragments folded by the one rule (``core.ToolCalls``), their text counted."""
+    before = choice.tools.size
+    choice.tools.add(fragments)
+    tally.held += choice.tools.size - before
+    tally.check()
 
 
 def _choice_answer(choice: Choice, chat: bool) -> dict[str, Any]:
@@ -232,5 +188,5 @@ def _message(choice: Choice) -> dict[str, Any]:
     for key, value in choice.others.items():
         message.setdefault(key, value)
     if choice.tools:
-        message["tool_calls"] = [call for _, call in sorted(choice.tools.items())]
+        message["tool_calls"] = [call for _, call in choice.tools.calls()]
     return message

@@ -41,7 +41,15 @@ from nvpair_tw.assembly._gate import (
     AssemblyState,
 )
 from nvpair_tw.assembly._lines import Assembler
-from nvpair_tw.core import Edit, Outline, Outlined, object_members, outline_body, set_members
+from nvpair_tw.core import (
+    Edit,
+    Outline,
+    Outlined,
+    media_type,
+    object_members,
+    outline_body,
+    set_members,
+)
 
 __all__ = [
     "ANSWER_CONTENT_TYPE",
@@ -79,8 +87,7 @@ class Assembly:
 
         An engine that answered with a whole JSON document anyway is relayed as it is.
         """
-        media = (content_type or b"").split(b";", 1)[0].strip().lower().decode("latin-1")
-        return media == self.dialect.stream_type
+        return media_type(content_type).decode("latin-1") == self.dialect.stream_type
 
 
 def plan_assembly(

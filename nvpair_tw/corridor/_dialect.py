@@ -29,7 +29,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IResponse
 from zope.interface import implementer
 
 from nvpair_tw.assembly import Assembly, plan_assembly
-from nvpair_tw.core import EngineProfile, Outline, Outlined, outline_body
+from nvpair_tw.core import EngineProfile, Outline, Outlined, ProxyBug, StreamCut, outline_body
 from nvpair_tw.dialects import (
     SYNTHESISED_ROUTES,
     TRANSLATED_ROUTES,
@@ -283,9 +283,13 @@ class _Transcoding(Protocol):
     """Feeds the node's body through a transducer to the protocol that reads the client's.
 
     States: open until the first end (the node's, or a frame the transducer refuses); after it,
-    every further event is ignored. A clean end without the terminal frame (``StreamCut``) and a
-    refused frame reach the reader as a failed body, so the relay truncates (or, before commit, the
-    attempt fails over).
+    every further event is ignored. A clean end without the terminal frame and a refused frame
+    (a :class:`~nvpair_tw.core.StreamCut`: the node's fault) reach the reader as a failed body
+    (``ResponseFailed``), so the relay truncates (or, before commit, the attempt fails over).
+    Anything else the transducer raises is a bug of the proxy's, not the node's: it reaches the
+    reader as a :class:`~nvpair_tw.core.ProxyBug`, which no stage takes for a transport failure
+    (before commit the request fails with the proxy's own 500, after it the stream is cut and the
+    bug logged once; the node is neither cooled nor left for another).
     """
 
     def __init__(self, reader: Protocol, transducer: Transducer) -> None:
@@ -303,8 +307,8 @@ class _Transcoding(Protocol):
             return
         try:
             out = self._transducer.feed(data)
-        except Exception as error:  # a refused frame: the answer cannot be translated
-            self._refuse(error)
+        except Exception as error:
+            self._refuse(_failed(error))
             return
         if out:
             self._reader.dataReceived(out)
@@ -317,7 +321,7 @@ class _Transcoding(Protocol):
             try:
                 out = self._transducer.end()  # StreamCut: the terminal frame never came
             except Exception as error:
-                reason = Failure(ResponseFailed([Failure(error)]))
+                reason = _failed(error)
             else:
                 if out:
                     try:
@@ -327,8 +331,16 @@ class _Transcoding(Protocol):
                     return
         self._reader.connectionLost(reason)
 
-    def _refuse(self, error: Exception) -> None:
+    def _refuse(self, reason: Failure) -> None:
         self._ended = True
         if self._producer is not None:
             self._producer.stopProducing()
-        self._reader.connectionLost(Failure(ResponseFailed([Failure(error)])))
+        self._reader.connectionLost(reason)
+
+
+def _failed(error: Exception) -> Failure:
+    """How a transducer's error ends the body: the node's (a ``StreamCut``) as a transport
+    failure, any other as the proxy's bug."""
+    if isinstance(error, StreamCut):
+        return Failure(ResponseFailed([Failure(error)]))
+    return Failure(ProxyBug(error))

@@ -39,7 +39,7 @@ from twisted.web.iweb import IResponse
 from twisted.web.server import Request
 from zope.interface import implementer
 
-from nvpair_tw.core import FanOutRoute, abort
+from nvpair_tw.core import FanOutRoute, Lines, abort
 from nvpair_tw.corridor._attempts import classify_failure, node_headers
 from nvpair_tw.corridor._relay import CLIENT_STOPPED_READING, DROPPED_MID_STREAM, StallGuard
 from nvpair_tw.corridor._state import FacadeState
@@ -159,15 +159,15 @@ class _Capped(_Body):
 class _Lines(_Body):
     """Splits a node's NDJSON body into whole lines for ``emit``; remembers its error and success.
 
-    A partial line is buffered until its newline (or a clean end); a line longer than
-    :data:`LINE_LIMIT` stops the body and fails the node.
+    A partial line is held by the core framer until its line end (or a clean end); a held line
+    longer than :data:`LINE_LIMIT` stops the body and fails the node.
     """
 
     def __init__(self, node_id: str, emit: Callable[[bytes], None], paused: bool) -> None:
         super().__init__()
         self._node_id = node_id
         self._emit = emit
-        self._buffer = bytearray()
+        self._lines = Lines(LINE_LIMIT)
         self._paused = paused
         self.error: str | None = None
         self.succeeded = False
@@ -192,25 +192,17 @@ class _Lines(_Body):
     def dataReceived(self, data: bytes) -> None:
         if self.too_long:
             return
-        self._buffer += data
-        start = 0
-        while True:
-            end = self._buffer.find(b"\n", start)
-            if end < 0:
-                break
-            self._line(bytes(self._buffer[start:end]))
-            start = end + 1
-        del self._buffer[:start]
-        if len(self._buffer) > LINE_LIMIT:
+        for line in self._lines.feed(data):
+            self._line(line)
+        if self._lines.over:
             self.too_long = True
-            self._buffer.clear()
+            self._lines.clear()
             self.stop()
 
     def finish(self) -> None:
-        """The body ended cleanly: a last line without its newline is still a whole line."""
-        rest, self._buffer = bytes(self._buffer), bytearray()
-        if rest.strip():
-            self._line(rest)
+        """The body ended cleanly: a last line without its line end is still a whole line."""
+        for line in self._lines.end():
+            self._line(line)
 
     def _line(self, raw: bytes) -> None:
         if not raw.strip():

@@ -8,7 +8,9 @@ received is delivered and the client connection is then closed *without* the end
 terminating chunk, fewer bytes than the declared ``Content-Length``), so the client sees an
 incomplete message; a reset is kept for the one framing where a clean close would look complete
 (a close-delimited answer to the client). :func:`relay` returns a :class:`RelayOutcome` and writes
-nothing into its caller's state.
+nothing into its caller's state. A body failed by anything but the upstream (a bug of the proxy's,
+e.g. in a transducer) is cut the same way, logged once with its type, and recorded as
+``proxy-error``, never as the node's drop.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from collections.abc import Callable
 from enum import Enum
 
 from attrs import frozen
+from twisted.internet.error import ConnectionClosed
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.python.failure import Failure
 from twisted.web.http import NO_BODY_CODES, HTTPChannel
 from twisted.web.iweb import IResponse
 from twisted.web.server import Request
@@ -28,12 +32,27 @@ from nvpair_tw.core import abort, close, forward_headers
 from nvpair_tw.corridor._attempts import CallerState, Committed
 from nvpair_tw.corridor._terminal import TerminalFrameDetector
 from nvpair_tw.dialects import Usage, UsageMeter
-from nvpair_tw.upstream import BodyEnd, BodyGate
+from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.upstream import TRANSPORT_FAILURES, BodyEnd, BodyGate, is_cancellation
 
-__all__ = ["Progress", "RelayEnd", "RelayOutcome", "StallGuard", "cut", "relay"]
+__all__ = ["Broken", "Progress", "RelayEnd", "RelayOutcome", "StallGuard", "cut", "relay"]
 
 DROPPED_MID_STREAM = "upstream dropped mid-stream"
 CLIENT_STOPPED_READING = "client stopped reading"
+PROXY_ERROR = "proxy-error"
+"""What the record says of a committed answer the proxy itself broke (a bug, never the node's)."""
+
+log = LevelledLogger(namespace="nvpair_tw.corridor._relay")
+
+
+class Broken(Enum):
+    """How a relayed body that did not end cleanly broke."""
+
+    DROPPED = "dropped"
+    """The upstream dropped it, or the caller's departure cut it (the record says which)."""
+
+    PROXY_ERROR = "proxy-error"
+    """Something else failed it: a bug of the proxy's (a transducer's, say), logged once."""
 
 
 @implementer(IPushProducer)
@@ -190,7 +209,7 @@ async def relay(
         request.write(b"")  # the head goes out now, even before the first body byte
     sink = progress.wrap(_body_writer(request))
     end = await _pump(request, committed.gate, sink, caller, clock, write_stall_timeout)
-    if end is not None:
+    if isinstance(end, BodyEnd):
         progress.frames.finish()
 
     def outcome(how: RelayEnd, error: str | None) -> RelayOutcome:
@@ -207,7 +226,12 @@ async def relay(
 
     if caller.gone is not None:
         return outcome(RelayEnd.CALLER_GONE, None if progress.complete else caller.gone)
-    if end is None or (end is BodyEnd.CLOSED and progress.streaming and not progress.frames.seen):
+    if end is Broken.PROXY_ERROR:
+        cut(request, clock, write_stall_timeout)
+        return outcome(RelayEnd.TRUNCATED, PROXY_ERROR)
+    if end is Broken.DROPPED or (
+        end is BodyEnd.CLOSED and progress.streaming and not progress.frames.seen
+    ):
         cut(request, clock, write_stall_timeout)
         return outcome(RelayEnd.TRUNCATED, DROPPED_MID_STREAM)
     request.finish()
@@ -221,9 +245,8 @@ async def _pump(
     caller: CallerState,
     clock: IReactorTime,
     write_stall_timeout: float,
-) -> BodyEnd | None:
-    """Relay the gate's body into ``sink`` under the client's flow control; how it ended (None:
-    the upstream dropped it, or the caller's departure cut it)."""
+) -> BodyEnd | Broken:
+    """Relay the gate's body into ``sink`` under the client's flow control; how it ended."""
 
     def write_stalled() -> None:
         caller.abandon(CLIENT_STOPPED_READING)
@@ -238,12 +261,25 @@ async def _pump(
     try:
         return await gate.done
     except Exception:
-        return None
+        return _broken(Failure())
     finally:
         guard.cancel()
         caller.track(None)
         if registered and _connected(request):
             request.unregisterProducer()
+
+
+def _broken(failure: Failure) -> Broken:
+    """A transport failure or a cancellation is the upstream's drop (nothing to log: the record
+    says it); anything else is the proxy's own bug, logged here once with its type."""
+    if failure.check(*TRANSPORT_FAILURES, ConnectionClosed) or is_cancellation(failure):
+        return Broken.DROPPED
+    log.failure(
+        "a committed answer was cut by a proxy error ({kind})",
+        failure,
+        kind=failure.type.__name__ if failure.type is not None else "unknown",
+    )
+    return Broken.PROXY_ERROR
 
 
 def _write_head(request: Request, response: IResponse, node_id: str) -> None:

@@ -1,13 +1,17 @@
 # -*- test-case-name: tests.dialects.test_common -*-
-"""What the dialect translators share: the errors, the :class:`Transducer` protocol, compact JSON,
-the SSE and line splitters, RFC 3339 time stamps, and media types."""
+"""What the dialect translators share: the :class:`Transducer` protocol, the framer as they use
+it (:class:`Lines` and :class:`SseEvents`: the core's, refusing what passes the bound), RFC 3339
+time stamps and the content types they answer with; the stream errors, compact JSON and media
+types are the core's (``core._framer``), named here too."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
+
+from nvpair_tw.core import AnswerTooLarge, Events, MalformedStream, StreamCut, dump, media_type
+from nvpair_tw.core import Lines as _Lines
 
 __all__ = [
     "JSON_TYPE",
@@ -44,17 +48,9 @@ class Untranslatable(Exception):
         )
 
 
-class StreamCut(Exception):
-    """The upstream ended (cleanly) before its terminal frame: the translated answer is
-    incomplete. Every error a transducer raises is one of these."""
-
-
-class AnswerTooLarge(StreamCut):
-    """An answer buffered whole (or one unfinished frame) grew past the limit."""
-
-
-class MalformedAnswer(StreamCut):
-    """A frame of the upstream answer is not what its route sends (a JSON object)."""
+MalformedAnswer = MalformedStream
+"""A frame of the upstream answer is not what its route sends (the core's
+:class:`~nvpair_tw.core.MalformedStream`, by the name the translators use)."""
 
 
 class Transducer(Protocol):
@@ -78,92 +74,35 @@ class Transducer(Protocol):
         """The (prompt, completion) token counts the answer reported, None where unknown."""
 
 
-def dump(document: Any) -> bytes:
-    """``document`` as compact UTF-8 JSON."""
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+class Lines(_Lines):
+    """The core framer's lines, refusing a held line past the bound: :meth:`feed` raises
+    :class:`AnswerTooLarge` (what a translator does with it)."""
 
-
-def media_type(content_type: bytes | None) -> bytes:
-    """The media type of a ``Content-Type`` value, lower case, without parameters."""
-    return (content_type or b"").split(b";", 1)[0].strip().lower()
-
-
-class Lines:
-    """Splits a byte stream into lines (without ``\\n`` and a trailing ``\\r``), holding the
-    unfinished last line, at most ``limit`` bytes of it."""
-
-    __slots__ = ("_limit", "_tail")
-
-    def __init__(self, limit: int) -> None:
-        self._tail = b""
-        self._limit = limit
+    __slots__ = ()
 
     def feed(self, data: bytes) -> list[bytes]:
-        if self._tail:
-            data = self._tail + data
-        lines = data.split(b"\n")
-        self._tail = lines.pop()
-        if len(self._tail) > self._limit:
+        lines = super().feed(data)
+        if self.over:
             raise AnswerTooLarge(f"an unfinished line passed {self._limit} bytes")
-        return [line[:-1] if line.endswith(b"\r") else line for line in lines]
-
-    def rest(self) -> bytes:
-        """The unfinished last line (``\\r`` removed), emptied."""
-        tail, self._tail = self._tail, b""
-        return tail[:-1] if tail.endswith(b"\r") else tail
+        return lines
 
 
-class SseEvents:
-    """Server-sent events (the WHATWG rules that matter here): ``data:`` with or without its
-    space, LF or CRLF line ends, several ``data:`` lines joined with ``\\n``, and comments
-    (``:``), ``event:``, ``id:`` and ``retry:`` lines ignored. An event is dispatched at its
-    blank line; :meth:`rest` dispatches one left unfinished at the end of the body."""
+class SseEvents(Events):
+    """The core framer's SSE events, refusing a line or an event past the bound: :meth:`feed`
+    and :meth:`rest` raise :class:`AnswerTooLarge` (what a translator does with it)."""
 
-    __slots__ = ("_data", "_lines", "_size")
-
-    def __init__(self, limit: int) -> None:
-        self._lines = Lines(limit)
-        self._data: list[bytes] = []
-        self._size = 0
+    __slots__ = ()
 
     def feed(self, data: bytes) -> list[bytes]:
-        """The events ``data`` completes, in order."""
-        lines = self._lines
-        if (
-            not lines._tail
-            and not self._data
-            and data.startswith(b"data: ")
-            and data.find(b"\n") == len(data) - 2
-            and data.endswith(b"\n\n")
-            and data[-3] != 13  # not CR: a one-line event "data: …\n\n", the common chunk
-            and len(data) <= lines._limit
-        ):
-            return [data[6:-2]]
-        events: list[bytes] = []
-        pending = self._data
-        for line in lines.feed(data):
-            if not line:
-                if pending:
-                    events.append(pending[0] if len(pending) == 1 else b"\n".join(pending))
-                    pending.clear()
-                    self._size = 0
-            elif line.startswith(b"data:"):
-                value = line[6:] if line.startswith(b"data: ") else line[5:]
-                pending.append(value)
-                self._size += len(value)
-                if self._size > lines._limit:
-                    raise AnswerTooLarge("an unfinished event passed the limit")
+        events = super().feed(data)
+        self.check()
         return events
-
-    @property
-    def idle(self) -> bool:
-        """Whether nothing is held: no unfinished line, no event being gathered."""
-        return not self._lines._tail and not self._data
 
     def rest(self) -> list[bytes]:
         """At the end of the body: the last line and an event not followed by its blank line."""
-        last = self._lines.rest()
-        return self.feed(last + b"\n\n" if last else b"\n")
+        events = self.end()
+        self.check()
+        return events
 
 
 class Stamp:

@@ -1,8 +1,8 @@
 # -*- test-case-name: tests.dialects.test_answers -*-
 """The parts of :class:`~nvpair_tw.dialects._ollama_stream.OllamaStream`'s answer: what a chunk
 takes from a choice, the Ollama chunks and the final object, and a whole answer's texts and tool
-calls gathered (:class:`Gathered`: tool calls by ``index``, their ``arguments`` parsed from the
-JSON string to a value, kept as the string when it is not JSON).
+calls gathered (:class:`Gathered`: tool calls folded by the one rule of ``core.ToolCalls``, their
+``arguments`` parsed from the JSON string to a value, kept as the string when it is not JSON).
 """
 
 from __future__ import annotations
@@ -10,14 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nvpair_tw.dialects._common import AnswerTooLarge, MalformedAnswer, dump
+from nvpair_tw.core import ToolCalls
+from nvpair_tw.dialects._common import AnswerTooLarge, dump
 
 __all__ = ["Gathered", "as_deltas", "calls_chunk", "choice_parts", "content_chunk", "final_object"]
 
 
 class Gathered:
     """The texts (a whole answer's) and the tool calls of an answer, capped at ``limit``
-    characters together."""
+    characters together; the calls are folded by the one rule (``core.ToolCalls``)."""
 
     __slots__ = ("_calls", "_held", "_limit", "texts")
 
@@ -25,7 +26,7 @@ class Gathered:
         self._limit = limit
         self.texts: dict[str, list[str]] = {}
         self._held = 0
-        self._calls: dict[int, dict[str, Any]] = {}
+        self._calls = ToolCalls()
 
     @property
     def has_calls(self) -> bool:
@@ -34,47 +35,42 @@ class Gathered:
 
     def keep(self, key: str, text: str) -> None:
         self._held += len(text)
-        if self._held > self._limit:
-            raise AnswerTooLarge(f"the assembled answer passed {self._limit} characters")
+        self._check()
         self.texts.setdefault(key, []).append(text)
 
     def gather(self, fragments: list[Any]) -> None:
-        for position, fragment in enumerate(fragments):
-            if not isinstance(fragment, dict):
-                raise MalformedAnswer("a tool call is not an object")
-            index = fragment.get("index")
-            if not isinstance(index, int):
-                index = position
-            call = self._calls.setdefault(index, {"id": None, "name": [], "arguments": []})
-            if isinstance(fragment.get("id"), str) and fragment["id"]:
-                call["id"] = fragment["id"]
-            function = fragment.get("function")
-            if isinstance(function, dict):
-                for key in ("name", "arguments"):
-                    part = function.get(key)
-                    if isinstance(part, str):
-                        call[key].append(part)
-                        self._held += len(part)
-                    elif isinstance(part, dict) and key == "arguments":
-                        call[key].append(json.dumps(part))
-            if self._held > self._limit:
-                raise AnswerTooLarge(f"the assembled answer passed {self._limit} characters")
+        before = self._calls.size
+        self._calls.add(fragments)
+        self._held += self._calls.size - before
+        self._check()
 
     def take_calls(self) -> list[dict[str, Any]]:
-        """The tool calls gathered, whole and in ``index`` order; forgotten here."""
-        calls = []
-        for index, call in sorted(self._calls.items()):
-            text = "".join(call["arguments"])
-            try:
-                arguments: Any = json.loads(text) if text.strip() else {}
-            except ValueError:
-                arguments = text
-            function = {"index": index, "name": "".join(call["name"]), "arguments": arguments}
-            calls.append(
-                {"id": call["id"], "function": function} if call["id"] else {"function": function}
-            )
-        self._calls.clear()
-        return calls
+        """The tool calls gathered, whole and in ``index`` order, each ``arguments`` parsed from
+        its JSON text (kept as the text when it is not JSON); forgotten here."""
+        return [_ollama_call(index, call) for index, call in self._calls.take()]
+
+    def _check(self) -> None:
+        if self._held > self._limit:
+            raise AnswerTooLarge(f"the assembled answer passed {self._limit} characters")
+
+
+def _ollama_call(index: int, call: dict[str, Any]) -> dict[str, Any]:
+    """One folded OpenAI call as Ollama's: its ``arguments`` a value, ``index`` in its function."""
+    function = call.get("function")
+    if not isinstance(function, dict):
+        function = {}
+    name = function.get("name")
+    raw = function.get("arguments")
+    arguments: Any = raw
+    if not isinstance(raw, dict):
+        text = raw if isinstance(raw, str) else ""
+        try:
+            arguments = json.loads(text) if text.strip() else {}
+        except ValueError:
+            arguments = text
+    out = {"index": index, "name": name if isinstance(name, str) else "", "arguments": arguments}
+    ident = call.get("id")
+    return {"id": ident, "function": out} if isinstance(ident, str) and ident else {"function": out}
 
 
 def choice_parts(choice: dict[str, Any], completions: bool) -> tuple[str | None, str | None, Any]:

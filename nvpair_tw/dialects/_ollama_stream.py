@@ -31,6 +31,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from nvpair_tw.core import event_end
 from nvpair_tw.dialects._answers import NS, Buffer, error_message, number, parse
 from nvpair_tw.dialects._common import (
     JSON_TYPE,
@@ -255,9 +256,7 @@ class OllamaStream(_Events):
         head = b""
         if not self._events.idle:
             # the previous read ended inside an event: finish it, then look for a run again
-            cut = data.find(b"\n\n") + 2
-            if cut < 2:
-                return self._split(data)
+            cut = event_end(data, 0)  # the whole read when it does not end the event
             head = self._split(data[:cut])
             data = data[cut:]
             if not data or self._finished:

@@ -39,6 +39,8 @@ from typing import Any
 
 from attrs import frozen
 
+from nvpair_tw.core import EVENT_ENDS, Lines, after_last_event, event_end
+
 __all__ = ["Chain", "Usage", "UsageMeter", "UsageStripper", "asks_usage"]
 
 TAIL = 64 << 10
@@ -189,7 +191,7 @@ class UsageMeter:
         # The last chunks (the counts are in the last two events; a deque with a length bound
         # drops the oldest in C, so a chunk costs one append).
         self._tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
-        self._head = b""  # a stream's unparsed start, until content shows
+        self._head = Lines(TAIL)  # a stream's unparsed start, until content shows
         self._looking = True
         self._first: float | None = None
         self._prompt: int | None = None  # a count stated at the stream's start (message_start)
@@ -212,10 +214,8 @@ class UsageMeter:
 
     def _look(self, data: bytes) -> None:
         """Parse the stream's complete lines until one carries content."""
-        text = self._head + data
-        cut = max(text.rfind(b"\n"), text.rfind(b"\r"))
-        self._head = text[cut + 1 :]
-        for line in text[: cut + 1].splitlines():  # parsed one by one: usually the first has it
+        run = self._head.complete(data)
+        for line in run.splitlines():  # parsed one by one: usually the first has it
             for frame in _frames(line):
                 prompt, _, _ = _counts(frame)
                 if prompt is not None:
@@ -223,11 +223,11 @@ class UsageMeter:
                 if _has_content(frame):
                     self._first = self._clock()
                     self._looking = False
-                    self._head = b""
+                    self._head.clear()
                     return
-        if len(self._head) > TAIL:  # no line end in sight: give up looking
+        if self._head.over:  # no line end in sight: give up looking
             self._looking = False
-            self._head = b""
+            self._head.clear()
 
     def end(self) -> Usage:
         """The counts the answer stated (None when it never did, e.g. a stream cut before them)."""
@@ -282,11 +282,11 @@ class UsageStripper:
         # Whole events pass on (an engine writes one or more whole events per chunk, so this is
         # one test of the chunk's end and no copy); an unfinished event waits for its end, so a
         # "usage" cut across two chunks is still seen whole.
-        if not self._held and data.endswith(_BLANK) and b'"usage"' not in data:
+        if not self._held and data.endswith(EVENT_ENDS) and b'"usage"' not in data:
             return data
         if self._held:
             data, self._held = self._held + data, b""
-        end = _after_last_event(data)
+        end = after_last_event(data)
         if end == 0:
             self._held = data
             return b""
@@ -305,8 +305,8 @@ class UsageStripper:
         ``"usage"`` is found in C, and only the event around it is parsed."""
         at = events.find(b'"usage"')
         while at >= 0:
-            start = _after_last_event(events, at)
-            end = _event_end(events, at)
+            start = after_last_event(events, at)
+            end = event_end(events, at)
             frame = _usage_chunk(events[start:end])
             if frame is None:
                 at = events.find(b'"usage"', end)
@@ -316,25 +316,6 @@ class UsageStripper:
             events = events[:start] + events[end:]
             at = events.find(b'"usage"', start)
         return events
-
-
-_BLANK = (b"\n\n", b"\r\n\r\n", b"\r\r")
-"""What ends an SSE event: a blank line, after LF, CRLF or CR line ends."""
-
-
-def _after_last_event(data: bytes, before: int | None = None) -> int:
-    """The index just after the last event end in ``data[:before]`` (0 when there is none)."""
-    limit = len(data) if before is None else before
-    return max(
-        (at + len(blank) for blank in _BLANK if (at := data.rfind(blank, 0, limit)) >= 0),
-        default=0,
-    )
-
-
-def _event_end(data: bytes, at: int) -> int:
-    """The index just after the end of the event holding ``at`` (the end of ``data`` if open)."""
-    ends = [found + len(blank) for blank in _BLANK if (found := data.find(blank, at)) >= 0]
-    return min(ends, default=len(data))
 
 
 def _usage_chunk(event: bytes) -> dict[str, Any] | None:

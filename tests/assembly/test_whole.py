@@ -24,6 +24,7 @@ from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone, ResponseFailed
 
+from nvpair_tw.assembly._gate import _failed
 from nvpair_tw.assembly._whole import (
     AnswerTooLarge,
     Assembled,
@@ -37,7 +38,7 @@ from nvpair_tw.assembly._whole import (
     rewrite_body,
     rewrite_outlined,
 )
-from nvpair_tw.core import IllegalCall, Outline, Outlined, outline_body
+from nvpair_tw.core import IllegalCall, Outline, Outlined, ProxyBug, outline_body
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.inbound import Parsed, parse_document
 from nvpair_tw.testing import (
@@ -983,3 +984,16 @@ def test_the_rewrite_on_spans_reads_only_the_stream_options_object() -> None:
         rewritten.body
         == b'{"stream":true,"x":\xff\xff,"stream_options":{"include_usage":true, "a":1 }}'
     )
+
+
+def test_a_folders_own_bug_fails_the_gate_as_the_proxys_not_as_a_drop() -> None:
+    """The node's stream (a ``StreamCut``) fails the attempt as a drop; anything else the folder
+    raises is a :class:`ProxyBug`, which the attempt loop does not take for the node's fault."""
+    cut = StreamCut("cut")
+    drop = _failed(cut)
+    assert isinstance(drop.value, ResponseFailed)
+    assert drop.value.reasons[0].value is cut
+    bug = KeyError("choices")
+    proxy = _failed(bug)
+    assert isinstance(proxy.value, ProxyBug)
+    assert proxy.value.error is bug

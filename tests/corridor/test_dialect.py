@@ -15,10 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from attrs import evolve
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone, ResponseFailed
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IResponse
+from zope.interface import implementer
 
-from nvpair_tw.core import Settings
+from nvpair_tw.core import AnswerTooLarge, MalformedStream, ProxyBug, Settings, StreamCut
+from nvpair_tw.corridor._dialect import AsIs, TranscodedResponse
 from nvpair_tw.testing import Behaviour, MemoryCluster, MemoryResponse, SimulatedEngine, always
+from tests.corridor.test_attempts import PAYLOAD, Loop
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -439,3 +449,134 @@ def test_a_request_is_translated_once_per_dialect_and_local_name_not_once_per_at
     assert third is not first and third.local_model == "meta/llama-3"
     assert json.loads(third.body)["model"] == "meta/llama-3"
     assert speech.wire(native).body == speech.body and not speech.wire(native).translated
+
+
+class _Reader(Protocol):
+    """The gate's side of a transcoded body: what it received and how the body ended."""
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.reasons: list[Failure] = []
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data.append(data)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.reasons.append(reason)
+
+
+@implementer(IPushProducer)
+class _Upstream:
+    """The node's body transport: records a stop."""
+
+    stopped = False
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        self.stopped = True
+
+
+class _Failing:
+    """A transducer raising ``error`` from ``feed`` (or, ``at_end``, from ``end``)."""
+
+    content_type = b"application/x-ndjson"
+    tokens = (None, None)
+
+    def __init__(self, error: Exception, where: str) -> None:
+        self._error = error
+        self._where = where
+
+    def feed(self, data: bytes) -> bytes:
+        if self._where == "feed":
+            raise self._error
+        return data
+
+    def end(self) -> bytes:
+        raise self._error
+
+
+@implementer(IResponse)
+class _Node:
+    """A node's response whose body is ``body`` then a clean end."""
+
+    version = (b"HTTP", 1, 1)
+    code = 200
+    phrase = b"OK"
+    request = None
+    previousResponse = None
+
+    def __init__(self, body: bytes) -> None:
+        self.headers = Headers({b"content-type": [b"text/event-stream"]})
+        self.length = len(body)
+        self._body = body
+        self.upstream = _Upstream()
+
+    def deliverBody(self, protocol: Protocol) -> None:
+        protocol.makeConnection(self.upstream)  # type: ignore[arg-type]
+        protocol.dataReceived(self._body)
+        protocol.connectionLost(Failure(ResponseDone()))
+
+    def setPreviousResponse(self, response: IResponse) -> None:
+        pass
+
+
+def _transcoded(error: Exception, where: str) -> tuple[_Reader, _Node]:
+    node = _Node(b"data: x\n\n")
+    reader = _Reader()
+    TranscodedResponse(node, _Failing(error, where)).deliverBody(reader)
+    return reader, node
+
+
+@pytest.mark.parametrize("where", ["feed", "end"])
+@pytest.mark.parametrize("error", [StreamCut("cut"), MalformedStream("bad"), AnswerTooLarge("big")])
+def test_a_frame_the_transducer_refuses_is_the_nodes_drop(error: Exception, where: str) -> None:
+    """A ``StreamCut`` (the node's stream: cut, malformed, too large) ends the body as a transport
+    failure, which the attempt loop takes for a drop and the relay for a truncation."""
+    reader, node = _transcoded(error, where)
+    [reason] = reader.reasons
+    assert isinstance(reason.value, ResponseFailed)
+    assert reason.value.reasons[0].value is error
+    assert node.upstream.stopped is (where == "feed")
+
+
+@pytest.mark.parametrize("where", ["feed", "end"])
+def test_a_transducers_own_bug_is_the_proxys_not_the_nodes(where: str) -> None:
+    """Anything else a transducer raises is a :class:`ProxyBug`, no transport failure: before
+    commit no stage takes it for the node's drop (no failover, no cooldown), after it the relay
+    cuts the stream as ``proxy-error``."""
+    bug = KeyError("choices")
+    reader, node = _transcoded(bug, where)
+    [reason] = reader.reasons
+    assert isinstance(reason.value, ProxyBug)
+    assert reason.value.error is bug
+    assert node.upstream.stopped is (where == "feed")
+
+
+def test_a_transducers_bug_before_commit_fails_the_request_without_failover_or_cooldown() -> None:
+    """The attempt loop does not take a :class:`ProxyBug` for the node's drop: it ends the request
+    (the facade answers 500), the node is not cooled and no other node is tried."""
+    loop = Loop(gated=True)
+
+    def noted(frame: dict[str, Any]) -> None:
+        raise KeyError("usage")  # a bug in what reads the removed usage chunk
+
+    sends = AsIs.of(b"POST", b"/api/chat", PAYLOAD, strip_usage=noted)
+    loop.plan = evolve(loop.plan, sends=sends)
+    result = loop.run()
+    answer = loop.requests(1001)[0]
+    answer.setHeader(b"content-type", b"text/event-stream")
+    answer.write(b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n')
+    loop.pump()
+    failures: list[Failure] = []
+    result.addErrback(failures.append)
+    [failure] = failures
+    assert isinstance(failure.value, ProxyBug)
+    assert isinstance(failure.value.error, KeyError)
+    assert loop.bodies(1002) == []
+    assert loop.stalls.cooling() == frozenset() and loop.cooldowns == []
+    loop.stalls.stop()

@@ -31,6 +31,7 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
+from nvpair_tw.core import ProxyBug
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.corridor._attempts import CallerState, Committed
 from nvpair_tw.corridor._relay import Progress, RelayEnd, RelayOutcome, StallGuard, relay
@@ -1038,3 +1039,33 @@ def test_after_a_stall_the_guard_can_be_paused_and_resumed_again() -> None:
     stall_guard.resumeProducing()
     assert clock.getDelayedCalls() == []
     assert upstream.calls == ["pause", "pause", "resume"]
+
+
+def test_a_body_failed_by_a_proxy_bug_is_cut_logged_once_and_recorded_as_the_proxys() -> None:
+    """A committed body that fails with anything but the upstream's drop (here a transducer's own
+    bug) is cut like a drop, but logged once with its type and recorded as ``proxy-error``: the
+    node is not blamed."""
+    with capturedLogs() as events:
+        relayed = Relayed(first=b'{"done":false}\n')
+        relayed.end(ProxyBug(KeyError("choices")))
+        outcome = relayed.outcome
+    assert (outcome.end, outcome.error) == (RelayEnd.TRUNCATED, "proxy-error")
+    assert not relayed.client.value().endswith(b"0\r\n\r\n")
+    failures = [e for e in events if e.get("log_failure") is not None]
+    assert len(failures) == 1
+    assert failures[0]["log_failure"].check(ProxyBug)
+    assert failures[0]["kind"] == "ProxyBug"
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [ResponseFailed([Failure(ConnectionLost())]), ConnectionLost(), ConnectionDone()],
+)
+def test_an_upstream_drop_mid_stream_is_the_nodes_and_not_logged(reason: Exception) -> None:
+    """The upstream's drop (a transport failure) is recorded as it always was, without a log."""
+    with capturedLogs() as events:
+        relayed = Relayed(first=b'{"done":false}\n')
+        relayed.end(reason)
+        outcome = relayed.outcome
+    assert (outcome.end, outcome.error) == (RelayEnd.TRUNCATED, "upstream dropped mid-stream")
+    assert [e for e in events if e.get("log_failure") is not None] == []

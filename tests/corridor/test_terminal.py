@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nvpair_tw.corridor._terminal import TerminalFrameDetector
+from nvpair_tw.corridor._terminal import BATCH, TerminalFrameDetector
 
 SSE = "text/event-stream"
 NDJSON = "application/x-ndjson"
@@ -358,3 +358,57 @@ def test_a_held_line_of_exactly_the_cap_is_judged_whole() -> None:
     assert detector.buffered == len(line)
     detector.feed(b"\n")
     assert not detector.seen
+
+
+@pytest.mark.parametrize(
+    ("content_type", "event", "terminal"),
+    [
+        (SSE, b'data: {"choices":[{"delta":{"content":"x"}}]}\n\n', b"data: [DONE]\n\n"),
+        (NDJSON, b'{"message":{"content":"x"},"done":false}\n', b'{"done":true}\n'),
+    ],
+)
+def test_lines_are_examined_in_batches_and_every_one_counts(
+    content_type: str, event: bytes, terminal: bytes
+) -> None:
+    """Complete lines wait to be examined in batches of about ``BATCH`` bytes: a terminal frame
+    anywhere in a batch, even followed by more than a batch of other lines, is seen, and nothing
+    is examined twice or skipped at a batch's edge."""
+    detector = TerminalFrameDetector(content_type)
+    for _ in range(BATCH // len(event) + 1):
+        detector.feed(event)
+    assert not detector.seen
+    detector.feed(terminal)
+    for _ in range(2 * (BATCH // len(event) + 1)):
+        detector.feed(event)
+    assert detector.seen
+    assert detector.buffered == 0
+
+
+def test_what_waits_unexamined_stays_below_a_batch() -> None:
+    """Complete lines are examined as soon as a batch is full, so at most ``BATCH`` bytes of them
+    wait between two chunks; reading ``seen`` examines what waits."""
+    event = b'{"done":false,"pad":"' + b"x" * (128 - 24) + b'"}\n'
+    assert len(event) == 128 and BATCH % 128 == 0
+    detector = TerminalFrameDetector(NDJSON)
+    for count in range(1, 3 * BATCH // 128 + 1):
+        detector.feed(event)
+        assert detector.waiting == (count * 128) % BATCH
+    detector.feed(event)
+    assert detector.waiting == 128
+    assert not detector.seen
+    assert detector.waiting == 0
+
+
+def test_finish_judges_an_oversized_unterminated_final_frame_on_its_head() -> None:
+    """A final Ollama frame longer than the cap and without its newline is judged on its head at
+    the end of the body."""
+    final = json.dumps({"done": True, "context": list(range(5_000))}).encode()
+    detector = feed_all(TerminalFrameDetector(NDJSON, max_line_bytes=100), pieces(final, 64))
+    detector.finish()
+    assert detector.seen
+
+
+def test_an_event_line_that_is_not_utf8_is_not_terminal_and_no_error() -> None:
+    """An ``event:`` line with bytes that are not UTF-8 is read with replacements: never an
+    error on the relay's path, and not a terminal event."""
+    assert not feed_all(TerminalFrameDetector(SSE), [b"event: message_stop\xff\n\n"]).seen

@@ -569,3 +569,21 @@ def test_an_odd_event_among_learned_ones_is_not_copied_blindly(odd: bytes) -> No
             return type(error).__name__
 
     assert outcome(slow=False) == outcome(slow=True)
+
+
+def test_tool_call_fragments_without_an_index_are_told_apart_by_their_ids() -> None:
+    """The one rule of ``core.ToolCalls`` (docs/behaviour.md §6.5): a fragment without ``index``
+    and with a new ``id`` starts a call, one without an ``id`` continues it; list position would
+    have folded both calls, each at position 0 of its chunk, into one."""
+    stream = (
+        delta(tool_calls=[{"id": "c1", "function": {"name": "f", "arguments": '{"a":'}}])
+        + delta(tool_calls=[{"function": {"arguments": "1}"}}])
+        + delta(tool_calls=[{"id": "c2", "function": {"name": "g", "arguments": "{}"}}])
+        + finish("tool_calls")
+        + DONE
+    )
+    whole = json.loads(run(translation(stream=False), stream))
+    assert whole["message"]["tool_calls"] == [
+        {"id": "c1", "function": {"index": 0, "name": "f", "arguments": {"a": 1}}},
+        {"id": "c2", "function": {"index": 1, "name": "g", "arguments": {}}},
+    ]
