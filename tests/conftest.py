@@ -42,7 +42,7 @@ from tests.outside_reads import pytest_sessionfinish, pytest_terminal_summary  #
 _record_outside_reads()  # the session fails if a test opens a file beside the repository
 
 E2E_TIMEOUT = 960.0
-"""Seconds an ``e2e`` test may take (setup included): more than the engine fixture's own 900 s
+"""Seconds a ``real_engine`` test may take (setup included): more than the engine fixture's own 900 s
 bound on starting the real engine, so that fixture's clearer message wins."""
 
 STUCK_GRACE = 10.0
@@ -85,14 +85,16 @@ _failing_properties_fail_plainly()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``e2e`` tests get ``E2E_TIMEOUT`` instead of the default (``timeout`` in setup.cfg), unless
-    they carry their own ``timeout`` marker."""
+    """``real_engine`` tests get ``E2E_TIMEOUT`` instead of the default (``timeout`` in setup.cfg),
+    unless they carry their own ``timeout`` marker."""
     for item in items:
-        if item.get_closest_marker("e2e") and not item.get_closest_marker("timeout"):
+        if item.get_closest_marker("real_engine") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
 
 
-@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: `-p no:timeout`
+# optional only for mutation runs (`-p no:timeout`, mutmut bounds them itself): setup.cfg's
+# required_plugins refuses every other run without pytest-timeout
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     """Replace pytest-timeout's ``signal`` method with one that fails the test, not the reactor.
 

@@ -27,7 +27,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from tests.engines import ollama as ollama_engine
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2"

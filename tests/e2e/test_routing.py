@@ -36,6 +36,8 @@ from nvpair_tw.testing import (
     http_client,
 )
 
+pytestmark = pytest.mark.e2e
+
 T = TypeVar("T")
 NO_OWNER = "no available node advertises the requested model"
 

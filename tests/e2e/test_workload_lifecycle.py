@@ -34,6 +34,8 @@ from nvpair_tw.testing import (
     http_client,
 )
 
+pytestmark = pytest.mark.e2e
+
 TERMINAL = ("workload:completed", "workload:errored")
 
 
