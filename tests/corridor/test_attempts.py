@@ -26,7 +26,7 @@ from twisted.internet.error import (
 )
 from twisted.internet.interfaces import IProtocol, IPushProducer
 from twisted.internet.protocol import Factory, Protocol
-from twisted.internet.task import Clock, deferLater
+from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseNeverReceived
@@ -77,6 +77,7 @@ from nvpair_tw.upstream._attempt import (
     ReplayBodyProducer,
     UpstreamClient,
 )
+from tests.helpers import eventually
 
 ROUNDS = [pytest.param(i, id=f"round{i}") for i in range(3)]
 MODEL = ("llama3:latest",)
@@ -366,13 +367,11 @@ async def test_caller_leaving_during_header_wait_creates_no_cooldown(
     pending: Deferred[Any] = http_client(reactor).post(
         scenario.proxy.url() + "/api/chat", data=body(1)
     )
-    while not scenario.received(0):
-        await deferLater(reactor, 0.01, lambda: None)
+    await eventually(reactor, lambda: scenario.received(0), what="the request at n0")
     pending.cancel()
     with pytest.raises(Exception):  # noqa: B017 - the cancelled client request
         await pending
-    while not scenario.named("workload:errored"):
-        await deferLater(reactor, 0.01, lambda: None)
+    await eventually(reactor, lambda: scenario.named("workload:errored"), what="workload:errored")
     errored = scenario.named("workload:errored")[0]["workload"]
     assert errored["state"] == "cancelled"
     assert scenario.named("node/cooldown") == []
@@ -407,8 +406,7 @@ async def test_committed_stream_that_dies_is_not_retried(
     )
     with pytest.raises(Exception):  # noqa: B017 - the aborted, truncated answer
         await scenario.post(body(1))
-    while not scenario.named("workload:errored"):
-        await deferLater(reactor, 0.01, lambda: None)
+    await eventually(reactor, lambda: scenario.named("workload:errored"), what="workload:errored")
     assert scenario.received(1) == []
     assert scenario.named("workload:errored")[0]["workload"]["state"] == "failed"
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import random
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,7 +18,6 @@ import treq
 from attrs import define
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.protocol import Protocol, connectionDone
-from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
@@ -33,18 +31,11 @@ from nvpair_tw.testing import (
     always,
     http_client,
 )
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.e2e
 
 TERMINAL = ("workload:completed", "workload:errored")
-
-
-async def until(reactor: Any, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait (polling the reactor) until ``condition()`` holds; fail after ``timeout`` seconds."""
-    deadline = reactor.seconds() + timeout
-    while not condition():
-        assert reactor.seconds() < deadline, "condition not reached in time"
-        await deferLater(reactor, 0.01, lambda: None)
 
 
 def chat(model: str, text: str = "hi", **extra: Any) -> bytes:
@@ -174,12 +165,12 @@ async def test_many_streams_ending_every_way_each_end_exactly_once(
         for model in plan[start : start + 40]:
             reader = Reader(b"\n", cut=rng.randrange(0, 13) if model == "cut" else None)
             pending.append(Deferred.fromCoroutine(cluster.stream("/api/chat", chat(model), reader)))
-        await until(reactor, lambda: len(cluster.named("workload:started")) >= len(pending))
+        await eventually(reactor, lambda: len(cluster.named("workload:started")) >= len(pending))
     outcomes = await gatherResults(pending)
     assert Counter(zip(plan, outcomes, strict=True)) == Counter(
         {("ok", "complete"): 66, ("cut", "broken"): 67, ("drops", "broken"): 67}
     )
-    await until(reactor, lambda: len(cluster.terminals()) >= 200)
+    await eventually(reactor, lambda: len(cluster.terminals()) >= 200)
     assert cluster.proxy is not None
     assert cluster.proxy.runtime.shared.workloads.live() == []
     terminals = cluster.terminals()
@@ -218,10 +209,10 @@ async def test_client_leaving_right_after_the_terminal_frame_is_completed(
     reader = Reader(b"\n", terminal=terminal)
     outcome = await cluster.stream(path, chat("llama3", **extra), reader)
     assert outcome == "broken" and terminal in reader.data
-    await until(reactor, lambda: bool(cluster.terminals()))
+    await eventually(reactor, lambda: bool(cluster.terminals()))
     [ended] = cluster.terminals()
     assert (ended["state"], ended["error"]) == ("completed", None)
-    await until(reactor, lambda: bool(cluster.named("proxy/request")))
+    await eventually(reactor, lambda: bool(cluster.named("proxy/request")))
     [record] = cluster.named("proxy/request")
     assert record["error"] is None
 
@@ -237,13 +228,13 @@ async def test_workload_cancel_aborts_a_live_stream(reactor: Any, cluster: Clust
     workloads = cluster.proxy.runtime.shared.workloads
     reader = Reader(b"\n")
     streaming = Deferred.fromCoroutine(cluster.stream("/api/chat", chat("llama3"), reader))
-    await until(reactor, lambda: reader.data.count(b"\n") >= 2)
+    await eventually(reactor, lambda: reader.data.count(b"\n") >= 2)
     [live] = workloads.live()
     assert not workloads.cancel(live.id + 1)
     assert workloads.cancel(live.id)
     assert await streaming == "broken"
     assert reader.data.count(b"\n") < 50
-    await until(reactor, lambda: bool(cluster.terminals()))
+    await eventually(reactor, lambda: bool(cluster.terminals()))
     [ended] = cluster.terminals()
     assert (ended["id"], ended["state"]) == (live.id, "cancelled")
     assert ended["error"] == "cancelled by request"

@@ -19,7 +19,7 @@ import pytest
 import pytest_twisted
 import treq
 from twisted.internet.defer import ensureDeferred
-from twisted.internet.task import Clock, deferLater
+from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from twisted.web.server import Site
 from zope.interface import provider
@@ -53,6 +53,7 @@ from nvpair_tw.testing import (
     start_engine,
     start_proxy,
 )
+from tests.helpers import eventually
 
 MODEL = ("llama3:latest",)
 CANARY = "canary-7f3a9-do-not-store"
@@ -123,17 +124,6 @@ class RedisServer:
 
     def config(self) -> StateConfig:
         return parse_state_url(self.url(), password=self.password)
-
-
-async def eventually(
-    reactor: Any, check: Callable[[], bool], within: float, what: str = "condition"
-) -> None:
-    """Poll ``check`` every 5 ms until it holds; fail after ``within`` seconds."""
-    deadline = reactor.seconds() + within
-    while not check():
-        if reactor.seconds() > deadline:
-            raise AssertionError(f"{what} not reached within {within} s")
-        await deferLater(reactor, 0.005, lambda: None)
 
 
 @pytest.fixture
