@@ -19,6 +19,7 @@ from attrs import evolve
 from treq.testing import RequestTraversalAgent
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.error import (
+    ConnectionClosed,
     ConnectionLost,
     ConnectionRefusedError,
     DNSLookupError,
@@ -29,7 +30,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs, formatEvent
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseNeverReceived
+from twisted.web.client import ResponseFailed, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IAgent, IBodyProducer, IResponse
@@ -233,8 +234,9 @@ async def test_commit_on_headers_breaks_pre_commit_failover(
     )
     assert scenario.proxy is not None
     scenario.proxy.runtime.facades["ollama"].first_body_gate = False
-    with pytest.raises(Exception):  # noqa: B017 - the truncated answer surfaces as a treq failure
+    with pytest.raises(ResponseFailed) as raised:  # the truncated answer
         await scenario.post(body(1))
+    assert raised.value.reasons[0].check(ConnectionClosed)  # closed or aborted mid-answer
     assert scenario.received(1) == []
 
 
@@ -369,8 +371,9 @@ async def test_caller_leaving_during_header_wait_creates_no_cooldown(
     )
     await eventually(reactor, lambda: scenario.received(0), what="the request at n0")
     pending.cancel()
-    with pytest.raises(Exception):  # noqa: B017 - the cancelled client request
+    with pytest.raises(ResponseNeverReceived) as raised:  # the cancelled client request
         await pending
+    assert raised.value.reasons[0].check(CancelledError)
     await eventually(reactor, lambda: scenario.named("workload:errored"), what="workload:errored")
     errored = scenario.named("workload:errored")[0]["workload"]
     assert errored["state"] == "cancelled"
@@ -404,8 +407,9 @@ async def test_committed_stream_that_dies_is_not_retried(
         [broken(reactor, Behaviour.DROP_MID_STREAM, chunks=6), healthy(reactor)],
         Settings(response_header_timeout=HEADER_TIMEOUT),
     )
-    with pytest.raises(Exception):  # noqa: B017 - the aborted, truncated answer
+    with pytest.raises(ResponseFailed) as raised:  # the aborted, truncated answer
         await scenario.post(body(1))
+    assert raised.value.reasons[0].check(ConnectionClosed)  # closed or aborted mid-answer
     await eventually(reactor, lambda: scenario.named("workload:errored"), what="workload:errored")
     assert scenario.received(1) == []
     assert scenario.named("workload:errored")[0]["workload"]["state"] == "failed"
