@@ -13,20 +13,27 @@ last.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from enum import Enum
 
 from twisted.application import service
-from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
-from nvpair_tw.events import WORKLOAD_COMPLETED, WORKLOAD_ERRORED, Event
+from nvpair_tw.events import Event, EventBus
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.runtime import Runtime
 
-__all__ = ["SHUTDOWN_REASON", "DrainService", "DrainState", "adopt_all", "drain_service"]
+__all__ = [
+    "SHUTDOWN_REASON",
+    "DrainService",
+    "DrainState",
+    "adopt_all",
+    "drain_service",
+    "until_idle",
+]
 
 log = LevelledLogger(namespace="nvpair_tw.drain")
 
@@ -115,26 +122,8 @@ class DrainService(service.MultiService):
     def _until_idle(self, timeout: float) -> Deferred[bool]:
         """Fires ``True`` once no workload is live, or ``False`` after ``timeout`` seconds."""
         workloads = self._runtime.shared.workloads
-        done: Deferred[bool] = Deferred()
-        if not workloads.live():
-            done.callback(True)
-            return done
-
-        def ended(event: Event) -> None:
-            if event.name in (WORKLOAD_COMPLETED, WORKLOAD_ERRORED) and not workloads.live():
-                finish(True)
-
-        def finish(idle: bool) -> None:
-            if done.called:
-                return
-            subscription.close()
-            if timer.active():
-                timer.cancel()
-            done.callback(idle)
-
-        subscription = self._runtime.shared.bus.subscribe(ended, name="drain")
-        timer = self._clock.callLater(timeout, finish, False)
-        return done
+        bus = self._runtime.shared.bus
+        return until_idle(self._clock, bus, lambda: not workloads.live(), timeout, "drain")
 
     def _listener_failed(self, failure: Failure) -> None:
         log.failure("a listener failed to stop", failure, level=LogLevel.error)
@@ -153,3 +142,37 @@ def adopt_all(parent: service.MultiService, drain: DrainService) -> None:
         child.disownServiceParent()
         child.setServiceParent(drain)
     drain.setServiceParent(parent)
+
+
+def until_idle(
+    clock: IReactorTime, bus: EventBus, idle: Callable[[], bool], timeout: float, name: str
+) -> Deferred[bool]:
+    """Fires ``True`` once ``idle()`` holds, or ``False`` after ``timeout`` seconds.
+
+    ``idle()`` is asked now and again after each event on ``bus`` (a workload's end, a tunnel's
+    record: whatever ends work publishes), never on a timer of its own. Cancelling the Deferred
+    (its caller left) stops the wait: the subscription, called ``name``, and the timer go at once.
+    """
+    if idle():
+        return succeed(True)
+    if timeout <= 0:
+        return succeed(False)
+
+    def look(event: Event) -> None:
+        if idle():
+            finish(True)
+
+    def finish(result: bool) -> None:
+        if not done.called:
+            stop()
+            done.callback(result)
+
+    def stop(_: object = None) -> None:
+        subscription.close()
+        if timer.active():
+            timer.cancel()
+
+    done: Deferred[bool] = Deferred(stop)
+    subscription = bus.subscribe(look, name=name)
+    timer = clock.callLater(timeout, finish, False)
+    return done
