@@ -448,7 +448,7 @@ def test_effective_timeouts_are_logged_at_start(
     monkeypatch.setenv(FIRST_BODY_ENV, "1m30s")
     config = config_of("-e", "ollama", "--response-header-timeout", "later", "--admin", "none")
     assemble(cast(IProxyReactor, MemoryReactorClock()), config)
-    messages = [formatEvent(e) for e in logged if e.get("log_namespace") == "nvpair_tw.assemble"]
+    messages = [formatEvent(e) for e in logged if e.get("log_namespace") == "nvpair_tw.app._wiring"]
     warning = "invalid response-header timeout 'later' from flag; using 120s"
     summary = (
         "timeouts: connect 10s, response-header 120s (default), "
@@ -601,7 +601,7 @@ def test_make_service_applies_the_log_level_and_assembles(logged: list[dict[str,
     assert not top.running
     listeners = {s.label for s in services(top) if isinstance(s, ListenerService)}
     assert listeners == {"ollama facade", "admin"}
-    ours = [formatEvent(e) for e in logged if e.get("log_namespace") == "nvpair_tw.assemble"]
+    ours = [formatEvent(e) for e in logged if e.get("log_namespace") == "nvpair_tw.app._wiring"]
     assert ours == ["invalid first-body timeout '-1s' from flag; leaving it disabled"]
 
 

@@ -61,7 +61,7 @@ __all__ = [
     "run_attempts",
 ]
 
-log = LevelledLogger(namespace="nvpair_tw.attempts")
+log = LevelledLogger(namespace=__name__)
 
 
 @frozen

@@ -1,5 +1,5 @@
-# -*- test-case-name: tests.dialects.test_translate -*-
-"""One request translated for a node of another kind (SPEC §11.3): the upstream route and body
+# -*- test-case-name: tests.dialects.test_requests, tests.dialects.test_answers -*-
+"""One request translated for a node of another kind (docs/behaviour.md §11.3): the upstream route and body
 (:func:`translate`, the table in ``_requests``), and a fresh transducer per attempt for its
 answer (:meth:`Translation.answer`, the answers in ``_answers`` and ``_ollama_stream``)."""
 

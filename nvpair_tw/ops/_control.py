@@ -68,7 +68,7 @@ __all__ = [
     "forwarded",
 ]
 
-log = LevelledLogger(namespace="nvpair_tw.control")
+log = LevelledLogger(namespace=__name__)
 
 MAX_LINE_BYTES = 1 << 20
 """A request line longer than this is answered with -32600 and the connection is closed."""

@@ -38,7 +38,7 @@ from nvpair_tw.runtime import Runtime
 
 __all__ = ["ADD_MANUAL", "Answer", "ControlMethods", "InOrder"]
 
-log = LevelledLogger(namespace="nvpair_tw.control")
+log = LevelledLogger(namespace=__name__)
 
 ADD_MANUAL = "node/add-manual"
 _SELF = "url is this proxy's own listener (a node must not be this process)"

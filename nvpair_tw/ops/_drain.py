@@ -35,7 +35,7 @@ __all__ = [
     "until_idle",
 ]
 
-log = LevelledLogger(namespace="nvpair_tw.drain")
+log = LevelledLogger(namespace=__name__)
 
 SHUTDOWN_REASON = "proxy shutdown"
 

@@ -29,7 +29,7 @@ from nvpair_tw.upstream import ReadError, join_url, post_json
 
 __all__ = ["DRAIN_TIMEOUT", "LOAD_TIMEOUT", "MAINTENANCE", "in_flight"]
 
-log = LevelledLogger(namespace="nvpair_tw.control")
+log = LevelledLogger(namespace=__name__)
 
 DRAIN_TIMEOUT = 600.0
 """How long ``node/drain`` waits by default (10 minutes: a long generation finishes well within)."""

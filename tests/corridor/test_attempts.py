@@ -1448,7 +1448,7 @@ def test_a_failed_attempt_is_logged_with_node_and_reason() -> None:
         loop.pump()
         assert isinstance(_result(result), Committed)
         loop.stalls.stop()
-    mine = [e for e in events if e.get("log_namespace") == "nvpair_tw.attempts"]
+    mine = [e for e in events if e.get("log_namespace") == "nvpair_tw.corridor._attempts"]
     assert [formatEvent(e) for e in mine] == ["attempt to a failed: no response headers within 30s"]
     assert (mine[0]["node"], mine[0]["why"]) == ("a", "no response headers within 30s")
 
@@ -1534,7 +1534,7 @@ def test_a_busy_wait_is_logged_at_debug_naming_the_node() -> None:
             assert _result(result) == Abandoned("client gone")
     finally:
         set_level(previous)
-    mine = [e for e in events if e.get("log_namespace") == "nvpair_tw.attempts"]
+    mine = [e for e in events if e.get("log_namespace") == "nvpair_tw.corridor._attempts"]
     assert [formatEvent(e) for e in mine] == ["a shows progress elsewhere: header wait extended"]
     assert [(e["log_level"], e["node"]) for e in mine] == [(LogLevel.debug, "a")]
 

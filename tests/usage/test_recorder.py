@@ -45,7 +45,7 @@ class Warnings:
         @provider(ILogObserver)
         def observe(event: LogEvent) -> None:
             if (
-                event.get("log_namespace") == "nvpair_tw.usage"
+                event.get("log_namespace") == "nvpair_tw.usage._recorder"
                 and event["log_level"].name == "warn"
             ):
                 self.events.append(event)
