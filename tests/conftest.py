@@ -15,7 +15,7 @@ import threading
 import types
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import greenlet
 import pytest
@@ -30,6 +30,7 @@ from twisted.internet.interfaces import (
     IStreamClientEndpoint,
 )
 from twisted.internet.task import deferLater
+from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
@@ -282,6 +283,29 @@ async def _settled(reactor: Any) -> list[IDelayedCall]:
             break
     ran = [c for c in left if c.called]
     return ran + [c for c in reactor.getDelayedCalls() if c.active()]
+
+
+@pytest.fixture
+def log_events() -> Iterator[list[LogEvent]]:
+    """Every event published to the global log publisher during the test."""
+    events: list[LogEvent] = []
+    observer = cast(ILogObserver, events.append)
+    globalLogPublisher.addObserver(observer)
+    yield events
+    globalLogPublisher.removeObserver(observer)
+
+
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    """Every line logged during the test, formatted."""
+    lines: list[str] = []
+
+    def observe(event: LogEvent) -> None:
+        lines.append(str(formatEvent(event)))
+
+    globalLogPublisher.addObserver(cast(ILogObserver, observe))
+    yield lines
+    globalLogPublisher.removeObserver(cast(ILogObserver, observe))
 
 
 @pytest_twisted.async_yield_fixture()

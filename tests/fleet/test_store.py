@@ -20,9 +20,7 @@ import pytest_twisted
 import treq
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
-from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from twisted.web.server import Site
-from zope.interface import provider
 
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.events import NODE_COOLDOWN
@@ -224,23 +222,9 @@ def facade_of(proxy: ProxyHandle) -> Any:
     return proxy.runtime.facades["ollama"]
 
 
-@pytest.fixture
-def logged() -> Iterator[list[str]]:
-    """Every log line emitted during the test, formatted."""
-    lines: list[str] = []
-
-    @provider(ILogObserver)
-    def observe(event: LogEvent) -> None:
-        lines.append(str(formatEvent(event)))
-
-    globalLogPublisher.addObserver(observe)
-    yield lines
-    globalLogPublisher.removeObserver(observe)
-
-
-def unreachable(logged: list[str]) -> int:
-    """How many "store unreachable" warnings were logged."""
-    return sum("unreachable" in line for line in logged)
+def unreachable(log_lines: list[str]) -> int:
+    """How many "store unreachable" warnings were log_lines."""
+    return sum("unreachable" in line for line in log_lines)
 
 
 # --- configuration ------------------------------------------------------------------------------
@@ -435,7 +419,7 @@ async def test_reservations_are_fleet_wide(reactor: Any, fleet: Fleet, redis: Re
 
 @pytest_twisted.ensureDeferred
 async def test_losing_the_store_loses_only_the_sharing(
-    reactor: Any, fleet: Fleet, redis: RedisServer, logged: list[str]
+    reactor: Any, fleet: Fleet, redis: RedisServer, log_lines: list[str]
 ) -> None:
     n0 = await fleet.engine(healthy(reactor, header_delay=0.3))
     n1 = await fleet.engine(healthy(reactor, header_delay=0.3))
@@ -491,8 +475,8 @@ async def test_losing_the_store_loses_only_the_sharing(
     finally:
         await admin_port.stopListening()
     # One warning when lost and one line when back, per proxy.
-    assert sum("lost; working on local state" in line for line in logged) == 2
-    assert sum("is back; state resynchronised" in line for line in logged) == 2
+    assert sum("lost; working on local state" in line for line in log_lines) == 2
+    assert sum("is back; state resynchronised" in line for line in log_lines) == 2
 
 
 @pytest_twisted.ensureDeferred
@@ -597,7 +581,7 @@ async def test_no_prompt_text_reaches_the_store(
 
 @pytest_twisted.ensureDeferred
 async def test_a_password_store_works_and_the_password_is_never_logged(
-    reactor: Any, fleet: Fleet, logged: list[str]
+    reactor: Any, fleet: Fleet, log_lines: list[str]
 ) -> None:
     password = "pw-canary-91c2"
     server = RedisServer(password=password)
@@ -619,21 +603,21 @@ async def test_a_password_store_works_and_the_password_is_never_logged(
         # Database 1, as the URL said.
         assert server.cli("-n", "1", "EXISTS", "nvpair:cool:ollama:n0").strip() == "1"
         # P3's refused dial is told before P3 is stopped (a stop mid-dial says nothing).
-        await eventually(reactor, lambda: unreachable(logged) > 0, 5.0, "password refused")
+        await eventually(reactor, lambda: unreachable(log_lines) > 0, 5.0, "password refused")
         assert not p3.runtime.fleet.up  # type: ignore[union-attr]
         assert (await fleet.post(p3, chat("still served")))[0] == 200
         fleet.proxies.remove(p3)
         await p3.stop()
     finally:
         server.kill()
-    assert logged and not any(password in line for line in logged)
+    assert log_lines and not any(password in line for line in log_lines)
     # The wrong password: one warning, however many retries.
-    assert unreachable(logged) == 1
+    assert unreachable(log_lines) == 1
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_store_that_is_not_there_yet_is_joined_when_it_comes(
-    reactor: Any, fleet: Fleet, logged: list[str]
+    reactor: Any, fleet: Fleet, log_lines: list[str]
 ) -> None:
     server = RedisServer()
     n0 = await fleet.engine(healthy(reactor))
@@ -643,13 +627,13 @@ async def test_a_store_that_is_not_there_yet_is_joined_when_it_comes(
         # The store comes only once the proxy has found it missing: its first dial (a resolution
         # in the reactor's thread pool, then a refused connection) can still be under way when
         # the request is served, and a store started meanwhile would be joined at once.
-        await eventually(reactor, lambda: unreachable(logged) > 0, 5.0, "store seen missing")
+        await eventually(reactor, lambda: unreachable(log_lines) > 0, 5.0, "store seen missing")
         assert p1.runtime.fleet is not None and not p1.runtime.fleet.up
         await restart(reactor, server)
         await fleet.up(within=BACK_BOUND)  # the backoff is capped at 2 s
     finally:
         server.kill()
-    assert unreachable(logged) == 1
+    assert unreachable(log_lines) == 1
 
 
 @pytest_twisted.ensureDeferred
@@ -676,7 +660,7 @@ async def test_body_progress_reaches_peers_at_most_once_per_node_per_second(
 
 @pytest_twisted.ensureDeferred
 async def test_a_store_that_refuses_scripts_is_reported_once_and_never_hurts_a_client(
-    reactor: Any, fleet: Fleet, redis: RedisServer, logged: list[str]
+    reactor: Any, fleet: Fleet, redis: RedisServer, log_lines: list[str]
 ) -> None:
     redis.cli("CONFIG", "SET", "maxmemory", "1")  # every write is refused with OOM from now on
     redis.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
@@ -688,7 +672,7 @@ async def test_a_store_that_refuses_scripts_is_reported_once_and_never_hurts_a_c
     await eventually(reactor, lambda: p1.runtime.fleet.write_refused, 1.0, "refusal seen")  # type: ignore[union-attr]
     statuses += [(await fleet.post(p1, chat(f"again {i}")))[0] for i in range(3)]
     assert statuses == [200] * 6
-    assert sum("refused a write" in line for line in logged) == 1
+    assert sum("refused a write" in line for line in log_lines) == 1
 
 
 @pytest_twisted.ensureDeferred
