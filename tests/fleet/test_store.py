@@ -223,7 +223,7 @@ def facade_of(proxy: ProxyHandle) -> Any:
 
 
 def unreachable(log_lines: list[str]) -> int:
-    """How many "store unreachable" warnings were log_lines."""
+    """How many "store unreachable" warnings were logged."""
     return sum("unreachable" in line for line in log_lines)
 
 
