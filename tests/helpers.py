@@ -1,5 +1,5 @@
 """Helpers the test modules share, each written once: a bounded wait for a condition on the running
-reactor.
+reactor, and the Ollama chat request most tests send.
 
 ``eventually`` is the only poll of the suite's reactor tests: every wait for something that has no
 event of its own to await ends, failing the test with what it waited for, after ``within`` seconds
@@ -8,7 +8,9 @@ of the reactor's time.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
@@ -34,3 +36,17 @@ async def eventually(
         if reactor.seconds() >= deadline:
             raise NotReached(f"{what} not reached within {within:g} s")
         await deferLater(reactor, POLL_INTERVAL, lambda: None)
+
+
+def chat(model: str, *texts: str, **fields: Any) -> dict[str, Any]:
+    """An Ollama ``/api/chat`` request document: ``model``, the ``texts`` as messages taking turns
+    (user, assistant, user, …; one user ``"hi"`` when none is given), then ``fields``."""
+    said = texts or ("hi",)
+    roles = ("user", "assistant")
+    messages = [{"role": roles[i % 2], "content": text} for i, text in enumerate(said)]
+    return {"model": model, "messages": messages, **fields}
+
+
+def chat_body(model: str, *texts: str, **fields: Any) -> bytes:
+    """:func:`chat` as the bytes of a request body."""
+    return json.dumps(chat(model, *texts, **fields)).encode()

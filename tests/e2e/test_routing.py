@@ -34,7 +34,7 @@ from nvpair_tw.testing import (
     always,
     http_client,
 )
-from tests.helpers import eventually
+from tests.helpers import chat, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -175,11 +175,6 @@ def served_by(response: Any) -> str:
     """The node named by the response's ``X-NVPair-Node`` header."""
     [node] = response.headers.getRawHeaders(b"x-nvpair-node")
     return str(node.decode())
-
-
-def chat(model: str, text: str = "hi") -> dict[str, Any]:
-    """A one-message chat request document."""
-    return {"model": model, "messages": [{"role": "user", "content": text}]}
 
 
 # --- the capability gate -------------------------------------------------------------------------

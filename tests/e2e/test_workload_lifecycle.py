@@ -7,7 +7,6 @@ a consumer of the event bus that stops reading never holds the requests back.
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 from typing import Any
@@ -31,18 +30,11 @@ from nvpair_tw.testing import (
     always,
     http_client,
 )
-from tests.helpers import eventually
+from tests.helpers import chat_body, eventually
 
 pytestmark = pytest.mark.e2e
 
 TERMINAL = ("workload:completed", "workload:errored")
-
-
-def chat(model: str, text: str = "hi", **extra: Any) -> bytes:
-    """A one-message chat request body."""
-    return json.dumps(
-        {"model": model, "messages": [{"role": "user", "content": text}], **extra}
-    ).encode()
 
 
 class Reader(Protocol):
@@ -119,7 +111,7 @@ async def test_failover_is_one_workload_with_a_running_event_per_node(
             "b": engine(reactor, ("llama3:latest",), Behaviour.HEALTHY),
         }
     )
-    response = await http_client(reactor).post(cluster.url + "/api/chat", data=chat("llama3"))
+    response = await http_client(reactor).post(cluster.url + "/api/chat", data=chat_body("llama3"))
     await treq.content(response)
     assert response.code == 200
     workload = [
@@ -164,7 +156,9 @@ async def test_many_streams_ending_every_way_each_end_exactly_once(
     for start in range(0, len(plan), 40):
         for model in plan[start : start + 40]:
             reader = Reader(b"\n", cut=rng.randrange(0, 13) if model == "cut" else None)
-            pending.append(Deferred.fromCoroutine(cluster.stream("/api/chat", chat(model), reader)))
+            pending.append(
+                Deferred.fromCoroutine(cluster.stream("/api/chat", chat_body(model), reader))
+            )
         await eventually(reactor, lambda: len(cluster.named("workload:started")) >= len(pending))
     outcomes = await gatherResults(pending)
     assert Counter(zip(plan, outcomes, strict=True)) == Counter(
@@ -207,7 +201,7 @@ async def test_client_leaving_right_after_the_terminal_frame_is_completed(
         {"a": engine(reactor, ("llama3:latest",), Behaviour.HEALTHY, chunks=1, chunk_delay=0.3)}
     )
     reader = Reader(b"\n", terminal=terminal)
-    outcome = await cluster.stream(path, chat("llama3", **extra), reader)
+    outcome = await cluster.stream(path, chat_body("llama3", **extra), reader)
     assert outcome == "broken" and terminal in reader.data
     await eventually(reactor, lambda: bool(cluster.terminals()))
     [ended] = cluster.terminals()
@@ -227,7 +221,7 @@ async def test_workload_cancel_aborts_a_live_stream(reactor: Any, cluster: Clust
     assert cluster.proxy is not None
     workloads = cluster.proxy.runtime.shared.workloads
     reader = Reader(b"\n")
-    streaming = Deferred.fromCoroutine(cluster.stream("/api/chat", chat("llama3"), reader))
+    streaming = Deferred.fromCoroutine(cluster.stream("/api/chat", chat_body("llama3"), reader))
     await eventually(reactor, lambda: reader.data.count(b"\n") >= 2)
     [live] = workloads.live()
     assert not workloads.cancel(live.id + 1)
@@ -259,7 +253,7 @@ async def test_subscriber_that_never_reads_is_dropped_without_slowing_requests(
 
     async def ask(n: int) -> int:
         response = await http_client(reactor).post(
-            cluster.url + "/api/chat", data=chat("llama3", f"q{n}")
+            cluster.url + "/api/chat", data=chat_body("llama3", f"q{n}")
         )
         await treq.content(response)
         return int(response.code)
