@@ -3,11 +3,13 @@ than its bound, on whatever reactor it is given."""
 
 from __future__ import annotations
 
+import json
+
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from tests.helpers import POLL_INTERVAL, NotReached, eventually
+from tests.helpers import POLL_INTERVAL, NotReached, chat, chat_body, eventually
 
 
 def test_eventually_returns_once_the_condition_holds() -> None:
@@ -48,3 +50,11 @@ def test_eventually_looks_before_it_waits() -> None:
     failed: list[Failure] = []
     Deferred.fromCoroutine(eventually(clock, lambda: False, within=0.0)).addErrback(failed.append)
     assert [f.type for f in failed] == [NotReached]
+
+
+def test_chat_takes_turns_and_says_hi_when_given_nothing() -> None:
+    assert chat("m") == {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    turns = chat("m", "a", "b", "c", stream=True)
+    assert [m["role"] for m in turns["messages"]] == ["user", "assistant", "user"]
+    assert turns["stream"] is True
+    assert json.loads(chat_body("m", "a")) == chat("m", "a")

@@ -18,6 +18,7 @@ from twisted.internet.task import Clock
 
 from nvpair_tw.core import Settings
 from nvpair_tw.testing import Behaviour, MemoryCluster, MemoryResponse, SimulatedEngine, always
+from tests.helpers import chat
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -39,19 +40,12 @@ def openai_node(clock: Clock, **kw: Any) -> SimulatedEngine:
     return SimulatedEngine(clock, (MODEL,), kind="openai", **kw)
 
 
-def chat(stream: bool | None = None, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-    if stream is not None:
-        body["stream"] = stream
-    return {**body, **extra}
-
-
 def test_an_ollama_chat_stream_is_translated_for_an_openai_node(memory_cluster: Make) -> None:
     """§11.3: ``/api/chat`` goes to the node as ``/v1/chat/completions`` asking for usage; the
     client gets Ollama NDJSON ending in one ``done: true`` line with the engine's counts."""
     clock = Clock()
     cluster = memory_cluster(clock, {"b": openai_node(clock)})
-    response = cluster.fetch("POST", "/api/chat", json=chat())
+    response = cluster.fetch("POST", "/api/chat", json=chat(MODEL))
     assert response.status == 200 and response.complete
     assert response.header("content-type") == "application/x-ndjson"
     got = lines(response)
@@ -71,7 +65,7 @@ def test_a_whole_ollama_chat_is_assembled_from_the_translated_stream(memory_clus
     """``stream: false`` is asked of the node as a stream (§6.5) and answered as one object."""
     clock = Clock()
     cluster = memory_cluster(clock, {"b": openai_node(clock)})
-    response = cluster.fetch("POST", "/api/chat", json=chat(stream=False))
+    response = cluster.fetch("POST", "/api/chat", json=chat(MODEL, stream=False))
     assert response.status == 200 and response.complete
     answer = response.json()
     assert answer["message"] == {"role": "assistant", "content": "hello0hello1hello2"}
@@ -137,7 +131,7 @@ def test_a_frozen_ollama_node_fails_over_to_an_openai_node_translated(
     settings = Settings(response_header_timeout=5.0)
     cluster = memory_cluster(clock, engines, settings=settings)
     cluster.facade().pin = "a"
-    pending = cluster.request("POST", "/api/chat", json=chat())
+    pending = cluster.request("POST", "/api/chat", json=chat(MODEL))
     cluster.advance(5.0)
     response = cluster.result(pending)
     assert response.status == 200 and response.header("x-nvpair-node") == "b"
@@ -146,7 +140,7 @@ def test_a_frozen_ollama_node_fails_over_to_an_openai_node_translated(
     assert path == b"/v1/chat/completions"
     assert [p for p, _ in sent(cluster, "a")] == [b"/api/chat"]
     started = clock.seconds()
-    again = cluster.fetch("POST", "/api/chat", json=chat())
+    again = cluster.fetch("POST", "/api/chat", json=chat(MODEL))
     assert again.header("x-nvpair-node") == "b" and clock.seconds() == started
 
 
@@ -155,7 +149,7 @@ def test_a_translated_stream_cut_mid_way_never_looks_complete(memory_cluster: Ma
     clock = Clock()
     dropping = openai_node(clock, policy=always(Behaviour.DROP_MID_STREAM), chunks=6)
     cluster = memory_cluster(clock, {"b": dropping})
-    response = cluster.fetch("POST", "/api/chat", json=chat())
+    response = cluster.fetch("POST", "/api/chat", json=chat(MODEL))
     assert response.status == 200 and response.truncated
     assert response.chunks, "the stream was committed before the cut"
     assert all(not line["done"] for line in lines(response))
@@ -166,7 +160,7 @@ def test_an_upstream_error_becomes_an_ollama_error_with_the_same_status(
 ) -> None:
     clock = Clock()
     cluster = memory_cluster(clock, {"b": openai_node(clock, policy=always(Behaviour.STATUS_400))})
-    response = cluster.fetch("POST", "/api/chat", json=chat())
+    response = cluster.fetch("POST", "/api/chat", json=chat(MODEL))
     assert response.status == 400
     assert isinstance(response.json()["error"], str)
 
@@ -370,8 +364,8 @@ def test_a_stream_that_asked_for_usage_keeps_its_usage_chunk(memory_cluster: Mak
 def test_translated_and_whole_answers_record_the_engines_counts(memory_cluster: Make) -> None:
     clock = Clock()
     cluster = memory_cluster(clock, {"b": openai_node(clock)})
-    cluster.fetch("POST", "/api/chat", json=chat())
-    cluster.fetch("POST", "/api/chat", json=chat(stream=False))
+    cluster.fetch("POST", "/api/chat", json=chat(MODEL))
+    cluster.fetch("POST", "/api/chat", json=chat(MODEL, stream=False))
     cluster.fetch("POST", "/api/embed", json={"model": MODEL, "input": "a b"})
     counts = [(r["prompt_tokens"], r["completion_tokens"]) for r in requests_of(cluster)]
     assert counts == [(1, 3), (1, 3), (2, None)]
@@ -382,7 +376,7 @@ def test_a_stream_cut_before_its_counts_records_them_as_unknown(memory_cluster: 
     clock = Clock()
     dropping = openai_node(clock, policy=always(Behaviour.DROP_MID_STREAM), chunks=6)
     cluster = memory_cluster(clock, {"b": dropping})
-    cluster.fetch("POST", "/v1/chat/completions", json={**chat(), "stream": True})
+    cluster.fetch("POST", "/v1/chat/completions", json={**chat(MODEL), "stream": True})
     [record] = requests_of(cluster)
     assert (record["prompt_tokens"], record["completion_tokens"]) == (None, None)
     assert record["ttft_ms"] is not None
@@ -393,7 +387,9 @@ def test_an_assembled_answers_first_token_is_when_its_stream_began(memory_cluste
     clock = Clock()
     engine = SimulatedEngine(clock, (MODEL,), kind="ollama", header_delay=1.0, chunk_delay=2.0)
     cluster = memory_cluster(clock, {"a": engine})
-    response = finished(cluster, cluster.request("POST", "/api/chat", json=chat(stream=False)))
+    response = finished(
+        cluster, cluster.request("POST", "/api/chat", json=chat(MODEL, stream=False))
+    )
     assert response.status == 200
     [record] = requests_of(cluster)
     assert record["ttft_ms"] == 1000 and record["ttfb_ms"] >= 5000
