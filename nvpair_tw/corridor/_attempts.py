@@ -89,13 +89,15 @@ class AttemptPlan:
     strip_usage: Callable[[dict[str, Any]], None] | None = None
     """Set when ``body`` asks for the usage chunk the client did not ask for (§12.2): a native
     answer's usage chunk is removed on its way to the client and handed to this callable."""
+    model: str | None = None
+    """The model ``body`` names: without a ``speech``, the name every node is sent (§12.3)."""
 
     def wire(self, node: Node) -> Wire:
         """What the attempt to ``node`` sends."""
         wire = (
             self.speech.wire(node)
             if self.speech is not None
-            else Wire(self.method, self.target, self.body, self.assembly)
+            else Wire(self.method, self.target, self.body, self.assembly, local_model=self.model)
         )
         if self.strip_usage is None or wire.translated:
             return wire

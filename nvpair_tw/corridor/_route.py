@@ -239,6 +239,7 @@ def _plan(
         busy_max_wait=settings.busy_max_wait,
         speech=speech,
         strip_usage=strip_usage,
+        model=model,
     )
 
 

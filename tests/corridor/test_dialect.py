@@ -372,6 +372,22 @@ def test_translated_and_whole_answers_record_the_engines_counts(memory_cluster: 
     assert all(r["translated"] for r in requests_of(cluster))
 
 
+def test_the_record_names_the_model_the_node_was_sent_on_every_route(memory_cluster: Make) -> None:
+    """§12.3: ``model_local`` is the name the serving node was asked for, natively (the client's
+    own spelling, the body unchanged) as well as translated."""
+    clock = Clock()
+    native = SimulatedEngine(clock, (MODEL,), kind="ollama")
+    cluster = memory_cluster(clock, {"a": native})
+    cluster.fetch("POST", "/api/chat", json=chat(MODEL, stream=False))
+    translating = memory_cluster(clock, {"b": openai_node(clock)})
+    translating.fetch("POST", "/api/chat", json=chat(MODEL, stream=False))
+    [(_, sent_body)] = sent(translating, "b")
+    served = [(r["model_local"], r["translated"]) for r in requests_of(cluster)]
+    assert served == [(MODEL, False)]
+    served = [(r["model_local"], r["translated"]) for r in requests_of(translating)]
+    assert served == [(sent_body["model"], True)]
+
+
 def test_a_stream_cut_before_its_counts_records_them_as_unknown(memory_cluster: Make) -> None:
     clock = Clock()
     dropping = openai_node(clock, policy=always(Behaviour.DROP_MID_STREAM), chunks=6)
