@@ -1,5 +1,6 @@
 """Helpers the test modules share, each written once: a bounded wait for a condition on the running
-reactor, and the Ollama chat request most tests send.
+reactor, the Ollama chat request most tests send, and raw bytes sent to a loopback port and its
+whole answer read back (from the reactor, or from a blocking socket in a thread).
 
 ``eventually`` is the only poll of the suite's reactor tests: every wait for something that has no
 event of its own to await ends, failing the test with what it waited for, after ``within`` seconds
@@ -9,11 +10,15 @@ of the reactor's time.
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
 
 POLL_INTERVAL = 0.005
 """Seconds between two looks at the condition."""
@@ -50,3 +55,39 @@ def chat(model: str, *texts: str, **fields: Any) -> dict[str, Any]:
 def chat_body(model: str, *texts: str, **fields: Any) -> bytes:
     """:func:`chat` as the bytes of a request body."""
     return json.dumps(chat(model, *texts, **fields)).encode()
+
+
+class _Raw(Protocol):
+    """Writes ``sent`` once connected; fires ``done`` with every byte read when the connection
+    closes."""
+
+    def __init__(self, sent: bytes, done: Deferred[bytes]) -> None:
+        self.sent, self.done, self.data = sent, done, b""
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(self.sent)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.done.callback(self.data)
+
+
+async def send_raw(reactor: Any, port: int, raw: bytes) -> bytes:
+    """Send ``raw`` to 127.0.0.1:``port`` over the reactor; every byte read until it closes."""
+    done: Deferred[bytes] = Deferred()
+    reactor.connectTCP("127.0.0.1", port, ClientFactory.forProtocol(lambda: _Raw(raw, done)))
+    return await done
+
+
+def exchange(port: int, raw: bytes) -> bytes:
+    """Blocking (run it in a thread): send ``raw`` to 127.0.0.1:``port`` and read until the
+    server closes the connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(raw)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
