@@ -13,17 +13,17 @@ last.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from enum import Enum
 
 from twisted.application import service
-from twisted.internet.defer import Deferred, gatherResults, maybeDeferred, succeed
+from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
-from nvpair_tw.events import Event, EventBus
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.ops._idle import until_idle
 from nvpair_tw.runtime import Runtime
 
 __all__ = [
@@ -32,7 +32,6 @@ __all__ = [
     "DrainState",
     "adopt_all",
     "drain_service",
-    "until_idle",
 ]
 
 log = LevelledLogger(namespace=__name__)
@@ -142,37 +141,3 @@ def adopt_all(parent: service.MultiService, drain: DrainService) -> None:
         child.disownServiceParent()
         child.setServiceParent(drain)
     drain.setServiceParent(parent)
-
-
-def until_idle(
-    clock: IReactorTime, bus: EventBus, idle: Callable[[], bool], timeout: float, name: str
-) -> Deferred[bool]:
-    """Fires ``True`` once ``idle()`` holds, or ``False`` after ``timeout`` seconds.
-
-    ``idle()`` is asked now and again after each event on ``bus`` (a workload's end, a tunnel's
-    record: whatever ends work publishes), never on a timer of its own. Cancelling the Deferred
-    (its caller left) stops the wait: the subscription, called ``name``, and the timer go at once.
-    """
-    if idle():
-        return succeed(True)
-    if timeout <= 0:
-        return succeed(False)
-
-    def look(event: Event) -> None:
-        if idle():
-            finish(True)
-
-    def finish(result: bool) -> None:
-        if not done.called:
-            stop()
-            done.callback(result)
-
-    def stop(_: object = None) -> None:
-        subscription.close()
-        if timer.active():
-            timer.cancel()
-
-    done: Deferred[bool] = Deferred(stop)
-    subscription = bus.subscribe(look, name=name)
-    timer = clock.callLater(timeout, finish, False)
-    return done

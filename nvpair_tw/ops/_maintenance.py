@@ -23,7 +23,7 @@ from nvpair_tw.core import ModelControl, parse_duration
 from nvpair_tw.corridor import FacadeState, WorkloadState
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
-from nvpair_tw.ops._drain import until_idle
+from nvpair_tw.ops._idle import until_idle
 from nvpair_tw.ops._rpc import INVALID_PARAMS, Params, Result, RpcError, array, short, string, text
 from nvpair_tw.upstream import ReadError, join_url, post_json
 
