@@ -13,12 +13,14 @@ import json
 import socket
 from collections.abc import Callable
 from typing import Any
+from typing import Protocol as Shape
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 POLL_INTERVAL = 0.005
 """Seconds between two looks at the condition."""
@@ -91,3 +93,33 @@ def exchange(port: int, raw: bytes) -> bytes:
         while chunk := sock.recv(65536):
             chunks.append(chunk)
     return b"".join(chunks)
+
+
+class Pumped(Shape):
+    """A test engine that writes for as long as its client takes bytes."""
+
+    paused: bool
+    pauses: int
+    stopped: bool
+
+    def pump(self) -> None:
+        """Write until paused, stopped or done."""
+
+
+@implementer(IPushProducer)
+class PumpProducer:
+    """The push producer of a :class:`Pumped` engine's request: counts pauses, pumps on resume."""
+
+    def __init__(self, engine: Pumped) -> None:
+        self._engine = engine
+
+    def pauseProducing(self) -> None:
+        self._engine.paused = True
+        self._engine.pauses += 1
+
+    def resumeProducing(self) -> None:
+        self._engine.paused = False
+        self._engine.pump()
+
+    def stopProducing(self) -> None:
+        self._engine.stopped = True

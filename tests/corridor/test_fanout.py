@@ -23,6 +23,7 @@ from nvpair_tw.nodes import Node
 from nvpair_tw.simulated import Behaviour, SimulatedEngine, always
 from nvpair_tw.testing import MemoryCluster, MemoryResponse, start_proxy
 from tests.corridor.test_relay import PROXY_ALLOWANCE, MiB, kernel_buffer_bound
+from tests.helpers import PumpProducer
 
 Make = Callable[..., MemoryCluster]
 PULL = {"model": "llama3"}
@@ -442,7 +443,7 @@ class ProgressHose(Resource):
     def render(self, request: Request) -> int:  # type: ignore[override]
         self._request = request
         request.setHeader(b"content-type", b"application/x-ndjson")
-        request.registerProducer(_HoseProducer(self), True)
+        request.registerProducer(PumpProducer(self), True)
         self.pump()
         return NOT_DONE_YET
 
@@ -457,23 +458,6 @@ class ProgressHose(Resource):
             request.unregisterProducer()
             request.write(b'{"status":"success"}\n')
             request.finish()
-
-
-@implementer(IPushProducer)
-class _HoseProducer:
-    def __init__(self, hose: ProgressHose) -> None:
-        self._hose = hose
-
-    def pauseProducing(self) -> None:
-        self._hose.paused = True
-        self._hose.pauses += 1
-
-    def resumeProducing(self) -> None:
-        self._hose.paused = False
-        self._hose.pump()
-
-    def stopProducing(self) -> None:
-        self._hose.stopped = True
 
 
 def _read_lines(sock: socket.socket) -> list[bytes]:

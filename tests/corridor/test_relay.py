@@ -37,6 +37,7 @@ from nvpair_tw.corridor._relay import Progress, RelayEnd, RelayOutcome, StallGua
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.testing import Clusters, ProxyCluster, ProxyHandle, SimulatedEngine, start_proxy
 from nvpair_tw.upstream._attempt import BodyGate, ReplayBodyProducer
+from tests.helpers import PumpProducer
 
 MODEL = ("llama3:latest",)
 REQUEST_BODY = json.dumps({"model": "llama3", "stream": True}).encode()
@@ -397,7 +398,7 @@ class Firehose(Resource):
         self._request = request
         request.setHeader(b"content-type", b"application/octet-stream")
         request.setHeader(b"content-length", b"%d" % self.total)
-        request.registerProducer(_FirehoseProducer(self), True)
+        request.registerProducer(PumpProducer(self), True)
         self.pump()
         return NOT_DONE_YET
 
@@ -411,23 +412,6 @@ class Firehose(Resource):
             self.finished = True
             request.unregisterProducer()
             request.finish()
-
-
-@implementer(IPushProducer)
-class _FirehoseProducer:
-    def __init__(self, firehose: Firehose) -> None:
-        self._firehose = firehose
-
-    def pauseProducing(self) -> None:
-        self._firehose.paused = True
-        self._firehose.pauses += 1
-
-    def resumeProducing(self) -> None:
-        self._firehose.paused = False
-        self._firehose.pump()
-
-    def stopProducing(self) -> None:
-        self._firehose.stopped = True
 
 
 PROXY_ALLOWANCE = 1 * MiB
