@@ -123,3 +123,20 @@ class PumpProducer:
 
     def stopProducing(self) -> None:
         self._engine.stopped = True
+
+
+@implementer(IPushProducer)
+class RecordingProducer:
+    """A producer stand-in that records the flow-control calls it receives."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pauseProducing(self) -> None:
+        self.calls.append("pause")
+
+    def resumeProducing(self) -> None:
+        self.calls.append("resume")
+
+    def stopProducing(self) -> None:
+        self.calls.append("stop")

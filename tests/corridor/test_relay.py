@@ -37,7 +37,7 @@ from nvpair_tw.corridor._relay import Progress, RelayEnd, RelayOutcome, StallGua
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.testing import Clusters, ProxyCluster, ProxyHandle, SimulatedEngine, start_proxy
 from nvpair_tw.upstream._attempt import BodyGate, ReplayBodyProducer
-from tests.helpers import PumpProducer
+from tests.helpers import PumpProducer, RecordingProducer
 
 MODEL = ("llama3:latest",)
 REQUEST_BODY = json.dumps({"model": "llama3", "stream": True}).encode()
@@ -45,23 +45,6 @@ MiB = 1024 * 1024
 
 
 # ---- StallGuard with a clock --------------------------------------------------------------------
-
-
-@implementer(IPushProducer)
-class RecordingProducer:
-    """An upstream stand-in that records the flow-control calls it receives."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def pauseProducing(self) -> None:
-        self.calls.append("pause")
-
-    def resumeProducing(self) -> None:
-        self.calls.append("resume")
-
-    def stopProducing(self) -> None:
-        self.calls.append("stop")
 
 
 def guard(budget: float = 30.0) -> tuple[StallGuard, Clock, RecordingProducer, list[None]]:
