@@ -15,7 +15,7 @@ import threading
 import types
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import greenlet
 import pytest
@@ -24,11 +24,13 @@ from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.interfaces import (
+    IDelayedCall,
     IListeningPort,
     IReactorFromThreads,
     IStreamClientEndpoint,
 )
 from twisted.internet.task import deferLater
+from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from twisted.web.client import URI, Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
@@ -42,7 +44,7 @@ from tests.outside_reads import pytest_sessionfinish, pytest_terminal_summary  #
 _record_outside_reads()  # the session fails if a test opens a file beside the repository
 
 E2E_TIMEOUT = 960.0
-"""Seconds an ``e2e`` test may take (setup included): more than the engine fixture's own 900 s
+"""Seconds a ``real_engine`` test may take (setup included): more than the engine fixture's own 900 s
 bound on starting the real engine, so that fixture's clearer message wins."""
 
 STUCK_GRACE = 10.0
@@ -85,14 +87,16 @@ _failing_properties_fail_plainly()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """``e2e`` tests get ``E2E_TIMEOUT`` instead of the default (``timeout`` in setup.cfg), unless
-    they carry their own ``timeout`` marker."""
+    """``real_engine`` tests get ``E2E_TIMEOUT`` instead of the default (``timeout`` in setup.cfg),
+    unless they carry their own ``timeout`` marker."""
     for item in items:
-        if item.get_closest_marker("e2e") and not item.get_closest_marker("timeout"):
+        if item.get_closest_marker("real_engine") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(E2E_TIMEOUT))
 
 
-@pytest.hookimpl(tryfirst=True, optionalhook=True)  # optional: `-p no:timeout`
+# optional only for mutation runs (`-p no:timeout`, mutmut bounds them itself): setup.cfg's
+# required_plugins refuses every other run without pytest-timeout
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
 def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
     """Replace pytest-timeout's ``signal`` method with one that fails the test, not the reactor.
 
@@ -244,6 +248,10 @@ async def _stop(port: IListeningPort) -> None:
     await maybeDeferred(port.stopListening)
 
 
+SETTLE_TURNS = 50
+"""Reactor turns the leaked-timer check lets connections finish closing in (see ``_settled``)."""
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_delayed_calls(request: pytest.FixtureRequest) -> Iterator[None]:
     """Fail a reactor test that leaves a timer behind (pytest-twisted has no dirty-reactor check)."""
@@ -252,11 +260,52 @@ def no_leaked_delayed_calls(request: pytest.FixtureRequest) -> Iterator[None]:
         return
     from twisted.internet import reactor as installed
 
-    pytest_twisted.blockon(deferLater(installed, 0.05, lambda: None))
-    leaked = [c for c in installed.getDelayedCalls() if c.active()]
+    leaked = pytest_twisted.blockon(Deferred.fromCoroutine(_settled(installed)))
     for call in leaked:
         call.cancel()
     assert not leaked, leaked
+
+
+async def _settled(reactor: Any) -> list[IDelayedCall]:
+    """The timers still active once the reactor has run the closes the test began.
+
+    A connection the test closed cancels its own timers (an HTTP channel's idle timeout, say) when
+    the reactor reports it lost, a turn or two after the test ends: the check waits for that, turn
+    by turn, and for nothing else. A timer the test left for later is a leak however short it is:
+    still pending after the turns, or run during them (work queued for the very next turn, a
+    ``callLater(0)``, is not a timer and may run).
+    """
+    now = reactor.seconds()
+    left = [c for c in reactor.getDelayedCalls() if c.active() and c.getTime() > now]
+    for _turn in range(SETTLE_TURNS):
+        await deferLater(reactor, 0, lambda: None)
+        if not any(c.active() for c in reactor.getDelayedCalls()):
+            break
+    ran = [c for c in left if c.called]
+    return ran + [c for c in reactor.getDelayedCalls() if c.active()]
+
+
+@pytest.fixture
+def log_events() -> Iterator[list[LogEvent]]:
+    """Every event published to the global log publisher during the test."""
+    events: list[LogEvent] = []
+    observer = cast(ILogObserver, events.append)
+    globalLogPublisher.addObserver(observer)
+    yield events
+    globalLogPublisher.removeObserver(observer)
+
+
+@pytest.fixture
+def log_lines() -> Iterator[list[str]]:
+    """Every line logged during the test, formatted."""
+    lines: list[str] = []
+
+    def observe(event: LogEvent) -> None:
+        lines.append(str(formatEvent(event)))
+
+    globalLogPublisher.addObserver(cast(ILogObserver, observe))
+    yield lines
+    globalLogPublisher.removeObserver(cast(ILogObserver, observe))
 
 
 @pytest_twisted.async_yield_fixture()

@@ -77,3 +77,29 @@ def test_pending_modules_are_still_epytext() -> None:
         path = PROJECT / pending
         assert path.exists(), f"{pending} is gone: remove it from PENDING"
         assert _epytext(path), f"{pending} is reST now: remove it from PENDING"
+
+
+HEADER = re.compile(r"\A# -\*- test-case-name: (?P<names>[^*]+?) -\*-")
+
+
+def test_every_test_case_name_header_names_test_modules_that_exist() -> None:
+    """A module's ``test-case-name`` header names its tests; each named module exists."""
+    missing = []
+    for path in _modules():
+        found = HEADER.match(path.read_text())
+        for name in found.group("names").split(",") if found else []:
+            module = PROJECT / (name.strip().replace(".", "/") + ".py")
+            if name.strip() and not module.is_file():
+                missing.append(f"{path.relative_to(PROJECT)}: {name.strip()}")
+    assert missing == []
+
+
+def test_code_cites_the_behaviour_document_not_a_spec_outside_the_repository() -> None:
+    """Sections are cited as ``docs/behaviour.md §N``; "SPEC" names nothing a reader has."""
+    citing = [
+        f"{path.relative_to(PROJECT)}:{number}"
+        for path in [*_modules(), *sorted((PROJECT / "tests").rglob("*.py"))]
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bSPEC\s*§", line)
+    ]
+    assert citing == []

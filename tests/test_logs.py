@@ -196,10 +196,32 @@ def test_a_class_attribute_logger_keeps_its_own_namespace_plus_the_class() -> No
     assert isinstance(thing.log, LevelledLogger)
 
 
-def test_log_namespaces_are_the_flat_package_names() -> None:
-    """Loggers kept the names they had before the package was put in rooms."""
+def test_a_module_logs_under_its_own_name() -> None:
+    """A logger's namespace is its module's (a class's: the module's and the class name), so a log
+    line says where it came from: the rate limiter no longer logs as ``nvpair_tw.ingress``."""
     from nvpair_tw.corridor import _attempts
+    from nvpair_tw.inbound import _rates
     from nvpair_tw.selection import InventoryBook
 
-    assert _attempts.log.namespace == "nvpair_tw.attempts"
-    assert InventoryBook.log.namespace == "nvpair_tw.inventory.InventoryBook"
+    assert _attempts.log.namespace == "nvpair_tw.corridor._attempts"
+    assert _rates.log.namespace == "nvpair_tw.inbound._rates"
+    assert InventoryBook.log.namespace == "nvpair_tw.selection._inventory.InventoryBook"
+
+
+def test_every_module_logger_is_named_after_its_module() -> None:
+    """No module names its logger by hand (the bus's event lines excepted: they are
+    ``nvpair_tw.events``, the module that formats them)."""
+    import ast
+    from pathlib import Path
+
+    import nvpair_tw
+
+    named = []
+    for path in sorted(Path(nvpair_tw.__file__).parent.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "namespace":
+                value = node.value
+                by_hand = isinstance(value, ast.Constant) and value.value != "nvpair_tw.events"
+                if by_hand:
+                    named.append(f"{path.name}:{node.value.lineno}")
+    assert named == []

@@ -16,7 +16,7 @@ import pytest
 from twisted.application.service import IService, IServiceCollection, IServiceMaker, MultiService
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactor, MemoryReactorClock
-from twisted.logger import ILogObserver, LogLevel, formatEvent, globalLogPublisher
+from twisted.logger import LogLevel, formatEvent
 from twisted.plugin import IPlugin, getPlugins
 from twisted.python import usage
 from zope.interface.verify import verifyObject
@@ -433,24 +433,16 @@ def test_assembled_process_has_a_listener_per_engine() -> None:
     }
 
 
-@pytest.fixture
-def logged() -> Iterator[list[dict[str, Any]]]:
-    """Events published on the global log while the test runs."""
-    events: list[dict[str, Any]] = []
-    observer = cast(ILogObserver, events.append)
-    globalLogPublisher.addObserver(observer)
-    yield events
-    globalLogPublisher.removeObserver(observer)
-
-
 def test_effective_timeouts_are_logged_at_start(
-    logged: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+    log_events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Assembling logs each timer with its value and source, after any warning about a bad value."""
     monkeypatch.setenv(FIRST_BODY_ENV, "1m30s")
     config = config_of("-e", "ollama", "--response-header-timeout", "later", "--admin", "none")
     assemble(cast(IProxyReactor, MemoryReactorClock()), config)
-    messages = [formatEvent(e) for e in logged if e.get("log_namespace") == "nvpair_tw.assemble"]
+    messages = [
+        formatEvent(e) for e in log_events if e.get("log_namespace") == "nvpair_tw.app._wiring"
+    ]
     warning = "invalid response-header timeout 'later' from flag; using 120s"
     summary = (
         "timeouts: connect 10s, response-header 120s (default), "
@@ -594,7 +586,7 @@ def test_good_endpoints_of_every_kind_parse(flag: str, description: str) -> None
     assert given.get(flag, config.control) == description
 
 
-def test_make_service_applies_the_log_level_and_assembles(logged: list[dict[str, Any]]) -> None:
+def test_make_service_applies_the_log_level_and_assembles(log_events: list[dict[str, Any]]) -> None:
     """``makeService`` sets the parsed level before assembling: the summary obeys ``warn``."""
     options = parse("-e", "ollama", "--first-body-timeout", "-1s", "--log-level", "warn")
     assert current_level() is LogLevel.info
@@ -603,7 +595,7 @@ def test_make_service_applies_the_log_level_and_assembles(logged: list[dict[str,
     assert not top.running
     listeners = {s.label for s in services(top) if isinstance(s, ListenerService)}
     assert listeners == {"ollama facade", "admin"}
-    ours = [formatEvent(e) for e in logged if e.get("log_namespace") == "nvpair_tw.assemble"]
+    ours = [formatEvent(e) for e in log_events if e.get("log_namespace") == "nvpair_tw.app._wiring"]
     assert ours == ["invalid first-body timeout '-1s' from flag; leaving it disabled"]
 
 

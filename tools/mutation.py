@@ -84,7 +84,7 @@ def prepare(module: str, source: str, tests: tuple[str, ...]) -> Path:
             'also_copy = ["tools"]',
             # a fresh reactor per in-process pytest run; no pytest-timeout: mutmut has its own
             'pytest_add_cli_args = ["-q", "-p", "tools.fresh_reactor", "-p", "no:timeout",'
-            ' "-m", "not e2e and not browser"]',
+            ' "-o", "required_plugins=pytest-twisted", "-m", "not real_engine and not browser"]',
             "",
         ]
     )

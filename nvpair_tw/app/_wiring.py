@@ -14,7 +14,7 @@ from nvpair_tw.runtime import ListenerService, Runtime, RuntimeService, build_ru
 
 __all__ = ["assemble"]
 
-log = LevelledLogger(namespace="nvpair_tw.assemble")
+log = LevelledLogger(namespace=__name__)
 
 
 def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:

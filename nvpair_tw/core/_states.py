@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.core.test_states -*-
+# -*- test-case-name: tests.upstream.test_protocol -*-
 """The one error every state machine of the proxy raises on an illegal call.
 
 The node client's protocol and responses, the body gate and the WebSocket tunnel each name their

@@ -34,7 +34,7 @@ from nvpair_tw.upstream import ReadError, get_json, join_url
 
 __all__ = ["UNAVAILABLE_BODY", "AggregateResult", "FirstSeen", "aggregate_model_list"]
 
-log = LevelledLogger(namespace="nvpair_tw.aggregate")
+log = LevelledLogger(namespace=__name__)
 
 UNAVAILABLE_BODY = json.dumps(
     {"error": "model inventory unavailable", "code": "inventory-unavailable"}

@@ -59,7 +59,7 @@ __all__ = [
     "run_attempts",
 ]
 
-log = LevelledLogger(namespace="nvpair_tw.attempts")
+log = LevelledLogger(namespace=__name__)
 
 
 @frozen

@@ -119,10 +119,14 @@ class AsIs:
         body: bytes,
         assembly: Assembly | None = None,
         strip_usage: UsageNoted | None = None,
+        *,
+        local_model: str | None = None,
     ) -> AsIs:
         """``body`` (or the assembly's) to ``target``; a usage chunk asked for on the client's
-        behalf is removed on the way back when ``strip_usage`` takes it."""
-        sent = Wire(method, target, assembly.body if assembly is not None else body, assembly)
+        behalf is removed on the way back when ``strip_usage`` takes it; ``local_model`` is the
+        model the body names, the name every node is sent (docs/behaviour.md §12.3)."""
+        sent_body = assembly.body if assembly is not None else body
+        sent = Wire(method, target, sent_body, assembly, local_model=local_model)
         return cls(_stripped(sent, strip_usage))
 
     def wire(self, node: Node) -> Wire:

@@ -33,7 +33,7 @@ from nvpair_tw.logs import LevelledLogger
 
 __all__ = ["FacadeResource", "FacadeState", "Shared"]
 
-log = LevelledLogger(namespace="nvpair_tw.facade")
+log = LevelledLogger(namespace=__name__)
 
 _HEAD = "nvpair_head"
 """The attribute of a request where the head gate leaves its :class:`Head` and record."""

@@ -57,7 +57,7 @@ __all__ = [
     "parse_targets",
 ]
 
-log = LevelledLogger(namespace="nvpair_tw.fanout")
+log = LevelledLogger(namespace=__name__)
 
 EVERY_NODE = "*"
 """``X-NVPair-Node: *``: every node of the facade."""

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.corridor.test_head -*-
+# -*- test-case-name: tests.corridor.test_boundary -*-
 """The end of a request's head: who is calling and what they ask, decided once, before the body.
 
 :func:`read_head` runs when the head is complete (the site's head gate, before any ``100 Continue``

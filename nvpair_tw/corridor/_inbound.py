@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.corridor.test_inbound -*-
+# -*- test-case-name: tests.corridor.test_boundary -*-
 """A request understood once (docs/behaviour.md §14.1): the checked head, then the body.
 
 :func:`read_body` parses the body of every route the proxy reads a model from (inference,

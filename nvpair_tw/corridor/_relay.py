@@ -42,7 +42,7 @@ CLIENT_STOPPED_READING = "client stopped reading"
 PROXY_ERROR = "proxy-error"
 """What the record says of a committed answer the proxy itself broke (a bug, never the node's)."""
 
-log = LevelledLogger(namespace="nvpair_tw.corridor._relay")
+log = LevelledLogger(namespace=__name__)
 
 
 class Broken(Enum):

@@ -261,7 +261,8 @@ def _sends(
         known = sent if sent is not None else body
         return _speech(facade, inbound, known, model, assembly, strip_usage)
     body = sent.body if sent is not None else body
-    return AsIs.of(inbound.head.method, inbound.head.target.wire, body, assembly, strip_usage)
+    target = inbound.head.target.wire
+    return AsIs.of(inbound.head.method, target, body, assembly, strip_usage, local_model=model)
 
 
 _USAGE_ROUTES = {

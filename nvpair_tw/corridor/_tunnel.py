@@ -70,7 +70,7 @@ MAX_HEAD_BYTES = 64 * 1024
 MAX_REFUSAL_BODY = 1024 * 1024
 """The largest non-101 answer body relayed to the client (a longer one: 502)."""
 
-_log = LevelledLogger(namespace="nvpair_tw.tunnel")
+_log = LevelledLogger(namespace=__name__)
 
 
 class TunnelState(Enum):

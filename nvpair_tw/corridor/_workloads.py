@@ -151,7 +151,7 @@ def _run_id_or_new(value: str | None) -> str:
 class WorkloadRegistry:
     """Per process: the workload id counter, a random ``run_id`` and the live workloads."""
 
-    log = LevelledLogger(namespace="nvpair_tw.workloads")
+    log = LevelledLogger(namespace=__name__)
 
     _clock: IReactorTime
     _bus: EventBus

@@ -1,4 +1,4 @@
-"""Translation between client dialects and node dialects (SPEC §11.3, §11.4): pure functions and
+"""Translation between client dialects and node dialects (docs/behaviour.md §11.3, §11.4): pure functions and
 transducers, no reactor and no I/O.
 
 - :func:`translate` turns an Ollama (``/api/chat``, ``/api/generate``, ``/api/embed``,

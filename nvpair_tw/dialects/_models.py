@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.dialects.test_models -*-
-"""Model lists across kinds (SPEC §11.3, last row): what a node reports, read from its own list
+"""Model lists across kinds (docs/behaviour.md §11.3, last row): what a node reports, read from its own list
 (:func:`facts_from`), and a record in the facade's shape (:func:`record_for`,
 :func:`show_answer`). A field the node did not report is absent from the record, never invented.
 

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.dialects.test_requests -*-
-"""Ollama requests as OpenAI-compatible requests (docs: SPEC §11.3).
+"""Ollama requests as OpenAI-compatible requests (docs/behaviour.md §11.3).
 
 The translation table:
 

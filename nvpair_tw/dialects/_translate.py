@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.dialects.test_translate -*-
+# -*- test-case-name: tests.dialects.test_requests, tests.dialects.test_messages_request -*-
 """One request translated for a node of another kind (docs/behaviour.md §11.3, §17.3): the
 upstream route and body (:func:`translate`, the table in ``_requests`` and, for Anthropic
 Messages, ``_messages_request``), and a fresh transducer per attempt for its answer

@@ -38,7 +38,7 @@ __all__ = [
     "read_all",
 ]
 
-log = LevelledLogger(namespace="nvpair_tw.fleet")
+log = LevelledLogger(namespace=__name__)
 """The fleet store's log lines keep one namespace, whichever of its modules emits them."""
 
 BACKOFF_FIRST = 0.1

@@ -72,7 +72,7 @@ __all__ = [
     "read_secret",
 ]
 
-log = LevelledLogger(namespace="nvpair_tw.fleet")
+log = LevelledLogger(namespace=__name__)
 
 
 class FleetStore:

@@ -23,7 +23,7 @@ from nvpair_tw.logs import LevelledLogger
 
 __all__ = ["MAX_IN_FLIGHT_BATCHES", "MAX_PENDING_WRITES", "WRITE_BATCH", "BatchedWriter"]
 
-log = LevelledLogger(namespace="nvpair_tw.fleet")
+log = LevelledLogger(namespace=__name__)
 """The fleet store's log lines keep one namespace, whichever of its modules emits them."""
 
 MAX_PENDING_WRITES = 1024

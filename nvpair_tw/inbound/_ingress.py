@@ -318,7 +318,7 @@ class IngressPolicy:
     reload_interval: float = RELOAD_INTERVAL
     _loop: LoopingCall | None = field(default=None, init=False, repr=False)
 
-    log = LevelledLogger(namespace="nvpair_tw.ingress")
+    log = LevelledLogger(namespace=__name__)
 
     @classmethod
     def from_config(

@@ -54,7 +54,7 @@ _TOO_MANY_FROM_SOURCE = Rejection(
     503, "too-many-connections", "too many connections from this source"
 )
 _GATE_FAILED = Rejection(500, "internal-error", "internal proxy error")
-_log = LevelledLogger(namespace="nvpair_tw.limits")
+_log = LevelledLogger(namespace=__name__)
 
 
 def _valid_request_line(line: bytes) -> bool:

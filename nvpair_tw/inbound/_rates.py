@@ -39,7 +39,7 @@ __all__ = [
     "Refusal",
 ]
 
-log = LevelledLogger(namespace="nvpair_tw.ingress")
+log = LevelledLogger(namespace=__name__)
 
 WINDOW = 60.0
 """Seconds: the length of a counting window."""

@@ -28,7 +28,7 @@ T = TypeVar("T")
 Signature = tuple[int, int, int, int]
 EMPTY_READS_TO_REVOKE = 2
 
-_log = LevelledLogger(namespace="nvpair_tw.ingress")
+_log = LevelledLogger(namespace=__name__)
 
 
 class Read(Enum):

@@ -495,7 +495,7 @@ class NodeDirectory:
     Subscribers are called after every change of the merged view.
     """
 
-    log = LevelledLogger(namespace="nvpair_tw.nodes")
+    log = LevelledLogger(namespace=__name__)
 
     _engine: EngineProfile
     _clock: IReactorTime

@@ -31,7 +31,7 @@ from nvpair_tw.nodes._self import Listening, is_self, name_to_resolve, port_of
 
 __all__ = ["SelfGuard"]
 
-_log = LevelledLogger(namespace="nvpair_tw.nodes")
+_log = LevelledLogger(namespace=__name__)
 
 
 @implementer(IResolutionReceiver)

@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.ops.test_admin -*-
-"""The admin listener (SPEC §10): metrics, health, readiness, the live status page and its events.
+"""The admin listener (docs/behaviour.md §10): metrics, health, readiness, the live status page and its events.
 
 A separate ``Site`` (``--admin``, loopback by default) so operators never share a port with clients.
 It serves ``local`` callers only (docs/behaviour.md §14.2, §14.4): every request passes the same
@@ -49,7 +49,7 @@ __all__ = [
     "readiness",
 ]
 
-log = LevelledLogger(namespace="nvpair_tw.admin")
+log = LevelledLogger(namespace=__name__)
 
 KEEPALIVE_INTERVAL = 15.0
 SSE_MAX_PENDING = 256
@@ -452,7 +452,7 @@ def admin_resource(
         if reason is None:
             ready: dict[str, Any] = {"status": "ready"}
             if runtime.fleet is not None:
-                # The store is an optimisation, never a dependency: ready either way (SPEC §6.6).
+                # The store is an optimisation, never a dependency: ready either way (docs/behaviour.md §6.6).
                 ready["state"] = runtime.fleet.status()
             return _json(request, 200, ready)
         return _json(request, 503, {"error": reason, "code": "not-ready"})

@@ -68,7 +68,7 @@ __all__ = [
     "forwarded",
 ]
 
-log = LevelledLogger(namespace="nvpair_tw.control")
+log = LevelledLogger(namespace=__name__)
 
 MAX_LINE_BYTES = 1 << 20
 """A request line longer than this is answered with -32600 and the connection is closed."""
@@ -124,6 +124,7 @@ class ControlProtocol(Protocol):
         self.state = _Flow.OPENING
         self._lines = LineBuffer(MAX_LINE_BYTES)
         self._waiting: Deferred[None] | None = None
+        self._pending: set[Deferred[Any]] = set()  # late answers: cancelled if the client leaves
         self._subscription: Subscription | None = None
         self.disconnected: Deferred[None] = Deferred()
 
@@ -148,6 +149,8 @@ class ControlProtocol(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop()
+        for answer in list(self._pending):
+            answer.cancel()  # nobody to answer: a node/drain stops waiting
         self._control.connections.discard(self)
         log.info("control client {peer} disconnected", peer=self.peer)
         if not self.disconnected.called:
@@ -190,10 +193,10 @@ class ControlProtocol(Protocol):
             else self._control.methods.answer(request)
         )
         if isinstance(answer, InOrder):
-            self._waiting = answer.answer.addCallback(self._send_later)
+            self._waiting = self._later(answer.answer)
             self._waiting.addCallback(self._resume_lines)
         elif isinstance(answer, Deferred):
-            answer.addCallback(self._send_later)
+            self._later(answer)
         elif answer is not None:
             self._send(answer)
 
@@ -210,6 +213,16 @@ class ControlProtocol(Protocol):
         log.info("control client {peer} authenticated", peer=self.peer)
         if not admitted.notification:
             self._send({"jsonrpc": "2.0", "id": admitted.id, "result": {"authenticated": True}})
+
+    def _later(self, answer: Deferred[Result | None]) -> Deferred[None]:
+        """Send ``answer`` when it comes; until then it is cancelled if the client leaves."""
+        self._pending.add(answer)
+        answer.addBoth(self._settled, answer)
+        return answer.addCallback(self._send_later)
+
+    def _settled(self, result: object, answer: Deferred[Any]) -> object:
+        self._pending.discard(answer)
+        return result
 
     def _send_later(self, response: Result | None) -> None:
         """A late answer, sent if the connection is still there to take it."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from attrs import frozen
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
 from nvpair_tw.corridor import FacadeState
@@ -38,7 +38,7 @@ from nvpair_tw.runtime import Runtime
 
 __all__ = ["ADD_MANUAL", "Answer", "ControlMethods", "InOrder"]
 
-log = LevelledLogger(namespace="nvpair_tw.control")
+log = LevelledLogger(namespace=__name__)
 
 ADD_MANUAL = "node/add-manual"
 _SELF = "url is this proxy's own listener (a node must not be this process)"
@@ -60,7 +60,11 @@ def _reply(request: Request, result: Any) -> Result | None:
 
 
 def _failed(request: Request, failure: Failure) -> Result | None:
-    """A method that answers later failed: its own refusal, else -32603 (logged)."""
+    """A method that answers later failed: its own refusal, else -32603 (logged); cancelled (the
+    client left), nothing."""
+    if failure.check(CancelledError):
+        log.info("control {method} stopped: the client left", method=short(request.method))
+        return None
     if failure.check(RpcError):
         refusal = failure.value
         assert isinstance(refusal, RpcError)

@@ -22,13 +22,19 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 from twisted.python.failure import Failure
 
-from nvpair_tw.events import WORKLOAD_COMPLETED, WORKLOAD_ERRORED, Event
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.ops._idle import until_idle
 from nvpair_tw.runtime import Runtime
 
-__all__ = ["SHUTDOWN_REASON", "DrainService", "DrainState", "adopt_all", "drain_service"]
+__all__ = [
+    "SHUTDOWN_REASON",
+    "DrainService",
+    "DrainState",
+    "adopt_all",
+    "drain_service",
+]
 
-log = LevelledLogger(namespace="nvpair_tw.drain")
+log = LevelledLogger(namespace=__name__)
 
 SHUTDOWN_REASON = "proxy shutdown"
 
@@ -115,26 +121,8 @@ class DrainService(service.MultiService):
     def _until_idle(self, timeout: float) -> Deferred[bool]:
         """Fires ``True`` once no workload is live, or ``False`` after ``timeout`` seconds."""
         workloads = self._runtime.shared.workloads
-        done: Deferred[bool] = Deferred()
-        if not workloads.live():
-            done.callback(True)
-            return done
-
-        def ended(event: Event) -> None:
-            if event.name in (WORKLOAD_COMPLETED, WORKLOAD_ERRORED) and not workloads.live():
-                finish(True)
-
-        def finish(idle: bool) -> None:
-            if done.called:
-                return
-            subscription.close()
-            if timer.active():
-                timer.cancel()
-            done.callback(idle)
-
-        subscription = self._runtime.shared.bus.subscribe(ended, name="drain")
-        timer = self._clock.callLater(timeout, finish, False)
-        return done
+        bus = self._runtime.shared.bus
+        return until_idle(self._clock, bus, lambda: not workloads.live(), timeout, "drain")
 
     def _listener_failed(self, failure: Failure) -> None:
         log.failure("a listener failed to stop", failure, level=LogLevel.error)

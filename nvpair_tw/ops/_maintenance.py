@@ -5,7 +5,8 @@ load and unload.
 ``node/cordon`` takes a node out of service for new work, ``node/uncordon`` puts it back, and
 ``node/drain`` cordons it and answers once nothing is in flight there (or at its timeout). In
 flight means what a graceful shutdown waits for: the facade's inference workloads dispatched to
-the node and its open WebSocket tunnels. The drain's wait runs on the facade's clock.
+the node and its open WebSocket tunnels. The drain's wait runs on the facade's clock and looks
+again at each event on the bus (no polling); it stops when the control client leaves.
 
 ``model/load`` and ``model/unload`` ask the given nodes (by default every node serving the model)
 at once, each through its engine's own API (:class:`~nvpair_tw.core.ModelControl`), and answer
@@ -17,24 +18,21 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from twisted.internet.defer import Deferred, gatherResults
-from twisted.internet.task import LoopingCall
 
 from nvpair_tw.core import ModelControl, parse_duration
 from nvpair_tw.corridor import FacadeState, WorkloadState
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
+from nvpair_tw.ops._idle import until_idle
 from nvpair_tw.ops._rpc import INVALID_PARAMS, Params, Result, RpcError, array, short, string, text
 from nvpair_tw.upstream import ReadError, join_url, post_json
 
-__all__ = ["DRAIN_CHECK_INTERVAL", "DRAIN_TIMEOUT", "LOAD_TIMEOUT", "MAINTENANCE", "in_flight"]
+__all__ = ["DRAIN_TIMEOUT", "LOAD_TIMEOUT", "MAINTENANCE", "in_flight"]
 
-log = LevelledLogger(namespace="nvpair_tw.control")
+log = LevelledLogger(namespace=__name__)
 
 DRAIN_TIMEOUT = 600.0
 """How long ``node/drain`` waits by default (10 minutes: a long generation finishes well within)."""
-
-DRAIN_CHECK_INTERVAL = 0.1
-"""How often a drain looks at what is still in flight on its node."""
 
 DEFAULT_REASON = "cordoned by the control channel"
 
@@ -110,30 +108,24 @@ def drain(facade: FacadeState, params: Params) -> Deferred[Result]:
         facade.cordons.cordon(node.id, _reason(params, "draining"))
     clock = facade.shared.clock
     started = clock.seconds()
-    answer: Deferred[Result] = Deferred()
 
-    def check() -> None:
-        busy = in_flight(facade, node.id)
-        waited = clock.seconds() - started
-        if busy == 0:
-            _finish({"id": node.id, "drained": True, "waited_ms": int(waited * 1000)})
-        elif waited >= timeout:
-            _finish({"id": node.id, "drained": False, "inFlight": busy})
+    def idle() -> bool:
+        return in_flight(facade, node.id) == 0
 
-    def _finish(result: Result) -> None:
-        loop.stop()
+    def answer(drained: bool) -> Result:
         log.info(
             "drain of {node} of {engine}: {outcome}",
             node=node.id,
             engine=facade.engine,
-            outcome="drained" if result["drained"] else "timed out",
+            outcome="drained" if drained else "timed out",
         )
-        answer.callback(result)
+        if drained:
+            waited = clock.seconds() - started
+            return {"id": node.id, "drained": True, "waited_ms": int(waited * 1000)}
+        return {"id": node.id, "drained": False, "inFlight": in_flight(facade, node.id)}
 
-    loop = LoopingCall(check)
-    loop.clock = clock
-    loop.start(DRAIN_CHECK_INTERVAL, now=True)
-    return answer
+    waiting = until_idle(clock, facade.shared.bus, idle, timeout, f"drain {node.id}")
+    return waiting.addCallback(answer)
 
 
 def _targets(facade: FacadeState, params: Params, model: str) -> list[Node]:

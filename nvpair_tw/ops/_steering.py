@@ -35,7 +35,7 @@ from nvpair_tw.selection import make_rank
 __all__ = ["CANCEL_REASON", "PROCESS", "SCOPED", "node_param"]
 
 # The control channel's own namespace, as before these methods had a module of their own.
-log = LevelledLogger(namespace="nvpair_tw.control")
+log = LevelledLogger(namespace=__name__)
 
 CANCEL_REASON = "cancelled by request"
 

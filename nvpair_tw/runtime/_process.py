@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Runtime", "StallTrackerFactory", "build_runtime", "upstream_agent"]
 
-log = LevelledLogger(namespace="nvpair_tw.runtime")
+log = LevelledLogger(namespace=__name__)
 
 SELF_CHECK_INTERVAL = 10.0
 """Seconds between two resolutions of the node names that could be this process (§14.3)."""

@@ -16,7 +16,7 @@ from nvpair_tw.runtime._process import Runtime
 
 __all__ = ["ListenerService", "RuntimeService"]
 
-log = LevelledLogger(namespace="nvpair_tw.service")
+log = LevelledLogger(namespace=__name__)
 
 
 class RuntimeService(service.Service):

@@ -112,7 +112,7 @@ class InventoryBook:
     the next good one, because a stale "loaded" would steer requests to a node that has since
     unloaded the model."""
 
-    log = LevelledLogger(namespace="nvpair_tw.inventory")
+    log = LevelledLogger(namespace=__name__)
 
     _engine: EngineProfile
     _directory: NodeDirectory

@@ -12,7 +12,7 @@ it is given, so a test can drive it with a ``task.Clock``. Every request it rece
 ``GET /api/v0/models`` (``state``) report them; None (the default) answers both with 404, like an
 engine without those endpoints, so residency stays unknown.
 
-``kind`` (``ollama``, ``lmstudio``, ``omlx`` or ``openai``, SPEC §11.1) makes the engine one real
+``kind`` (``ollama``, ``lmstudio``, ``omlx`` or ``openai``, docs/behaviour.md §11.1) makes the engine one real
 server: it answers only that server's routes (:mod:`~nvpair_tw.simulated._kinds`), 404s the others
 with that server's error body, lists its models in that server's format
 (:mod:`~nvpair_tw.simulated._inventory`) and streams as that server does

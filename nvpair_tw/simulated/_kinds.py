@@ -2,7 +2,7 @@
 """Which routes a simulated engine of one kind serves, and how that kind says "not found".
 
 A :class:`~nvpair_tw.simulated._engine.SimulatedEngine` with a ``kind`` answers only the routes the
-real server of that kind serves (SPEC §11.1, §11.3); every other request gets a 404 whose body has
+real server of that kind serves (docs/behaviour.md §11.1, §11.3); every other request gets a 404 whose body has
 that server's own shape:
 
 - ``ollama``: ``/api/*`` (not LM Studio's ``/api/v0`` or ``/api/v1``) and ``/v1/chat/completions``,
@@ -33,7 +33,7 @@ class Raw:
 
 
 KINDS = ("ollama", "lmstudio", "omlx", "openai")
-"""The node kinds of SPEC §11.1."""
+"""The node kinds of docs/behaviour.md §11.1."""
 
 _OLLAMA_V1 = (b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings")
 

@@ -28,7 +28,7 @@ SERVICE_NAME = "nvpair-tw"
 MAX_QUEUE = 2048
 """Spans waiting for export at most; beyond, an ended span is dropped (and counted)."""
 
-log = LevelledLogger(namespace="nvpair_tw.traces")
+log = LevelledLogger(namespace=__name__)
 
 
 def traces_url(endpoint: str) -> str:

@@ -32,7 +32,7 @@ from nvpair_tw.traces._export import SpanCounts, make_provider
 
 __all__ = ["RequestTracing", "otlp_tracing"]
 
-log = LevelledLogger(namespace="nvpair_tw.traces")
+log = LevelledLogger(namespace=__name__)
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _TRACE_HEADERS = (b"traceparent", b"tracestate")

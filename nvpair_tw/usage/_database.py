@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.usage.test_database -*-
+# -*- test-case-name: tests.usage.test_recorder -*-
 """The usage database (docs/behaviour.md §12.4): one SQLite file, written and read on one thread of
 its own, never on the reactor thread.
 

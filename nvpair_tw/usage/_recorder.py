@@ -46,7 +46,7 @@ __all__ = [
     "UsageSink",
 ]
 
-log = LevelledLogger(namespace="nvpair_tw.usage")
+log = LevelledLogger(namespace=__name__)
 
 DEFAULT_RETENTION = 90 * 86400.0
 FLUSH_INTERVAL = 5.0

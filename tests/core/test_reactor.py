@@ -58,8 +58,8 @@ def test_close_uses_lose_connection_even_when_abort_is_available() -> None:
 
 def test_abort_and_close_ignore_a_missing_transport() -> None:
     """A protocol that never connected has no transport: nothing to do, nothing raised."""
-    abort(None)
-    close(None)
+    assert abort(None) is None  # type: ignore[func-returns-value]
+    assert close(None) is None  # type: ignore[func-returns-value]
 
 
 def test_string_transport_is_aborted_or_closed() -> None:

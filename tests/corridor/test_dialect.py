@@ -29,6 +29,7 @@ from nvpair_tw.core import AnswerTooLarge, MalformedStream, ProxyBug, Settings, 
 from nvpair_tw.corridor._dialect import AsIs, TranscodedResponse
 from nvpair_tw.testing import Behaviour, MemoryCluster, MemoryResponse, SimulatedEngine, always
 from tests.corridor.test_attempts import PAYLOAD, Loop
+from tests.helpers import chat
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -50,19 +51,12 @@ def openai_node(clock: Clock, **kw: Any) -> SimulatedEngine:
     return SimulatedEngine(clock, (MODEL,), kind="openai", **kw)
 
 
-def chat(stream: bool | None = None, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-    if stream is not None:
-        body["stream"] = stream
-    return {**body, **extra}
-
-
 def test_an_ollama_chat_stream_is_translated_for_an_openai_node(memory_cluster: Make) -> None:
     """§11.3: ``/api/chat`` goes to the node as ``/v1/chat/completions`` asking for usage; the
     client gets Ollama NDJSON ending in one ``done: true`` line with the engine's counts."""
     clock = Clock()
     cluster = memory_cluster(clock, {"b": openai_node(clock)})
-    response = cluster.fetch("POST", "/api/chat", json=chat())
+    response = cluster.fetch("POST", "/api/chat", json=chat(MODEL))
     assert response.status == 200 and response.complete
     assert response.header("content-type") == "application/x-ndjson"
     got = lines(response)
@@ -82,7 +76,7 @@ def test_a_whole_ollama_chat_is_assembled_from_the_translated_stream(memory_clus
     """``stream: false`` is asked of the node as a stream (§6.5) and answered as one object."""
     clock = Clock()
     cluster = memory_cluster(clock, {"b": openai_node(clock)})
-    response = cluster.fetch("POST", "/api/chat", json=chat(stream=False))
+    response = cluster.fetch("POST", "/api/chat", json=chat(MODEL, stream=False))
     assert response.status == 200 and response.complete
     answer = response.json()
     assert answer["message"] == {"role": "assistant", "content": "hello0hello1hello2"}
@@ -148,7 +142,7 @@ def test_a_frozen_ollama_node_fails_over_to_an_openai_node_translated(
     settings = Settings(response_header_timeout=5.0)
     cluster = memory_cluster(clock, engines, settings=settings)
     cluster.facade().pin = "a"
-    pending = cluster.request("POST", "/api/chat", json=chat())
+    pending = cluster.request("POST", "/api/chat", json=chat(MODEL))
     cluster.advance(5.0)
     response = cluster.result(pending)
     assert response.status == 200 and response.header("x-nvpair-node") == "b"
@@ -157,7 +151,7 @@ def test_a_frozen_ollama_node_fails_over_to_an_openai_node_translated(
     assert path == b"/v1/chat/completions"
     assert [p for p, _ in sent(cluster, "a")] == [b"/api/chat"]
     started = clock.seconds()
-    again = cluster.fetch("POST", "/api/chat", json=chat())
+    again = cluster.fetch("POST", "/api/chat", json=chat(MODEL))
     assert again.header("x-nvpair-node") == "b" and clock.seconds() == started
 
 
@@ -166,7 +160,7 @@ def test_a_translated_stream_cut_mid_way_never_looks_complete(memory_cluster: Ma
     clock = Clock()
     dropping = openai_node(clock, policy=always(Behaviour.DROP_MID_STREAM), chunks=6)
     cluster = memory_cluster(clock, {"b": dropping})
-    response = cluster.fetch("POST", "/api/chat", json=chat())
+    response = cluster.fetch("POST", "/api/chat", json=chat(MODEL))
     assert response.status == 200 and response.truncated
     assert response.chunks, "the stream was committed before the cut"
     assert all(not line["done"] for line in lines(response))
@@ -177,7 +171,7 @@ def test_an_upstream_error_becomes_an_ollama_error_with_the_same_status(
 ) -> None:
     clock = Clock()
     cluster = memory_cluster(clock, {"b": openai_node(clock, policy=always(Behaviour.STATUS_400))})
-    response = cluster.fetch("POST", "/api/chat", json=chat())
+    response = cluster.fetch("POST", "/api/chat", json=chat(MODEL))
     assert response.status == 400
     assert isinstance(response.json()["error"], str)
 
@@ -381,19 +375,35 @@ def test_a_stream_that_asked_for_usage_keeps_its_usage_chunk(memory_cluster: Mak
 def test_translated_and_whole_answers_record_the_engines_counts(memory_cluster: Make) -> None:
     clock = Clock()
     cluster = memory_cluster(clock, {"b": openai_node(clock)})
-    cluster.fetch("POST", "/api/chat", json=chat())
-    cluster.fetch("POST", "/api/chat", json=chat(stream=False))
+    cluster.fetch("POST", "/api/chat", json=chat(MODEL))
+    cluster.fetch("POST", "/api/chat", json=chat(MODEL, stream=False))
     cluster.fetch("POST", "/api/embed", json={"model": MODEL, "input": "a b"})
     counts = [(r["prompt_tokens"], r["completion_tokens"]) for r in requests_of(cluster)]
     assert counts == [(1, 3), (1, 3), (2, None)]
     assert all(r["translated"] for r in requests_of(cluster))
 
 
+def test_the_record_names_the_model_the_node_was_sent_on_every_route(memory_cluster: Make) -> None:
+    """§12.3: ``model_local`` is the name the serving node was asked for, natively (the client's
+    own spelling, the body unchanged) as well as translated."""
+    clock = Clock()
+    native = SimulatedEngine(clock, (MODEL,), kind="ollama")
+    cluster = memory_cluster(clock, {"a": native})
+    cluster.fetch("POST", "/api/chat", json=chat(MODEL, stream=False))
+    translating = memory_cluster(clock, {"b": openai_node(clock)})
+    translating.fetch("POST", "/api/chat", json=chat(MODEL, stream=False))
+    [(_, sent_body)] = sent(translating, "b")
+    served = [(r["model_local"], r["translated"]) for r in requests_of(cluster)]
+    assert served == [(MODEL, False)]
+    served = [(r["model_local"], r["translated"]) for r in requests_of(translating)]
+    assert served == [(sent_body["model"], True)]
+
+
 def test_a_stream_cut_before_its_counts_records_them_as_unknown(memory_cluster: Make) -> None:
     clock = Clock()
     dropping = openai_node(clock, policy=always(Behaviour.DROP_MID_STREAM), chunks=6)
     cluster = memory_cluster(clock, {"b": dropping})
-    cluster.fetch("POST", "/v1/chat/completions", json={**chat(), "stream": True})
+    cluster.fetch("POST", "/v1/chat/completions", json={**chat(MODEL), "stream": True})
     [record] = requests_of(cluster)
     assert (record["prompt_tokens"], record["completion_tokens"]) == (None, None)
     assert record["ttft_ms"] is not None
@@ -404,7 +414,9 @@ def test_an_assembled_answers_first_token_is_when_its_stream_began(memory_cluste
     clock = Clock()
     engine = SimulatedEngine(clock, (MODEL,), kind="ollama", header_delay=1.0, chunk_delay=2.0)
     cluster = memory_cluster(clock, {"a": engine})
-    response = finished(cluster, cluster.request("POST", "/api/chat", json=chat(stream=False)))
+    response = finished(
+        cluster, cluster.request("POST", "/api/chat", json=chat(MODEL, stream=False))
+    )
     assert response.status == 200
     [record] = requests_of(cluster)
     assert record["ttft_ms"] == 1000 and record["ttfb_ms"] >= 5000
@@ -438,7 +450,7 @@ def test_a_request_is_translated_once_per_dialect_and_local_name_not_once_per_at
     from nvpair_tw.nodes import Node
 
     names = {"o1": "llama-3", "o2": "llama-3", "o3": "meta/llama-3", "n": "llama3"}
-    speech = _speech_over(chat(stream=True), names)
+    speech = _speech_over(chat("llama3", stream=True), names)
     o1, o2, o3 = (
         Node(i, f"http://127.0.0.1:{p}", kind="openai")
         for i, p in (("o1", 1), ("o2", 2), ("o3", 3))

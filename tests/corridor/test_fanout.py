@@ -11,18 +11,17 @@ from typing import Any
 
 import pytest_twisted
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock, deferLater
 from twisted.internet.threads import deferToThread
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
-from zope.interface import implementer
 
 from nvpair_tw.core import Settings
 from nvpair_tw.nodes import Node
 from nvpair_tw.simulated import Behaviour, SimulatedEngine, always
 from nvpair_tw.testing import MemoryCluster, MemoryResponse, start_proxy
 from tests.corridor.test_relay import PROXY_ALLOWANCE, MiB, kernel_buffer_bound
+from tests.helpers import PumpProducer, RecordingProducer
 
 Make = Callable[..., MemoryCluster]
 PULL = {"model": "llama3"}
@@ -390,30 +389,16 @@ def test_a_slow_client_pauses_every_node_body(memory_cluster: Make) -> None:
     all (the merge as the client's producer)."""
     from nvpair_tw.corridor._fanout import _Lines, _Merge
 
-    @implementer(IPushProducer)
-    class Producer:
-        def __init__(self) -> None:
-            self.calls: list[str] = []
-
-        def pauseProducing(self) -> None:
-            self.calls.append("pause")
-
-        def resumeProducing(self) -> None:
-            self.calls.append("resume")
-
-        def stopProducing(self) -> None:
-            self.calls.append("stop")
-
     merge = _Merge(lambda: None)
     bodies = []
     for name in "ab":
         body = _Lines(name, lambda _line: None, merge.paused)
-        body.transport = Producer()  # type: ignore[assignment]
+        body.transport = RecordingProducer()  # type: ignore[assignment]
         merge.bodies.append(body)
         bodies.append(body)
     merge.pauseProducing()
     late = _Lines("c", lambda _line: None, merge.paused)
-    late.makeConnection(Producer())  # type: ignore[arg-type]
+    late.makeConnection(RecordingProducer())  # type: ignore[arg-type]
     merge.resumeProducing()
     assert [b.transport.calls for b in bodies] == [["pause", "resume"]] * 2  # type: ignore[union-attr]
     assert late.transport.calls == ["pause"]  # type: ignore[union-attr]
@@ -442,7 +427,7 @@ class ProgressHose(Resource):
     def render(self, request: Request) -> int:  # type: ignore[override]
         self._request = request
         request.setHeader(b"content-type", b"application/x-ndjson")
-        request.registerProducer(_HoseProducer(self), True)
+        request.registerProducer(PumpProducer(self), True)
         self.pump()
         return NOT_DONE_YET
 
@@ -457,23 +442,6 @@ class ProgressHose(Resource):
             request.unregisterProducer()
             request.write(b'{"status":"success"}\n')
             request.finish()
-
-
-@implementer(IPushProducer)
-class _HoseProducer:
-    def __init__(self, hose: ProgressHose) -> None:
-        self._hose = hose
-
-    def pauseProducing(self) -> None:
-        self._hose.paused = True
-        self._hose.pauses += 1
-
-    def resumeProducing(self) -> None:
-        self._hose.paused = False
-        self._hose.pump()
-
-    def stopProducing(self) -> None:
-        self._hose.stopped = True
 
 
 def _read_lines(sock: socket.socket) -> list[bytes]:

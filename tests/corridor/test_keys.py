@@ -17,6 +17,7 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from nvpair_tw.corridor._exchange import _tokens
 from nvpair_tw.corridor._workloads import RequestRecord
 from nvpair_tw.testing import MemoryCluster, SimulatedEngine
+from tests.helpers import chat
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -41,10 +42,6 @@ key = "{BOB}"
 
 def auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
-
-
-def chat(model: str = "llama3:latest", stream: bool = False) -> dict[str, Any]:
-    return {"model": model, "stream": stream, "messages": [{"role": "user", "content": "hi"}]}
 
 
 @pytest.fixture
@@ -79,7 +76,9 @@ def test_a_model_outside_the_keys_scope_is_403_without_contacting_a_node(
 ) -> None:
     clock = Clock()
     cluster = cluster_with(memory_cluster, clock, keys_path)
-    response = cluster.fetch("POST", "/api/chat", json=chat("qwen2.5:7b"), headers=auth(ALICE))
+    response = cluster.fetch(
+        "POST", "/api/chat", json=chat("qwen2.5:7b", stream=False), headers=auth(ALICE)
+    )
     assert response.status == 403
     assert response.json() == {
         "error": "this key may not use model 'qwen2.5:7b'",
@@ -94,9 +93,12 @@ def test_a_model_outside_the_keys_scope_is_403_without_contacting_a_node(
     assert record["key"] == "alice"
     # The same model is served to a key without a scope, and to a loopback caller without one.
     assert (
-        cluster.fetch("POST", "/api/chat", json=chat("qwen2.5:7b"), headers=auth(BOB)).status == 200
+        cluster.fetch(
+            "POST", "/api/chat", json=chat("qwen2.5:7b", stream=False), headers=auth(BOB)
+        ).status
+        == 200
     )
-    assert cluster.fetch("POST", "/api/chat", json=chat("qwen2.5:7b")).status == 200
+    assert cluster.fetch("POST", "/api/chat", json=chat("qwen2.5:7b", stream=False)).status == 200
     assert [r["key"] for r in requests_of(cluster)] == ["alice", "bob", "local"]
 
 
@@ -118,12 +120,19 @@ def test_over_requests_per_minute_is_429_with_retry_after_and_no_node(
     clock.advance(60 * 1000 + 20)
     cluster = cluster_with(memory_cluster, clock, keys_path)
     for _ in range(3):
-        assert cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ALICE)).status == 200
+        assert (
+            cluster.fetch(
+                "POST", "/api/chat", json=chat("llama3:latest", stream=False), headers=auth(ALICE)
+            ).status
+            == 200
+        )
     engine = cluster.engines["a"]
     assert isinstance(engine, SimulatedEngine)
     sent = len(engine.received)
     before = len(workloads_of(cluster))
-    limited = cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ALICE))
+    limited = cluster.fetch(
+        "POST", "/api/chat", json=chat("llama3:latest", stream=False), headers=auth(ALICE)
+    )
     assert limited.status == 429
     assert limited.header("retry-after") == "40"
     assert limited.json()["code"] == "rate-limited"
@@ -132,9 +141,19 @@ def test_over_requests_per_minute_is_429_with_retry_after_and_no_node(
     record = requests_of(cluster)[-1]
     assert (record["status"], record["error"], record["key"]) == (429, "rate-limited", "alice")
     # Other keys are not limited by alice's count; the next minute alice is served again.
-    assert cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(BOB)).status == 200
+    assert (
+        cluster.fetch(
+            "POST", "/api/chat", json=chat("llama3:latest", stream=False), headers=auth(BOB)
+        ).status
+        == 200
+    )
     clock.advance(40)
-    assert cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ALICE)).status == 200
+    assert (
+        cluster.fetch(
+            "POST", "/api/chat", json=chat("llama3:latest", stream=False), headers=auth(ALICE)
+        ).status
+        == 200
+    )
 
 
 def test_max_concurrent_holds_while_a_stream_runs_and_frees_at_its_end(
@@ -143,17 +162,23 @@ def test_max_concurrent_holds_while_a_stream_runs_and_frees_at_its_end(
     clock = Clock()
     cluster = cluster_with(memory_cluster, clock, keys_path, chunk_delay=1.0)
     streaming = cluster.result(
-        cluster.request("POST", "/api/chat", json=chat(stream=True), headers=auth(ALICE))
+        cluster.request(
+            "POST", "/api/chat", json=chat("llama3:latest", stream=True), headers=auth(ALICE)
+        )
     )
     assert streaming.status == 200 and streaming.ended is None
-    second = cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ALICE))
+    second = cluster.fetch(
+        "POST", "/api/chat", json=chat("llama3:latest", stream=False), headers=auth(ALICE)
+    )
     assert second.status == 429 and second.header("retry-after") == "1"
     assert cluster.runtime.shared.limiter.in_flight("alice") == 1
     cluster.advance(10)
     assert streaming.complete
     assert cluster.runtime.shared.limiter.in_flight("alice") == 0
     third = cluster.result(
-        cluster.request("POST", "/api/chat", json=chat(stream=True), headers=auth(ALICE))
+        cluster.request(
+            "POST", "/api/chat", json=chat("llama3:latest", stream=True), headers=auth(ALICE)
+        )
     )
     assert third.status == 200
     cluster.advance(10)
@@ -164,7 +189,9 @@ def test_a_client_that_leaves_frees_its_slot(memory_cluster: Make, keys_path: st
     clock = Clock()
     cluster = cluster_with(memory_cluster, clock, keys_path, chunk_delay=1.0)
     streaming = cluster.result(
-        cluster.request("POST", "/api/chat", json=chat(stream=True), headers=auth(ALICE))
+        cluster.request(
+            "POST", "/api/chat", json=chat("llama3:latest", stream=True), headers=auth(ALICE)
+        )
     )
     assert cluster.runtime.shared.limiter.in_flight("alice") == 1
     streaming.hang_up()
@@ -194,7 +221,12 @@ def test_an_environment_key_is_named_by_its_digest_on_the_record(
 
     clock = Clock()
     cluster = cluster_with(memory_cluster, clock, keys_path)
-    assert cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ENV)).status == 200
+    assert (
+        cluster.fetch(
+            "POST", "/api/chat", json=chat("llama3:latest", stream=False), headers=auth(ENV)
+        ).status
+        == 200
+    )
     [record] = requests_of(cluster)
     assert record["key"] == "key-" + hashlib.sha256(ENV.encode()).hexdigest()[:8]
 
@@ -225,11 +257,15 @@ def test_a_caller_from_another_host_is_named_before_its_key_is_stripped(
     wrapped.protocol = _ForeignPeer
     port = int(cluster.facade_url().rsplit(":", 1)[1])
     cluster.network.add("ollama.facade.test", port, wrapped)
-    assert cluster.fetch("POST", "/api/chat", json=chat()).status == 401
-    served = cluster.fetch("POST", "/api/chat", json=chat(), headers={"X-Api-Key": ALICE})
+    assert (
+        cluster.fetch("POST", "/api/chat", json=chat("llama3:latest", stream=False)).status == 401
+    )
+    served = cluster.fetch(
+        "POST", "/api/chat", json=chat("llama3:latest", stream=False), headers={"X-Api-Key": ALICE}
+    )
     assert served.status == 200
     refused = cluster.fetch(
-        "POST", "/api/chat", json=chat("qwen2.5:7b"), headers={"X-Api-Key": ALICE}
+        "POST", "/api/chat", json=chat("qwen2.5:7b", stream=False), headers={"X-Api-Key": ALICE}
     )
     assert refused.status == 403
     engine = cluster.engines["a"]
@@ -252,16 +288,25 @@ def test_tokens_per_minute_counts_the_engines_own_tokens_and_refuses_the_next_mi
     engines = {"a": SimulatedEngine(clock, ("llama3:latest",), kind="ollama")}
     cluster = memory_cluster(clock, engines, keys_file=str(path), environ={})
     statuses = [
-        cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ALICE)).status
+        cluster.fetch(
+            "POST", "/api/chat", json=chat("llama3:latest", stream=False), headers=auth(ALICE)
+        ).status
         for _ in range(3)
     ]
     assert statuses == [200, 200, 429]
     counted = [(r["prompt_tokens"], r["completion_tokens"]) for r in requests_of(cluster)[:2]]
     assert counted == [(1, 3), (1, 3)]
-    refused = cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ALICE))
+    refused = cluster.fetch(
+        "POST", "/api/chat", json=chat("llama3:latest", stream=False), headers=auth(ALICE)
+    )
     assert refused.json()["code"] == "rate-limited" and int(refused.header("retry-after") or 0) >= 1
     clock.advance(60)
-    assert cluster.fetch("POST", "/api/chat", json=chat(), headers=auth(ALICE)).status == 200
+    assert (
+        cluster.fetch(
+            "POST", "/api/chat", json=chat("llama3:latest", stream=False), headers=auth(ALICE)
+        ).status
+        == 200
+    )
 
 
 def test_a_model_outside_the_scope_is_403_even_when_no_node_has_it(
@@ -271,5 +316,7 @@ def test_a_model_outside_the_scope_is_403_even_when_no_node_has_it(
     models the fleet has."""
     clock = Clock()
     cluster = cluster_with(memory_cluster, clock, keys_path)
-    response = cluster.fetch("POST", "/api/chat", json=chat("nobody-has-this"), headers=auth(ALICE))
+    response = cluster.fetch(
+        "POST", "/api/chat", json=chat("nobody-has-this", stream=False), headers=auth(ALICE)
+    )
     assert response.status == 403 and response.json()["code"] == "model-not-allowed"

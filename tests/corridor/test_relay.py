@@ -38,6 +38,7 @@ from nvpair_tw.corridor._relay import Progress, RelayEnd, RelayOutcome, StallGua
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.testing import Clusters, ProxyCluster, ProxyHandle, SimulatedEngine, start_proxy
 from nvpair_tw.upstream._attempt import BodyGate, ReplayBodyProducer
+from tests.helpers import PumpProducer, RecordingProducer
 
 MODEL = ("llama3:latest",)
 REQUEST_BODY = json.dumps({"model": "llama3", "stream": True}).encode()
@@ -45,23 +46,6 @@ MiB = 1024 * 1024
 
 
 # ---- StallGuard with a clock --------------------------------------------------------------------
-
-
-@implementer(IPushProducer)
-class RecordingProducer:
-    """An upstream stand-in that records the flow-control calls it receives."""
-
-    def __init__(self) -> None:
-        self.calls: list[str] = []
-
-    def pauseProducing(self) -> None:
-        self.calls.append("pause")
-
-    def resumeProducing(self) -> None:
-        self.calls.append("resume")
-
-    def stopProducing(self) -> None:
-        self.calls.append("stop")
 
 
 def guard(budget: float = 30.0) -> tuple[StallGuard, Clock, RecordingProducer, list[None]]:
@@ -398,7 +382,7 @@ class Firehose(Resource):
         self._request = request
         request.setHeader(b"content-type", b"application/octet-stream")
         request.setHeader(b"content-length", b"%d" % self.total)
-        request.registerProducer(_FirehoseProducer(self), True)
+        request.registerProducer(PumpProducer(self), True)
         self.pump()
         return NOT_DONE_YET
 
@@ -412,23 +396,6 @@ class Firehose(Resource):
             self.finished = True
             request.unregisterProducer()
             request.finish()
-
-
-@implementer(IPushProducer)
-class _FirehoseProducer:
-    def __init__(self, firehose: Firehose) -> None:
-        self._firehose = firehose
-
-    def pauseProducing(self) -> None:
-        self._firehose.paused = True
-        self._firehose.pauses += 1
-
-    def resumeProducing(self) -> None:
-        self._firehose.paused = False
-        self._firehose.pump()
-
-    def stopProducing(self) -> None:
-        self._firehose.stopped = True
 
 
 PROXY_ALLOWANCE = 1 * MiB

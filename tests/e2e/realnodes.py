@@ -44,7 +44,8 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def _gone(pid: int) -> bool:
+def gone(pid: int) -> bool:
+    """True once ``pid`` has exited (a zombie awaiting its new parent counts as exited)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -81,7 +82,7 @@ class _Group:
         self.thaw()
         _signal_group(self.pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
-        while not _gone(self.pid) and time.monotonic() < deadline:
+        while not gone(self.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         self.kill()
 

@@ -23,7 +23,7 @@ from nvpair_tw.nodes._directory import Node
 from nvpair_tw.testing import Clusters, ProxyCluster
 from tests.e2e.test_real_engine import engine  # noqa: F401  (the real engine fixture)
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
 
 MODEL = "smollm2"

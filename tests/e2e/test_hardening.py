@@ -48,6 +48,8 @@ from nvpair_tw.testing import (
     http_client,
 )
 
+pytestmark = pytest.mark.e2e
+
 MODEL = ("llama3:latest",)
 CHAT = json.dumps(
     {"model": "llama3", "stream": True, "messages": [{"role": "user", "content": "hi"}]}

@@ -20,7 +20,7 @@ import pytest
 
 from tests.e2e.realnodes import MODEL, ProxyProcess, RealOllama, real_nodes
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
 CREATED = "smollm2-fanout-created"
 COPIED = "smollm2-fanout-copied"

@@ -13,6 +13,8 @@ from nvpair_tw.core import Settings
 from nvpair_tw.simulated import SimulatedEngine
 from nvpair_tw.testing import MemoryCluster
 
+pytestmark = pytest.mark.e2e
+
 DEADLINE = 5.0
 CHAT = {"model": "llama3", "messages": [], "stream": True}
 

@@ -32,6 +32,8 @@ from nvpair_tw.testing import (
     always,
 )
 
+pytestmark = pytest.mark.e2e
+
 MODEL = ("llama3:latest",)
 SYSTEM = "cnry-system-5f0d1c"
 USER = "cnry-user-9b27e4"

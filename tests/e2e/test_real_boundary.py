@@ -12,7 +12,7 @@ import pytest
 
 from tests.e2e.realnodes import ProxyProcess, RealOllama
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine, pytest.mark.timeout(180)]
 
 MODEL = "smollm2"
 SCOPED = "sk-scoped-real-0123456789"

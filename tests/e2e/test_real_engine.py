@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,9 +24,10 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
+from tests.e2e.realnodes import free_ports, gone
 from tests.engines import ollama as ollama_engine
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "smollm2"
@@ -39,27 +39,6 @@ PRIVATE_TEXTS = ("Name a colour", "Count: one", EMBED_INPUT)
 READY_TIMEOUT = 30.0
 
 
-def _free_ports(count: int) -> list[int]:
-    """Distinct loopback ports that were free a moment ago."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
-def _gone(pid: int) -> bool:
-    """True once ``pid`` has exited (a zombie awaiting its new parent counts as exited)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat.rpartition(")")[2].split()[0] == "Z"
-
-
 def _stop_group(pid: int) -> None:
     """SIGTERM the process group led by ``pid``; SIGKILL it if it outlives 10 seconds."""
     try:
@@ -67,7 +46,7 @@ def _stop_group(pid: int) -> None:
     except ProcessLookupError:
         return
     deadline = time.monotonic() + 10
-    while not _gone(pid) and time.monotonic() < deadline:
+    while not gone(pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
@@ -76,7 +55,7 @@ def _stop_group(pid: int) -> None:
 @pytest.fixture(scope="module")
 def engine() -> Iterator[str]:
     """A real Ollama serving ``smollm2`` on a free loopback port; its base URL."""
-    (port,) = _free_ports(1)
+    (port,) = free_ports(1)
     pid = ollama_engine.up_or_fail(port)
     try:
         yield f"http://127.0.0.1:{port}"
@@ -125,7 +104,7 @@ def _proxy_process(nodes: list[str], log: Path, facade: str = "ollama") -> Itera
 
     At exit it is stopped with SIGTERM and its output must hold no traceback and no prompt.
     """
-    (port,) = _free_ports(1)
+    (port,) = free_ports(1)
     command = [
         sys.executable,
         "-m",
@@ -353,7 +332,7 @@ reactor.run()
 def split_proxy(engine: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The proxy over two nodes: a, a simulated engine without smollm2 (first in the default
     order), then b, the real engine; its base URL."""
-    (port,) = _free_ports(1)
+    (port,) = free_ports(1)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     simulated = subprocess.Popen(
         [sys.executable, "-c", SIMULATED, str(port)], cwd=REPO, env=env, start_new_session=True

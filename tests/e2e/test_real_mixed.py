@@ -32,7 +32,7 @@ import pytest
 from tests.e2e.realnodes import ProxyProcess, RealLlamaServer, RealOllama
 from tests.engines import llamacpp
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
 # Ollama's /v1/models calls the model "smollm2:latest", and an ``openai`` node's names match
 # exactly (§4.1, §11.1): a client of that node names it the way the node does.
@@ -45,9 +45,9 @@ PROMPT = "Count: one, two,"
 EMBED_INPUT = "hello world"
 STORY = [{"role": "user", "content": "Tell me a long story about a lighthouse keeper."}]
 CATALOGUE = f'[[model]]\nname = "{PUBLIC}"\naliases = ["{llamacpp.ALIAS}"]\n'
-# Each test's own bound; engine fixtures are bounded by their own deadlines (an engine build on a
-# fresh machine, 10-20 minutes, happens in a fixture and is not charged to the first test).
-BOUND = pytest.mark.timeout(180, func_only=True)
+# Each test's bound, fixture set-up included: an engine build on a fresh machine (10-20 minutes)
+# happens in the first test's module fixture.
+BOUND = pytest.mark.timeout(1500)
 
 
 # --- engines and proxies ---------------------------------------------------------------------------

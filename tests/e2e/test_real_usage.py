@@ -16,7 +16,7 @@ import pytest
 
 from tests.e2e.realnodes import ProxyProcess, RealOllama
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180, func_only=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
 MODEL = "smollm2"
 OPTIONS = {"temperature": 0, "seed": 42}

@@ -22,6 +22,8 @@ from nvpair_tw.ops._control import ControlMethods
 from nvpair_tw.simulated._engine import Behaviour, SimulatedEngine, always
 from nvpair_tw.testing import Clusters, MemoryCluster, ProxyCluster
 
+pytestmark = pytest.mark.e2e
+
 Make = Callable[..., MemoryCluster]
 
 CANARY_A = "cnry-nodekey-a-4e1f9c"

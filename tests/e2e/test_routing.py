@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -18,7 +18,6 @@ import treq
 from attrs import define, field
 from twisted.internet.defer import Deferred, gatherResults, maybeDeferred
 from twisted.internet.interfaces import IDelayedCall, IListeningPort
-from twisted.internet.task import deferLater
 from twisted.web.iweb import IResponse
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
@@ -35,17 +34,12 @@ from nvpair_tw.testing import (
     always,
     http_client,
 )
+from tests.helpers import chat, eventually
+
+pytestmark = pytest.mark.e2e
 
 T = TypeVar("T")
 NO_OWNER = "no available node advertises the requested model"
-
-
-async def until(reactor: Any, condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Wait (polling the reactor) until ``condition()`` holds; fail after ``timeout`` seconds."""
-    deadline = reactor.seconds() + timeout
-    while not condition():
-        assert reactor.seconds() < deadline, "condition not reached in time"
-        await deferLater(reactor, 0.01, lambda: None)
 
 
 async def together(requests: list[Coroutine[Any, Any, T]]) -> list[T]:
@@ -181,11 +175,6 @@ def served_by(response: Any) -> str:
     """The node named by the response's ``X-NVPair-Node`` header."""
     [node] = response.headers.getRawHeaders(b"x-nvpair-node")
     return str(node.decode())
-
-
-def chat(model: str, text: str = "hi") -> dict[str, Any]:
-    """A one-message chat request document."""
-    return {"model": model, "messages": [{"role": "user", "content": text}]}
 
 
 # --- the capability gate -------------------------------------------------------------------------
@@ -370,19 +359,19 @@ async def test_polled_node_is_eligible_once_polled_and_keeps_its_last_inventory(
         Settings(inventory_interval=0.05, inventory_timeout=1.0),
     )
     inventory = cluster.facade.inventory
-    await until(reactor, lambda: switch.refused >= 1)
+    await eventually(reactor, lambda: switch.refused >= 1)
     assert not inventory.known("n0")
     code, content, _ = await cluster.post_json("/api/chat", chat("llama3"))
     assert code == 502 and json.loads(content)["error"] == NO_OWNER
 
     switch.down = False
-    await until(reactor, lambda: inventory.known("n0"))
+    await eventually(reactor, lambda: inventory.known("n0"))
     code, _, response = await cluster.post_json("/api/chat", chat("llama3"))
     assert code == 200 and served_by(response) == "n0"
 
     switch.down = True
     refused = switch.refused
-    await until(reactor, lambda: switch.refused >= refused + 2)
+    await eventually(reactor, lambda: switch.refused >= refused + 2)
     assert inventory.models("n0") == frozenset({"llama3:latest"})
     code, _, response = await cluster.post_json("/api/chat", chat("llama3"))
     assert code == 200 and served_by(response) == "n0"
@@ -458,7 +447,7 @@ async def test_concurrent_requests_spread_evenly_and_release_their_reservations(
             Deferred.fromCoroutine(cluster.post_json("/api/chat", chat("llama3", f"q{batch}-{n}")))
             for n in range(25)
         )
-        await until(reactor, admitted)
+        await eventually(reactor, admitted)
     assert cluster.named("workload:completed") == [], "the requests did not overlap"
     assert sum(ledger.reservations(i) for i in ids) == 100
     answers = await gatherResults(pending)

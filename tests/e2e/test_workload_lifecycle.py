@@ -7,10 +7,8 @@ a consumer of the event bus that stops reading never holds the requests back.
 
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -19,7 +17,6 @@ import treq
 from attrs import define
 from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.protocol import Protocol, connectionDone
-from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
@@ -33,23 +30,11 @@ from nvpair_tw.testing import (
     always,
     http_client,
 )
+from tests.helpers import chat_body, eventually
+
+pytestmark = pytest.mark.e2e
 
 TERMINAL = ("workload:completed", "workload:errored")
-
-
-async def until(reactor: Any, condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    """Wait (polling the reactor) until ``condition()`` holds; fail after ``timeout`` seconds."""
-    deadline = reactor.seconds() + timeout
-    while not condition():
-        assert reactor.seconds() < deadline, "condition not reached in time"
-        await deferLater(reactor, 0.01, lambda: None)
-
-
-def chat(model: str, text: str = "hi", **extra: Any) -> bytes:
-    """A one-message chat request body."""
-    return json.dumps(
-        {"model": model, "messages": [{"role": "user", "content": text}], **extra}
-    ).encode()
 
 
 class Reader(Protocol):
@@ -126,7 +111,7 @@ async def test_failover_is_one_workload_with_a_running_event_per_node(
             "b": engine(reactor, ("llama3:latest",), Behaviour.HEALTHY),
         }
     )
-    response = await http_client(reactor).post(cluster.url + "/api/chat", data=chat("llama3"))
+    response = await http_client(reactor).post(cluster.url + "/api/chat", data=chat_body("llama3"))
     await treq.content(response)
     assert response.code == 200
     workload = [
@@ -171,13 +156,15 @@ async def test_many_streams_ending_every_way_each_end_exactly_once(
     for start in range(0, len(plan), 40):
         for model in plan[start : start + 40]:
             reader = Reader(b"\n", cut=rng.randrange(0, 13) if model == "cut" else None)
-            pending.append(Deferred.fromCoroutine(cluster.stream("/api/chat", chat(model), reader)))
-        await until(reactor, lambda: len(cluster.named("workload:started")) >= len(pending))
+            pending.append(
+                Deferred.fromCoroutine(cluster.stream("/api/chat", chat_body(model), reader))
+            )
+        await eventually(reactor, lambda: len(cluster.named("workload:started")) >= len(pending))
     outcomes = await gatherResults(pending)
     assert Counter(zip(plan, outcomes, strict=True)) == Counter(
         {("ok", "complete"): 66, ("cut", "broken"): 67, ("drops", "broken"): 67}
     )
-    await until(reactor, lambda: len(cluster.terminals()) >= 200)
+    await eventually(reactor, lambda: len(cluster.terminals()) >= 200)
     assert cluster.proxy is not None
     assert cluster.proxy.runtime.shared.workloads.live() == []
     terminals = cluster.terminals()
@@ -214,12 +201,12 @@ async def test_client_leaving_right_after_the_terminal_frame_is_completed(
         {"a": engine(reactor, ("llama3:latest",), Behaviour.HEALTHY, chunks=1, chunk_delay=0.3)}
     )
     reader = Reader(b"\n", terminal=terminal)
-    outcome = await cluster.stream(path, chat("llama3", **extra), reader)
+    outcome = await cluster.stream(path, chat_body("llama3", **extra), reader)
     assert outcome == "broken" and terminal in reader.data
-    await until(reactor, lambda: bool(cluster.terminals()))
+    await eventually(reactor, lambda: bool(cluster.terminals()))
     [ended] = cluster.terminals()
     assert (ended["state"], ended["error"]) == ("completed", None)
-    await until(reactor, lambda: bool(cluster.named("proxy/request")))
+    await eventually(reactor, lambda: bool(cluster.named("proxy/request")))
     [record] = cluster.named("proxy/request")
     assert record["error"] is None
 
@@ -234,14 +221,14 @@ async def test_workload_cancel_aborts_a_live_stream(reactor: Any, cluster: Clust
     assert cluster.proxy is not None
     workloads = cluster.proxy.runtime.shared.workloads
     reader = Reader(b"\n")
-    streaming = Deferred.fromCoroutine(cluster.stream("/api/chat", chat("llama3"), reader))
-    await until(reactor, lambda: reader.data.count(b"\n") >= 2)
+    streaming = Deferred.fromCoroutine(cluster.stream("/api/chat", chat_body("llama3"), reader))
+    await eventually(reactor, lambda: reader.data.count(b"\n") >= 2)
     [live] = workloads.live()
     assert not workloads.cancel(live.id + 1)
     assert workloads.cancel(live.id)
     assert await streaming == "broken"
     assert reader.data.count(b"\n") < 50
-    await until(reactor, lambda: bool(cluster.terminals()))
+    await eventually(reactor, lambda: bool(cluster.terminals()))
     [ended] = cluster.terminals()
     assert (ended["id"], ended["state"]) == (live.id, "cancelled")
     assert ended["error"] == "cancelled by request"
@@ -266,7 +253,7 @@ async def test_subscriber_that_never_reads_is_dropped_without_slowing_requests(
 
     async def ask(n: int) -> int:
         response = await http_client(reactor).post(
-            cluster.url + "/api/chat", data=chat("llama3", f"q{n}")
+            cluster.url + "/api/chat", data=chat_body("llama3", f"q{n}")
         )
         await treq.content(response)
         return int(response.code)

@@ -196,7 +196,7 @@ def test_two_processes_one_builds_the_other_waits_and_reuses(tmp_path: Path) -> 
 # --- the real binary -----------------------------------------------------------------------------
 
 
-@pytest.mark.e2e
+@pytest.mark.real_engine
 @pytest.mark.timeout(1500)  # a first build on a fresh 2-core machine takes 10-20 minutes
 def test_the_built_server_answers_health_models_chat_and_slots() -> None:
     from tests.e2e.realnodes import RealLlamaServer

@@ -16,7 +16,8 @@ from twisted.internet.task import Clock
 
 from nvpair_tw.fleet import FleetStore
 from nvpair_tw.inbound import Caller, KeyRules, Permit, RateLimiter, Refusal
-from tests.fleet.test_store import RedisServer, eventually, redis, restart
+from tests.fleet.test_store import RedisServer, redis, restart
+from tests.helpers import eventually
 
 __all__ = ["redis"]  # the fixture, imported for these tests
 

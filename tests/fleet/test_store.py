@@ -19,10 +19,8 @@ import pytest
 import pytest_twisted
 import treq
 from twisted.internet.defer import ensureDeferred
-from twisted.internet.task import Clock, deferLater
-from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
+from twisted.internet.task import Clock
 from twisted.web.server import Site
-from zope.interface import provider
 
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.events import NODE_COOLDOWN
@@ -53,6 +51,7 @@ from nvpair_tw.testing import (
     start_engine,
     start_proxy,
 )
+from tests.helpers import chat, eventually
 
 MODEL = ("llama3:latest",)
 CANARY = "canary-7f3a9-do-not-store"
@@ -123,17 +122,6 @@ class RedisServer:
 
     def config(self) -> StateConfig:
         return parse_state_url(self.url(), password=self.password)
-
-
-async def eventually(
-    reactor: Any, check: Callable[[], bool], within: float, what: str = "condition"
-) -> None:
-    """Poll ``check`` every 5 ms until it holds; fail after ``within`` seconds."""
-    deadline = reactor.seconds() + within
-    while not check():
-        if reactor.seconds() > deadline:
-            raise AssertionError(f"{what} not reached within {within} s")
-        await deferLater(reactor, 0.005, lambda: None)
 
 
 @pytest.fixture
@@ -222,35 +210,13 @@ def healthy(reactor: Any, **kw: Any) -> SimulatedEngine:
     return SimulatedEngine(reactor, MODEL, always(Behaviour.HEALTHY), **kw)
 
 
-def chat(*contents: str) -> dict[str, Any]:
-    messages = [
-        {"role": "user" if i % 2 == 0 else "assistant", "content": c}
-        for i, c in enumerate(contents)
-    ]
-    return {"model": "llama3", "stream": True, "messages": messages}
-
-
 def facade_of(proxy: ProxyHandle) -> Any:
     return proxy.runtime.facades["ollama"]
 
 
-@pytest.fixture
-def logged() -> Iterator[list[str]]:
-    """Every log line emitted during the test, formatted."""
-    lines: list[str] = []
-
-    @provider(ILogObserver)
-    def observe(event: LogEvent) -> None:
-        lines.append(str(formatEvent(event)))
-
-    globalLogPublisher.addObserver(observe)
-    yield lines
-    globalLogPublisher.removeObserver(observe)
-
-
-def unreachable(logged: list[str]) -> int:
+def unreachable(log_lines: list[str]) -> int:
     """How many "store unreachable" warnings were logged."""
-    return sum("unreachable" in line for line in logged)
+    return sum("unreachable" in line for line in log_lines)
 
 
 # --- configuration ------------------------------------------------------------------------------
@@ -312,7 +278,7 @@ def test_sealed_affinity_digests_are_hmac_sha256_under_the_secret(reactor: Any) 
     store = FleetStore(reactor, StateConfig("127.0.0.1", secret=b"k"))
     table = store.affinity_table("ollama", 10, 60.0)
     assert isinstance(table, SharedAffinityTable)
-    key = affinity_key("/api/chat", "llama3:latest", chat("hello"))
+    key = affinity_key("/api/chat", "llama3:latest", chat("llama3", "hello", stream=True))
     assert key is not None
     shared: list[tuple[str, bytes, str]] = []
     table._share = lambda m, d, n: shared.append((m, d, n))  # type: ignore[misc]
@@ -341,14 +307,14 @@ async def test_a_stall_is_paid_once_per_fleet(
     p2 = await fleet.proxy(nodes, settings, redis.config())
     await fleet.up()
 
-    status, _, node = await fleet.post(p1, chat(f"{CANARY} one"))
+    status, _, node = await fleet.post(p1, chat("llama3", f"{CANARY} one", stream=True))
     assert (status, node) == (200, "n1")
     assert frozen.engine.inference_count == 1
     await eventually(
         reactor, lambda: "n0" in facade_of(p2).stalls.cooling(), PEER_BOUND, "peer cooldown"
     )
 
-    status, _, node = await fleet.post(p2, chat(f"{CANARY} two"))
+    status, _, node = await fleet.post(p2, chat("llama3", f"{CANARY} two", stream=True))
     assert (status, node) == (200, "n1")
     assert frozen.engine.inference_count == 1
     assert good.engine.inference_count == 2
@@ -377,7 +343,9 @@ async def test_a_success_on_any_proxy_ends_the_cooldown_everywhere(
 
     facade_of(p1).stalls.cool("n0", "stall")
     await eventually(reactor, lambda: "n0" in facade_of(p2).stalls.cooling(), PEER_BOUND)
-    status, _, node = await fleet.post(p2, chat("hello"))  # a sole candidate is used, cooling
+    status, _, node = await fleet.post(
+        p2, chat("llama3", "hello", stream=True)
+    )  # a sole candidate is used, cooling
     assert (status, node) == (200, "n0")
     assert "n0" not in facade_of(p2).stalls.cooling()
     await eventually(
@@ -399,7 +367,7 @@ async def test_turn_two_through_the_other_proxy_lands_on_turn_ones_node(
     # P1's scheduler says n0 is busy, so turn 1 goes to n1; P2 on its own would pick n0.
     p1.runtime.shared.ledger.apply(1, ["n0", "n1"], [make_rank("n0", 5, 0), make_rank("n1", 0, 0)])
 
-    status, _, first = await fleet.post(p1, chat("turn one"))
+    status, _, first = await fleet.post(p1, chat("llama3", "turn one", stream=True))
     assert (status, first) == (200, "n1")
     await eventually(reactor, lambda: len(facade_of(p2).affinity) == 1, PEER_BOUND, "peer entry")
     # Turn one's reservation released everywhere: a node a peer still has work on is predicted
@@ -407,7 +375,9 @@ async def test_turn_two_through_the_other_proxy_lands_on_turn_ones_node(
     ledger = p2.runtime.shared.ledger
     await eventually(reactor, lambda: ledger.reservations("n1") == 0, PEER_BOUND, "release seen")
 
-    status, _, second = await fleet.post(p2, chat("turn one", "answer", "turn two"))
+    status, _, second = await fleet.post(
+        p2, chat("llama3", "turn one", "answer", "turn two", stream=True)
+    )
     assert (status, second) == (200, "n1")
 
 
@@ -432,7 +402,9 @@ async def test_reservations_are_fleet_wide(reactor: Any, fleet: Fleet, redis: Re
     pending = []
     for i in range(20):
         proxy = p1 if i < 7 else p2
-        pending.append(ensureDeferred(fleet.post(proxy, chat(f"request {i}"))))
+        pending.append(
+            ensureDeferred(fleet.post(proxy, chat("llama3", f"request {i}", stream=True)))
+        )
         await eventually(
             reactor,
             lambda: fleet_total(p1) == len(pending) and fleet_total(p2) == len(pending),
@@ -449,7 +421,7 @@ async def test_reservations_are_fleet_wide(reactor: Any, fleet: Fleet, redis: Re
 
 @pytest_twisted.ensureDeferred
 async def test_losing_the_store_loses_only_the_sharing(
-    reactor: Any, fleet: Fleet, redis: RedisServer, logged: list[str]
+    reactor: Any, fleet: Fleet, redis: RedisServer, log_lines: list[str]
 ) -> None:
     n0 = await fleet.engine(healthy(reactor, header_delay=0.3))
     n1 = await fleet.engine(healthy(reactor, header_delay=0.3))
@@ -471,7 +443,7 @@ async def test_losing_the_store_loses_only_the_sharing(
     await eventually(reactor, lambda: facade_of(p1).inventory.known("n0"), 5.0, "inventory")
     try:
         in_flight = [
-            ensureDeferred(fleet.post(p, chat(f"before {i}")))
+            ensureDeferred(fleet.post(p, chat("llama3", f"before {i}", stream=True)))
             for i, p in enumerate((p1, p2, p1, p2))
         ]
         redis.kill()
@@ -481,7 +453,10 @@ async def test_losing_the_store_loses_only_the_sharing(
             5.0,
             "store seen lost",
         )
-        during = [await fleet.post(p, chat(f"during {i}")) for i, p in enumerate((p1, p2) * 3)]
+        during = [
+            await fleet.post(p, chat("llama3", f"during {i}", stream=True))
+            for i, p in enumerate((p1, p2) * 3)
+        ]
         before = [await d for d in in_flight]
         assert [s for s, _, _ in before + during] == [200] * 10
 
@@ -505,8 +480,8 @@ async def test_losing_the_store_loses_only_the_sharing(
     finally:
         await admin_port.stopListening()
     # One warning when lost and one line when back, per proxy.
-    assert sum("lost; working on local state" in line for line in logged) == 2
-    assert sum("is back; state resynchronised" in line for line in logged) == 2
+    assert sum("lost; working on local state" in line for line in log_lines) == 2
+    assert sum("is back; state resynchronised" in line for line in log_lines) == 2
 
 
 @pytest_twisted.ensureDeferred
@@ -538,10 +513,12 @@ async def test_flushed_and_corrupted_keys_never_become_a_client_error(
     p1 = await fleet.proxy(nodes, Settings(), redis.config())
     p2 = await fleet.proxy(nodes, Settings(), redis.config())
     await fleet.up()
-    statuses = [(await fleet.post(p1, chat("a")))[0]]
+    statuses = [(await fleet.post(p1, chat("llama3", "a", stream=True)))[0]]
     facade_of(p1).stalls.cool("n0", "stall")
     redis.cli("FLUSHALL")
-    statuses += [(await fleet.post(p, chat("b", "x", "c")))[0] for p in (p1, p2)]
+    statuses += [
+        (await fleet.post(p, chat("llama3", "b", "x", "c", stream=True)))[0] for p in (p1, p2)
+    ]
     # Wrong types under every kind of key, and garbage on the channel.
     redis.cli("LPUSH", "nvpair:cool:ollama:n1", "x")
     redis.cli("HSET", "nvpair:res:someone", "n0", "x")
@@ -572,10 +549,13 @@ async def test_flushed_and_corrupted_keys_never_become_a_client_error(
         5.0,
     )
     await fleet.up()
-    statuses += [(await fleet.post(p, chat("d", "y", "e")))[0] for p in (p1, p2, p1, p2)]
+    statuses += [
+        (await fleet.post(p, chat("llama3", "d", "y", "e", stream=True)))[0]
+        for p in (p1, p2, p1, p2)
+    ]
     facade_of(p2).stalls.cool("n1", "stall")  # overwrites the wrong type
     await eventually(reactor, lambda: "n1" in facade_of(p1).stalls.cooling(), PEER_BOUND)
-    statuses += [(await fleet.post(p, chat("f")))[0] for p in (p1, p2)]
+    statuses += [(await fleet.post(p, chat("llama3", "f", stream=True)))[0] for p in (p1, p2)]
     assert statuses == [200] * len(statuses)
 
 
@@ -593,7 +573,7 @@ async def test_no_prompt_text_reaches_the_store(
     await fleet.up()
     long_prompt = (CANARY + " ") * 100  # ≥ 1,024 bytes: completions get affinity too
     for proxy in (p1, p2):
-        await fleet.post(proxy, chat(CANARY, "ok", CANARY))
+        await fleet.post(proxy, chat("llama3", CANARY, "ok", CANARY, stream=True))
         await fleet.post(proxy, {"model": "llama3", "prompt": long_prompt}, "/api/generate")
     facade_of(p1).stalls.cool("n0", "stall")
     await eventually(reactor, lambda: "n0" in facade_of(p2).stalls.cooling(), PEER_BOUND)
@@ -605,13 +585,15 @@ async def test_no_prompt_text_reaches_the_store(
     assert "nvpair:aff:" in stored and "nvpair:cool:" in stored
     assert CANARY not in stored
     # Sealed: the plain docs/behaviour.md §5.3 digest is not what is stored.
-    key = affinity_key("/api/chat", "llama3:latest", chat(CANARY, "ok", CANARY))
+    key = affinity_key(
+        "/api/chat", "llama3:latest", chat("llama3", CANARY, "ok", CANARY, stream=True)
+    )
     assert key is not None and key.key.hex() not in stored
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_password_store_works_and_the_password_is_never_logged(
-    reactor: Any, fleet: Fleet, logged: list[str]
+    reactor: Any, fleet: Fleet, log_lines: list[str]
 ) -> None:
     password = "pw-canary-91c2"
     server = RedisServer(password=password)
@@ -633,37 +615,37 @@ async def test_a_password_store_works_and_the_password_is_never_logged(
         # Database 1, as the URL said.
         assert server.cli("-n", "1", "EXISTS", "nvpair:cool:ollama:n0").strip() == "1"
         # P3's refused dial is told before P3 is stopped (a stop mid-dial says nothing).
-        await eventually(reactor, lambda: unreachable(logged) > 0, 5.0, "password refused")
+        await eventually(reactor, lambda: unreachable(log_lines) > 0, 5.0, "password refused")
         assert not p3.runtime.fleet.up  # type: ignore[union-attr]
-        assert (await fleet.post(p3, chat("still served")))[0] == 200
+        assert (await fleet.post(p3, chat("llama3", "still served", stream=True)))[0] == 200
         fleet.proxies.remove(p3)
         await p3.stop()
     finally:
         server.kill()
-    assert logged and not any(password in line for line in logged)
+    assert log_lines and not any(password in line for line in log_lines)
     # The wrong password: one warning, however many retries.
-    assert unreachable(logged) == 1
+    assert unreachable(log_lines) == 1
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_store_that_is_not_there_yet_is_joined_when_it_comes(
-    reactor: Any, fleet: Fleet, logged: list[str]
+    reactor: Any, fleet: Fleet, log_lines: list[str]
 ) -> None:
     server = RedisServer()
     n0 = await fleet.engine(healthy(reactor))
     p1 = await fleet.proxy([Node("n0", n0.url, MODEL)], Settings(), server.config())
     try:
-        assert (await fleet.post(p1, chat("served alone")))[0] == 200
+        assert (await fleet.post(p1, chat("llama3", "served alone", stream=True)))[0] == 200
         # The store comes only once the proxy has found it missing: its first dial (a resolution
         # in the reactor's thread pool, then a refused connection) can still be under way when
         # the request is served, and a store started meanwhile would be joined at once.
-        await eventually(reactor, lambda: unreachable(logged) > 0, 5.0, "store seen missing")
+        await eventually(reactor, lambda: unreachable(log_lines) > 0, 5.0, "store seen missing")
         assert p1.runtime.fleet is not None and not p1.runtime.fleet.up
         await restart(reactor, server)
         await fleet.up(within=BACK_BOUND)  # the backoff is capped at 2 s
     finally:
         server.kill()
-    assert unreachable(logged) == 1
+    assert unreachable(log_lines) == 1
 
 
 @pytest_twisted.ensureDeferred
@@ -690,19 +672,23 @@ async def test_body_progress_reaches_peers_at_most_once_per_node_per_second(
 
 @pytest_twisted.ensureDeferred
 async def test_a_store_that_refuses_scripts_is_reported_once_and_never_hurts_a_client(
-    reactor: Any, fleet: Fleet, redis: RedisServer, logged: list[str]
+    reactor: Any, fleet: Fleet, redis: RedisServer, log_lines: list[str]
 ) -> None:
     redis.cli("CONFIG", "SET", "maxmemory", "1")  # every write is refused with OOM from now on
     redis.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
     n0 = await fleet.engine(healthy(reactor))
     p1 = await fleet.proxy([Node("n0", n0.url, MODEL)], Settings(), redis.config())
     await fleet.up()
-    statuses = [(await fleet.post(p1, chat(f"turn {i}")))[0] for i in range(3)]
+    statuses = [
+        (await fleet.post(p1, chat("llama3", f"turn {i}", stream=True)))[0] for i in range(3)
+    ]
     assert p1.runtime.fleet is not None
     await eventually(reactor, lambda: p1.runtime.fleet.write_refused, 1.0, "refusal seen")  # type: ignore[union-attr]
-    statuses += [(await fleet.post(p1, chat(f"again {i}")))[0] for i in range(3)]
+    statuses += [
+        (await fleet.post(p1, chat("llama3", f"again {i}", stream=True)))[0] for i in range(3)
+    ]
     assert statuses == [200] * 6
-    assert sum("refused a write" in line for line in logged) == 1
+    assert sum("refused a write" in line for line in log_lines) == 1
 
 
 @pytest_twisted.ensureDeferred
@@ -742,7 +728,7 @@ async def test_a_cordon_is_fleet_wide_and_lifted_from_any_proxy(
     assert seen is not None and (seen.reason, seen.origin) == ("disk swap", "peer")
     assert redis.cli("PTTL", "nvpair:cordon:ollama:n0").strip() == "-1"  # no TTL
     for proxy in (p1, p2):
-        status, _, node = await fleet.post(proxy, chat("hello"))
+        status, _, node = await fleet.post(proxy, chat("llama3", "hello", stream=True))
         assert (status, node) == (200, "n1")
 
     assert facade_of(p2).cordons.uncordon("n0")
@@ -772,7 +758,7 @@ async def test_a_proxy_that_joins_later_reads_the_fleets_cordons(
     p2 = await fleet.proxy(nodes, settings, redis.config())
     await fleet.up()
     await eventually(reactor, lambda: "n0" in facade_of(p2).cordons.ids(), 5.0, "resynced")
-    status, body, _ = await fleet.post(p2, chat("hello"))
+    status, body, _ = await fleet.post(p2, chat("llama3", "hello", stream=True))
     assert status == 503 and json.loads(body)["code"] == "node-cordoned"
 
 
@@ -796,7 +782,9 @@ async def test_the_proxy_that_saw_the_stall_probes_and_its_renewal_holds_on_the_
     await fleet.up()
     facade_of(p1).pin = "n0"
 
-    assert (await fleet.post(p1, chat("hello")))[0] == 200  # paid once, served by n1
+    assert (await fleet.post(p1, chat("llama3", "hello", stream=True)))[
+        0
+    ] == 200  # paid once, served by n1
     await eventually(reactor, lambda: "n0" in facade_of(p2).stalls.cooling(), PEER_BOUND)
 
     def probes() -> int:

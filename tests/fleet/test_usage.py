@@ -13,7 +13,8 @@ from nvpair_tw.events import PROXY_REQUEST
 from nvpair_tw.fleet._store import FleetStore
 from nvpair_tw.usage._minutes import parse_report
 from nvpair_tw.usage._recorder import UsageRecorder
-from tests.fleet.test_store import RedisServer, _wait_sync, eventually, store_up
+from tests.fleet.test_store import RedisServer, _wait_sync, store_up
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.timeout(60)
 

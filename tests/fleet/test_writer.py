@@ -4,14 +4,10 @@ and a recording stand-in for the command connection."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
-from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
-from zope.interface import provider
 
 from nvpair_tw.fleet._config import StateConfig
 from nvpair_tw.fleet._wire import Codec, Op
@@ -43,20 +39,6 @@ def writer(up: bool = True) -> tuple[BatchedWriter, Clock, Connection, list[bool
         lambda: conn if state[0] else None,
     )
     return made, clock, conn, state
-
-
-@pytest.fixture
-def logged() -> Iterator[list[str]]:
-    """Every log line emitted during the test, formatted."""
-    lines: list[str] = []
-
-    @provider(ILogObserver)
-    def observe(event: LogEvent) -> None:
-        lines.append(str(formatEvent(event)))
-
-    globalLogPublisher.addObserver(observe)
-    yield lines
-    globalLogPublisher.removeObserver(observe)
 
 
 def set_op(key: str) -> list[Op]:
@@ -97,7 +79,7 @@ def test_a_failing_write_is_skipped_and_the_others_still_go() -> None:
 
 
 def test_a_refused_batch_is_said_once_without_the_password_until_the_store_reconnects(
-    logged: list[str],
+    log_lines: list[str],
 ) -> None:
     out, clock, conn, _up = writer()
     conn.reply = ResponseError("OOM command not allowed; pw-canary")
@@ -105,7 +87,7 @@ def test_a_refused_batch_is_said_once_without_the_password_until_the_store_recon
         out.write(functools.partial(set_op, key))
         clock.advance(WRITE_BATCH)
     assert out.write_refused and len(conn.calls) == 2
-    refused = [line for line in logged if "refused a write" in line]
+    refused = [line for line in log_lines if "refused a write" in line]
     assert len(refused) == 1 and "pw-canary" not in refused[0] and "OOM" in refused[0]
     conn.reply = None
     out.connected()

@@ -12,8 +12,6 @@ from typing import Any
 import pytest
 import pytest_twisted
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred
-from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.internet.task import Clock
 from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
@@ -31,6 +29,7 @@ from nvpair_tw.inbound import (
     read_keys_file,
 )
 from nvpair_tw.inbound._keys import DEFAULT_MAX_TUNNELS, ENVIRONMENT_RULES
+from tests.helpers import send_raw
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -263,28 +262,6 @@ class _Gate(Resource):
         return verdict.name.encode()
 
 
-class _Raw(Protocol):
-    def __init__(self, sent: bytes, done: Deferred[bytes]) -> None:
-        self.sent, self.done, self.data = sent, done, b""
-
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        self.transport.write(self.sent)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.data += data
-
-    def connectionLost(self, reason: object = None) -> None:
-        self.done.callback(self.data)
-
-
-async def _send(reactor: Any, port: int, raw: bytes) -> bytes:
-    done: Deferred[bytes] = Deferred()
-    factory = ClientFactory.forProtocol(lambda: _Raw(raw, done))
-    reactor.connectTCP("127.0.0.1", port, factory)
-    return await done
-
-
 @pytest_twisted.ensureDeferred
 async def test_over_loopback_the_host_decides_who_is_local(reactor: Any) -> None:
     """From a real 127.0.0.1 socket: Host 127.0.0.1 is local, a rebinding name is refused, and
@@ -293,13 +270,13 @@ async def test_over_loopback_the_host_decides_who_is_local(reactor: Any) -> None
     port = reactor.listenTCP(0, Site(_Gate(policy)), interface="127.0.0.1")
     number = port.getHost().port
     try:
-        ok = await _send(reactor, number, b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        ok = await send_raw(reactor, number, b"GET / HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
         assert ok.startswith(b"HTTP/1.0 200") and ok.endswith(b"local")
         rebound = b"GET / HTTP/1.0\r\nHost: evil.example:%d\r\n\r\n" % number
-        refused = await _send(reactor, number, rebound)
+        refused = await send_raw(reactor, number, rebound)
         assert refused.startswith(b"HTTP/1.0 401") and refused.endswith(b"auth-required")
         keyed = rebound[:-2] + b"X-Api-Key: " + ENV.encode() + b"\r\n\r\n"
-        named = await _send(reactor, number, keyed)
+        named = await send_raw(reactor, number, keyed)
         assert named.startswith(b"HTTP/1.0 200") and named.endswith(b"key-" + _hex8(ENV))
     finally:
         await port.stopListening()

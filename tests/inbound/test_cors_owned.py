@@ -4,7 +4,6 @@ proxy's own errors too, never credentials (docs/behaviour.md §14.5)."""
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from nvpair_tw.core import write_error
 from nvpair_tw.inbound import CorsPolicy, Rejection
 from nvpair_tw.inbound._cors import ALLOWED_HEADERS, EXPOSED_HEADERS
 from nvpair_tw.inbound._limits import LimitedRequest, LimitedSite, make_site
+from tests.helpers import exchange
 
 OK = b"https://ok.example"
 EVIL = b"https://evil.example"
@@ -158,21 +158,12 @@ def test_without_cors_origin_the_proxys_errors_carry_no_grant() -> None:
     assert _cors(_ask(_site(None), _get(b"/no", OK))) == {}
 
 
-def _fetch(port: int, raw: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(raw)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
 @pytest_twisted.ensureDeferred  # type: ignore[untyped-decorator]
 async def test_loopback_an_origin_not_allowed_gets_nothing_cors(reactor: Any, listen: Any) -> None:
     site = make_site(_Node(), clock=reactor, cors=_POLICY)
     port = listen(site)
-    evil = await deferToThread(_fetch, port, _get(b"/", EVIL, b"Connection: close"))
+    evil = await deferToThread(exchange, port, _get(b"/", EVIL, b"Connection: close"))
     assert evil.startswith(b"HTTP/1.1 200 OK")
     assert _cors(_headers(evil)) == {}
-    ok = await deferToThread(_fetch, port, _get(b"/", OK, b"Connection: close"))
+    ok = await deferToThread(exchange, port, _get(b"/", OK, b"Connection: close"))
     assert _cors(_headers(ok)) == _GRANTS

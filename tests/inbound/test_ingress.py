@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.interfaces import IAddress
 from twisted.internet.task import Clock
-from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
+from twisted.logger import LogEvent, formatEvent
 from twisted.web.http_headers import Headers
-from zope.interface import provider
 
 from nvpair_tw.inbound._ingress import (
     IngressConfig,
@@ -46,20 +44,6 @@ def _key_file(path: Path, *lines: str, mode: int = 0o600) -> str:
     path.write_text("".join(line + "\n" for line in lines))
     path.chmod(mode)
     return str(path)
-
-
-@pytest.fixture
-def log_events() -> Iterator[list[LogEvent]]:
-    """Every event published to the global log publisher during the test."""
-    events: list[LogEvent] = []
-
-    @provider(ILogObserver)
-    def observe(event: LogEvent) -> None:
-        events.append(event)
-
-    globalLogPublisher.addObserver(observe)
-    yield events
-    globalLogPublisher.removeObserver(observe)
 
 
 def _logged_text(events: list[LogEvent]) -> str:

@@ -6,15 +6,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from twisted.internet.address import IPv4Address, UNIXAddress
 from twisted.internet.task import Clock
-from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
+from twisted.logger import LogEvent, formatEvent
 from twisted.web.http_headers import Headers
-from zope.interface import provider
 
 import nvpair_tw.inbound._keys as keys_module
 from nvpair_tw.inbound import (
@@ -76,19 +74,6 @@ def policy(
 ) -> IngressPolicy:
     path = keys_file(tmp_path / "keys.toml", text)
     return IngressPolicy.from_config(parse_ingress(env, keys_file=path), clock or Clock())
-
-
-@pytest.fixture
-def log_events() -> Iterator[list[LogEvent]]:
-    events: list[LogEvent] = []
-
-    @provider(ILogObserver)
-    def observe(event: LogEvent) -> None:
-        events.append(event)
-
-    globalLogPublisher.addObserver(observe)
-    yield events
-    globalLogPublisher.removeObserver(observe)
 
 
 # --- the file -----------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from nvpair_tw.inbound._limits import MIB, LimitedChannel, LimitedSite, Limits, make_site
+from tests.helpers import exchange
 
 
 class _Echo(Resource):
@@ -417,20 +418,10 @@ def test_limits_reject_non_positive_values() -> None:
 # Loopback tests over real sockets (blocking clients run in a thread).
 
 
-def _exchange(port: int, payload: bytes) -> bytes:
-    """Send ``payload`` and read until the server closes the connection."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(payload)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def _crowd(port: int) -> tuple[bytes, bytes]:
     """Hold one connection, open a second (refused), then use the first."""
     with socket.create_connection(("127.0.0.1", port), timeout=10) as held:
-        refused = _exchange(port, b"")
+        refused = exchange(port, b"")
         held.sendall(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
         chunks = []
         while chunk := held.recv(65536):
@@ -443,12 +434,12 @@ async def test_loopback_body_cap(reactor: Any, listen: Any) -> None:
     """Over real sockets: the cap is accepted, cap + 1 (length or chunked) gets 413."""
     root = _Echo()
     port = listen(make_site(root, clock=reactor, max_body_size=1024))
-    ok = await deferToThread(_exchange, port, _post(b"a" * 1024, b"Connection: close"))
+    ok = await deferToThread(exchange, port, _post(b"a" * 1024, b"Connection: close"))
     assert ok.startswith(b"HTTP/1.1 200 OK")
     assert ok.endswith(b"got 1024")
-    over = await deferToThread(_exchange, port, _post(b"a" * 1025))
+    over = await deferToThread(exchange, port, _post(b"a" * 1025))
     assert _error(over)[0].startswith(b"HTTP/1.1 413")
-    chunked = await deferToThread(_exchange, port, _chunked(b"a" * 1025))
+    chunked = await deferToThread(exchange, port, _chunked(b"a" * 1025))
     assert _error(chunked)[0].startswith(b"HTTP/1.1 413")
     assert root.bodies == [b"a" * 1024]
 
@@ -458,7 +449,7 @@ async def test_loopback_expect_continue_over_cap(reactor: Any, listen: Any) -> N
     """Over real sockets: Expect: 100-continue over the cap gets 413 and never 100 Continue."""
     port = listen(make_site(_Echo(), clock=reactor, max_body_size=1024))
     raw = await deferToThread(
-        _exchange,
+        exchange,
         port,
         b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2048\r\nExpect: 100-continue\r\n\r\n",
     )
@@ -473,9 +464,9 @@ async def test_loopback_header_limits(reactor: Any, listen: Any) -> None:
     """Over real sockets: too many headers get 431 and an over-long request line 414."""
     port = listen(make_site(_Echo(), clock=reactor, max_headers=3, max_request_line=128))
     many = b"GET / HTTP/1.1\r\n" + b"".join(b"X-%d: v\r\n" % i for i in range(4)) + b"\r\n"
-    assert _error(await deferToThread(_exchange, port, many))[0].startswith(b"HTTP/1.1 431")
+    assert _error(await deferToThread(exchange, port, many))[0].startswith(b"HTTP/1.1 431")
     long_line = b"GET /" + b"a" * 200 + b" HTTP/1.1\r\n\r\n"
-    assert _error(await deferToThread(_exchange, port, long_line))[0].startswith(b"HTTP/1.1 414")
+    assert _error(await deferToThread(exchange, port, long_line))[0].startswith(b"HTTP/1.1 414")
 
 
 @pytest_twisted.ensureDeferred  # type: ignore[untyped-decorator]

@@ -5,15 +5,13 @@ changed. Real files, an injected clock."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
-from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
+from twisted.logger import LogEvent, formatEvent
 from twisted.web.http_headers import Headers
-from zope.interface import provider
 
 from nvpair_tw.inbound import Caller, IngressPolicy, parse_ingress
 
@@ -34,19 +32,6 @@ def write(path: Path, text: str) -> str:
     path.write_text(text)
     path.chmod(0o600)
     return str(path)
-
-
-@pytest.fixture
-def log_events() -> Iterator[list[LogEvent]]:
-    events: list[LogEvent] = []
-
-    @provider(ILogObserver)
-    def observe(event: LogEvent) -> None:
-        events.append(event)
-
-    globalLogPublisher.addObserver(observe)
-    yield events
-    globalLogPublisher.removeObserver(observe)
 
 
 def started(tmp_path: Path, text: str, **env: str) -> tuple[Clock, IngressPolicy, Path]:

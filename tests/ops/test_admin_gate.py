@@ -9,10 +9,7 @@ from typing import Any, cast
 import pytest
 import pytest_twisted
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred
-from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.internet.testing import MemoryReactorClock, StringTransport
-from twisted.python.failure import Failure
 
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.core._resolved import Settings
@@ -21,29 +18,13 @@ from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import MAX_BODY_SIZE, AdminService
 from nvpair_tw.runtime._process import build_runtime
 from nvpair_tw.testing import start_proxy
+from tests.helpers import send_raw
 
 pytestmark = pytest.mark.timeout(30)
 
 
-class _Raw(Protocol):
-    def __init__(self, sent: bytes, done: Deferred[bytes]) -> None:
-        self.sent, self.done, self.data = sent, done, b""
-
-    def connectionMade(self) -> None:
-        assert self.transport is not None
-        self.transport.write(self.sent)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.data += data
-
-    def connectionLost(self, reason: Failure | None = None) -> None:
-        self.done.callback(self.data)
-
-
 async def _send(reactor: Any, port: int, raw: bytes) -> tuple[int, bytes]:
-    done: Deferred[bytes] = Deferred()
-    reactor.connectTCP("127.0.0.1", port, ClientFactory.forProtocol(lambda: _Raw(raw, done)))
-    data = await done
+    data = await send_raw(reactor, port, raw)
     status = int(data.split(b" ", 2)[1])
     return status, data.partition(b"\r\n\r\n")[2]
 

@@ -5,19 +5,22 @@ one ``task.Clock``."""
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Callable
 from typing import Any, cast
 
 import pytest
+import pytest_twisted
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from nvpair_tw.core import Settings
 from nvpair_tw.nodes import Node
-from nvpair_tw.ops._control import ControlMethods
+from nvpair_tw.ops._control import ControlFactory, ControlMethods
 from nvpair_tw.ops._metrics import ProxyMetrics
 from nvpair_tw.simulated import SimulatedEngine
 from nvpair_tw.testing import MemoryCluster
+from tests.helpers import eventually
 
 CHAT = {"model": "llama3", "messages": [], "stream": True}
 
@@ -185,6 +188,54 @@ def test_drain_times_out_with_what_is_still_in_flight(
     cluster.advance(20)
     assert cluster.result(streaming).ended is not None
     assert _served_by(cluster)[1] == "b"
+
+
+def test_a_drain_looks_again_on_events_and_keeps_no_timer_but_its_timeout(
+    memory_cluster: Callable[..., MemoryCluster],
+) -> None:
+    """While a stream is in flight the drain adds one timer, at its timeout (no polling), and one
+    bus subscription; it answers at the event that ends the stream and takes both away."""
+    cluster = _two(memory_cluster, chunks=4, chunk_delay=1.0)
+    streaming = cluster.request("POST", "/api/chat", json=CHAT)
+    cluster.advance(0.5)
+    bus = cluster.runtime.shared.bus
+    before, start = set(cluster.clock.getDelayedCalls()), cluster.clock.seconds()
+    pending = _ask(cluster, "node/drain", {"id": "a", "timeout": 77})
+    added = set(cluster.clock.getDelayedCalls()) - before
+    assert [call.getTime() - start for call in added] == [77]
+    assert [s.name for s in bus.subscriptions].count("drain a") == 1
+    cluster.advance(5)
+    assert cluster.result(streaming).ended is not None
+    assert _result(pending.result)["drained"] is True
+    assert "drain a" not in [s.name for s in bus.subscriptions]
+    assert not any(call.active() for call in added)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_drain_stops_waiting_when_its_control_client_leaves(
+    memory_cluster: Callable[..., MemoryCluster], listen: Callable[[Any], int], reactor: Any
+) -> None:
+    """``node/drain`` over a real control socket, the facade on a ``task.Clock``: the client hangs
+    up while the node is busy, and the drain's subscription and timeout go with it."""
+    cluster = _two(memory_cluster, chunks=20, chunk_delay=1.0)
+    streaming = cluster.request("POST", "/api/chat", json=CHAT)
+    cluster.advance(0.5)
+    bus = cluster.runtime.shared.bus
+    factory = ControlFactory(cluster.runtime)
+    client = socket.create_connection(("127.0.0.1", listen(factory)))
+    line = {"jsonrpc": "2.0", "id": 1, "method": "node/drain", "params": {"id": "a", "timeout": 77}}
+    client.sendall(json.dumps(line).encode() + b"\n")
+    draining = lambda: "drain a" in [s.name for s in bus.subscriptions]  # noqa: E731
+    await eventually(reactor, draining, what="the drain waiting")
+    [timer] = [
+        c for c in cluster.clock.getDelayedCalls() if c.getTime() == cluster.clock.seconds() + 77
+    ]
+    [protocol] = factory.connections
+    client.close()
+    await protocol.disconnected
+    assert not draining() and not timer.active()
+    cluster.advance(30)
+    assert cluster.result(streaming).ended is not None
 
 
 def test_drain_refuses_a_bad_timeout(memory_cluster: Callable[..., MemoryCluster]) -> None:

@@ -5,15 +5,17 @@ from __future__ import annotations
 import functools
 import select
 import socket
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.error import ConnectionClosed
 from twisted.internet.interfaces import IListeningPort, IPushProducer
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.internet.testing import MemoryReactor
 from twisted.internet.threads import deferToThread
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair_tw.core._reactor import IProxyReactor
@@ -24,15 +26,15 @@ from nvpair_tw.runtime._service import ListenerService
 class Held(Protocol):
     """Server side: hands its transport to the test when the connection is made."""
 
-    def __init__(self, made: Deferred[Any], lost: Deferred[None]) -> None:
+    def __init__(self, made: Deferred[Any], lost: Deferred[BaseException]) -> None:
         self._made = made
         self._lost = lost
 
     def connectionMade(self) -> None:
         self._made.callback(self.transport)
 
-    def connectionLost(self, reason: object = None) -> None:
-        self._lost.callback(None)
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._lost.callback(cast(BaseException, reason.value))
 
 
 class Pair:
@@ -40,7 +42,7 @@ class Pair:
 
     def __init__(self, reactor: Any) -> None:
         self.made: Deferred[Any] = Deferred()
-        self.lost: Deferred[None] = Deferred()
+        self.lost: Deferred[BaseException] = Deferred()
         made, lost = self.made, self.lost
         factory = Factory.forProtocol(lambda: Held(made, lost))
         self.endpoint = EagerTCPServerEndpoint(reactor, 0, 50, "127.0.0.1")
@@ -186,7 +188,8 @@ async def test_a_write_to_a_peer_that_reset_does_not_raise_and_the_loss_is_repor
     pair.client.close()  # RST
     for _ in range(3):
         transport.write(b"x" * 1000)
-    await pair.lost
+    reason = await pair.lost
+    assert isinstance(reason, ConnectionClosed), reason
     if pair.port is not None:
         await maybeDeferred(pair.port.stopListening)
 
@@ -217,7 +220,7 @@ async def test_the_listener_service_listens_with_eager_connections_on_ipv4_and_i
         ("tcp6:port=0:interface=\\:\\:1", "::1"),
     ):
         made: Deferred[Any] = Deferred()
-        lost: Deferred[None] = Deferred()
+        lost: Deferred[BaseException] = Deferred()
         factory = Factory.forProtocol(functools.partial(Held, made, lost))
         listener = ListenerService(reactor, description, factory, "proxy")
         listener.startService()

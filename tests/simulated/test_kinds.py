@@ -394,7 +394,7 @@ async def test_residency_routes_404_in_the_kinds_shape_while_loaded_is_none(
 
 
 def test_an_unknown_kind_is_refused(reactor: Any) -> None:
-    """``kind`` is one of SPEC §11.1's kinds or None."""
+    """``kind`` is one of docs/behaviour.md §11.1's kinds or None."""
     with pytest.raises(ValueError, match="kind"):
         SimulatedEngine(reactor, kind="vllm")
 

@@ -5,7 +5,6 @@ serving the collector meanwhile); nothing sleeps."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -35,6 +34,7 @@ from nvpair_tw.testing import (
     http_client,
 )
 from nvpair_tw.traces import RequestTracing, otlp_tracing
+from tests.helpers import chat_body
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,11 +43,6 @@ REPLY = "cnry-trace-reply-8b02c4"
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 TRACEPARENT = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
-
-
-def chat(model: str = "llama3", *, stream: bool = True) -> bytes:
-    messages = [{"role": "user", "content": CANARY}]
-    return json.dumps({"model": model, "stream": stream, "messages": messages}).encode()
 
 
 class Traces(Resource):
@@ -165,7 +160,7 @@ async def test_one_server_span_per_request_with_genai_and_nvpair_attributes(
     """A chat answered by one node: a SERVER span ``chat llama3`` with the GenAI attributes, the
     serving node, the status and the nvpair ones, and one CLIENT child span for its attempt."""
     cluster = await traced(reactor, clusters, collector, {"n0": SimulatedEngine(reactor)})
-    code, _, _ = await cluster.post(chat())
+    code, _, _ = await cluster.post(chat_body("llama3", CANARY, stream=True))
     assert code == 200
     [event] = await records(cluster, 1)
     payload = event.payload
@@ -214,7 +209,7 @@ async def test_client_traceparent_is_continued_and_the_node_sees_the_request_spa
     engine = SimulatedEngine(reactor)
     cluster = await traced(reactor, clusters, collector, {"n0": engine})
     headers = {"traceparent": TRACEPARENT, "tracestate": "vendor=opaque"}
-    code, _, _ = await cluster.post(chat(), headers=headers)
+    code, _, _ = await cluster.post(chat_body("llama3", CANARY, stream=True), headers=headers)
     assert code == 200
     await records(cluster, 1)
     spans = await flushed(reactor, cluster, collector)
@@ -235,7 +230,7 @@ async def test_without_a_client_trace_a_new_one_starts_and_is_forwarded(
     """No ``traceparent``: the request span is a root, and the node still gets its context."""
     engine = SimulatedEngine(reactor)
     cluster = await traced(reactor, clusters, collector, {"n0": engine})
-    await cluster.post(chat())
+    await cluster.post(chat_body("llama3", CANARY, stream=True))
     await records(cluster, 1)
     [server] = by_kind(await flushed(reactor, cluster, collector), Span.SPAN_KIND_SERVER)
     assert server.parent_span_id == b""
@@ -259,7 +254,7 @@ async def test_failover_gives_one_child_span_per_attempt_the_failed_one_an_error
     }
     cluster = await traced(reactor, clusters, collector, engines)
     cluster.facade.pin = "bad"
-    code, _, _ = await cluster.post(chat())
+    code, _, _ = await cluster.post(chat_body("llama3", CANARY, stream=True))
     assert code == 200
     await records(cluster, 1)
     spans = await flushed(reactor, cluster, collector)
@@ -286,7 +281,7 @@ async def test_every_request_gets_a_span_rejections_and_other_routes_included(
     """A model nobody has (502, ERROR, no attempt) and a model list are spans too, named by
     method and path where they are no inference of a known model."""
     cluster = await traced(reactor, clusters, collector, {"n0": SimulatedEngine(reactor)})
-    code, _, _ = await cluster.post(chat("nobody-has-this"))
+    code, _, _ = await cluster.post(chat_body("nobody-has-this", CANARY, stream=True))
     assert code == 502
     response = await cluster_get(reactor, cluster, "/api/tags")
     assert response == 200
@@ -319,7 +314,7 @@ async def test_no_prompt_or_completion_reaches_the_exported_bytes(
     engine = SimulatedEngine(reactor, reply_text=REPLY)
     cluster = await traced(reactor, clusters, collector, {"n0": engine})
     for stream in (True, False):
-        code, body, _ = await cluster.post(chat(stream=stream))
+        code, body, _ = await cluster.post(chat_body("llama3", CANARY, stream=stream))
         assert code == 200 and REPLY.encode() in body.replace(b" ", b"")
     await records(cluster, 2)
     spans = await flushed(reactor, cluster, collector)
@@ -352,7 +347,7 @@ async def test_an_unreachable_collector_fails_no_request_and_counts_the_drops(
     metrics = ProxyMetrics(runtime)
     tracing = attach(runtime, url, export_timeout=0.3)
     for _ in range(2):
-        code, _, _ = await cluster.post(chat())
+        code, _, _ = await cluster.post(chat_body("llama3", CANARY, stream=True))
         assert code == 200
     await records(cluster, 2)
     await tracing.flush(reactor)
@@ -371,7 +366,7 @@ async def test_metrics_count_exported_spans_and_none_without_tracing(
     """With a collector, ``/metrics`` counts exported spans; without ``--otlp-endpoint`` there is
     no trace metric, no tracer and the client's ``traceparent`` is forwarded untouched."""
     cluster = await traced(reactor, clusters, collector, {"n0": SimulatedEngine(reactor)})
-    await cluster.post(chat())
+    await cluster.post(chat_body("llama3", CANARY, stream=True))
     await records(cluster, 1)
     await flushed(reactor, cluster, collector)
     assert cluster.proxy is not None
@@ -384,7 +379,7 @@ async def test_metrics_count_exported_spans_and_none_without_tracing(
     await plain.start({"n0": engine})
     assert plain.proxy is not None
     assert plain.proxy.runtime.tracing is None and plain.proxy.runtime.shared.tracer is None
-    await plain.post(chat(), headers={"traceparent": TRACEPARENT})
+    await plain.post(chat_body("llama3", CANARY, stream=True), headers={"traceparent": TRACEPARENT})
     [received] = [r for r in engine.received if r.method == b"POST"]
     assert received.headers[b"traceparent"] == [TRACEPARENT.encode()]
     metrics = ProxyMetrics(plain.proxy.runtime)

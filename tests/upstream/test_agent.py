@@ -46,6 +46,7 @@ from nvpair_tw.upstream._attempt import (
 )
 from nvpair_tw.upstream._http1 import BadResponse
 from nvpair_tw.upstream._protocol import NodeClientProtocol
+from tests.helpers import eventually
 from tests.upstream.scripted import (
     CHUNKED_HEAD,
     SECRET,
@@ -386,8 +387,7 @@ async def test_an_idle_connection_the_node_closes_is_dropped(
     await fetch(agent, port)
     assert agent.idle_count() == 1
     node.connections[0].close()
-    while agent.idle_count():
-        await deferLater(reactor, 0.001, lambda: None)
+    await eventually(reactor, lambda: not agent.idle_count(), what="the closed connection dropped")
     _, collect, _ = await fetch(agent, port)
     assert collect.body == b"ok" and node.accepted == 2
 
@@ -501,8 +501,7 @@ async def test_a_failing_producer_is_a_generation_failure(
     with pytest.raises(RequestGenerationFailed) as raised:
         await agent.request(b"POST", url(port), None, StuckProducer(fail=True))
     assert raised.value.reasons[0].check(RuntimeError)
-    while not node.connections:
-        await deferLater(reactor, 0.001, lambda: None)
+    await eventually(reactor, lambda: node.connections, what="a connection at the node")
     await node.connections[0].lost.addTimeout(5, reactor)
 
 
@@ -536,8 +535,11 @@ async def test_cancelling_before_the_head_aborts_and_is_a_cancellation(
     port = listen(node)
     producer = StuckProducer() if state == "writing" else None
     attempt = agent.request(b"POST", url(port), None, producer)
-    while not node.connections or (state != "writing" and not node.requests):
-        await deferLater(reactor, 0.001, lambda: None)
+    await eventually(
+        reactor,
+        lambda: node.connections and (state == "writing" or node.requests),
+        what=f"the attempt {state}",
+    )
     attempt.cancel()
     with pytest.raises(ResponseNeverReceived) as raised:
         await attempt
@@ -605,18 +607,18 @@ async def test_a_paused_body_stops_the_client_reading_until_resumed(
     response = await agent.request(b"GET", url(port))
     collect = Collect(on_data)
     response.deliverBody(collect)
-    while not state["paused"]:
-        await deferLater(reactor, 0.001, lambda: None)
+    await eventually(reactor, lambda: state["paused"], what="the client paused")
     [client] = [p for p in agent._keys]  # the one connection
     assert client.transport not in reactor.getReaders()
     # Let the node push until the sockets are full: its kernel buffer takes no more.
     assert flood.transport is not None
     server_socket = cast(Any, flood.transport).getHandle()
-    waited = 0
-    while not (flood.paused and not select.select([], [server_socket], [], 0)[1]):
-        assert not collect.done.called and waited < 10_000, "the client kept reading"
-        await deferLater(reactor, 0.001, lambda: None)
-        waited += 1
+    await eventually(
+        reactor,
+        lambda: flood.paused and not select.select([], [server_socket], [], 0)[1],
+        what="the node's socket full",
+    )
+    assert not collect.done.called, "the client kept reading"
     assert paused_calls == []
     state["paused"] = False
     IPushProducer(collect.transport).resumeProducing()

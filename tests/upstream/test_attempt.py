@@ -84,6 +84,7 @@ from nvpair_tw.upstream._attempt import (
     make_pool,
     node_url,
 )
+from tests.helpers import eventually
 
 SECRET = "PROMPT-SECRET-7f3a"
 BODY = json.dumps({"model": "llama3", "stream": False, "prompt": SECRET * 20_000}).encode()
@@ -475,8 +476,7 @@ async def test_cancelling_a_waiting_attempt_is_a_cancellation(
     silent = Scripted(reactor, "silent")
     port = listen(Site(silent))
     attempt = upstream.request(b"POST", url(port), Headers(), BODY, 5.0)
-    while not silent.finished:
-        await deferLater(reactor, 0.01, lambda: None)
+    await eventually(reactor, lambda: silent.finished, what="the request at the silent node")
     attempt.cancel()
     with pytest.raises(ResponseNeverReceived) as raised:
         await attempt
