@@ -227,6 +227,8 @@ FACES: dict[str, list[str]] = {
         "make_rank",
         "order_candidates",
         "slot_limit",
+        "spare_busy_routers",
+        "would_evict_busy_work",
     ],
     "simulated": [
         "Behaviour",

@@ -12,6 +12,7 @@ The nodes file is TOML, one ``[[node]]`` table per machine::
     models = ["llama3:8b"]             # optional static inventory for every engine (never polled)
     url = "http://10.0.0.5:11434"      # one URL for every engine, or per engine:
     slots = 2                          # optional: requests run on it at once; 0 = no limit
+    models_max = 2                     # optional, llama.cpp router: models loaded at once (§17.2)
     cordon = true                      # optional: takes no new work (maintenance; docs/behaviour.md §13.1)
     kind = "lmstudio"                  # optional: ollama | lmstudio | omlx | openai (§11.1); with a
                                        # kind the node stands behind every facade (url: one string)
@@ -97,6 +98,9 @@ class Node:
     cordon: bool = field(default=False, kw_only=True)
     kind: str | None = field(default=None, kw_only=True)
     """The engine the machine runs (§11.1), or ``None``: the kind of each facade it joins."""
+    models_max: int | None = field(default=None, kw_only=True)
+    """How many models a llama.cpp router keeps loaded at once (its ``--models-max``; 0 = no
+    limit), or ``None``: what the router says (docs/behaviour.md §17.2)."""
 
     def kind_of(self, facade: EngineProfile) -> EngineProfile:
         """The profile this node is spoken to with behind ``facade``."""
@@ -159,7 +163,9 @@ def validate_url(url: str) -> None:
 
 
 _NODE_KEYS = (
-    frozenset({"id", "url", "models", "slots", "api_key", "cordon", "kind", "facades"}) | TLS_KEYS
+    frozenset({"id", "url", "models", "slots", "api_key", "cordon", "kind", "facades"})
+    | frozenset({"models_max"})
+    | TLS_KEYS
 )
 
 
@@ -233,6 +239,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         api_key = _parse_api_key(where, entry.get("api_key"))
         _check_shared_tls(where, node_id, tls, urls.values(), tls_at)
         slots = _parse_slots(where, entry.get("slots"))
+        models_max = _parse_models_max(where, entry.get("models_max"))
         cordon = entry.get("cordon", False)
         if not isinstance(cordon, bool):
             raise NodesFileError(f"{where}: cordon: must be true or false")
@@ -250,6 +257,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
                     api_key=api_key,
                     cordon=cordon,
                     kind=kind,
+                    models_max=models_max,
                 )
             )
     return nodes
@@ -366,6 +374,14 @@ def _parse_slots(where: str, value: object) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise NodesFileError(f"{where}: slots: must be a whole number >= 0 (0 = unlimited)")
+    return value
+
+
+def _parse_models_max(where: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise NodesFileError(f"{where}: models_max: must be a whole number >= 0 (0 = no limit)")
     return value
 
 

@@ -26,6 +26,7 @@ from nvpair_tw.selection._ordering import order_candidates
 from nvpair_tw.selection._polling import PROBE_BOUND, expiry_probe
 from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
+from nvpair_tw.selection._routers import spare_busy_routers, would_evict_busy_work
 from nvpair_tw.selection._stalls import (
     Cooldown,
     CooldownListener,
@@ -63,4 +64,6 @@ __all__ = [
     "make_rank",
     "order_candidates",
     "slot_limit",
+    "spare_busy_routers",
+    "would_evict_busy_work",
 ]
