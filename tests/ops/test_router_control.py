@@ -23,7 +23,8 @@ def _ask(cluster: MemoryCluster, method: str, params: dict[str, Any]) -> Any:
     assert isinstance(pending, Deferred)
     cluster.flush()
     assert pending.called
-    return pending.result["result"]
+    result: Any = pending.result
+    return result["result"]
 
 
 def _router_cluster(
@@ -62,7 +63,7 @@ def test_a_one_model_llama_server_has_no_load_api(
     cluster = _router_cluster(memory_cluster, engine, clock)
     line = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "model/load", "params": {"model": "a"}})
     answer = ControlMethods(cluster.runtime).handle_line(line.encode())
-    assert answer["error"]["code"] == -32602
+    assert isinstance(answer, dict) and answer["error"]["code"] == -32602
 
 
 def test_the_lmstudio_facade_serves_v1_chat_and_lists_v1_models(
