@@ -48,6 +48,7 @@ __all__ = [
     "install_dir",
     "is_ready",
     "main",
+    "router_command",
     "server_command",
 ]
 
@@ -221,6 +222,34 @@ def server_command(directory: Path, port: int, model: Path, *, slots: int = 4) -
         str(slots),
         "--ctx-size",
         str(2048 * slots),
+        "--seed",
+        "42",
+        "--no-webui",
+    ]
+
+
+def router_command(directory: Path, port: int, models_dir: Path, *, models_max: int) -> list[str]:
+    """``llama-server`` in router mode (docs/engines/llamacpp-router.md): no ``--model``, every
+    GGUF of ``models_dir`` a model named by its file name, at most ``models_max`` loaded at once;
+    each model's own server gets one thread, one slot and a 2,048-token context."""
+    return [
+        str(binary(directory)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--models-dir",
+        str(models_dir),
+        "--models-max",
+        str(models_max),
+        "--threads",
+        "1",
+        "--threads-batch",
+        "1",
+        "--parallel",
+        "1",
+        "--ctx-size",
+        "2048",
         "--seed",
         "42",
         "--no-webui",
