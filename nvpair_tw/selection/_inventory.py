@@ -276,14 +276,6 @@ class InventoryBook:
         (§17.2) where it answered as one, else its kind's."""
         return self.facts.control(node.id) or node.kind_of(self._engine).control
 
-    def router_control(self, node_id: str) -> ModelControl | None:
-        """A router's load API, where the node answered as one (§17.2)."""
-        return self.facts.control(node_id)
-
-    def models_max(self, node_id: str) -> int | None:
-        """How many models the node keeps loaded at once, where known (§17.2)."""
-        return self.facts.models_max(node_id)
-
     def forget_loaded(self, node: Node) -> bool:
         """Drop the node's residency; whether one was kept for its current URL."""
         previous = self._loaded.get(node.id)

@@ -235,7 +235,7 @@ async def test_a_router_is_read_from_models_and_props_without_loading_anything(
     assert book.models("n") == frozenset({"smolA", "smolB"})
     assert (book.resident("n", "smolA"), book.resident("n", "smolB")) == (True, False)
     assert (book.context_length("n", "smolA"), book.context_length("n", "smolB")) == (2048, None)
-    assert book.models_max("n") == 1
+    assert book.facts.models_max("n") == 1
     node = book._directory.get("n")
     assert node is not None and book.control(node) is ROUTER_CONTROL
     engine.stop()
@@ -247,7 +247,7 @@ async def test_a_nodes_own_models_max_wins_over_the_routers(
 ) -> None:
     engine = SimulatedEngine(reactor, models=("a",), loaded=[], kind="openai", models_max=4)
     book = await _polled(listen, http, reactor, engine, models_max=2)
-    assert book.models_max("n") == 2
+    assert book.facts.models_max("n") == 2
     engine.stop()
 
 
@@ -263,5 +263,5 @@ async def test_a_one_model_llama_server_is_no_router(
     assert book.resident("n", "m.gguf") is None
     node = book._directory.get("n")
     assert node is not None and book.control(node) is None
-    assert book.models_max("n") is None and book.reported_slots("n") == 2
+    assert book.facts.models_max("n") is None and book.reported_slots("n") == 2
     engine.stop()
