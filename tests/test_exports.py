@@ -262,6 +262,8 @@ FACES: dict[str, list[str]] = {
         "Patience",
         "patience",
         "slot_wait",
+        "spare_busy_routers",
+        "would_evict_busy_work",
     ],
     "simulated": [
         "Behaviour",

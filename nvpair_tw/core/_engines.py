@@ -19,6 +19,7 @@ __all__ = [
     "LMSTUDIO",
     "LMSTUDIO_LOADED",
     "LMSTUDIO_MODELS",
+    "LMSTUDIO_V1_MODELS",
     "OLLAMA",
     "OLLAMA_PS",
     "OMLX",
@@ -288,6 +289,19 @@ def _tags_key(record: dict[str, Any]) -> str | None:
     return normalise_ollama(name) if isinstance(name, str) and name else None
 
 
+def _key_of(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _v1_records(document: Any) -> list[tuple[str, dict[str, Any]]]:
+    """LM Studio ``/api/v1/models`` records by ``key`` (ValueError for another shape)."""
+    models = document.get("models") if isinstance(document, dict) else None
+    if not isinstance(models, list):
+        raise ValueError("models answer has no models list")
+    found = [(_key_of(r.get("key")), r) for r in models if isinstance(r, dict)]
+    return [(key, record) for key, record in found if key is not None]
+
+
 def _openai_key(record: dict[str, Any]) -> str | None:
     ident = record.get("id")
     return ident if isinstance(ident, str) and ident else None
@@ -315,6 +329,14 @@ LMSTUDIO_MODELS = ModelListFormat(
     record_key=_openai_key,
     envelope=lambda records: {"object": "list", "data": records},
 )
+LMSTUDIO_V1_MODELS = ModelListFormat(
+    path="/api/v1/models",
+    list_field="models",
+    names=lambda document: [k for k, _ in _v1_records(document)],
+    record_key=lambda record: _key_of(record.get("key")),
+    envelope=lambda records: {"models": records},
+)
+"""LM Studio 0.4+'s ``GET /api/v1/models`` (docs/behaviour.md §17.1): ``models[].key``."""
 OPENAI_MODELS = ModelListFormat(
     path="/v1/models",
     list_field="data",
@@ -328,7 +350,7 @@ _OPENAI_INFERENCE = frozenset(
     {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/messages", RESPONSES_PATH}
 )
 _LMSTUDIO_INFERENCE = frozenset(
-    {"/api/v0/chat/completions", "/api/v0/completions", "/api/v0/embeddings"}
+    {"/api/v0/chat/completions", "/api/v0/completions", "/api/v0/embeddings", "/api/v1/chat"}
 )
 _LMSTUDIO_MODEL = "/api/v0/models/"
 _OLLAMA_INFERENCE = frozenset({"/api/generate", "/api/chat", "/api/embed", "/api/embeddings"})
@@ -449,7 +471,11 @@ OLLAMA = EngineProfile(
 LMSTUDIO = EngineProfile(
     name="lmstudio",
     inference_paths=_OPENAI_INFERENCE | _LMSTUDIO_INFERENCE,
-    model_lists={OPENAI_MODELS.path: OPENAI_MODELS, LMSTUDIO_MODELS.path: LMSTUDIO_MODELS},
+    model_lists={
+        OPENAI_MODELS.path: OPENAI_MODELS,
+        LMSTUDIO_MODELS.path: LMSTUDIO_MODELS,
+        LMSTUDIO_V1_MODELS.path: LMSTUDIO_V1_MODELS,
+    },
     inventory=OPENAI_MODELS,
     default_listen="tcp:1235:interface=127.0.0.1",
     default_node_url="http://127.0.0.1:1234",

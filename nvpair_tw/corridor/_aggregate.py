@@ -198,7 +198,7 @@ async def _records(
     return keyed
 
 
-_NAME_FIELDS = ("name", "model", "id")
+_NAME_FIELDS = ("name", "model", "id", "key")
 
 
 def _allowed(allows: Callable[[str], bool], key: str, record: dict[str, Any]) -> bool:

@@ -132,7 +132,24 @@ def record_for(facade_list_path: str, facts: ModelFacts) -> dict[str, Any]:
         if facts.context_length is not None:
             record["max_context_length"] = facts.context_length
         return record
+    if facade_list_path == "/api/v1/models":
+        return _v1_record(facts)
     raise ValueError(f"{facade_list_path} is not a model list")
+
+
+def _v1_record(facts: ModelFacts) -> dict[str, Any]:
+    """LM Studio 0.4's ``/api/v1/models`` record (docs/behaviour.md §17.1): ``type``, ``key``,
+    ``display_name``, ``loaded_instances`` (one, with its context length where known, when the
+    node reports the model loaded) and ``max_context_length`` where known."""
+    embedding = facts.type is not None and facts.type.startswith("embed")
+    record: dict[str, Any] = {"type": "embedding" if embedding else "llm", "key": facts.name}
+    record["display_name"] = facts.name
+    config = {} if facts.context_length is None else {"context_length": facts.context_length}
+    instances = [{"id": facts.name, "config": config}] if facts.loaded else []
+    record["loaded_instances"] = instances
+    if facts.context_length is not None:
+        record["max_context_length"] = facts.context_length
+    return record
 
 
 def show_answer(facts: ModelFacts) -> dict[str, Any]:

@@ -13,6 +13,7 @@ The nodes file is TOML, one ``[[node]]`` table per machine::
     url = "http://10.0.0.5:11434"      # one URL for every engine, or per engine:
     slots = 2                          # optional: requests run on it at once; 0 = no limit
     speed = 5.0                        # optional: relative speed, seeds its learnt rates (§15.1)
+    models_max = 2                     # optional, llama.cpp router: models loaded at once (§17.2)
     cordon = true                      # optional: takes no new work (maintenance; docs/behaviour.md §13.1)
     kind = "lmstudio"                  # optional: ollama | lmstudio | omlx | openai (§11.1); with a
                                        # kind the node stands behind every facade (url: one string)
@@ -101,6 +102,9 @@ class Node:
     speed: float | None = field(default=None, kw_only=True)
     """``speed = X`` in the nodes file: its speed relative to 1.0, the seed of its learnt rates
     until it has measurements (docs/behaviour.md §15.1); ``None``: unset."""
+    models_max: int | None = field(default=None, kw_only=True)
+    """How many models a llama.cpp router keeps loaded at once (its ``--models-max``; 0 = no
+    limit), or ``None``: what the router says (docs/behaviour.md §17.2)."""
 
     def kind_of(self, facade: EngineProfile) -> EngineProfile:
         """The profile this node is spoken to with behind ``facade``."""
@@ -164,6 +168,7 @@ def validate_url(url: str) -> None:
 
 _NODE_KEYS = (
     frozenset({"id", "url", "models", "slots", "api_key", "cordon", "kind", "facades", "speed"})
+    | frozenset({"models_max"})
     | TLS_KEYS
 )
 
@@ -239,6 +244,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         _check_shared_tls(where, node_id, tls, urls.values(), tls_at)
         slots = _parse_slots(where, entry.get("slots"))
         speed = _parse_speed(where, entry.get("speed"))
+        models_max = _parse_models_max(where, entry.get("models_max"))
         cordon = entry.get("cordon", False)
         if not isinstance(cordon, bool):
             raise NodesFileError(f"{where}: cordon: must be true or false")
@@ -257,6 +263,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
                     cordon=cordon,
                     kind=kind,
                     speed=speed,
+                    models_max=models_max,
                 )
             )
     return nodes
@@ -382,6 +389,12 @@ def _parse_speed(where: str, value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise NodesFileError(f"{where}: speed: must be a number > 0 (relative to 1.0)")
     return float(value)
+def _parse_models_max(where: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise NodesFileError(f"{where}: models_max: must be a whole number >= 0 (0 = no limit)")
+    return value
 
 
 _LOOPBACK = "<loopback>"

@@ -187,7 +187,7 @@ def _load_or_unload(load: bool) -> Callable[[FacadeState, Params], Deferred[Resu
         timeout = _timeout(params, LOAD_TIMEOUT)
         keep_alive = _keep_alive(params)
         # Each node is asked in its own kind's API (§11.1): LM Studio's REST load beside Ollama's.
-        controls = {node.id: node.kind_of(facade.profile).control for node in nodes}
+        controls = {node.id: facade.inventory.control(node) for node in nodes}
         if any(control is None for control in controls.values()):
             without = sorted(n for n, c in controls.items() if c is None)
             raise RpcError(

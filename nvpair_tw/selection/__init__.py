@@ -31,6 +31,7 @@ from nvpair_tw.selection._polling import PROBE_BOUND, expiry_probe
 from nvpair_tw.selection._predict import Load, RequestSize, predict_all, request_size, slot_wait
 from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
+from nvpair_tw.selection._routers import spare_busy_routers, would_evict_busy_work
 from nvpair_tw.selection._speed import Answer, Rates, SpeedBook, Start, sample_of
 from nvpair_tw.selection._stalls import (
     Cooldown,
@@ -86,4 +87,6 @@ __all__ = [
     "sample_of",
     "slot_limit",
     "slot_wait",
+    "spare_busy_routers",
+    "would_evict_busy_work",
 ]

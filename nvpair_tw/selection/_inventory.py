@@ -18,10 +18,11 @@ from treq.client import HTTPClient
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair_tw.core import EngineProfile
+from nvpair_tw.core import EngineProfile, ModelControl
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Catalogue, Node, NodeDirectory
 from nvpair_tw.selection._contexts import ANY_MODEL
+from nvpair_tw.selection._facts import NodeFacts
 from nvpair_tw.selection._polling import InventoryPoller
 from nvpair_tw.upstream import MAX_JSON_BYTES, ReadError, get_json, join_url, make_http_client
 
@@ -124,8 +125,8 @@ class InventoryBook:
     _random: Callable[[], float] = field(default=_random.random, kw_only=True)
     _known: dict[str, _Known] = field(factory=dict, init=False)
     _loaded: dict[str, _Loaded] = field(factory=dict, init=False)
-    _slots: dict[str, tuple[str, int]] = field(factory=dict, init=False)
-    _contexts: dict[str, tuple[str, Mapping[str, int]]] = field(factory=dict, init=False)
+    facts: NodeFacts = field(init=False)
+    """What each node says besides its models: contexts, slots, a router's API (§17.2)."""
     _matchable: dict[str, tuple[object, EngineProfile, dict[str, str]]] = field(
         factory=dict, init=False
     )
@@ -134,6 +135,7 @@ class InventoryBook:
     _poller: InventoryPoller = field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        self.facts = NodeFacts(self._directory)
         self._poller = InventoryPoller(
             self._engine,
             self._directory,
@@ -261,24 +263,17 @@ class InventoryBook:
         normalised = frozenset(_normalised(node.kind_of(self._engine), names))
         self._loaded[node.id] = _Loaded(node.url, names, normalised, at)
 
-    def record_slots(self, node: Node, slots: int | None) -> None:
-        """The slots the node reports (llama.cpp's ``/props``); None forgets them."""
-        if slots is None:
-            self._slots.pop(node.id, None)
-        else:
-            self._slots[node.id] = (node.url, slots)
-
-    def record_contexts(self, node: Node, contexts: Mapping[str, int]) -> None:
-        """The context lengths the node reports, by model as it spells it (§15.3)."""
-        self._contexts[node.id] = (node.url, contexts)
+    def reported_slots(self, node_id: str) -> int | None:
+        """The slots the node itself reports, while it is at the URL that said so (§11.1)."""
+        return self.facts.reported_slots(node_id)
 
     def context_length(self, node_id: str, model: str) -> int | None:
-        """The context the node serves ``model`` with, where it says so (§15.3), else None."""
+        """The context ``model`` is loaded with on the node, where it says (§15.3), else None:
+        what its list, residency or ``/props`` answers reported, by the node's name for it."""
         node = self._directory.get(node_id)
-        kept = self._contexts.get(node_id)
-        if node is None or kept is None or kept[0] != node.url or not kept[1]:
+        contexts = self.facts.contexts(node_id)
+        if node is None or not contexts:
             return None
-        contexts = kept[1]
         if ANY_MODEL in contexts:
             return contexts[ANY_MODEL]
         profile = node.kind_of(self._engine)
@@ -286,13 +281,10 @@ class InventoryBook:
         local = _local(profile, _normalised(profile, spelt), self._directory.catalogue, model)
         return None if local is None else contexts[local]
 
-    def reported_slots(self, node_id: str) -> int | None:
-        """The slots the node itself reports, while it is at the URL that said so (§11.1)."""
-        node = self._directory.get(node_id)
-        kept = self._slots.get(node_id)
-        if node is None or kept is None or kept[0] != node.url:
-            return None
-        return kept[1]
+    def control(self, node: Node) -> ModelControl | None:
+        """How ``model/load`` and ``model/unload`` reach the node (§13.3): a router's own API
+        (§17.2) where it answered as one, else its kind's."""
+        return self.facts.control(node.id) or node.kind_of(self._engine).control
 
     def forget_loaded(self, node: Node) -> bool:
         """Drop the node's residency; whether one was kept for its current URL."""
@@ -315,11 +307,4 @@ class InventoryBook:
             if node is None or node.url != self._loaded[node_id].url:
                 del self._loaded[node_id]
                 self._resident.forget(node_id)
-        for node_id in list(self._slots):
-            node = current.get(node_id)
-            if node is None or node.url != self._slots[node_id][0]:
-                del self._slots[node_id]
-        for node_id in list(self._contexts):
-            node = current.get(node_id)
-            if node is None or node.url != self._contexts[node_id][0]:
-                del self._contexts[node_id]
+        self.facts.prune(current)

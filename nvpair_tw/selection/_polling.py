@@ -19,7 +19,10 @@ from twisted.python.failure import Failure
 
 from nvpair_tw.core import EngineProfile, ResidencyFormat, SlotsFormat
 from nvpair_tw.nodes import Node, NodeDirectory
+from nvpair_tw.selection._cascade import read_contexts, read_holdings, sources_of
 from nvpair_tw.selection._contexts import props_context, ps_contexts
+from nvpair_tw.selection._facts import NodeFacts, ResidentContexts, SlotContexts
+from nvpair_tw.selection._holdings import HOLDINGS, Holdings, HoldingsSource, router_models_max
 from nvpair_tw.upstream import ReadError, get_json, join_url, node_answers
 
 __all__ = ["PROBE_BOUND", "InventoryPoller", "InventorySink", "NodeReads", "expiry_probe"]
@@ -29,7 +32,11 @@ PROBE_BOUND = 10.0
 
 
 class InventorySink(Protocol):
-    """Where a poll's findings go."""
+    """Where a poll's findings go (``facts``: what nodes say besides their models)."""
+
+    @property
+    def facts(self) -> NodeFacts:
+        """Contexts, slots, a router's ``models_max`` and its load API."""
 
     def has_inventory(self, node_id: str) -> bool:
         """Whether a polled inventory of the node is kept."""
@@ -42,12 +49,6 @@ class InventorySink(Protocol):
 
     def forget_loaded(self, node: Node) -> bool:
         """Drop the node's residency; whether one was kept for its current URL."""
-
-    def record_slots(self, node: Node, slots: int | None) -> None:
-        """The slots the node reports (None: it did not say)."""
-
-    def record_contexts(self, node: Node, contexts: Mapping[str, int]) -> None:
-        """The context lengths the node reports, by model name as it spells it (§15.3)."""
 
     def prune(self, current: Mapping[str, Node]) -> None:
         """Forget what was kept of nodes gone from ``current`` (the polled nodes) or moved."""
@@ -174,12 +175,13 @@ class NodeReads:
         self._failing &= current
 
     async def poll(self, node: Node) -> None:
-        """The node's model list and, if the engine has one, its residency, side by side."""
+        """The node's model list and, if the engine has one, its residency, side by side (a kind
+        whose richer list says what is loaded, §17.1 and §17.2, reads residency from it)."""
         polls = [Deferred.fromCoroutine(self._poll_models(node))]
         kind = node.kind_of(self._engine)
-        if kind.residency is not None:
+        if kind.residency is not None and kind.name not in HOLDINGS:
             polls.append(Deferred.fromCoroutine(self._poll_residency(node, kind.residency)))
-        if kind.slots is not None and node.slots is None:
+        if kind.slots is not None and (node.slots is None or node.models_max is None):
             polls.append(Deferred.fromCoroutine(self._poll_slots(node, kind.slots)))
         try:
             for poll in polls:
@@ -212,11 +214,11 @@ class NodeReads:
             return
         if self._still_polled(node):
             self._sink.record_loaded(node, names, self._clock.seconds())
-            self._sink.record_contexts(node, ps_contexts(document))
+            self._sink.facts.record_polled(node, ResidentContexts, ps_contexts(document))
 
     async def _poll_slots(self, node: Node, slots: SlotsFormat) -> None:
-        """llama.cpp's ``/props``: how many requests it runs at once (quietly unknown when a
-        server of the kind has no such endpoint)."""
+        """llama.cpp's ``/props``: how many requests it runs at once and, from a router, how many
+        models it keeps loaded (quietly unknown when a server of the kind does not say)."""
         url = join_url(node.public_url, slots.path)
         try:
             document = await get_json(
@@ -226,12 +228,12 @@ class NodeReads:
                 timeout=self._timeout,
                 authorization=node.authorization,
             )
-            reported: int | None = slots.slots(document)
-        except (ReadError, ValueError):
-            reported, document = None, None
+        except ReadError:
+            document = None
         if self._still_polled(node):
-            self._sink.record_slots(node, reported)
-            self._sink.record_contexts(node, props_context(document))
+            self._sink.facts.record_slots(node, _slots_in(slots, document))
+            self._sink.facts.record_models_max(node, router_models_max(document))
+            self._sink.facts.record_polled(node, SlotContexts, props_context(document))
 
     def _residency_failed(self, node: Node, why: str) -> None:
         if not self._sink.forget_loaded(node):
@@ -250,28 +252,43 @@ class NodeReads:
         )
 
     async def _poll_models(self, node: Node) -> None:
-        inventory = node.kind_of(self._engine).inventory
-        url = join_url(node.public_url, inventory.path)
+        kind = node.kind_of(self._engine)
         try:
-            document = await get_json(
-                self._http,
-                self._clock,
-                url,
-                timeout=self._timeout,
-                authorization=node.authorization,
+            source, holdings = await read_holdings(
+                self._http, self._clock, node, sources_of(kind), self._timeout
             )
-            names = frozenset(inventory.names(document))
         except (ReadError, ValueError) as error:
+            if kind.name in HOLDINGS and self._still_polled(node):
+                self._sink.facts.forget(node)
+                self._residency_failed(node, str(error))
             self._failed(node, str(error))
             return
+        if kind.name in HOLDINGS:
+            await self._record_holdings(node, source, holdings)
         if not self._still_polled(node):
             return
-        self._sink.record_models(node, names, self._clock.seconds())
+        self._sink.record_models(node, holdings.names, self._clock.seconds())
         if node.id in self._failing:
             self._failing.discard(node.id)
             self._log.info(
                 "inventory of {node} answers again", node=node.id, engine=self._engine.name
             )
+
+    async def _record_holdings(self, node: Node, source: HoldingsSource, held: Holdings) -> None:
+        """Residency, contexts and the router API from a list that says them (§17.1, §17.2)."""
+        contexts = held.contexts
+        if source.context is not None and held.loaded:
+            query = source.context
+            contexts = await read_contexts(
+                self._http, self._clock, node, query, held.loaded, self._timeout
+            )
+        if not self._still_polled(node):
+            return
+        self._sink.facts.record(node, contexts, source.control)
+        if held.loaded is None:
+            self._residency_failed(node, f"{source.path} does not say what is loaded")
+        else:
+            self._sink.record_loaded(node, held.loaded, self._clock.seconds())
 
     def _failed(self, node: Node, why: str) -> None:
         if self._directory.get(node.id) is None:
@@ -284,6 +301,13 @@ class NodeReads:
             why=why,
             engine=self._engine.name,
         )
+
+
+def _slots_in(slots: SlotsFormat, document: object) -> int | None:
+    try:
+        return None if document is None else slots.slots(document)
+    except ValueError:
+        return None
 
 
 def _ignore_cancellation(failure: Failure) -> None:

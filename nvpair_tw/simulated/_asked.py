@@ -99,7 +99,7 @@ def _texts(body: dict[str, Any]) -> list[str]:
             texts.append(content)
         elif isinstance(content, list):
             texts += [p["text"] for p in content if isinstance(p, dict) and "text" in p]
-    for key in ("prompt", "system"):
+    for key in ("prompt", "system", "system_prompt"):
         if isinstance(body.get(key), str):
             texts.append(body[key])
     texts += inputs_of(body)

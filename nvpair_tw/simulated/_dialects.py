@@ -26,7 +26,7 @@ def kind_frames(kind: str, asked: Asked, context_length: int, response_id: str) 
     """
     path = asked.path
     frames: list[bytes] | None
-    if path.startswith(b"/api/") and not path.startswith(b"/api/v0/"):
+    if path.startswith(b"/api/") and not path.startswith((b"/api/v0/", b"/api/v1/")):
         frames = ollama_frames(asked)
     elif kind == "lmstudio" and path.startswith(b"/api/v0/"):
         facts = lmstudio_facts(asked.model, context_length)

@@ -39,7 +39,9 @@ from nvpair_tw.simulated._asked import Asked
 from nvpair_tw.simulated._dialects import kind_frames
 from nvpair_tw.simulated._inventory import Shelf, kind_listing
 from nvpair_tw.simulated._kinds import KINDS, Raw, not_found, serves
+from nvpair_tw.simulated._lmstudio import CHAT_PATH, chat_frames
 from nvpair_tw.simulated._replies import control_answer, reply_frames, route_answer, stream_kind
+from nvpair_tw.simulated._router import Answer, Step, load, router_get, router_post
 
 __all__ = [
     "Behaviour",
@@ -131,6 +133,12 @@ class SimulatedEngine(Resource):
     """Each model's context length, as a kind reports it (``max_context_length``, ``n_ctx``, …)."""
     slots: int = field(default=1, kw_only=True)
     """llama.cpp's ``total_slots`` (kind ``openai``)."""
+    models_max: int | None = field(default=None, kw_only=True)
+    """Kind ``openai`` only: a llama.cpp router keeping this many models loaded (0: no limit;
+    :mod:`~nvpair_tw.simulated._router`), or None for a one-model ``llama-server``."""
+    loaded_context: int | None = field(default=None, kw_only=True)
+    """The context a loaded model is loaded with (LM Studio's loaded instance, a router's
+    ``/props?model=``); None: ``context_length``."""
     received: list[Received] = field(factory=list)
     inference_count: int = 0
     _timers: list[IDelayedCall] = field(factory=list)
@@ -173,6 +181,7 @@ class SimulatedEngine(Resource):
             return self._json(request, document)
         self.inference_count += 1
         behaviour = self.policy(self.inference_count, path)
+        _use_model(self, path, body)
         self._open.append(request)
         request.notifyFinish().addBoth(self._closed, request)
         if self.header_delay > 0 and behaviour is not Behaviour.FROZEN:
@@ -197,18 +206,7 @@ class SimulatedEngine(Resource):
     def _act(self, request: Request, behaviour: Behaviour, body: bytes) -> None:
         if behaviour is Behaviour.FROZEN:
             return
-        if behaviour in (Behaviour.STATUS_503, Behaviour.STATUS_404, Behaviour.STATUS_400):
-            code = int(behaviour.value.rsplit("-", 1)[1])
-            request.setResponseCode(code)
-            request.setHeader(b"content-type", b"application/json")
-            request.write(json.dumps({"error": f"simulated {code}"}).encode())
-            request.finish()
-            return
-        if _path_is(request, b"/api/delete") and not _has_model(body, self.models):
-            request.setResponseCode(404)
-            request.setHeader(b"content-type", b"application/json")
-            request.write(json.dumps({"error": f"model '{_named(body)}' not found"}).encode())
-            request.finish()
+        if _refused(request, behaviour, body, self.models):
             return
         if behaviour is Behaviour.EMPTY_200:
             request.setHeader(b"content-length", b"0")
@@ -265,6 +263,74 @@ def _path_is(request: Request, path: bytes) -> bool:
     return request.path == path
 
 
+def _refused(request: Request, behaviour: Behaviour, body: bytes, models: Sequence[str]) -> bool:
+    """Answer a failing status, or a delete of a model the engine lacks; whether it did."""
+    if behaviour in (Behaviour.STATUS_503, Behaviour.STATUS_404, Behaviour.STATUS_400):
+        code = int(behaviour.value.rsplit("-", 1)[1])
+        error = f"simulated {code}"
+    elif _path_is(request, b"/api/delete") and not _has_model(body, models):
+        code, error = 404, f"model '{_named(body)}' not found"
+    else:
+        return False
+    request.setResponseCode(code)
+    request.setHeader(b"content-type", b"application/json")
+    request.write(json.dumps({"error": error}).encode())
+    request.finish()
+    return True
+
+
+def _is_router(engine: SimulatedEngine) -> bool:
+    return engine.kind == "openai" and engine.models_max is not None
+
+
+def _loaded_context(engine: SimulatedEngine) -> int:
+    return engine.context_length if engine.loaded_context is None else engine.loaded_context
+
+
+def _use_model(engine: SimulatedEngine, path: bytes, body: bytes) -> None:
+    """An inference request loads its model where the engine does so on demand: a router
+    (evicting the least recently used model and aborting the requests still running on it,
+    llama.cpp #22447) and LM Studio's ``/api/v1/chat`` (just in time)."""
+    model = _named(body)
+    if model not in engine.models or engine.loaded is None:
+        return
+    if _is_router(engine):
+        assert engine.models_max is not None
+        engine.loaded, evicted = load(model, engine.loaded, engine.models_max)
+        for request in [r for r in engine.open_requests if _model_of(r) in evicted]:
+            abort(request.transport)
+    elif engine.kind == "lmstudio" and path == CHAT_PATH and model not in engine.loaded:
+        engine.loaded = [*engine.loaded, model]
+
+
+def _model_of(request: Request) -> str:
+    """The model an open request's body names."""
+    assert request.content is not None
+    request.content.seek(0)
+    return _named(request.content.read())
+
+
+def _router_answer(engine: SimulatedEngine, request: Request, body: bytes) -> Answer | None:
+    """A router's own routes (:mod:`~nvpair_tw.simulated._router`), loads and unloads applied."""
+    if request.method == b"POST":
+        posted = router_post(request.path, body, engine.models)
+        if posted is None:
+            return None
+        answer, change = posted
+        if change is not None and change.step is Step.UNLOAD:
+            engine.loaded = [m for m in engine.loaded or () if m != change.model]
+        elif change is not None:
+            _use_model(engine, request.path, json.dumps({"model": change.model}).encode())
+        return answer
+    args = request.args or {}
+    wanted = args.get(b"model", [b""])[0].decode("utf-8", "replace")
+    autoload = args.get(b"autoload", [b"true"])[0] != b"false"
+    if request.path == b"/props" and wanted and autoload:
+        _use_model(engine, request.path, json.dumps({"model": wanted}).encode())
+    context = _loaded_context(engine)
+    return router_get(request.path, args, _shelf(engine), engine.models_max or 0, context)
+
+
 def _named(body: bytes) -> str:
     """The ``model`` (else ``name``) of a model-management body, or ``""``."""
     try:
@@ -303,6 +369,10 @@ def _answered_at_once(
     ]:
         return 401, {"error": "unauthorized"}
     path = request.path
+    if _is_router(engine):
+        routed = _router_answer(engine, request, body)
+        if routed is not None:
+            return routed
     if engine.kind is not None and request.method == b"GET":
         listed = kind_listing(engine.kind, path, _shelf(engine))
         return listed if listed is not None else (404, not_found(engine.kind, b"GET", path))
@@ -333,6 +403,8 @@ def _healthy_frames(
         )
     now, number = engine.clock.seconds(), engine.inference_count
     asked = Asked.of(path, body, streaming, engine.chunks, engine.reply_text, now, number)
+    if engine.kind == "lmstudio" and path == CHAT_PATH:
+        return chat_frames(asked)
     return kind_frames(engine.kind, asked, engine.context_length, response_id)
 
 
@@ -343,6 +415,7 @@ def _shelf(engine: SimulatedEngine) -> Shelf:
         engine.models,
         engine.loaded,
         engine.context_length,
+        _loaded_context(engine),
         engine.slots,
         busy,
         engine.clock.seconds(),

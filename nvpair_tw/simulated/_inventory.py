@@ -4,7 +4,8 @@ model lists, residency, and the status routes of its real server.
 
 - ``ollama``: ``/api/tags``, ``/api/ps``, ``/api/version``, ``/v1/models``.
 - ``lmstudio``: ``/v1/models``, ``/v1/models/{id}``, ``/api/v0/models`` and ``/api/v0/models/{id}``
-  with LM Studio's documented records (``type``, ``state``, ``max_context_length``, …).
+  with LM Studio's documented records (``type``, ``state``, ``max_context_length``, …), and
+  LM Studio 0.4's ``/api/v1/models`` (:mod:`~nvpair_tw.simulated._lmstudio`).
 - ``omlx``: ``/v1/models`` (``owned_by: "omlx"``, ``max_model_len``) and ``/v1/models/status``.
 - ``openai`` (llama.cpp's ``llama-server``): ``/v1/models``, ``/health``, ``/props``, ``/slots``.
 
@@ -20,6 +21,7 @@ from typing import Any
 from attrs import frozen
 
 from nvpair_tw.simulated._kinds import lmstudio_facts
+from nvpair_tw.simulated._lmstudio import V1_MODELS, v1_model
 
 __all__ = ["Shelf", "kind_listing"]
 
@@ -34,6 +36,7 @@ class Shelf:
     :ivar models: the models it has.
     :ivar loaded: the resident ones, or None for an engine that does not say.
     :ivar context_length: each model's context length (per slot, for llama.cpp).
+    :ivar loaded_context: the context a loaded model is loaded with (LM Studio's instances).
     :ivar slots: llama.cpp's ``total_slots``.
     :ivar busy: how many requests are in flight (``is_processing`` slots).
     :ivar now: the engine clock's time, in seconds.
@@ -42,6 +45,7 @@ class Shelf:
     models: Sequence[str]
     loaded: Sequence[str] | None
     context_length: int
+    loaded_context: int
     slots: int
     busy: int
     now: float
@@ -127,6 +131,13 @@ def _lmstudio(path: bytes, shelf: Shelf) -> Answer:
         if shelf.loaded is None:
             return None
         return 200, {"object": "list", "data": [record(m) for m in shelf.names]}
+    if path == V1_MODELS:
+        if shelf.loaded is None:
+            return None
+        contexts = {m: shelf.loaded_context for m in shelf.loaded}
+        return 200, {
+            "models": [v1_model(m, shelf.context_length, contexts.get(m)) for m in shelf.names]
+        }
     if path == b"/v1/models":
         return 200, {"object": "list", "data": [_lmstudio_short(m) for m in shelf.models]}
     return None
@@ -169,7 +180,7 @@ def _omlx_status(model: str, shelf: Shelf) -> dict[str, Any]:
 def _llama_cpp(path: bytes, shelf: Shelf) -> Answer:
     if path in (b"/health", b"/v1/health"):
         return 200, {"status": "ok"}
-    if path == b"/v1/models":
+    if path in (b"/v1/models", b"/models"):
         records = [
             {**_openai_record(m, shelf, "llamacpp"), "meta": {"n_ctx_train": shelf.context_length}}
             for m in shelf.models

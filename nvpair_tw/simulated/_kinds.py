@@ -8,11 +8,12 @@ that server's own shape:
 - ``ollama``: ``/api/*`` (not LM Studio's ``/api/v0`` or ``/api/v1``) and ``/v1/chat/completions``,
   ``/v1/completions``, ``/v1/embeddings``, ``/v1/models``; an unknown route answers Gin's plain
   ``404 page not found``.
-- ``lmstudio``: ``/v1/*``, ``/api/v0/*`` and ``/api/v1/models/load`` / ``unload``; an unknown route
+- ``lmstudio``: ``/v1/*``, ``/api/v0/*``, ``GET /api/v1/models``, ``POST /api/v1/chat`` and
+  ``/api/v1/models/load`` / ``unload``; an unknown route
   answers ``{"error": "Unexpected endpoint or method. (GET /x)"}``.
 - ``omlx``: ``/v1/*``; FastAPI's ``{"detail": "Not Found"}``.
-- ``openai`` (llama.cpp's ``llama-server``): ``/v1/*``, ``/health``, ``/v1/health``, ``/props`` and
-  ``/slots``; ``{"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}``.
+- ``openai`` (llama.cpp's ``llama-server``): ``/v1/*``, ``/health``, ``/v1/health``, ``/props``,
+  ``/slots``, and its router's ``GET /models``, ``POST /models/load`` and ``/models/unload``; ``{"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}``.
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ _OLLAMA_V1 = (b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings")
 
 _GETS: dict[str, tuple[bytes, ...]] = {
     "ollama": (b"/api/tags", b"/api/ps", b"/api/version", b"/v1/models"),
-    "lmstudio": (b"/v1/models", b"/api/v0/models"),
+    "lmstudio": (b"/v1/models", b"/api/v0/models", b"/api/v1/models"),
     "omlx": (b"/v1/models", b"/v1/models/status"),
-    "openai": (b"/v1/models", b"/health", b"/v1/health", b"/props", b"/slots"),
+    "openai": (b"/v1/models", b"/models", b"/health", b"/v1/health", b"/props", b"/slots"),
 }
 
 
@@ -64,9 +65,9 @@ def serves(kind: str, method: bytes, path: bytes) -> bool:
         own = path.startswith(b"/api/") and not path.startswith((b"/api/v0/", b"/api/v1/"))
         return own or path in _OLLAMA_V1
     if kind == "lmstudio":
-        loading = path in (b"/api/v1/models/load", b"/api/v1/models/unload")
+        loading = path in (b"/api/v1/models/load", b"/api/v1/models/unload", b"/api/v1/chat")
         return loading or path.startswith((b"/v1/", b"/api/v0/"))
-    return path.startswith(b"/v1/")
+    return path.startswith(b"/v1/") or path in (b"/models/load", b"/models/unload")
 
 
 def not_found(kind: str, method: bytes, path: bytes) -> Raw:

