@@ -169,6 +169,7 @@ FACES: dict[str, list[str]] = {
     "nodes": [
         "Catalogue",
         "ModelNames",
+        "ModelPolicy",
         "Node",
         "NodeDirectory",
         "NodeTrustPolicy",
