@@ -18,6 +18,7 @@ A node known to be cold gets ``AttemptPlan.first_extra[node]`` added to its firs
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
 from typing import Any
 
 from attrs import define, evolve, field, frozen
@@ -54,6 +55,7 @@ __all__ = [
     "CallerState",
     "Committed",
     "Exhausted",
+    "LastStatus",
     "Result",
     "classify_failure",
     "node_headers",
@@ -62,6 +64,15 @@ __all__ = [
 ]
 
 log = LevelledLogger(namespace="nvpair_tw.attempts")
+
+
+class LastStatus(Enum):
+    """What a status that moves on (§6.1) is when the last candidate answers it."""
+
+    ANSWERS = "answers"
+    """The client's answer, whatever its status (docs/behaviour.md §6.1)."""
+    FAILS = "fails"
+    """A failure like any candidate's: a fallback model may still serve (§16.2)."""
 
 
 @frozen
@@ -89,6 +100,7 @@ class AttemptPlan:
     strip_usage: Callable[[dict[str, Any]], None] | None = None
     """Set when ``body`` asks for the usage chunk the client did not ask for (§12.2): a native
     answer's usage chunk is removed on its way to the client and handed to this callable."""
+    last_status: LastStatus = LastStatus.ANSWERS
 
     def wire(self, node: Node) -> Wire:
         """What the attempt to ``node`` sends."""
@@ -392,7 +404,7 @@ async def run_attempts(
             client,
             clock,
             caller,
-            index == len(candidates) - 1,
+            index == len(candidates) - 1 and plan.last_status is LastStatus.ANSWERS,
             _progress_for(plan, node, progress, observer),
         )
         if isinstance(step, Committed):

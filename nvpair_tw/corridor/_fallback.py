@@ -22,13 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeAlias
 
-from attrs import define, field, frozen
+from attrs import define, evolve, field, frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
 from nvpair_tw.core import RouteKind
+from nvpair_tw.corridor._attempts import LastStatus
 from nvpair_tw.corridor._defaults import served
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._route import Route
@@ -99,7 +100,7 @@ class Fallbacks:
         inbound = served(self._client, policy) if policy is not None else self._client
         route = self._route_of(self._facade, inbound, self._record)
         if not isinstance(route, Rejection):
-            return Served(inbound, route)
+            return self._served(inbound, route)
         if route.code in _NO_NODE:
             fallback = self.next()
             if fallback is not None:
@@ -117,8 +118,14 @@ class Fallbacks:
                 continue
             self.serving = name
             self._record.fallback_from = self._asked
-            return Served(inbound, route)
+            return self._served(inbound, route)
         return None
+
+    def _served(self, inbound: Inbound, route: Route) -> Served:
+        """The route, whose last candidate's 5xx fails over to a fallback while one is left."""
+        if self._left:
+            route = evolve(route, plan=evolve(route.plan, last_status=LastStatus.FAILS))
+        return Served(inbound, route)
 
     def mark(self, request: Request) -> None:
         """Name the fallback that serves on the response (``X-NVPair-Model``)."""

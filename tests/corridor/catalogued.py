@@ -30,8 +30,10 @@ class CataloguedCluster(ProxyCluster):
         *,
         settings: Settings | None = None,
         keys_file: str | None = None,
+        node_lines: Mapping[str, str] | None = None,
     ) -> ProxyHandle:
-        """Listen ``engines``, write the nodes file, then start the proxy over it."""
+        """Listen ``engines``, write the nodes file (``node_lines``: more lines of a node's
+        table, by id), then start the proxy over it."""
         lines: list[str] = []
         for node_id, engine in engines.items():
             node = await self.add_engine(node_id, engine)
@@ -41,6 +43,7 @@ class CataloguedCluster(ProxyCluster):
                 f'url = "{node.url}"',
                 f"models = {json.dumps(list(engine.models))}",
                 f'kind = "{engine.kind or "ollama"}"',
+                (node_lines or {}).get(node_id, ""),
                 "",
             ]
         path = directory / "nodes.toml"
