@@ -38,12 +38,13 @@ from nvpair_tw.corridor._workloads import RequestRecord
 from nvpair_tw.inbound import Rejection
 from nvpair_tw.selection import Slot, Waiter
 
-__all__ = ["MODEL_HEADER", "Fallbacks", "Served"]
+__all__ = ["MODEL_HEADER", "Fallbacks", "RouteOf", "Served"]
 
 MODEL_HEADER = b"x-nvpair-model"
 """The response header naming the model that served a fallen-back request."""
 
 RouteOf: TypeAlias = Callable[[FacadeState, Inbound, RequestRecord], "Route | Rejection"]
+"""How a request is routed (``corridor._route.route``): given to :meth:`Fallbacks.of`."""
 
 _NO_NODE = frozenset(
     {"no-model-owner", "model-not-found", "node-cordoned", "no-route-owner", "untranslatable"}

@@ -6,14 +6,25 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 import pytest_twisted
 import treq
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed
 
+from nvpair_tw.corridor._fallback import Fallbacks, RouteOf
+from nvpair_tw.corridor._inbound import Inbound
+from nvpair_tw.corridor._state import FacadeState
+from nvpair_tw.corridor._workloads import RequestRecord
+from nvpair_tw.inbound import Rejection
+from nvpair_tw.nodes import Node
+from nvpair_tw.nodes._catalogue import parse_catalogue
+from nvpair_tw.selection import Admission, QueueTimeout, Slot, Waiter
 from nvpair_tw.simulated import Behaviour, SimulatedEngine, always
 from nvpair_tw.testing import Clusters, http_client
 from tests.corridor.catalogued import CataloguedCluster
@@ -194,3 +205,55 @@ async def test_a_request_waiting_past_fallback_after_goes_to_the_fallback(
     held, answer, _ = await first
     assert held == 200 and json.loads(answer)["model"] == "big"
     assert [w["workload"]["model"] for w in cluster.named("workload:errored")] == ["big"]
+
+
+def waiting_fallbacks(
+    clock: Clock, route_of: RouteOf, tables: list[dict[str, Any]]
+) -> tuple[Fallbacks, Admission, Waiter]:
+    """A request for ``big`` waiting for the one slot of ``b`` (held), with ``tables``' policies."""
+    facade = cast(
+        FacadeState,
+        SimpleNamespace(directory=SimpleNamespace(catalogue=parse_catalogue("f", tables))),
+    )
+    client = cast(Inbound, SimpleNamespace(model="big", doc=None, outline=None))
+    record = cast(RequestRecord, SimpleNamespace(fallback_from=None))
+    fallbacks = Fallbacks(facade, client, record, route_of, "big", ["small"], 5.0)
+    admission = Admission(clock, lambda node_id: 1, 4, 60.0)
+    nodes = [Node("b", "http://127.0.0.1:1")]
+    assert isinstance(admission.admit(nodes), Slot)
+    waiter = admission.admit(nodes)
+    assert isinstance(waiter, Waiter)
+    return fallbacks, admission, waiter
+
+
+def test_a_wait_with_no_fallback_to_take_goes_on_waiting_for_its_slot() -> None:
+    clock = Clock()
+    asked: list[str] = []
+
+    def nobody(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Rejection:
+        asked.append("routed")
+        return Rejection(502, "no-model-owner", "none")
+
+    fallbacks, admission, waiter = waiting_fallbacks(clock, nobody, [{"name": "big"}])
+    result = fallbacks.waited(waiter, clock)
+    clock.advance(5)
+    assert asked == ["routed"] and not result.called and admission.queue_depth == 1
+    admission.wake()
+    clock.advance(56)  # the queue timeout runs out: the wait fails as it would without fallbacks
+    failures: list[Failure] = []
+    result.addErrback(failures.append)
+    assert [f.type for f in failures] == [QueueTimeout]
+    assert clock.getDelayedCalls() == []
+
+
+def test_a_caller_leaving_a_wait_takes_it_out_of_the_queue_and_stops_its_timer() -> None:
+    clock = Clock()
+
+    def never(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Rejection:
+        raise AssertionError("no fallback is routed for a caller who left")
+
+    fallbacks, admission, waiter = waiting_fallbacks(clock, never, [{"name": "big"}])
+    result = fallbacks.waited(waiter, clock)
+    result.addErrback(lambda failure: failure.trap(CancelledError))
+    result.cancel()
+    assert admission.queue_depth == 0 and clock.getDelayedCalls() == []
