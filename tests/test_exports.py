@@ -186,6 +186,7 @@ FACES: dict[str, list[str]] = {
     "nodes": [
         "Catalogue",
         "ModelNames",
+        "ModelPolicy",
         "Node",
         "NodeDirectory",
         "NodeTrustPolicy",

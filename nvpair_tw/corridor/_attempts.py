@@ -18,6 +18,7 @@ A node known to be cold gets ``AttemptPlan.first_extra[node]`` added to its firs
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
 
 from attrs import define, evolve, field, frozen
 from twisted.internet.error import ConnectError, DNSLookupError
@@ -52,6 +53,7 @@ __all__ = [
     "CallerState",
     "Committed",
     "Exhausted",
+    "LastStatus",
     "Result",
     "classify_failure",
     "node_headers",
@@ -60,6 +62,15 @@ __all__ = [
 ]
 
 log = LevelledLogger(namespace=__name__)
+
+
+class LastStatus(Enum):
+    """What a status that moves on (§6.1) is when the last candidate answers it."""
+
+    ANSWERS = "answers"
+    """The client's answer, whatever its status (docs/behaviour.md §6.1)."""
+    FAILS = "fails"
+    """A failure like any candidate's: a fallback model may still serve (§16.2)."""
 
 
 @frozen
@@ -76,6 +87,9 @@ class AttemptPlan:
     """Per node id: seconds added to the first header deadline (a cold-load allowance)."""
     busy_max_wait: float = 0.0
     """How much a header wait may be extended while the node shows progress (0: never)."""
+    last_status: LastStatus = LastStatus.ANSWERS
+    """Whether the last candidate's retryable status is the answer, or a failure a fallback
+    model may still take (docs/behaviour.md §16.2)."""
 
     def wire(self, node: Node) -> Wire:
         """What the attempt to ``node`` sends (its wire's ``assembly``, when set, folds a 2xx
@@ -363,7 +377,7 @@ async def run_attempts(
             client,
             clock,
             caller,
-            index == len(candidates) - 1,
+            index == len(candidates) - 1 and plan.last_status is LastStatus.ANSWERS,
             _progress_for(plan, node, progress, observer),
         )
         if isinstance(step, Committed):

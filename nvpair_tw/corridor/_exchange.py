@@ -24,6 +24,7 @@ from nvpair_tw.corridor._attempts import (
     Exhausted,
     run_attempts,
 )
+from nvpair_tw.corridor._fallback import Fallbacks, Served
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._refusal import refuse
 from nvpair_tw.corridor._relay import RelayEnd, RelayOutcome, cut, relay
@@ -79,16 +80,19 @@ async def forward(
     ``X-NVPair-Node`` is the only candidate (§2.1), its caller's limits apply (§12.1). ``request``
     is only written to and watched for the client's departure.
     """
-    route = choose_route(facade, inbound, record)
-    if isinstance(route, Rejection):
-        refuse(facade, request, record, route)
+    fallbacks = Fallbacks.of(facade, inbound, record, choose_route)  # §16.1, §16.2
+    served = fallbacks.first()
+    if isinstance(served, Rejection):
+        refuse(facade, request, record, served)
         return
     permit = _permitted(facade, inbound)
     if isinstance(permit, Rejection):
         refuse(facade, request, record, permit)
         return
     try:
-        await _admitted(facade, request, record, inbound, route)
+        then: Served | None = served
+        while then is not None:  # a fallback, before commit (docs/behaviour.md §16.2)
+            then = await _admitted(facade, request, record, then.inbound, then.route, fallbacks)
     finally:
         if permit is not None:
             permit.done(_tokens(record))
@@ -115,8 +119,10 @@ async def _admitted(
     record: RequestRecord,
     inbound: Inbound,
     route: Route,
-) -> None:
-    """Admission (a slot, or the queue), the workload, then the answer."""
+    fallbacks: Fallbacks,
+) -> Served | None:
+    """Admission (a slot, or the queue), the workload, then the answer; or the fallback that
+    takes the request instead (§16.2)."""
     target = inbound.node
     ticket = (
         facade.admission.admit(
@@ -127,7 +133,7 @@ async def _admitted(
     )
     if isinstance(ticket, QueueFull):
         _busy(facade, request, record, "every node is busy and the queue is full", "queue-full")
-        return
+        return None
     workload = facade.shared.workloads.create(facade.engine, route.model) if route.model else None
     if workload is not None:
         record.workload_id = workload.id
@@ -136,19 +142,22 @@ async def _admitted(
         key = None if inbound.caller is LOCAL else inbound.caller.name
         release = facade.shared.holdings.hold(key, ticket.bound.cancel) if key else None
         try:
-            ticket = await _queue(facade, request, ticket, caller, record, workload)
+            waited = await _queue(facade, request, ticket, caller, record, workload, fallbacks)
         finally:
             if release is not None:
                 release()
-        if ticket is None:
-            return
+        if waited is None or isinstance(waited, Served):
+            return waited
+        ticket = waited
     booking = Booking.nothing()
     if ticket is not None:
         route = _bound(route, ticket)
         booking = Booking.take(facade.shared.ledger, route.candidates[0].id, ticket)
     trip = facade.trip(route.model, route.predicted, route.warm, route.patience)
     try:
-        await _answer(facade, request, route, caller, booking, record, workload, trip)
+        return await _answer(
+            facade, request, route, caller, booking, record, workload, trip, fallbacks
+        )
     finally:
         booking.release()
         trip.land()
@@ -163,8 +172,10 @@ async def _answer(
     record: RequestRecord,
     workload: Workload | None,
     trip: Trip,
-) -> None:
-    """The attempts, then the relay of the committed answer (or the refusal), then the end."""
+    fallbacks: Fallbacks,
+) -> Served | None:
+    """The attempts, then the relay of the committed answer (or the refusal, or the fallback
+    that takes the request after every owner failed, §16.2), then the end."""
     shared = facade.shared
     result = await run_attempts(
         route.plan,
@@ -181,6 +192,7 @@ async def _answer(
         if route.label and result.wire is not None:
             record.served_as(route.label, result.wire.local_model, result.wire.translated)
         record.first_byte()
+        fallbacks.mark(request)
         remember_response(facade, record.path, result)
         clock = shared.clock
         outcome = await relay(
@@ -199,8 +211,14 @@ async def _answer(
             _measured(record, usage, first_at)
             _learnt(facade, route, outcome, _answer_of(usage, record, first_at), trip, record)
         _conclude(facade, route, result.node, outcome, caller, record, workload)
-    else:
-        _refuse(facade, request, result, record, workload)
+        return None
+    fallback = fallbacks.next() if isinstance(result, Exhausted) else None
+    if fallback is not None:
+        if workload is not None:
+            workload.fail(result.reason)
+        return fallback
+    _refuse(facade, request, result, record, workload)
+    return None
 
 
 def _measured(record: RequestRecord, usage: Usage, first_token_at: float | None) -> None:
@@ -258,13 +276,16 @@ async def _queue(
     caller: CallerState,
     record: RequestRecord,
     workload: Workload | None,
-) -> Slot | None:
-    """Wait in the facade's queue for a slot (§6.4); None when the request ended here instead."""
+    fallbacks: Fallbacks,
+) -> Slot | Served | None:
+    """Wait in the facade's queue for a slot (§6.4), or past ``fallback_after`` for a fallback
+    (§16.2); None when the request ended here instead."""
     if workload is not None:
         workload.queued()
-    caller.track(waiter.bound.cancel)
+    bound = fallbacks.waited(waiter, facade.shared.clock)
+    caller.track(bound.cancel)
     try:
-        slot = await waiter.bound
+        slot = await bound
     except (QueueTimeout, CancelledError) as error:
         stopped: Exception | None = error
     else:
@@ -272,6 +293,8 @@ async def _queue(
     caller.track(None)
     record.queued_for(facade.shared.clock.seconds() - waiter.since)
     if stopped is None:
+        if isinstance(slot, Served) and workload is not None:
+            workload.cancel("served by a fallback after waiting fallback_after")
         return slot
     if isinstance(stopped, QueueTimeout):
         if workload is not None:

@@ -303,6 +303,8 @@ class RequestRecord:
     workload_id: int | None = field(init=False, default=None)
     """The id of the request's workload (§7); None for a request without one. Not in the
     payload (``proxy/request`` carries none): traces read it (§12.5)."""
+    fallback_from: str | None = field(init=False, default=None)
+    """The public name the client asked for when a fallback served (docs/behaviour.md §16.2)."""
     _current: tuple[str, float] | None = field(init=False, default=None)
     _busy_waits: int = field(init=False, default=0)
 
@@ -416,6 +418,8 @@ class RequestRecord:
         }
         if self.fan_out is not None:
             payload["fan_out"] = list(self.fan_out)
+        if self.fallback_from is not None:
+            payload["fallback_from"] = self.fallback_from
         if self.key is not None:
             payload["key"] = self.key
         if self.model is not None:

@@ -15,12 +15,14 @@ from nvpair_tw.nodes._directory import (
     validate_url,
 )
 from nvpair_tw.nodes._guard import SelfGuard
+from nvpair_tw.nodes._policy import ModelPolicy
 from nvpair_tw.nodes._self import is_self
 from nvpair_tw.nodes._tls import NodeTrustPolicy, tls_endpoint
 
 __all__ = [
     "Catalogue",
     "ModelNames",
+    "ModelPolicy",
     "Node",
     "NodeDirectory",
     "NodeTrustPolicy",

@@ -6,6 +6,9 @@ in LM Studio). A :class:`Catalogue` maps every name a client may send (the publi
 alias) to its :class:`ModelNames`; routing asks which of those names a node's inventory holds, under
 the node kind's own rule, and forwards that local name. A model no table mentions is its own
 public name.
+
+A table may also say how its model is run and what serves in its place (docs/behaviour.md §16.1,
+§16.2): its :class:`~nvpair_tw.nodes._policy.ModelPolicy`, by public name (:meth:`Catalogue.policy`).
 """
 
 from __future__ import annotations
@@ -13,7 +16,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from attrs import frozen
+from attrs import field, frozen
+
+from nvpair_tw.nodes._policy import (
+    NO_POLICY,
+    POLICY_FIELDS,
+    ModelPolicy,
+    PolicyError,
+    check_fallbacks,
+    parse_policy,
+)
 
 __all__ = ["Catalogue", "CatalogueError", "ModelNames", "parse_catalogue"]
 
@@ -39,14 +51,22 @@ class Catalogue:
     """Every declared name (stripped) to its model; empty when the file declares none."""
 
     by_name: Mapping[str, ModelNames]
+    policies: Mapping[str, ModelPolicy] = field(factory=dict)
+    """Public name to its table's defaults and fallbacks (§16.1, §16.2); only tables with any."""
 
     @classmethod
     def empty(cls) -> Catalogue:
         return cls({})
 
     @classmethod
-    def of(cls, models: tuple[ModelNames, ...]) -> Catalogue:
-        return cls({name: model for model in models for name in model.names})
+    def of(
+        cls, models: tuple[ModelNames, ...], policies: Mapping[str, ModelPolicy] | None = None
+    ) -> Catalogue:
+        return cls({name: model for model in models for name in model.names}, policies or {})
+
+    def policy(self, public: str) -> ModelPolicy:
+        """The table of the model whose public name is ``public`` (an empty one when none)."""
+        return self.policies.get(public, NO_POLICY)
 
     def lookup(self, requested: str) -> ModelNames:
         """The model a requested name stands for: a declared one, or the name on its own."""
@@ -87,12 +107,13 @@ def parse_catalogue(where: str, entries: Any) -> Catalogue:
     if not isinstance(entries, list):
         raise CatalogueError(f"{where}: 'model' must be an array of tables ([[model]])")
     models: list[ModelNames] = []
+    policies: dict[str, ModelPolicy] = {}
     owner: dict[str, str] = {}
     for index, entry in enumerate(entries, start=1):
         at = f"{where}: model {index}"
         if not isinstance(entry, dict):
             raise CatalogueError(f"{at}: must be a table")
-        unknown = sorted(set(entry) - {"name", "aliases"})
+        unknown = sorted(set(entry) - {"name", "aliases"} - POLICY_FIELDS)
         if unknown:
             raise CatalogueError(f"{at}: unknown field {unknown[0]!r}")
         name = entry.get("name")
@@ -114,4 +135,18 @@ def parse_catalogue(where: str, entries: Any) -> Catalogue:
                 )
             owner[each] = model.public
         models.append(model)
-    return Catalogue.of(tuple(models))
+        if POLICY_FIELDS & set(entry):
+            policies[model.public] = _policy(f"{at} ({name!r})", entry)
+    catalogue = Catalogue.of(tuple(models), policies)
+    try:
+        check_fallbacks(where, policies, catalogue.public)
+    except PolicyError as error:
+        raise CatalogueError(str(error)) from None
+    return catalogue
+
+
+def _policy(at: str, entry: Mapping[str, Any]) -> ModelPolicy:
+    try:
+        return parse_policy(at, entry)
+    except PolicyError as error:
+        raise CatalogueError(str(error)) from None

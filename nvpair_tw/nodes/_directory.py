@@ -389,6 +389,8 @@ def _parse_speed(where: str, value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise NodesFileError(f"{where}: speed: must be a number > 0 (relative to 1.0)")
     return float(value)
+
+
 def _parse_models_max(where: str, value: object) -> int | None:
     if value is None:
         return None

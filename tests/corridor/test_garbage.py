@@ -32,8 +32,38 @@ def saved_garbage() -> Iterator[list[Any]]:
         del gc.garbage[:]
 
 
+PER_REQUEST = frozenset(
+    {
+        "LimitedRequest",
+        "LimitedChannel",
+        "Head",
+        "Inbound",
+        "Route",
+        "AttemptPlan",
+        "AsIs",
+        "Speech",
+        "Wire",
+        "RequestRecord",
+        "Workload",
+        "CallerState",
+        "Trip",
+        "ReplayBodyProducer",
+        "_HeaderDeadline",
+        "_Deadline",
+        "Assembly",
+        "BodyGate",
+    }
+)
+"""The proxy's objects made for one request or one client connection (a runtime torn down by an
+earlier test may still leave its own objects to the collector while this one runs)."""
+
+
 def _ours(garbage: list[Any]) -> set[str]:
-    return {type(o).__qualname__ for o in garbage if type(o).__module__.startswith("nvpair_tw.")}
+    return {
+        type(o).__qualname__
+        for o in garbage
+        if type(o).__module__.startswith("nvpair_tw.") and type(o).__qualname__ in PER_REQUEST
+    }
 
 
 @pytest_twisted.ensureDeferred
