@@ -38,6 +38,7 @@ from nvpair_tw.core._json import (
     set_members,
     skip_whitespace,
 )
+from nvpair_tw.core._priority import PRIORITY_HEADER, Priority, priority_of
 from nvpair_tw.core._reactor import IProxyReactor, abort, close
 from nvpair_tw.core._resolved import (
     UPSTREAM_CLIENTS,
@@ -52,6 +53,7 @@ __all__ = [
     "ENGINES",
     "HOP_BY_HOP",
     "LOOP_HEADER",
+    "PRIORITY_HEADER",
     "PROCESS_NONCE",
     "RESPONSES_PATH",
     "TARGET_HEADER",
@@ -65,6 +67,7 @@ __all__ = [
     "ModelListFormat",
     "Outline",
     "Outlined",
+    "Priority",
     "ResidencyFormat",
     "Resolved",
     "RouteKind",
@@ -81,6 +84,7 @@ __all__ = [
     "object_members",
     "outline_body",
     "parse_duration",
+    "priority_of",
     "raw_error_response",
     "resolve_first_body_timeout",
     "resolve_response_header_timeout",

@@ -11,6 +11,7 @@ from nvpair_tw.selection._admission import (
     QueueFull,
     QueueTimeout,
     Slot,
+    Waited,
     Waiter,
     slot_limit,
 )
@@ -74,6 +75,7 @@ __all__ = [
     "StallTracker",
     "Start",
     "Trip",
+    "Waited",
     "Waiter",
     "affinity_key",
     "expiry_probe",
