@@ -81,7 +81,7 @@ async def test_a_header_lowers_a_keys_priority_but_never_raises_it_and_interacti
     interactive key with no header. The slot goes to the last one first, then the batch ones
     oldest first."""
     cluster = await _cluster(clusters, tmp_path, reactor)
-    sends = [("first", PERSON, None)]
+    sends: list[tuple[str, str, str | None]] = [("first", PERSON, None)]
     sends += [("raised", BATCHER, "interactive"), ("lowered", PERSON, "batch")]
     sends += [("plain", PERSON, None)]
     answers = []
