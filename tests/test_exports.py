@@ -246,6 +246,7 @@ FACES: dict[str, list[str]] = {
         "Start",
         "Trip",
         "predict_all",
+        "priority_note",
         "request_size",
         "sample_of",
         "Fit",

@@ -32,6 +32,7 @@ from nvpair_tw.selection._polling import PROBE_BOUND, expiry_probe
 from nvpair_tw.selection._predict import Load, RequestSize, predict_all, request_size, slot_wait
 from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
+from nvpair_tw.selection._slots import priority_note
 from nvpair_tw.selection._speed import Answer, Rates, SpeedBook, Start, sample_of
 from nvpair_tw.selection._stalls import (
     Cooldown,
@@ -84,6 +85,7 @@ __all__ = [
     "order_candidates",
     "patience",
     "predict_all",
+    "priority_note",
     "request_size",
     "sample_of",
     "slot_limit",

@@ -42,6 +42,19 @@ def slot_limit(
     return limit
 
 
+def priority_note(batch_keys: int, nodes: Iterable[Node], default_slots: int) -> str | None:
+    """The start-up note of §16.3: keys with ``priority = "batch"`` on a fleet whose every node
+    has unlimited slots (nothing queues, so priorities change nothing); None otherwise."""
+    if not batch_keys or default_slots or any(node.slots for node in nodes):
+        return None
+    keys = "key has" if batch_keys == 1 else "keys have"
+    return (
+        f'{batch_keys} {keys} priority = "batch", but every node has unlimited slots: nothing'
+        " queues, so priorities change nothing; set slots = N on the nodes (or --default-slots)"
+        " (docs/behaviour.md §16.3)"
+    )
+
+
 @define(eq=False)
 class SlotCounts:
     """The slots held on each node, and where a request may take one now."""
