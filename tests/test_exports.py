@@ -242,6 +242,7 @@ FACES: dict[str, list[str]] = {
         "Load",
         "Rates",
         "RequestSize",
+        "Sample",
         "SpeedBook",
         "Start",
         "Trip",

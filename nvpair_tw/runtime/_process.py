@@ -370,6 +370,7 @@ def _facade(
     if fleet is not None:
         _share_progress(facade, fleet, engine)
         fleet.bind_cordons(engine, cordons)
+        fleet.bind_speeds(engine, facade.speeds)
     return facade
 
 

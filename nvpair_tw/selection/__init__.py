@@ -33,7 +33,7 @@ from nvpair_tw.selection._predict import Load, RequestSize, predict_all, request
 from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
 from nvpair_tw.selection._slots import priority_note
-from nvpair_tw.selection._speed import Answer, Rates, SpeedBook, Start, sample_of
+from nvpair_tw.selection._speed import Answer, Rates, Sample, SpeedBook, Start, sample_of
 from nvpair_tw.selection._stalls import (
     Cooldown,
     CooldownListener,
@@ -71,6 +71,7 @@ __all__ = [
     "Rates",
     "RequestSize",
     "ReservationLedger",
+    "Sample",
     "Slot",
     "SpeedBook",
     "StallTracker",
