@@ -9,6 +9,8 @@ and the status page.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Iterator
 
 from attrs import define, field, frozen
@@ -76,21 +78,26 @@ class Waited:
 
 @define(eq=False)
 class WaitQueue:
-    """The waiters, in arrival order, and what the queue has seen."""
+    """The waiters of each priority in arrival order, and what the queue has seen.
+
+    :meth:`in_turn` is lazy: a freed slot usually binds the first waiter it offers itself to, so
+    the scan stops there, whatever the queue's length."""
 
     batch_max_wait: float
-    _waiters: list[Waiter] = field(init=False, factory=list)
+    _waiters: dict[Priority, list[Waiter]] = field(
+        init=False, factory=lambda: {p: [] for p in Priority}
+    )
     _waited: dict[Priority, Waited] = field(init=False, factory=dict)
 
     def __len__(self) -> int:
-        return len(self._waiters)
+        return sum(len(waiting) for waiting in self._waiters.values())
 
     def __contains__(self, waiter: Waiter) -> bool:
-        return waiter in self._waiters
+        return waiter in self._waiters[waiter.priority]
 
     def __iter__(self) -> Iterator[Waiter]:
-        """The waiters in arrival order."""
-        return iter(tuple(self._waiters))
+        """Every waiter (interactive ones first)."""
+        return iter([w for waiting in self._waiters.values() for w in waiting])
 
     def served_as(self, waiter: Waiter, now: float) -> Priority:
         """The waiter's priority now: a batch one that has waited long enough is interactive."""
@@ -98,28 +105,38 @@ class WaitQueue:
             return Priority.BATCH
         return Priority.INTERACTIVE
 
-    def in_turn(self, now: float) -> list[Waiter]:
-        """The waiters in the order a freed slot is offered to them (§16.3)."""
-        return sorted(
-            self._waiters, key=lambda w: (self.served_as(w, now) is Priority.BATCH, w.since)
-        )
+    def in_turn(self, now: float) -> Iterator[Waiter]:
+        """The waiters in the order a freed slot is offered to them (§16.3): interactive ones and
+        aged batch ones by age, then the other batch ones by age. Nothing may join or leave the
+        queue while this is iterated."""
+        batch = self._waiters[Priority.BATCH]
+        aged = 0  # the aged batch waiters are the oldest: a prefix of the batch list
+        while aged < len(batch) and self.served_as(batch[aged], now) is Priority.INTERACTIVE:
+            aged += 1
+        interactive = self._waiters[Priority.INTERACTIVE]
+        if aged:
+            yield from heapq.merge(interactive, batch[:aged], key=lambda w: w.since)
+        else:
+            yield from interactive
+        yield from itertools.islice(batch, aged, None)
 
     def append(self, waiter: Waiter) -> None:
-        self._waiters.append(waiter)
+        self._waiters[waiter.priority].append(waiter)
 
     def remove(self, waiter: Waiter, now: float) -> None:
         """Take ``waiter`` out (bound, timed out or gone), counting its wait."""
-        self._waiters.remove(waiter)
+        self._waiters[waiter.priority].remove(waiter)
         seen = self._waited.get(waiter.priority, Waited())
         self._waited[waiter.priority] = Waited(seen.count + 1, seen.seconds + now - waiter.since)
 
     def depth(self, priority: Priority) -> int:
         """Requests of ``priority`` (as they arrived) waiting now."""
-        return sum(1 for w in self._waiters if w.priority is priority)
+        return len(self._waiters[priority])
 
     def oldest_wait(self, priority: Priority, now: float) -> float:
         """Seconds the oldest waiting request of ``priority`` has waited (0 when none waits)."""
-        return max((now - w.since for w in self._waiters if w.priority is priority), default=0.0)
+        waiting = self._waiters[priority]
+        return now - waiting[0].since if waiting else 0.0
 
     def waited(self, priority: Priority) -> Waited:
         """The requests of ``priority`` that have left the queue so far."""
