@@ -222,6 +222,12 @@ _PARAMETERS: list[list[str | None]] = [
     ["queue-size", None, "256", "Inference requests that may wait for a free slot per facade."],
     ["queue-timeout", None, "10m", "How long a request may wait for a free slot."],
     [
+        "batch-max-wait",
+        None,
+        "2m",
+        "How long a batch request waits behind interactive ones; then it is served as one.",
+    ],
+    [
         "busy-max-wait",
         None,
         "30m",
@@ -521,6 +527,7 @@ def _settings(options: Options, engines: list[str], header: float, first: float)
         default_slots=_count(options, "default-slots", int, zero_ok=True),
         queue_size=_count(options, "queue-size", int),
         queue_timeout=_positive(options, "queue-timeout"),
+        batch_max_wait=_positive(options, "batch-max-wait", zero_ok=True),
         busy_max_wait=_positive(options, "busy-max-wait", zero_ok=True),
         load_timeout=(
             None if load_timeout is None else _positive(options, "load-timeout", zero_ok=True)

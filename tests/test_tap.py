@@ -661,6 +661,19 @@ def test_admission_and_deadline_options_reach_the_settings() -> None:
     assert plain.assembles("ollama") and not plain.assembles("omlx")
 
 
+def test_batch_max_wait_reaches_the_settings_and_defaults_to_two_minutes() -> None:
+    """--batch-max-wait (docs/behaviour.md §16.3): a duration, 0 allowed (batch waits behind
+    nothing), default 2m."""
+    options = Options(environ={})
+    options.parseOptions(["--engine", "ollama", "--batch-max-wait", "45s"])
+    assert options.config.settings.batch_max_wait == 45.0
+    defaults = Options(environ={})
+    defaults.parseOptions(["--engine", "ollama"])
+    assert defaults.config.settings.batch_max_wait == 120.0
+    with pytest.raises(usage.UsageError, match="batch-max-wait"):
+        Options(environ={}).parseOptions(["--engine", "ollama", "--batch-max-wait", "soon"])
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -6,11 +6,12 @@ from __future__ import annotations
 from twisted.application import service
 
 from nvpair_tw.app._config import Config
-from nvpair_tw.core import IProxyReactor, format_duration
+from nvpair_tw.core import IProxyReactor, Priority, format_duration
 from nvpair_tw.inbound import ingress_warnings
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.runtime import ListenerService, Runtime, RuntimeService, build_runtime, own_urls
+from nvpair_tw.selection import priority_note
 
 __all__ = ["assemble"]
 
@@ -45,6 +46,7 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
         )
     for warning in (*config.warnings, *ingress_warnings(config.ingress)):
         log.warn("{warning}", warning=warning)
+    _priority_note(runtime, config)
     sources = config.sources
     log.info(
         "timeouts: connect {connect}, response-header {header} ({header_source}), "
@@ -76,6 +78,15 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
     _optional_services(reactor, runtime, config, top)
     _learn_ports(top, runtime)
     return top
+
+
+def _priority_note(runtime: Runtime, config: Config) -> None:
+    """One line when keys are given ``priority = "batch"`` but no node has slots (§16.3)."""
+    batch = sum(1 for e in config.ingress.named.entries if e.rules.priority is Priority.BATCH)
+    nodes = [n for facade in runtime.facades.values() for n in facade.directory.nodes()]
+    note = priority_note(batch, nodes, config.settings.default_slots)
+    if note is not None:
+        log.info("{note}", note=note)
 
 
 def _learn_ports(parent: service.IServiceCollection, runtime: Runtime) -> None:

@@ -52,6 +52,7 @@ from nvpair_tw.core._json import (
     set_members,
     skip_whitespace,
 )
+from nvpair_tw.core._priority import PRIORITY_HEADER, Priority, priority_of
 from nvpair_tw.core._reactor import IProxyReactor, abort, close
 from nvpair_tw.core._resolved import (
     UPSTREAM_CLIENTS,
@@ -68,6 +69,7 @@ __all__ = [
     "EVENT_ENDS",
     "HOP_BY_HOP",
     "LOOP_HEADER",
+    "PRIORITY_HEADER",
     "PROCESS_NONCE",
     "RESPONSES_PATH",
     "TARGET_HEADER",
@@ -86,6 +88,7 @@ __all__ = [
     "ModelListFormat",
     "Outline",
     "Outlined",
+    "Priority",
     "ProxyBug",
     "ResidencyFormat",
     "Resolved",
@@ -109,6 +112,7 @@ __all__ = [
     "object_members",
     "outline_body",
     "parse_duration",
+    "priority_of",
     "raw_error_response",
     "resolve_first_body_timeout",
     "resolve_response_header_timeout",

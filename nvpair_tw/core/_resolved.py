@@ -107,6 +107,9 @@ class Settings:
     """Inference requests that may wait for a slot per facade (503 ``queue-full`` beyond)."""
     queue_timeout: float = 600.0
     """How long a request may wait for a slot (503 ``queue-timeout`` after)."""
+    batch_max_wait: float = 120.0
+    """How long a batch request waits behind interactive ones before it is served as one
+    (docs/behaviour.md §16.3)."""
     busy_max_wait: float = 1800.0
     """How long a header wait may be extended while the node shows progress elsewhere."""
     load_timeout: float | None = None

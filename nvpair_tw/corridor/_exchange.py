@@ -126,7 +126,10 @@ async def _admitted(
     target = inbound.node
     ticket = (
         facade.admission.admit(
-            route.candidates, targeted=target is not None, patience=route.patience
+            route.candidates,
+            targeted=target is not None,
+            patience=route.patience,
+            priority=inbound.priority,
         )
         if route.model
         else None

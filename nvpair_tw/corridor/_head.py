@@ -5,7 +5,8 @@
 and before a body byte is read, docs/behaviour.md §14.1) and gives a :class:`Head` or a refusal:
 the loop mark (508), the source and the key (401/403, §14.2), the drain (503), the normalised path
 (400 ``bad-path``), the route, the node ``X-NVPair-Node`` names, the role (403
-``route-not-allowed``) and the limits that need no body (429). Every later stage reads the
+``route-not-allowed``), the priority (``X-NVPair-Priority`` under the key's, 400 ``bad-priority``,
+§16.3) and the limits that need no body (429). Every later stage reads the
 :class:`Head`, never the request's raw target or headers again.
 """
 
@@ -18,10 +19,13 @@ from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
 from nvpair_tw.core import (
+    PRIORITY_HEADER,
     TARGET_HEADER,
     FanOutRoute,
+    Priority,
     RouteKind,
     loop_marks,
+    priority_of,
     upstream_request_headers,
 )
 from nvpair_tw.corridor._fanout import is_fan_out, parse_targets
@@ -40,6 +44,9 @@ _SHUTTING_DOWN = Rejection(
 )
 _NOT_SERVED = Rejection(404, "not-found", "this facade does not serve this route")
 _UNKNOWN = Rejection(404, "unknown-node", "unknown node")
+_BAD_PRIORITY = Rejection(
+    400, "bad-priority", "X-NVPair-Priority must be one value: interactive or batch"
+)
 _NOT_FAN_OUT = Rejection(
     400,
     "fan-out-not-supported",
@@ -75,6 +82,8 @@ class Head:
     fan: FanOutRoute | None
     """The model-management route of docs/behaviour.md §13.2 this request takes, if any
     (looked up once: the fan-out, the body rule and ``X-NVPair-Node: *`` all ask)."""
+    priority: Priority = Priority.INTERACTIVE
+    """Its place in the queue (docs/behaviour.md §16.3): the key's, lowered by the header."""
 
     @property
     def path(self) -> str:
@@ -128,6 +137,9 @@ def _checked(facade: FacadeState, request: Request, caller: Caller) -> Head | Re
     nodes = _named(facade, fan, target.path, wanted, targeting)
     if isinstance(nodes, Rejection):
         return nodes
+    priority = priority_of(caller.rules.priority, headers.getRawHeaders(PRIORITY_HEADER))
+    if priority is None:
+        return _BAD_PRIORITY
     if kind is RouteKind.INFERENCE:
         over = facade.shared.limiter.check(caller)
         if over is not None:
@@ -136,7 +148,7 @@ def _checked(facade: FacadeState, request: Request, caller: Caller) -> Head | Re
     forwarded = upstream_request_headers(headers, host if isinstance(host, str) else None)
     if facade.shared.ingress is not None:
         facade.shared.ingress.strip(forwarded)
-    return Head(method, target, kind, channel, caller, targeting, nodes, forwarded, fan)
+    return Head(method, target, kind, channel, caller, targeting, nodes, forwarded, fan, priority)
 
 
 def _caller(facade: FacadeState, request: Request) -> Caller | Rejection:

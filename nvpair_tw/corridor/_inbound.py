@@ -16,7 +16,7 @@ from urllib.parse import parse_qsl
 from attrs import frozen
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair_tw.core import Outline, RouteKind
+from nvpair_tw.core import Outline, Priority, RouteKind
 from nvpair_tw.corridor._decoding import decode_body
 from nvpair_tw.corridor._head import Head
 from nvpair_tw.corridor._roles import MANAGEMENT_PATHS, Targeting
@@ -76,6 +76,11 @@ class Inbound:
     @property
     def node(self) -> Node | None:
         return self.head.node
+
+    @property
+    def priority(self) -> Priority:
+        """Its place in the queue, read once at the head (docs/behaviour.md §16.3)."""
+        return self.head.priority
 
 
 def _reads_body(head: Head) -> bool:

@@ -27,6 +27,8 @@ from nvpair_tw.selection import (
     CordonBook,
     Probe,
     ReservationLedger,
+    Sample,
+    SpeedBook,
     StallTracker,
 )
 
@@ -41,6 +43,7 @@ __all__ = [
     "SharedCordons",
     "SharedProgress",
     "SharedReservations",
+    "SharedSpeeds",
     "SharedStallTracker",
     "SharedUsage",
 ]
@@ -415,6 +418,62 @@ class SharedProgress(_Sharing):
 
     def apply(self, engine: str, node: str) -> bool:
         self._heard[(engine, node)] = self._reactor.seconds()
+        return True
+
+
+_SAMPLE_FIELDS = (
+    ("d", "decode_rate"),
+    ("p", "prefill_rate"),
+    ("l", "load_seconds"),
+    ("c", "completion_tokens"),
+    ("k", "concurrency"),
+)
+
+
+class SharedSpeeds(_Sharing):
+    """The samples each proxy learns of a node's speed (docs/behaviour.md §15.1): published as
+    they are learnt and folded in by every peer, so each proxy's estimate is made from the whole
+    fleet's samples (samples, not estimates, are merged)."""
+
+    def __init__(
+        self, reactor: IProxyReactor, codec: Codec, write: Write, up: Callable[[], bool]
+    ) -> None:
+        super().__init__(reactor, codec, write, up)
+        self._books: dict[str, SpeedBook] = {}
+
+    def bind(self, engine: str, book: SpeedBook) -> None:
+        self._books[engine] = book
+        book.subscribe(lambda node, model, sample: self._share(engine, node, model, sample))
+
+    def _share(self, engine: str, node: str, model: str, sample: Sample) -> None:
+        figures = {
+            short: getattr(sample, name)
+            for short, name in _SAMPLE_FIELDS
+            if getattr(sample, name) is not None
+        }
+        message = self._codec.message("speed", e=engine, n=node, m=model, s=figures)
+        self._write(lambda: [("pub", message)])
+
+    def apply(self, engine: str, node: str, message: Mapping[str, Any]) -> bool:
+        book, model, figures = self._books.get(engine), message.get("m"), message.get("s")
+        if book is None or not isinstance(model, str) or not isinstance(figures, dict):
+            return False
+        values: dict[str, float] = {}
+        for short, name in _SAMPLE_FIELDS:
+            value = figures.get(short)
+            if isinstance(value, bool) or not isinstance(value, int | float | None):
+                return False
+            if value is not None:
+                values[name] = float(value)
+        tokens = values.get("completion_tokens")
+        sample = Sample(
+            values.get("decode_rate"),
+            values.get("prefill_rate"),
+            values.get("load_seconds"),
+            None if tokens is None else int(tokens),
+            values.get("concurrency", 1.0),
+        )
+        book.fold(node, model, sample)
         return True
 
 

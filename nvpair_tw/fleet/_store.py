@@ -51,6 +51,7 @@ from nvpair_tw.fleet._sharing import (
     SharedCordons,
     SharedProgress,
     SharedReservations,
+    SharedSpeeds,
     SharedStallTracker,
     SharedUsage,
     UsageRow,
@@ -58,7 +59,7 @@ from nvpair_tw.fleet._sharing import (
 from nvpair_tw.fleet._wire import Codec, sealer
 from nvpair_tw.fleet._writer import MAX_PENDING_WRITES, BatchedWriter
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.selection import CooldownListener, CordonBook, Probe, ReservationLedger
+from nvpair_tw.selection import CooldownListener, CordonBook, Probe, ReservationLedger, SpeedBook
 
 __all__ = [
     "BACKOFF_CAP",
@@ -95,10 +96,16 @@ class FleetStore:
         self._affinity = SharedAffinity(*parts, seal=sealer(config.secret))
         self._reservations = SharedReservations(*parts)
         self._progress = SharedProgress(*parts)
+        self._speeds = SharedSpeeds(*parts)
         self._counters = SharedCounters(codec, self._session.connection, self._session.dialer.timed)
         self._usage = SharedUsage(*parts)
         self._sharing = _Kinds(
-            self._cooldowns, self._cordons, self._affinity, self._reservations, self._progress
+            self._cooldowns,
+            self._cordons,
+            self._affinity,
+            self._reservations,
+            self._progress,
+            self._speeds,
         )
 
     # --- what the runtime wires -----------------------------------------------------------------
@@ -129,6 +136,10 @@ class FleetStore:
     def bind_ledger(self, ledger: ReservationLedger) -> None:
         """Share this process's reservation counts and add the peers' to ``ledger``."""
         self._reservations.bind(ledger)
+
+    def bind_speeds(self, engine: str, book: SpeedBook) -> None:
+        """Share the samples of ``engine``'s learnt speeds and fold in the peers' (§15.1)."""
+        self._speeds.bind(engine, book)
 
     def limit_counters(self) -> SharedCounters:
         """The fleet-wide counters of the keys' rate limits (docs/behaviour.md §12.1)."""
@@ -266,6 +277,7 @@ class _Kinds:
     affinity: SharedAffinity
     reservations: SharedReservations
     progress: SharedProgress
+    speeds: SharedSpeeds
 
 
 def _apply(kinds: _Kinds, message: Mapping[str, Any]) -> bool:
@@ -281,4 +293,6 @@ def _apply(kinds: _Kinds, message: Mapping[str, Any]) -> bool:
         return kinds.cordons.apply(kind, engine, node, message)
     if kind == "aff":
         return kinds.affinity.apply(engine, node, message)
+    if kind == "speed":
+        return kinds.speeds.apply(engine, node, message)
     return kind == "prog" and kinds.progress.apply(engine, node)

@@ -32,7 +32,8 @@ __all__ = [
 
 ALLOWED_METHODS = b"GET, POST, PUT, DELETE, HEAD, OPTIONS"
 ALLOWED_HEADERS = (
-    b"Authorization, Content-Type, X-Api-Key, X-NVPair-Node, X-NVPAIR-Engine-Identity-Probe"
+    b"Authorization, Content-Type, X-Api-Key, X-NVPair-Node, X-NVPAIR-Engine-Identity-Probe,"
+    b" X-NVPair-Priority"
 )
 """What a page may send: the credentials, JSON, and every ``X-NVPair-*`` request header."""
 EXPOSED_HEADERS = b"X-NVPair-Node, X-NVPair-Request-Id"

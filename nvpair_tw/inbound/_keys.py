@@ -6,7 +6,8 @@ in usage, logs and metrics, never the key), exactly one of ``key`` or ``key_sha2
 optionally ``models`` (case-sensitive ``fnmatch`` patterns over public model names),
 ``requests_per_minute``, ``tokens_per_minute``, ``max_concurrent``, ``role`` (``"user"``, the
 default, or ``"admin"``), ``tunnels`` (``true`` lets a user key without a model scope open the LM
-Studio channel) and ``max_tunnels`` (default 4) (docs/behaviour.md §14.2). The names ``local``,
+Studio channel) and ``max_tunnels`` (default 4) (docs/behaviour.md §14.2), and ``priority`` (``"interactive"``, the
+default, or ``"batch"``: docs/behaviour.md §16.3). The names ``local``,
 ``anonymous`` and ``other`` are refused; a name starting ``key-`` is warned about (it can collide
 with an environment key's). Keys are kept only as SHA-256 digests, looked up in constant time, and
 never logged or put into an error message. The keys of ``NVPAIR_PROXY_API_KEYS[_FILE]`` are named
@@ -29,6 +30,8 @@ from typing import Any
 
 from attrs import field, frozen
 
+from nvpair_tw.core import Priority
+
 __all__ = [
     "ENVIRONMENT_RULES",
     "LOCAL",
@@ -46,7 +49,9 @@ __all__ = [
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@-]{0,63}")
 _HEX64 = re.compile(r"[0-9A-Fa-f]{64}")
 _LIMITS = ("requests_per_minute", "tokens_per_minute", "max_concurrent", "max_tunnels")
-_FIELDS = frozenset({"name", "key", "key_sha256", "models", "role", "tunnels", *_LIMITS})
+_FIELDS = frozenset(
+    {"name", "key", "key_sha256", "models", "role", "tunnels", "priority", *_LIMITS}
+)
 RESERVED_NAMES = frozenset({"local", "anonymous", "other"})
 """Names the records use for callers without a key or models without a name (§14.2, §14.6)."""
 DEFAULT_MAX_TUNNELS = 4
@@ -82,6 +87,8 @@ class KeyRules:
     role: Role = Role.USER
     tunnels: bool = False
     max_tunnels: int | None = DEFAULT_MAX_TUNNELS
+    priority: Priority = Priority.INTERACTIVE
+    """The highest priority its requests get; ``X-NVPair-Priority`` may lower it (§16.3)."""
 
     @property
     def may_tunnel(self) -> bool:
@@ -273,6 +280,13 @@ def _tunnels_of(entry: dict[str, Any], where: str) -> bool:
     return value
 
 
+def _priority_of(entry: dict[str, Any], where: str) -> Priority:
+    value = entry.get("priority", Priority.INTERACTIVE.value)
+    if not isinstance(value, str) or value not in {p.value for p in Priority}:
+        raise KeysFileError(f'{where}: priority must be "interactive" or "batch"')
+    return Priority(value)
+
+
 def _rules_of(entry: dict[str, Any], where: str) -> KeyRules:
     limits = {limit: _limit_of(entry, limit, where) for limit in _LIMITS}
     if limits["max_tunnels"] is None:
@@ -281,6 +295,7 @@ def _rules_of(entry: dict[str, Any], where: str) -> KeyRules:
         models=_models_of(entry, where),
         role=_role_of(entry, where),
         tunnels=_tunnels_of(entry, where),
+        priority=_priority_of(entry, where),
         **limits,
     )
 

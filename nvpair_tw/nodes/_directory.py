@@ -12,6 +12,7 @@ The nodes file is TOML, one ``[[node]]`` table per machine::
     models = ["llama3:8b"]             # optional static inventory for every engine (never polled)
     url = "http://10.0.0.5:11434"      # one URL for every engine, or per engine:
     slots = 2                          # optional: requests run on it at once; 0 = no limit
+    slots_reserved = 1                 # optional: of its slots, kept for interactive work (§16.3)
     speed = 5.0                        # optional: relative speed, seeds its learnt rates (§15.1)
     models_max = 2                     # optional, llama.cpp router: models loaded at once (§17.2)
     cordon = true                      # optional: takes no new work (maintenance; docs/behaviour.md §13.1)
@@ -105,6 +106,8 @@ class Node:
     models_max: int | None = field(default=None, kw_only=True)
     """How many models a llama.cpp router keeps loaded at once (its ``--models-max``; 0 = no
     limit), or ``None``: what the router says (docs/behaviour.md §17.2)."""
+    slots_reserved: int = field(default=0, kw_only=True)
+    """``slots_reserved = N``: N of its ``slots`` a batch request does not take (§16.3)."""
 
     def kind_of(self, facade: EngineProfile) -> EngineProfile:
         """The profile this node is spoken to with behind ``facade``."""
@@ -167,8 +170,21 @@ def validate_url(url: str) -> None:
 
 
 _NODE_KEYS = (
-    frozenset({"id", "url", "models", "slots", "api_key", "cordon", "kind", "facades", "speed"})
-    | frozenset({"models_max"})
+    frozenset(
+        {
+            "id",
+            "url",
+            "models",
+            "slots",
+            "api_key",
+            "cordon",
+            "kind",
+            "facades",
+            "speed",
+            "slots_reserved",
+            "models_max",
+        }
+    )
     | TLS_KEYS
 )
 
@@ -245,6 +261,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         slots = _parse_slots(where, entry.get("slots"))
         speed = _parse_speed(where, entry.get("speed"))
         models_max = _parse_models_max(where, entry.get("models_max"))
+        reserved = _parse_reserved(where, entry.get("slots_reserved"), slots)
         cordon = entry.get("cordon", False)
         if not isinstance(cordon, bool):
             raise NodesFileError(f"{where}: cordon: must be true or false")
@@ -264,6 +281,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
                     kind=kind,
                     speed=speed,
                     models_max=models_max,
+                    slots_reserved=reserved,
                 )
             )
     return nodes
@@ -380,6 +398,20 @@ def _parse_slots(where: str, value: object) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise NodesFileError(f"{where}: slots: must be a whole number >= 0 (0 = unlimited)")
+    return value
+
+
+def _parse_reserved(where: str, value: object, slots: int | None) -> int:
+    """``slots_reserved``: a whole number below the node's own ``slots`` (§16.3)."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise NodesFileError(f"{where}: slots_reserved: must be a whole number >= 0")
+    if value and (slots is None or not value < slots):
+        raise NodesFileError(
+            f"{where}: slots_reserved: must be below the node's slots (set slots = N > {value}"
+            " on this node; unlimited slots queue nothing, so nothing is kept)"
+        )
     return value
 
 

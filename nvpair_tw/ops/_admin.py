@@ -32,6 +32,7 @@ from nvpair_tw.inbound import LimitedSite, Locality, LocalNames, locality, make_
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.ops._maintenance import in_flight
 from nvpair_tw.ops._metrics import ProxyMetrics
+from nvpair_tw.ops._queues import queue_json
 from nvpair_tw.ops._usage import read_report, report_of
 from nvpair_tw.runtime import ListenerService, Runtime
 
@@ -250,6 +251,7 @@ class StatusBoard:
                     "listening": listening(engine),
                     "pin": facade.pin,
                     "queueDepth": facade.admission.queue_depth,
+                    "queue": queue_json(facade),
                     "nodes": nodes,
                 }
             )

@@ -30,6 +30,7 @@ from nvpair_tw.events import (
     Event,
     Subscription,
 )
+from nvpair_tw.ops._queues import queue_metrics
 from nvpair_tw.runtime import Runtime
 from nvpair_tw.selection import CHAT_PATHS, COMPLETION_PATHS
 
@@ -171,6 +172,7 @@ class RuntimeCollector(Collector):
         yield from self._store()
         yield from self._traces()
         yield from self._speeds()
+        yield from queue_metrics(runtime.facades)
 
     def _speeds(self) -> Iterator[Metric]:
         """The learnt rates per (node, model) (docs/behaviour.md §15.1)."""

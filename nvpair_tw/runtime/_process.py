@@ -348,6 +348,8 @@ def _facade(
         settings.queue_size,
         settings.queue_timeout,
         accepts=lambda node_id: not cordons.blocks(directory.get(node_id)),
+        reserved=lambda node_id: getattr(directory.get(node_id), "slots_reserved", 0),
+        batch_max_wait=settings.batch_max_wait,
     )
     directory.subscribe(admission.wake)  # raised slots or a new node: bind who waits
     cordons.subscribe(lambda _node, cordon: None if cordon else admission.wake())
@@ -368,6 +370,7 @@ def _facade(
     if fleet is not None:
         _share_progress(facade, fleet, engine)
         fleet.bind_cordons(engine, cordons)
+        fleet.bind_speeds(engine, facade.speeds)
     return facade
 
 

@@ -11,6 +11,7 @@ from nvpair_tw.selection._admission import (
     QueueFull,
     QueueTimeout,
     Slot,
+    Waited,
     Waiter,
     slot_limit,
 )
@@ -32,7 +33,8 @@ from nvpair_tw.selection._predict import Load, RequestSize, predict_all, request
 from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
 from nvpair_tw.selection._routers import spare_busy_routers, would_evict_busy_work
-from nvpair_tw.selection._speed import Answer, Rates, SpeedBook, Start, sample_of
+from nvpair_tw.selection._slots import priority_note
+from nvpair_tw.selection._speed import Answer, Rates, Sample, SpeedBook, Start, sample_of
 from nvpair_tw.selection._stalls import (
     Cooldown,
     CooldownListener,
@@ -70,11 +72,13 @@ __all__ = [
     "Rates",
     "RequestSize",
     "ReservationLedger",
+    "Sample",
     "Slot",
     "SpeedBook",
     "StallTracker",
     "Start",
     "Trip",
+    "Waited",
     "Waiter",
     "affinity_key",
     "expiry_probe",
@@ -83,6 +87,7 @@ __all__ = [
     "order_candidates",
     "patience",
     "predict_all",
+    "priority_note",
     "request_size",
     "sample_of",
     "slot_limit",

@@ -159,9 +159,23 @@ class SpeedBook:
     _seed: Callable[[str], float | None] = field(default=lambda _node: None)
     _entries: dict[tuple[str, str], _Entry] = field(init=False, factory=dict)
     _completion: dict[str, _Mean] = field(init=False, factory=dict)
+    _listeners: list[Callable[[str, str, Sample], None]] = field(init=False, factory=list)
+
+    def subscribe(self, listener: Callable[[str, str, Sample], None]) -> None:
+        """Call ``listener(node_id, model, sample)`` for each sample this proxy learns itself
+        (the fleet store publishes them, §15.1: a fleet merges samples, not estimates)."""
+        self._listeners.append(listener)
 
     def learn(self, node_id: str, model: str, sample: Sample) -> None:
-        """Fold one answer's figures into the node's estimate for ``model``."""
+        """Fold one answer's figures into the node's estimate for ``model``, and tell the
+        listeners."""
+        self.fold(node_id, model, sample)
+        for listener in self._listeners:
+            listener(node_id, model, sample)
+
+    def fold(self, node_id: str, model: str, sample: Sample) -> None:
+        """Fold one answer's figures into the node's estimate for ``model`` (a peer's sample:
+        nobody is told)."""
         entry = self._entries.setdefault((node_id, model), _Entry())
         decode = _positive(sample.decode_rate)
         if decode is not None:

@@ -35,6 +35,27 @@
     return (Math.max(0, ms) / 1000).toFixed(1) + " s";
   }
 
+  // The queue per priority (docs/behaviour.md §16.3): how many wait, and the oldest wait.
+  function queueByPriority(queue) {
+    if (!queue) return "";
+    const parts = ["interactive", "batch"].map((p) => {
+      const q = queue[p] || { waiting: 0, oldestWaitMs: 0 };
+      return p + " " + q.waiting + (q.waiting ? ", oldest " + seconds(q.oldestWaitMs) : "");
+    });
+    return " (" + parts.join(" · ") + ")";
+  }
+
+  // Each model's learnt rates on a node (docs/behaviour.md §15.1), as text.
+  function measuredRates(rates) {
+    const models = Object.keys(rates || {}).sort();
+    if (!models.length) return "not measured";
+    return models.map((m) => {
+      const r = rates[m];
+      return m + ": " + rate(r.decodeTokensPerSecond) + " tok/s decode, " +
+        rate(r.prefillTokensPerSecond) + " tok/s prefill (" + r.samples + " samples)";
+    }).join("; ");
+  }
+
   function findNode(engine, id) {
     const facade = state.facades.find((f) => f.engine === engine);
     return facade ? facade.nodes.find((n) => n.id === id) : undefined;
@@ -56,12 +77,14 @@
       if (facade.pin) title.appendChild(el("span", " · pinned to " + facade.pin, "muted"));
       title.appendChild(el("span", " · queue: ", "muted"));
       title.appendChild(el("span", facade.queueDepth || 0, "queue-depth"));
+      title.appendChild(el("span", queueByPriority(facade.queue), "queue-priorities muted"));
       root.appendChild(title);
       const table = el("table");
       table.dataset.engine = facade.engine;
       const head = el("thead");
       head.appendChild(row(["node", "kind", "url", "inventory", "loaded", "slots", "busy waits",
-        "in flight", "reservations", "state", "last success"].map((t) => el("th", t))));
+        "in flight", "reservations", "state", "last success", "measured rates"]
+        .map((t) => el("th", t))));
       table.appendChild(head);
       const body = el("tbody");
       for (const node of facade.nodes) {
@@ -89,7 +112,8 @@
           el("td", loaded, Array.isArray(node.loaded) ? "loaded" : "loaded muted"),
           el("td", slots, "slots"), el("td", node.busyWaits || 0, "busy-waits"),
           el("td", inflight.get(facade.engine + "/" + node.id) || 0, "inflight"),
-          el("td", node.reservations), cooldown, el("td", ago(node.lastSuccess), "last-success")]);
+          el("td", node.reservations), cooldown, el("td", ago(node.lastSuccess), "last-success"),
+          el("td", measuredRates(node.rates), "rates")]);
         tr.dataset.node = facade.engine + "/" + node.id;
         body.appendChild(tr);
       }

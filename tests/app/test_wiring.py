@@ -12,7 +12,9 @@ import pytest
 from twisted.application.service import IService, IServiceCollection, MultiService
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import ILogObserver, LogEvent, formatEvent, globalLogPublisher
 from twisted.web.http_headers import Headers
+from zope.interface import provider
 
 from nvpair_tw.app._config import Config
 from nvpair_tw.app._wiring import assemble
@@ -217,3 +219,38 @@ def test_state_gives_the_runtime_a_fleet_store_and_shared_state() -> None:
     assert runtime.shared.ledger.on_change is not None
     _reactor, top = built("-e", "ollama")
     assert runtime_of(top).fleet is None
+
+
+@pytest.mark.parametrize(
+    ("extra", "noted"),
+    [([], True), (["--default-slots", "2"], False), (["--node", "gpu=http://a:1"], True)],
+)
+def test_batch_keys_without_slots_get_one_start_up_note(
+    tmp_path: Path, extra: list[str], noted: bool
+) -> None:
+    """docs/behaviour.md §16.3: with unlimited slots nothing queues, so a key's ``priority =
+    "batch"`` changes nothing, and the start says so once; with slots it says nothing."""
+    keys = tmp_path / "keys.toml"
+    keys.write_text("[[key]]\nname = 'nightly'\nkey = 'sk-nightly-1'\npriority = 'batch'\n")
+    keys.chmod(0o600)
+    events: list[LogEvent] = []
+
+    @provider(ILogObserver)
+    def observe(event: LogEvent) -> None:
+        events.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        built("-e", "ollama", "--keys", str(keys), *extra)
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    notes = [formatEvent(e) for e in events if "priorities change nothing" in formatEvent(e)]
+    assert notes == (
+        [
+            '1 key has priority = "batch", but every node has unlimited slots: nothing queues, so'
+            " priorities change nothing; set slots = N on the nodes (or --default-slots)"
+            " (docs/behaviour.md §16.3)"
+        ]
+        if noted
+        else []
+    )

@@ -124,6 +124,7 @@ def test_the_proxys_preflight_keeps_its_grants_and_allows_every_nvpair_header() 
     assert headers[b"access-control-allow-origin"] == [OK]
     assert b"X-NVPair-Node" in headers[b"access-control-allow-headers"][0]
     assert b"X-NVPair-Node" in ALLOWED_HEADERS
+    assert b"X-NVPair-Priority" in headers[b"access-control-allow-headers"][0]  # §16.3
     assert b"X-NVPair-Request-Id" in EXPOSED_HEADERS and b"X-NVPair-Node" in EXPOSED_HEADERS
     assert b"access-control-allow-credentials" not in headers
 

@@ -15,6 +15,7 @@ from twisted.logger import LogEvent, formatEvent
 from twisted.web.http_headers import Headers
 
 import nvpair_tw.inbound._keys as keys_module
+from nvpair_tw.core import Priority
 from nvpair_tw.inbound import (
     LOCAL,
     Caller,
@@ -129,6 +130,8 @@ def test_a_missing_file_and_a_fifo_are_refused(tmp_path: Path) -> None:
         ("[[key]]\nname = 'Local'\nkey = 'x-1'\n", "kept for the proxy's records"),
         ("[[key]]\nname = 'a'\nkey = 'x-1'\nrole = 'root'\n", "role must be"),
         ("[[key]]\nname = 'a'\nkey = 'x-1'\nrole = 1\n", "role must be"),
+        ("[[key]]\nname = 'a'\nkey = 'x-1'\npriority = 'low'\n", "priority must be"),
+        ("[[key]]\nname = 'a'\nkey = 'x-1'\npriority = 1\n", "priority must be"),
         ("[[key]]\nname = 'a'\nkey = 'x-1'\ntunnels = 'yes'\n", "tunnels must be"),
         ("[[key]]\nname = 'a'\nkey = 'x-1'\nmax_tunnels = 0\n", "positive integer"),
         ("[[key]]\nname = 'a'\nkey = 'x-1'\n[[key]]\nname = 'a'\nkey = 'x-2'\n", "used twice"),
@@ -154,6 +157,15 @@ def test_a_missing_file_and_a_fifo_are_refused(tmp_path: Path) -> None:
 def test_a_flawed_file_is_refused_with_a_clear_message(tmp_path: Path, text: str, why: str) -> None:
     with pytest.raises(KeysFileError, match=why):
         read_keys_file(keys_file(tmp_path / "k", text))
+
+
+def test_a_keys_priority_is_interactive_unless_it_says_batch(tmp_path: Path) -> None:
+    """``priority = "batch"`` on a key (docs/behaviour.md §16.3); unset is interactive."""
+    text = (
+        "[[key]]\nname = 'a'\nkey = 'x-1'\npriority = 'batch'\n[[key]]\nname = 'b'\nkey = 'x-2'\n"
+    )
+    book = read_keys_file(keys_file(tmp_path / "k", text))
+    assert [e.rules.priority for e in book.entries] == [Priority.BATCH, Priority.INTERACTIVE]
 
 
 def test_an_error_never_quotes_the_key(tmp_path: Path) -> None:

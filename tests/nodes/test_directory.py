@@ -440,3 +440,34 @@ def test_a_speed_that_is_not_a_positive_number_is_refused(tmp_path: Path, value:
     )
     with pytest.raises(NodesFileError, match="speed: must be a number > 0"):
         load_nodes_file(path, "ollama")
+
+
+def test_slots_reserved_is_read_below_the_nodes_slots(tmp_path: Path) -> None:
+    """``slots_reserved = N`` (docs/behaviour.md §16.3); unset is 0."""
+    text = (
+        "[[node]]\nid = 'a'\nurl = 'http://a:1'\nslots = 4\nslots_reserved = 3\n"
+        "[[node]]\nid = 'b'\nurl = 'http://b:1'\n"
+    )
+    path = write(tmp_path / "nodes.toml", text)
+    assert [(n.id, n.slots_reserved) for n in load_nodes_file(path, "ollama")] == [
+        ("a", 3),
+        ("b", 0),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ("slots = 2\nslots_reserved = 2", "must be below the node's slots"),
+        ("slots = 0\nslots_reserved = 1", "must be below the node's slots"),
+        ("slots_reserved = 1", "must be below the node's slots"),
+        ("slots = 2\nslots_reserved = -1", "whole number >= 0"),
+        ("slots = 2\nslots_reserved = true", "whole number >= 0"),
+    ],
+)
+def test_slots_reserved_not_below_slots_is_refused_at_load(
+    tmp_path: Path, fields: str, why: str
+) -> None:
+    path = write(tmp_path / "nodes.toml", f"[[node]]\nid = 'a'\nurl = 'http://a:1'\n{fields}\n")
+    with pytest.raises(NodesFileError, match=why):
+        load_nodes_file(path, "ollama")

@@ -18,10 +18,12 @@ import pytest_twisted
 from twisted.internet.defer import CancelledError
 from twisted.internet.threads import deferToThread
 
+from nvpair_tw.core import Priority
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import AdminService
 from nvpair_tw.selection._admission import Slot, Waiter
+from nvpair_tw.selection._speed import Sample
 from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine, start_proxy
 
 CHROMIUM = os.environ.get("NVPAIR_CHROMIUM", "/usr/bin/chromium")
@@ -160,9 +162,10 @@ def _read_busy_page(admin_url: str) -> dict[str, Any]:
                 row = f'tr[data-node="ollama/{node_id}"]'
                 seen[node_id] = {
                     cls: page.inner_text(f"{row} td.{cls}")
-                    for cls in ("slots", "busy-waits", "loaded")
+                    for cls in ("slots", "busy-waits", "loaded", "rates")
                 }
             seen["queue"] = page.inner_text("h2 .queue-depth")
+            seen["priorities"] = page.inner_text("h2 .queue-priorities")
             seen["title"] = page.title()
             seen["images"] = page.eval_on_selector_all("img", "images => images.length")
         finally:
@@ -197,8 +200,13 @@ async def test_status_page_shows_slots_queue_busy_waits_and_residency(reactor: A
     queued = facade.admission.admit([busy])
     assert isinstance(holding, Slot) and isinstance(queued, Waiter)
     queued.bound.addErrback(lambda failure: failure.trap(CancelledError))
+    batch = facade.admission.admit([busy], priority=Priority.BATCH)
+    assert isinstance(batch, Waiter)
+    batch.bound.addErrback(lambda failure: failure.trap(CancelledError))
     for _ in range(3):
         facade.progress.busy_waited("a-busy")
+    facade.speeds.learn("b-loaded", "llama3:latest", Sample(decode_rate=57.7, prefill_rate=900))
+    facade.speeds.learn("b-loaded", HOSTILE, Sample(decode_rate=10.3, prefill_rate=120))
     admin = AdminService(reactor, proxy.runtime, "tcp:0:interface=127.0.0.1")
     admin.startService()
     try:
@@ -206,17 +214,27 @@ async def test_status_page_shows_slots_queue_busy_waits_and_residency(reactor: A
         seen = await deferToThread(_read_busy_page, f"http://127.0.0.1:{port}")
     finally:
         queued.bound.cancel()
+        batch.bound.cancel()
         holding.release()
         await admin.stopService()
         await proxy.stop()
         await loaded.stop()
     assert seen["errors"] == []
-    assert seen["a-busy"] == {"slots": "1 / 1", "busy-waits": "3", "loaded": "unknown"}
-    assert seen["queue"] == "1"
+    assert seen["a-busy"] == {
+        "slots": "1 / 1",
+        "busy-waits": "3",
+        "loaded": "unknown",
+        "rates": "not measured",
+    }
+    assert seen["queue"] == "2"
+    assert seen["priorities"].startswith(" (interactive 1, oldest ")
+    assert " · batch 1, oldest " in seen["priorities"]
     assert seen["b-loaded"] == {
         "slots": "0 / 2",
         "busy-waits": "0",
         "loaded": f"{HOSTILE}, llama3:latest",
+        "rates": f"{HOSTILE}: 10 tok/s decode, 120 tok/s prefill (1 samples);"
+        " llama3:latest: 58 tok/s decode, 900 tok/s prefill (1 samples)",
     }
     assert seen["c-unknown"]["slots"] == "0 / ∞ unlimited"
     assert seen["c-unknown"]["loaded"] == "unknown"
