@@ -41,6 +41,12 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "local": ("inbound/_local.py", ("tests/inbound/test_local.py",)),
     "collector": ("corridor/_collector.py", ("tests/corridor/test_collector.py",)),
     "parse": ("inbound/_parse.py", ("tests/inbound/test_parse.py",)),
+    "recorder": ("usage/_recorder.py", ("tests/usage/test_recorder.py",)),
+    "recorder-buffer": ("usage/_buffer.py", ("tests/usage/test_recorder.py",)),
+    "recorder-storage": (
+        "usage/_storage.py",
+        ("tests/usage/test_storage.py", "tests/usage/test_recorder.py"),
+    ),
 }
 """Short name → (its file under ``nvpair_tw/``, the test files that must kill its mutants)."""
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from zope.interface import provider
@@ -20,6 +20,7 @@ from nvpair_tw.events import PROXY_REQUEST, EventBus
 from nvpair_tw.usage._database import SCHEMA_VERSION
 from nvpair_tw.usage._minutes import parse_report
 from nvpair_tw.usage._recorder import FLUSH_INTERVAL, UsageRecorder
+from nvpair_tw.usage._storage import Storage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -85,7 +86,7 @@ async def test_minutes_are_written_in_one_batch_and_survive_a_restart(
     path = tmp_path / "usage.sqlite3"
     first = UsageRecorder(reactor, EventBus(reactor), path=str(path))
     await first.start()
-    assert first.state == "database"
+    assert first.state is Storage.DATABASE
     bus = EventBus(reactor)
     second_bus = bus
     first_bus = first._subscription._bus  # type: ignore[union-attr]
@@ -141,10 +142,10 @@ async def test_retention_deletes_old_minutes_at_start(reactor: Any, tmp_path: Pa
     first = UsageRecorder(reactor, EventBus(reactor), path=str(path))
     await first.start()
     now_minute = int(reactor.seconds() // 60)
-    first._unsaved.clear()
+    first.buffer.unsaved.clear()
     old = (now_minute - 200, "k", "m", "n", 1, 0, 0, 0, 0)
     new = (now_minute - 10, "k", "m", "n", 1, 0, 0, 0, 0)
-    await first._db.write([old, new])  # type: ignore[union-attr]
+    await first.storage.db.write([old, new])  # type: ignore[union-attr]
     await first.stop()
     second = UsageRecorder(reactor, EventBus(reactor), path=str(path), retention=3600)
     await second.start()
@@ -182,7 +183,7 @@ async def test_an_unusable_database_is_one_warning_and_usage_stays_in_memory(
             await recorder.flush()
         [row] = await totals(recorder, reactor)
         await recorder.stop()
-    assert recorder.state == "memory" and recorder.warned
+    assert recorder.state is Storage.MEMORY and recorder.warned
     assert row["requests"] == 4
     assert len(warnings.events) == 1
     if before is not None and how == "corrupt":
@@ -205,7 +206,7 @@ async def test_a_write_that_fails_later_moves_its_minutes_to_memory(
         await recorder.flush()
         bus.publish(PROXY_REQUEST, inference())
         await recorder.flush()
-    assert recorder.state == "memory" and len(warnings.events) == 1
+    assert recorder.state is Storage.MEMORY and len(warnings.events) == 1
     [row] = await totals(recorder, reactor)
     assert row["requests"] == 2
     await recorder.stop()
@@ -218,10 +219,10 @@ def test_without_a_database_or_fleet_no_timer_is_ever_armed() -> None:
     recorder = UsageRecorder(clock, bus, path=None)  # type: ignore[arg-type]
     bus.publish(PROXY_REQUEST, inference())
     assert clock.getDelayedCalls() == []
-    assert sum(c[0] for c in recorder._memory.values()) == 1
+    assert sum(c[0] for c in recorder.buffer.memory.values()) == 1
     clock.advance(2 * 86400)
     bus.publish(PROXY_REQUEST, inference())  # a day later: the old minute is forgotten
-    assert len(recorder._memory) == 1
+    assert len(recorder.buffer.memory) == 1
     recorder.stop()
 
 
@@ -235,7 +236,7 @@ def test_the_flush_timer_is_armed_only_while_something_is_unsaved() -> None:
     [timer] = clock.getDelayedCalls()
     assert timer.getTime() == FLUSH_INTERVAL
     clock.advance(FLUSH_INTERVAL)  # still opening: nothing to write to, kept
-    assert clock.getDelayedCalls() == [] and recorder._unsaved
+    assert clock.getDelayedCalls() == [] and recorder.buffer.unsaved
 
 
 @pytest_twisted.ensureDeferred
@@ -298,3 +299,61 @@ async def test_stop_waits_for_the_open_and_writes_what_came_meanwhile(
     await recorder.stop()
     await started
     assert stored(path)[0][3] == 1
+
+
+class FailingFleet:
+    """A fleet store that says it is up and fails every read (a proxy bug or a lost reply)."""
+
+    up = True
+
+    def add_usage(self, rows: Any, ttl: float) -> None:
+        pass
+
+    def usage_rows(self, since: int, until: int) -> Deferred[list[Any]]:
+        return fail(ConnectionError("the store went away mid-read"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_report_that_cannot_read_the_fleet_says_partial_and_logs_once(
+    reactor: Any,
+) -> None:
+    """The fleet's read fails: this proxy's own minutes, ``"partial": ["fleet"]``, and one warning
+    naming the error's type however many reports fail the same way."""
+    bus = EventBus(reactor)
+    recorder = UsageRecorder(reactor, bus, path=None, fleet=FailingFleet())
+    bus.publish(PROXY_REQUEST, inference())
+    report = parse_report("1h", None, [], reactor.seconds())
+    with Warnings() as warnings:
+        first = await recorder.report(report)
+        second = await recorder.report(report)
+    await recorder.stop()
+    assert first == second
+    assert first["scope"] == "local" and first["partial"] == ["fleet"]
+    assert [row["requests"] for row in first["rows"]] == [1]
+    [warning] = warnings.events
+    assert warning["source"] == "fleet" and warning["error"] == "ConnectionError"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_report_that_cannot_read_the_database_says_partial(
+    reactor: Any, tmp_path: Path
+) -> None:
+    """The database's query fails (its table dropped under it): the minutes outside it are
+    reported, with ``"partial": ["database"]``; a report that read everything has no ``partial``."""
+    path = tmp_path / "u.sqlite3"
+    bus = EventBus(reactor)
+    recorder = UsageRecorder(reactor, bus, path=str(path))
+    await recorder.start()
+    bus.publish(PROXY_REQUEST, inference())
+    whole = await recorder.report(parse_report("1h", None, [], reactor.seconds()))
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE usage")
+    with Warnings() as warnings:
+        answer = await recorder.report(parse_report("1h", None, [], reactor.seconds()))
+    recorder.buffer.unsaved.clear()  # nothing to write into the dropped table
+    await recorder.stop()  # before any assertion: a failed one must not leave its thread running
+    assert "partial" not in whole and [r["requests"] for r in whole["rows"]] == [1]
+    assert answer["scope"] == "local" and answer["partial"] == ["database"]
+    assert [r["requests"] for r in answer["rows"]] == [1]
+    [warning] = warnings.events
+    assert warning["source"] == "database" and warning["error"] == "OperationalError"
