@@ -147,6 +147,7 @@ FACES: dict[str, list[str]] = {
         "LocalNames",
         "Locality",
         "Parsed",
+        "NOT_COUNTED",
         "Permit",
         "RateLimiter",
         "Refusal",
