@@ -103,6 +103,12 @@ class _Tally:
     pending: int = 0
     """This proxy's changes sent to the store and not yet answered."""
 
+    def counter(self, namespace: str, name: str) -> str:
+        """The counter's name in the fleet store."""
+        if self.window is None:
+            return f"{namespace}:{self.kind.value}:{name}"
+        return f"{namespace}:{self.kind.value}:{name}:{self.window}"
+
     def value(self, shared: bool) -> int:
         if not shared or self.fleet is None:
             return self.local
@@ -152,6 +158,17 @@ def _refusals(caller: Caller, counts: tuple[int, int, int], left: int) -> list[R
 
 def _longest(refusals: list[Refusal]) -> Refusal | None:
     return max(refusals, key=lambda r: r.retry_after) if refusals else None
+
+
+def _say_once(said: set[str], error: BaseException) -> None:
+    """Log a fault of the fleet store's counters once per error type (never a node's)."""
+    kind = type(error).__name__
+    if kind not in said:
+        said.add(kind)
+        log.warn(
+            "limit counters: the fleet store failed ({error}); this proxy counts alone while it does",
+            error=kind,
+        )
 
 
 @define
@@ -264,19 +281,8 @@ class RateLimiter:
         try:
             return self.counters is not None and bool(self.counters.up)
         except Exception as error:  # a store's fault never costs a request: count alone
-            self._say(error)
+            _say_once(self._said, error)
             return False
-
-    def _say(self, error: BaseException) -> None:
-        """Log a fault of the fleet store's counters once per error type (never a node's)."""
-        kind = type(error).__name__
-        if kind not in self._said:
-            self._said.add(kind)
-            log.warn(
-                "limit counters: the fleet store failed ({error}); this proxy counts alone "
-                "while it does",
-                error=kind,
-            )
 
     def _tally(self, name: str, kind: Tally, window: int | None) -> _Tally:
         tally = self._tallies.get((name, kind))
@@ -284,23 +290,18 @@ class RateLimiter:
             tally = self._tallies[(name, kind)] = _Tally(kind, window)
         return tally
 
-    def _counter(self, name: str, tally: _Tally) -> str:
-        if tally.window is None:
-            return f"{self.namespace}:{tally.kind.value}:{name}"
-        return f"{self.namespace}:{tally.kind.value}:{name}:{tally.window}"
-
     def _send(self, name: str, changes: list[tuple[_Tally, int, float]]) -> Deferred[bool]:
         """Send ``changes`` to the store; fires True when it counted them, False otherwise
         (never fails)."""
         assert self.counters is not None
-        wire = [(self._counter(name, t), amount, ttl) for t, amount, ttl in changes]
+        wire = [(t.counter(self.namespace, name), amount, ttl) for t, amount, ttl in changes]
         for tally, amount, _ttl in changes:
             tally.pending += amount
         self.unanswered += 1
         try:
             sent = self.counters.add(wire)
         except Exception as error:  # a closed connection: count locally
-            self._say(error)
+            _say_once(self._said, error)
             sent = Deferred()
             sent.errback(error)
 
