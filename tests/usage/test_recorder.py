@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from zope.interface import provider
@@ -357,3 +357,94 @@ async def test_a_report_that_cannot_read_the_database_says_partial(
     assert [r["requests"] for r in answer["rows"]] == [1]
     [warning] = warnings.events
     assert warning["source"] == "database" and warning["error"] == "OperationalError"
+
+
+class RecordingFleet:
+    """A fleet store double: what it was handed, and the peers' rows it answers with."""
+
+    def __init__(self, rows: list[Any] | None = None) -> None:
+        self.up = True
+        self.added: list[tuple[list[Any], float]] = []
+        self.rows = rows or []
+
+    def add_usage(self, rows: Any, ttl: float) -> None:
+        self.added.append((list(rows), ttl))
+
+    def usage_rows(self, since: int, until: int) -> Deferred[list[Any]]:
+        return succeed(list(self.rows))
+
+
+def fired(deferred: Deferred[Any]) -> Any:
+    got: list[Any] = []
+    deferred.addBoth(got.append)
+    [result] = got
+    return result
+
+
+def test_a_flush_hands_the_unshared_minutes_to_the_fleet_with_the_retention_as_ttl() -> None:
+    clock = Clock()
+    bus = EventBus(clock)
+    fleet = RecordingFleet()
+    recorder = UsageRecorder(clock, bus, path=None, fleet=fleet, retention=7200.0)  # type: ignore[arg-type]
+    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(PROXY_REQUEST, inference())
+    [timer] = clock.getDelayedCalls()
+    assert timer.getTime() == FLUSH_INTERVAL
+    clock.advance(FLUSH_INTERVAL)
+    assert fleet.added == [([(0, "team-a", "llama3", "n1", 2, 0, 6, 10, 0)], 7200.0)]
+    assert clock.getDelayedCalls() == [] and recorder.buffer.unshared == {}
+    assert sum(c[0] for c in recorder.buffer.memory.values()) == 2  # kept here too
+    fired(recorder.flush())
+    assert len(fleet.added) == 1  # nothing new: nothing handed
+
+
+def test_a_fleet_report_adds_the_peers_rows_to_the_minutes_not_yet_shared() -> None:
+    clock = Clock()
+    bus = EventBus(clock)
+    peer = (0, "team-b", "llama3", "n2", 4, 1, 0, 0, 4)
+    fleet = RecordingFleet([peer])
+    recorder = UsageRecorder(clock, bus, path=None, fleet=fleet)  # type: ignore[arg-type]
+    bus.publish(PROXY_REQUEST, inference())
+    report = parse_report("1h", None, ["key"], clock.seconds() + 60)
+    answer = fired(recorder.report(report))
+    assert answer["scope"] == "fleet" and "partial" not in answer
+    assert [(r["key"], r["requests"], r["errors"]) for r in answer["rows"]] == [
+        ("team-a", 1, 0),
+        ("team-b", 4, 1),
+    ]
+    fleet.up = False
+    local = fired(recorder.report(report))
+    assert local["scope"] == "local" and [r["key"] for r in local["rows"]] == ["team-a"]
+    fired(recorder.stop())
+
+
+def test_a_fleet_that_refuses_the_rows_never_fails_the_flush() -> None:
+    clock = Clock()
+    bus = EventBus(clock)
+    fleet = RecordingFleet()
+
+    def refuse(rows: Any, ttl: float) -> None:
+        raise ConnectionError("store closed")
+
+    fleet.add_usage = refuse  # type: ignore[method-assign]
+    recorder = UsageRecorder(clock, bus, path=None, fleet=fleet)  # type: ignore[arg-type]
+    bus.publish(PROXY_REQUEST, inference())
+    assert fired(recorder.flush()) is None
+    assert recorder.buffer.unshared == {} and len(recorder.buffer.memory) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_minutes_counted_while_opening_arm_the_flush_timer_once_open(
+    reactor: Any, tmp_path: Path
+) -> None:
+    bus = EventBus(reactor)
+    recorder = UsageRecorder(reactor, bus, path=str(tmp_path / "u.sqlite3"))
+    started = recorder.start()
+    bus.publish(PROXY_REQUEST, inference())
+    assert recorder._flush_timer is not None  # armed while opening, as ever
+    recorder._flush_timer.cancel()
+    recorder._flush_timer = None
+    await started
+    timer = recorder._flush_timer  # the open armed it again, for what waited
+    await recorder.stop()
+    assert timer is not None and timer.getTime() > reactor.seconds() - 1
