@@ -19,7 +19,7 @@ from zope.interface import provider
 from nvpair_tw.events import PROXY_REQUEST, EventBus
 from nvpair_tw.usage._database import SCHEMA_VERSION
 from nvpair_tw.usage._minutes import parse_report
-from nvpair_tw.usage._recorder import FLUSH_INTERVAL, UsageRecorder
+from nvpair_tw.usage._recorder import FLUSH_INTERVAL, PRUNE_INTERVAL, UsageRecorder
 from nvpair_tw.usage._storage import Storage
 
 pytestmark = pytest.mark.timeout(60)
@@ -185,7 +185,10 @@ async def test_an_unusable_database_is_one_warning_and_usage_stays_in_memory(
         await recorder.stop()
     assert recorder.state is Storage.MEMORY and recorder.warned
     assert row["requests"] == 4
-    assert len(warnings.events) == 1
+    [warning] = warnings.events
+    assert warning["path"] == str(path) and warning["hours"] == 24
+    assert warning["error"] in {"DatabaseError", "OperationalError", "SchemaError"}
+    assert warning["why"] and len(warning["why"]) <= 200
     if before is not None and how == "corrupt":
         assert path.read_bytes() == before  # never "repaired" over the operator's file
 
@@ -448,3 +451,16 @@ async def test_minutes_counted_while_opening_arm_the_flush_timer_once_open(
     timer = recorder._flush_timer  # the open armed it again, for what waited
     await recorder.stop()
     assert timer is not None and timer.getTime() > reactor.seconds() - 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_hourly_prune_is_armed_at_the_open_and_disarmed_by_stop(
+    reactor: Any, tmp_path: Path
+) -> None:
+    recorder = UsageRecorder(reactor, EventBus(reactor), path=str(tmp_path / "u.sqlite3"))
+    await recorder.start()
+    timer = recorder.storage._prune_timer
+    assert timer is not None and timer.active()
+    assert abs(timer.getTime() - reactor.seconds() - PRUNE_INTERVAL) < 5
+    await recorder.stop()
+    assert not timer.active() and recorder.storage._prune_timer is None
