@@ -460,7 +460,8 @@ async def test_the_hourly_prune_is_armed_at_the_open_and_disarmed_by_stop(
     recorder = UsageRecorder(reactor, EventBus(reactor), path=str(tmp_path / "u.sqlite3"))
     await recorder.start()
     timer = recorder.storage._prune_timer
-    assert timer is not None and timer.active()
-    assert abs(timer.getTime() - reactor.seconds() - PRUNE_INTERVAL) < 5
-    await recorder.stop()
-    assert not timer.active() and recorder.storage._prune_timer is None
+    armed = timer is not None and timer.active()
+    when = timer.getTime() - reactor.seconds() if timer is not None else None
+    await recorder.stop()  # before any assertion: a failed one must not leave its thread running
+    assert armed and when is not None and abs(when - PRUNE_INTERVAL) < 5
+    assert timer is not None and not timer.active() and recorder.storage._prune_timer is None
