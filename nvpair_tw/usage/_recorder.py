@@ -87,7 +87,6 @@ class UsageRecorder:
         self.buffer = UsageBuffer(retention)
         self.storage = UsageStorage(reactor, path, self.buffer, self._arm)
         self._flush_timer: IDelayedCall | None = None
-        self._stopped = False
         self._unreadable: set[tuple[str, str]] = set()
         self._subscription: Subscription | None = bus.subscribe(self._observe, name="usage")
 
@@ -113,7 +112,7 @@ class UsageRecorder:
         return self.storage.written
 
     def _observe(self, event: Event) -> None:
-        if event.name != PROXY_REQUEST or self._stopped:
+        if event.name != PROXY_REQUEST:
             return
         counted = counts_of(event.time, event.payload)
         if counted is None:
@@ -159,7 +158,6 @@ class UsageRecorder:
             self._subscription = None
 
         def finish(_: object) -> Deferred[None]:
-            self._stopped = True
             self.storage.stop_pruning()
             return self.flush()
 

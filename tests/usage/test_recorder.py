@@ -16,7 +16,7 @@ from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from zope.interface import provider
 
-from nvpair_tw.events import PROXY_REQUEST, EventBus
+from nvpair_tw.events import PROXY_REQUEST, WORKLOAD_COMPLETED, EventBus
 from nvpair_tw.usage._database import SCHEMA_VERSION
 from nvpair_tw.usage._minutes import parse_report
 from nvpair_tw.usage._recorder import FLUSH_INTERVAL, PRUNE_INTERVAL, UsageRecorder
@@ -369,11 +369,13 @@ class RecordingFleet:
         self.up = True
         self.added: list[tuple[list[Any], float]] = []
         self.rows = rows or []
+        self.asked: list[tuple[int, int]] = []
 
     def add_usage(self, rows: Any, ttl: float) -> None:
         self.added.append((list(rows), ttl))
 
     def usage_rows(self, since: int, until: int) -> Deferred[list[Any]]:
+        self.asked.append((since, until))
         return succeed(list(self.rows))
 
 
@@ -411,6 +413,7 @@ def test_a_fleet_report_adds_the_peers_rows_to_the_minutes_not_yet_shared() -> N
     report = parse_report("1h", None, ["key"], clock.seconds() + 60)
     answer = fired(recorder.report(report))
     assert answer["scope"] == "fleet" and "partial" not in answer
+    assert fleet.asked == [(report.since, report.until)] and report.since != report.until
     assert [(r["key"], r["requests"], r["errors"]) for r in answer["rows"]] == [
         ("team-a", 1, 0),
         ("team-b", 4, 1),
@@ -465,3 +468,21 @@ async def test_the_hourly_prune_is_armed_at_the_open_and_disarmed_by_stop(
     await recorder.stop()  # before any assertion: a failed one must not leave its thread running
     assert armed and when is not None and abs(when - PRUNE_INTERVAL) < 5
     assert timer is not None and not timer.active() and recorder.storage._prune_timer is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_only_request_records_count_and_nothing_after_stop(
+    reactor: Any, tmp_path: Path
+) -> None:
+    """Another event naming a model is not a request; a record published after ``stop`` is not
+    counted, and ``stop`` closed the database."""
+    bus = EventBus(reactor)
+    recorder = UsageRecorder(reactor, bus, path=str(tmp_path / "u.sqlite3"))
+    await recorder.start()
+    bus.publish(WORKLOAD_COMPLETED, inference())
+    bus.publish(PROXY_REQUEST, inference())
+    await recorder.stop()
+    bus.publish(PROXY_REQUEST, inference())
+    assert recorder.storage.db is None
+    assert recorder.buffer.unsaved == {} and recorder.buffer.memory == {}
+    assert [r[3] for r in stored(tmp_path / "u.sqlite3")] == [1]
