@@ -483,6 +483,7 @@ async def test_only_request_records_count_and_nothing_after_stop(
     bus.publish(PROXY_REQUEST, inference())
     await recorder.stop()
     bus.publish(PROXY_REQUEST, inference())
+    await recorder.stop()  # a second stop is harmless
     assert recorder.storage.db is None
     assert recorder.buffer.unsaved == {} and recorder.buffer.memory == {}
     assert [r[3] for r in stored(tmp_path / "u.sqlite3")] == [1]
