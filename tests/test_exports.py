@@ -163,6 +163,7 @@ FACES: dict[str, list[str]] = {
         "LocalNames",
         "Locality",
         "Parsed",
+        "NOT_COUNTED",
         "Permit",
         "RateLimiter",
         "Refusal",

@@ -43,6 +43,12 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "parse": ("inbound/_parse.py", ("tests/inbound/test_parse.py",)),
     "framer": ("core/_framer.py", ("tests/core/test_framer.py",)),
     "toolcalls": ("core/_toolcalls.py", ("tests/core/test_toolcalls.py",)),
+    "recorder": ("usage/_recorder.py", ("tests/usage/test_recorder.py",)),
+    "recorder-buffer": ("usage/_buffer.py", ("tests/usage/test_recorder.py",)),
+    "recorder-storage": (
+        "usage/_storage.py",
+        ("tests/usage/test_storage.py", "tests/usage/test_recorder.py"),
+    ),
 }
 """Short name → (its file under ``nvpair_tw/``, the test files that must kill its mutants)."""
 

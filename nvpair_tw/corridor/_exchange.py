@@ -34,7 +34,7 @@ from nvpair_tw.corridor._route import route as choose_route
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import RequestRecord, Workload
 from nvpair_tw.dialects import Usage, UsageMeter
-from nvpair_tw.inbound import LOCAL, Permit, Refusal, Rejection
+from nvpair_tw.inbound import LOCAL, NOT_COUNTED, Permit, Refusal, Rejection
 from nvpair_tw.nodes import Node
 from nvpair_tw.selection import (
     RETRY_AFTER_SECONDS,
@@ -94,15 +94,14 @@ async def forward(
         while then is not None:  # a fallback, before commit (docs/behaviour.md §16.2)
             then = await _admitted(facade, request, record, then.inbound, then.route, fallbacks)
     finally:
-        if permit is not None:
-            permit.done(_tokens(record))
+        permit.done(_tokens(record))
 
 
-def _permitted(facade: FacadeState, inbound: Inbound) -> Permit | Rejection | None:
-    """The permit of an admitted inference (counted now, §12.1), 429 ``rate-limited``, or None
-    for a route the limits do not count."""
+def _permitted(facade: FacadeState, inbound: Inbound) -> Permit | Rejection:
+    """The permit of an admitted inference (counted now, §12.1), 429 ``rate-limited``, or
+    :data:`~nvpair_tw.inbound.NOT_COUNTED` for a route the limits do not count."""
     if inbound.kind is not RouteKind.INFERENCE:
-        return None
+        return NOT_COUNTED
     admitted = facade.shared.limiter.admit(inbound.caller)
     return admitted.rejection if isinstance(admitted, Refusal) else admitted
 

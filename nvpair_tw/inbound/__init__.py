@@ -44,11 +44,19 @@ from nvpair_tw.inbound._parse import (
     parse_target,
     read_model,
 )
-from nvpair_tw.inbound._rates import Change, LimitCounters, Permit, RateLimiter, Refusal
+from nvpair_tw.inbound._rates import (
+    NOT_COUNTED,
+    Change,
+    LimitCounters,
+    Permit,
+    RateLimiter,
+    Refusal,
+)
 
 __all__ = [
     "LARGE_BODY",
     "LOCAL",
+    "NOT_COUNTED",
     "Caller",
     "Change",
     "CorsPolicy",

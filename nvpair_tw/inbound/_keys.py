@@ -289,14 +289,16 @@ def _priority_of(entry: dict[str, Any], where: str) -> Priority:
 
 def _rules_of(entry: dict[str, Any], where: str) -> KeyRules:
     limits = {limit: _limit_of(entry, limit, where) for limit in _LIMITS}
-    if limits["max_tunnels"] is None:
-        limits["max_tunnels"] = DEFAULT_MAX_TUNNELS
+    max_tunnels = limits["max_tunnels"]
     return KeyRules(
         models=_models_of(entry, where),
+        requests_per_minute=limits["requests_per_minute"],
+        tokens_per_minute=limits["tokens_per_minute"],
+        max_concurrent=limits["max_concurrent"],
         role=_role_of(entry, where),
         tunnels=_tunnels_of(entry, where),
         priority=_priority_of(entry, where),
-        **limits,
+        max_tunnels=DEFAULT_MAX_TUNNELS if max_tunnels is None else max_tunnels,
     )
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from enum import Enum
 from typing import Protocol
 
 from attrs import define, field, frozen
@@ -31,6 +32,7 @@ from nvpair_tw.logs import LevelledLogger
 
 __all__ = [
     "CONCURRENCY_TTL",
+    "NOT_COUNTED",
     "WINDOW",
     "Change",
     "LimitCounters",
@@ -78,25 +80,39 @@ class Refusal:
         )
 
 
+class Tally(Enum):
+    """What a counter counts; the value names it in the fleet store."""
+
+    CONCURRENT = "conc"
+    """Requests admitted and not done (spans no minute)."""
+    REQUESTS = "rpm"
+    """Requests admitted in a minute."""
+    TOKENS = "tpm"
+    """Tokens of the requests that ended in a minute."""
+
+
 @define
 class _Tally:
     """One counter of one key: this proxy's own count, and the fleet's as last reported."""
 
-    kind: str
-    window: int
+    kind: Tally
+    window: int | None
+    """The minute counted (``floor(now / 60)``); ``None`` for :attr:`Tally.CONCURRENT`."""
     local: int = 0
     fleet: int | None = None
     pending: int = 0
     """This proxy's changes sent to the store and not yet answered."""
 
+    def counter(self, namespace: str, name: str) -> str:
+        """The counter's name in the fleet store."""
+        if self.window is None:
+            return f"{namespace}:{self.kind.value}:{name}"
+        return f"{namespace}:{self.kind.value}:{name}:{self.window}"
+
     def value(self, shared: bool) -> int:
         if not shared or self.fleet is None:
             return self.local
         return max(self.local, self.fleet + self.pending)
-
-
-_CONCURRENT = -1
-"""The window of a concurrency tally (it spans no minute)."""
 
 
 @define(eq=False)
@@ -117,7 +133,9 @@ class Permit:
         self._limiter._ended(self._caller, tokens, self._acquired)
 
 
-_NO_LIMITS = Permit(None, None)
+NOT_COUNTED = Permit(None, None)
+"""The permit of a request no limit counts (a key without limits, a route the limits do not
+count): :meth:`Permit.done` does nothing."""
 
 
 def _refusals(caller: Caller, counts: tuple[int, int, int], left: int) -> list[Refusal]:
@@ -142,6 +160,17 @@ def _longest(refusals: list[Refusal]) -> Refusal | None:
     return max(refusals, key=lambda r: r.retry_after) if refusals else None
 
 
+def _say_once(said: set[str], error: BaseException) -> None:
+    """Log a fault of the fleet store's counters once per error type (never a node's)."""
+    kind = type(error).__name__
+    if kind not in said:
+        said.add(kind)
+        log.warn(
+            "limit counters: the fleet store failed ({error}); this proxy counts alone while it does",
+            error=kind,
+        )
+
+
 @define
 class RateLimiter:
     """The per-key limits of §12.1 on ``clock``, fleet-wide through ``counters`` when given."""
@@ -149,12 +178,14 @@ class RateLimiter:
     clock: IReactorTime
     counters: LimitCounters | None = None
     namespace: str = "limit"
-    _tallies: dict[tuple[str, str], _Tally] = field(factory=dict, init=False)
+    _tallies: dict[tuple[str, Tally], _Tally] = field(factory=dict, init=False)
     unanswered: int = field(default=0, init=False)
     """Changes sent to the store and not answered yet."""
     _owed: dict[str, int] = field(factory=dict, init=False)
     """Per key: slots the store counted whose release it missed (given back with the next
     change)."""
+    _said: set[str] = field(factory=set, init=False)
+    """The types of the store's errors logged so far (each is logged once)."""
 
     def check(self, caller: Caller) -> Refusal | None:
         """Whether ``caller`` is over a limit now, counting nothing (docs/behaviour.md §14.1: the
@@ -167,7 +198,7 @@ class RateLimiter:
     def admit(self, caller: Caller) -> Permit | Refusal:
         """Admit one request of ``caller``, or say why not (nothing is counted then)."""
         if not caller.rules.limited:
-            return _NO_LIMITS
+            return NOT_COUNTED
         refusal = self._over(caller)
         if refusal is not None:
             return refusal
@@ -178,13 +209,13 @@ class RateLimiter:
         now = self.clock.seconds()
         window = int(now // WINDOW)
         shared = self._shared()
-        concurrent = self._tally(caller.name, "conc", _CONCURRENT)
+        concurrent = self._tally(caller.name, Tally.CONCURRENT, None)
         if not shared:
             concurrent.fleet = None  # stale once the store is away: learnt again when back
         counts = (
             concurrent.value(shared),
-            self._tally(caller.name, "rpm", window).value(shared),
-            self._tally(caller.name, "tpm", window).value(shared),
+            self._tally(caller.name, Tally.REQUESTS, window).value(shared),
+            self._tally(caller.name, Tally.TOKENS, window).value(shared),
         )
         left = max(1, math.ceil((window + 1) * WINDOW - now))
         return _longest(_refusals(caller, counts, left))
@@ -193,9 +224,9 @@ class RateLimiter:
         """Count one admitted request of ``caller`` (here, and in the fleet's store if shared)."""
         window = int(self.clock.seconds() // WINDOW)
         shared = self._shared()
-        concurrent = self._tally(caller.name, "conc", _CONCURRENT)
-        requests = self._tally(caller.name, "rpm", window)
-        tokens = self._tally(caller.name, "tpm", window)
+        concurrent = self._tally(caller.name, Tally.CONCURRENT, None)
+        requests = self._tally(caller.name, Tally.REQUESTS, window)
+        tokens = self._tally(caller.name, Tally.TOKENS, window)
         requests.local += 1
         concurrent.local += 1
         if not shared:
@@ -213,15 +244,15 @@ class RateLimiter:
 
     def in_flight(self, name: str) -> int:
         """This proxy's requests of key ``name`` admitted and not done."""
-        tally = self._tallies.get((name, "conc"))
+        tally = self._tallies.get((name, Tally.CONCURRENT))
         return tally.local if tally is not None else 0
 
     def _ended(self, caller: Caller, tokens: int | None, acquired: Deferred[bool] | None) -> None:
-        concurrent = self._tally(caller.name, "conc", _CONCURRENT)
+        concurrent = self._tally(caller.name, Tally.CONCURRENT, None)
         concurrent.local = max(0, concurrent.local - 1)
         changes: list[tuple[_Tally, int, float]] = []
         if tokens is not None and tokens > 0:
-            tally = self._tally(caller.name, "tpm", int(self.clock.seconds() // WINDOW))
+            tally = self._tally(caller.name, Tally.TOKENS, int(self.clock.seconds() // WINDOW))
             tally.local += tokens
             changes.append((tally, tokens, 2 * WINDOW))
         if changes and self._shared():
@@ -249,31 +280,28 @@ class RateLimiter:
     def _shared(self) -> bool:
         try:
             return self.counters is not None and bool(self.counters.up)
-        except Exception:  # a store's fault never costs a request
+        except Exception as error:  # a store's fault never costs a request: count alone
+            _say_once(self._said, error)
             return False
 
-    def _tally(self, name: str, kind: str, window: int) -> _Tally:
+    def _tally(self, name: str, kind: Tally, window: int | None) -> _Tally:
         tally = self._tallies.get((name, kind))
         if tally is None or tally.window != window:
             tally = self._tallies[(name, kind)] = _Tally(kind, window)
         return tally
 
-    def _counter(self, name: str, tally: _Tally) -> str:
-        if tally.window == _CONCURRENT:
-            return f"{self.namespace}:{tally.kind}:{name}"
-        return f"{self.namespace}:{tally.kind}:{name}:{tally.window}"
-
     def _send(self, name: str, changes: list[tuple[_Tally, int, float]]) -> Deferred[bool]:
         """Send ``changes`` to the store; fires True when it counted them, False otherwise
         (never fails)."""
         assert self.counters is not None
-        wire = [(self._counter(name, t), amount, ttl) for t, amount, ttl in changes]
+        wire = [(t.counter(self.namespace, name), amount, ttl) for t, amount, ttl in changes]
         for tally, amount, _ttl in changes:
             tally.pending += amount
         self.unanswered += 1
         try:
             sent = self.counters.add(wire)
         except Exception as error:  # a closed connection: count locally
+            _say_once(self._said, error)
             sent = Deferred()
             sent.errback(error)
 
@@ -289,7 +317,7 @@ class RateLimiter:
             self.unanswered -= 1
             for tally, amount, _ttl in changes:
                 tally.pending -= amount
-                if tally.window == _CONCURRENT:
+                if tally.kind is Tally.CONCURRENT:
                     tally.fleet = None  # unknown now: this proxy counts alone until next time
             log.debug("limit counters not shared: {error}", error=type(failure.value).__name__)
             return False

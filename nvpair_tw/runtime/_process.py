@@ -212,12 +212,7 @@ def build_runtime(
     ``usage_db`` is the usage database (``None``: usage in memory only) and ``usage_retention``
     how long its minutes are kept (docs/behaviour.md §12.4).
     """
-    if environ is not None:
-        if ingress is not None:
-            raise TypeError("give build_runtime ingress or environ, not both")
-        ingress = parse_ingress(environ, keys_file=keys_file, allow_hosts=allow_hosts)
-    elif keys_file is not None or allow_hosts:
-        raise TypeError("build_runtime's keys_file and allow_hosts go with environ")
+    ingress = _ingress_config(ingress, environ, keys_file, allow_hosts)
     pool = make_pool(reactor)
     facades: dict[str, FacadeState] = {}
     # One endpoint factory for inference and control-plane reads alike: the same per-node TLS trust
@@ -225,37 +220,16 @@ def build_runtime(
     trust = NodeTrustPolicy(lambda: [n for f in facades.values() for n in f.directory.nodes()])
     endpoints = NodeEndpointFactory(reactor, settings.connect_timeout, tls=trust)
     agent = upstream_agent(settings.upstream_client, reactor, endpoints, pool)
-    if client is None:
-        client = UpstreamClient.from_agent(agent, reactor)
-    if http is None:
-        http = make_http_client(agent)
+    client = client if client is not None else UpstreamClient.from_agent(agent, reactor)
+    http = http if http is not None else make_http_client(agent)
     shared = _shared(reactor, settings, client, http, ingress)
     shared.endpoints = endpoints
-    fleet = FleetStore(reactor, state) if state is not None else None
-    if fleet is not None:
-        fleet.bind_ledger(shared.ledger)
-        # The keys' limits count fleet-wide (§12.1).
-        shared.limiter = RateLimiter(reactor, fleet.limit_counters())
+    fleet = _fleet(reactor, state, shared)
     for engine in engines:
+        flag_nodes = list((nodes or {}).get(engine, ()))
         facades[engine] = _facade(
-            engine,
-            shared,
-            reactor,
-            flag_nodes=list((nodes or {}).get(engine, ())),
-            nodes_file=nodes_file,
-            stall_tracker=stall_tracker,
-            fleet=fleet,
+            engine, shared, reactor, flag_nodes, nodes_file, stall_tracker, fleet
         )
-    native = agent if isinstance(agent, NodeAgent) else None
-    tracing = None
-    if settings.otlp_endpoint:
-        from nvpair_tw.traces import otlp_tracing
-
-        tracing = otlp_tracing(reactor, shared.bus, settings.otlp_endpoint)
-        shared.tracer = tracing
-    usage = UsageRecorder(
-        reactor, shared.bus, path=usage_db, retention=usage_retention, fleet=fleet
-    )
     return Runtime(
         reactor,
         settings,
@@ -263,10 +237,51 @@ def build_runtime(
         facades,
         pool,
         fleet=fleet,
-        native=native,
-        tracing=tracing,
-        usage=usage,
+        native=agent if isinstance(agent, NodeAgent) else None,
+        tracing=_tracing(reactor, settings, shared),
+        usage=UsageRecorder(
+            reactor, shared.bus, path=usage_db, retention=usage_retention, fleet=fleet
+        ),
     )
+
+
+def _ingress_config(
+    ingress: IngressConfig | None,
+    environ: Mapping[str, str] | None,
+    keys_file: str | None,
+    allow_hosts: Sequence[str],
+) -> IngressConfig | None:
+    """The gate's configuration: ``ingress`` as given, or ``environ`` (a test shorthand) parsed
+    with ``keys_file`` and ``allow_hosts``; ``TypeError`` for a mix of the two."""
+    if environ is not None:
+        if ingress is not None:
+            raise TypeError("give build_runtime ingress or environ, not both")
+        return parse_ingress(environ, keys_file=keys_file, allow_hosts=allow_hosts)
+    if keys_file is not None or allow_hosts:
+        raise TypeError("build_runtime's keys_file and allow_hosts go with environ")
+    return ingress
+
+
+def _fleet(reactor: IProxyReactor, state: StateConfig | None, shared: Shared) -> FleetStore | None:
+    """The fleet store of ``--state`` (docs/behaviour.md §6.6), bound to the ledger, and the
+    keys' limits counted fleet-wide through it (§12.1); ``None`` without ``--state``."""
+    if state is None:
+        return None
+    fleet = FleetStore(reactor, state)
+    fleet.bind_ledger(shared.ledger)
+    shared.limiter = RateLimiter(reactor, fleet.limit_counters())
+    return fleet
+
+
+def _tracing(reactor: IProxyReactor, settings: Settings, shared: Shared) -> RequestTracing | None:
+    """The request spans of ``--otlp-endpoint`` (docs/behaviour.md §12.5), imported only then."""
+    if not settings.otlp_endpoint:
+        return None
+    from nvpair_tw.traces import otlp_tracing
+
+    tracing = otlp_tracing(reactor, shared.bus, settings.otlp_endpoint)
+    shared.tracer = tracing
+    return tracing
 
 
 def upstream_agent(
@@ -323,7 +338,6 @@ def _facade(
     engine: str,
     shared: Shared,
     reactor: IProxyReactor,
-    *,
     flag_nodes: list[Node],
     nodes_file: str | None,
     stall_tracker: StallTrackerFactory | None,

@@ -391,8 +391,11 @@ async def test_a_hundred_concurrent_tunnels_leak_no_connection(
     assert await deferToThread(echo_and_close)
     await gatherResults([t.closed for t in tunnels])
     assert (len(tunnels), sum(counts)) == (100, 100)
-    # A poll of the nodes may hold a connection at any moment: wait for it, not for a leak.
-    await eventually(reactor, lambda: _open_fds() == baseline, 5.0, "the baseline of open fds")
+    # The node polls keep a pooled connection or two to each echo node, opened at any moment: a
+    # leak of the tunnels' connections would be a hundred or more.
+    await eventually(
+        reactor, lambda: _open_fds() <= baseline + 4, 5.0, "the baseline of open fds (± 4)"
+    )
 
 
 @pytest_twisted.ensureDeferred

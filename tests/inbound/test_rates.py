@@ -10,6 +10,8 @@ from collections.abc import Sequence
 import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
+from zope.interface import provider
 
 from nvpair_tw.inbound import (
     LOCAL,
@@ -20,6 +22,7 @@ from nvpair_tw.inbound import (
     RateLimiter,
     Refusal,
 )
+from nvpair_tw.inbound._rates import Tally
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -314,3 +317,47 @@ def test_a_failing_store_never_refuses_or_raises() -> None:
     store.broken = True
     for _ in range(20):
         permit(limiter, alice).done(5)
+
+
+class BrokenUp:
+    """A store whose ``up`` itself raises (a bug in it, not a node's fault)."""
+
+    @property
+    def up(self) -> bool:
+        raise AttributeError("no connection object")
+
+    def add(self, changes: Sequence[Change]) -> Deferred[list[int]]:
+        raise AssertionError("never reached: the store is not up")
+
+
+def test_a_store_whose_state_cannot_be_read_is_logged_once_with_its_type() -> None:
+    """Counting goes on alone; the fault is one warning naming its type, however many requests
+    meet it, and it names no node."""
+    said: list[LogEvent] = []
+
+    @provider(ILogObserver)
+    def observe(event: LogEvent) -> None:
+        if event.get("log_namespace") == "nvpair_tw.inbound._rates":
+            said.append(event)
+
+    limiter = RateLimiter(Clock(), BrokenUp())
+    alice = caller(requests_per_minute=100)
+    globalLogPublisher.addObserver(observe)
+    try:
+        for _ in range(5):
+            permit(limiter, alice).done(5)
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert limiter.unanswered == 0
+    [warning] = said
+    assert warning["error"] == "AttributeError" and warning["log_level"].name == "warn"
+    assert "node" not in warning["log_format"]
+
+
+def test_the_tallies_name_their_counters_by_kind_and_only_minutes_carry_a_window() -> None:
+    assert [t.value for t in Tally] == ["conc", "rpm", "tpm"]
+    store = Counters()
+    limiter = RateLimiter(Clock(), store)
+    permit(limiter, caller(max_concurrent=3, tokens_per_minute=10)).done(4)
+    store.answer_all()
+    assert set(store.totals) == {"limit:rpm:alice:0", "limit:conc:alice", "limit:tpm:alice:0"}

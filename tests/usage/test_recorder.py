@@ -10,15 +10,16 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock, deferLater
 from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from zope.interface import provider
 
-from nvpair_tw.events import PROXY_REQUEST, EventBus
+from nvpair_tw.events import PROXY_REQUEST, WORKLOAD_COMPLETED, EventBus
 from nvpair_tw.usage._database import SCHEMA_VERSION
 from nvpair_tw.usage._minutes import parse_report
-from nvpair_tw.usage._recorder import FLUSH_INTERVAL, UsageRecorder
+from nvpair_tw.usage._recorder import FLUSH_INTERVAL, PRUNE_INTERVAL, UsageRecorder
+from nvpair_tw.usage._storage import Storage
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -45,7 +46,7 @@ class Warnings:
         @provider(ILogObserver)
         def observe(event: LogEvent) -> None:
             if (
-                event.get("log_namespace") == "nvpair_tw.usage._recorder"
+                str(event.get("log_namespace")).startswith("nvpair_tw.usage.")
                 and event["log_level"].name == "warn"
             ):
                 self.events.append(event)
@@ -84,7 +85,7 @@ async def test_minutes_are_written_in_one_batch_and_survive_a_restart(
     path = tmp_path / "usage.sqlite3"
     first = UsageRecorder(reactor, EventBus(reactor), path=str(path))
     await first.start()
-    assert first.state == "database"
+    assert first.state is Storage.DATABASE
     bus = EventBus(reactor)
     second_bus = bus
     first_bus = first._subscription._bus  # type: ignore[union-attr]
@@ -140,10 +141,10 @@ async def test_retention_deletes_old_minutes_at_start(reactor: Any, tmp_path: Pa
     first = UsageRecorder(reactor, EventBus(reactor), path=str(path))
     await first.start()
     now_minute = int(reactor.seconds() // 60)
-    first._unsaved.clear()
+    first.buffer.unsaved.clear()
     old = (now_minute - 200, "k", "m", "n", 1, 0, 0, 0, 0)
     new = (now_minute - 10, "k", "m", "n", 1, 0, 0, 0, 0)
-    await first._db.write([old, new])  # type: ignore[union-attr]
+    await first.storage.db.write([old, new])  # type: ignore[union-attr]
     await first.stop()
     second = UsageRecorder(reactor, EventBus(reactor), path=str(path), retention=3600)
     await second.start()
@@ -181,9 +182,12 @@ async def test_an_unusable_database_is_one_warning_and_usage_stays_in_memory(
             await recorder.flush()
         [row] = await totals(recorder, reactor)
         await recorder.stop()
-    assert recorder.state == "memory" and recorder.warned
+    assert recorder.state is Storage.MEMORY and recorder.warned
     assert row["requests"] == 4
-    assert len(warnings.events) == 1
+    [warning] = warnings.events
+    assert warning["path"] == str(path) and warning["hours"] == 24
+    assert warning["error"] in {"DatabaseError", "OperationalError", "SchemaError"}
+    assert warning["why"] and len(warning["why"]) <= 200
     if before is not None and how == "corrupt":
         assert path.read_bytes() == before  # never "repaired" over the operator's file
 
@@ -204,7 +208,7 @@ async def test_a_write_that_fails_later_moves_its_minutes_to_memory(
         await recorder.flush()
         bus.publish(PROXY_REQUEST, inference())
         await recorder.flush()
-    assert recorder.state == "memory" and len(warnings.events) == 1
+    assert recorder.state is Storage.MEMORY and len(warnings.events) == 1
     [row] = await totals(recorder, reactor)
     assert row["requests"] == 2
     await recorder.stop()
@@ -217,10 +221,10 @@ def test_without_a_database_or_fleet_no_timer_is_ever_armed() -> None:
     recorder = UsageRecorder(clock, bus, path=None)  # type: ignore[arg-type]
     bus.publish(PROXY_REQUEST, inference())
     assert clock.getDelayedCalls() == []
-    assert sum(c[0] for c in recorder._memory.values()) == 1
+    assert sum(c[0] for c in recorder.buffer.memory.values()) == 1
     clock.advance(2 * 86400)
     bus.publish(PROXY_REQUEST, inference())  # a day later: the old minute is forgotten
-    assert len(recorder._memory) == 1
+    assert len(recorder.buffer.memory) == 1
     recorder.stop()
 
 
@@ -234,7 +238,7 @@ def test_the_flush_timer_is_armed_only_while_something_is_unsaved() -> None:
     [timer] = clock.getDelayedCalls()
     assert timer.getTime() == FLUSH_INTERVAL
     clock.advance(FLUSH_INTERVAL)  # still opening: nothing to write to, kept
-    assert clock.getDelayedCalls() == [] and recorder._unsaved
+    assert clock.getDelayedCalls() == [] and recorder.buffer.unsaved
 
 
 @pytest_twisted.ensureDeferred
@@ -277,3 +281,188 @@ async def test_stop_waits_for_the_open_and_writes_what_came_meanwhile(
     await recorder.stop()
     await started
     assert stored(path)[0][3] == 1
+
+
+class FailingFleet:
+    """A fleet store that says it is up and fails every read (a proxy bug or a lost reply)."""
+
+    up = True
+
+    def add_usage(self, rows: Any, ttl: float) -> None:
+        pass
+
+    def usage_rows(self, since: int, until: int) -> Deferred[list[Any]]:
+        return fail(ConnectionError("the store went away mid-read"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_report_that_cannot_read_the_fleet_says_partial_and_logs_once(
+    reactor: Any,
+) -> None:
+    """The fleet's read fails: this proxy's own minutes, ``"partial": ["fleet"]``, and one warning
+    naming the error's type however many reports fail the same way."""
+    bus = EventBus(reactor)
+    recorder = UsageRecorder(reactor, bus, path=None, fleet=FailingFleet())
+    bus.publish(PROXY_REQUEST, inference())
+    report = parse_report("1h", None, [], reactor.seconds())
+    with Warnings() as warnings:
+        first = await recorder.report(report)
+        second = await recorder.report(report)
+    await recorder.stop()
+    assert first == second
+    assert first["scope"] == "local" and first["partial"] == ["fleet"]
+    assert [row["requests"] for row in first["rows"]] == [1]
+    [warning] = warnings.events
+    assert warning["source"] == "fleet" and warning["error"] == "ConnectionError"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_report_that_cannot_read_the_database_says_partial(
+    reactor: Any, tmp_path: Path
+) -> None:
+    """The database's query fails (its table dropped under it): the minutes outside it are
+    reported, with ``"partial": ["database"]``; a report that read everything has no ``partial``."""
+    path = tmp_path / "u.sqlite3"
+    bus = EventBus(reactor)
+    recorder = UsageRecorder(reactor, bus, path=str(path))
+    await recorder.start()
+    bus.publish(PROXY_REQUEST, inference())
+    whole = await recorder.report(parse_report("1h", None, [], reactor.seconds()))
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE usage")
+    with Warnings() as warnings:
+        answer = await recorder.report(parse_report("1h", None, [], reactor.seconds()))
+    recorder.buffer.unsaved.clear()  # nothing to write into the dropped table
+    await recorder.stop()  # before any assertion: a failed one must not leave its thread running
+    assert "partial" not in whole and [r["requests"] for r in whole["rows"]] == [1]
+    assert answer["scope"] == "local" and answer["partial"] == ["database"]
+    assert [r["requests"] for r in answer["rows"]] == [1]
+    [warning] = warnings.events
+    assert warning["source"] == "database" and warning["error"] == "OperationalError"
+
+
+class RecordingFleet:
+    """A fleet store double: what it was handed, and the peers' rows it answers with."""
+
+    def __init__(self, rows: list[Any] | None = None) -> None:
+        self.up = True
+        self.added: list[tuple[list[Any], float]] = []
+        self.rows = rows or []
+        self.asked: list[tuple[int, int]] = []
+
+    def add_usage(self, rows: Any, ttl: float) -> None:
+        self.added.append((list(rows), ttl))
+
+    def usage_rows(self, since: int, until: int) -> Deferred[list[Any]]:
+        self.asked.append((since, until))
+        return succeed(list(self.rows))
+
+
+def fired(deferred: Deferred[Any]) -> Any:
+    got: list[Any] = []
+    deferred.addBoth(got.append)
+    [result] = got
+    return result
+
+
+def test_a_flush_hands_the_unshared_minutes_to_the_fleet_with_the_retention_as_ttl() -> None:
+    clock = Clock()
+    bus = EventBus(clock)
+    fleet = RecordingFleet()
+    recorder = UsageRecorder(clock, bus, path=None, fleet=fleet, retention=7200.0)  # type: ignore[arg-type]
+    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(PROXY_REQUEST, inference())
+    [timer] = clock.getDelayedCalls()
+    assert timer.getTime() == FLUSH_INTERVAL
+    clock.advance(FLUSH_INTERVAL)
+    assert fleet.added == [([(0, "team-a", "llama3", "n1", 2, 0, 6, 10, 0)], 7200.0)]
+    assert clock.getDelayedCalls() == [] and recorder.buffer.unshared == {}
+    assert sum(c[0] for c in recorder.buffer.memory.values()) == 2  # kept here too
+    fired(recorder.flush())
+    assert len(fleet.added) == 1  # nothing new: nothing handed
+
+
+def test_a_fleet_report_adds_the_peers_rows_to_the_minutes_not_yet_shared() -> None:
+    clock = Clock()
+    bus = EventBus(clock)
+    peer = (0, "team-b", "llama3", "n2", 4, 1, 0, 0, 4)
+    fleet = RecordingFleet([peer])
+    recorder = UsageRecorder(clock, bus, path=None, fleet=fleet)  # type: ignore[arg-type]
+    bus.publish(PROXY_REQUEST, inference())
+    report = parse_report("1h", None, ["key"], clock.seconds() + 60)
+    answer = fired(recorder.report(report))
+    assert answer["scope"] == "fleet" and "partial" not in answer
+    assert fleet.asked == [(report.since, report.until)] and report.since != report.until
+    assert [(r["key"], r["requests"], r["errors"]) for r in answer["rows"]] == [
+        ("team-a", 1, 0),
+        ("team-b", 4, 1),
+    ]
+    fleet.up = False
+    local = fired(recorder.report(report))
+    assert local["scope"] == "local" and [r["key"] for r in local["rows"]] == ["team-a"]
+    fired(recorder.stop())
+
+
+def test_a_fleet_that_refuses_the_rows_never_fails_the_flush() -> None:
+    clock = Clock()
+    bus = EventBus(clock)
+    fleet = RecordingFleet()
+
+    def refuse(rows: Any, ttl: float) -> None:
+        raise ConnectionError("store closed")
+
+    fleet.add_usage = refuse  # type: ignore[method-assign]
+    recorder = UsageRecorder(clock, bus, path=None, fleet=fleet)  # type: ignore[arg-type]
+    bus.publish(PROXY_REQUEST, inference())
+    assert fired(recorder.flush()) is None
+    assert recorder.buffer.unshared == {} and len(recorder.buffer.memory) == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_minutes_counted_while_opening_arm_the_flush_timer_once_open(
+    reactor: Any, tmp_path: Path
+) -> None:
+    bus = EventBus(reactor)
+    recorder = UsageRecorder(reactor, bus, path=str(tmp_path / "u.sqlite3"))
+    started = recorder.start()
+    bus.publish(PROXY_REQUEST, inference())
+    assert recorder._flush_timer is not None  # armed while opening, as ever
+    recorder._flush_timer.cancel()
+    recorder._flush_timer = None
+    await started
+    timer = recorder._flush_timer  # the open armed it again, for what waited
+    await recorder.stop()
+    assert timer is not None and timer.getTime() > reactor.seconds() - 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_hourly_prune_is_armed_at_the_open_and_disarmed_by_stop(
+    reactor: Any, tmp_path: Path
+) -> None:
+    recorder = UsageRecorder(reactor, EventBus(reactor), path=str(tmp_path / "u.sqlite3"))
+    await recorder.start()
+    timer = recorder.storage._prune_timer
+    armed = timer is not None and timer.active()
+    when = timer.getTime() - reactor.seconds() if timer is not None else None
+    await recorder.stop()  # before any assertion: a failed one must not leave its thread running
+    assert armed and when is not None and abs(when - PRUNE_INTERVAL) < 5
+    assert timer is not None and not timer.active() and recorder.storage._prune_timer is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_only_request_records_count_and_nothing_after_stop(
+    reactor: Any, tmp_path: Path
+) -> None:
+    """Another event naming a model is not a request; a record published after ``stop`` is not
+    counted, and ``stop`` closed the database."""
+    bus = EventBus(reactor)
+    recorder = UsageRecorder(reactor, bus, path=str(tmp_path / "u.sqlite3"))
+    await recorder.start()
+    bus.publish(WORKLOAD_COMPLETED, inference())
+    bus.publish(PROXY_REQUEST, inference())
+    await recorder.stop()
+    bus.publish(PROXY_REQUEST, inference())
+    await recorder.stop()  # a second stop is harmless
+    assert recorder.storage.db is None
+    assert recorder.buffer.unsaved == {} and recorder.buffer.memory == {}
+    assert [r[3] for r in stored(tmp_path / "u.sqlite3")] == [1]
