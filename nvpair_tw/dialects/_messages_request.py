@@ -12,7 +12,8 @@ Messages field                            chat completions field
 ``messages[].content`` text blocks        a string (one text block) or ``text`` parts
 ``image`` blocks (``base64`` / ``url``)   ``image_url`` parts (a ``data:`` URL for base64)
 an assistant's ``tool_use`` blocks        its ``tool_calls`` (``id``, ``function.name``,
-                                          ``function.arguments``: ``input`` as a JSON string)
+                                          ``function.arguments``: ``input`` as a JSON string);
+                                          ``content: null`` when the turn has no text
 a user's ``tool_result`` blocks           one ``role: "tool"`` message each, before the rest of
                                           that turn (``tool_call_id``; its text content; an
                                           ``is_error`` result's text prefixed ``Error: ``)
@@ -145,7 +146,9 @@ def _turn(message: Mapping[str, Any]) -> list[dict[str, Any]]:
             raise Untranslatable("messages", f"a {kind!r} content block has no counterpart")
     if not parts and not calls and not thinking:
         return results
-    item: dict[str, Any] = {"role": role, "content": _parts(parts)}
+    # calls alone: content null, as OpenAI writes it (Ollama 0.9.3's /v1 drops the calls of a
+    # message whose content is a string, even an empty one)
+    item: dict[str, Any] = {"role": role, "content": _parts(parts) if parts or not calls else None}
     if calls:
         item["tool_calls"] = calls
     if thinking:

@@ -273,3 +273,31 @@ def test_what_has_no_counterpart_is_untranslatable(body: dict[str, Any], field: 
     assert untranslatable_field("/v1/messages", full) == field
     with pytest.raises(Untranslatable):
         upstream(full)
+
+
+def test_an_assistant_turn_of_tool_use_blocks_alone_has_null_content() -> None:
+    """§17.4: as OpenAI writes it; Ollama 0.9.3's ``/v1/chat/completions`` drops the calls of an
+    assistant message whose content is a string, even an empty one (tests/e2e/test_real_tools)."""
+    use = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Rome"}}
+    _, body, _ = upstream(
+        {
+            "model": "m",
+            "max_tokens": 10,
+            "messages": [
+                {"role": "user", "content": "Weather in Rome?"},
+                {"role": "assistant", "content": [use]},
+                {"role": "user", "content": "And now?"},
+            ],
+        }
+    )
+    assert body["messages"][1] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "toolu_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'},
+            }
+        ],
+    }

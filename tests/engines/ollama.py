@@ -31,6 +31,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -47,6 +48,8 @@ from typing import NoReturn
 __all__ = [
     "GGUF",
     "MODEL",
+    "TOOL_MODEL",
+    "TOOL_TEMPLATE",
     "VERSION",
     "WHEELS",
     "EngineError",
@@ -56,6 +59,7 @@ __all__ = [
     "install_dir",
     "is_ready",
     "main",
+    "register_tool_model",
     "server_env",
     "up",
     "up_or_fail",
@@ -63,6 +67,16 @@ __all__ = [
 
 VERSION = "0.9.3"
 MODEL = "smollm2"
+TOOL_MODEL = "smollm2-tools"
+"""The same model with :data:`TOOL_TEMPLATE` (:func:`register_tool_model`)."""
+TOOL_TEMPLATE = Path(__file__).with_name("chatml_tools.gotmpl")
+"""A tool-capable ChatML ``TEMPLATE`` for SmolLM2 in Ollama's Go template language: the same
+prompt as ``tests.engines.llamacpp.TOOL_TEMPLATE`` renders, token for token. Ollama refuses
+``tools`` for a model whose template does not use ``.Tools`` (SmolLM2's own does not), and reads
+the call format back from the template (``<tool_call>``). Two details matter for a model this
+small: Ollama 0.9.3 renders ``{{ .Function.Arguments }}`` as Go's ``map[city:Berlin]``, so the
+arguments are written key by key with ``json``; and the file ends in ``-}}`` (a trailing newline
+would follow the assistant header, and the model then answers in prose)."""
 
 
 @dataclass(frozen=True)
@@ -484,6 +498,29 @@ def up(
             f"\n{log}:\n{_tail(log)}"
         )
     return process.pid
+
+
+def register_tool_model(port: int) -> None:
+    """Register :data:`TOOL_MODEL` on the server on ``port``: :data:`MODEL` with
+    :data:`TOOL_TEMPLATE` and ``repeat_penalty`` 1 (Ollama's default of 1.1 penalises the
+    repeated call the few-shot prompt asks for; ``llama-server``'s default is 1). Use a server
+    with a model store of its own (``up``'s ``OLLAMA_MODELS``) so no other server lists it."""
+    body = {
+        "model": TOOL_MODEL,
+        "from": MODEL,
+        "template": TOOL_TEMPLATE.read_text(),
+        "parameters": {"repeat_penalty": 1.0},
+        "stream": False,
+    }
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/create",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=300) as answer:
+        status = json.load(answer).get("status")
+    if status != "success":
+        raise EngineError(f"ollama did not register {TOOL_MODEL}: {status!r}")
 
 
 def _stop(process: subprocess.Popen[bytes]) -> None:

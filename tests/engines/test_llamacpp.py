@@ -66,6 +66,30 @@ def test_the_server_command_runs_one_thread_under_the_alias(tmp_path: Path) -> N
     assert (pairs["--parallel"], pairs["--ctx-size"]) == ("3", str(3 * 2048))
 
 
+def test_a_chat_template_replaces_the_models_own_and_none_keeps_it(tmp_path: Path) -> None:
+    plain = llamacpp.server_command(tmp_path, 4321, tmp_path / "m.gguf")
+    assert "--chat-template-file" not in plain
+    command = llamacpp.server_command(
+        tmp_path, 4321, tmp_path / "m.gguf", chat_template=llamacpp.TOOL_TEMPLATE
+    )
+    assert command[len(plain) :] == ["--jinja", "--chat-template-file", str(llamacpp.TOOL_TEMPLATE)]
+    assert llamacpp.TOOL_TEMPLATE.is_file() and ollama.TOOL_TEMPLATE.is_file()
+
+
+def test_the_few_shot_prompt_shows_two_calls_then_asks_a_third_question() -> None:
+    tools, messages = llamacpp.tool_prompt()
+    assert [t["function"]["name"] for t in tools] == [llamacpp.TOOL_NAME]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant", "user"]
+    calls = [m["tool_calls"][0]["function"] for m in messages if m["role"] == "assistant"]
+    assert [c["arguments"] for c in calls] == ['{"city": "Berlin"}', '{"city": "Rome"}']
+    assert llamacpp.ASKED_CITY in messages[-1]["content"]
+
+
+def test_the_ollama_tool_template_ends_trimmed() -> None:
+    """A newline after the template's last action would follow the assistant header."""
+    assert ollama.TOOL_TEMPLATE.read_text().rstrip("\n").endswith("-}}")
+
+
 # --- install, lock, rename -----------------------------------------------------------------------
 
 
