@@ -21,7 +21,7 @@ import pytest
 
 from tests.e2e.realnodes import MODEL, ProxyProcess, RealOllama, real_nodes
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
 ONE_SLOT = {"OLLAMA_NUM_PARALLEL": "1"}
 PROMPT = [{"role": "user", "content": "Name three colours."}]

@@ -21,7 +21,7 @@ import pytest
 from tests.e2e.realnodes import REPO, ProxyProcess, RealOllama, free_ports
 from tests.engines import ollama as ollama_engine
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
 MODEL = "smollm2"
 BOUND = pytest.mark.timeout(180, func_only=True)

@@ -15,7 +15,7 @@ import pytest
 
 from tests.e2e.realnodes import ProxyProcess, RealOllama
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800, func_only=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine, pytest.mark.timeout(1800)]
 
 MODEL = "smollm2"
 DEFAULT_CONTEXT = 2048

@@ -18,7 +18,7 @@ import pytest
 
 from tests.e2e.realnodes import ProxyProcess, RealOllama
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
 MODEL = "smollm2"
 TOKENS = 12

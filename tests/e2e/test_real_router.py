@@ -21,7 +21,7 @@ from tests.e2e.realnodes import ProxyProcess, free_ports
 from tests.engines import llamacpp
 from tests.engines import ollama as ollama_engine
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine, pytest.mark.timeout(300)]
 
 NAMES = ("smolA", "smolB")
 

@@ -31,7 +31,7 @@ from tests.e2e.realnodes import ProxyProcess, RealLlamaServer, RealOllama
 from tests.engines import llamacpp
 from tests.engines import ollama as ollama_engine
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
 TOKENS = 48
 CALL = {"city": llamacpp.ASKED_CITY}
