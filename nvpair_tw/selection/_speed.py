@@ -160,6 +160,11 @@ class SpeedBook:
     _entries: dict[tuple[str, str], _Entry] = field(init=False, factory=dict)
     _completion: dict[str, _Mean] = field(init=False, factory=dict)
     _listeners: list[Callable[[str, str, Sample], None]] = field(init=False, factory=list)
+    _fleet: dict[str, tuple[float | None, float | None, float | None]] = field(
+        init=False, factory=dict
+    )
+    """Per model, the fleet's medians, worked out once per change of an estimate (every request
+    asks them; they change only when an answer is folded in)."""
 
     def subscribe(self, listener: Callable[[str, str, Sample], None]) -> None:
         """Call ``listener(node_id, model, sample)`` for each sample this proxy learns itself
@@ -177,6 +182,7 @@ class SpeedBook:
         """Fold one answer's figures into the node's estimate for ``model`` (a peer's sample:
         nobody is told)."""
         entry = self._entries.setdefault((node_id, model), _Entry())
+        self._fleet.pop(model, None)
         decode = _positive(sample.decode_rate)
         if decode is not None:
             entry.decode.add(decode * max(1.0, sample.concurrency))
@@ -201,11 +207,15 @@ class SpeedBook:
         entry = self._entries.get((node_id, model))
         if entry is None or entry.decode.value is None:
             return None
-        medians = self._medians(model)
+        prefill, load = entry.prefill.value, entry.load.value
+        if not prefill or load is None:
+            medians = self._medians(model)
+            prefill = prefill or medians[1] or DEFAULT_PREFILL
+            load = load if load is not None else medians[2] or DEFAULT_LOAD
         return Rates(
             entry.decode.value,
-            entry.prefill.value or medians[1] or DEFAULT_PREFILL,
-            entry.load.value if entry.load.value is not None else medians[2] or DEFAULT_LOAD,
+            prefill,
+            load,
             measured=True,
             samples=entry.samples,
             at=entry.at,
@@ -259,6 +269,12 @@ class SpeedBook:
         }
 
     def _medians(self, model: str) -> tuple[float | None, float | None, float | None]:
+        known = self._fleet.get(model)
+        if known is None:
+            known = self._fleet[model] = self._medians_now(model)
+        return known
+
+    def _medians_now(self, model: str) -> tuple[float | None, float | None, float | None]:
         entries = [e for (_n, m), e in self._entries.items() if m == model]
         return (
             _median([e.decode.value for e in entries if e.decode.value is not None]),
