@@ -15,7 +15,7 @@ from twisted.internet.defer import CancelledError
 from twisted.python.failure import Failure
 from twisted.web.server import Request
 
-from nvpair_tw.core import RouteKind, write_error
+from nvpair_tw.core import ProxyBug, RouteKind, write_error
 from nvpair_tw.corridor._attempts import (
     Abandoned,
     AttemptObserver,
@@ -27,7 +27,7 @@ from nvpair_tw.corridor._attempts import (
 from nvpair_tw.corridor._fallback import Fallbacks, Served
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._refusal import refuse
-from nvpair_tw.corridor._relay import RelayEnd, RelayOutcome, cut, relay
+from nvpair_tw.corridor._relay import PROXY_ERROR, RelayEnd, RelayOutcome, cut, relay
 from nvpair_tw.corridor._responses import remember_response
 from nvpair_tw.corridor._route import Route
 from nvpair_tw.corridor._route import route as choose_route
@@ -35,6 +35,7 @@ from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import RequestRecord, Workload
 from nvpair_tw.dialects import Usage, UsageMeter
 from nvpair_tw.inbound import LOCAL, NOT_COUNTED, Permit, Refusal, Rejection
+from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.selection import (
     RETRY_AFTER_SECONDS,
@@ -48,6 +49,8 @@ from nvpair_tw.selection import (
 )
 
 __all__ = ["forward"]
+
+log = LevelledLogger(namespace=__name__)
 
 
 class _Observer(AttemptObserver):
@@ -179,17 +182,21 @@ async def _answer(
     """The attempts, then the relay of the committed answer (or the refusal, or the fallback
     that takes the request after every owner failed, §16.2), then the end."""
     shared = facade.shared
-    result = await run_attempts(
-        route.plan,
-        route.candidates,
-        shared.client,
-        shared.clock,
-        facade.stalls,
-        caller,
-        booking,
-        _Observer(record, workload, trip),
-        progress=facade.progress,
-    )
+    try:
+        result = await run_attempts(
+            route.plan,
+            route.candidates,
+            shared.client,
+            shared.clock,
+            facade.stalls,
+            caller,
+            booking,
+            _Observer(record, workload, trip),
+            progress=facade.progress,
+        )
+    except ProxyBug as bug:  # the proxy's own, before commit: no node is blamed (§6.1)
+        _proxy_bug(facade, request, record, workload, bug)
+        return None
     if isinstance(result, Committed):
         if route.label and result.wire is not None:
             record.served_as(route.label, result.wire.local_model, result.wire.translated)
@@ -221,6 +228,24 @@ async def _answer(
         return fallback
     _refuse(facade, request, result, record, workload)
     return None
+
+
+def _proxy_bug(
+    facade: FacadeState,
+    request: Request,
+    record: RequestRecord,
+    workload: Workload | None,
+    bug: ProxyBug,
+) -> None:
+    """500 ``proxy-error``: what the proxy did with a node's answer raised before anything was
+    committed. Logged once with its type; the node is neither cooled nor failed over from."""
+    log.error(
+        "the proxy failed on an answer before commit: {error_type}",
+        error_type=type(bug.error).__name__,
+    )
+    if workload is not None:
+        workload.fail(PROXY_ERROR)
+    refuse(facade, request, record, Rejection(500, PROXY_ERROR, "the proxy failed on the answer"))
 
 
 def _measured(record: RequestRecord, usage: Usage, first_token_at: float | None) -> None:

@@ -20,7 +20,7 @@ from nvpair_tw.corridor._dialect import AsIs, Reach, Sends, Speech, UsageNoted, 
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._responses import conversation_first
 from nvpair_tw.corridor._state import FacadeState
-from nvpair_tw.corridor._workloads import RequestRecord
+from nvpair_tw.corridor._workloads import RequestRecord, Workload
 from nvpair_tw.dialects import asks_usage
 from nvpair_tw.inbound import Rejection, Role
 from nvpair_tw.nodes import Node
@@ -29,6 +29,7 @@ from nvpair_tw.selection import (
     Patience,
     affinity_key,
     request_size,
+    spare_busy_routers,
 )
 
 __all__ = ["AFFINITY_MAX_BODY", "AFFINITY_MAX_MESSAGES", "OTHER_MODEL", "Route", "route"]
@@ -72,6 +73,8 @@ def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route
     # Affinity, reservations, residency, workloads and events key on the public name (§11.4).
     model = facade.directory.catalogue.public(gated) if gated else None
     target = inbound.node
+    if model and inference and target is None and len(eligible) > 1:
+        eligible = _spare_busy_routers(facade, eligible, model)
     label = model
     if model and target is not None and target not in facade.eligible(gated):
         label = OTHER_MODEL  # a targeted node that does not list it (§14.6)
@@ -146,6 +149,28 @@ def _eligible(facade: FacadeState, inbound: Inbound, model: str | None) -> list[
         what = f"every node with model '{model}'" if model else "every node"
         return Rejection(503, "node-cordoned", f"{what} is cordoned for maintenance")
     return _no_owner(inbound, model) if model else eligible
+
+
+def _spare_busy_routers(facade: FacadeState, eligible: list[Node], model: str) -> list[Node]:
+    """Without the llama.cpp routers that would have to evict a model whose requests are still
+    running to load ``model``, while another candidate exists (docs/behaviour.md §17.2)."""
+    inventory = facade.inventory
+    profile = facade.profile
+    live: list[Workload] | None = None
+
+    def in_flight(node_id: str, name: str) -> int:
+        nonlocal live
+        if live is None:
+            live = [w for w in facade.shared.workloads.live() if w.engine == facade.engine]
+        return sum(
+            1
+            for w in live
+            if w.scheduled_on == node_id and profile.matches(w.model, name) and not w.terminal
+        )
+
+    ids = [node.id for node in eligible]
+    kept = set(spare_busy_routers(ids, model, inventory, inventory.facts, in_flight))
+    return eligible if len(kept) == len(ids) else [n for n in eligible if n.id in kept]
 
 
 def _no_owner(inbound: Inbound, model: str) -> Rejection:

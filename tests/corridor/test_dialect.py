@@ -592,3 +592,24 @@ def test_a_transducers_bug_before_commit_fails_the_request_without_failover_or_c
     assert loop.bodies(1002) == []
     assert loop.stalls.cooling() == frozenset() and loop.cooldowns == []
     loop.stalls.stop()
+
+
+def test_a_translation_bug_before_commit_is_a_500_proxy_error_and_no_failover(
+    memory_cluster: Make, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A translation that raises on the first answer bytes (a bug injected here) is the proxy's
+    own: 500 ``proxy-error`` in the facade's shape, recorded so; the node is not cooled and the
+    other owner is not tried (docs/behaviour.md §6.1)."""
+    from nvpair_tw.dialects._ollama_stream import OllamaStream
+
+    def broken(self: OllamaStream, data: bytes) -> bytes:
+        raise KeyError("choices")
+
+    monkeypatch.setattr(OllamaStream, "feed", broken)
+    clock = Clock()
+    cluster = memory_cluster(clock, {"b": openai_node(clock), "c": openai_node(clock)})
+    response = cluster.fetch("POST", "/api/chat", json=chat(MODEL))
+    assert response.status == 500 and response.json()["code"] == "proxy-error"
+    tried = [node for node in ("b", "c") if sent(cluster, node)]
+    assert len(tried) == 1
+    assert cluster.runtime.facades["ollama"].stalls.cooling() == frozenset()
