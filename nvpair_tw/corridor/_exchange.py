@@ -274,6 +274,8 @@ def _answer_of(usage: Usage, record: RequestRecord, first_at: float | None) -> A
         first,
         usage.last_at,
         usage.engine_rate,
+        usage.engine_prefill,
+        usage.engine_load,
     )
 
 

@@ -55,6 +55,26 @@ WHOLE_CAP = 8 << 20
 
 
 @frozen
+class Counts:
+    """What one frame states: token counts and the engine's own timings (None where silent):
+    its decode rate, its prefill rate (prompt tokens a second) and the seconds it spent loading
+    the model for this answer (docs/behaviour.md §15.1)."""
+
+    prompt: int | None = None
+    completion: int | None = None
+    rate: float | None = None
+    prefill: float | None = None
+    load: float | None = None
+
+    @property
+    def stated(self) -> bool:
+        return self.prompt is not None or self.completion is not None
+
+
+_SILENT = Counts()
+
+
+@frozen
 class Usage:
     """What one answer said of its tokens: counts (None: unknown), the clock time of its first
     content-bearing chunk and of its last chunk, and the engine's own generation rate."""
@@ -64,16 +84,24 @@ class Usage:
     first_content_at: float | None = None
     last_at: float | None = None
     engine_rate: float | None = None
+    engine_prefill: float | None = None
+    """The engine's own prompt tokens a second (Ollama ``prompt_eval_*``, llama.cpp
+    ``timings.prompt_per_second``)."""
+    engine_load: float | None = None
+    """Seconds the engine says it spent loading the model for this answer (Ollama
+    ``load_duration``)."""
 
     def noted(self, frame: dict[str, Any]) -> Usage:
         """These counts completed by a usage frame removed on the way (:class:`UsageStripper`)."""
-        prompt, completion, rate = _counts(frame)
+        said = _counts(frame)
         return Usage(
-            self.prompt_tokens if prompt is None else prompt,
-            self.completion_tokens if completion is None else completion,
+            self.prompt_tokens if said.prompt is None else said.prompt,
+            self.completion_tokens if said.completion is None else said.completion,
             self.first_content_at,
             self.last_at,
-            self.engine_rate if rate is None else rate,
+            self.engine_rate if said.rate is None else said.rate,
+            self.engine_prefill if said.prefill is None else said.prefill,
+            self.engine_load if said.load is None else said.load,
         )
 
     def tokens_per_second(self) -> float | None:
@@ -114,14 +142,22 @@ def _has_content(event: dict[str, Any]) -> bool:
     return kind in ("response.output_text.delta", "content_block_delta")
 
 
-def _counts(event: dict[str, Any]) -> tuple[int | None, int | None, float | None]:
-    """(prompt, completion, engine rate) one frame or whole answer states; None where silent."""
+def _per_second(count: int | None, nanoseconds: int | None) -> float | None:
+    return count / (nanoseconds / 1e9) if count and nanoseconds else None
+
+
+def _counts(event: dict[str, Any]) -> Counts:
+    """What one frame or whole answer states (:class:`Counts`; None where silent)."""
     if "prompt_eval_count" in event or "eval_count" in event:
-        rate = None
-        count, duration = _int(event.get("eval_count")), _int(event.get("eval_duration"))
-        if count and duration:
-            rate = count / (duration / 1e9)
-        return _int(event.get("prompt_eval_count")), count, rate
+        count, prompt = _int(event.get("eval_count")), _int(event.get("prompt_eval_count"))
+        loading = _int(event.get("load_duration"))
+        return Counts(
+            prompt,
+            count,
+            _per_second(count, _int(event.get("eval_duration"))),
+            _per_second(prompt, _int(event.get("prompt_eval_duration"))),
+            None if loading is None else loading / 1e9,
+        )
     kind = event.get("type")
     if kind == "response.completed" and isinstance(event.get("response"), dict):
         event = event["response"]
@@ -129,21 +165,28 @@ def _counts(event: dict[str, Any]) -> tuple[int | None, int | None, float | None
         event = event["message"]
     usage = event.get("usage")
     if not isinstance(usage, dict):
-        return None, None, None
+        return _SILENT
     timings = event.get("timings")
-    rate = None
-    if isinstance(timings, dict) and isinstance(timings.get("predicted_per_second"), int | float):
-        rate = float(timings["predicted_per_second"])
-    prompt = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
-    completion = _int(usage.get("completion_tokens", usage.get("output_tokens")))
-    return prompt, completion, rate
+    timings = timings if isinstance(timings, dict) else {}
+    return Counts(
+        _int(usage.get("prompt_tokens", usage.get("input_tokens"))),
+        _int(usage.get("completion_tokens", usage.get("output_tokens"))),
+        _rate(timings.get("predicted_per_second")),
+        _rate(timings.get("prompt_per_second")),
+    )
+
+
+def _rate(value: Any) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    return None
 
 
 _COUNT_MARKS = (b"usage", b"eval_count")
 """A frame stating counts holds one of these (the others are never parsed at the end)."""
 
 
-def _last_counts(text: bytes) -> tuple[int | None, int | None, float | None]:
+def _last_counts(text: bytes) -> Counts:
     """The counts of the last frame of ``text`` stating any, found from the end by searching for a
     count's name (in C); only the lines holding one are parsed."""
     end = len(text)
@@ -154,11 +197,11 @@ def _last_counts(text: bytes) -> tuple[int | None, int | None, float | None]:
         start = max(text.rfind(b"\n", 0, mark), text.rfind(b"\r", 0, mark)) + 1
         stop = text.find(b"\n", mark)
         for frame in _frames(text[start : len(text) if stop < 0 else stop]):
-            prompt, completion, rate = _counts(frame)
-            if prompt is not None or completion is not None:
-                return prompt, completion, rate
+            said = _counts(frame)
+            if said.stated:
+                return said
         end = start
-    return None, None, None
+    return _SILENT
 
 
 def _frames(text: bytes) -> list[dict[str, Any]]:
@@ -217,7 +260,7 @@ class UsageMeter:
         run = self._head.complete(data)
         for line in run.splitlines():  # parsed one by one: usually the first has it
             for frame in _frames(line):
-                prompt, _, _ = _counts(frame)
+                prompt = _counts(frame).prompt
                 if prompt is not None:
                     self._prompt = prompt
                 if _has_content(frame):
@@ -232,16 +275,23 @@ class UsageMeter:
     def end(self) -> Usage:
         """The counts the answer stated (None when it never did, e.g. a stream cut before them)."""
         if self._streaming:
-            prompt, completion, rate = _last_counts(_last_bytes(self._tail, END_BYTES))
+            said = _last_counts(_last_bytes(self._tail, END_BYTES))
         elif self._whole_size <= WHOLE_CAP:
             whole = b"".join(self._whole).replace(b"\n", b" ").replace(b"\r", b" ")
-            prompt, completion, rate = _last_counts(whole)
+            said = _last_counts(whole)
         else:
-            prompt, completion, rate = None, None, None
-        if prompt is None:
-            prompt = self._prompt
+            said = _SILENT
+        prompt = self._prompt if said.prompt is None else said.prompt
         # The answer ends as its last chunk is relayed: that is its last token's time.
-        return Usage(prompt, completion, self._first, self._clock(), rate)
+        return Usage(
+            prompt,
+            said.completion,
+            self._first,
+            self._clock(),
+            said.rate,
+            said.prefill,
+            said.load,
+        )
 
 
 def _last_bytes(chunks: deque[bytes], wanted: int) -> bytes:

@@ -89,13 +89,18 @@ class Answer:
     first_at: float | None
     last_at: float | None
     engine_rate: float | None = None
+    engine_prefill: float | None = None
+    """The engine's own prompt tokens a second, where it reports them."""
+    engine_load: float | None = None
+    """The seconds the engine says it spent loading the model, where it reports them."""
 
 
 def sample_of(answer: Answer, start: Start, concurrency: float, prefill: float) -> Sample:
-    """The :class:`Sample` of one answer (§15.1): the engine's decode rate where given, else
-    completion tokens over first to last content; the prefill rate from dispatch to first content
-    (:attr:`Start.PLAIN` only); the load time (:attr:`Start.LOADED`) as that time less the prompt
-    at the node's current ``prefill`` estimate."""
+    """The :class:`Sample` of one answer (§15.1): the engine's own figures where it reports them
+    (decode and prefill rates, load time), else what was measured — the decode rate as completion
+    tokens over first to last content; the prefill rate from dispatch to first content
+    (:attr:`Start.PLAIN` only); the load time (:attr:`Start.LOADED`) as that time less the
+    prompt at the node's current ``prefill`` estimate."""
     decode = answer.engine_rate
     first, last = answer.first_at, answer.last_at
     tokens = answer.completion_tokens
@@ -106,10 +111,16 @@ def sample_of(answer: Answer, start: Start, concurrency: float, prefill: float) 
         ttft = max(0.0, first - answer.dispatched_at)
     prompt = answer.prompt_tokens or 0
     rate = load = None
-    if ttft is not None and start is Start.PLAIN and prompt >= MIN_PREFILL_TOKENS and ttft > 0:
-        rate = prompt / ttft
-    if ttft is not None and start is Start.LOADED:
-        load = max(0.0, ttft - prompt / prefill)
+    if start is Start.PLAIN and prompt >= MIN_PREFILL_TOKENS:
+        if answer.engine_prefill is not None:
+            rate = answer.engine_prefill
+        elif ttft is not None and ttft > 0:
+            rate = prompt / ttft
+    if start is Start.LOADED:
+        if answer.engine_load is not None:
+            load = answer.engine_load
+        elif ttft is not None:
+            load = max(0.0, ttft - prompt / prefill)
     return Sample(decode, rate, load, tokens, concurrency)
 
 

@@ -71,6 +71,30 @@ def test_an_ollama_streams_final_object_gives_counts_and_the_engines_rate() -> N
     assert usage.tokens_per_second() == 20.0
 
 
+def test_an_ollama_final_object_gives_the_engines_prefill_rate_and_load_time() -> None:
+    """docs/behaviour.md §15.1: the engine's own figures, where it reports them."""
+    final = {
+        "done": True,
+        "prompt_eval_count": 300,
+        "prompt_eval_duration": 500_000_000,
+        "load_duration": 1_250_000_000,
+        "eval_count": 40,
+        "eval_duration": 2_000_000_000,
+    }
+    usage = metered(ndjson({"message": {"content": "x"}, "done": False}, final))
+    assert (usage.engine_prefill, usage.engine_load) == (600.0, 1.25)
+
+
+def test_llama_cpp_timings_give_the_engines_prefill_rate() -> None:
+    last = {
+        "choices": [],
+        "usage": {"prompt_tokens": 300, "completion_tokens": 40},
+        "timings": {"predicted_per_second": 57.7, "prompt_per_second": 812.5},
+    }
+    usage = metered(sse({"choices": [{"delta": {"content": "x"}}]}, last))
+    assert (usage.engine_rate, usage.engine_prefill, usage.engine_load) == (57.7, 812.5, None)
+
+
 @pytest.mark.parametrize(
     ("frames", "counts"),
     [

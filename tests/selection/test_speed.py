@@ -105,6 +105,13 @@ def test_a_cold_start_measures_the_load_not_the_prefill() -> None:
     assert (sample.prefill_rate, sample.load_seconds) == (None, 3.0)
 
 
+def test_the_engines_own_prefill_rate_and_load_time_beat_the_measured_ones() -> None:
+    plain = Answer(400, 40, 10.0, 14.0, 18.0, engine_prefill=800.0)
+    assert sample_of(plain, Start.PLAIN, 1.0, 400.0).prefill_rate == 800.0
+    cold = Answer(400, 40, 10.0, 14.0, 18.0, engine_load=2.5)
+    assert sample_of(cold, Start.LOADED, 1.0, 400.0).load_seconds == 2.5
+
+
 def test_a_warm_prefix_teaches_no_prefill_rate() -> None:
     answer = Answer(400, 40, 10.0, 10.1, 12.0)
     assert sample_of(answer, Start.CACHED, 1.0, 400.0).prefill_rate is None
