@@ -238,6 +238,10 @@ def _messages(messages: Any) -> list[dict[str, Any]]:
                 )
                 open_calls.append((ident, name if isinstance(name, str) else None))
             item["tool_calls"] = translated
+            if item["content"] == "":
+                # An empty string beside tool calls makes some engines drop the calls (Ollama's
+                # /v1/chat/completions does): OpenAI itself writes null there.
+                item["content"] = None
         if role == "tool":
             item["tool_call_id"] = _answered(message, open_calls)
         out.append(item)

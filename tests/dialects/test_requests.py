@@ -129,6 +129,7 @@ def test_tool_calls_get_ids_and_string_arguments_and_tool_messages_answer_them()
         },
     )
     assistant, time_answer, weather_answer = body["messages"][1:]
+    assert assistant["content"] is None  # "" beside calls: Ollama's /v1 drops the calls
     assert assistant["tool_calls"] == [
         {
             "id": "call_0",
