@@ -31,6 +31,8 @@ from nvpair_tw.corridor._relay import PROXY_ERROR, RelayEnd, RelayOutcome, cut, 
 from nvpair_tw.corridor._responses import remember_response
 from nvpair_tw.corridor._route import Route
 from nvpair_tw.corridor._route import route as choose_route
+from nvpair_tw.corridor._scheduling import learn
+from nvpair_tw.corridor._scheduling import trip as start_trip
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import RequestRecord, Workload
 from nvpair_tw.dialects import Usage, UsageMeter
@@ -158,7 +160,7 @@ async def _admitted(
     if ticket is not None:
         route = _bound(route, ticket)
         booking = Booking.take(facade.shared.ledger, route.candidates[0].id, ticket)
-    trip = facade.trip(route.model, route.predicted, route.warm, route.patience)
+    trip = start_trip(facade, route.model, route.predicted, route.warm, route.patience)
     try:
         return await _answer(
             facade, request, route, caller, booking, record, workload, trip, fallbacks
@@ -293,7 +295,7 @@ def _learnt(
     if landing is None or route.model is None or outcome.end is not RelayEnd.FINISHED:
         return
     if outcome.status == 200:
-        facade.learn(landing, route.model, answer)
+        learn(facade, landing, route.model, answer)
         if landing.node_id in route.predicted:
             record.predicted(landing.predicted, answer.last_at)
 

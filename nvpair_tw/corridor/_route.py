@@ -19,6 +19,7 @@ from nvpair_tw.corridor._attempts import (
 from nvpair_tw.corridor._dialect import AsIs, Reach, Sends, Speech, UsageNoted, reach
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._responses import conversation_first
+from nvpair_tw.corridor._scheduling import rank
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import RequestRecord, Workload
 from nvpair_tw.dialects import asks_usage
@@ -88,7 +89,7 @@ def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route
     if target is not None:
         candidates, promoted = [target], False
     elif model:
-        ranked = facade.rank(eligible, model, request_size(parsed, len(inbound.body)), hint)
+        ranked = rank(facade, eligible, model, request_size(parsed, len(inbound.body)), hint)
         candidates, promoted, predicted = ranked.nodes, ranked.affinity, ranked.predicted
         record.context_fit = ranked.context_fit
         waiting = ranked.patience

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import pytest
 from twisted.internet.task import Clock
 
+from nvpair_tw.corridor._scheduling import trip as trip_of
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.selection._reservations import make_rank
 from nvpair_tw.simulated._engine import SimulatedEngine
@@ -315,9 +316,9 @@ def test_only_requests_for_a_model_count_as_work_in_flight(memory_cluster: Make)
     clock = Clock()
     cluster = memory_cluster(clock, engines(clock, {"a": None}))
     facade = cluster.facade()
-    facade.trip(None, {}, None).attempt("a")
+    trip_of(facade, None, {}, None).attempt("a")
     assert facade.flights.in_flight("a") == 0
-    trip = facade.trip("llama3", {"a": 2.0}, None)
+    trip = trip_of(facade, "llama3", {"a": 2.0}, None)
     trip.attempt("a")
     assert (facade.flights.in_flight("a"), facade.flights.remaining("a")) == (1, 2.0)
     trip.land()
