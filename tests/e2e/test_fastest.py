@@ -10,8 +10,8 @@ engine alike. The slow node's id sorts first, so the rule this one replaced woul
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
+import subprocess
+import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,26 +37,29 @@ def chat(tokens: int) -> dict[str, Any]:
     }
 
 
+CYCLER = """
+import os, signal, sys, time
+group, run, period = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+while True:
+    os.killpg(group, signal.SIGCONT)
+    time.sleep(run)
+    os.killpg(group, signal.SIGSTOP)
+    time.sleep(period - run)
+"""
+"""The duty cycle, in a process of its own: a thread of the test process doing it stalled there
+(holding the GIL, under coverage's tracer) and never ended."""
+
+
 @contextlib.contextmanager
 def duty_cycle(node: RealOllama) -> Iterator[None]:
     """Hold ``node`` to RUN of every PERIOD seconds until the block ends (then let it run)."""
-    done = threading.Event()
-
-    def cycle() -> None:
-        while not done.is_set():
-            node.thaw()
-            time.sleep(RUN)
-            node.freeze()
-            done.wait(PERIOD - RUN)
-        node.thaw()
-
-    worker = threading.Thread(target=cycle, daemon=True)
-    worker.start()
+    argv = [sys.executable, "-c", CYCLER, str(node.pid), str(RUN), str(PERIOD)]
+    cycler = subprocess.Popen(argv)
     try:
         yield
     finally:
-        done.set()
-        worker.join()
+        cycler.kill()
+        cycler.wait(timeout=10)
         node.thaw()
 
 
