@@ -96,7 +96,7 @@ def preload_of(facade: FacadeState, inbound: Inbound) -> Preload | None:
 async def _through_api(facade: FacadeState, node: Node, preload: Preload) -> bool | None:
     """Ask ``node``'s load API: True when it did it, False when it failed, None when its kind
     has no such API."""
-    control = node.kind_of(facade.profile).control
+    control = facade.inventory.control(node)  # a router's own API first (§17.2)
     if control is None:
         return None
     local = facade.inventory.local_name(node.id, preload.model) or preload.model
