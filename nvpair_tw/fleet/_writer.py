@@ -80,8 +80,9 @@ class BatchedWriter:
         self._batch = None
 
     def flush(self) -> None:
-        """Send every queued write as one script call and one published message."""
-        self._batch = None
+        """Send every queued write as one script call and one published message (a flush called
+        directly, on reconnect or at shutdown, takes the pending batch with it: its timer goes)."""
+        self.stop()
         conn = self._connection()
         if conn is None or not self._queue:
             return

@@ -92,3 +92,14 @@ def test_a_refused_batch_is_said_once_without_the_password_until_the_store_recon
     conn.reply = None
     out.connected()
     assert not out.write_refused
+
+
+def test_a_direct_flush_cancels_the_pending_batch_timer() -> None:
+    """Shutdown flushes then stops: the 5 ms batch the last write started must not outlive it
+    (it did, and ran after the store had stopped)."""
+    out, clock, conn, _up = writer()
+    out.write(lambda: set_op("ns:a"))
+    out.flush()
+    out.stop()
+    assert clock.getDelayedCalls() == []
+    assert [keys for keys, _args in conn.calls] == [["ns:a"]]
