@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,16 @@ def duty_cycle(node: RealOllama) -> Iterator[None]:
         node.thaw()
 
 
+@pytest.fixture(scope="module")
+def pair() -> Iterator[tuple[RealOllama, RealOllama]]:
+    """The slow node and the fast one, one slot each, the model loaded on both (no load time in
+    what is compared); shared by the module's tests."""
+    with real_nodes([ONE_SLOT, ONE_SLOT]) as (slow, fast):
+        for node in (slow, fast):
+            assert post(f"{node.url}/api/chat", chat(1))[0] == 200
+        yield slow, fast
+
+
 @pytest.fixture
 def proxy_for(
     tmp_path: Path,
@@ -98,23 +110,22 @@ def engine_rate(answer: dict[str, Any]) -> float:
 
 
 def test_sequential_requests_go_to_the_fast_node_and_the_rates_are_learnt(
+    pair: tuple[RealOllama, RealOllama],
     proxy_for: Callable[[Sequence[tuple[str, RealOllama]]], ProxyProcess],
 ) -> None:
     """After five warm-up answers at least 80 % of sequential requests go to the fast node; the
     learnt decode rates are within 30 % of what each engine states when asked directly."""
-    with real_nodes([ONE_SLOT, ONE_SLOT]) as (slow, fast):
-        for node in (slow, fast):  # the model loaded on both: no load time in what is compared
-            assert post(f"{node.url}/api/chat", chat(1))[0] == 200
-        proxy = proxy_for([("a-slow", slow), ("b-fast", fast)])
-        with duty_cycle(slow):
-            served: list[str | None] = []
-            for _ in range(15):
-                status, _, name = post(f"{proxy.url}/api/chat", chat(24))
-                assert status == 200
-                served.append(name)
-            listed = {n["id"]: n["rates"] for n in proxy.call("nodes/list")["nodes"]}
-            direct_slow = engine_rate(post(f"{slow.url}/api/chat", chat(24))[1])
-        direct_fast = engine_rate(post(f"{fast.url}/api/chat", chat(24))[1])
+    slow, fast = pair
+    proxy = proxy_for([("a-slow", slow), ("b-fast", fast)])
+    with duty_cycle(slow):
+        served: list[str | None] = []
+        for _ in range(15):
+            status, _, name = post(f"{proxy.url}/api/chat", chat(24))
+            assert status == 200
+            served.append(name)
+        listed = {n["id"]: n["rates"] for n in proxy.call("nodes/list")["nodes"]}
+        direct_slow = engine_rate(post(f"{slow.url}/api/chat", chat(24))[1])
+    direct_fast = engine_rate(post(f"{fast.url}/api/chat", chat(24))[1])
     after = served[5:]
     assert after.count("b-fast") >= 0.8 * len(after), served
     [learnt_slow] = [r["decodeTokensPerSecond"] for r in listed["a-slow"].values()]
@@ -123,3 +134,35 @@ def test_sequential_requests_go_to_the_fast_node_and_the_rates_are_learnt(
     assert learnt_fast > learnt_slow, (learnt_fast, learnt_slow)
     assert abs(learnt_fast - direct_fast) <= 0.3 * direct_fast, (learnt_fast, direct_fast)
     assert abs(learnt_slow - direct_slow) <= 0.3 * direct_slow, (learnt_slow, direct_slow)
+
+
+BURST = 4
+
+
+def burst(urls: Sequence[str]) -> float:
+    """Post one request to each URL at once; the seconds until the last answer (each a 200)."""
+    began = time.monotonic()
+    with ThreadPoolExecutor(len(urls)) as pool:
+        answers = list(pool.map(lambda url: post(url, chat(24))[0], urls))
+    assert answers == [200] * len(urls)
+    return time.monotonic() - began
+
+
+def test_a_burst_on_one_slot_nodes_finishes_sooner_than_under_the_old_rule(
+    pair: tuple[RealOllama, RealOllama],
+    proxy_for: Callable[[Sequence[tuple[str, RealOllama]]], ProxyProcess],
+) -> None:
+    """Four requests at once, after five warm-up answers, finish sooner through the proxy than
+    sent as the rule this one replaced sent them: the node with the fewest in flight, a tie to
+    the first listed (the slow node), so two to each node, each queued by its engine's one slot.
+    That rule needs no proxy to run: its burst goes straight to the engines, under the same
+    duty cycle."""
+    slow, fast = pair
+    proxy = proxy_for([("a-slow", slow), ("b-fast", fast)])
+    with duty_cycle(slow):
+        for _ in range(5):
+            assert post(f"{proxy.url}/api/chat", chat(24))[0] == 200
+        through_proxy = burst([f"{proxy.url}/api/chat"] * BURST)
+        least_in_flight = [slow.url, fast.url] * (BURST // 2)
+        old_rule = burst([f"{url}/api/chat" for url in least_in_flight])
+    assert through_proxy < old_rule, (through_proxy, old_rule)
