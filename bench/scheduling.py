@@ -20,6 +20,12 @@ Contenders, each dispatching at arrival:
 - **round robin**;
 - **oracle**: knows every rate and each request's true lengths, and sends each arrival where it
   would finish first given the work already there (greedy least finish time).
+- **LiteLLM**'s routing strategies ``simple-shuffle``, ``least-busy``, ``latency-based-routing``
+  and ``usage-based-routing``, re-expressed from its ``litellm/router_strategy`` sources with their
+  defaults (each function cites the file it follows); each sends a request to a node at arrival.
+
+A second set of tables sends bursts (eight requests at once, after a short warm-up) to the two-node
+fleet, with one slot per node and with unlimited slots.
 
 Reported: mean and p95 time to last token (arrival to last token), their ratio to the oracle's
 mean, and, of the requests that arrived while the fastest node was idle, the share that went to
