@@ -20,6 +20,12 @@ Contenders, each dispatching at arrival:
 - **round robin**;
 - **oracle**: knows every rate and each request's true lengths, and sends each arrival where it
   would finish first given the work already there (greedy least finish time).
+- **LiteLLM**'s routing strategies ``simple-shuffle``, ``least-busy``, ``latency-based-routing``
+  and ``usage-based-routing``, re-expressed from its ``litellm/router_strategy`` sources with their
+  defaults (each function cites the file it follows); each sends a request to a node at arrival.
+
+A second set of tables sends bursts (eight requests at once, after a short warm-up) to the two-node
+fleet, with one slot per node and with unlimited slots.
 
 Reported: mean and p95 time to last token (arrival to last token), their ratio to the oracle's
 mean, and, of the requests that arrived while the fastest node was idle, the share that went to
@@ -108,6 +114,22 @@ class _Node:
 
 
 @define
+class Router:
+    """What a LiteLLM router keeps between requests, for its reference policies below (seeded:
+    each run repeats)."""
+
+    rng: random.Random = field(factory=lambda: random.Random(0))
+    logged: int = 0
+    """How many of the sim's answers the router's success callbacks have seen."""
+    latency: dict[str, list[float | None]] = field(factory=dict)
+    """lowest_latency.py's per-deployment sample list (seconds per completion token). None stands
+    for the integer 0 it writes for a deployment first met at selection once the map exists:
+    counted in the mean's length, not in its sum, and kept."""
+    tokens: dict[tuple[str, int], int] = field(factory=dict)
+    """lowest_tpm_rpm.py's total tokens (prompt + completion) per (deployment, clock minute)."""
+
+
+@define
 class Sim:
     """The fleet on one clock; ``done`` collects (ask, node, finish) as requests end."""
 
@@ -122,6 +144,9 @@ class Sim:
     """(request, node, clock time of its last token, whether it went to the fastest node when
     that node was idle (None: it was busy))."""
     turn: int = 0
+    answered: list[tuple[str, Ask, float]] = field(factory=list)
+    """(node, request, clock time of its last token) in the order the answers ended."""
+    router: Router = field(factory=lambda: Router())
 
     def __attrs_post_init__(self) -> None:
         self.nodes = {
@@ -235,6 +260,7 @@ class Sim:
             for i, (a, n, _end, hit) in enumerate(self.done):
                 if a is ask:
                     self.done[i] = (a, n, self.now, hit)
+            self.answered.append((node.machine.id, ask, self.now))
             if job.slot is not None:
                 job.slot.release()  # binds the next waiter it suits (the real admission)
             self._serve_held(node.machine.id)
@@ -303,6 +329,66 @@ def round_robin(sim: Sim, ask: Ask) -> Queue:
     return Queue(sim.machines[sim.turn % len(sim.machines)].id)
 
 
+# LiteLLM's routing strategies (https://docs.litellm.ai/docs/routing, "Advanced - Routing
+# Strategies"), re-expressed on the simulated fleet: LiteLLM sends each request to a deployment at
+# once (the engine queues it), so each is a ``Queue`` decision like round robin. Defaults throughout:
+# no weight, tpm or rpm configured, non-streaming calls (the latency sample is the whole answer's).
+LATENCY_SAMPLES = 10
+"""lowest_latency.py ``RoutingArgs.max_latency_list_size``."""
+
+
+def _log_answers(sim: Sim) -> None:
+    """The router's success callbacks for the answers that ended since the last request, in order."""
+    router = sim.router
+    for node_id, ask, end in sim.answered[router.logged :]:
+        # lowest_latency.py log_success_event: (end - call start) / completion tokens; once the
+        # list is full its last entry is replaced (the first nine stay).
+        kept = router.latency.setdefault(node_id, [])
+        sample = (end - ask.at) / ask.completion
+        kept[:] = [*kept, sample] if len(kept) < LATENCY_SAMPLES else [*kept[:-1], sample]
+        # lowest_tpm_rpm.py log_success_event: total tokens into the minute the answer ended in.
+        key = (node_id, int(end // 60))
+        router.tokens[key] = router.tokens.get(key, 0) + ask.prompt + ask.completion
+    router.logged = len(sim.answered)
+
+
+def simple_shuffle(sim: Sim, ask: Ask) -> Queue:
+    """``simple-shuffle``, the default (litellm/router_strategy/simple_shuffle.py): with no weight,
+    rpm or tpm set, a deployment drawn uniformly at random."""
+    return Queue(sim.router.rng.choice(sim.machines).id)
+
+
+def least_busy(sim: Sim, ask: Ask) -> Queue:
+    """``least-busy`` (litellm/router_strategy/least_busy.py): the fewest requests sent and not yet
+    answered (counted up before the call, down on its answer); a tie goes to the first listed."""
+    return Queue(
+        min(sim.machines, key=lambda m: len(sim.nodes[m.id].jobs) + len(sim.held[m.id])).id
+    )
+
+
+def latency_based(sim: Sim, ask: Ask) -> Queue:
+    """``latency-based-routing`` (litellm/router_strategy/lowest_latency.py, buffer 0): the lowest
+    mean of the recorded seconds per completion token; a deployment with none counts as 0; ties at
+    random. It starts cold, as a fresh router does."""
+    _log_answers(sim)
+    router, means = sim.router, {}
+    for machine in sim.machines:
+        kept = router.latency.get(machine.id)
+        if kept is None and router.latency:  # written into the cached map, so it stays
+            kept = router.latency[machine.id] = [None]
+        means[machine.id] = sum(s for s in kept if s is not None) / len(kept) if kept else 0.0
+    best = min(means.values())
+    return Queue(router.rng.choice([n for n, mean in means.items() if mean == best]))
+
+
+def usage_based(sim: Sim, ask: Ask) -> Queue:
+    """``usage-based-routing`` (litellm/router_strategy/lowest_tpm_rpm.py; no tpm/rpm limits): the
+    fewest tokens answered in the current clock minute; a tie goes to the first listed."""
+    _log_answers(sim)
+    minute = int(sim.now // 60)
+    return Queue(min(sim.machines, key=lambda m: sim.router.tokens.get((m.id, minute), 0)).id)
+
+
 def oracle(sim: Sim, ask: Ask) -> Queue:
     """Greedy least finish time, knowing every rate and this request's true lengths."""
     best: tuple[float, str] | None = None
@@ -342,10 +428,41 @@ def trace(rng: random.Random, count: int, rate: float) -> list[Ask]:
     asks, t = [], 0.0
     for _ in range(count):
         t += rng.expovariate(rate)
-        prompt = int(min(4000, max(50, rng.lognormvariate(5.5, 1.0))))
-        completion = int(min(400, max(10, rng.lognormvariate(4.6, 0.8))))
-        asks.append(Ask(t, prompt, completion))
+        asks.append(Ask(t, *_lengths(rng)))
     return asks
+
+
+def _lengths(rng: random.Random) -> tuple[int, int]:
+    prompt = int(min(4000, max(50, rng.lognormvariate(5.5, 1.0))))
+    completion = int(min(400, max(10, rng.lognormvariate(4.6, 0.8))))
+    return prompt, completion
+
+
+WARM_UP = 4
+BURST_GAP = 600.0
+"""Seconds between bursts: each drains before the next, under every contender."""
+
+
+def bursts(rng: random.Random, size: int, count: int) -> list[Ask]:
+    """``WARM_UP`` requests a minute apart, then ``count`` bursts of ``size`` requests arriving
+    together ``BURST_GAP`` apart; lengths as in :func:`trace`."""
+    asks = [Ask(60.0 * (i + 1), *_lengths(rng)) for i in range(WARM_UP)]
+    for k in range(count):
+        asks += [Ask(BURST_GAP * (k + 1), *_lengths(rng)) for _ in range(size)]
+    return asks
+
+
+def burst_summary(sim: Sim) -> tuple[float, float, float, float]:
+    """Over the bursts' requests (not the warm-up's): mean and p95 time to last token, and the
+    mean and worst time from a burst's arrival to its last answer."""
+    times: dict[float, list[float]] = {}
+    for ask, _n, end, _h in sim.done:
+        if ask.at >= BURST_GAP:
+            times.setdefault(ask.at, []).append(end - ask.at)
+    every = [t for group in times.values() for t in group]
+    spans = [max(group) for group in times.values()]
+    p95 = statistics.quantiles(every, n=20)[18]
+    return statistics.fmean(every), p95, statistics.fmean(spans), max(spans)
 
 
 Policy = Callable[[Sim, Ask], Bind | Queue]
@@ -393,6 +510,10 @@ POLICIES: dict[str, Policy] = {
     "predicted (this rule)": predicted_rule,
     "least in flight (replaced)": least_in_flight,
     "round robin": round_robin,
+    "LiteLLM simple-shuffle": simple_shuffle,
+    "LiteLLM least-busy": least_busy,
+    "LiteLLM latency-based-routing": latency_based,
+    "LiteLLM usage-based-routing": usage_based,
     "oracle (greedy least finish)": oracle,
 }
 LOADS = {"light": 0.10, "medium": 0.50, "heavy": 0.85}
@@ -427,6 +548,30 @@ def main() -> None:
                     f"| {load} ({share:.0%}) | {name} | {mean:.2f} | {p95:.2f} | "
                     f"{mean / best:.2f}x | {hit:.0%} |"
                 )
+    burst_tables(args.seed)
+
+
+BURST_SIZE, BURST_COUNT = 8, 10
+BURST_CASES = (
+    "two nodes, one slot each (requests wait in the proxy's queue)",
+    "two nodes, 10 and 57 tok/s",
+)
+
+
+def burst_tables(seed: int) -> None:
+    """Bursts after a warm-up (the e2e test's "a burst on one-slot nodes finishes sooner than
+    under the old rule", in simulated time)."""
+    asks = bursts(random.Random(seed), BURST_SIZE, BURST_COUNT)
+    for case in BURST_CASES:
+        print(
+            f"\n### bursts: {case} ({WARM_UP} warm-up requests, then {BURST_COUNT} bursts of "
+            f"{BURST_SIZE})\n"
+        )
+        print("| rule | mean TTLT s | p95 s | burst done in, mean s | worst s |")
+        print("|---|---|---|---|---|")
+        for name, policy in POLICIES.items():
+            mean, p95, span, worst = burst_summary(simulate(CASES[case], asks, policy))
+            print(f"| {name} | {mean:.2f} | {p95:.2f} | {span:.2f} | {worst:.2f} |")
 
 
 if __name__ == "__main__":
