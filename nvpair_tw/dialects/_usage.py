@@ -158,22 +158,62 @@ def _counts(event: dict[str, Any]) -> Counts:
             _per_second(prompt, _int(event.get("prompt_eval_duration"))),
             None if loading is None else loading / 1e9,
         )
-    kind = event.get("type")
-    if kind == "response.completed" and isinstance(event.get("response"), dict):
-        event = event["response"]
-    elif kind == "message_start" and isinstance(event.get("message"), dict):
-        event = event["message"]
-    usage = event.get("usage")
+    event = _ANSWER_IN.get(event.get("type"), _whole)(event)
+    usage, stats = event.get("usage"), event.get("stats")
+    stats = stats if isinstance(stats, dict) else {}
     if not isinstance(usage, dict):
-        return _SILENT
+        return _lmstudio_counts(stats) if stats else _SILENT
     timings = event.get("timings")
     timings = timings if isinstance(timings, dict) else {}
+    prompt = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
     return Counts(
-        _int(usage.get("prompt_tokens", usage.get("input_tokens"))),
+        prompt,
         _int(usage.get("completion_tokens", usage.get("output_tokens"))),
-        _rate(timings.get("predicted_per_second")),
-        _rate(timings.get("prompt_per_second")),
+        _rate(timings.get("predicted_per_second")) or _rate(stats.get("tokens_per_second")),
+        _rate(timings.get("prompt_per_second")) or _prefill(prompt, stats),
     )
+
+
+def _whole(event: dict[str, Any]) -> dict[str, Any]:
+    return event
+
+
+def _member(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def inner(event: dict[str, Any]) -> dict[str, Any]:
+        found = event.get(name)
+        return found if isinstance(found, dict) else event
+
+    return inner
+
+
+_ANSWER_IN: dict[Any, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "response.completed": _member("response"),
+    "message_start": _member("message"),
+    "chat.end": _member("result"),
+}
+"""Where a stream's closing event keeps the answer that states counts: the Responses API's
+``response.completed``, Anthropic's ``message_start``, LM Studio's ``/api/v1/chat`` ``chat.end``."""
+
+
+def _lmstudio_counts(stats: dict[str, Any]) -> Counts:
+    """LM Studio's own ``stats`` (``/api/v1/chat``: ``input_tokens``, ``total_output_tokens``,
+    ``tokens_per_second``, ``time_to_first_token_seconds``, ``model_load_time_seconds``)."""
+    prompt = _int(stats.get("input_tokens"))
+    loading = stats.get("model_load_time_seconds")
+    return Counts(
+        prompt,
+        _int(stats.get("total_output_tokens")),
+        _rate(stats.get("tokens_per_second")),
+        _prefill(prompt, stats),
+        _rate(loading),
+    )
+
+
+def _prefill(prompt: int | None, stats: dict[str, Any]) -> float | None:
+    """Prompt tokens a second from LM Studio's time to first token (``/api/v0``:
+    ``time_to_first_token``, ``/api/v1``: ``time_to_first_token_seconds``)."""
+    first = _rate(stats.get("time_to_first_token_seconds", stats.get("time_to_first_token")))
+    return prompt / first if prompt and first else None
 
 
 def _rate(value: Any) -> float | None:
@@ -182,7 +222,7 @@ def _rate(value: Any) -> float | None:
     return None
 
 
-_COUNT_MARKS = (b"usage", b"eval_count")
+_COUNT_MARKS = (b"usage", b"eval_count", b"stats")
 """A frame stating counts holds one of these (the others are never parsed at the end)."""
 
 

@@ -95,6 +95,43 @@ def test_llama_cpp_timings_give_the_engines_prefill_rate() -> None:
     assert (usage.engine_rate, usage.engine_prefill, usage.engine_load) == (57.7, 812.5, None)
 
 
+def test_lmstudio_v0_stats_give_the_engines_rate_and_prefill() -> None:
+    """docs/behaviour.md §15.1: LM Studio's ``/api/v0`` whole answer states its decode rate and
+    its time to first token beside the OpenAI ``usage``."""
+    whole = {
+        "choices": [{"message": {"content": "hi"}}],
+        "usage": {"prompt_tokens": 300, "completion_tokens": 40},
+        "stats": {"tokens_per_second": 42.5, "time_to_first_token": 0.25, "generation_time": 1},
+    }
+    usage = metered([json.dumps(whole).encode()], streaming=False)
+    assert (usage.prompt_tokens, usage.completion_tokens) == (300, 40)
+    assert (usage.engine_rate, usage.engine_prefill, usage.engine_load) == (42.5, 1200.0, None)
+
+
+LMSTUDIO_V1_STATS = {
+    "input_tokens": 120,
+    "total_output_tokens": 30,
+    "reasoning_output_tokens": 0,
+    "tokens_per_second": 25.0,
+    "time_to_first_token_seconds": 0.5,
+    "model_load_time_seconds": 2.5,
+}
+
+
+def test_lmstudio_v1_chat_states_its_counts_only_in_stats() -> None:
+    """``POST /api/v1/chat`` has no ``usage``: counts, rates and load time are its ``stats``,
+    whole or in the stream's ``chat.end`` result."""
+    whole = {"output": [{"type": "message", "content": "hi"}], "stats": LMSTUDIO_V1_STATS}
+    said = metered([json.dumps(whole).encode()], streaming=False)
+    end = {"type": "chat.end", "result": whole}
+    delta_event = b'event: message.delta\ndata: {"type":"message.delta","content":"hi"}\n\n'
+    end_event = b"event: chat.end\ndata: " + json.dumps(end).encode() + b"\n\n"
+    streamed = metered([delta_event, end_event])
+    for usage in (said, streamed):
+        assert (usage.prompt_tokens, usage.completion_tokens) == (120, 30)
+        assert (usage.engine_rate, usage.engine_prefill, usage.engine_load) == (25.0, 240.0, 2.5)
+
+
 @pytest.mark.parametrize(
     ("frames", "counts"),
     [
