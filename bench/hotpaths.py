@@ -6,8 +6,9 @@ small request with each, in alternating batches on the same thread: the CPU time
 (not wall time, which other processes' turns would inflate), best batch of ``--rounds``. Steps:
 the affinity digests of a one-message chat (``selection._affinity``), the upstream request head
 of a small POST, its URL parsed (``upstream._agent``), a response body's gate from relay to end
-(``upstream._attempt``) and one read of 50 chunked SSE events decoded, alone and with the body's
-last chunk (``upstream._http1``). ``bench/perrequest.py`` measures the
+(``upstream._attempt``), one read of 50 chunked SSE events decoded, alone and with the body's
+last chunk (``upstream._http1``), and the terminal-frame detector over a 1,000-event stream read
+whole and in 64 KiB reads (``corridor._terminal``). ``bench/perrequest.py`` measures the
 bookkeeping that needs a runtime.
 """
 
@@ -109,12 +110,39 @@ def last_chunked_read(module: ModuleType) -> Step:
     return lambda: module.ChunkedDecoder().feed(last)
 
 
+STREAM = EVENT * 1000 + b"data: [DONE]\n\n"
+"""A 1,000-event SSE stream and its end, as the relay hands it to the terminal-frame detector."""
+
+
+def terminal_whole(module: ModuleType) -> Step:
+    def step() -> object:
+        detector = module.TerminalFrameDetector("text/event-stream")
+        detector.feed(STREAM)
+        return detector.seen
+
+    return step
+
+
+def terminal_reads(module: ModuleType) -> Step:
+    reads = [STREAM[i : i + 65536] for i in range(0, len(STREAM), 65536)]
+
+    def step() -> object:
+        detector = module.TerminalFrameDetector("text/event-stream")
+        for read in reads:
+            detector.feed(read)
+        return detector.seen
+
+    return step
+
+
 STEPS: dict[str, tuple[str, Callable[[ModuleType], Step]]] = {
     "affinity digests (one message)": ("nvpair_tw/selection/_affinity.py", affinity),
     "upstream request head": ("nvpair_tw/upstream/_agent.py", request_head),
     "upstream body gate, one response": ("nvpair_tw/upstream/_attempt.py", body_end),
     "chunked read of 50 SSE events": ("nvpair_tw/upstream/_http1.py", chunked_read),
     "the same read ending the body": ("nvpair_tw/upstream/_http1.py", last_chunked_read),
+    "terminal frame, 1,000 events read whole": ("nvpair_tw/corridor/_terminal.py", terminal_whole),
+    "terminal frame, the same in 64 KiB reads": ("nvpair_tw/corridor/_terminal.py", terminal_reads),
 }
 
 

@@ -33,6 +33,10 @@ _TERMINAL_TYPES = frozenset(
     {"message_stop", "response.completed", "response.failed", "response.incomplete"}
 )
 _NDJSON_HINT = re.compile(rb'"done"\s*:\s*true')
+_LINE_END = re.compile(rb"[\r\n]")
+_SSE_MARKERS = (b"[DONE]", b"message_stop", b"response.")
+_NDJSON_MARKERS = (b"true",)
+"""What a batch is searched for; only the lines holding one are matched against the hint."""
 # For a line longer than the cap only its head is kept; these find a top-level ``"done": true`` in
 # it without parsing (strings are skipped whole, so quoted text never counts).
 _TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]]', re.DOTALL)
@@ -77,8 +81,8 @@ class TerminalFrameDetector:
     (the chunk itself when it ends a line). The runs are examined in batches of about
     :data:`BATCH` bytes, and whenever ``seen`` is read: a batch is joined and searched for the
     markers in C (SSE: ``[DONE]``, ``message_stop``, ``response.``; NDJSON: ``true``), so a stream
-    of small chunks pays for a few substring searches per batch, not per chunk; only a batch that
-    holds a marker is split into lines, and only its lines that match the pattern are parsed.
+    of small chunks pays for a few substring searches per batch, not per chunk; only the lines that
+    hold a marker are cut out of the batch, and only those that match the pattern are parsed.
     """
 
     content_type: str | None
@@ -147,11 +151,29 @@ class TerminalFrameDetector:
         self._size = 0
         if self._seen:
             return
-        if self._sse:
-            if b"[DONE]" in batch or b"message_stop" in batch or b"response." in batch:
-                self._judge(batch.splitlines(), False)
-        elif b"true" in batch:
-            self._judge(batch.splitlines(), False)
+        for marker in _SSE_MARKERS if self._sse else _NDJSON_MARKERS:
+            if self._judge_marked(batch, marker):
+                return
+
+    def _judge_marked(self, batch: bytes, marker: bytes) -> bool:
+        """Judge the lines of ``batch`` holding ``marker``, found by substring search (in C, at
+        memory speed: a stream read whole holds its terminal frame in one batch with every event
+        before it, and a pattern tried at every byte, or every line split off, costs more than
+        the relay); whether one was the terminal frame."""
+        hint = _SSE_HINT if self._sse else _NDJSON_HINT
+        found = batch.find(marker)
+        while found >= 0:
+            head = max(batch.rfind(b"\n", 0, found), batch.rfind(b"\r", 0, found)) + 1
+            stop = _LINE_END.search(batch, found)
+            end = len(batch) if stop is None else stop.start()
+            line = batch[head:end]
+            if hint.search(line) is not None and self._is_terminal(line):
+                self._seen = True
+                self._lines.clear()
+                self._runs = []
+                return True
+            found = batch.find(marker, end)
+        return False
 
     def _judge(self, lines: list[bytes], truncated: bool) -> None:
         """Whether one of ``lines`` is the terminal frame (the first one cut to its head when
