@@ -16,7 +16,14 @@ from nvpair_tw.dialects._answers import EmbedAnswer, ErrorAnswer, V0Stream, V0Wh
 from nvpair_tw.dialects._common import Transducer, Untranslatable, media_type
 from nvpair_tw.dialects._messages_answer import MessagesError, MessagesStream, MessagesWhole
 from nvpair_tw.dialects._messages_request import MESSAGES_PATH
-from nvpair_tw.dialects._ollama_stream import OllamaStream
+from nvpair_tw.dialects._ollama_stream import (
+    Framing,
+    OllamaRoute,
+    OllamaStream,
+    OpenAIRoute,
+    StreamShape,
+    UpstreamBody,
+)
 from nvpair_tw.dialects._rename import renamer
 from nvpair_tw.dialects._requests import OLLAMA_ROUTES, V0_ROUTES, translate_request
 
@@ -71,15 +78,15 @@ class Translation:
             return EmbedAnswer(
                 self.client_model, clock, legacy=path == "/api/embeddings", limit=self.limit
             )
-        return OllamaStream(
-            self.client_model,
-            clock,
-            generate=path == "/api/generate",
-            completions=self.path == "/v1/completions",
-            whole=not self.streams,
-            upstream_json=media_type(content_type) == b"application/json",
-            limit=self.limit,
+        shape = StreamShape(
+            OllamaRoute.GENERATE if path == "/api/generate" else OllamaRoute.CHAT,
+            OpenAIRoute.COMPLETIONS if self.path == "/v1/completions" else OpenAIRoute.CHAT,
+            Framing.STREAM if self.streams else Framing.WHOLE,
+            UpstreamBody.JSON
+            if media_type(content_type) == b"application/json"
+            else UpstreamBody.SSE,
         )
+        return OllamaStream(self.client_model, clock, shape, limit=self.limit)
 
     def _messages(self, status: int, content_type: bytes | None) -> Transducer:
         """An Anthropic Messages client's answer (docs/behaviour.md §17.3)."""
