@@ -251,6 +251,19 @@ class _Failed:
     failure: Failure | None
 
 
+@frozen
+class _Retry:
+    """One attempt answered a status that moves on (docs/behaviour.md §6.1) and was not the last: the
+    next candidate is tried."""
+
+    code: int
+
+    @property
+    def outcome(self) -> str:
+        """The attempt's outcome name, ``status-<code>``."""
+        return status_outcome(self.code)
+
+
 async def _attempt(
     plan: AttemptPlan,
     node: Node,
@@ -259,8 +272,8 @@ async def _attempt(
     caller: CallerState,
     is_last: bool,
     progress: _Progress | None = None,
-) -> Committed | _Failed | str:
-    """One node: a commit, a failure, or a retryable status's outcome name."""
+) -> Committed | _Failed | _Retry:
+    """One node: a commit, a failure, or a retryable status to retry past."""
     wire = plan.wire(node)
     attempt = client.request(
         wire.method,
@@ -281,7 +294,7 @@ async def _attempt(
     if retryable_status(response.code, plan.inference) and not is_last:
         caller.track(None)
         response.deliverBody(Discard())
-        return status_outcome(response.code)
+        return _Retry(response.code)
     if wire.answer is not None:
         content_type = response.headers.getRawHeaders(b"content-type", [None])[0]
         response = TranscodedResponse(response, wire.answer(response.code, content_type))
@@ -332,7 +345,7 @@ async def _assembled(
     caller: CallerState,
     is_last: bool,
     on_bytes: Callable[[], None] | None,
-) -> Committed | _Failed | str:
+) -> Committed | _Failed | _Retry:
     """An assembled attempt: commits with the whole answer, or fails like a pre-commit drop."""
     timeout = plan.first_body_timeout if plan.gated else 0.0
     gate = AssemblyGate(clock, timeout, assembly.dialect, assembly.limit, on_bytes)
@@ -344,7 +357,7 @@ async def _assembled(
     whole = gate.response(response)
     if retryable_status(whole.code, plan.inference) and not is_last:
         caller.track(None)
-        return status_outcome(whole.code)
+        return _Retry(whole.code)
     return Committed(node, whole, gate, answer)
 
 
@@ -385,8 +398,8 @@ async def run_attempts(
             if 200 <= step.response.code < 300:
                 stalls.clear(node.id)
             return step
-        if isinstance(step, str):
-            observer.attempt_ended(node, step)
+        if isinstance(step, _Retry):
+            observer.attempt_ended(node, step.outcome)
             last = None
             continue
         observer.attempt_ended(node, step.outcome.value)
