@@ -73,6 +73,15 @@ class LastStatus(Enum):
     """A failure like any candidate's: a fallback model may still serve (§16.2)."""
 
 
+class _OnStatus(Enum):
+    """What one attempt does with a status that moves on (§6.1)."""
+
+    RETRY = "retry"
+    """Give it up: the next candidate is tried."""
+    ANSWER = "answer"
+    """Commit it: the last candidate, when its status is the client's answer (LastStatus.ANSWERS)."""
+
+
 @frozen
 class AttemptPlan:
     """How every attempt of one request runs and may commit; ``sends`` is what each sends."""
@@ -270,7 +279,7 @@ async def _attempt(
     client: UpstreamClient,
     clock: IReactorTime,
     caller: CallerState,
-    is_last: bool,
+    on_status: _OnStatus,
     progress: _Progress | None = None,
 ) -> Committed | _Failed | _Retry:
     """One node: a commit, a failure, or a retryable status to retry past."""
@@ -291,7 +300,7 @@ async def _attempt(
         failure = Failure()
         caller.track(None)
         return _Failed(classify_failure(failure, caller.gone), failure)
-    if retryable_status(response.code, plan.inference) and not is_last:
+    if retryable_status(response.code, plan.inference) and on_status is _OnStatus.RETRY:
         caller.track(None)
         response.deliverBody(Discard())
         return _Retry(response.code)
@@ -300,7 +309,9 @@ async def _attempt(
         response = TranscodedResponse(response, wire.answer(response.code, content_type))
     if wire.assembly is not None and _assembles(wire.assembly, response):
         touch = progress.touch if progress is not None else None
-        step = await _assembled(plan, wire.assembly, node, response, clock, caller, is_last, touch)
+        step = await _assembled(
+            plan, wire.assembly, node, response, clock, caller, on_status, touch
+        )
         return evolve(step, wire=wire) if isinstance(step, Committed) else step
     gate = BodyGate(
         clock,
@@ -343,7 +354,7 @@ async def _assembled(
     response: IResponse,
     clock: IReactorTime,
     caller: CallerState,
-    is_last: bool,
+    on_status: _OnStatus,
     on_bytes: Callable[[], None] | None,
 ) -> Committed | _Failed | _Retry:
     """An assembled attempt: commits with the whole answer, or fails like a pre-commit drop."""
@@ -355,7 +366,7 @@ async def _assembled(
     if isinstance(answer, _Failed):
         return answer
     whole = gate.response(response)
-    if retryable_status(whole.code, plan.inference) and not is_last:
+    if retryable_status(whole.code, plan.inference) and on_status is _OnStatus.RETRY:
         caller.track(None)
         return _Retry(whole.code)
     return Committed(node, whole, gate, answer)
@@ -390,7 +401,9 @@ async def run_attempts(
             client,
             clock,
             caller,
-            index == len(candidates) - 1 and plan.last_status is LastStatus.ANSWERS,
+            _OnStatus.ANSWER
+            if index == len(candidates) - 1 and plan.last_status is LastStatus.ANSWERS
+            else _OnStatus.RETRY,
             _progress_for(plan, node, progress, observer),
         )
         if isinstance(step, Committed):
