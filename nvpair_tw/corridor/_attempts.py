@@ -73,6 +73,15 @@ class LastStatus(Enum):
     """A failure like any candidate's: a fallback model may still serve (§16.2)."""
 
 
+class _OnStatus(Enum):
+    """What one attempt does with a status that moves on (§6.1)."""
+
+    RETRY = "retry"
+    """Give it up: the next candidate is tried."""
+    ANSWER = "answer"
+    """Commit it: the last candidate, when its status is the client's answer (LastStatus.ANSWERS)."""
+
+
 @frozen
 class AttemptPlan:
     """How every attempt of one request runs and may commit; ``sends`` is what each sends."""
@@ -251,16 +260,29 @@ class _Failed:
     failure: Failure | None
 
 
+@frozen
+class _Retry:
+    """One attempt answered a status that moves on (docs/behaviour.md §6.1) and was not the last: the
+    next candidate is tried."""
+
+    code: int
+
+    @property
+    def outcome(self) -> str:
+        """The attempt's outcome name, ``status-<code>``."""
+        return status_outcome(self.code)
+
+
 async def _attempt(
     plan: AttemptPlan,
     node: Node,
     client: UpstreamClient,
     clock: IReactorTime,
     caller: CallerState,
-    is_last: bool,
+    on_status: _OnStatus,
     progress: _Progress | None = None,
-) -> Committed | _Failed | str:
-    """One node: a commit, a failure, or a retryable status's outcome name."""
+) -> Committed | _Failed | _Retry:
+    """One node: a commit, a failure, or a retryable status to retry past."""
     wire = plan.wire(node)
     attempt = client.request(
         wire.method,
@@ -278,16 +300,18 @@ async def _attempt(
         failure = Failure()
         caller.track(None)
         return _Failed(classify_failure(failure, caller.gone), failure)
-    if retryable_status(response.code, plan.inference) and not is_last:
+    if retryable_status(response.code, plan.inference) and on_status is _OnStatus.RETRY:
         caller.track(None)
         response.deliverBody(Discard())
-        return status_outcome(response.code)
+        return _Retry(response.code)
     if wire.answer is not None:
         content_type = response.headers.getRawHeaders(b"content-type", [None])[0]
         response = TranscodedResponse(response, wire.answer(response.code, content_type))
     if wire.assembly is not None and _assembles(wire.assembly, response):
         touch = progress.touch if progress is not None else None
-        step = await _assembled(plan, wire.assembly, node, response, clock, caller, is_last, touch)
+        step = await _assembled(
+            plan, wire.assembly, node, response, clock, caller, on_status, touch
+        )
         return evolve(step, wire=wire) if isinstance(step, Committed) else step
     gate = BodyGate(
         clock,
@@ -330,9 +354,9 @@ async def _assembled(
     response: IResponse,
     clock: IReactorTime,
     caller: CallerState,
-    is_last: bool,
+    on_status: _OnStatus,
     on_bytes: Callable[[], None] | None,
-) -> Committed | _Failed | str:
+) -> Committed | _Failed | _Retry:
     """An assembled attempt: commits with the whole answer, or fails like a pre-commit drop."""
     timeout = plan.first_body_timeout if plan.gated else 0.0
     gate = AssemblyGate(clock, timeout, assembly.dialect, assembly.limit, on_bytes)
@@ -342,9 +366,9 @@ async def _assembled(
     if isinstance(answer, _Failed):
         return answer
     whole = gate.response(response)
-    if retryable_status(whole.code, plan.inference) and not is_last:
+    if retryable_status(whole.code, plan.inference) and on_status is _OnStatus.RETRY:
         caller.track(None)
-        return status_outcome(whole.code)
+        return _Retry(whole.code)
     return Committed(node, whole, gate, answer)
 
 
@@ -377,7 +401,9 @@ async def run_attempts(
             client,
             clock,
             caller,
-            index == len(candidates) - 1 and plan.last_status is LastStatus.ANSWERS,
+            _OnStatus.ANSWER
+            if index == len(candidates) - 1 and plan.last_status is LastStatus.ANSWERS
+            else _OnStatus.RETRY,
             _progress_for(plan, node, progress, observer),
         )
         if isinstance(step, Committed):
@@ -385,8 +411,8 @@ async def run_attempts(
             if 200 <= step.response.code < 300:
                 stalls.clear(node.id)
             return step
-        if isinstance(step, str):
-            observer.attempt_ended(node, step)
+        if isinstance(step, _Retry):
+            observer.attempt_ended(node, step.outcome)
             last = None
             continue
         observer.attempt_ended(node, step.outcome.value)

@@ -3,7 +3,8 @@
 
 A workload is one inference request with a model, whatever the number of attempts. Its one terminal
 guard makes sure exactly one terminal event is published however many exit paths race to end it.
-The request record gathers the metadata of one request (rejections included) for ``proxy/request``.
+The request record gathers the metadata of one request (rejections included) for ``proxy/request``
+(its attempts in an :class:`AttemptLog`, its payload built by :func:`request_payload`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ from nvpair_tw.logs import LevelledLogger
 
 __all__ = [
     "Attempt",
+    "AttemptLog",
     "AttemptOutcome",
     "RequestRecord",
     "Workload",
     "WorkloadRegistry",
     "WorkloadState",
+    "request_payload",
     "status_outcome",
 ]
 
@@ -252,6 +255,44 @@ def _elapsed_ms(start: float, end: float) -> int:
     return round((end - start) * 1000)
 
 
+@define(eq=False)
+class AttemptLog:
+    """The attempts of one request: those closed, in order, and the one open now (its node, its
+    start and the deadline periods it waited, §6.4)."""
+
+    _clock: IReactorTime
+    closed: list[Attempt] = field(init=False, factory=list)
+    _current: tuple[str, float] | None = field(init=False, default=None)
+    _busy_waits: int = field(init=False, default=0)
+
+    def start(self, node_id: str) -> float:
+        """An attempt to ``node_id`` starts now (one still open is closed ``unfinished``); the
+        clock seconds it starts at."""
+        self.close(UNFINISHED)
+        now = self._clock.seconds()
+        self._current = (node_id, now)
+        self._busy_waits = 0
+        return now
+
+    def busy_wait(self) -> None:
+        """The open attempt waits one more deadline period; a no-op if none is open."""
+        if self._current is not None:
+            self._busy_waits += 1
+
+    def close(self, outcome: str) -> None:
+        """Close the open attempt with ``outcome``; a no-op if none is open."""
+        if self._current is None:
+            return
+        node_id, start = self._current
+        self._current = None
+        elapsed = _elapsed_ms(start, self._clock.seconds())
+        self.closed.append(Attempt(node_id, outcome, elapsed, self._busy_waits))
+
+    def part(self, node_id: str, outcome: str, since: float) -> None:
+        """One node's part of a fan-out, started at clock time ``since``, ended now."""
+        self.closed.append(Attempt(node_id, outcome, _elapsed_ms(since, self._clock.seconds())))
+
+
 @define(eq=False, on_setattr=setters.NO_OP)
 class RequestRecord:
     """One per request (rejections included); published once as ``proxy/request``.
@@ -269,7 +310,6 @@ class RequestRecord:
     status: int | None = field(init=False, default=None)
     error: str | None = field(init=False, default=None)
     cache_affinity: bool = field(init=False, default=False)
-    attempts: list[Attempt] = field(init=False, factory=list)
     first_byte_at: float | None = field(init=False, default=None)
     queued_ms: int = field(init=False, default=0)
     ended: float | None = field(init=False, default=None)
@@ -305,8 +345,10 @@ class RequestRecord:
     payload (``proxy/request`` carries none): traces read it (§12.5)."""
     fallback_from: str | None = field(init=False, default=None)
     """The public name the client asked for when a fallback served (docs/behaviour.md §16.2)."""
-    _current: tuple[str, float] | None = field(init=False, default=None)
-    _busy_waits: int = field(init=False, default=0)
+    _attempts: AttemptLog = field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._attempts = AttemptLog(self._clock)
 
     @classmethod
     def begin(
@@ -320,21 +362,22 @@ class RequestRecord:
         """Whether `publish` has run."""
         return self.ended is not None
 
+    @property
+    def attempts(self) -> list[Attempt]:
+        """The attempts closed so far, in order."""
+        return self._attempts.closed
+
     def attempt_started(self, node_id: str) -> None:
         """An attempt to ``node_id`` starts now (an attempt still open is closed ``unfinished``)."""
-        self._close_attempt(UNFINISHED)
-        self.dispatched_at = self._clock.seconds()
-        self._current = (node_id, self.dispatched_at)
-        self._busy_waits = 0
+        self.dispatched_at = self._attempts.start(node_id)
 
     def busy_wait(self) -> None:
         """The current attempt waits one more deadline period (its node shows progress)."""
-        if self._current is not None:
-            self._busy_waits += 1
+        self._attempts.busy_wait()
 
     def attempt_ended(self, outcome: str) -> None:
         """Close the current attempt with ``outcome``; a no-op if none is open."""
-        self._close_attempt(outcome)
+        self._attempts.close(outcome)
 
     def fanned_out(self, node_ids: list[str]) -> None:
         """The request runs on every one of ``node_ids`` at once (docs/behaviour.md §13.2)."""
@@ -343,7 +386,7 @@ class RequestRecord:
     def part_ended(self, node_id: str, outcome: str, since: float) -> None:
         """One node's part of a fan-out, started at clock time ``since``, ended with ``outcome``
         (parts run at once, so they are closed here rather than one after another)."""
-        self.attempts.append(Attempt(node_id, outcome, _elapsed_ms(since, self._clock.seconds())))
+        self._attempts.part(node_id, outcome, since)
 
     def queued_for(self, seconds: float) -> None:
         """The request waited ``seconds`` for a slot before its dispatch (or its 503)."""
@@ -381,7 +424,7 @@ class RequestRecord:
         """Finish the record and publish ``proxy/request`` once; ``False`` on repeat calls."""
         if self.published:
             return False
-        self._close_attempt(UNFINISHED)
+        self._attempts.close(UNFINISHED)
         self.ended = self._clock.seconds()
         self.status = status
         self.node_id = node_id
@@ -392,55 +435,52 @@ class RequestRecord:
 
     def to_payload(self) -> dict[str, Any]:
         """The ``proxy/request`` payload (durations in ms; up to now if not yet published)."""
-        end = self._clock.seconds() if self.ended is None else self.ended
-        ttfb = self.first_byte_at
-        payload: dict[str, Any] = {
-            "id": self.id,
-            "engine": self.engine,
-            "node_id": self.node_id,
-            "method": self.method,
-            "path": self.path,
-            "status": self.status,
-            "duration_ms": _elapsed_ms(self.started, end),
-            "ttfb_ms": None if ttfb is None else _elapsed_ms(self.started, ttfb),
-            "error": self.error,
-            "attempts": [
-                {
-                    "node_id": a.node_id,
-                    "outcome": a.outcome,
-                    "ms": a.ms,
-                    "busy_waits": a.busy_waits,
-                }
-                for a in self.attempts
-            ],
-            "cache_affinity": self.cache_affinity,
-            "queued_ms": self.queued_ms,
-        }
-        if self.fan_out is not None:
-            payload["fan_out"] = list(self.fan_out)
-        if self.fallback_from is not None:
-            payload["fallback_from"] = self.fallback_from
-        if self.key is not None:
-            payload["key"] = self.key
-        if self.model is not None:
-            payload["model"] = self.model
-            payload["model_local"] = self.model_local
-            payload["translated"] = self.translated
-            payload["prompt_tokens"] = self.prompt_tokens
-            payload["completion_tokens"] = self.completion_tokens
-            payload["ttft_ms"] = self.ttft_ms
-            payload["tokens_per_s"] = self.tokens_per_s
-            if not self.context_fit:
-                payload["context_fit"] = False
-            if self.predicted_ms is not None:
-                payload["predicted_ms"] = self.predicted_ms
-                payload["measured_ms"] = self.measured_ms
-        return payload
+        return request_payload(self, self._clock.seconds() if self.ended is None else self.ended)
 
-    def _close_attempt(self, outcome: str) -> None:
-        if self._current is None:
-            return
-        node_id, start = self._current
-        self._current = None
-        elapsed = _elapsed_ms(start, self._clock.seconds())
-        self.attempts.append(Attempt(node_id, outcome, elapsed, self._busy_waits))
+
+def request_payload(record: RequestRecord, end: float) -> dict[str, Any]:
+    """The ``proxy/request`` payload of ``record`` ended at clock seconds ``end`` (durations in
+    ms): the one place it is built."""
+    ttfb = record.first_byte_at
+    payload: dict[str, Any] = {
+        "id": record.id,
+        "engine": record.engine,
+        "node_id": record.node_id,
+        "method": record.method,
+        "path": record.path,
+        "status": record.status,
+        "duration_ms": _elapsed_ms(record.started, end),
+        "ttfb_ms": None if ttfb is None else _elapsed_ms(record.started, ttfb),
+        "error": record.error,
+        "attempts": [
+            {
+                "node_id": a.node_id,
+                "outcome": a.outcome,
+                "ms": a.ms,
+                "busy_waits": a.busy_waits,
+            }
+            for a in record.attempts
+        ],
+        "cache_affinity": record.cache_affinity,
+        "queued_ms": record.queued_ms,
+    }
+    if record.fan_out is not None:
+        payload["fan_out"] = list(record.fan_out)
+    if record.fallback_from is not None:
+        payload["fallback_from"] = record.fallback_from
+    if record.key is not None:
+        payload["key"] = record.key
+    if record.model is not None:
+        payload["model"] = record.model
+        payload["model_local"] = record.model_local
+        payload["translated"] = record.translated
+        payload["prompt_tokens"] = record.prompt_tokens
+        payload["completion_tokens"] = record.completion_tokens
+        payload["ttft_ms"] = record.ttft_ms
+        payload["tokens_per_s"] = record.tokens_per_s
+        if not record.context_fit:
+            payload["context_fit"] = False
+        if record.predicted_ms is not None:
+            payload["predicted_ms"] = record.predicted_ms
+            payload["measured_ms"] = record.measured_ms
+    return payload

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
 
 from nvpair_tw.dialects._common import (
@@ -40,7 +41,9 @@ __all__ = [
     "NS",
     "Buffer",
     "EmbedAnswer",
+    "EmbedRoute",
     "ErrorAnswer",
+    "ErrorShape",
     "V0Stream",
     "V0Whole",
     "error_message",
@@ -49,6 +52,23 @@ __all__ = [
 ]
 
 NS = 1e9
+
+
+class EmbedRoute(Enum):
+    """The Ollama embeddings route the client asked: ``embeddings`` lists, or one legacy
+    ``embedding``."""
+
+    EMBED = "/api/embed"
+    LEGACY = "/api/embeddings"
+
+
+class ErrorShape(Enum):
+    """How a non-2xx answer reaches the client."""
+
+    OLLAMA = "ollama"
+    """An OpenAI error object becomes Ollama's ``{"error": "<message>"}``."""
+    AS_IS = "as-is"
+    """It passes through as it came."""
 
 
 def error_message(error: Any) -> str:
@@ -100,12 +120,12 @@ class EmbedAnswer:
     content_type = JSON_TYPE
 
     def __init__(
-        self, client_model: str, clock: Callable[[], float], *, legacy: bool, limit: int
+        self, client_model: str, clock: Callable[[], float], route: EmbedRoute, *, limit: int
     ) -> None:
         self._model = client_model
         self._clock = clock
         self._start = clock()
-        self._legacy = legacy
+        self._legacy = route is EmbedRoute.LEGACY
         self._buffer = Buffer(limit)
         self._prompt: int | None = None
 
@@ -237,8 +257,8 @@ class ErrorAnswer:
     """A non-2xx answer: an OpenAI error object becomes Ollama's ``{"error": "<message>"}`` for an
     Ollama client, same status; anything else passes through as it came."""
 
-    def __init__(self, content_type: bytes | None, *, ollama: bool, limit: int) -> None:
-        self._ollama = ollama
+    def __init__(self, content_type: bytes | None, shape: ErrorShape, *, limit: int) -> None:
+        self._ollama = shape is ErrorShape.OLLAMA
         self.content_type = content_type if content_type is not None else JSON_TYPE
         self._buffer = Buffer(limit)
 

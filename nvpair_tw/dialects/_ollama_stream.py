@@ -29,7 +29,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from enum import Enum
 from typing import Any
+
+from attrs import frozen
 
 from nvpair_tw.core import event_end
 from nvpair_tw.dialects._answers import NS, Buffer, error_message, number, parse
@@ -52,7 +55,48 @@ from nvpair_tw.dialects._ollama_fold import (
     final_object,
 )
 
-__all__ = ["OllamaStream"]
+__all__ = ["Framing", "OllamaRoute", "OllamaStream", "OpenAIRoute", "StreamShape", "UpstreamBody"]
+
+
+class OllamaRoute(Enum):
+    """The Ollama answer the client asked for: chat chunks carry a ``message``, generate chunks
+    a ``response``."""
+
+    CHAT = "/api/chat"
+    GENERATE = "/api/generate"
+
+
+class OpenAIRoute(Enum):
+    """The OpenAI-compatible route the node answers: chat choices carry a ``delta`` (or a
+    ``message``), completions choices a ``text``."""
+
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
+
+
+class Framing(Enum):
+    """How the client's answer is framed: NDJSON chunks, or the one whole object at the end
+    (``"stream": false``)."""
+
+    STREAM = "stream"
+    WHOLE = "whole"
+
+
+class UpstreamBody(Enum):
+    """What the node sent: the SSE stream it was asked for, or one whole JSON document."""
+
+    SSE = "sse"
+    JSON = "json"
+
+
+@frozen
+class StreamShape:
+    """What an :class:`OllamaStream` turns into what."""
+
+    asked: OllamaRoute
+    answered: OpenAIRoute
+    framing: Framing
+    body: UpstreamBody = UpstreamBody.SSE
 
 
 class _Events:
@@ -63,20 +107,19 @@ class _Events:
         self,
         client_model: str,
         clock: Callable[[], float],
+        shape: StreamShape,
         *,
-        generate: bool,
-        completions: bool,
-        whole: bool,
         limit: int,
     ) -> None:
+        whole = shape.framing is Framing.WHOLE
         self.content_type = JSON_TYPE if whole else NDJSON_TYPE
         self.status = 200
         self._model = client_model
         self._clock = clock
         self._stamp = Stamp(clock)
         self._start = clock()
-        self._generate = generate
-        self._completions = completions
+        self._generate = shape.asked is OllamaRoute.GENERATE
+        self._completions = shape.answered is OpenAIRoute.COMPLETIONS
         self._whole = whole
         self._limit = limit
         self._gathered = Gathered(limit)
@@ -201,28 +244,18 @@ class OllamaStream(_Events):
         self,
         client_model: str,
         clock: Callable[[], float],
+        shape: StreamShape,
         *,
-        generate: bool,
-        completions: bool,
-        whole: bool,
-        upstream_json: bool = False,
         limit: int = 8 << 20,
     ) -> None:
-        super().__init__(
-            client_model,
-            clock,
-            generate=generate,
-            completions=completions,
-            whole=whole,
-            limit=limit,
-        )
+        super().__init__(client_model, clock, shape, limit=limit)
         self._events = SseEvents(limit)
-        self._json = Buffer(limit) if upstream_json else None
+        self._json = Buffer(limit) if shape.body is UpstreamBody.JSON else None
         # the plain content event's bytes around its content, learned from the stream
         self._learned = Learned()
         model = json.dumps(client_model, ensure_ascii=False).encode("utf-8")
         self._head = b'{"model":' + model + b',"created_at":"'
-        if generate:
+        if shape.asked is OllamaRoute.GENERATE:
             self._mid, self._end = b'","response":', b',"done":false}\n'
         else:
             self._mid = b'","message":{"role":"assistant","content":'

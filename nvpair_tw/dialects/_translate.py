@@ -12,11 +12,25 @@ from typing import Any
 
 from attrs import field, frozen
 
-from nvpair_tw.dialects._answers import EmbedAnswer, ErrorAnswer, V0Stream, V0Whole
+from nvpair_tw.dialects._answers import (
+    EmbedAnswer,
+    EmbedRoute,
+    ErrorAnswer,
+    ErrorShape,
+    V0Stream,
+    V0Whole,
+)
 from nvpair_tw.dialects._common import Transducer, Untranslatable, media_type
 from nvpair_tw.dialects._messages_answer import MessagesError, MessagesStream, MessagesWhole
 from nvpair_tw.dialects._messages_request import MESSAGES_PATH
-from nvpair_tw.dialects._ollama_stream import OllamaStream
+from nvpair_tw.dialects._ollama_stream import (
+    Framing,
+    OllamaRoute,
+    OllamaStream,
+    OpenAIRoute,
+    StreamShape,
+    UpstreamBody,
+)
 from nvpair_tw.dialects._rename import renamer
 from nvpair_tw.dialects._requests import OLLAMA_ROUTES, V0_ROUTES, translate_request
 
@@ -57,8 +71,9 @@ class Translation:
         if self.client_path == MESSAGES_PATH:
             return self._messages(status, content_type)
         if not 200 <= status < 300:
+            ollama = self.client_path in OLLAMA_ROUTES
             return ErrorAnswer(
-                content_type, ollama=self.client_path in OLLAMA_ROUTES, limit=self.limit
+                content_type, ErrorShape.OLLAMA if ollama else ErrorShape.AS_IS, limit=self.limit
             )
         path = self.client_path
         if path in V0_ROUTES:
@@ -68,18 +83,16 @@ class Translation:
                 return V0Stream(renamer(self.local_model, self.client_model, content_type))
             return V0Whole(self.client_model, clock, content_type, self.limit)
         if path in ("/api/embed", "/api/embeddings"):
-            return EmbedAnswer(
-                self.client_model, clock, legacy=path == "/api/embeddings", limit=self.limit
-            )
-        return OllamaStream(
-            self.client_model,
-            clock,
-            generate=path == "/api/generate",
-            completions=self.path == "/v1/completions",
-            whole=not self.streams,
-            upstream_json=media_type(content_type) == b"application/json",
-            limit=self.limit,
+            return EmbedAnswer(self.client_model, clock, EmbedRoute(path), limit=self.limit)
+        shape = StreamShape(
+            OllamaRoute.GENERATE if path == "/api/generate" else OllamaRoute.CHAT,
+            OpenAIRoute.COMPLETIONS if self.path == "/v1/completions" else OpenAIRoute.CHAT,
+            Framing.STREAM if self.streams else Framing.WHOLE,
+            UpstreamBody.JSON
+            if media_type(content_type) == b"application/json"
+            else UpstreamBody.SSE,
         )
+        return OllamaStream(self.client_model, clock, shape, limit=self.limit)
 
     def _messages(self, status: int, content_type: bytes | None) -> Transducer:
         """An Anthropic Messages client's answer (docs/behaviour.md §17.3)."""

@@ -28,35 +28,25 @@ ignored. The password is never logged: :class:`StateConfig` never shows it.
 This module is the facade; the pieces each have a module of their own: where the store is
 (:mod:`~nvpair_tw.fleet._config`), the keys and messages (:mod:`~nvpair_tw.fleet._wire`), the
 connections' life (:mod:`~nvpair_tw.fleet._session`), the bounded batched writer
-(:mod:`~nvpair_tw.fleet._writer`) and each kind of shared state (:mod:`~nvpair_tw.fleet._sharing`).
+(:mod:`~nvpair_tw.fleet._writer`), each kind of shared state (:mod:`~nvpair_tw.fleet._sharing`) and
+what peers say applied to them (:mod:`~nvpair_tw.fleet._sync`).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from attrs import frozen
 from twisted.internet.defer import Deferred, fail
 
 from nvpair_tw.core import IProxyReactor
 from nvpair_tw.fleet._config import StateConfig, parse_state_url, read_secret
 from nvpair_tw.fleet._counters import SharedCounters
-from nvpair_tw.fleet._session import BACKOFF_CAP, Session, next_backoff, read_all
-from nvpair_tw.fleet._sharing import (
-    SharedAffinity,
-    SharedAffinityTable,
-    SharedCooldowns,
-    SharedCordons,
-    SharedProgress,
-    SharedReservations,
-    SharedSpeeds,
-    SharedStallTracker,
-    SharedUsage,
-    UsageRow,
-)
-from nvpair_tw.fleet._wire import Codec, sealer
+from nvpair_tw.fleet._session import BACKOFF_CAP, Session, next_backoff
+from nvpair_tw.fleet._sharing import SharedAffinityTable, SharedStallTracker, UsageRow
+from nvpair_tw.fleet._sync import FleetSharing
+from nvpair_tw.fleet._wire import Codec
 from nvpair_tw.fleet._writer import MAX_PENDING_WRITES, BatchedWriter
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.selection import CooldownListener, CordonBook, Probe, ReservationLedger, SpeedBook
@@ -82,31 +72,15 @@ class FleetStore:
     def __init__(
         self, reactor: IProxyReactor, config: StateConfig, *, proxy_id: str | None = None
     ) -> None:
-        self._reactor = reactor
         self.config = config
         self.proxy_id = proxy_id or uuid.uuid4().hex
-        self.applied = 0
-        """How many peers' messages were applied here."""
-        self._codec = codec = Codec(self.proxy_id, config.namespace)
+        codec = Codec(self.proxy_id, config.namespace)
         self._session = Session(reactor, config, channel=codec.channel, hooks=self)
         self._writer = BatchedWriter(reactor, config, codec, self._session.connection)
-        parts = (reactor, codec, self._writer.write, lambda: self.up)
-        self._cooldowns = SharedCooldowns(*parts)
-        self._cordons = SharedCordons(*parts)
-        self._affinity = SharedAffinity(*parts, seal=sealer(config.secret))
-        self._reservations = SharedReservations(*parts)
-        self._progress = SharedProgress(*parts)
-        self._speeds = SharedSpeeds(*parts)
-        self._counters = SharedCounters(codec, self._session.connection, self._session.dialer.timed)
-        self._usage = SharedUsage(*parts)
-        self._sharing = _Kinds(
-            self._cooldowns,
-            self._cordons,
-            self._affinity,
-            self._reservations,
-            self._progress,
-            self._speeds,
+        self._sharing = FleetSharing.made(
+            reactor, codec, self._writer.write, lambda: self.up, config.secret
         )
+        self._counters = SharedCounters(codec, self._session.connection, self._session.dialer.timed)
 
     # --- what the runtime wires -----------------------------------------------------------------
 
@@ -121,46 +95,43 @@ class FleetStore:
     ) -> SharedStallTracker:
         """The stall tracker of ``engine``'s facade, sharing its cooldowns (and, with a ``probe``,
         the outcome of the expiry probes this proxy runs)."""
-        return self._cooldowns.tracker(
+        return self._sharing.cooldowns.tracker(
             engine, period, on_change, probe=probe, probe_bound=probe_bound
         )
 
     def bind_cordons(self, engine: str, book: CordonBook) -> None:
         """Share the cordons of ``engine``'s facade with the fleet (docs/behaviour.md §13.1)."""
-        self._cordons.bind(engine, book)
+        self._sharing.cordons.bind(engine, book)
 
     def affinity_table(self, engine: str, max_entries: int, idle_ttl: float) -> SharedAffinityTable:
         """The affinity table of ``engine``'s facade, sharing its entries."""
-        return self._affinity.table(engine, max_entries, idle_ttl)
+        return self._sharing.affinity.table(engine, max_entries, idle_ttl)
 
     def bind_ledger(self, ledger: ReservationLedger) -> None:
         """Share this process's reservation counts and add the peers' to ``ledger``."""
-        self._reservations.bind(ledger)
+        self._sharing.reservations.bind(ledger)
 
     def bind_speeds(self, engine: str, book: SpeedBook) -> None:
         """Share the samples of ``engine``'s learnt speeds and fold in the peers' (§15.1)."""
-        self._speeds.bind(engine, book)
+        self._sharing.speeds.bind(engine, book)
 
     def limit_counters(self) -> SharedCounters:
         """The fleet-wide counters of the keys' rate limits (docs/behaviour.md §12.1)."""
         return self._counters
 
     def note_progress(self, engine: str, node_id: str) -> None:
-        """Body bytes arrived from ``node_id`` now: tell the fleet (at most once per node per second).
-
-        The hook for docs/behaviour.md §6.4's "progress means alive" across a fleet: call it where an attempt
-        receives body bytes; :meth:`peer_progress` answers when a peer last saw some.
-        """
-        self._progress.note(engine, node_id)
+        """Body bytes arrived from ``node_id`` now (docs/behaviour.md §6.4's "progress means alive"
+        across a fleet): tell the fleet, at most once per node per second."""
+        self._sharing.progress.note(engine, node_id)
 
     def peer_progress(self, engine: str, node_id: str) -> float | None:
         """When (local clock seconds) a peer last reported body bytes from ``node_id``, or None."""
-        return self._progress.peer(engine, node_id)
+        return self._sharing.progress.peer(engine, node_id)
 
     def add_usage(self, rows: Sequence[UsageRow], ttl: float) -> None:
         """Add this proxy's minutes to the fleet's usage sums, expiring ``ttl`` seconds after
         their hour (fire and forget: queued while the store is away, bounded like every write)."""
-        self._usage.add(rows, ttl)
+        self._sharing.usage.add(rows, ttl)
 
     def usage_rows(self, since: int, until: int) -> Deferred[list[UsageRow]]:
         """The fleet's usage minutes from ``since`` to ``until`` (minutes since the epoch); fails
@@ -168,7 +139,9 @@ class FleetStore:
         conn = self._session.connection()
         if conn is None:
             return fail(ConnectionError("the fleet store is away"))
-        return Deferred.fromCoroutine(self._usage.rows(self._session.dialer, conn, since, until))
+        return Deferred.fromCoroutine(
+            self._sharing.usage.rows(self._session.dialer, conn, since, until)
+        )
 
     # --- life cycle -----------------------------------------------------------------------------
 
@@ -178,60 +151,42 @@ class FleetStore:
 
     def stop(self) -> Deferred[None]:
         """Stop reconnecting, cancel timers, close the connections."""
-        self._reservations.stop()
+        self._sharing.reservations.stop()
         self._writer.flush()  # the last usage minutes (and whatever else is queued) go out
         self._writer.stop()
         closed = self._session.stop()
-        self._cooldowns.stop()
+        self._sharing.cooldowns.stop()
         return closed
 
     # --- the session's hooks --------------------------------------------------------------------
 
     def on_message(self, raw: bytes | str) -> None:
-        """A published change: apply it locally. Anything malformed is ignored."""
-        try:
-            messages = self._codec.decode(raw)
-        except Exception as error:  # a hand-written or foreign message must never hurt the proxy
-            log.debug("fleet store: ignored a message ({error})", error=type(error).__name__)
-            return
-        for message in messages:
-            try:
-                if _apply(self._sharing, message):
-                    self.applied += 1
-            except Exception as error:  # a peer's bad message costs only itself
-                log.debug("fleet store: ignored a message ({error})", error=type(error).__name__)
+        """A published change: apply it locally (:meth:`FleetSharing.on_message`)."""
+        self._sharing.on_message(raw)
 
     async def resync(self, cmd: Any) -> None:
         """Read every shared key into local state (this proxy's own is written once up)."""
-        values, ttls = await read_all(self._session.dialer, cmd, self._codec.prefix("cool"))
-        now = self._reactor.seconds()
-        for key, ttl in ttls.items():
-            self._cooldowns.resync(values.get(key), ttl)
-        cordons = self._codec.prefix("cordon")
-        self._cordons.resync({k: v for k, v in values.items() if k.startswith(cordons)})
-        affinity, reservations = self._codec.prefix("aff"), self._codec.prefix("res")
-        for key, value in values.items():
-            if key.startswith(affinity):
-                self._affinity.resync(value)
-            elif key.startswith(reservations):
-                self._reservations.resync(key[len(reservations) :], value, now)
-        self._reservations.settle()
+        await self._sharing.resync(self._session.dialer, cmd)
 
     def on_up(self) -> None:
-        """Up: share the cooldowns this proxy saw while the store was away, send what is queued."""
-        self._cooldowns.reshare()
-        self._cordons.reshare()
+        """Up: share what this proxy saw while the store was away, send what is queued."""
+        self._sharing.reshare()
         self._writer.connected()
 
     def on_beat(self) -> None:
-        self._reservations.beat()
+        self._sharing.reservations.beat()
 
     def on_down(self, lost: bool) -> None:
         self._writer.disconnected()
         if lost:
-            self._reservations.forget_peers()
+            self._sharing.reservations.forget_peers()
 
     # --- what the admin listener and the metrics show -------------------------------------------
+
+    @property
+    def applied(self) -> int:
+        """How many peers' messages were applied here."""
+        return self._sharing.applied
 
     @property
     def up(self) -> bool:
@@ -266,33 +221,3 @@ class FleetStore:
             "since": None if self.since is None else int(self.since * 1000),
             "dropped_writes": self.dropped,
         }
-
-
-@frozen
-class _Kinds:
-    """Every kind of state a fleet shares, as the store dispatches peers' messages to them."""
-
-    cooldowns: SharedCooldowns
-    cordons: SharedCordons
-    affinity: SharedAffinity
-    reservations: SharedReservations
-    progress: SharedProgress
-    speeds: SharedSpeeds
-
-
-def _apply(kinds: _Kinds, message: Mapping[str, Any]) -> bool:
-    """Apply one peer's message to the kind of state it changes; whether it was applied."""
-    kind, engine, node = message.get("t"), message.get("e"), message.get("n")
-    if kind == "res":
-        return kinds.reservations.apply(message)
-    if not isinstance(engine, str) or not isinstance(node, str):
-        return False
-    if kind in ("cool", "clear"):
-        return kinds.cooldowns.apply(kind, engine, node, message)
-    if kind in ("cordon", "uncordon"):
-        return kinds.cordons.apply(kind, engine, node, message)
-    if kind == "aff":
-        return kinds.affinity.apply(engine, node, message)
-    if kind == "speed":
-        return kinds.speeds.apply(engine, node, message)
-    return kind == "prog" and kinds.progress.apply(engine, node)

@@ -31,6 +31,7 @@ from zope.interface import implementer
 from nvpair_tw.core import IProxyReactor, abort
 from nvpair_tw.events import Event, Subscription
 from nvpair_tw.logs import LevelledLogger
+from nvpair_tw.ops._answers import PendingAnswers
 from nvpair_tw.ops._dispatch import ControlMethods, InOrder
 from nvpair_tw.ops._lines import LineBuffer, TooLong
 from nvpair_tw.ops._rpc import (
@@ -123,8 +124,7 @@ class ControlProtocol(Protocol):
         self.peer = peer
         self.state = _Flow.OPENING
         self._lines = LineBuffer(MAX_LINE_BYTES)
-        self._waiting: Deferred[None] | None = None
-        self._pending: set[Deferred[Any]] = set()  # late answers: cancelled if the client leaves
+        self._answers = PendingAnswers(self._send)  # cancelled if the client leaves
         self._subscription: Subscription | None = None
         self.disconnected: Deferred[None] = Deferred()
 
@@ -149,8 +149,7 @@ class ControlProtocol(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._stop()
-        for answer in list(self._pending):
-            answer.cancel()  # nobody to answer: a node/drain stops waiting
+        self._answers.cancel_all()  # nobody to answer: a node/drain stops waiting
         self._control.connections.discard(self)
         log.info("control client {peer} disconnected", peer=self.peer)
         if not self.disconnected.called:
@@ -160,7 +159,7 @@ class ControlProtocol(Protocol):
         if self.state is _Flow.CLOSED:
             return
         self._lines.feed(data)
-        if self._waiting is not None and self._lines.size > MAX_LINE_BYTES:
+        if self._answers.waiting is not None and self._lines.size > MAX_LINE_BYTES:
             self._refuse(_TOO_LONG, "requests piled up behind an in-order answer")
             return
         self._serve()
@@ -168,7 +167,7 @@ class ControlProtocol(Protocol):
     def _serve(self) -> None:
         """Answer the buffered lines, one at a time, until none is left, the connection closes or
         an in-order answer is pending."""
-        while self.state is not _Flow.CLOSED and self._waiting is None:
+        while self.state is not _Flow.CLOSED and self._answers.waiting is None:
             line = self._lines.next_line()
             if line is None:
                 return
@@ -193,10 +192,9 @@ class ControlProtocol(Protocol):
             else self._control.methods.answer(request)
         )
         if isinstance(answer, InOrder):
-            self._waiting = self._later(answer.answer)
-            self._waiting.addCallback(self._resume_lines)
+            self._answers.in_order(answer.answer, self._serve)
         elif isinstance(answer, Deferred):
-            self._later(answer)
+            self._answers.later(answer)
         elif answer is not None:
             self._send(answer)
 
@@ -213,25 +211,6 @@ class ControlProtocol(Protocol):
         log.info("control client {peer} authenticated", peer=self.peer)
         if not admitted.notification:
             self._send({"jsonrpc": "2.0", "id": admitted.id, "result": {"authenticated": True}})
-
-    def _later(self, answer: Deferred[Result | None]) -> Deferred[None]:
-        """Send ``answer`` when it comes; until then it is cancelled if the client leaves."""
-        self._pending.add(answer)
-        answer.addBoth(self._settled, answer)
-        return answer.addCallback(self._send_later)
-
-    def _settled(self, result: object, answer: Deferred[Any]) -> object:
-        self._pending.discard(answer)
-        return result
-
-    def _send_later(self, response: Result | None) -> None:
-        """A late answer, sent if the connection is still there to take it."""
-        if response is not None and self.state is not _Flow.CLOSED:
-            self._send(response)
-
-    def _resume_lines(self, _: None) -> None:
-        self._waiting = None  # the in-order answer is sent: read on
-        self._serve()
 
     def _refuse(self, response: Result, why: str) -> None:
         """Answer, then close at once: nothing after this line is read or acted on."""

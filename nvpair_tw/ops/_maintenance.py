@@ -16,6 +16,8 @@ per node; residency is then read again at once.
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
+from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
 
@@ -27,7 +29,14 @@ from nvpair_tw.ops._idle import until_idle
 from nvpair_tw.ops._rpc import INVALID_PARAMS, Params, Result, RpcError, array, short, string, text
 from nvpair_tw.upstream import ReadError, join_url, post_json
 
-__all__ = ["DRAIN_TIMEOUT", "LOAD_TIMEOUT", "MAINTENANCE", "in_flight"]
+__all__ = [
+    "DRAIN_TIMEOUT",
+    "LOAD_TIMEOUT",
+    "MAINTENANCE",
+    "in_flight",
+    "load_model",
+    "unload_model",
+]
 
 log = LevelledLogger(namespace=__name__)
 
@@ -151,16 +160,38 @@ def _keep_alive(params: Params) -> str | float | None:
     return value
 
 
+class _Change(Enum):
+    """What ``model/load`` or ``model/unload`` asks of a node; the value is the status a node's
+    success reports."""
+
+    LOAD = "loaded"
+    UNLOAD = "unloaded"
+
+    @property
+    def verb(self) -> str:
+        return "load" if self is _Change.LOAD else "unload"
+
+    def path(self, control: ModelControl) -> str:
+        """The node's path for this change, in its kind's API."""
+        return control.load_path if self is _Change.LOAD else control.unload_path
+
+    def body(
+        self, control: ModelControl, model: str, keep_alive: str | float | None
+    ) -> dict[str, Any]:
+        """The JSON body asking the node for this change of ``model``."""
+        return control.load(model, keep_alive) if self is _Change.LOAD else control.unload(model)
+
+
 async def _ask(
     facade: FacadeState,
     node: Node,
     control: ModelControl,
-    load: bool,
+    change: _Change,
     body: dict[str, object],
     timeout: float,
 ) -> tuple[str, dict[str, object]]:
     """One node's part: ``{"status": "loaded" | "unloaded"}`` or ``{"error": ..., "status"?}``."""
-    path = control.load_path if load else control.unload_path
+    path = change.path(control)
     shared = facade.shared
     try:
         code, answer = await post_json(
@@ -174,57 +205,64 @@ async def _ask(
     except ReadError as error:
         return node.id, {"error": str(error)}
     if 200 <= code < 300:
-        return node.id, {"status": "loaded" if load else "unloaded"}
+        return node.id, {"status": change.value}
     said = answer.get("error") if isinstance(answer, dict) else None
     text = said if isinstance(said, str) else f"status {code}"
     return node.id, {"error": text[:300], "status": code}
 
 
-def _load_or_unload(load: bool) -> Callable[[FacadeState, Params], Deferred[Result]]:
-    def method(facade: FacadeState, params: Params) -> Deferred[Result]:
-        model = text(params, "model")
-        nodes = _targets(facade, params, model)
-        timeout = _timeout(params, LOAD_TIMEOUT)
-        keep_alive = _keep_alive(params)
-        # Each node is asked in its own kind's API (§11.1): LM Studio's REST load beside Ollama's.
-        controls = {node.id: facade.inventory.control(node) for node in nodes}
-        if any(control is None for control in controls.values()):
-            without = sorted(n for n, c in controls.items() if c is None)
-            raise RpcError(
-                INVALID_PARAMS,
-                f"no API to load or unload models on node(s) {', '.join(without)}"
-                f" (the {facade.engine} engine has none)"
-                if all(n.kind is None for n in nodes)
-                else f"no API to load or unload models on node(s) {', '.join(without)}"
-                " (their engine has none)",
-            )
-        parts = []
-        for node in nodes:
-            control = controls[node.id]
-            assert control is not None
-            body = control.load(model, keep_alive) if load else control.unload(model)
-            parts.append(Deferred.fromCoroutine(_ask(facade, node, control, load, body, timeout)))
+def load_model(facade: FacadeState, params: Params) -> Deferred[Result]:
+    """``model/load`` (docs/behaviour.md §13.3): load the model on the nodes, each in its API."""
+    return _change_model(facade, params, _Change.LOAD)
 
-        def answer(results: list[tuple[str, dict[str, object]]]) -> Result:
-            facade.inventory.poll_now()  # residency reflects it now, not at the next poll
-            log.info(
-                "{what} of a model on {count} node(s) of {engine}",
-                what="load" if load else "unload",
-                count=len(results),
-                engine=facade.engine,
-            )
-            return {"model": model, "nodes": dict(results)}
 
-        return gatherResults(parts).addCallback(answer)
+def unload_model(facade: FacadeState, params: Params) -> Deferred[Result]:
+    """``model/unload`` (docs/behaviour.md §13.3): unload the model from the nodes."""
+    return _change_model(facade, params, _Change.UNLOAD)
 
-    return method
+
+def _change_model(facade: FacadeState, params: Params, change: _Change) -> Deferred[Result]:
+    model = text(params, "model")
+    nodes = _targets(facade, params, model)
+    timeout = _timeout(params, LOAD_TIMEOUT)
+    keep_alive = _keep_alive(params)
+    # Each node is asked in its own kind's API (§11.1): LM Studio's REST load beside Ollama's.
+    controls = {node.id: facade.inventory.control(node) for node in nodes}
+    if any(control is None for control in controls.values()):
+        without = sorted(n for n, c in controls.items() if c is None)
+        raise RpcError(
+            INVALID_PARAMS,
+            f"no API to load or unload models on node(s) {', '.join(without)}"
+            f" (the {facade.engine} engine has none)"
+            if all(n.kind is None for n in nodes)
+            else f"no API to load or unload models on node(s) {', '.join(without)}"
+            " (their engine has none)",
+        )
+    parts = []
+    for node in nodes:
+        control = controls[node.id]
+        assert control is not None
+        body = change.body(control, model, keep_alive)
+        parts.append(Deferred.fromCoroutine(_ask(facade, node, control, change, body, timeout)))
+
+    def answer(results: list[tuple[str, dict[str, object]]]) -> Result:
+        facade.inventory.poll_now()  # residency reflects it now, not at the next poll
+        log.info(
+            "{what} of a model on {count} node(s) of {engine}",
+            what=change.verb,
+            count=len(results),
+            engine=facade.engine,
+        )
+        return {"model": model, "nodes": dict(results)}
+
+    return gatherResults(parts).addCallback(answer)
 
 
 MAINTENANCE: dict[str, Callable[[FacadeState, Params], Result | Deferred[Result]]] = {
     "node/cordon": cordon,
     "node/uncordon": uncordon,
     "node/drain": drain,
-    "model/load": _load_or_unload(True),
-    "model/unload": _load_or_unload(False),
+    "model/load": load_model,
+    "model/unload": unload_model,
 }
 """Engine-scoped methods of §13.1 (``node/drain`` answers later: its result is a Deferred)."""

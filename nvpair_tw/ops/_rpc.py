@@ -28,6 +28,8 @@ __all__ = [
     "Request",
     "Result",
     "RpcError",
+    "any_string",
+    "any_text",
     "array",
     "error",
     "integer",
@@ -136,16 +138,28 @@ def read_request(line: bytes) -> Request | NotJsonRpc | BadRequest | None:
     return Request(request_id, method, message.get("params", {}), "id" not in message)
 
 
-def string(value: object, label: str, *, empty: bool = False) -> str:
-    """``value`` if it is a string (non-blank unless ``empty``), else invalid params."""
-    if not isinstance(value, str) or (not empty and not value.strip()):
-        raise invalid(f"{label} must be a {'' if empty else 'non-empty '}string")
+def string(value: object, label: str) -> str:
+    """``value`` if it is a non-blank string, else invalid params."""
+    if not isinstance(value, str) or not value.strip():
+        raise invalid(f"{label} must be a non-empty string")
     return value
 
 
-def text(params: Params, key: str, where: str = "", *, empty: bool = False) -> str:
-    """The string param ``key``; ``where`` prefixes its name in the message."""
-    return string(params.get(key), f"{where}{key}", empty=empty)
+def any_string(value: object, label: str) -> str:
+    """``value`` if it is a string, blank or not, else invalid params."""
+    if not isinstance(value, str):
+        raise invalid(f"{label} must be a string")
+    return value
+
+
+def text(params: Params, key: str, where: str = "") -> str:
+    """The non-blank string param ``key``; ``where`` prefixes its name in the message."""
+    return string(params.get(key), f"{where}{key}")
+
+
+def any_text(params: Params, key: str, where: str = "") -> str:
+    """The string param ``key``, blank or not; ``where`` prefixes its name in the message."""
+    return any_string(params.get(key), f"{where}{key}")
 
 
 def integer(params: Params, key: str, where: str = "", default: int | None = None) -> int:

@@ -20,6 +20,7 @@ from nvpair_tw.ops._rpc import (
     Params,
     Result,
     RpcError,
+    any_text,
     array,
     integer,
     invalid,
@@ -118,7 +119,7 @@ def discovery(facade: FacadeState, params: Params) -> Result:
 
 
 def select(facade: FacadeState, params: Params) -> Result:
-    node_id = text(params, "id", empty=True)
+    node_id = any_text(params, "id")
     if node_id and facade.directory.get(node_id) is None:
         raise RpcError(INVALID_PARAMS, f'node "{short(node_id)}" not found')
     facade.pin = node_id or None

@@ -1,0 +1,126 @@
+# -*- test-case-name: tests.fleet.test_sharing,tests.fleet.test_store -*-
+"""Every kind of state a fleet shares (docs/behaviour.md §6.6), as one: the peers' messages applied
+to it, and the store's keys read back into it when the store comes (back) up.
+
+:class:`~nvpair_tw.fleet._store.FleetStore` owns the connections and tells this what they bring; a
+wrong type, a missing or flushed key or a garbled message is ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from attrs import define, field
+
+from nvpair_tw.core import IProxyReactor
+from nvpair_tw.fleet._session import Dialer, read_all
+from nvpair_tw.fleet._sharing import (
+    SharedAffinity,
+    SharedCooldowns,
+    SharedCordons,
+    SharedProgress,
+    SharedReservations,
+    SharedSpeeds,
+    SharedUsage,
+    Write,
+)
+from nvpair_tw.fleet._wire import Codec, sealer
+from nvpair_tw.logs import LevelledLogger
+
+__all__ = ["FleetSharing"]
+
+log = LevelledLogger(namespace=__name__)
+
+
+@define(eq=False)
+class FleetSharing:
+    """Every kind of state a fleet shares, and how what peers say reaches it."""
+
+    _reactor: IProxyReactor
+    _codec: Codec
+    cooldowns: SharedCooldowns
+    cordons: SharedCordons
+    affinity: SharedAffinity
+    reservations: SharedReservations
+    progress: SharedProgress
+    speeds: SharedSpeeds
+    usage: SharedUsage
+    applied: int = field(default=0, init=False)
+    """How many peers' messages were applied here."""
+
+    @classmethod
+    def made(
+        cls,
+        reactor: IProxyReactor,
+        codec: Codec,
+        write: Write,
+        up: Callable[[], bool],
+        secret: bytes | None,
+    ) -> FleetSharing:
+        """Each kind given the clock, the codec, the writer and whether the store is up now;
+        affinity digests sealed under ``secret`` (HMAC-SHA-256) when there is one."""
+        parts = (reactor, codec, write, up)
+        return cls(
+            reactor,
+            codec,
+            SharedCooldowns(*parts),
+            SharedCordons(*parts),
+            SharedAffinity(*parts, seal=sealer(secret)),
+            SharedReservations(*parts),
+            SharedProgress(*parts),
+            SharedSpeeds(*parts),
+            SharedUsage(*parts),
+        )
+
+    def on_message(self, raw: bytes | str) -> None:
+        """A published change: apply it locally. Anything malformed is ignored."""
+        try:
+            messages = self._codec.decode(raw)
+        except Exception as error:  # a hand-written or foreign message must never hurt the proxy
+            log.debug("fleet store: ignored a message ({error})", error=type(error).__name__)
+            return
+        for message in messages:
+            try:
+                if self._apply(message):
+                    self.applied += 1
+            except Exception as error:  # a peer's bad message costs only itself
+                log.debug("fleet store: ignored a message ({error})", error=type(error).__name__)
+
+    async def resync(self, dialer: Dialer, cmd: Any) -> None:
+        """Read every shared key into local state (this proxy's own is written once up)."""
+        values, ttls = await read_all(dialer, cmd, self._codec.prefix("cool"))
+        now = self._reactor.seconds()
+        for key, ttl in ttls.items():
+            self.cooldowns.resync(values.get(key), ttl)
+        cordons = self._codec.prefix("cordon")
+        self.cordons.resync({k: v for k, v in values.items() if k.startswith(cordons)})
+        affinity, reservations = self._codec.prefix("aff"), self._codec.prefix("res")
+        for key, value in values.items():
+            if key.startswith(affinity):
+                self.affinity.resync(value)
+            elif key.startswith(reservations):
+                self.reservations.resync(key[len(reservations) :], value, now)
+        self.reservations.settle()
+
+    def reshare(self) -> None:
+        """The store is up again: share the cooldowns and cordons this proxy saw meanwhile."""
+        self.cooldowns.reshare()
+        self.cordons.reshare()
+
+    def _apply(self, message: Mapping[str, Any]) -> bool:
+        """Apply one peer's message to the kind of state it changes; whether it was applied."""
+        kind, engine, node = message.get("t"), message.get("e"), message.get("n")
+        if kind == "res":
+            return self.reservations.apply(message)
+        if not isinstance(engine, str) or not isinstance(node, str):
+            return False
+        if kind in ("cool", "clear"):
+            return self.cooldowns.apply(kind, engine, node, message)
+        if kind in ("cordon", "uncordon"):
+            return self.cordons.apply(kind, engine, node, message)
+        if kind == "aff":
+            return self.affinity.apply(engine, node, message)
+        if kind == "speed":
+            return self.speeds.apply(engine, node, message)
+        return kind == "prog" and self.progress.apply(engine, node)
