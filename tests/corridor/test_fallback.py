@@ -28,6 +28,7 @@ from nvpair_tw.selection import Admission, QueueTimeout, Slot, Waiter
 from nvpair_tw.simulated import Behaviour, SimulatedEngine, always
 from nvpair_tw.testing import Clusters, http_client
 from tests.corridor.catalogued import CataloguedCluster
+from tests.helpers import eventually
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -198,6 +199,8 @@ async def test_a_request_waiting_past_fallback_after_goes_to_the_fallback(
         reactor, clusters, tmp_path, engines, tables, node_lines={"b": "slots = 1"}
     )
     first: Deferred[tuple[int, bytes, Any]] = Deferred.fromCoroutine(cluster.post(CHAT))
+    # The two requests come on two connections: the second is sent once the first holds the slot.
+    await eventually(reactor, lambda: slow.inference_count == 1, what="the first request on big")
     status, body, _ = await cluster.post(CHAT)
     assert status == 200 and json.loads(body)["model"] == "small"
     record = await recorded(cluster)
