@@ -103,6 +103,7 @@ FACES: dict[str, list[str]] = {
         "Shared",
         "WorkloadRegistry",
         "WorkloadState",
+        "ask_node",
     ],
     "dialects": [
         "SYNTHESISED_ROUTES",

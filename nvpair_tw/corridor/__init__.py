@@ -5,6 +5,7 @@ model-list aggregation and terminal-frame detection.
 from __future__ import annotations
 
 from nvpair_tw.corridor._facade import FacadeResource
+from nvpair_tw.corridor._preload import ask_node
 from nvpair_tw.corridor._state import FacadeState, Shared
 from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry, WorkloadState
 
@@ -15,4 +16,5 @@ __all__ = [
     "Shared",
     "WorkloadRegistry",
     "WorkloadState",
+    "ask_node",
 ]

@@ -26,7 +26,7 @@ from nvpair_tw.corridor._workloads import RequestRecord
 from nvpair_tw.nodes import Node
 from nvpair_tw.upstream import ReadError, join_url, post_json
 
-__all__ = ["LOAD_WAIT", "Preload", "Verb", "preload_of", "serve_preload"]
+__all__ = ["LOAD_WAIT", "Preload", "Verb", "ask_node", "preload_of", "serve_preload"]
 
 GENERATE = "/api/generate"
 
@@ -104,19 +104,27 @@ async def _through_api(facade: FacadeState, node: Node, preload: Preload) -> boo
         path, body = control.load_path, control.load(local, preload.keep_alive)
     else:
         path, body = control.unload_path, control.unload(local)
-    shared = facade.shared
     try:
-        code, _ = await post_json(
-            shared.http,
-            shared.clock,
-            join_url(node.public_url, path),
-            body,
-            timeout=LOAD_WAIT,
-            authorization=node.authorization,
-        )
+        code, _ = await ask_node(facade, node, path, body, LOAD_WAIT)
     except ReadError:
         return False
     return 200 <= code < 300
+
+
+async def ask_node(
+    facade: FacadeState, node: Node, path: str, body: Any, timeout: float
+) -> tuple[int, Any]:
+    """POST ``body`` to ``path`` of ``node``'s own API (a model load or unload), with the node's
+    credential: the status and the JSON answer; :class:`ReadError` when no whole answer came."""
+    shared = facade.shared
+    return await post_json(
+        shared.http,
+        shared.clock,
+        join_url(node.public_url, path),
+        body,
+        timeout=timeout,
+        authorization=node.authorization,
+    )
 
 
 async def serve_preload(

@@ -22,12 +22,12 @@ from typing import Any
 from twisted.internet.defer import Deferred, gatherResults
 
 from nvpair_tw.core import ModelControl, parse_duration
-from nvpair_tw.corridor import FacadeState, WorkloadState
+from nvpair_tw.corridor import FacadeState, WorkloadState, ask_node
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.ops._idle import until_idle
 from nvpair_tw.ops._rpc import INVALID_PARAMS, Params, Result, RpcError, array, short, string, text
-from nvpair_tw.upstream import ReadError, join_url, post_json
+from nvpair_tw.upstream import ReadError
 
 __all__ = [
     "DRAIN_TIMEOUT",
@@ -191,17 +191,8 @@ async def _ask(
     timeout: float,
 ) -> tuple[str, dict[str, object]]:
     """One node's part: ``{"status": "loaded" | "unloaded"}`` or ``{"error": ..., "status"?}``."""
-    path = change.path(control)
-    shared = facade.shared
     try:
-        code, answer = await post_json(
-            shared.http,
-            shared.clock,
-            join_url(node.public_url, path),
-            body,
-            timeout=timeout,
-            authorization=node.authorization,
-        )
+        code, answer = await ask_node(facade, node, change.path(control), body, timeout)
     except ReadError as error:
         return node.id, {"error": str(error)}
     if 200 <= code < 300:
