@@ -22,6 +22,7 @@ from nvpair_tw.events import (
     PROXY_REQUEST,
     Event,
     EventBus,
+    OtherEvent,
     Subscription,
     log_events,
 )
@@ -46,7 +47,8 @@ def test_event_carries_name_payload_and_publish_time() -> None:
     clock.advance(2.5)
     event = bus.publish("node/added", {"id": "n1"})
     assert got == [event]
-    assert event == Event("node/added", {"id": "n1"}, 1_700_000_002.5)
+    assert event == Event("node/added", OtherEvent("node/added", {"id": "n1"}), 1_700_000_002.5)
+    assert event.payload == {"id": "n1"}
 
 
 def test_every_subscriber_receives_events_in_publish_order() -> None:

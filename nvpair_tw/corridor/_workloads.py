@@ -13,17 +13,21 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-from attrs import define, field, frozen, setters
+from attrs import define, field, setters
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 
 from nvpair_tw.events import (
-    PROXY_REQUEST,
-    WORKLOAD_COMPLETED,
-    WORKLOAD_ERRORED,
-    WORKLOAD_QUEUED,
-    WORKLOAD_STARTED,
+    Attempt,
+    BusEvent,
     EventBus,
+    ProxyRequest,
+    WorkloadCompleted,
+    WorkloadErrored,
+    WorkloadInfo,
+    WorkloadQueued,
+    WorkloadStarted,
+    WorkloadState,
 )
 from nvpair_tw.logs import LevelledLogger
 
@@ -39,16 +43,6 @@ __all__ = [
 
 # An attempt still open when the next one starts or the record is published.
 UNFINISHED = "unfinished"
-
-
-class WorkloadState(Enum):
-    """The ``state`` of a workload once queued or dispatched."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
 
 
 _TERMINAL = frozenset({WorkloadState.COMPLETED, WorkloadState.FAILED, WorkloadState.CANCELLED})
@@ -88,7 +82,7 @@ class Workload:
         if self.state is not None:
             return
         self.state = WorkloadState.QUEUED
-        self._publish(WORKLOAD_QUEUED)
+        self._publish(WorkloadQueued)
 
     def running(self, node_id: str) -> None:
         """Dispatched to ``node_id``: publish ``workload:started`` if that is a new node."""
@@ -98,7 +92,7 @@ class Workload:
         self.scheduled_on = node_id
         if self.started_at is None:
             self.started_at = _ms(self._clock)
-        self._publish(WORKLOAD_STARTED)
+        self._publish(WorkloadStarted)
 
     def complete(self) -> bool:
         """End as completed; ``True`` if this call ended the workload."""
@@ -114,19 +108,23 @@ class Workload:
 
     def info(self) -> dict[str, Any]:
         """The ``workloadInfo`` of docs/behaviour.md §7."""
-        return {
-            "id": self.id,
-            "runId": self._run_id,
-            "engine": self.engine,
-            "model": self.model,
-            "state": None if self.state is None else self.state.value,
-            "scheduledOn": self.scheduled_on,
-            "createdAt": self.created_at,
-            "startedAt": self.started_at,
-            "completedAt": self.completed_at,
-            "error": self.error,
-            "seq": self.seq,
-        }
+        return self.snapshot().to_json()
+
+    def snapshot(self) -> WorkloadInfo:
+        """The workload as it is now, typed."""
+        return WorkloadInfo(
+            self.id,
+            self._run_id,
+            self.engine,
+            self.model,
+            self.state,
+            self.scheduled_on,
+            self.created_at,
+            self.started_at,
+            self.completed_at,
+            self.error,
+            self.seq,
+        )
 
     def _end(self, state: WorkloadState, error: str | None) -> bool:
         if self.terminal:
@@ -135,12 +133,12 @@ class Workload:
         self.error = error
         self.completed_at = _ms(self._clock)
         self._on_terminal(self)
-        self._publish(WORKLOAD_COMPLETED if state is WorkloadState.COMPLETED else WORKLOAD_ERRORED)
+        self._publish(WorkloadCompleted if state is WorkloadState.COMPLETED else WorkloadErrored)
         return True
 
-    def _publish(self, name: str) -> None:
+    def _publish(self, kind: Callable[[WorkloadInfo], BusEvent]) -> None:
         self.seq += 1
-        self._bus.publish(name, {"workload": self.info()})
+        self._bus.publish(kind(self.snapshot()))
 
 
 def _run_id_or_new(value: str | None) -> str:
@@ -231,17 +229,6 @@ class AttemptOutcome(Enum):
 def status_outcome(code: int) -> str:
     """The outcome of an attempt answered with HTTP status ``code``: ``status-<code>``."""
     return f"status-{code}"
-
-
-@frozen
-class Attempt:
-    """One closed attempt of a request."""
-
-    node_id: str
-    outcome: str
-    ms: int
-    busy_waits: int = 0
-    """Header-deadline periods waited because the node showed progress elsewhere (§6.4)."""
 
 
 def _strip_query(path: str) -> str:
@@ -387,55 +374,44 @@ class RequestRecord:
         self.node_id = node_id
         self.error = error
         self.cache_affinity = cache_affinity
-        bus.publish(PROXY_REQUEST, self.to_payload())
+        bus.publish(self.to_event())
         return True
 
     def to_payload(self) -> dict[str, Any]:
         """The ``proxy/request`` payload (durations in ms; up to now if not yet published)."""
+        return self.to_event().to_json()
+
+    def to_event(self) -> ProxyRequest:
+        """The ``proxy/request`` event (durations in ms; up to now if not yet published)."""
         end = self._clock.seconds() if self.ended is None else self.ended
         ttfb = self.first_byte_at
-        payload: dict[str, Any] = {
-            "id": self.id,
-            "engine": self.engine,
-            "node_id": self.node_id,
-            "method": self.method,
-            "path": self.path,
-            "status": self.status,
-            "duration_ms": _elapsed_ms(self.started, end),
-            "ttfb_ms": None if ttfb is None else _elapsed_ms(self.started, ttfb),
-            "error": self.error,
-            "attempts": [
-                {
-                    "node_id": a.node_id,
-                    "outcome": a.outcome,
-                    "ms": a.ms,
-                    "busy_waits": a.busy_waits,
-                }
-                for a in self.attempts
-            ],
-            "cache_affinity": self.cache_affinity,
-            "queued_ms": self.queued_ms,
-        }
-        if self.fan_out is not None:
-            payload["fan_out"] = list(self.fan_out)
-        if self.fallback_from is not None:
-            payload["fallback_from"] = self.fallback_from
-        if self.key is not None:
-            payload["key"] = self.key
-        if self.model is not None:
-            payload["model"] = self.model
-            payload["model_local"] = self.model_local
-            payload["translated"] = self.translated
-            payload["prompt_tokens"] = self.prompt_tokens
-            payload["completion_tokens"] = self.completion_tokens
-            payload["ttft_ms"] = self.ttft_ms
-            payload["tokens_per_s"] = self.tokens_per_s
-            if not self.context_fit:
-                payload["context_fit"] = False
-            if self.predicted_ms is not None:
-                payload["predicted_ms"] = self.predicted_ms
-                payload["measured_ms"] = self.measured_ms
-        return payload
+        return ProxyRequest(
+            self.id,
+            self.engine,
+            self.node_id,
+            self.method,
+            self.path,
+            self.status,
+            _elapsed_ms(self.started, end),
+            None if ttfb is None else _elapsed_ms(self.started, ttfb),
+            self.error,
+            tuple(self.attempts),
+            self.cache_affinity,
+            self.queued_ms,
+            self.fan_out,
+            self.fallback_from,
+            self.key,
+            self.model,
+            self.model_local,
+            self.translated,
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.ttft_ms,
+            self.tokens_per_s,
+            self.context_fit,
+            self.predicted_ms,
+            self.measured_ms,
+        )
 
     def _close_attempt(self, outcome: str) -> None:
         if self._current is None:
