@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gc
+import json
 import tracemalloc
 from typing import Any
 
+import attrs
 import pytest
 from twisted.internet.task import Clock
 from twisted.logger import (
@@ -17,13 +19,28 @@ from twisted.logger import (
     formatEvent,
 )
 
-from nvpair_tw.corridor._workloads import RequestRecord
+from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry
 from nvpair_tw.events import (
     PROXY_REQUEST,
+    Attempt,
+    BusEvent,
     Event,
     EventBus,
+    NodeCooldown,
+    NodeCooldownEnded,
+    NodeCordon,
+    NodeUncordon,
+    OtherEvent,
+    ProxyRequest,
     Subscription,
+    WorkloadCompleted,
+    WorkloadErrored,
+    WorkloadInfo,
+    WorkloadQueued,
+    WorkloadStarted,
+    WorkloadState,
     log_events,
+    read_event,
 )
 from nvpair_tw.logs import LevelledLogger, current_level, set_level
 
@@ -46,7 +63,8 @@ def test_event_carries_name_payload_and_publish_time() -> None:
     clock.advance(2.5)
     event = bus.publish("node/added", {"id": "n1"})
     assert got == [event]
-    assert event == Event("node/added", {"id": "n1"}, 1_700_000_002.5)
+    assert event == Event("node/added", OtherEvent("node/added", {"id": "n1"}), 1_700_000_002.5)
+    assert event.payload == {"id": "n1"}
 
 
 def test_every_subscriber_receives_events_in_publish_order() -> None:
@@ -447,3 +465,176 @@ def test_log_events_skips_events_below_a_levelled_loggers_level() -> None:
     finally:
         set_level(before)
     assert [e["event"] for e in logs] == ["node/cooldown"]
+
+
+def _info(**changes: Any) -> WorkloadInfo:
+    info = WorkloadInfo(
+        7, "run", "ollama", "llama3", WorkloadState.RUNNING, "a", 1000, 1500, None, None, 2
+    )
+    return attrs.evolve(info, **changes)
+
+
+_INFO_WIRE: dict[str, Any] = {
+    "id": 7,
+    "runId": "run",
+    "engine": "ollama",
+    "model": "llama3",
+    "state": "running",
+    "scheduledOn": "a",
+    "createdAt": 1000,
+    "startedAt": 1500,
+    "completedAt": None,
+    "error": None,
+    "seq": 2,
+}
+
+_REQUEST = ProxyRequest(
+    "run-1", "ollama", "a", "POST", "/api/chat", 200, 40, 10, None,
+    (Attempt("b", "stall", 20, 1), Attempt("a", "committed", 12)), True, 5,
+)  # fmt: skip
+
+_REQUEST_WIRE: dict[str, Any] = {
+    "id": "run-1",
+    "engine": "ollama",
+    "node_id": "a",
+    "method": "POST",
+    "path": "/api/chat",
+    "status": 200,
+    "duration_ms": 40,
+    "ttfb_ms": 10,
+    "error": None,
+    "attempts": [
+        {"node_id": "b", "outcome": "stall", "ms": 20, "busy_waits": 1},
+        {"node_id": "a", "outcome": "committed", "ms": 12, "busy_waits": 0},
+    ],
+    "cache_affinity": True,
+    "queued_ms": 5,
+}
+
+_INFERENCE_WIRE: dict[str, Any] = {
+    **_REQUEST_WIRE,
+    "fan_out": ["a", "b"],
+    "fallback_from": "big",
+    "key": "alice",
+    "model": "llama3",
+    "model_local": "llama3:8b",
+    "translated": True,
+    "prompt_tokens": 12,
+    "completion_tokens": 34,
+    "ttft_ms": 7,
+    "tokens_per_s": 21.5,
+    "context_fit": False,
+    "predicted_ms": 900,
+    "measured_ms": 1000,
+}
+
+_WIRES: list[tuple[BusEvent, str, dict[str, Any]]] = [
+    (WorkloadQueued(_info(state=WorkloadState.QUEUED)), "workload:queued",
+     {"workload": {**_INFO_WIRE, "state": "queued"}}),
+    (WorkloadStarted(_info()), "workload:started", {"workload": _INFO_WIRE}),
+    (WorkloadCompleted(_info(state=WorkloadState.COMPLETED, completed_at=2000)),
+     "workload:completed",
+     {"workload": {**_INFO_WIRE, "state": "completed", "completedAt": 2000}}),
+    (WorkloadErrored(_info(state=WorkloadState.CANCELLED, completed_at=2000, error="gone")),
+     "workload:errored",
+     {"workload": {**_INFO_WIRE, "state": "cancelled", "completedAt": 2000, "error": "gone"}}),
+    (NodeCooldown("ollama", "a", "stall", 12500), "node/cooldown",
+     {"engine": "ollama", "node_id": "a", "reason": "stall", "coolingUntil": 12500}),
+    (NodeCooldown("ollama", "a", "stall", 12500, renewed=True, origin="peer"), "node/cooldown",
+     {"engine": "ollama", "node_id": "a", "reason": "stall", "coolingUntil": 12500,
+      "renewed": True, "origin": "peer"}),
+    (NodeCooldownEnded("ollama", "a", "expired"), "node/cooldown-ended",
+     {"engine": "ollama", "node_id": "a", "why": "expired"}),
+    (NodeCordon("ollama", "a", "maintenance", 1500, "control"), "node/cordon",
+     {"engine": "ollama", "node_id": "a", "reason": "maintenance", "since": 1500,
+      "origin": "control"}),
+    (NodeUncordon("ollama", "a"), "node/uncordon", {"engine": "ollama", "node_id": "a"}),
+    (_REQUEST, "proxy/request", _REQUEST_WIRE),
+    (attrs.evolve(
+        _REQUEST, fan_out=("a", "b"), fallback_from="big", key="alice", model="llama3",
+        model_local="llama3:8b", translated=True, prompt_tokens=12, completion_tokens=34,
+        ttft_ms=7, tokens_per_s=21.5, context_fit=False, predicted_ms=900, measured_ms=1000,
+    ), "proxy/request", _INFERENCE_WIRE),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("value", "name", "wire"), _WIRES)
+def test_each_event_sends_its_wire_object_key_for_key_in_order(
+    value: BusEvent, name: str, wire: dict[str, Any]
+) -> None:
+    """Each class's wire name and JSON object are the ones sent before events were typed
+    (docs/behaviour.md §7): same keys, same order, same values; published, ``payload`` is it."""
+    _, bus = _bus()
+    event = bus.publish(value)
+    assert (value.name, event.name) == (name, name)
+    assert json.dumps(event.payload) == json.dumps(wire)
+    assert event.payload is value.to_json()  # made once, shared by whoever sends it
+
+
+@pytest.mark.parametrize(("value", "name", "wire"), _WIRES)
+def test_a_wire_object_published_by_name_is_read_into_its_class(
+    value: BusEvent, name: str, wire: dict[str, Any]
+) -> None:
+    """``publish(name, payload)`` reads a known name's object into its class (the same value) and
+    sends the object as given."""
+    _, bus = _bus()
+    event = bus.publish(name, wire)
+    assert event.value == value
+    assert json.dumps(event.payload) == json.dumps(wire)
+
+
+def test_a_wire_object_read_back_takes_a_wrong_type_as_unknown() -> None:
+    """A count that is not a count (``True``, a string) reads as unknown (None), a missing field as
+    its empty value; the object is still sent as given."""
+    wire = {"id": "r", "status": "200", "completion_tokens": True, "model": "m"}
+    event = read_event(PROXY_REQUEST, wire)
+    assert isinstance(event, ProxyRequest)
+    assert (event.status, event.completion_tokens, event.model, event.attempts) == (
+        None,
+        None,
+        "m",
+        (),
+    )
+    assert event.to_json() == wire
+    assert read_event("private/x", {"a": 1}) == OtherEvent("private/x", {"a": 1})
+
+
+def test_the_publishers_build_the_wire_objects_they_always_sent() -> None:
+    """A workload's events and a request's record, published by corridor code, send the objects
+    of docs/behaviour.md §7 (compared with literals, in order)."""
+    clock, bus = _bus()
+    got: list[Event] = []
+    bus.subscribe(got.append, name="test")
+    registry = WorkloadRegistry(clock, bus, run_id="run")
+    workload = registry.create("ollama", "llama3")
+    workload.running("a")
+    record = RequestRecord.begin(clock, "run-1", "ollama", "POST", "/api/chat?x=1")
+    record.attempt_started("a")
+    clock.advance(0.01)
+    record.first_byte()
+    record.served_as("llama3", "llama3:8b", False)
+    record.key = "alice"
+    record.attempt_ended("committed")
+    workload.complete()
+    record.publish(bus, status=200, node_id="a", error=None)
+    started = {
+        "id": 1, "runId": "run", "engine": "ollama", "model": "llama3", "state": "running",
+        "scheduledOn": "a", "createdAt": 1_700_000_000_000, "startedAt": 1_700_000_000_000,
+        "completedAt": None, "error": None, "seq": 1,
+    }  # fmt: skip
+    completed = {**started, "state": "completed", "completedAt": 1_700_000_000_010, "seq": 2}
+    request = {
+        "id": "run-1", "engine": "ollama", "node_id": "a", "method": "POST", "path": "/api/chat",
+        "status": 200, "duration_ms": 10, "ttfb_ms": 10, "error": None,
+        "attempts": [{"node_id": "a", "outcome": "committed", "ms": 10, "busy_waits": 0}],
+        "cache_affinity": False, "queued_ms": 0, "key": "alice", "model": "llama3",
+        "model_local": "llama3:8b", "translated": False, "prompt_tokens": None,
+        "completion_tokens": None, "ttft_ms": None, "tokens_per_s": None,
+    }  # fmt: skip
+    assert [(e.name, json.dumps(e.payload)) for e in got] == [
+        ("workload:started", json.dumps({"workload": started})),
+        ("workload:completed", json.dumps({"workload": completed})),
+        ("proxy/request", json.dumps(request)),
+    ]
+    assert isinstance(got[2].value, ProxyRequest) and got[2].value.model == "llama3"
+    assert isinstance(got[0].value, WorkloadStarted) and got[0].value.workload.seq == 1

@@ -21,6 +21,7 @@ from twisted.web.resource import Resource
 
 import nvpair_tw
 from nvpair_tw.core._resolved import Settings
+from nvpair_tw.events import ProxyRequest
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.simulated._engine import Behaviour, SimulatedEngine, always
 from nvpair_tw.testing import Clusters, MemoryCluster, ProxyCluster
@@ -43,6 +44,8 @@ def test_memory_cluster_serves_a_healthy_chat_and_records_events(memory_cluster:
     [record] = cluster.named("proxy/request")
     assert (record["status"], record["node_id"]) == (200, "a")
     assert clock.seconds() == 0.0  # no time passed: nothing waited
+    [typed] = cluster.values(ProxyRequest)
+    assert (typed.status, typed.node_id, typed.model) == (200, "a", "llama3")
 
 
 def test_memory_cluster_stream_arrives_chunk_by_chunk_as_the_clock_moves(

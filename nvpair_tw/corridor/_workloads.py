@@ -14,17 +14,21 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
-from attrs import define, field, frozen, setters
+from attrs import define, field, setters
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import LogLevel
 
 from nvpair_tw.events import (
-    PROXY_REQUEST,
-    WORKLOAD_COMPLETED,
-    WORKLOAD_ERRORED,
-    WORKLOAD_QUEUED,
-    WORKLOAD_STARTED,
+    Attempt,
+    BusEvent,
     EventBus,
+    ProxyRequest,
+    WorkloadCompleted,
+    WorkloadErrored,
+    WorkloadInfo,
+    WorkloadQueued,
+    WorkloadStarted,
+    WorkloadState,
 )
 from nvpair_tw.logs import LevelledLogger
 
@@ -36,22 +40,12 @@ __all__ = [
     "Workload",
     "WorkloadRegistry",
     "WorkloadState",
-    "request_payload",
+    "request_event",
     "status_outcome",
 ]
 
 # An attempt still open when the next one starts or the record is published.
 UNFINISHED = "unfinished"
-
-
-class WorkloadState(Enum):
-    """The ``state`` of a workload once queued or dispatched."""
-
-    QUEUED = "queued"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
 
 
 _TERMINAL = frozenset({WorkloadState.COMPLETED, WorkloadState.FAILED, WorkloadState.CANCELLED})
@@ -91,7 +85,7 @@ class Workload:
         if self.state is not None:
             return
         self.state = WorkloadState.QUEUED
-        self._publish(WORKLOAD_QUEUED)
+        self._publish(WorkloadQueued)
 
     def running(self, node_id: str) -> None:
         """Dispatched to ``node_id``: publish ``workload:started`` if that is a new node."""
@@ -101,7 +95,7 @@ class Workload:
         self.scheduled_on = node_id
         if self.started_at is None:
             self.started_at = _ms(self._clock)
-        self._publish(WORKLOAD_STARTED)
+        self._publish(WorkloadStarted)
 
     def complete(self) -> bool:
         """End as completed; ``True`` if this call ended the workload."""
@@ -117,19 +111,23 @@ class Workload:
 
     def info(self) -> dict[str, Any]:
         """The ``workloadInfo`` of docs/behaviour.md §7."""
-        return {
-            "id": self.id,
-            "runId": self._run_id,
-            "engine": self.engine,
-            "model": self.model,
-            "state": None if self.state is None else self.state.value,
-            "scheduledOn": self.scheduled_on,
-            "createdAt": self.created_at,
-            "startedAt": self.started_at,
-            "completedAt": self.completed_at,
-            "error": self.error,
-            "seq": self.seq,
-        }
+        return self.snapshot().to_json()
+
+    def snapshot(self) -> WorkloadInfo:
+        """The workload as it is now, typed."""
+        return WorkloadInfo(
+            self.id,
+            self._run_id,
+            self.engine,
+            self.model,
+            self.state,
+            self.scheduled_on,
+            self.created_at,
+            self.started_at,
+            self.completed_at,
+            self.error,
+            self.seq,
+        )
 
     def _end(self, state: WorkloadState, error: str | None) -> bool:
         if self.terminal:
@@ -138,12 +136,12 @@ class Workload:
         self.error = error
         self.completed_at = _ms(self._clock)
         self._on_terminal(self)
-        self._publish(WORKLOAD_COMPLETED if state is WorkloadState.COMPLETED else WORKLOAD_ERRORED)
+        self._publish(WorkloadCompleted if state is WorkloadState.COMPLETED else WorkloadErrored)
         return True
 
-    def _publish(self, name: str) -> None:
+    def _publish(self, kind: Callable[[WorkloadInfo], BusEvent]) -> None:
         self.seq += 1
-        self._bus.publish(name, {"workload": self.info()})
+        self._bus.publish(kind(self.snapshot()))
 
 
 def _run_id_or_new(value: str | None) -> str:
@@ -234,17 +232,6 @@ class AttemptOutcome(Enum):
 def status_outcome(code: int) -> str:
     """The outcome of an attempt answered with HTTP status ``code``: ``status-<code>``."""
     return f"status-{code}"
-
-
-@frozen
-class Attempt:
-    """One closed attempt of a request."""
-
-    node_id: str
-    outcome: str
-    ms: int
-    busy_waits: int = 0
-    """Header-deadline periods waited because the node showed progress elsewhere (§6.4)."""
 
 
 def _strip_query(path: str) -> str:
@@ -430,57 +417,46 @@ class RequestRecord:
         self.node_id = node_id
         self.error = error
         self.cache_affinity = cache_affinity
-        bus.publish(PROXY_REQUEST, self.to_payload())
+        bus.publish(self.to_event())
         return True
 
     def to_payload(self) -> dict[str, Any]:
         """The ``proxy/request`` payload (durations in ms; up to now if not yet published)."""
-        return request_payload(self, self._clock.seconds() if self.ended is None else self.ended)
+        return self.to_event().to_json()
+
+    def to_event(self) -> ProxyRequest:
+        """The ``proxy/request`` event (durations in ms; up to now if not yet published)."""
+        return request_event(self, self._clock.seconds() if self.ended is None else self.ended)
 
 
-def request_payload(record: RequestRecord, end: float) -> dict[str, Any]:
-    """The ``proxy/request`` payload of ``record`` ended at clock seconds ``end`` (durations in
-    ms): the one place it is built."""
+def request_event(record: RequestRecord, end: float) -> ProxyRequest:
+    """The ``proxy/request`` event of ``record`` ended at clock seconds ``end`` (durations in ms):
+    the one place it is built."""
     ttfb = record.first_byte_at
-    payload: dict[str, Any] = {
-        "id": record.id,
-        "engine": record.engine,
-        "node_id": record.node_id,
-        "method": record.method,
-        "path": record.path,
-        "status": record.status,
-        "duration_ms": _elapsed_ms(record.started, end),
-        "ttfb_ms": None if ttfb is None else _elapsed_ms(record.started, ttfb),
-        "error": record.error,
-        "attempts": [
-            {
-                "node_id": a.node_id,
-                "outcome": a.outcome,
-                "ms": a.ms,
-                "busy_waits": a.busy_waits,
-            }
-            for a in record.attempts
-        ],
-        "cache_affinity": record.cache_affinity,
-        "queued_ms": record.queued_ms,
-    }
-    if record.fan_out is not None:
-        payload["fan_out"] = list(record.fan_out)
-    if record.fallback_from is not None:
-        payload["fallback_from"] = record.fallback_from
-    if record.key is not None:
-        payload["key"] = record.key
-    if record.model is not None:
-        payload["model"] = record.model
-        payload["model_local"] = record.model_local
-        payload["translated"] = record.translated
-        payload["prompt_tokens"] = record.prompt_tokens
-        payload["completion_tokens"] = record.completion_tokens
-        payload["ttft_ms"] = record.ttft_ms
-        payload["tokens_per_s"] = record.tokens_per_s
-        if not record.context_fit:
-            payload["context_fit"] = False
-        if record.predicted_ms is not None:
-            payload["predicted_ms"] = record.predicted_ms
-            payload["measured_ms"] = record.measured_ms
-    return payload
+    return ProxyRequest(
+        record.id,
+        record.engine,
+        record.node_id,
+        record.method,
+        record.path,
+        record.status,
+        _elapsed_ms(record.started, end),
+        None if ttfb is None else _elapsed_ms(record.started, ttfb),
+        record.error,
+        tuple(record.attempts),
+        record.cache_affinity,
+        record.queued_ms,
+        record.fan_out,
+        record.fallback_from,
+        record.key,
+        record.model,
+        record.model_local,
+        record.translated,
+        record.prompt_tokens,
+        record.completion_tokens,
+        record.ttft_ms,
+        record.tokens_per_s,
+        record.context_fit,
+        record.predicted_ms,
+        record.measured_ms,
+    )

@@ -27,7 +27,7 @@ from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from nvpair_tw.core import IProxyReactor
-from nvpair_tw.events import PROXY_REQUEST, Event, EventBus, Subscription
+from nvpair_tw.events import Event, EventBus, ProxyRequest, Subscription
 from nvpair_tw.inbound import LimitedSite, Locality, LocalNames, locality, make_site
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.ops._maintenance import in_flight
@@ -92,10 +92,8 @@ def readiness(runtime: Runtime, listening: Listening) -> str | None:
     return "no node has a known inventory yet"
 
 
-def _tokens(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        return None
-    return value
+def _tokens(value: int | None) -> int | None:
+    return None if value is None or value <= 0 else value
 
 
 class Throughput:
@@ -180,31 +178,26 @@ class StatusBoard:
             self._subscription = None
 
     def _observe(self, event: Event) -> None:
-        if event.name != PROXY_REQUEST:
+        record = event.value
+        if not isinstance(record, ProxyRequest):
             return
-        payload = event.payload
-        engine, node_id, status = (
-            payload.get("engine"),
-            payload.get("node_id"),
-            payload.get("status"),
-        )
-        if isinstance(status, int) and 200 <= status < 300 and isinstance(node_id, str):
-            self.last_success[(str(engine), node_id)] = int(event.time * 1000)
-        completion = _tokens(payload.get("completion_tokens"))
-        if completion is not None and isinstance(node_id, str):
+        engine, node_id, status = record.engine, record.node_id, record.status
+        if status is not None and 200 <= status < 300 and node_id is not None:
+            self.last_success[(engine, node_id)] = int(event.time * 1000)
+        completion = _tokens(record.completion_tokens)
+        if completion is not None and node_id is not None:
             # event.time is the publish time on the runtime's clock: the request's end
-            self.throughput.add(event.time, str(engine), node_id, completion)
-        attempts = payload.get("attempts")
-        if isinstance(attempts, list) and len(attempts) > 1:
+            self.throughput.add(event.time, engine, node_id, completion)
+        if len(record.attempts) > 1:
             self.failovers.appendleft(
                 {
                     "at": int(event.time * 1000),
-                    "id": payload.get("id"),
+                    "id": record.id,
                     "engine": engine,
-                    "path": payload.get("path"),
+                    "path": record.path,
                     "node_id": node_id,
                     "status": status,
-                    "attempts": attempts,
+                    "attempts": [a.to_json() for a in record.attempts],
                 }
             )
 

@@ -18,11 +18,11 @@ from twisted.web.iweb import IAgent
 from nvpair_tw.core import ENGINES, IProxyReactor, Settings
 from nvpair_tw.corridor import FacadeResource, FacadeState, RequestRecord, Shared, WorkloadRegistry
 from nvpair_tw.events import (
-    NODE_COOLDOWN,
-    NODE_COOLDOWN_ENDED,
-    NODE_CORDON,
-    NODE_UNCORDON,
     EventBus,
+    NodeCooldown,
+    NodeCooldownEnded,
+    NodeCordon,
+    NodeUncordon,
     log_events,
 )
 from nvpair_tw.fleet import FleetStore, StateConfig
@@ -393,9 +393,10 @@ def _cordon_announcer(bus: EventBus, engine: str) -> CordonListener:
 
     def announce(node_id: str, cordon: Cordon | None) -> None:
         if cordon is None:
-            bus.publish(NODE_UNCORDON, {"engine": engine, "node_id": node_id})
+            bus.publish(NodeUncordon(engine, node_id))
         else:
-            bus.publish(NODE_CORDON, {"engine": engine, "node_id": node_id, **cordon.to_json()})
+            since = None if cordon.since is None else int(cordon.since * 1000)
+            bus.publish(NodeCordon(engine, node_id, cordon.reason, since, cordon.origin))
 
     return announce
 
@@ -434,20 +435,19 @@ def _share_progress(facade: FacadeState, fleet: FleetStore, engine: str) -> None
 def _cooldown_announcer(bus: EventBus, engine: str) -> CooldownListener:
     def announce(node_id: str, cooldown: Cooldown | None, reason: str) -> None:
         if cooldown is not None:
-            payload = {
-                "engine": engine,
-                "node_id": node_id,
-                "reason": reason,
-                "coolingUntil": int(cooldown.until * 1000),
-            }
-            if cooldown.renewed:
-                # still no answer at the previous expiry (docs/behaviour.md §6.3)
-                payload["renewed"] = True
-            if cooldown.origin != "local":
-                # a peer of the fleet stalled (docs/behaviour.md §6.6)
-                payload["origin"] = cooldown.origin
-            bus.publish(NODE_COOLDOWN, payload)
+            bus.publish(
+                NodeCooldown(
+                    engine,
+                    node_id,
+                    reason,
+                    int(cooldown.until * 1000),
+                    # still no answer at the previous expiry (docs/behaviour.md §6.3)
+                    renewed=cooldown.renewed,
+                    # a peer of the fleet stalled (docs/behaviour.md §6.6)
+                    origin=None if cooldown.origin == "local" else cooldown.origin,
+                )
+            )
         else:
-            bus.publish(NODE_COOLDOWN_ENDED, {"engine": engine, "node_id": node_id, "why": reason})
+            bus.publish(NodeCooldownEnded(engine, node_id, reason))
 
     return announce

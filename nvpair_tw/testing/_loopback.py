@@ -16,7 +16,7 @@ from twisted.web.iweb import IResponse
 
 from nvpair_tw.core import Settings
 from nvpair_tw.corridor import FacadeState
-from nvpair_tw.events import Event
+from nvpair_tw.events import BusEvent, Event
 from nvpair_tw.fleet import StateConfig
 from nvpair_tw.nodes import Node
 from nvpair_tw.runtime import Runtime, StallTrackerFactory, build_runtime
@@ -31,6 +31,9 @@ __all__ = [
     "start_engine",
     "start_proxy",
 ]
+
+E = TypeVar("E", bound=BusEvent)
+"""A class of event (`nvpair_tw.events`)."""
 
 
 @define
@@ -186,6 +189,10 @@ class ProxyCluster:
     def named(self, name: str) -> list[dict[str, Any]]:
         """The payloads of the recorded events called ``name``."""
         return [dict(e.payload) for e in self.events if e.name == name]
+
+    def values(self, kind: type[E]) -> list[E]:
+        """The typed values of the recorded events of class ``kind`` (``ProxyRequest``, ...)."""
+        return [e.value for e in self.events if isinstance(e.value, kind)]
 
     def received(self, index: int) -> list[bytes]:
         """The inference (POST) bodies the ``index``-th engine received."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json as jsonlib
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import treq
 from attrs import define, field
@@ -24,7 +24,7 @@ from twisted.web.server import Site
 
 from nvpair_tw.core import ENGINES, IProxyReactor, Settings
 from nvpair_tw.corridor import FacadeState
-from nvpair_tw.events import Event
+from nvpair_tw.events import BusEvent, Event
 from nvpair_tw.nodes import Node
 from nvpair_tw.runtime import Runtime, StallTrackerFactory, build_runtime, tcp_listener
 from nvpair_tw.simulated import SimulatedEngine
@@ -32,6 +32,9 @@ from nvpair_tw.testing._network import MemoryNetwork
 from nvpair_tw.upstream import UpstreamClient, WholeBody, make_http_client, make_pool
 
 __all__ = ["MemoryCluster", "MemoryResponse"]
+
+E = TypeVar("E", bound=BusEvent)
+"""A class of event (`nvpair_tw.events`)."""
 
 
 @define
@@ -380,6 +383,10 @@ class MemoryCluster(_Requests):
     def named(self, name: str) -> list[dict[str, Any]]:
         """The payloads of the recorded events called ``name``."""
         return [dict(e.payload) for e in self.events if e.name == name]
+
+    def values(self, kind: type[E]) -> list[E]:
+        """The typed values of the recorded events of class ``kind`` (``ProxyRequest``, ...)."""
+        return [e.value for e in self.events if isinstance(e.value, kind)]
 
     def received(self, node_id: str) -> list[bytes]:
         """The inference (POST) bodies simulated engine ``node_id`` received."""

@@ -9,9 +9,10 @@ reach a span. Plain data in, plain data out (no OpenTelemetry types), so it is t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 from attrs import frozen
+
+from nvpair_tw.events import ProxyRequest
 
 __all__ = [
     "AttemptSpan",
@@ -48,61 +49,59 @@ def operation_name(path: str) -> str | None:
     return _OPERATIONS.get(path)
 
 
-def span_name(payload: Mapping[str, Any]) -> str:
+def span_name(record: ProxyRequest) -> str:
     """``{operation} {model}`` for inference (``chat llama3``; just ``chat`` while the record names
     no model, as for a refused request), else ``{method} {path}``."""
-    operation = operation_name(str(payload.get("path", "")))
-    model = payload.get("model")
+    operation = operation_name(record.path)
+    model = record.model
     if operation is not None:
         return f"{operation} {model}" if model else operation
-    return f"{payload.get('method', '')} {payload.get('path', '')}".strip()
+    return f"{record.method} {record.path}".strip()
 
 
-def _put(attributes: dict[str, AttributeValue], name: str, value: Any) -> None:
+def _put(attributes: dict[str, AttributeValue], name: str, value: AttributeValue | None) -> None:
     """Set ``name`` unless ``value`` is unknown (None): a span never says zero for unknown."""
     if value is not None:
         attributes[name] = value
 
 
 def request_attributes(
-    payload: Mapping[str, Any], workload_id: int | None = None
+    record: ProxyRequest, workload_id: int | None = None
 ) -> dict[str, AttributeValue]:
     """The request span's attributes: GenAI, HTTP and ``nvpair.*``, known values only."""
-    path = str(payload.get("path", ""))
+    path = record.path
     attributes: dict[str, AttributeValue] = {}
     operation = operation_name(path)
-    model = payload.get("model")
+    model = record.model
     if operation is not None:
         attributes["gen_ai.operation.name"] = operation
     if operation is not None and model:
-        attributes["gen_ai.request.model"] = str(model)
-        attributes["gen_ai.response.model"] = str(payload.get("model_local") or model)
-        _put(attributes, "gen_ai.usage.input_tokens", payload.get("prompt_tokens"))
-        _put(attributes, "gen_ai.usage.output_tokens", payload.get("completion_tokens"))
-    _put(attributes, "http.request.method", payload.get("method"))
+        attributes["gen_ai.request.model"] = model
+        attributes["gen_ai.response.model"] = record.model_local or model
+        _put(attributes, "gen_ai.usage.input_tokens", record.prompt_tokens)
+        _put(attributes, "gen_ai.usage.output_tokens", record.completion_tokens)
+    _put(attributes, "http.request.method", record.method)
     _put(attributes, "url.path", path or None)
-    _put(attributes, "http.response.status_code", payload.get("status"))
-    _put(attributes, "server.address", payload.get("node_id"))
-    status = payload.get("status")
-    if payload.get("error") is not None and isinstance(status, int) and status >= 400:
-        attributes["error.type"] = str(payload["error"])
-    _put(attributes, "nvpair.request_id", payload.get("id"))
-    _put(attributes, "nvpair.engine", payload.get("engine"))
+    status = record.status
+    _put(attributes, "http.response.status_code", status)
+    _put(attributes, "server.address", record.node_id)
+    if record.error is not None and status is not None and status >= 400:
+        attributes["error.type"] = record.error
+    _put(attributes, "nvpair.request_id", record.id)
+    _put(attributes, "nvpair.engine", record.engine)
     _put(attributes, "nvpair.workload_id", workload_id)
-    _put(attributes, "nvpair.key", payload.get("key"))
-    attempts = _attempts(payload)
-    attributes["nvpair.queue_ms"] = int(payload.get("queued_ms") or 0)
-    attributes["nvpair.attempts"] = len(attempts)
-    attributes["nvpair.busy_waits"] = sum(int(a.get("busy_waits") or 0) for a in attempts)
+    _put(attributes, "nvpair.key", record.key)
+    attributes["nvpair.queue_ms"] = record.queued_ms
+    attributes["nvpair.attempts"] = len(record.attempts)
+    attributes["nvpair.busy_waits"] = sum(a.busy_waits for a in record.attempts)
     if model:
-        attributes["nvpair.translated"] = bool(payload.get("translated"))
-    _put(attributes, "nvpair.ttft_ms", payload.get("ttft_ms"))
-    _put(attributes, "nvpair.tokens_per_s", payload.get("tokens_per_s"))
-    if payload.get("cache_affinity"):
+        attributes["nvpair.translated"] = record.translated
+    _put(attributes, "nvpair.ttft_ms", record.ttft_ms)
+    _put(attributes, "nvpair.tokens_per_s", record.tokens_per_s)
+    if record.cache_affinity:
         attributes["nvpair.cache_affinity"] = True
-    fan_out = payload.get("fan_out")
-    if isinstance(fan_out, list):
-        attributes["nvpair.fan_out"] = [str(n) for n in fan_out]
+    if record.fan_out is not None:
+        attributes["nvpair.fan_out"] = list(record.fan_out)
     return attributes
 
 
@@ -122,29 +121,24 @@ def failed_attempt(outcome: str) -> bool:
     return outcome not in _NOT_FAILED
 
 
-def _attempts(payload: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    attempts = payload.get("attempts")
-    return [a for a in attempts if isinstance(a, Mapping)] if isinstance(attempts, list) else []
-
-
-def attempt_spans(payload: Mapping[str, Any]) -> list[AttemptSpan]:
+def attempt_spans(record: ProxyRequest) -> list[AttemptSpan]:
     """The request's attempts, one after another from the end of its queue wait (each attempt
     starts when the one before it ended); a fan-out's parts all start together (§13.2)."""
-    operation = operation_name(str(payload.get("path", "")))
-    model = payload.get("model_local") or payload.get("model")
-    name = f"{operation} {model}" if operation is not None and model else span_name(payload)
-    parallel = isinstance(payload.get("fan_out"), list)
-    offset = int(payload.get("queued_ms") or 0)
+    operation = operation_name(record.path)
+    model = record.model_local or record.model
+    name = f"{operation} {model}" if operation is not None and model else span_name(record)
+    parallel = record.fan_out is not None
+    offset = record.queued_ms
     spans = []
-    for number, attempt in enumerate(_attempts(payload), start=1):
-        ms = max(0, int(attempt.get("ms") or 0))
-        outcome = str(attempt.get("outcome"))
+    for number, attempt in enumerate(record.attempts, start=1):
+        ms = max(0, attempt.ms)
+        outcome = attempt.outcome
         attributes: dict[str, AttributeValue] = {
-            "server.address": str(attempt.get("node_id")),
-            "nvpair.node_id": str(attempt.get("node_id")),
+            "server.address": attempt.node_id,
+            "nvpair.node_id": attempt.node_id,
             "nvpair.outcome": outcome,
             "nvpair.attempt": number,
-            "nvpair.busy_waits": int(attempt.get("busy_waits") or 0),
+            "nvpair.busy_waits": attempt.busy_waits,
         }
         if outcome.startswith("status-") and outcome[7:].isdigit():
             attributes["http.response.status_code"] = int(outcome[7:])

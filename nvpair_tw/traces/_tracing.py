@@ -12,8 +12,6 @@ that record, the attempts laid out one after another by their durations.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
@@ -25,7 +23,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.web.http_headers import Headers
 
 from nvpair_tw.corridor import RequestRecord
-from nvpair_tw.events import PROXY_REQUEST, Event, EventBus, Subscription
+from nvpair_tw.events import Event, EventBus, ProxyRequest, Subscription
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.traces._attributes import attempt_spans, request_attributes, span_name
 from nvpair_tw.traces._export import SpanCounts, make_provider
@@ -95,35 +93,35 @@ class RequestTracing:
                 headers.setRawHeaders(name, [value.encode("latin-1")])
 
     def _observe(self, event: Event) -> None:
-        if event.name != PROXY_REQUEST:
+        if not isinstance(event.value, ProxyRequest):
             return
         try:
-            self._end(event.payload, event.time)
+            self._end(event.value, event.time)
         except Exception:
             log.failure("a request span could not be ended")
 
-    def _end(self, payload: Mapping[str, Any], now: float) -> None:
-        opened = self._open.pop(str(payload.get("id")), None)
+    def _end(self, record: ProxyRequest, now: float) -> None:
+        opened = self._open.pop(record.id, None)
         if opened is None:
             # A record made below the facade (413, 408, ...): its span is made whole now.
-            duration = max(0, int(payload.get("duration_ms") or 0))
+            duration = max(0, record.duration_ms or 0)
             end = self._wall_ns(now)
             start = end - duration * 1_000_000
             span = self._tracer.start_span(
-                span_name(payload), kind=SpanKind.SERVER, start_time=start
+                span_name(record), kind=SpanKind.SERVER, start_time=start
             )
             workload_id = None
         else:
-            span, record, start = opened
-            workload_id = record.workload_id
-            end = start + round((now - record.started) * 1e9)
-            span.update_name(span_name(payload))
-        span.set_attributes(request_attributes(payload, workload_id))
-        status = payload.get("status")
-        if isinstance(status, int) and status >= 500:
-            span.set_status(Status(StatusCode.ERROR, str(payload.get("error") or status)))
+            span, opening, start = opened
+            workload_id = opening.workload_id
+            end = start + round((now - opening.started) * 1e9)
+            span.update_name(span_name(record))
+        span.set_attributes(request_attributes(record, workload_id))
+        status = record.status
+        if status is not None and status >= 500:
+            span.set_status(Status(StatusCode.ERROR, record.error or str(status)))
         parent = trace.set_span_in_context(span)
-        for attempt in attempt_spans(payload):
+        for attempt in attempt_spans(record):
             attempt_start = min(end, start + attempt.offset_ms * 1_000_000)
             child = self._tracer.start_span(
                 attempt.name,

@@ -9,13 +9,14 @@ as whole minutes since the Unix epoch (UTC), then the counts in :data:`COUNTS` o
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from attrs import frozen
 
 from nvpair_tw.core import parse_duration
+from nvpair_tw.events import ProxyRequest
 
 __all__ = [
     "ANONYMOUS",
@@ -61,30 +62,21 @@ class UsageKey:
     node: str
 
 
-def _count(value: object) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return None
-    return value
+def _count(value: int | None) -> int | None:
+    return None if value is None or value < 0 else value
 
 
-def counts_of(time: float, payload: Mapping[str, Any]) -> tuple[UsageKey, Counts] | None:
+def counts_of(time: float, record: ProxyRequest) -> tuple[UsageKey, Counts] | None:
     """The bucket and counts of one ``proxy/request`` record; ``None`` for a record that is not an
     inference (it names no model). Only these fields are read: no body can reach usage."""
-    model = payload.get("model")
-    if not isinstance(model, str):
+    model = record.model
+    if model is None:
         return None
-    key = payload.get("key")
-    node = payload.get("node_id")
-    status = payload.get("status")
-    errored = not isinstance(status, int) or status >= 400
-    prompt = _count(payload.get("prompt_tokens"))
-    completion = _count(payload.get("completion_tokens"))
-    bucket = UsageKey(
-        int(time // MINUTE),
-        key if isinstance(key, str) and key else ANONYMOUS,
-        model,
-        node if isinstance(node, str) else "",
-    )
+    status = record.status
+    errored = status is None or status >= 400
+    prompt = _count(record.prompt_tokens)
+    completion = _count(record.completion_tokens)
+    bucket = UsageKey(int(time // MINUTE), record.key or ANONYMOUS, model, record.node_id or "")
     unknown = prompt is None or completion is None
     return bucket, [1, int(errored), prompt or 0, completion or 0, int(unknown)]
 

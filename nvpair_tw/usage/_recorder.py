@@ -21,7 +21,7 @@ from twisted.internet.interfaces import IDelayedCall
 from twisted.python.failure import Failure
 
 from nvpair_tw.core import IProxyReactor
-from nvpair_tw.events import PROXY_REQUEST, Event, EventBus, Subscription
+from nvpair_tw.events import Event, EventBus, ProxyRequest, Subscription
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.usage._buffer import MEMORY_RETENTION, Group, UsageBuffer
 from nvpair_tw.usage._minutes import Report, Row, counts_of, grouped, rollup
@@ -112,9 +112,9 @@ class UsageRecorder:
         return self.storage.written
 
     def _observe(self, event: Event) -> None:
-        if event.name != PROXY_REQUEST:
+        if not isinstance(event.value, ProxyRequest):
             return
-        counted = counts_of(event.time, event.payload)
+        counted = counts_of(event.time, event.value)
         if counted is None:
             return
         bucket, counts = counted

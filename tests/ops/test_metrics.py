@@ -12,12 +12,15 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import LogLevel
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.core._resolved import Settings
+from nvpair_tw.events import Attempt, ProxyRequest
+from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes._directory import Node
-from nvpair_tw.ops._admin import AdminService
+from nvpair_tw.ops._admin import AdminService, StatusBoard
 from nvpair_tw.ops._metrics import ProxyMetrics
 from nvpair_tw.runtime._process import Runtime, build_runtime
 from nvpair_tw.selection._admission import Slot, Waiter
@@ -470,3 +473,40 @@ def test_learnt_rates_and_the_prediction_error_are_exposed() -> None:
     assert value(scraped, "nvpair_prediction_error_ratio_count", engine="ollama") == 1
     assert value(scraped, "nvpair_prediction_error_ratio_bucket", engine="ollama", le="1.25") == 1
     assert value(scraped, "nvpair_prediction_error_ratio_bucket", engine="ollama", le="1.1") == 0
+
+
+class _NoWire(ProxyRequest):
+    """A record whose wire object cannot be made: a consumer that asks for it fails (and the bus
+    drops it)."""
+
+    def _build(self) -> dict[str, Any]:
+        raise AssertionError("a counting consumer asked for the wire object")
+
+
+def test_metrics_and_the_status_board_count_the_typed_record_without_its_wire_object() -> None:
+    """``/metrics`` and the status board read a ``ProxyRequest``'s attributes (attempts, node,
+    tokens); with no log line to write, nothing makes its wire object."""
+    _, runtime = _runtime()
+    metrics = ProxyMetrics(runtime)
+    board = StatusBoard(runtime)
+    bus = runtime.shared.bus
+    record = _NoWire(
+        "r-1", "ollama", "a", "POST", "/api/chat", 200, 40, 10, None,
+        (Attempt("b", "stall", 20), Attempt("a", "committed", 12)), False, 0,
+        model="llama3:latest", prompt_tokens=7, completion_tokens=9,
+    )  # fmt: skip
+    level = current_level()
+    set_level(LogLevel.warn)
+    try:
+        bus.publish(record)
+    finally:
+        set_level(level)
+    assert {"metrics", "status-board"} <= {s.name for s in bus.subscriptions}
+    scraped = samples(metrics.exposition().decode())
+    assert value(scraped, "nvpair_stalls_total", engine="ollama", node="b") == 1
+    assert value(scraped, "nvpair_failovers_total", engine="ollama") == 1
+    where = {"engine": "ollama", "node": "a", "model": "llama3:latest", "key": "none"}
+    assert value(scraped, "nvpair_tokens_total", type="completion", **where) == 9
+    assert board.throughput.kept() == 1 and [f["id"] for f in board.failovers] == ["r-1"]
+    metrics.close()
+    board.close()

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from twisted.python import usage
 
+from nvpair_tw.events import ProxyRequest
 from nvpair_tw.tap import Options
 from nvpair_tw.traces import SpanCounts, traces_url
 from nvpair_tw.traces._attributes import (
@@ -21,7 +22,7 @@ from nvpair_tw.traces._attributes import (
 pytestmark = pytest.mark.timeout(30)
 
 
-def record(**fields: Any) -> dict[str, Any]:
+def record(**fields: Any) -> ProxyRequest:
     base: dict[str, Any] = {
         "id": "run-1",
         "engine": "ollama",
@@ -35,7 +36,7 @@ def record(**fields: Any) -> dict[str, Any]:
         "cache_affinity": False,
         "queued_ms": 0,
     }
-    return {**base, **fields}
+    return ProxyRequest.from_json({**base, **fields})
 
 
 INFERENCE = {
@@ -72,11 +73,11 @@ def test_operation_names_follow_the_route(path: str, operation: str | None) -> N
 
 def test_an_inference_record_gives_genai_and_nvpair_attributes() -> None:
     """Public and local model names, the engine's counts, the serving node and every nvpair one."""
-    payload = record(**INFERENCE, queued_ms=250)
-    payload["attempts"] = [
+    attempts = [
         {"node_id": "n0", "outcome": "stall", "ms": 100, "busy_waits": 2},
         {"node_id": "n1", "outcome": "committed", "ms": 30, "busy_waits": 1},
     ]
+    payload = record(**INFERENCE, queued_ms=250, attempts=attempts)
     attributes = request_attributes(payload, workload_id=9)
     assert span_name(payload) == "chat llama3"
     assert attributes == {
@@ -136,12 +137,12 @@ def test_other_routes_are_named_by_method_and_path() -> None:
 
 
 def test_attempts_are_laid_end_to_end_after_the_queue_wait() -> None:
-    payload = record(**INFERENCE, queued_ms=50)
-    payload["attempts"] = [
+    attempts = [
         {"node_id": "n0", "outcome": "status-503", "ms": 10, "busy_waits": 0},
         {"node_id": "n0", "outcome": "connect-error", "ms": 5, "busy_waits": 0},
         {"node_id": "n1", "outcome": "committed", "ms": 20, "busy_waits": 1},
     ]
+    payload = record(**INFERENCE, queued_ms=50, attempts=attempts)
     spans = attempt_spans(payload)
     assert [(s.offset_ms, s.ms) for s in spans] == [(50, 10), (60, 5), (65, 20)]
     assert [s.failed for s in spans] == [True, True, False]

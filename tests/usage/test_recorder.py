@@ -15,7 +15,7 @@ from twisted.internet.task import Clock, deferLater
 from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from zope.interface import provider
 
-from nvpair_tw.events import PROXY_REQUEST, WORKLOAD_COMPLETED, EventBus
+from nvpair_tw.events import PROXY_REQUEST, WORKLOAD_COMPLETED, EventBus, ProxyRequest
 from nvpair_tw.usage._database import SCHEMA_VERSION
 from nvpair_tw.usage._minutes import parse_report
 from nvpair_tw.usage._recorder import FLUSH_INTERVAL, PRUNE_INTERVAL, UsageRecorder
@@ -466,3 +466,29 @@ async def test_only_request_records_count_and_nothing_after_stop(
     assert recorder.storage.db is None
     assert recorder.buffer.unsaved == {} and recorder.buffer.memory == {}
     assert [r[3] for r in stored(tmp_path / "u.sqlite3")] == [1]
+
+
+class _NoWire(ProxyRequest):
+    """A record whose wire object cannot be made: a consumer that asks for it fails."""
+
+    def _build(self) -> dict[str, Any]:
+        raise AssertionError("the usage recorder asked for the wire object")
+
+
+def test_the_recorder_reads_the_typed_record_never_its_wire_object() -> None:
+    """The recorder counts a typed ``ProxyRequest`` from its attributes (``model``, ``key``,
+    ``node_id``, counts) without making its wire object."""
+    clock = Clock()
+    bus = EventBus(clock)
+    recorder = UsageRecorder(clock, bus, path=None)  # type: ignore[arg-type]
+    record = _NoWire(
+        "r-1", "ollama", "n1", "POST", "/api/chat", 200, 40, 10, None, (), False, 0,
+        key="team-a", model="llama3", prompt_tokens=3, completion_tokens=5,
+    )  # fmt: skip
+    bus.publish(record)
+    [subscription] = bus.subscriptions
+    assert subscription.dropped is None
+    [(bucket, counts)] = recorder.buffer.memory.items()
+    assert (bucket.key, bucket.model, bucket.node) == ("team-a", "llama3", "n1")
+    assert counts == [1, 0, 3, 5, 0]
+    recorder.stop()

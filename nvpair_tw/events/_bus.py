@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.test_events -*-
-"""The in-process event bus: workload, request and node events for the control channel and logs.
+"""The in-process event bus: typed workload, request and node events for their consumers.
 
 Delivery is synchronous and deterministic (no timers). A consumer that cannot keep up pauses its
 subscription; events then queue up to a bound, past which the bus drops the subscriber, so a slow
@@ -10,59 +10,33 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, overload
 
 from attrs import define, field, frozen, setters
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger, LogLevel
 
+from nvpair_tw.events._kinds import BusEvent, OtherEvent, read_event
 from nvpair_tw.logs import LevelledLogger
 
-__all__ = [
-    "NODE_COOLDOWN",
-    "NODE_COOLDOWN_ENDED",
-    "NODE_CORDON",
-    "NODE_UNCORDON",
-    "PROXY_REQUEST",
-    "WORKLOAD_COMPLETED",
-    "WORKLOAD_ERRORED",
-    "WORKLOAD_QUEUED",
-    "WORKLOAD_STARTED",
-    "Event",
-    "EventBus",
-    "Subscription",
-    "log_events",
-]
-
-# The names of the events the proxy publishes: the bus, the control channel's notifications,
-# ``GET /events`` on the admin listener and the log lines all use them (docs/behaviour.md §7).
-WORKLOAD_QUEUED = "workload:queued"
-"""A workload waits in the proxy's admission queue, before any dispatch."""
-WORKLOAD_STARTED = "workload:started"
-"""A workload is dispatched to a node (again each time an attempt moves to another node)."""
-WORKLOAD_COMPLETED = "workload:completed"
-"""A workload's committed 2xx answer was relayed to the end."""
-WORKLOAD_ERRORED = "workload:errored"
-"""A workload ended ``failed`` or ``cancelled``."""
-PROXY_REQUEST = "proxy/request"
-"""The record of one request, rejections included; it follows every request."""
-NODE_COOLDOWN = "node/cooldown"
-"""A node stalled and is skipped until its cooldown ends."""
-NODE_COOLDOWN_ENDED = "node/cooldown-ended"
-"""A node's cooldown ended (``why``: ``success`` or ``expired``)."""
-NODE_CORDON = "node/cordon"
-"""A node was cordoned: it takes no new work (§13.1; ``reason``, ``since``, ``origin``)."""
-NODE_UNCORDON = "node/uncordon"
-"""A node's cordon was lifted."""
+__all__ = ["Event", "EventBus", "Subscription"]
 
 
 @frozen
 class Event:
-    """One published event: a name, a JSON-serialisable metadata payload and the publish time."""
+    """One published event: its wire name, its typed value and the publish time.
+
+    Consumers read ``value``'s attributes (match on its class); ``payload`` is its wire object,
+    for those that send it (the control channel, ``GET /events``, the log).
+    """
 
     name: str
-    payload: Mapping[str, Any]
+    value: BusEvent | OtherEvent
     time: float
+
+    @property
+    def payload(self) -> Mapping[str, Any]:
+        """The event's JSON object as sent (docs/behaviour.md §7)."""
+        return self.value.to_json()
 
 
 def _check_max_pending(_: object, __: object, value: int) -> None:
@@ -192,13 +166,21 @@ class EventBus:
         """The live subscriptions, in subscription order."""
         return tuple(self._subscriptions)
 
-    def publish(self, name: str, payload: Mapping[str, Any]) -> Event:
+    @overload
+    def publish(self, value: BusEvent, /) -> Event: ...
+    @overload
+    def publish(self, value: str, payload: Mapping[str, Any], /) -> Event: ...
+
+    def publish(self, value: BusEvent | str, payload: Mapping[str, Any] | None = None) -> Event:
         """Deliver an event to every live subscription; never raises because of a subscriber.
 
-        A publish from inside a sink is delivered after the event in hand has reached everyone, so
-        every subscriber sees the same order.
+        The proxy publishes typed values; a wire name and object (``publish(name, payload)``) is
+        read into its class first (`read_event`), and sent as given. A publish from inside a sink
+        is delivered after the event in hand has reached everyone, so every subscriber sees the
+        same order.
         """
-        event = Event(name, dict(payload), self._clock.seconds())
+        typed = read_event(value, payload or {}) if isinstance(value, str) else value
+        event = Event(typed.name, typed, self._clock.seconds())
         self._outbox.append(event)
         if self._dispatching:
             return event
@@ -234,104 +216,3 @@ class EventBus:
     def _remove(self, subscription: Subscription) -> None:
         if subscription in self._subscriptions:
             self._subscriptions.remove(subscription)
-
-
-# One info line per request (its proxy/request record); a workload's start and completion are debug,
-# its failure or cancellation info, a cooldown a warning.
-_LEVELS: Mapping[str, LogLevel] = {
-    NODE_COOLDOWN: LogLevel.warn,
-    WORKLOAD_QUEUED: LogLevel.debug,
-    WORKLOAD_STARTED: LogLevel.debug,
-    WORKLOAD_COMPLETED: LogLevel.debug,
-}
-
-_FORMATS: Mapping[str, tuple[str, tuple[str, ...]]] = {
-    PROXY_REQUEST: (
-        "{event} {id} {engine} {method} {path} -> {status} via {node_id} in {duration_ms} ms",
-        ("id", "engine", "method", "path", "status", "node_id", "duration_ms"),
-    ),
-    WORKLOAD_QUEUED: (
-        "{event} {workload[id]} {workload[model]} waits for a free slot",
-        ("workload",),
-    ),
-    WORKLOAD_STARTED: (
-        "{event} {workload[id]} {workload[model]} on {workload[scheduledOn]}",
-        ("workload",),
-    ),
-    WORKLOAD_COMPLETED: (
-        "{event} {workload[id]} {workload[model]} on {workload[scheduledOn]}",
-        ("workload",),
-    ),
-    WORKLOAD_ERRORED: (
-        "{event} {workload[id]} {workload[model]} {workload[state]}: {workload[error]}",
-        ("workload",),
-    ),
-    NODE_CORDON: ("{event} {engine} {node_id}: {reason}", ("engine", "node_id", "reason")),
-    NODE_UNCORDON: ("{event} {engine} {node_id}", ("engine", "node_id")),
-}
-
-# A request no node served (rejected, refused, no owner, ...) says why instead of "via None".
-_REQUEST_WITHOUT_NODE: tuple[str, tuple[str, ...]] = (
-    "{event} {id} {engine} {method} {path} -> {status} ({error}) in {duration_ms} ms",
-    ("id", "engine", "method", "path", "status", "error", "duration_ms"),
-)
-_REQUEST_WITHOUT_NODE_OR_ERROR: tuple[str, tuple[str, ...]] = (
-    "{event} {id} {engine} {method} {path} -> {status} in {duration_ms} ms",
-    ("id", "engine", "method", "path", "status", "duration_ms"),
-)
-
-
-def _format(name: str, fields: Mapping[str, Any]) -> str:
-    """The log format for an event with these fields; just its name when fields are missing."""
-    if name == PROXY_REQUEST and fields.get("node_id") is None:
-        if fields.get("error") is None:
-            fmt, needed = _REQUEST_WITHOUT_NODE_OR_ERROR
-        else:
-            fmt, needed = _REQUEST_WITHOUT_NODE
-    else:
-        fmt, needed = _FORMATS.get(name, ("{event}", ()))
-    return fmt if all(k in fields for k in needed) else "{event}"
-
-
-_RESERVED = frozenset({"format", "event"})
-
-
-def _preformatted(name: str, fields: Mapping[str, Any]) -> str:
-    """The event's line, already rendered, as a format with no fields (braces doubled).
-
-    Twisted would parse the format and flatten its fields again for every event; rendered here
-    once, the line is the same and the observers find nothing to parse. A payload the format
-    cannot render keeps the format itself, for Twisted to report as it always has.
-    """
-    fmt = _format(name, fields)
-    try:
-        text = fmt.format_map({**fields, "event": name})
-    except Exception:
-        return fmt
-    return text.replace("{", "{{").replace("}", "}}")
-
-
-def log_events(bus: EventBus, log: Logger) -> Subscription:
-    """Subscribe a sink that emits each event through ``log`` as a structured event.
-
-    The event name is the ``event`` field and the payload's fields are the other fields (keys that
-    would clash with the logger's own, ``log_*`` and ``format``, are left out); the message is
-    rendered once, here (`_preformatted`). ``node/cooldown``
-    logs at warn, a workload's queueing, start and completion at debug, everything else at info. With a
-    :class:`~nvpair_tw.logs.LevelledLogger`, events below its level are skipped before any work.
-    """
-
-    enabled = getattr(log, "enabled", None)
-
-    def sink(event: Event) -> None:
-        level = _LEVELS.get(event.name, LogLevel.info)
-        if enabled is not None and not enabled(level):
-            return
-        fields = {
-            k: v
-            for k, v in event.payload.items()
-            if k not in _RESERVED and not k.startswith("log_")
-        }
-        log.emit(level, _preformatted(event.name, fields), event=event.name, **fields)
-
-    return bus.subscribe(sink, name="log")

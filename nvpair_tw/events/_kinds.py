@@ -1,0 +1,495 @@
+# -*- test-case-name: tests.test_events -*-
+"""The events the proxy publishes, one frozen class each (docs/behaviour.md §7).
+
+Each class carries its fields as typed attributes, its wire name as ``name`` and gives, with
+``to_json``, the JSON object the control channel's notifications, ``GET /events`` on the admin
+listener and the log lines send. That object is made on first asking and kept, so a consumer that
+reads attributes (the usage recorder, the metrics, traces) never pays for it and those that send it
+share one. ``read_event`` reads a wire object back into its class (the bus's ``publish(name,
+payload)``); a name no class has is an ``OtherEvent``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from enum import Enum
+from typing import Any, ClassVar
+
+from attrs import frozen
+
+__all__ = [
+    "NODE_COOLDOWN",
+    "NODE_COOLDOWN_ENDED",
+    "NODE_CORDON",
+    "NODE_UNCORDON",
+    "PROXY_REQUEST",
+    "WORKLOAD_COMPLETED",
+    "WORKLOAD_ERRORED",
+    "WORKLOAD_QUEUED",
+    "WORKLOAD_STARTED",
+    "Attempt",
+    "BusEvent",
+    "NodeCooldown",
+    "NodeCooldownEnded",
+    "NodeCordon",
+    "NodeUncordon",
+    "OtherEvent",
+    "ProxyRequest",
+    "WorkloadCompleted",
+    "WorkloadErrored",
+    "WorkloadInfo",
+    "WorkloadQueued",
+    "WorkloadStarted",
+    "WorkloadState",
+    "read_event",
+]
+
+# The names of the events the proxy publishes: the bus, the control channel's notifications,
+# ``GET /events`` on the admin listener and the log lines all use them (docs/behaviour.md §7).
+WORKLOAD_QUEUED = "workload:queued"
+"""A workload waits in the proxy's admission queue, before any dispatch."""
+WORKLOAD_STARTED = "workload:started"
+"""A workload is dispatched to a node (again each time an attempt moves to another node)."""
+WORKLOAD_COMPLETED = "workload:completed"
+"""A workload's committed 2xx answer was relayed to the end."""
+WORKLOAD_ERRORED = "workload:errored"
+"""A workload ended ``failed`` or ``cancelled``."""
+PROXY_REQUEST = "proxy/request"
+"""The record of one request, rejections included; it follows every request."""
+NODE_COOLDOWN = "node/cooldown"
+"""A node stalled and is skipped until its cooldown ends."""
+NODE_COOLDOWN_ENDED = "node/cooldown-ended"
+"""A node's cooldown ended (``why``: ``success`` or ``expired``)."""
+NODE_CORDON = "node/cordon"
+"""A node was cordoned: it takes no new work (§13.1; ``reason``, ``since``, ``origin``)."""
+NODE_UNCORDON = "node/uncordon"
+"""A node's cordon was lifted."""
+
+Wire = dict[str, Any]
+_WIRE = "_wire"
+
+
+# The event classes keep a ``__dict__`` (``slots=False``): a frozen attrs class fills it with
+# plain stores, twice as fast as a slotted one's ``object.__setattr__`` for each field (one
+# ``ProxyRequest`` a request), and the wire object is kept there, outside the fields.
+@frozen(slots=False)
+class BusEvent:
+    """What every published event has: its wire name and its wire object, made once."""
+
+    name: ClassVar[str]
+
+    def to_json(self) -> Wire:
+        """The event's JSON object as sent (made on first asking and kept: do not change it)."""
+        kept = self.__dict__
+        wire: Wire | None = kept.get(_WIRE)
+        if wire is None:
+            wire = kept[_WIRE] = self._build()
+        return wire
+
+    def _build(self) -> Wire:
+        raise NotImplementedError
+
+
+@frozen
+class OtherEvent:
+    """An event published under a name no class above has: its name and its fields as given."""
+
+    name: str
+    fields: Mapping[str, Any]
+
+    def to_json(self) -> Wire:
+        """The fields, as published."""
+        return dict(self.fields)
+
+
+# Reading a wire object back (``read_event``): a field of the wrong type reads as unknown.
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _maybe_text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _maybe_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _maybe_number(value: object) -> float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+class WorkloadState(Enum):
+    """The ``state`` of a workload once queued or dispatched."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_STATES = {s.value: s for s in WorkloadState}
+
+
+@frozen(slots=False)
+class WorkloadInfo:
+    """The ``workloadInfo`` of docs/behaviour.md §7 at one moment (times in ms since the epoch)."""
+
+    id: int
+    run_id: str
+    engine: str
+    model: str
+    state: WorkloadState | None
+    scheduled_on: str | None
+    created_at: int
+    started_at: int | None
+    completed_at: int | None
+    error: str | None
+    seq: int
+
+    def to_json(self) -> Wire:
+        """The ``workloadInfo`` object."""
+        return {
+            "id": self.id,
+            "runId": self.run_id,
+            "engine": self.engine,
+            "model": self.model,
+            "state": None if self.state is None else self.state.value,
+            "scheduledOn": self.scheduled_on,
+            "createdAt": self.created_at,
+            "startedAt": self.started_at,
+            "completedAt": self.completed_at,
+            "error": self.error,
+            "seq": self.seq,
+        }
+
+    @classmethod
+    def from_json(cls, info: Mapping[str, Any]) -> WorkloadInfo:
+        """Read a ``workloadInfo`` object back."""
+        state = info.get("state")
+        return cls(
+            _maybe_int(info.get("id")) or 0,
+            _text(info.get("runId")),
+            _text(info.get("engine")),
+            _text(info.get("model")),
+            _STATES.get(state) if isinstance(state, str) else None,
+            _maybe_text(info.get("scheduledOn")),
+            _maybe_int(info.get("createdAt")) or 0,
+            _maybe_int(info.get("startedAt")),
+            _maybe_int(info.get("completedAt")),
+            _maybe_text(info.get("error")),
+            _maybe_int(info.get("seq")) or 0,
+        )
+
+
+@frozen(slots=False)
+class _WorkloadEvent(BusEvent):
+    workload: WorkloadInfo
+
+    def _build(self) -> Wire:
+        return {"workload": self.workload.to_json()}
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> _WorkloadEvent:
+        info = payload.get("workload")
+        return cls(WorkloadInfo.from_json(info if isinstance(info, Mapping) else {}))
+
+
+@frozen(slots=False)
+class WorkloadQueued(_WorkloadEvent):
+    """``workload:queued``: the workload waits for a free slot."""
+
+    name: ClassVar[str] = WORKLOAD_QUEUED
+
+
+@frozen(slots=False)
+class WorkloadStarted(_WorkloadEvent):
+    """``workload:started``: the workload was dispatched to ``workload.scheduled_on``."""
+
+    name: ClassVar[str] = WORKLOAD_STARTED
+
+
+@frozen(slots=False)
+class WorkloadCompleted(_WorkloadEvent):
+    """``workload:completed``."""
+
+    name: ClassVar[str] = WORKLOAD_COMPLETED
+
+
+@frozen(slots=False)
+class WorkloadErrored(_WorkloadEvent):
+    """``workload:errored``: the workload ended failed or cancelled (``workload.error`` says why)."""
+
+    name: ClassVar[str] = WORKLOAD_ERRORED
+
+
+@frozen(slots=False)
+class NodeCooldown(BusEvent):
+    """``node/cooldown``: the node stalled; ``cooling_until`` is in ms since the epoch.
+    ``renewed``: still no answer at the previous expiry (§6.3); ``origin``: the peer of the fleet
+    that stalled, None for this process (§6.6)."""
+
+    name: ClassVar[str] = NODE_COOLDOWN
+    engine: str
+    node_id: str
+    reason: str
+    cooling_until: int
+    renewed: bool = False
+    origin: str | None = None
+
+    def _build(self) -> Wire:
+        wire: Wire = {
+            "engine": self.engine,
+            "node_id": self.node_id,
+            "reason": self.reason,
+            "coolingUntil": self.cooling_until,
+        }
+        if self.renewed:
+            wire["renewed"] = True
+        if self.origin is not None:
+            wire["origin"] = self.origin
+        return wire
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> NodeCooldown:
+        return cls(
+            _text(payload.get("engine")),
+            _text(payload.get("node_id")),
+            _text(payload.get("reason")),
+            _maybe_int(payload.get("coolingUntil")) or 0,
+            payload.get("renewed") is True,
+            _maybe_text(payload.get("origin")),
+        )
+
+
+@frozen(slots=False)
+class NodeCooldownEnded(BusEvent):
+    """``node/cooldown-ended``; ``why``: ``success`` or ``expired``."""
+
+    name: ClassVar[str] = NODE_COOLDOWN_ENDED
+    engine: str
+    node_id: str
+    why: str
+
+    def _build(self) -> Wire:
+        return {"engine": self.engine, "node_id": self.node_id, "why": self.why}
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> NodeCooldownEnded:
+        return cls(
+            _text(payload.get("engine")),
+            _text(payload.get("node_id")),
+            _text(payload.get("why")),
+        )
+
+
+@frozen(slots=False)
+class NodeCordon(BusEvent):
+    """``node/cordon`` (§13.1): ``since`` in ms since the epoch, None for the nodes file's."""
+
+    name: ClassVar[str] = NODE_CORDON
+    engine: str
+    node_id: str
+    reason: str
+    since: int | None
+    origin: str
+
+    def _build(self) -> Wire:
+        return {
+            "engine": self.engine,
+            "node_id": self.node_id,
+            "reason": self.reason,
+            "since": self.since,
+            "origin": self.origin,
+        }
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> NodeCordon:
+        return cls(
+            _text(payload.get("engine")),
+            _text(payload.get("node_id")),
+            _text(payload.get("reason")),
+            _maybe_int(payload.get("since")),
+            _text(payload.get("origin")),
+        )
+
+
+@frozen(slots=False)
+class NodeUncordon(BusEvent):
+    """``node/uncordon``."""
+
+    name: ClassVar[str] = NODE_UNCORDON
+    engine: str
+    node_id: str
+
+    def _build(self) -> Wire:
+        return {"engine": self.engine, "node_id": self.node_id}
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> NodeUncordon:
+        return cls(_text(payload.get("engine")), _text(payload.get("node_id")))
+
+
+@frozen
+class Attempt:
+    """One closed attempt of a request."""
+
+    node_id: str
+    outcome: str
+    ms: int
+    busy_waits: int = 0
+    """Header-deadline periods waited because the node showed progress elsewhere (§6.4)."""
+
+    def to_json(self) -> Wire:
+        """The attempt in ``proxy/request``'s ``attempts``."""
+        return {
+            "node_id": self.node_id,
+            "outcome": self.outcome,
+            "ms": self.ms,
+            "busy_waits": self.busy_waits,
+        }
+
+    @classmethod
+    def from_json(cls, attempt: Mapping[str, Any]) -> Attempt:
+        """Read an attempt object back."""
+        return cls(
+            _text(attempt.get("node_id")),
+            _text(attempt.get("outcome")),
+            _maybe_int(attempt.get("ms")) or 0,
+            _maybe_int(attempt.get("busy_waits")) or 0,
+        )
+
+
+@frozen(slots=False)
+class ProxyRequest(BusEvent):
+    """``proxy/request``: the record of one request (docs/behaviour.md §7, §12.3).
+
+    Durations are in ms. ``model`` is None for a request naming no model: the fields after it are
+    then not sent. ``fan_out``, ``fallback_from`` and ``key`` are sent only when set,
+    ``context_fit`` only when False, ``predicted_ms`` and ``measured_ms`` only with a prediction.
+    ``status`` is None only when read back from a wire object that had none.
+    """
+
+    name: ClassVar[str] = PROXY_REQUEST
+    id: str
+    engine: str
+    node_id: str | None
+    method: str
+    path: str
+    status: int | None
+    duration_ms: int | None
+    ttfb_ms: int | None
+    error: str | None
+    attempts: tuple[Attempt, ...]
+    cache_affinity: bool
+    queued_ms: int
+    fan_out: tuple[str, ...] | None = None
+    fallback_from: str | None = None
+    key: str | None = None
+    model: str | None = None
+    model_local: str | None = None
+    translated: bool = False
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    ttft_ms: int | None = None
+    tokens_per_s: float | None = None
+    context_fit: bool = True
+    predicted_ms: int | None = None
+    measured_ms: int | None = None
+
+    def _build(self) -> Wire:
+        wire: Wire = {
+            "id": self.id,
+            "engine": self.engine,
+            "node_id": self.node_id,
+            "method": self.method,
+            "path": self.path,
+            "status": self.status,
+            "duration_ms": self.duration_ms,
+            "ttfb_ms": self.ttfb_ms,
+            "error": self.error,
+            "attempts": [a.to_json() for a in self.attempts],
+            "cache_affinity": self.cache_affinity,
+            "queued_ms": self.queued_ms,
+        }
+        if self.fan_out is not None:
+            wire["fan_out"] = list(self.fan_out)
+        if self.fallback_from is not None:
+            wire["fallback_from"] = self.fallback_from
+        if self.key is not None:
+            wire["key"] = self.key
+        if self.model is not None:
+            wire["model"] = self.model
+            wire["model_local"] = self.model_local
+            wire["translated"] = self.translated
+            wire["prompt_tokens"] = self.prompt_tokens
+            wire["completion_tokens"] = self.completion_tokens
+            wire["ttft_ms"] = self.ttft_ms
+            wire["tokens_per_s"] = self.tokens_per_s
+            if not self.context_fit:
+                wire["context_fit"] = False
+            if self.predicted_ms is not None:
+                wire["predicted_ms"] = self.predicted_ms
+                wire["measured_ms"] = self.measured_ms
+        return wire
+
+    @classmethod
+    def from_json(cls, payload: Mapping[str, Any]) -> ProxyRequest:
+        attempts = payload.get("attempts")
+        fan_out = payload.get("fan_out")
+        return cls(
+            _text(payload.get("id")),
+            _text(payload.get("engine")),
+            _maybe_text(payload.get("node_id")),
+            _text(payload.get("method")),
+            _text(payload.get("path")),
+            _maybe_int(payload.get("status")),
+            _maybe_int(payload.get("duration_ms")),
+            _maybe_int(payload.get("ttfb_ms")),
+            _maybe_text(payload.get("error")),
+            tuple(
+                Attempt.from_json(a)
+                for a in (attempts if isinstance(attempts, list) else ())
+                if isinstance(a, Mapping)
+            ),
+            payload.get("cache_affinity") is True,
+            _maybe_int(payload.get("queued_ms")) or 0,
+            tuple(str(n) for n in fan_out) if isinstance(fan_out, list) else None,
+            _maybe_text(payload.get("fallback_from")),
+            _maybe_text(payload.get("key")),
+            _maybe_text(payload.get("model")),
+            _maybe_text(payload.get("model_local")),
+            payload.get("translated") is True,
+            _maybe_int(payload.get("prompt_tokens")),
+            _maybe_int(payload.get("completion_tokens")),
+            _maybe_int(payload.get("ttft_ms")),
+            _maybe_number(payload.get("tokens_per_s")),
+            payload.get("context_fit") is not False,
+            _maybe_int(payload.get("predicted_ms")),
+            _maybe_int(payload.get("measured_ms")),
+        )
+
+
+_READERS: Mapping[str, Callable[[Mapping[str, Any]], BusEvent]] = {
+    WORKLOAD_QUEUED: WorkloadQueued.from_json,
+    WORKLOAD_STARTED: WorkloadStarted.from_json,
+    WORKLOAD_COMPLETED: WorkloadCompleted.from_json,
+    WORKLOAD_ERRORED: WorkloadErrored.from_json,
+    NODE_COOLDOWN: NodeCooldown.from_json,
+    NODE_COOLDOWN_ENDED: NodeCooldownEnded.from_json,
+    NODE_CORDON: NodeCordon.from_json,
+    NODE_UNCORDON: NodeUncordon.from_json,
+    PROXY_REQUEST: ProxyRequest.from_json,
+}
+
+
+def read_event(name: str, payload: Mapping[str, Any]) -> BusEvent | OtherEvent:
+    """The typed event of a wire object published as ``name``; it sends ``payload`` as given
+    (a copy), so what goes out is what came in. A field of the wrong type reads as unknown."""
+    reader = _READERS.get(name)
+    if reader is None:
+        return OtherEvent(name, dict(payload))
+    event = reader(payload)
+    event.__dict__[_WIRE] = dict(payload)
+    return event

@@ -1,0 +1,124 @@
+# -*- test-case-name: tests.test_events -*-
+"""Every event on the bus as a log line (docs/behaviour.md §7): its wire name and wire object."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from twisted.logger import Logger, LogLevel
+
+from nvpair_tw.events._bus import Event, EventBus, Subscription
+from nvpair_tw.events._kinds import (
+    NODE_COOLDOWN,
+    NODE_CORDON,
+    NODE_UNCORDON,
+    PROXY_REQUEST,
+    WORKLOAD_COMPLETED,
+    WORKLOAD_ERRORED,
+    WORKLOAD_QUEUED,
+    WORKLOAD_STARTED,
+)
+
+__all__ = ["log_events"]
+
+
+# One info line per request (its proxy/request record); a workload's start and completion are debug,
+# its failure or cancellation info, a cooldown a warning.
+_LEVELS: Mapping[str, LogLevel] = {
+    NODE_COOLDOWN: LogLevel.warn,
+    WORKLOAD_QUEUED: LogLevel.debug,
+    WORKLOAD_STARTED: LogLevel.debug,
+    WORKLOAD_COMPLETED: LogLevel.debug,
+}
+
+_FORMATS: Mapping[str, tuple[str, tuple[str, ...]]] = {
+    PROXY_REQUEST: (
+        "{event} {id} {engine} {method} {path} -> {status} via {node_id} in {duration_ms} ms",
+        ("id", "engine", "method", "path", "status", "node_id", "duration_ms"),
+    ),
+    WORKLOAD_QUEUED: (
+        "{event} {workload[id]} {workload[model]} waits for a free slot",
+        ("workload",),
+    ),
+    WORKLOAD_STARTED: (
+        "{event} {workload[id]} {workload[model]} on {workload[scheduledOn]}",
+        ("workload",),
+    ),
+    WORKLOAD_COMPLETED: (
+        "{event} {workload[id]} {workload[model]} on {workload[scheduledOn]}",
+        ("workload",),
+    ),
+    WORKLOAD_ERRORED: (
+        "{event} {workload[id]} {workload[model]} {workload[state]}: {workload[error]}",
+        ("workload",),
+    ),
+    NODE_CORDON: ("{event} {engine} {node_id}: {reason}", ("engine", "node_id", "reason")),
+    NODE_UNCORDON: ("{event} {engine} {node_id}", ("engine", "node_id")),
+}
+
+# A request no node served (rejected, refused, no owner, ...) says why instead of "via None".
+_REQUEST_WITHOUT_NODE: tuple[str, tuple[str, ...]] = (
+    "{event} {id} {engine} {method} {path} -> {status} ({error}) in {duration_ms} ms",
+    ("id", "engine", "method", "path", "status", "error", "duration_ms"),
+)
+_REQUEST_WITHOUT_NODE_OR_ERROR: tuple[str, tuple[str, ...]] = (
+    "{event} {id} {engine} {method} {path} -> {status} in {duration_ms} ms",
+    ("id", "engine", "method", "path", "status", "duration_ms"),
+)
+
+
+def _format(name: str, fields: Mapping[str, Any]) -> str:
+    """The log format for an event with these fields; just its name when fields are missing."""
+    if name == PROXY_REQUEST and fields.get("node_id") is None:
+        if fields.get("error") is None:
+            fmt, needed = _REQUEST_WITHOUT_NODE_OR_ERROR
+        else:
+            fmt, needed = _REQUEST_WITHOUT_NODE
+    else:
+        fmt, needed = _FORMATS.get(name, ("{event}", ()))
+    return fmt if all(k in fields for k in needed) else "{event}"
+
+
+_RESERVED = frozenset({"format", "event"})
+
+
+def _preformatted(name: str, fields: Mapping[str, Any]) -> str:
+    """The event's line, already rendered, as a format with no fields (braces doubled).
+
+    Twisted would parse the format and flatten its fields again for every event; rendered here
+    once, the line is the same and the observers find nothing to parse. A payload the format
+    cannot render keeps the format itself, for Twisted to report as it always has.
+    """
+    fmt = _format(name, fields)
+    try:
+        text = fmt.format_map({**fields, "event": name})
+    except Exception:
+        return fmt
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def log_events(bus: EventBus, log: Logger) -> Subscription:
+    """Subscribe a sink that emits each event through ``log`` as a structured event.
+
+    The event name is the ``event`` field and the payload's fields are the other fields (keys that
+    would clash with the logger's own, ``log_*`` and ``format``, are left out); the message is
+    rendered once, here (`_preformatted`). ``node/cooldown``
+    logs at warn, a workload's queueing, start and completion at debug, everything else at info. With a
+    :class:`~nvpair_tw.logs.LevelledLogger`, events below its level are skipped before any work.
+    """
+
+    enabled = getattr(log, "enabled", None)
+
+    def sink(event: Event) -> None:
+        level = _LEVELS.get(event.name, LogLevel.info)
+        if enabled is not None and not enabled(level):
+            return
+        fields = {
+            k: v
+            for k, v in event.payload.items()
+            if k not in _RESERVED and not k.startswith("log_")
+        }
+        log.emit(level, _preformatted(event.name, fields), event=event.name, **fields)
+
+    return bus.subscribe(sink, name="log")

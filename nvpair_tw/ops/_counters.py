@@ -1,0 +1,266 @@
+# -*- test-case-name: tests.ops.test_metrics -*-
+"""The bus-fed Prometheus counters and histograms (docs/behaviour.md §10, §12.3).
+
+Each group counts what its events say: `RequestCounters` a ``proxy/request`` record's requests,
+attempts, stalls, failovers, affinity and durations; `LlmCounters` an inference record's tokens,
+first token, rate, queue time and prediction error; `NodeCounters` the cooldowns and the ends of
+workloads. They read the events' typed attributes (`nvpair_tw.events`), never their wire form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from nvpair_tw.corridor import FacadeState
+from nvpair_tw.events import NodeCooldown, NodeCooldownEnded, ProxyRequest, WorkloadInfo
+from nvpair_tw.selection import CHAT_PATHS, COMPLETION_PATHS
+
+__all__ = [
+    "STALL_OUTCOMES",
+    "Children",
+    "LlmCounters",
+    "NodeCounters",
+    "RequestCounters",
+]
+
+STALL_OUTCOMES = frozenset({"stall", "first-body-timeout"})
+"""Attempt outcomes that are stalls (docs/behaviour.md §6.1): both cool the node."""
+
+AFFINITY_PATHS = CHAT_PATHS | COMPLETION_PATHS
+
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TTFB_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+RATE_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500, 1000)
+RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.1, 1.25, 1.5, 2, 4, 8)
+OTHER = "other"
+"""The label of a model no node or catalogue knows."""
+
+_Metric = TypeVar("_Metric", Counter, Histogram)
+
+
+def _text(value: object, default: str = "none") -> str:
+    return default if value is None else str(value)
+
+
+def _counter(
+    registry: CollectorRegistry, name: str, documentation: str, labels: list[str]
+) -> Counter:
+    return Counter(name, documentation, labels, registry=registry)
+
+
+def _histogram(
+    registry: CollectorRegistry,
+    name: str,
+    documentation: str,
+    labels: list[str],
+    buckets: tuple[float, ...],
+) -> Histogram:
+    return Histogram(name, documentation, labels, buckets=buckets, registry=registry)
+
+
+class Children:
+    """Each metric's child for a set of label values, made once: prometheus_client's ``labels``
+    validates and takes a lock on every call, and the bus asks for about ten a request. The kept
+    children are those the metrics keep anyway (none is ever removed)."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[object, tuple[str, ...]], Any] = {}
+
+    def __call__(self, metric: _Metric, *values: str) -> _Metric:
+        key = (metric, values)
+        child: _Metric | None = self._kept.get(key)
+        if child is None:
+            child = self._kept[key] = metric.labels(*values)
+        return child
+
+
+class RequestCounters:
+    """Requests, attempts, stalls, failovers, affinity and durations, from each request record."""
+
+    def __init__(
+        self, registry: CollectorRegistry, child: Children, facades: Mapping[str, FacadeState]
+    ) -> None:
+        self._child = child
+        self._facades = facades
+        self.requests = _counter(
+            registry,
+            "nvpair_requests",
+            "Requests answered, by engine, route kind and status.",
+            ["engine", "route", "status"],
+        )
+        self.attempts = _counter(
+            registry,
+            "nvpair_attempts",
+            "Upstream attempts by outcome.",
+            ["engine", "node", "outcome"],
+        )
+        self.failovers = _counter(
+            registry, "nvpair_failovers", "Requests that needed more than one attempt.", ["engine"]
+        )
+        self.stalls = _counter(
+            registry,
+            "nvpair_stalls",
+            "Attempts that stalled (no headers in time, or first-body timeout).",
+            ["engine", "node"],
+        )
+        self.affinity_hits = _counter(
+            registry,
+            "nvpair_affinity_hits",
+            "Requests served by their warm (prefix-affinity) node.",
+            ["engine"],
+        )
+        self.affinity_requests = _counter(
+            registry,
+            "nvpair_affinity_requests",
+            "Inference requests on affinity routes that reached a node.",
+            ["engine"],
+        )
+        self.duration = _histogram(
+            registry,
+            "nvpair_request_duration_seconds",
+            "Request duration, arrival to last byte.",
+            ["engine", "route"],
+            DURATION_BUCKETS,
+        )
+        self.ttfb = _histogram(
+            registry,
+            "nvpair_ttfb_seconds",
+            "Time to the first response byte sent to the client.",
+            ["engine", "route"],
+            TTFB_BUCKETS,
+        )
+
+    def count(self, record: ProxyRequest) -> None:
+        """Count one request record."""
+        child, engine, path = self._child, record.engine, record.path
+        facade = self._facades.get(engine)
+        route = facade.profile.classify(record.method.encode(), path).value if facade else "unknown"
+        child(self.requests, engine, route, _text(record.status)).inc()
+        for attempt in record.attempts:
+            child(self.attempts, engine, attempt.node_id, attempt.outcome).inc()
+            if attempt.outcome in STALL_OUTCOMES:
+                child(self.stalls, engine, attempt.node_id).inc()
+        if len(record.attempts) > 1 and not record.fan_out:  # a fan-out's parts are no failover
+            child(self.failovers, engine).inc()
+        if route == "inference" and path in AFFINITY_PATHS and record.node_id:
+            child(self.affinity_requests, engine).inc()
+            if record.cache_affinity:
+                child(self.affinity_hits, engine).inc()
+        if record.duration_ms is not None:
+            child(self.duration, engine, route).observe(record.duration_ms / 1000)
+        if record.ttfb_ms is not None:
+            child(self.ttfb, engine, route).observe(record.ttfb_ms / 1000)
+
+
+class LlmCounters:
+    """Tokens, time to first token, generation rate, queue time and prediction error of the
+    inference records (docs/behaviour.md §12.3, §15.2)."""
+
+    def __init__(
+        self, registry: CollectorRegistry, child: Children, facades: Mapping[str, FacadeState]
+    ) -> None:
+        self._child = child
+        self._facades = facades
+        self.tokens = _counter(
+            registry,
+            "nvpair_tokens",
+            "Tokens the engines counted, by key and type (prompt or completion).",
+            ["engine", "node", "model", "key", "type"],
+        )
+        per_model = ["engine", "node", "model"]
+        self.ttft = _histogram(
+            registry,
+            "nvpair_time_to_first_token_seconds",
+            "Dispatch of the serving attempt to its first content-bearing chunk.",
+            per_model,
+            TTFB_BUCKETS,
+        )
+        self.rate = _histogram(
+            registry,
+            "nvpair_generation_tokens_per_second",
+            "Completion tokens per second (the engine's own figure where given).",
+            per_model,
+            RATE_BUCKETS,
+        )
+        self.prediction = _histogram(
+            registry,
+            "nvpair_prediction_error_ratio",
+            "Measured time to the last token over the time predicted for the node that served.",
+            ["engine"],
+            RATIO_BUCKETS,
+        )
+        self.queue = _histogram(
+            registry,
+            "nvpair_queue_seconds",
+            "Time inference requests waited in the facade's queue for a slot.",
+            ["engine"],
+            DURATION_BUCKETS,
+        )
+
+    def count(self, record: ProxyRequest) -> None:
+        """Count one inference record (one naming a model)."""
+        child, engine = self._child, record.engine
+        child(self.queue, engine).observe(record.queued_ms / 1000)
+        node, model = record.node_id, record.model
+        if node is None or model is None:
+            return
+        label = self._model_label(engine, model)
+        key = _text(record.key)
+        for kind, count in (
+            ("prompt", record.prompt_tokens),
+            ("completion", record.completion_tokens),
+        ):
+            if count is not None and count > 0:
+                child(self.tokens, engine, node, label, key, kind).inc(count)
+        if record.ttft_ms is not None:
+            child(self.ttft, engine, node, label).observe(record.ttft_ms / 1000)
+        if record.tokens_per_s is not None:
+            child(self.rate, engine, node, label).observe(record.tokens_per_s)
+        predicted, measured = record.predicted_ms, record.measured_ms
+        if predicted is not None and measured is not None and predicted > 0:
+            child(self.prediction, engine).observe(measured / predicted)
+
+    def _model_label(self, engine: str, model: str) -> str:
+        """The model as a label: a name some node or the catalogue knows, else ``other`` (so a
+        client cannot grow the label set by naming models)."""
+        facade = self._facades.get(engine)
+        if facade is None:
+            return OTHER
+        if model in facade.directory.catalogue.by_name or facade.inventory.owners(model):
+            return model
+        return OTHER
+
+
+class NodeCounters:
+    """Stall cooldowns started and ended, per node, and workloads ended, by final state."""
+
+    def __init__(self, registry: CollectorRegistry, child: Children) -> None:
+        self._child = child
+        self.cooldowns = _counter(
+            registry, "nvpair_cooldowns", "Stall cooldowns started.", ["engine", "node"]
+        )
+        self.cooldowns_ended = _counter(
+            registry,
+            "nvpair_cooldowns_ended",
+            "Stall cooldowns ended, by why (expired or success).",
+            ["engine", "node", "why"],
+        )
+        self.workloads = _counter(
+            registry, "nvpair_workloads", "Workloads ended, by final state.", ["engine", "state"]
+        )
+
+    def cooled(self, event: NodeCooldown) -> None:
+        """A ``node/cooldown``."""
+        self._child(self.cooldowns, event.engine, event.node_id).inc()
+
+    def cooldown_ended(self, event: NodeCooldownEnded) -> None:
+        """A ``node/cooldown-ended``."""
+        self._child(self.cooldowns_ended, event.engine, event.node_id, event.why).inc()
+
+    def workload_ended(self, info: WorkloadInfo) -> None:
+        """A ``workload:completed`` or ``workload:errored``."""
+        state = "none" if info.state is None else info.state.value
+        self._child(self.workloads, info.engine, state).inc()
