@@ -187,11 +187,10 @@ class _Merge:
                 record = record_for(fmt.path, ModelFacts(public))
             except ValueError:  # a list this module cannot shape
                 return
-            first = self._first_seen.at(public, self._now)
-            record = client_fields(
-                fmt.path, record, public=public, first_seen=first, owner="nvpair"
-            )
-            self._slots[(fmt.record_key(record) or public, "")] = (_Rank.SYNTHESISED, record)
+            key = fmt.record_key(record) or public  # normalised as a node's record is
+            first = self._first_seen.at(key, self._now)
+            record = client_fields(fmt.path, record, public=key, first_seen=first, owner="nvpair")
+            self._slots[(key, "")] = (_Rank.SYNTHESISED, record)
 
     def records(self) -> list[dict[str, Any]]:
         return [record for _, record in self._slots.values()]
