@@ -9,7 +9,8 @@ alias in a ``[[model]]`` table, docs/behaviour.md §11.1). Then the real Ollama 
 (SIGSTOP, thawed in teardown): the CLI's heartbeat (``HEAD /``) is the facade's own answer,
 ``list`` and ``show`` still work from the llama-server's synthesised records, and ``run`` and
 ``ps`` too (the merged ``/api/tags`` record once lacked ``digest`` and the CLI panicked on
-``digest[:12]``). One engine of each kind serves the whole module.
+``digest[:12]``). A ``[[model]]`` no node holds, whose fallback is ``smollm2``, is listed, shown
+and run through that fallback (§16.2). One engine of each kind serves the whole module.
 """
 
 from __future__ import annotations
@@ -32,9 +33,12 @@ BOUND = pytest.mark.timeout(180, func_only=True)
 
 # The llama-server's own name is an alias of the public one; ``num_predict`` bounds ``ollama run``
 # on one CPU thread per engine (docs/behaviour.md §16.1: a default, applied before translation).
+# No node holds ``FALLBACK_ONLY``: it is listed and served through its fallback (§16.2).
+FALLBACK_ONLY = "smollm2-large"
 CATALOGUE = (
     f'[[model]]\nname = "{MODEL}"\naliases = ["{llamacpp.ALIAS}"]\n'
-    "defaults = { options = { num_predict = 24 } }\n"
+    "defaults = { options = { num_predict = 24 } }\n\n"
+    f'[[model]]\nname = "{FALLBACK_ONLY}"\nfallbacks = ["{MODEL}"]\n'
 )
 
 
@@ -110,8 +114,11 @@ def test_list_ps_show_and_run_through_a_mixed_fleet(
 ) -> None:
     listed = ok(cli(proxy, "list"))
     rows = [line.split() for line in listed.splitlines()[1:] if line.strip()]
-    assert [row[0] for row in rows] == [MODEL]  # one record, under the public name
+    assert [row[0] for row in rows] == [MODEL, FALLBACK_ONLY]  # each once, by its public name
     assert rows[0][1] == ollama_digest(real_ollama)[:12]  # the ID column: the Ollama node's own
+    assert len(rows[1][1]) == 12
+    assert "architecture" in ok(cli(proxy, "show", FALLBACK_ONLY))  # the fallback's answer
+    assert ok(cli(proxy, "run", FALLBACK_ONLY, "Say hi.", "--nowordwrap")).strip()
     shown = ok(cli(proxy, "show", MODEL))
     assert "architecture" in shown
     answer = ok(cli(proxy, "run", MODEL, "Say hi.", "--nowordwrap"))
@@ -128,7 +135,8 @@ def test_list_show_and_run_work_with_the_ollama_node_frozen(
     try:
         listed = ok(cli(proxy, "list"))
         rows = [line.split() for line in listed.splitlines()[1:] if line.strip()]
-        assert [row[0] for row in rows] == [MODEL]  # synthesised from the llama-server's /v1/models
+        # synthesised from the llama-server's /v1/models, then the model its fallback serves
+        assert [row[0] for row in rows] == [MODEL, FALLBACK_ONLY]
         assert len(rows[0][1]) == 12
         shown = ok(cli(proxy, "show", MODEL))
         assert "Model" in shown
