@@ -12,6 +12,10 @@ reports, with the few fields the engine's own clients cannot do without (§17.6)
 node of the facade's own kind is preferred to a synthesised one whatever the candidate order (it
 takes the place where the model first appeared). With a catalogue (§11.4) a record listed under an alias is listed under its public name,
 so a public name appears once.
+
+A declared model that no node lists but one of whose fallbacks (§16.2) is listed is served through
+that fallback: it is listed too, last, in a synthesised record under its own public name
+(``fallbacks``; never for a list of loaded models, nor for one named node's list).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from twisted.internet.defer import Deferred, FirstError, gatherResults
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair_tw.core import EngineProfile, ModelListFormat
-from nvpair_tw.dialects import client_fields, facts_from, record_for
+from nvpair_tw.dialects import ModelFacts, client_fields, facts_from, record_for
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Catalogue, Node
 from nvpair_tw.upstream import ReadError, get_json, join_url
@@ -61,12 +65,14 @@ async def aggregate_model_list(
     catalogue: Catalogue | None = None,
     allows: Callable[[str], bool] | None = None,
     first_seen: FirstSeen | None = None,
+    fallbacks: Catalogue | None = None,
 ) -> AggregateResult:
     """Fan ``path_and_query`` out to every node (in candidate order) and merge the answers.
 
     With ``allows`` (a key's model scope, §12.1) only the records with a name it allows are listed.
     A synthesised record gets the fields the engine's clients cannot do without (§17.6), its
-    ``modified_at`` / ``created`` from ``first_seen`` (a fresh book when None).
+    ``modified_at`` / ``created`` from ``first_seen`` (a fresh book when None). With
+    ``fallbacks``, its models that only a listed fallback serves are listed too (§16.2).
 
     Cancelling the coroutine's Deferred cancels every read; it then fails with ``CancelledError``.
     """
@@ -88,6 +94,8 @@ async def aggregate_model_list(
     for node, records in zip(nodes, answers, strict=True):
         if records is not None:
             merge.add(node, records)
+    if fallbacks is not None and not fmt.per_node:
+        merge.add_fallback_only(fallbacks)
     return AggregateResult(status=200, body=json.dumps(fmt.envelope(merge.records())).encode())
 
 
@@ -164,6 +172,25 @@ class _Merge:
                 rank,
                 {**record, "nvpair_node": node.id} if fmt.per_node else record,
             )
+
+    def add_fallback_only(self, catalogue: Catalogue) -> None:
+        """Each model of ``catalogue`` that no record lists, one of whose fallbacks one does
+        (docs/behaviour.md §16.2): a record of its own, synthesised, after the others."""
+        fmt, allows = self._fmt, self._allows
+        rule = self._facade.normalise if self._facade is not None else str.strip
+        listed = {rule(key) for key, _ in self._slots}
+        for public, policy in catalogue.policies.items():
+            served = any(rule(catalogue.public(name)) in listed for name in policy.fallbacks)
+            if not served or rule(public) in listed or (allows is not None and not allows(public)):
+                continue
+            try:
+                record = record_for(fmt.path, ModelFacts(public))
+            except ValueError:  # a list this module cannot shape
+                return
+            key = fmt.record_key(record) or public  # normalised as a node's record is
+            first = self._first_seen.at(key, self._now)
+            record = client_fields(fmt.path, record, public=key, first_seen=first, owner="nvpair")
+            self._slots[(key, "")] = (_Rank.SYNTHESISED, record)
 
     def records(self) -> list[dict[str, Any]]:
         return [record for _, record in self._slots.values()]

@@ -143,6 +143,8 @@ async def serve_preload(
         write_error(request, 502, f"no node could {preload.verb.value} the model", "load-failed")
         record.publish(bus, status=502, node_id=None, error="load-failed")
         return
+    if facade.inventory.control(served) is not None:
+        facade.inventory.poll_now()  # residency reflects the load now, as model/load's does
     created = datetime.fromtimestamp(facade.shared.clock.seconds(), UTC)
     answer = {
         "model": preload.model,

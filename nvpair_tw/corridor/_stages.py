@@ -82,6 +82,7 @@ async def serve_model_list(
         catalogue=facade.directory.catalogue,
         allows=rules.allows if rules.models is not None else None,
         first_seen=facade.first_seen,
+        fallbacks=facade.directory.catalogue if target is None else None,  # §16.2
     )
     if not request.finished and request.channel is not None:
         request.setResponseCode(result.status)
