@@ -25,15 +25,6 @@ models = ["llama3*"]
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[RealOllama]:
-    node = RealOllama.start()
-    try:
-        yield node
-    finally:
-        node.stop()
-
-
-@pytest.fixture(scope="module")
 def proxy(engine: RealOllama, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     workdir = tmp_path_factory.mktemp("boundary")
     keys = workdir / "keys.toml"

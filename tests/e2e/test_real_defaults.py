@@ -24,15 +24,6 @@ PROMPT = "Count the apples: " + "one apple, " * 720 + "How many?"
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[RealOllama]:
-    node = RealOllama.start()
-    try:
-        yield node
-    finally:
-        node.stop()
-
-
-@pytest.fixture(scope="module")
 def proxy(engine: RealOllama, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     workdir = tmp_path_factory.mktemp("defaults")
     nodes = Path(workdir) / "nodes.toml"

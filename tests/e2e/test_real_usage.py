@@ -25,15 +25,6 @@ MESSAGES = [{"role": "user", "content": f"Say one word about {CANARY}."}]
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[RealOllama]:
-    node = RealOllama.start()
-    try:
-        yield node
-    finally:
-        node.stop()
-
-
-@pytest.fixture(scope="module")
 def proxy(engine: RealOllama, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
     workdir = tmp_path_factory.mktemp("usage")
     started = ProxyProcess(["--engine", "ollama", "--node", f"o={engine.url}"], workdir)
