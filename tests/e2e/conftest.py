@@ -10,7 +10,7 @@ from tests.e2e.realnodes import RealOllama
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[RealOllama]:
+def real_ollama() -> Iterator[RealOllama]:
     """One real Ollama for the module that asks for it, stopped after the module's last test."""
     node = RealOllama.start()
     try:

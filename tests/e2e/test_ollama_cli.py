@@ -43,15 +43,6 @@ CATALOGUE = (
 
 
 @pytest.fixture(scope="module")
-def real_ollama() -> Iterator[RealOllama]:
-    node = RealOllama.start()
-    try:
-        yield node
-    finally:
-        node.stop()
-
-
-@pytest.fixture(scope="module")
 def llama() -> Iterator[RealLlamaServer]:
     server = RealLlamaServer.start(slots=1)
     try:

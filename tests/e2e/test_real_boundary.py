@@ -25,13 +25,15 @@ models = ["llama3*"]
 
 
 @pytest.fixture(scope="module")
-def proxy(engine: RealOllama, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+def proxy(
+    real_ollama: RealOllama, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxyProcess]:
     workdir = tmp_path_factory.mktemp("boundary")
     keys = workdir / "keys.toml"
     keys.write_text(KEYS)
     keys.chmod(0o600)
     started = ProxyProcess(
-        ["--engine", "ollama", "--node", f"o={engine.url}", "--keys", str(keys)], workdir
+        ["--engine", "ollama", "--node", f"o={real_ollama.url}", "--keys", str(keys)], workdir
     )
     started.wait_ready(1)
     yield started
@@ -51,17 +53,19 @@ def raw(url: str, method: str, target: str, body: bytes, key: str | None = None)
         return client.send(request)
 
 
-def test_the_real_engine_reads_as_a_go_engine_does(engine: RealOllama) -> None:
+def test_the_real_engine_reads_as_a_go_engine_does(real_ollama: RealOllama) -> None:
     """Directly: Ollama routes a percent-encoded path, takes the first JSON value, and matches
     ``MODEL`` to its ``model`` field with the last match winning. These are the readings the
     proxy's one strict rule is built against."""
-    tags = raw(engine.url, "GET", "/api/%74ags", b"")
+    tags = raw(real_ollama.url, "GET", "/api/%74ags", b"")
     assert tags.status_code == 200 and MODEL in tags.text
     folded = raw(
-        engine.url, "POST", "/api/show", b'{"model": "nope", "MODEL": "%s"}' % MODEL.encode()
+        real_ollama.url, "POST", "/api/show", b'{"model": "nope", "MODEL": "%s"}' % MODEL.encode()
     )
     assert folded.status_code == 200, folded.text
-    trailing = raw(engine.url, "POST", "/api/show", b'{"model": "%s"} trailing' % MODEL.encode())
+    trailing = raw(
+        real_ollama.url, "POST", "/api/show", b'{"model": "%s"} trailing' % MODEL.encode()
+    )
     assert trailing.status_code == 200, trailing.text
 
 

@@ -24,11 +24,13 @@ PROMPT = "Count the apples: " + "one apple, " * 720 + "How many?"
 
 
 @pytest.fixture(scope="module")
-def proxy(engine: RealOllama, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+def proxy(
+    real_ollama: RealOllama, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxyProcess]:
     workdir = tmp_path_factory.mktemp("defaults")
     nodes = Path(workdir) / "nodes.toml"
     nodes.write_text(
-        f'[[node]]\nid = "o"\nurl = "{engine.url}"\n\n'
+        f'[[node]]\nid = "o"\nurl = "{real_ollama.url}"\n\n'
         f'[[model]]\nname = "{MODEL}"\ndefaults = {{ options = {{ num_ctx = 8192 }} }}\n'
     )
     # Prompt evaluation on one shared CPU thread takes minutes: wait for the headers that long.
@@ -51,6 +53,6 @@ def generate(base: str) -> int:
 
 
 def test_the_models_context_default_keeps_a_long_prompt_whole(
-    engine: RealOllama, proxy: ProxyProcess
+    real_ollama: RealOllama, proxy: ProxyProcess
 ) -> None:
     assert generate(proxy.url) > DEFAULT_CONTEXT

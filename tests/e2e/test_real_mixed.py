@@ -54,15 +54,6 @@ BOUND = pytest.mark.timeout(1500)
 
 
 @pytest.fixture(scope="module")
-def real_ollama() -> Iterator[RealOllama]:
-    node = RealOllama.start()
-    try:
-        yield node
-    finally:
-        node.stop()
-
-
-@pytest.fixture(scope="module")
 def llama() -> Iterator[RealLlamaServer]:
     server = RealLlamaServer.start(slots=2)
     try:

@@ -25,9 +25,11 @@ MESSAGES = [{"role": "user", "content": f"Say one word about {CANARY}."}]
 
 
 @pytest.fixture(scope="module")
-def proxy(engine: RealOllama, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ProxyProcess]:
+def proxy(
+    real_ollama: RealOllama, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ProxyProcess]:
     workdir = tmp_path_factory.mktemp("usage")
-    started = ProxyProcess(["--engine", "ollama", "--node", f"o={engine.url}"], workdir)
+    started = ProxyProcess(["--engine", "ollama", "--node", f"o={real_ollama.url}"], workdir)
     started.wait_ready(1)
     yield started
     log = started.stop()
@@ -92,9 +94,9 @@ def _chunks(base: str, model: str) -> tuple[list[dict[str, Any]], str | None]:
 
 
 def test_the_openai_client_gets_the_engines_own_stream_and_the_counts_are_kept(
-    proxy: ProxyProcess, engine: RealOllama
+    proxy: ProxyProcess, real_ollama: RealOllama
 ) -> None:
-    direct, _ = _chunks(engine.url, MODEL)
+    direct, _ = _chunks(real_ollama.url, MODEL)
     proxied, request_id = _chunks(proxy.url, MODEL)
     assert proxied == direct
     assert all(c.get("usage") is None for c in proxied)
@@ -102,7 +104,7 @@ def test_the_openai_client_gets_the_engines_own_stream_and_the_counts_are_kept(
     record = record_of(proxy, request_id)
     with httpx.Client(timeout=120) as client:
         asked = client.post(
-            f"{engine.url}/v1/chat/completions",
+            f"{real_ollama.url}/v1/chat/completions",
             json={
                 "model": MODEL,
                 "messages": MESSAGES,
