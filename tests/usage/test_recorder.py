@@ -322,6 +322,26 @@ async def test_a_report_that_cannot_read_the_fleet_says_partial_and_logs_once(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_report_that_cannot_read_the_fleet_but_reads_the_database_says_partial(
+    reactor: Any, tmp_path: Path
+) -> None:
+    """The fleet's read fails and the database answers: the local minutes, database included,
+    with ``"partial": ["fleet"]`` all the same."""
+    bus = EventBus(reactor)
+    path = str(tmp_path / "u.sqlite3")
+    recorder = UsageRecorder(reactor, bus, path=path, fleet=FailingFleet())
+    await recorder.start()
+    bus.publish(PROXY_REQUEST, inference())
+    await recorder.flush()
+    bus.publish(PROXY_REQUEST, inference())
+    with Warnings():
+        answer = await recorder.report(parse_report("1h", None, [], reactor.seconds()))
+    await recorder.stop()
+    assert answer["scope"] == "local" and answer["partial"] == ["fleet"]
+    assert [r["requests"] for r in answer["rows"]] == [2]
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_report_that_cannot_read_the_database_says_partial(
     reactor: Any, tmp_path: Path
 ) -> None:
