@@ -11,6 +11,9 @@ all get the fresh one.
 pytest-twisted also wraps a Hypothesis test's ``inner_test`` in place on every call; the test
 modules stay imported between runs, so a second run would wrap the wrapper (and fail with
 "blockon cannot be called from the twisted greenlet"). The original is put back after each call.
+
+Runs disable pytest-timeout (mutmut times mutants itself); the ``timeout`` marker some test modules
+set is registered here so ``--strict-markers`` still accepts them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,9 @@ __all__ = ["pytest_configure", "pytest_pyfunc_call"]
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
+    if not config.pluginmanager.has_plugin("timeout"):
+        # runs go without pytest-timeout (mutmut has its own): its marker is still known
+        config.addinivalue_line("markers", "timeout(seconds): pytest-timeout's, unused here")
     current: Any = sys.modules.get("twisted.internet.reactor")
     if current is None or not getattr(current, "_startedBefore", False) or current.running:
         return

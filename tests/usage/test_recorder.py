@@ -1,4 +1,4 @@
-"""Tests for nvpair_tw.usage._recorder and ._database over real SQLite files (tmp_path) on the
+"""Tests for nvpair_tw.usage._recorder, ._buffer and ._database over real SQLite files (tmp_path) on the
 running reactor: batched writes on the database's thread, restarts, retention, degradation to
 memory, and what the file holds (never a body)."""
 
@@ -12,12 +12,14 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock, deferLater
-from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
+from twisted.logger import ILogObserver, LogEvent, LogLevel, globalLogPublisher
 from zope.interface import provider
 
 from nvpair_tw.events import PROXY_REQUEST, WORKLOAD_COMPLETED, EventBus, ProxyRequest
+from nvpair_tw.logs import current_level, set_level
+from nvpair_tw.usage._buffer import UsageBuffer
 from nvpair_tw.usage._database import SCHEMA_VERSION
-from nvpair_tw.usage._minutes import parse_report
+from nvpair_tw.usage._minutes import UsageKey, parse_report
 from nvpair_tw.usage._recorder import FLUSH_INTERVAL, PRUNE_INTERVAL, UsageRecorder
 from nvpair_tw.usage._storage import Storage
 
@@ -38,16 +40,16 @@ def inference(**fields: Any) -> dict[str, Any]:
 
 
 class Warnings:
-    """Captures the usage log's warnings while installed."""
+    """Captures the usage log's warnings (or events of ``level``) while installed."""
 
-    def __init__(self) -> None:
+    def __init__(self, level: str = "warn") -> None:
         self.events: list[LogEvent] = []
 
         @provider(ILogObserver)
         def observe(event: LogEvent) -> None:
             if (
                 str(event.get("log_namespace")).startswith("nvpair_tw.usage.")
-                and event["log_level"].name == "warn"
+                and event["log_level"].name == level
             ):
                 self.events.append(event)
 
@@ -314,6 +316,29 @@ async def test_a_report_that_cannot_read_the_fleet_says_partial_and_logs_once(
     assert [row["requests"] for row in first["rows"]] == [1]
     [warning] = warnings.events
     assert warning["source"] == "fleet" and warning["error"] == "ConnectionError"
+    assert warning["log_format"] == (
+        "a usage report left out the {source} ({error}); its answer says partial"
+    )
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_report_that_cannot_read_the_fleet_but_reads_the_database_says_partial(
+    reactor: Any, tmp_path: Path
+) -> None:
+    """The fleet's read fails and the database answers: the local minutes, database included,
+    with ``"partial": ["fleet"]`` all the same."""
+    bus = EventBus(reactor)
+    path = str(tmp_path / "u.sqlite3")
+    recorder = UsageRecorder(reactor, bus, path=path, fleet=FailingFleet())
+    await recorder.start()
+    bus.publish(PROXY_REQUEST, inference())
+    await recorder.flush()
+    bus.publish(PROXY_REQUEST, inference())
+    with Warnings():
+        answer = await recorder.report(parse_report("1h", None, [], reactor.seconds()))
+    await recorder.stop()
+    assert answer["scope"] == "local" and answer["partial"] == ["fleet"]
+    assert [r["requests"] for r in answer["rows"]] == [2]
 
 
 @pytest_twisted.ensureDeferred
@@ -414,7 +439,18 @@ def test_a_fleet_that_refuses_the_rows_never_fails_the_flush() -> None:
     fleet.add_usage = refuse  # type: ignore[method-assign]
     recorder = UsageRecorder(clock, bus, path=None, fleet=fleet)  # type: ignore[arg-type]
     bus.publish(PROXY_REQUEST, inference())
-    assert fired(recorder.flush()) is None
+    before = current_level()
+    set_level(LogLevel.debug)
+    try:
+        with Warnings("debug") as said:
+            assert fired(recorder.flush()) is None
+    finally:
+        set_level(before)
+    [event] = said.events  # the error's type only: never the rows
+    assert (event["log_format"], event["error"]) == (
+        "usage not shared: {error}",
+        "ConnectionError",
+    )
     assert recorder.buffer.unshared == {} and len(recorder.buffer.memory) == 1
 
 
@@ -492,3 +528,37 @@ def test_the_recorder_reads_the_typed_record_never_its_wire_object() -> None:
     assert (bucket.key, bucket.model, bucket.node) == ("team-a", "llama3", "n1")
     assert counts == [1, 0, 3, 5, 0]
     recorder.stop()
+
+
+def test_the_recorder_listens_to_the_bus_as_usage_until_stopped() -> None:
+    clock = Clock()
+    bus = EventBus(clock)
+    recorder = UsageRecorder(clock, bus, path=None)  # type: ignore[arg-type]
+    assert [s.name for s in bus.subscriptions] == ["usage"]
+    fired(recorder.stop())
+    assert bus.subscriptions == ()
+
+
+def test_memory_keeps_the_minutes_of_its_window_and_forgets_older_ones() -> None:
+    """With an hour's retention, a minute counted at minute 1000 keeps minute 940 (the window's
+    first) and forgets minute 939; a minute later, 940 goes too."""
+    buffer = UsageBuffer(3600.0)
+    for minute in (939, 940, 999):
+        buffer.keep(UsageKey(minute, "k", "m", "n"), [1, 0, 0, 0, 0])
+    buffer.keep(UsageKey(1000, "k", "m", "n"), [1, 0, 0, 0, 0])
+    assert sorted(b.minute for b in buffer.memory) == [940, 999, 1000]
+    buffer.keep(UsageKey(1001, "k", "m", "n"), [1, 0, 0, 0, 0])
+    assert sorted(b.minute for b in buffer.memory) == [999, 1000, 1001]
+
+
+def test_a_batch_moved_to_memory_counts_no_row_as_written() -> None:
+    buffer = UsageBuffer(3600.0)
+    buffer.hold(UsageKey(1000, "k", "m", "n"), [1, 0, 0, 0, 0])
+    batch = buffer.send()
+    buffer.keep_in_flight()
+    assert buffer.written(batch) == 0
+    assert buffer.memory == {UsageKey(1000, "k", "m", "n"): [1, 0, 0, 0, 0]}
+    buffer.hold(UsageKey(1000, "k", "m", "n"), [1, 0, 0, 0, 0])
+    buffer.hold(UsageKey(1000, "k2", "m", "n"), [1, 0, 0, 0, 0])
+    batch = buffer.send()
+    assert buffer.written(batch) == 2 and buffer.in_flight == []
