@@ -136,7 +136,7 @@ def test_sequential_requests_go_to_the_fast_node_and_the_rates_are_learnt(
     assert abs(learnt_slow - direct_slow) <= 0.3 * direct_slow, (learnt_slow, direct_slow)
 
 
-BURST = 4
+BURST = 3
 
 
 def burst(urls: Sequence[str]) -> float:
@@ -152,17 +152,18 @@ def test_a_burst_on_one_slot_nodes_finishes_sooner_than_under_the_old_rule(
     pair: tuple[RealOllama, RealOllama],
     proxy_for: Callable[[Sequence[tuple[str, RealOllama]]], ProxyProcess],
 ) -> None:
-    """Four requests at once, after five warm-up answers, finish sooner through the proxy than
-    sent as the rule this one replaced sent them: the node with the fewest in flight, a tie to
-    the first listed (the slow node), so two to each node, each queued by its engine's one slot.
-    That rule needs no proxy to run: its burst goes straight to the engines, under the same
-    duty cycle."""
+    """Three requests at once, after five warm-up answers, finish through the proxy in less than
+    0.8 of the time the rule this one replaced took. That rule (the fewest in flight, a tie to the
+    first listed, the rest queued for the first free slot) sent the first to the slow node, the
+    second to the fast one and the third to the fast one when it freed: it is replayed straight to
+    the engines, under the same duty cycle. This rule waits for the fast node instead. (Ranked by
+    requests in flight, the proxy takes as long as the replay and the test fails: tried.)"""
     slow, fast = pair
     proxy = proxy_for([("a-slow", slow), ("b-fast", fast)])
     with duty_cycle(slow):
         for _ in range(5):
             assert post(f"{proxy.url}/api/chat", chat(24))[0] == 200
         through_proxy = burst([f"{proxy.url}/api/chat"] * BURST)
-        least_in_flight = [slow.url, fast.url] * (BURST // 2)
+        least_in_flight = [slow.url] + [fast.url] * (BURST - 1)
         old_rule = burst([f"{url}/api/chat" for url in least_in_flight])
-    assert through_proxy < old_rule, (through_proxy, old_rule)
+    assert through_proxy < 0.8 * old_rule, (through_proxy, old_rule)
