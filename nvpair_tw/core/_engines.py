@@ -403,6 +403,10 @@ class EngineProfile:
     passes_through: bool = field(default=True, kw_only=True)
     """Whether a route the facade does not know is forwarded to a node (§2); the ``openai`` facade
     serves its own routes only and answers 404 to the rest (§11.2)."""
+    context_reloads: bool = field(default=False, kw_only=True)
+    """Whether a node of this kind reloads a loaded model to serve a request asking another
+    context (``options.num_ctx``) than it is loaded with: Ollama's scheduler compares the runner's
+    options, ``num_ctx`` among them (docs/behaviour.md §15.2)."""
     default_kinds: tuple[str, ...] = field(default=(), kw_only=True)
     """When not empty, the facade's default nodes (no node given) are one per kind named here, at
     that kind's default URL (the ``openai`` facade, §11.2); else one ``default`` node."""
@@ -467,6 +471,7 @@ OLLAMA = EngineProfile(
     native_prefixes=("/api/", "/v1/"),
     foreign_prefixes=("/api/v0/", "/api/v1/"),
     unserved_prefixes=("/v1/messages",),
+    context_reloads=True,
 )
 LMSTUDIO = EngineProfile(
     name="lmstudio",

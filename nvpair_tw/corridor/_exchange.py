@@ -160,7 +160,9 @@ async def _admitted(
     if ticket is not None:
         route = _bound(route, ticket)
         booking = Booking.take(facade.shared.ledger, route.candidates[0].id, ticket)
-    trip = start_trip(facade, route.model, route.predicted, route.warm, route.patience)
+    trip = start_trip(
+        facade, route.model, route.predicted, route.warm, route.patience, route.reloads
+    )
     try:
         return await _answer(
             facade, request, route, caller, booking, record, workload, trip, fallbacks
@@ -295,7 +297,7 @@ def _learnt(
     if landing is None or route.model is None or outcome.end is not RelayEnd.FINISHED:
         return
     if outcome.status == 200:
-        learn(facade, landing, route.model, answer)
+        learn(facade, landing, route.model, answer, route.size.prompt_bytes)
         if landing.node_id in route.predicted:
             record.predicted(landing.predicted, answer.last_at)
 

@@ -28,6 +28,7 @@ from nvpair_tw.nodes import Node
 from nvpair_tw.selection import (
     AffinityKey,
     Patience,
+    RequestSize,
     affinity_key,
     request_size,
     spare_busy_routers,
@@ -52,6 +53,11 @@ class Route:
     """Each candidate's predicted seconds to the last token (§15.2); empty when not predicted."""
     patience: Patience | None = None
     """Late binding by prediction (§15.2); None: the first free candidate in order."""
+    size: RequestSize = field(factory=RequestSize)
+    """What the prediction read of the request (§15.2): its measured prompt text teaches the
+    model's bytes per token when the answer states its prompt tokens (§15.1)."""
+    reloads: frozenset[str] = frozenset()
+    """The candidates predicted to reload the model for the context the request asks (§15.2)."""
 
 
 def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route | Rejection:
@@ -86,13 +92,16 @@ def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route
         hint = facade.affinity.lookup(key) if key is not None else None
     predicted: dict[str, float] = {}
     waiting: Patience | None = None
+    size, reloads = RequestSize(), frozenset[str]()
     if target is not None:
         candidates, promoted = [target], False
     elif model:
-        ranked = rank(facade, eligible, model, request_size(parsed, len(inbound.body)), hint)
+        ratio = facade.speeds.bytes_per_token(model)  # learnt per model, §15.1
+        size = request_size(parsed, len(inbound.body), ratio)
+        ranked = rank(facade, eligible, model, size, hint)
         candidates, promoted, predicted = ranked.nodes, ranked.affinity, ranked.predicted
         record.context_fit = ranked.context_fit
-        waiting = ranked.patience
+        waiting, reloads = ranked.patience, ranked.reloads
         if parsed is not None and inbound.path == RESPONSES_PATH:
             candidates = conversation_first(facade, parsed, candidates)
     else:
@@ -105,7 +114,7 @@ def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route
     warm = candidates[0].id if promoted else None
     if not inference:
         model = label = None
-    return Route(plan, model, candidates, key, warm, label, predicted, waiting)
+    return Route(plan, model, candidates, key, warm, label, predicted, waiting, size, reloads)
 
 
 AFFINITY_MAX_BODY = 2 << 20

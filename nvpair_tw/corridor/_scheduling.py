@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.corridor.test_state -*-
+# -*- test-case-name: tests.corridor.test_state, tests.corridor.test_scheduling -*-
 """The fastest answer, per request (docs/behaviour.md §15): a request's candidates ranked by their
 predicted time to the last token, the flights of its attempts, and what its complete answer
 teaches — over one facade's books (:class:`~nvpair_tw.corridor._state.FacadeState`)."""
@@ -26,7 +26,7 @@ from nvpair_tw.selection import (
     slot_wait,
 )
 
-__all__ = ["Ranked", "learn", "rank", "trip"]
+__all__ = ["Ranked", "learn", "rank", "reloading", "trip"]
 
 
 @frozen
@@ -41,6 +41,27 @@ class Ranked:
     """False when no candidate's known context holds the request: the largest is used (§15.3)."""
     patience: Patience | None = None
     """How long a queued request waits for its best node while a worse one frees (§15.2)."""
+    reloads: frozenset[str] = frozenset()
+    """The candidates that would reload the model to serve the context the request asks (§15.2):
+    predicted cold, and their answer's start counted as a load."""
+
+
+def reloading(
+    facade: FacadeState, nodes: list[Node], model: str, size: RequestSize
+) -> frozenset[str]:
+    """The nodes whose kind reloads a model for another context (``context_reloads``) and whose
+    known loaded context for ``model`` is not the ``num_ctx`` the request asks (§15.2)."""
+    asked = size.num_ctx
+    if asked is None:
+        return frozenset()
+    inventory = facade.inventory
+    return frozenset(
+        n.id
+        for n in nodes
+        if n.kind_of(facade.profile).context_reloads
+        and (loaded := inventory.context_length(n.id, model)) is not None
+        and loaded != asked
+    )
 
 
 def rank(
@@ -48,9 +69,10 @@ def rank(
 ) -> Ranked:
     """The order of an inference request for ``model`` (§15.2): only the nodes it fits
     (§15.3), an eligible pin first, then the least predicted time to the last token, cooling
-    nodes last."""
+    nodes last. A node that would reload the model for the asked context is predicted cold."""
     ledger = facade.shared.ledger
     loads: dict[str, Load] = {}
+    reloads = reloading(facade, nodes, model, size)
 
     def load(node_id: str) -> Load:
         # The fleet's reservations (§6.6) count too: a peer's requests share the node. Read
@@ -64,7 +86,7 @@ def rank(
             busy + ledger.pending(node_id),
             facade.admission.slots(node_id),
             facade.flights.remaining(node_id) + facade.admission.queued_for(node_id),
-            facade.inventory.resident(node_id, model),
+            False if node_id in reloads else facade.inventory.resident(node_id, model),
         )
         return known
 
@@ -75,7 +97,8 @@ def rank(
     )
     fitted = fit(ids, size.needed, known)
     ids = fitted.nodes
-    predicted = predict_all(ids, model, size, facade.speeds, load, affinity_hint)
+    warm = None if affinity_hint in reloads else affinity_hint  # a reload drops the cache
+    predicted = predict_all(ids, model, size, facade.speeds, load, warm)
     ordering = order_candidates(
         ids,
         pin=facade.pin or None,
@@ -92,7 +115,7 @@ def rank(
     if len(ids) > 1:  # with one candidate there is no better node to wait for
         waits = {n: slot_wait(load(n)) for n in ids}
         waiting = patience(list(ordering.nodes), predicted, waits, facade.shared.clock.seconds())
-    return Ranked(nodes, ordering.affinity, predicted, fitted.fits, waiting)
+    return Ranked(nodes, ordering.affinity, predicted, fitted.fits, waiting, reloads)
 
 
 def trip(
@@ -101,11 +124,15 @@ def trip(
     predicted: dict[str, float],
     warm: str | None,
     waiting: Patience | None = None,
+    reloads: frozenset[str] = frozenset(),
 ) -> Trip:
-    """The flights of one request (§15.2): how each attempt starts is read at its dispatch;
-    each counts as work ahead its prediction from dispatch (``waiting``'s, when it has one)."""
+    """The flights of one request (§15.2): how each attempt starts is read at its dispatch (a
+    node of ``reloads`` loads the model again); each counts as work ahead its prediction from
+    dispatch (``waiting``'s, when it has one)."""
 
     def start(node_id: str) -> Start:
+        if node_id in reloads:
+            return Start.LOADED
         if node_id == warm:
             return Start.CACHED
         if model and facade.inventory.resident(node_id, model) is False:
@@ -117,9 +144,17 @@ def trip(
     return Trip(book, predicted, start, None if waiting is None else waiting.service)
 
 
-def learn(facade: FacadeState, landing: Landing, model: str, answer: Answer) -> None:
-    """Fold one complete answer into the serving node's rates (§15.1)."""
+def learn(
+    facade: FacadeState,
+    landing: Landing,
+    model: str,
+    answer: Answer,
+    prompt_bytes: int | None = None,
+) -> None:
+    """Fold one complete answer into the serving node's rates (§15.1), and into the model's bytes
+    per token the request's ``prompt_bytes`` (:attr:`RequestSize.prompt_bytes`, measured at the
+    route) over the prompt tokens the engine stated."""
     node_id = landing.node_id
     prefill = facade.speeds.rates(node_id, model).prefill
-    sample = sample_of(answer, landing.start, landing.concurrency, prefill)
+    sample = sample_of(answer, landing.start, landing.concurrency, prefill, prompt_bytes)
     facade.speeds.learn(node_id, model, sample)

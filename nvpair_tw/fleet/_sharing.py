@@ -427,6 +427,7 @@ _SAMPLE_FIELDS = (
     ("l", "load_seconds"),
     ("c", "completion_tokens"),
     ("k", "concurrency"),
+    ("b", "bytes_per_token"),
 )
 
 
@@ -472,6 +473,7 @@ class SharedSpeeds(_Sharing):
             values.get("load_seconds"),
             None if tokens is None else int(tokens),
             values.get("concurrency", 1.0),
+            values.get("bytes_per_token"),
         )
         book.fold(node, model, sample)
         return True

@@ -2,9 +2,11 @@
 """Predicted time to an answer's last token, per candidate (docs/behaviour.md §15.2).
 
 :func:`request_size` reads what the prediction needs from the request's parsed document (the one
-parse of §14.1, never the body again): the prompt's tokens estimated from its text at
-:data:`BYTES_PER_TOKEN` (each image at :data:`IMAGE_TOKENS`), the tokens of its last message (what
-a warm prefix leaves uncached, §5.3) and the completion limit the client set.
+parse of §14.1, never the body again): the prompt's tokens estimated from its text at the model's
+learnt bytes per token (:data:`BYTES_PER_TOKEN` until learnt, §15.1; each image at
+:data:`IMAGE_TOKENS`), the text's size itself (what the engine's stated prompt tokens teach the
+ratio from), the tokens of its last message (what a warm prefix leaves uncached, §5.3) and the
+completion limit the client set.
 
 :func:`predict` adds, for one node: the wait for a slot (0 with a free one, else the predicted work
 still in flight there divided by its slots), the load time when the model is known not to be
@@ -54,6 +56,10 @@ class RequestSize:
     max_tokens: int | None = None
     num_ctx: int | None = None
     """The context an Ollama request asks for itself (``options.num_ctx``), or None."""
+    prompt_bytes: int | None = None
+    """The prompt's text as measured (the length of its parsed strings), what the engine's stated
+    prompt tokens teach the model's bytes per token from (§15.1); None when the prompt holds
+    images or was estimated from the body's size."""
 
     @property
     def needed(self) -> int:
@@ -92,14 +98,15 @@ def _text_bytes(value: Any) -> tuple[int, int]:
     return 0, 0
 
 
-def _message_tokens(message: Any) -> int:
+def _message_text(message: Any) -> tuple[int, int]:
+    """(text bytes, images) of one message."""
     if not isinstance(message, dict):
-        return 0
+        return 0, 0
     size, images = _text_bytes(message.get("content"))
     pictures = message.get("images")
     if isinstance(pictures, list):
         images += len(pictures)
-    return size // BYTES_PER_TOKEN + images * IMAGE_TOKENS
+    return size, images
 
 
 def _positive(value: Any) -> int | None:
@@ -115,33 +122,41 @@ def _limit(doc: Mapping[str, Any]) -> int | None:
     return _positive(options.get("num_predict")) if isinstance(options, dict) else None
 
 
-def request_size(doc: Mapping[str, Any] | None, body_size: int = 0) -> RequestSize:
-    """What :func:`predict` needs of a request, from its parsed document (None: nothing known).
+def request_size(
+    doc: Mapping[str, Any] | None, body_size: int = 0, bytes_per_token: float | None = None
+) -> RequestSize:
+    """What :func:`predict` needs of a request, from its parsed document (None: nothing known),
+    its text counted at ``bytes_per_token`` (the model's learnt ratio, §15.1; None: not learnt,
+    :data:`BYTES_PER_TOKEN`).
 
     A conversation of more than :data:`MAX_MESSAGES` messages is not walked on the reactor: its
-    prompt is ``body_size`` (the body's bytes) at :data:`BYTES_PER_TOKEN`, none of it cached."""
+    prompt is ``body_size`` (the body's bytes) at ``bytes_per_token``, none of it cached."""
     if doc is None:
         return RequestSize()
-    tokens = tail = 0
+    ratio = bytes_per_token if bytes_per_token and bytes_per_token > 0 else BYTES_PER_TOKEN
     messages = doc.get("messages")
     if isinstance(messages, list) and len(messages) > MAX_MESSAGES:
-        whole = body_size // BYTES_PER_TOKEN
+        whole = int(body_size / ratio)
         return RequestSize(whole, whole, _limit(doc))
+    text = images = tail = 0
     if isinstance(messages, list):
         for message in messages:
-            tail = _message_tokens(message)
-            tokens += tail
+            size, pictures = _message_text(message)
+            text, images = text + size, images + pictures
+            tail = int(size / ratio) + pictures * IMAGE_TOKENS
     for name in _TEXT_NAMES:
-        size, images = _text_bytes(doc.get(name))
-        tokens += size // BYTES_PER_TOKEN + images * IMAGE_TOKENS
-    pictures = doc.get("images")
-    if isinstance(pictures, list):
-        tokens += len(pictures) * IMAGE_TOKENS
+        size, pictures = _text_bytes(doc.get(name))
+        text, images = text + size, images + pictures
+    attached = doc.get("images")
+    if isinstance(attached, list):
+        images += len(attached)
+    tokens = int(text / ratio) + images * IMAGE_TOKENS
     if not isinstance(messages, list):
         tail = tokens  # a completion's cached prefix is not known: all of it counts
     options = doc.get("options")
     asked = _positive(options.get("num_ctx")) if isinstance(options, dict) else None
-    return RequestSize(tokens, min(tail, tokens), _limit(doc), asked)
+    measured = text if images == 0 else None
+    return RequestSize(tokens, min(tail, tokens), _limit(doc), asked, measured)
 
 
 def expected_completion(size: RequestSize, mean: float) -> float:

@@ -3,8 +3,10 @@
 
 Per (node, public model): the **decode rate** (completion tokens/s), the **prefill rate** (prompt
 tokens/s) and the **load time** (the extra time to first token of an answer that had to load the
-model); per public model, the mean **completion length**. Each is an exponentially weighted mean
-with a half-life of :data:`HALF_LIFE` answers; the first sample is taken as it is.
+model); per public model, the mean **completion length** and the **bytes per token** (the prompt
+text the request measured over the prompt tokens the engine stated, :func:`bytes_per_token`). Each
+is an exponentially weighted mean with a half-life of :data:`HALF_LIFE` answers; the first sample is
+taken as it is.
 
 A rate measured while other requests ran on the same node is not a single-stream rate: each
 :class:`Sample` carries the mean number of requests in flight on the node over its life
@@ -30,6 +32,7 @@ __all__ = [
     "Sample",
     "SpeedBook",
     "Start",
+    "bytes_per_token",
     "sample_of",
 ]
 
@@ -48,7 +51,12 @@ DEFAULT_LOAD = 5.0
 DEFAULT_COMPLETION = 200.0
 """Completion tokens assumed for a model before any answer."""
 MIN_PREFILL_TOKENS = 32
-"""A prompt shorter than this says more of the round trip than of the prefill rate: not learnt."""
+"""A prompt shorter than this says more of the round trip than of the prefill rate: not learnt.
+Nor its bytes per token: the chat template's own tokens would weigh too much."""
+MIN_BYTES_PER_TOKEN = 1.0
+MAX_BYTES_PER_TOKEN = 16.0
+"""The range a model's bytes per token is learnt in: a ratio outside it says the stated count was
+not of this prompt (a cached or truncated prompt's count), and is not learnt."""
 
 
 @frozen
@@ -65,6 +73,8 @@ class Sample:
     load_seconds: float | None = None
     completion_tokens: int | None = None
     concurrency: float = 1.0
+    bytes_per_token: float | None = None
+    """The request's prompt text bytes over the engine's stated prompt tokens (per model)."""
 
 
 class Start(Enum):
@@ -95,12 +105,30 @@ class Answer:
     """The seconds the engine says it spent loading the model, where it reports them."""
 
 
-def sample_of(answer: Answer, start: Start, concurrency: float, prefill: float) -> Sample:
+def bytes_per_token(prompt_bytes: int | None, prompt_tokens: int | None) -> float | None:
+    """The request's measured prompt text over the engine's stated prompt tokens (§15.1), or
+    None: nothing measured (images, a prompt not walked), a prompt under
+    :data:`MIN_PREFILL_TOKENS`, or a ratio outside :data:`MIN_BYTES_PER_TOKEN` ..
+    :data:`MAX_BYTES_PER_TOKEN`."""
+    if not prompt_bytes or prompt_tokens is None or prompt_tokens < MIN_PREFILL_TOKENS:
+        return None
+    ratio = prompt_bytes / prompt_tokens
+    return ratio if MIN_BYTES_PER_TOKEN <= ratio <= MAX_BYTES_PER_TOKEN else None
+
+
+def sample_of(
+    answer: Answer,
+    start: Start,
+    concurrency: float,
+    prefill: float,
+    prompt_bytes: int | None = None,
+) -> Sample:
     """The :class:`Sample` of one answer (§15.1): the engine's own figures where it reports them
     (decode and prefill rates, load time), else what was measured — the decode rate as completion
     tokens over first to last content; the prefill rate from dispatch to first content
     (:attr:`Start.PLAIN` only); the load time (:attr:`Start.LOADED`) as that time less the
-    prompt at the node's current ``prefill`` estimate."""
+    prompt at the node's current ``prefill`` estimate; the model's bytes per token from the
+    request's ``prompt_bytes`` (:attr:`RequestSize.prompt_bytes`) and the stated prompt tokens."""
     decode = answer.engine_rate
     first, last = answer.first_at, answer.last_at
     tokens = answer.completion_tokens
@@ -121,7 +149,8 @@ def sample_of(answer: Answer, start: Start, concurrency: float, prefill: float) 
             load = answer.engine_load
         elif ttft is not None:
             load = max(0.0, ttft - prompt / prefill)
-    return Sample(decode, rate, load, tokens, concurrency)
+    ratio = bytes_per_token(prompt_bytes, answer.prompt_tokens)
+    return Sample(decode, rate, load, tokens, concurrency, ratio)
 
 
 @frozen
@@ -170,6 +199,7 @@ class SpeedBook:
     _seed: Callable[[str], float | None] = field(default=lambda _node: None)
     _entries: dict[tuple[str, str], _Entry] = field(init=False, factory=dict)
     _completion: dict[str, _Mean] = field(init=False, factory=dict)
+    _bytes: dict[str, _Mean] = field(init=False, factory=dict)
     _listeners: list[Callable[[str, str, Sample], None]] = field(init=False, factory=list)
     _fleet: dict[str, tuple[float | None, float | None, float | None]] = field(
         init=False, factory=dict
@@ -207,11 +237,19 @@ class SpeedBook:
         entry.at = self._clock.seconds()
         if sample.completion_tokens is not None and sample.completion_tokens >= 0:
             self._completion.setdefault(model, _Mean()).add(float(sample.completion_tokens))
+        ratio = sample.bytes_per_token
+        if ratio is not None and MIN_BYTES_PER_TOKEN <= ratio <= MAX_BYTES_PER_TOKEN:
+            self._bytes.setdefault(model, _Mean()).add(ratio)
 
     def completion_mean(self, model: str) -> float:
         """The mean completion length of ``model`` (a default before any answer)."""
         mean = self._completion.get(model)
         return DEFAULT_COMPLETION if mean is None or mean.value is None else mean.value
+
+    def bytes_per_token(self, model: str) -> float | None:
+        """The prompt text bytes a token of ``model`` has shown (None: not learnt yet)."""
+        mean = self._bytes.get(model)
+        return None if mean is None else mean.value
 
     def measured(self, node_id: str, model: str) -> Rates | None:
         """The node's own estimate (None before its first decode measurement)."""
@@ -267,17 +305,22 @@ class SpeedBook:
                 yield node_id, model, rates
 
     def to_json(self, node_id: str) -> dict[str, dict[str, float | int]]:
-        """The node's measured estimates by model, as ``nodes/list`` shows them (§15.1)."""
-        return {
-            model: {
+        """The node's measured estimates by model, as ``nodes/list`` shows them (§15.1), with the
+        model's ``bytesPerToken`` once learnt."""
+        shown: dict[str, dict[str, float | int]] = {}
+        for node, model, rates in self.known():
+            if node != node_id:
+                continue
+            shown[model] = {
                 "decodeTokensPerSecond": round(rates.decode, 2),
                 "prefillTokensPerSecond": round(rates.prefill, 2),
                 "loadSeconds": round(rates.load, 3),
                 "samples": rates.samples,
             }
-            for node, model, rates in self.known()
-            if node == node_id
-        }
+            ratio = self.bytes_per_token(model)
+            if ratio is not None:
+                shown[model]["bytesPerToken"] = round(ratio, 2)
+        return shown
 
     def _medians(self, model: str) -> tuple[float | None, float | None, float | None]:
         known = self._fleet.get(model)

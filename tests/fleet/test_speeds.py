@@ -120,3 +120,26 @@ def test_a_peers_malformed_sample_is_ignored_and_its_own_samples_are_not_republi
     assert sent == []  # a peer's sample is folded in, never sent back out
     book.learn("n0", "m", Sample(decode_rate=12.0))
     assert len(sent) == 1
+
+
+def test_a_samples_bytes_per_token_travels_to_the_peers() -> None:
+    """The model's bytes per token (§15.1) is published with the sample and folded in by a peer;
+    a peer's ratio outside 1..16 is not learnt."""
+    clock = Clock()
+    sent: list[Any] = []
+    here = SharedSpeeds(cast(IProxyReactor, clock), Codec("me", "ns"), sent.append, lambda: True)
+    book = SpeedBook(clock)
+    here.bind("ollama", book)
+    book.learn("n0", "m", Sample(decode_rate=12.0, bytes_per_token=3.0))
+    [write] = sent
+    [(_verb, message)] = write()
+    elsewhere: list[Any] = []
+    peer = SharedSpeeds(
+        cast(IProxyReactor, clock), Codec("peer", "ns"), elsewhere.append, lambda: True
+    )
+    theirs = SpeedBook(clock)
+    peer.bind("ollama", theirs)
+    assert peer.apply("ollama", "n0", message)
+    assert theirs.bytes_per_token("m") == 3.0
+    assert peer.apply("ollama", "n0", {"m": "other", "s": {"d": 10.0, "b": 40.0}})
+    assert theirs.bytes_per_token("other") is None

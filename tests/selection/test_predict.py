@@ -121,3 +121,16 @@ def test_a_very_long_conversation_is_estimated_from_its_body_size() -> None:
     """More messages than are walked on the reactor: the body's bytes at 4 a token."""
     doc = {"messages": [{"role": "user", "content": "x" * 40}] * 3000}
     assert request_size(doc, 400_000) == RequestSize(100_000, 100_000, None)
+
+
+def test_the_models_learnt_bytes_per_token_replaces_the_constant() -> None:
+    """2,000 bytes of text: 500 tokens at the prior of 4 bytes a token, 1,000 at a learnt 2;
+    the measured text is kept for learning (None once the prompt holds an image)."""
+    doc = {"messages": [{"role": "system", "content": "s" * 1600}, {"content": "u" * 400}]}
+    prior = request_size(doc)
+    learnt = request_size(doc, 0, 2.0)
+    assert (prior.prompt_tokens, prior.tail_tokens, prior.prompt_bytes) == (500, 100, 2000)
+    assert (learnt.prompt_tokens, learnt.tail_tokens, learnt.prompt_bytes) == (1000, 200, 2000)
+    pictured = {"messages": [{"content": "u" * 400, "images": ["aGk="]}]}
+    assert request_size(pictured).prompt_bytes is None
+    assert request_size(pictured, 0, 2.0).prompt_tokens == 200 + IMAGE_TOKENS

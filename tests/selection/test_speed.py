@@ -127,3 +127,48 @@ def test_a_load_time_sample_is_learnt() -> None:
     book = SpeedBook(Clock())
     book.learn("a", "m", Sample(decode_rate=10.0, load_seconds=7.5))
     assert book.rates("a", "m").load == 7.5
+
+
+# Bytes per token, per model (docs/behaviour.md §15.1)
+
+
+def test_a_models_bytes_per_token_is_the_prompt_text_over_the_stated_prompt_tokens() -> None:
+    """300 bytes of prompt text that the engine said were 100 tokens: 3 bytes a token, learnt
+    for the model (whichever node answered) and shown with each node's rates."""
+    answer = Answer(100, 40, 0.0, 1.0, 3.0)
+    sample = sample_of(answer, Start.PLAIN, 1.0, DEFAULT_PREFILL, 300)
+    assert sample.bytes_per_token == 3.0
+    book = SpeedBook(Clock())
+    assert book.bytes_per_token("m") is None
+    book.learn("a", "m", sample)
+    assert (book.bytes_per_token("m"), book.bytes_per_token("other")) == (3.0, None)
+    assert book.to_json("a")["m"]["bytesPerToken"] == 3.0
+
+
+def test_bytes_per_token_is_weighted_with_the_same_half_life() -> None:
+    book = SpeedBook(Clock())
+    book.learn("a", "m", Sample(bytes_per_token=2.0))
+    for _ in range(HALF_LIFE):
+        book.learn("b", "m", Sample(bytes_per_token=6.0))
+    assert book.bytes_per_token("m") == pytest.approx(4.0)
+
+
+@pytest.mark.parametrize(
+    ("prompt_bytes", "stated"),
+    [
+        (4000, 100),  # 40 bytes a token: the count was not of this prompt (cached, truncated)
+        (50, 100),  # under one byte a token
+        (100, 20),  # a prompt under 32 tokens: the template's tokens weigh too much
+        (None, 100),  # nothing measured (images, a prompt not walked)
+        (300, None),  # the engine stated no prompt tokens
+    ],
+)
+def test_a_ratio_outside_one_to_sixteen_bytes_or_unmeasured_is_not_learnt(
+    prompt_bytes: int | None, stated: int | None
+) -> None:
+    answer = Answer(stated, 40, 0.0, 1.0, 3.0)
+    sample = sample_of(answer, Start.PLAIN, 1.0, DEFAULT_PREFILL, prompt_bytes)
+    assert sample.bytes_per_token is None
+    book = SpeedBook(Clock())
+    book.learn("a", "m", Sample(bytes_per_token=40.0))  # a peer's sample out of range too
+    assert book.bytes_per_token("m") is None
