@@ -95,8 +95,9 @@ async def test_concurrency_and_tokens_are_fleet_wide_and_released(
     assert redis.cli("GET", "nvpair:limit:conc:alice").strip() == "2"
     assert int(redis.cli("PTTL", "nvpair:limit:conc:alice")) > 0  # the safety TTL
     held.done(700)
+    await settled(reactor, a)  # a's tokens reach the store first: b's answer then holds both
     other.done(400)
-    await settled(reactor, a, b)
+    await settled(reactor, b)
     assert redis.cli("GET", "nvpair:limit:conc:alice").strip() == "0"
     assert redis.cli("GET", "nvpair:limit:tpm:alice:100").strip() == "1100"
     # b knows the fleet's tokens from its own end; a learns them with its next admit.
