@@ -41,6 +41,7 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
     "local": ("inbound/_local.py", ("tests/inbound/test_local.py",)),
     "collector": ("corridor/_collector.py", ("tests/corridor/test_collector.py",)),
     "parse": ("inbound/_parse.py", ("tests/inbound/test_parse.py",)),
+    "target": ("inbound/_target.py", ("tests/inbound/test_parse.py",)),
     "framer": ("core/_framer.py", ("tests/core/test_framer.py",)),
     "toolcalls": ("core/_toolcalls.py", ("tests/core/test_toolcalls.py",)),
     "recorder": ("usage/_recorder.py", ("tests/usage/test_recorder.py",)),

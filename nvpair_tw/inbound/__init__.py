@@ -36,12 +36,10 @@ from nvpair_tw.inbound._local import Locality, LocalNames, locality
 from nvpair_tw.inbound._parse import (
     LARGE_BODY,
     Parsed,
-    Target,
     parse_body,
     parse_document,
     parse_document_large,
     parse_large,
-    parse_target,
     read_model,
 )
 from nvpair_tw.inbound._rates import (
@@ -52,6 +50,7 @@ from nvpair_tw.inbound._rates import (
     RateLimiter,
     Refusal,
 )
+from nvpair_tw.inbound._target import Target, parse_target
 
 __all__ = [
     "LARGE_BODY",
