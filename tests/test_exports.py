@@ -266,6 +266,7 @@ FACES: dict[str, list[str]] = {
         "Cordon",
         "CordonBook",
         "CordonListener",
+        "Cordons",
         "IStallTracker",
         "InventoryBook",
         "Probe",

@@ -43,6 +43,7 @@ from nvpair_tw.selection import (
     RETRY_AFTER_SECONDS,
     Answer,
     Booking,
+    Cordons,
     QueueFull,
     QueueTimeout,
     Slot,
@@ -131,7 +132,7 @@ async def _admitted(
     ticket = (
         facade.admission.admit(
             route.candidates,
-            targeted=target is not None,
+            cordons=Cordons.APPLY if target is None else Cordons.WAIVED,
             patience=route.patience,
             priority=inbound.priority,
         )
