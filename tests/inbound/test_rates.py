@@ -250,6 +250,21 @@ def test_fleet_concurrency_is_released_only_when_the_store_counted_it() -> None:
     assert limiter.in_flight("alice") == 0
 
 
+def test_the_release_of_an_acquire_the_store_missed_is_not_sent() -> None:
+    store = Counters()
+    limiter = RateLimiter(Clock(), store)
+    alice = caller(max_concurrent=3)
+    held = permit(limiter, alice)
+    store.answer_all()
+    lost = permit(limiter, alice)
+    store.fail_all()
+    lost.done(None)
+    assert store.waiting == []  # the store never counted it: nothing to give back
+    held.done(None)
+    store.answer_all()
+    assert store.totals["limit:conc:alice"] == 0
+
+
 def test_a_peers_requests_in_flight_count_against_max_concurrent() -> None:
     store = Counters()
     limiter = RateLimiter(Clock(), store)
