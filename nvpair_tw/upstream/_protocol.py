@@ -383,11 +383,10 @@ class _Exchange:
 
 
 class NodeClientProtocol(Protocol):
-    """One keep-alive HTTP/1.1 connection to a node, one request at a time: a named state
-    machine. Its state (:class:`ClientState`, documented there) changes only through
-    :meth:`_move`, by the one table :data:`TRANSITIONS`; an event its state has no move for
-    raises :class:`~nvpair_tw.core.IllegalCall`.
-    """
+    """One keep-alive HTTP/1.1 connection to a node, one request at a time: a named state machine.
+    Its state (:class:`ClientState`, documented there) changes only through :meth:`_move`, by the
+    one table :data:`TRANSITIONS`; an event its state has no move for raises
+    :class:`~nvpair_tw.core.IllegalCall`."""
 
     def __init__(self, release: _Notify, lost: _Notify) -> None:
         self._release, self._lost = release, lost
@@ -441,7 +440,6 @@ class NodeClientProtocol(Protocol):
                 self._abort(RequestGenerationFailed([failure]))
 
     def _stop_producer(self) -> None:
-        """Stop the request body's producer, if one still writes."""
         body, self._body = self._body, None
         if body is not None:
             body.stop()
