@@ -213,7 +213,7 @@ async def _answer(
             caller,
             clock,
             shared.settings.write_stall_timeout,
-            (lambda streams: UsageMeter(streams, clock.seconds)) if route.model else None,
+            (lambda framing: UsageMeter(framing, clock.seconds)) if route.model else None,
         )
         usage = outcome.usage
         if usage is not None and record.removed_usage is not None:
