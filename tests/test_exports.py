@@ -152,7 +152,7 @@ FACES: dict[str, list[str]] = {
         "NodeCooldownEnded",
         "NodeCordon",
         "NodeUncordon",
-            "ProxyRequest",
+        "ProxyRequest",
         "Subscription",
         "WorkloadCompleted",
         "WorkloadErrored",
@@ -161,7 +161,7 @@ FACES: dict[str, list[str]] = {
         "WorkloadStarted",
         "WorkloadState",
         "log_events",
-        ],
+    ],
     "fleet": ["FleetStore", "StateConfig", "parse_state_url", "read_secret"],
     "usage": [
         "DEFAULT_RETENTION",
