@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from enum import Enum
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -511,26 +512,26 @@ def _settings(options: Options, engines: list[str], header: float, first: float)
     """The timers and limits (``ValueError`` naming the option for a bad value)."""
     load_timeout = options["load-timeout"]
     return Settings(
-        connect_timeout=_positive(options, "connect-timeout"),
+        connect_timeout=_duration(options, "connect-timeout"),
         response_header_timeout=header,
         first_body_timeout=first,
         max_body_size=_count(options, "max-body-size", parse_size),
-        write_stall_timeout=_positive(options, "write-stall-timeout"),
-        inventory_interval=_positive(options, "inventory-interval"),
+        write_stall_timeout=_duration(options, "write-stall-timeout"),
+        inventory_interval=_duration(options, "inventory-interval"),
         affinity_max_entries=_count(options, "affinity-max-entries", int),
-        affinity_ttl=_positive(options, "affinity-ttl"),
+        affinity_ttl=_duration(options, "affinity-ttl"),
         max_connections=_count(options, "max-connections", int),
         max_connections_per_source=_count(options, "max-connections-per-source", int),
         max_tunnels=_count(options, "max-tunnels", int),
         cors_origins=tuple(options["cors-origin"]),
-        shutdown_grace=_positive(options, "shutdown-grace", zero_ok=True),
-        default_slots=_count(options, "default-slots", int, zero_ok=True),
+        shutdown_grace=_duration(options, "shutdown-grace", _Least.ZERO),
+        default_slots=_count(options, "default-slots", int, _Least.ZERO),
         queue_size=_count(options, "queue-size", int),
-        queue_timeout=_positive(options, "queue-timeout"),
-        batch_max_wait=_positive(options, "batch-max-wait", zero_ok=True),
-        busy_max_wait=_positive(options, "busy-max-wait", zero_ok=True),
+        queue_timeout=_duration(options, "queue-timeout"),
+        batch_max_wait=_duration(options, "batch-max-wait", _Least.ZERO),
+        busy_max_wait=_duration(options, "busy-max-wait", _Least.ZERO),
         load_timeout=(
-            None if load_timeout is None else _positive(options, "load-timeout", zero_ok=True)
+            None if load_timeout is None else _duration(options, "load-timeout", _Least.ZERO)
         ),
         assemble=_assemble_by_engine(options["assemble"], engines),
         upstream_client=_upstream_client(options["upstream-client"]),
@@ -631,27 +632,37 @@ def _usage(options: Options) -> tuple[str | None, float]:
     return (None if path.strip() == "none" else path), retention
 
 
-def _positive(options: Options, name: str, zero_ok: bool = False) -> float:
+class _Least(Enum):
+    """The least value a duration or count option takes; the value is its word in the error."""
+
+    POSITIVE = "a positive"
+    ZERO = "a non-negative"
+
+    def admits(self, value: float) -> bool:
+        return value > 0 or (value == 0 and self is _Least.ZERO)
+
+
+def _duration(options: Options, name: str, least: _Least = _Least.POSITIVE) -> float:
     try:
         value = parse_duration(options[name])
     except ValueError:
         value = -1.0
-    if value < 0 or (value == 0 and not zero_ok):
-        kind = "a non-negative" if zero_ok else "a positive"
+    if not least.admits(value):
         raise ValueError(
-            f"--{name} must be {kind} duration such as 10s or 1m30s, not {options[name]!r}"
+            f"--{name} must be {least.value} duration such as 10s or 1m30s, not {options[name]!r}"
         )
     return value
 
 
-def _count(options: Options, name: str, parse: Callable[[str], int], zero_ok: bool = False) -> int:
+def _count(
+    options: Options, name: str, parse: Callable[[str], int], least: _Least = _Least.POSITIVE
+) -> int:
     try:
         value = parse(options[name])
     except ValueError:
         value = -1
-    if value < 0 or (value == 0 and not zero_ok):
-        kind = "a non-negative" if zero_ok else "a positive"
-        raise ValueError(f"--{name} must be {kind} whole number, not {options[name]!r}")
+    if not least.admits(value):
+        raise ValueError(f"--{name} must be {least.value} whole number, not {options[name]!r}")
     return value
 
 

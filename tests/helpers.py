@@ -1,5 +1,5 @@
 """Helpers the test modules share, each written once: a bounded wait for a condition on the running
-reactor, the Ollama chat request most tests send, and raw bytes sent to a loopback port and its
+reactor, the Ollama chat request most tests send, a request record to publish, and raw bytes sent to a loopback port and its
 whole answer read back (from the reactor, or from a blocking socket in a thread).
 
 ``eventually`` is the only poll of the suite's reactor tests: every wait for something that has no
@@ -15,12 +15,15 @@ from collections.abc import Callable
 from typing import Any
 from typing import Protocol as Shape
 
+import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IPushProducer, IReactorTime
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.internet.task import deferLater
 from twisted.python.failure import Failure
 from zope.interface import implementer
+
+from nvpair_tw.events import ProxyRequest
 
 POLL_INTERVAL = 0.005
 """Seconds between two looks at the condition."""
@@ -43,6 +46,15 @@ async def eventually(
         if reactor.seconds() >= deadline:
             raise NotReached(f"{what} not reached within {within:g} s")
         await deferLater(reactor, POLL_INTERVAL, lambda: None)
+
+
+_EMPTY_REQUEST = ProxyRequest("", "", None, "", "", None, None, None, None, (), False, 0)
+
+
+def proxy_request(**fields: Any) -> ProxyRequest:
+    """A ``proxy/request`` record of the ``fields`` given (attribute names), every other one empty:
+    no node, no status, no timings, no attempts and no model (so none of an inference's fields)."""
+    return attrs.evolve(_EMPTY_REQUEST, **fields)
 
 
 def chat(model: str, *texts: str, **fields: Any) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import tracemalloc
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 import pytest
@@ -21,7 +21,6 @@ from twisted.logger import (
 
 from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry
 from nvpair_tw.events import (
-    PROXY_REQUEST,
     Attempt,
     BusEvent,
     Event,
@@ -30,7 +29,6 @@ from nvpair_tw.events import (
     NodeCooldownEnded,
     NodeCordon,
     NodeUncordon,
-    OtherEvent,
     ProxyRequest,
     Subscription,
     WorkloadCompleted,
@@ -40,9 +38,9 @@ from nvpair_tw.events import (
     WorkloadStarted,
     WorkloadState,
     log_events,
-    read_event,
 )
 from nvpair_tw.logs import LevelledLogger, current_level, set_level
+from tests.helpers import proxy_request
 
 
 def _bus(max_pending: int = 1000) -> tuple[Clock, EventBus]:
@@ -55,16 +53,35 @@ def _names(events: list[Event]) -> list[str]:
     return [e.name for e in events]
 
 
+@attrs.frozen(slots=False)
+class _Raw(BusEvent):
+    """A test event: a wire name of the test's choosing and its wire object as given (the bus's
+    order and bounds, and what the log makes of objects no proxy event sends)."""
+
+    name: ClassVar[str] = "test/raw"
+    wire: dict[str, Any] = attrs.field(factory=dict)
+
+    def _build(self) -> dict[str, Any]:
+        return self.wire
+
+
+def _raw(name: str, wire: dict[str, Any] | None = None) -> BusEvent:
+    """A :class:`_Raw` event published as ``name``."""
+    kind: type[_Raw] = type("_Named", (_Raw,), {"name": name})
+    return kind({} if wire is None else wire)
+
+
 def test_event_carries_name_payload_and_publish_time() -> None:
     """publish returns the event it delivered, stamped with the injected clock."""
     clock, bus = _bus()
     got: list[Event] = []
     bus.subscribe(got.append, name="a")
     clock.advance(2.5)
-    event = bus.publish("node/added", {"id": "n1"})
+    value = NodeUncordon("ollama", "n1")
+    event = bus.publish(value)
     assert got == [event]
-    assert event == Event("node/added", OtherEvent("node/added", {"id": "n1"}), 1_700_000_002.5)
-    assert event.payload == {"id": "n1"}
+    assert event == Event("node/uncordon", value, 1_700_000_002.5)
+    assert event.payload == {"engine": "ollama", "node_id": "n1"}
 
 
 def test_every_subscriber_receives_events_in_publish_order() -> None:
@@ -75,7 +92,7 @@ def test_every_subscriber_receives_events_in_publish_order() -> None:
     bus.subscribe(a.append, name="a")
     bus.subscribe(b.append, name="b")
     for i in range(5):
-        bus.publish(f"e{i}", {})
+        bus.publish(_raw(f"e{i}"))
     assert _names(a) == _names(b) == ["e0", "e1", "e2", "e3", "e4"]
 
 
@@ -85,7 +102,7 @@ def test_subscribers_are_called_in_subscription_order() -> None:
     calls: list[str] = []
     bus.subscribe(lambda e: calls.append("first"), name="first")
     bus.subscribe(lambda e: calls.append("second"), name="second")
-    bus.publish("x", {})
+    bus.publish(_raw("x"))
     assert calls == ["first", "second"]
 
 
@@ -94,16 +111,16 @@ def test_paused_subscriber_buffers_then_replays_in_order() -> None:
     _, bus = _bus()
     got: list[Event] = []
     sub = bus.subscribe(got.append, name="slow")
-    bus.publish("e0", {})
+    bus.publish(_raw("e0"))
     sub.pause()
-    bus.publish("e1", {})
-    bus.publish("e2", {})
+    bus.publish(_raw("e1"))
+    bus.publish(_raw("e2"))
     assert _names(got) == ["e0"]
     assert sub.pending == 2
     sub.resume()
     assert _names(got) == ["e0", "e1", "e2"]
     assert sub.pending == 0
-    bus.publish("e3", {})
+    bus.publish(_raw("e3"))
     assert _names(got) == ["e0", "e1", "e2", "e3"]
 
 
@@ -120,7 +137,7 @@ def test_sink_pausing_during_replay_keeps_the_rest_queued() -> None:
     sub = bus.subscribe(sink, name="s")
     sub.pause()
     for i in range(4):
-        bus.publish(f"e{i}", {})
+        bus.publish(_raw(f"e{i}"))
     sub.resume()
     assert _names(got) == ["e0", "e1"]
     assert sub.pending == 2
@@ -136,12 +153,12 @@ def test_publish_from_a_replaying_sink_comes_after_the_queue() -> None:
     def sink(event: Event) -> None:
         got.append(event)
         if event.name == "e0":
-            bus.publish("nested", {})
+            bus.publish(_raw("nested"))
 
     sub = bus.subscribe(sink, name="s")
     sub.pause()
-    bus.publish("e0", {})
-    bus.publish("e1", {})
+    bus.publish(_raw("e0"))
+    bus.publish(_raw("e1"))
     sub.resume()
     assert _names(got) == ["e0", "e1", "nested"]
 
@@ -156,11 +173,11 @@ def test_overflow_drops_the_paused_subscriber_and_others_keep_receiving() -> Non
     slow.pause()
     with capturedLogs() as logs:
         for i in range(3):
-            bus.publish(f"e{i}", {})
+            bus.publish(_raw(f"e{i}"))
         assert slow.dropped is None
         assert slow.pending == 3
-        bus.publish("e3", {})
-        bus.publish("e4", {})
+        bus.publish(_raw("e3"))
+        bus.publish(_raw("e4"))
     assert slow.dropped == "more than 3 events pending"
     assert reasons == ["more than 3 events pending"]
     assert slow.pending == 0
@@ -181,13 +198,13 @@ def test_raising_sink_is_dropped_and_logged_by_exception_type_only() -> None:
     other: list[Event] = []
 
     def broken(event: Event) -> None:
-        raise KeyError(event.payload["model"])
+        raise KeyError(event.payload["workload"]["model"])
 
     broken_sub = bus.subscribe(broken, name="broken", on_dropped=reasons.append)
     bus.subscribe(other.append, name="other")
     with capturedLogs() as logs:
-        event = bus.publish("workload:started", {"model": "CANARY-7f3a"})
-        bus.publish("after", {})
+        event = bus.publish(WorkloadStarted(_info(model="CANARY-7f3a")))
+        bus.publish(_raw("after"))
     assert broken_sub.dropped == "sink raised KeyError"
     assert reasons == ["sink raised KeyError"]
     assert other[0] is event
@@ -212,7 +229,7 @@ def test_raising_on_dropped_does_not_reach_the_publisher() -> None:
     bus.subscribe(broken, name="broken", on_dropped=on_dropped)
     bus.subscribe(other.append, name="other")
     with capturedLogs() as logs:
-        bus.publish("e0", {})
+        bus.publish(_raw("e0"))
     assert _names(other) == ["e0"]
     assert [e["log_level"] for e in logs] == [LogLevel.warn, LogLevel.error]
     assert "RuntimeError" in formatEvent(logs[1])
@@ -230,11 +247,12 @@ def test_subscriber_that_never_resumes_stays_bounded() -> None:
     bus.subscribe(count, name="live")
     stuck.pause()
     high_water = 0
+    record = proxy_request(id="r")
     gc.collect()
     tracemalloc.start()
     try:
         for i in range(20_000):
-            bus.publish("proxy/request", {"id": i})
+            bus.publish(record)
             high_water = max(high_water, stuck.pending)
             if i == 1_000:
                 gc.collect()
@@ -260,13 +278,13 @@ def test_reentrant_publish_keeps_the_same_order_for_every_subscriber() -> None:
     def republisher(event: Event) -> None:
         first.append(event)
         if event.name == "a":
-            bus.publish("b", {})
-            bus.publish("c", {})
+            bus.publish(_raw("b"))
+            bus.publish(_raw("c"))
 
     bus.subscribe(republisher, name="first")
     bus.subscribe(second.append, name="second")
-    bus.publish("a", {})
-    bus.publish("d", {})
+    bus.publish(_raw("a"))
+    bus.publish(_raw("d"))
     assert _names(first) == ["a", "b", "c", "d"]
     assert _names(second) == ["a", "b", "c", "d"]
 
@@ -278,11 +296,11 @@ def test_close_unsubscribes_without_a_drop_reason() -> None:
     got: list[Event] = []
     sub = bus.subscribe(got.append, name="s", on_dropped=reasons.append)
     sub.pause()
-    bus.publish("e0", {})
+    bus.publish(_raw("e0"))
     sub.close()
     sub.close()
     sub.resume()
-    bus.publish("e1", {})
+    bus.publish(_raw("e1"))
     assert got == []
     assert sub.dropped is None
     assert reasons == []
@@ -295,7 +313,7 @@ def test_subscriber_closing_another_mid_publish_stops_its_delivery() -> None:
     got: list[Event] = []
     bus.subscribe(lambda e: victim.close(), name="closer")
     victim = bus.subscribe(got.append, name="victim")
-    bus.publish("e0", {})
+    bus.publish(_raw("e0"))
     assert got == []
     assert victim.pending == 0
 
@@ -314,47 +332,45 @@ def test_bus_default_max_pending_applies_to_subscribers() -> None:
     _, bus = _bus(max_pending=2)
     sub: Subscription = bus.subscribe(lambda e: None, name="s")
     sub.pause()
-    bus.publish("e0", {})
-    bus.publish("e1", {})
+    bus.publish(_raw("e0"))
+    bus.publish(_raw("e1"))
     assert sub.dropped is None
-    bus.publish("e2", {})
+    bus.publish(_raw("e2"))
     assert sub.dropped == "more than 2 events pending"
 
 
-def _log_all(*events: tuple[str, dict[str, Any]]) -> list[dict[str, Any]]:
+def _log_all(*values: BusEvent) -> list[dict[str, Any]]:
     _, bus = _bus()
     log = Logger(namespace="nvpair_tw.test")
     log_events(bus, log)
     with capturedLogs() as logs:
-        for name, payload in events:
-            bus.publish(name, payload)
+        for value in values:
+            bus.publish(value)
     return list(logs)
 
 
 def test_log_events_emits_request_records_as_structured_info_events() -> None:
     """proxy/request becomes an info event with the name as `event` and the payload fields."""
-    payload = {
-        "id": "r-1",
-        "engine": "ollama",
-        "node_id": "a",
-        "method": "POST",
-        "path": "/api/chat",
-        "status": 200,
-        "duration_ms": 12,
-        "ttfb_ms": 3,
-        "error": None,
-        "attempts": [],
-        "cache_affinity": False,
-    }
-    [logged] = _log_all(("proxy/request", payload))
+    record = proxy_request(
+        id="r-1",
+        engine="ollama",
+        node_id="a",
+        method="POST",
+        path="/api/chat",
+        status=200,
+        duration_ms=12,
+        ttfb_ms=3,
+    )
+    payload = record.to_json()
+    [logged] = _log_all(record)
     assert logged["log_level"] is LogLevel.info
     assert logged["event"] == "proxy/request"
     assert {k: logged[k] for k in payload} == payload
     assert formatEvent(logged) == "proxy/request r-1 ollama POST /api/chat -> 200 via a in 12 ms"
 
 
-def _request_payload(**changes: Any) -> dict[str, Any]:
-    payload: dict[str, Any] = {
+def _request_record(**changes: Any) -> ProxyRequest:
+    fields: dict[str, Any] = {
         "id": "r-7",
         "engine": "ollama",
         "node_id": None,
@@ -364,17 +380,15 @@ def _request_payload(**changes: Any) -> dict[str, Any]:
         "duration_ms": 2,
         "ttfb_ms": None,
         "error": "shutting-down",
-        "attempts": [],
-        "cache_affinity": False,
     }
-    payload.update(changes)
-    return payload
+    fields.update(changes)
+    return proxy_request(**fields)
 
 
 def test_the_request_line_is_rendered_once_and_keeps_braces_in_the_path() -> None:
     """The line reaches the observers rendered (nothing left to parse or flatten), braces in the
     path stay literal, and a JSON log reader renders the same line."""
-    [logged] = _log_all((PROXY_REQUEST, _request_payload(path="/api/{x}", node_id="a")))
+    [logged] = _log_all(_request_record(path="/api/{x}", node_id="a"))
     line = "proxy/request r-7 ollama POST /api/{x} -> 503 via a in 2 ms"
     assert formatEvent(logged) == line
     assert logged["path"] == "/api/{x}"
@@ -385,14 +399,14 @@ def test_the_request_line_is_rendered_once_and_keeps_braces_in_the_path() -> Non
 
 def test_a_payload_the_line_cannot_render_is_reported_by_twisted_as_before() -> None:
     """A workload payload that is not a mapping keeps its format: Twisted says it cannot format it."""
-    [logged] = _log_all(("workload:errored", {"workload": 5}))
+    [logged] = _log_all(_raw("workload:errored", {"workload": 5}))
     assert logged["workload"] == 5
     assert "Unable to format event" in formatEvent(logged)
 
 
 def test_request_no_node_served_logs_its_error_instead_of_via_none() -> None:
     """A rejected request's line names why it ended and never says "via None"."""
-    [logged] = _log_all((PROXY_REQUEST, _request_payload()))
+    [logged] = _log_all(_request_record())
     line = formatEvent(logged)
     assert line == "proxy/request r-7 ollama POST /api/chat -> 503 (shutting-down) in 2 ms"
     assert logged["node_id"] is None
@@ -400,7 +414,7 @@ def test_request_no_node_served_logs_its_error_instead_of_via_none() -> None:
 
 def test_request_without_node_or_error_logs_status_and_duration_only() -> None:
     """With neither a node nor an error the line has no "via" and no "None" in it."""
-    [logged] = _log_all((PROXY_REQUEST, _request_payload(status=499, error=None)))
+    [logged] = _log_all(_request_record(status=499, error=None))
     assert formatEvent(logged) == "proxy/request r-7 ollama POST /api/chat -> 499 in 2 ms"
 
 
@@ -418,13 +432,13 @@ def test_a_published_rejection_record_logs_without_via_none() -> None:
 
 def test_log_events_renders_workload_starts_at_debug_and_endings_in_error_at_info() -> None:
     """workload:started logs at debug, workload:errored at info, each with a readable message."""
-    started = {"id": 4, "model": "m", "scheduledOn": "b", "state": "running", "error": None}
-    errored = {**started, "state": "cancelled", "error": "client left"}
-    logged = _log_all(
-        ("workload:started", {"workload": started}), ("workload:errored", {"workload": errored})
+    started = _info(id=4, model="m", scheduled_on="b")
+    errored = _info(
+        id=4, model="m", scheduled_on="b", state=WorkloadState.CANCELLED, error="client left"
     )
+    logged = _log_all(WorkloadStarted(started), WorkloadErrored(errored))
     assert [e["log_level"] for e in logged] == [LogLevel.debug, LogLevel.info]
-    assert logged[0]["workload"] == started
+    assert logged[0]["workload"] == started.to_json()
     assert formatEvent(logged[0]) == "workload:started 4 m on b"
     assert formatEvent(logged[1]) == "workload:errored 4 m cancelled: client left"
 
@@ -432,9 +446,9 @@ def test_log_events_renders_workload_starts_at_debug_and_endings_in_error_at_inf
 def test_log_events_levels_and_fallback_format_for_other_events() -> None:
     """node/cooldown logs at warn, other events at info; unknown shapes still render their name."""
     logged = _log_all(
-        ("node/cooldown", {"id": "a"}),
-        ("node/added", {"id": "b"}),
-        ("proxy/request", {"id": "r-2"}),
+        _raw("node/cooldown", {"id": "a"}),
+        _raw("node/added", {"id": "b"}),
+        _raw("proxy/request", {"id": "r-2"}),
     )
     assert [e["log_level"] for e in logged] == [LogLevel.warn, LogLevel.info, LogLevel.info]
     assert [formatEvent(e) for e in logged] == ["node/cooldown", "node/added", "proxy/request"]
@@ -444,7 +458,7 @@ def test_log_events_levels_and_fallback_format_for_other_events() -> None:
 def test_log_events_leaves_out_payload_keys_that_clash_with_the_logger() -> None:
     """Payload keys like log_level, format or event cannot overwrite the logger's own fields."""
     [logged] = _log_all(
-        ("node/added", {"log_level": "x", "format": "{y}", "event": "z", "id": "n"})
+        _raw("node/added", {"log_level": "x", "format": "{y}", "event": "z", "id": "n"})
     )
     assert logged["log_level"] is LogLevel.info
     assert logged["event"] == "node/added"
@@ -460,8 +474,8 @@ def test_log_events_skips_events_below_a_levelled_loggers_level() -> None:
     set_level(LogLevel.warn)
     try:
         with capturedLogs() as logs:
-            bus.publish("proxy/request", {"id": "r-1"})
-            bus.publish("node/cooldown", {"node_id": "a"})
+            bus.publish(proxy_request(id="r-1"))
+            bus.publish(NodeCooldown("ollama", "a", "stall", 0))
     finally:
         set_level(before)
     assert [e["event"] for e in logs] == ["node/cooldown"]
@@ -569,34 +583,6 @@ def test_each_event_sends_its_wire_object_key_for_key_in_order(
     assert (value.name, event.name) == (name, name)
     assert json.dumps(event.payload) == json.dumps(wire)
     assert event.payload is value.to_json()  # made once, shared by whoever sends it
-
-
-@pytest.mark.parametrize(("value", "name", "wire"), _WIRES)
-def test_a_wire_object_published_by_name_is_read_into_its_class(
-    value: BusEvent, name: str, wire: dict[str, Any]
-) -> None:
-    """``publish(name, payload)`` reads a known name's object into its class (the same value) and
-    sends the object as given."""
-    _, bus = _bus()
-    event = bus.publish(name, wire)
-    assert event.value == value
-    assert json.dumps(event.payload) == json.dumps(wire)
-
-
-def test_a_wire_object_read_back_takes_a_wrong_type_as_unknown() -> None:
-    """A count that is not a count (``True``, a string) reads as unknown (None), a missing field as
-    its empty value; the object is still sent as given."""
-    wire = {"id": "r", "status": "200", "completion_tokens": True, "model": "m"}
-    event = read_event(PROXY_REQUEST, wire)
-    assert isinstance(event, ProxyRequest)
-    assert (event.status, event.completion_tokens, event.model, event.attempts) == (
-        None,
-        None,
-        "m",
-        (),
-    )
-    assert event.to_json() == wire
-    assert read_event("private/x", {"a": 1}) == OtherEvent("private/x", {"a": 1})
 
 
 def test_the_publishers_build_the_wire_objects_they_always_sent() -> None:

@@ -152,7 +152,6 @@ FACES: dict[str, list[str]] = {
         "NodeCooldownEnded",
         "NodeCordon",
         "NodeUncordon",
-        "OtherEvent",
         "ProxyRequest",
         "Subscription",
         "WorkloadCompleted",
@@ -162,7 +161,6 @@ FACES: dict[str, list[str]] = {
         "WorkloadStarted",
         "WorkloadState",
         "log_events",
-        "read_event",
     ],
     "fleet": ["FleetStore", "StateConfig", "parse_state_url", "read_secret"],
     "usage": [
@@ -266,6 +264,7 @@ FACES: dict[str, list[str]] = {
         "Cordon",
         "CordonBook",
         "CordonListener",
+        "Cordons",
         "IStallTracker",
         "InventoryBook",
         "Probe",

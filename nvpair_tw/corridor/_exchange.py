@@ -43,6 +43,7 @@ from nvpair_tw.selection import (
     RETRY_AFTER_SECONDS,
     Answer,
     Booking,
+    Cordons,
     QueueFull,
     QueueTimeout,
     Slot,
@@ -131,7 +132,7 @@ async def _admitted(
     ticket = (
         facade.admission.admit(
             route.candidates,
-            targeted=target is not None,
+            cordons=Cordons.APPLY if target is None else Cordons.WAIVED,
             patience=route.patience,
             priority=inbound.priority,
         )
@@ -214,7 +215,7 @@ async def _answer(
             caller,
             clock,
             shared.settings.write_stall_timeout,
-            (lambda streams: UsageMeter(streams, clock.seconds)) if route.model else None,
+            (lambda framing: UsageMeter(framing, clock.seconds)) if route.model else None,
         )
         usage = outcome.usage
         if usage is not None and record.removed_usage is not None:

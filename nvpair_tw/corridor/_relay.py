@@ -28,7 +28,7 @@ from twisted.web.server import Request
 from zope.interface import implementer
 
 from nvpair_tw.assembly import AssemblyGate
-from nvpair_tw.core import abort, close, forward_headers
+from nvpair_tw.core import Framing, abort, close, forward_headers
 from nvpair_tw.corridor._attempts import CallerState, Committed
 from nvpair_tw.corridor._terminal import TerminalFrameDetector
 from nvpair_tw.dialects import Usage, UsageMeter
@@ -107,12 +107,12 @@ class Progress:
         self,
         content_type: str | None,
         length: int | object,
-        meter: Callable[[bool], UsageMeter] | None = None,
+        meter: Callable[[Framing | None], UsageMeter] | None = None,
     ) -> None:
         self.sent = 0
         self._length = length if isinstance(length, int) else None  # UNKNOWN_LENGTH is a str
         self.frames = TerminalFrameDetector(content_type)
-        self.meter = meter(self.frames.streaming) if meter is not None else None
+        self.meter = meter(self.frames.framing) if meter is not None else None
         """The answer's meter, made for its framing (None: not metered)."""
 
     def wrap(self, write: Callable[[bytes], None]) -> Callable[[bytes], None]:
@@ -193,11 +193,11 @@ async def relay(
     caller: CallerState,
     clock: IReactorTime,
     write_stall_timeout: float,
-    meter: Callable[[bool], UsageMeter] | None = None,
+    meter: Callable[[Framing | None], UsageMeter] | None = None,
 ) -> RelayOutcome:
     """Relay ``committed`` to ``request`` until the body ends, the upstream dies or the caller goes.
 
-    ``meter`` makes the meter that reads the answer's token counts (given whether it streams)."""
+    ``meter`` makes the meter that reads the answer's token counts (given the answer's framing)."""
     response = committed.response
     _write_head(request, response, committed.node.id)
     content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]

@@ -87,6 +87,8 @@ class TerminalFrameDetector:
 
     content_type: str | None
     max_line_bytes: int = field(default=MAX_LINE_BYTES, kw_only=True)
+    framing: Framing | None = field(init=False)
+    """The stream's framing; None for any other content type."""
     streaming: bool = field(init=False)
     _seen: bool = field(init=False, default=False, repr=False)
     _sse: bool = field(init=False, repr=False)
@@ -97,7 +99,7 @@ class TerminalFrameDetector:
     def __attrs_post_init__(self) -> None:
         if self.max_line_bytes < 1:
             raise ValueError("max_line_bytes must be at least 1")
-        framing = Framing.of(self.content_type)
+        self.framing = framing = Framing.of(self.content_type)
         self.streaming = framing is not None
         self._sse = framing is Framing.SSE
         self._lines = Lines(self.max_line_bytes)

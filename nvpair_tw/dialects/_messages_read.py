@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from nvpair_tw.dialects._answers import Buffer, error_message, number, parse
 from nvpair_tw.dialects._common import MalformedAnswer, SseEvents, StreamCut
 from nvpair_tw.dialects._ollama_fast import Learned, content_literal, matched_run
-from nvpair_tw.dialects._ollama_fold import as_deltas, choice_parts
+from nvpair_tw.dialects._ollama_fold import OpenAIRoute, as_deltas, choice_parts
 
 __all__ = ["Reader", "Sink"]
 
@@ -129,7 +129,7 @@ class Reader:
         )
         if not isinstance(choice, dict):
             raise MalformedAnswer("a choice is not an object")
-        text, thought, calls = choice_parts(choice, False)
+        text, thought, calls = choice_parts(choice, OpenAIRoute.CHAT)
         if thought is not None:
             out += self._sink.thinking(thought)
         if text is not None:

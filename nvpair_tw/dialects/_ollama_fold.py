@@ -8,12 +8,38 @@ calls gathered (:class:`Gathered`: tool calls folded by the one rule of ``core.T
 from __future__ import annotations
 
 import json
+from enum import Enum
 from typing import Any
 
 from nvpair_tw.core import ToolCalls
 from nvpair_tw.dialects._common import AnswerTooLarge, dump
 
-__all__ = ["Gathered", "as_deltas", "calls_chunk", "choice_parts", "content_chunk", "final_object"]
+__all__ = [
+    "Gathered",
+    "OllamaRoute",
+    "OpenAIRoute",
+    "as_deltas",
+    "calls_chunk",
+    "choice_parts",
+    "content_chunk",
+    "final_object",
+]
+
+
+class OllamaRoute(Enum):
+    """The Ollama answer the client asked for: chat chunks carry a ``message``, generate chunks
+    a ``response``."""
+
+    CHAT = "/api/chat"
+    GENERATE = "/api/generate"
+
+
+class OpenAIRoute(Enum):
+    """The OpenAI-compatible route the node answers: chat choices carry a ``delta`` (or a
+    ``message``), completions choices a ``text``."""
+
+    CHAT = "/v1/chat/completions"
+    COMPLETIONS = "/v1/completions"
 
 
 class Gathered:
@@ -73,9 +99,12 @@ def _ollama_call(index: int, call: dict[str, Any]) -> dict[str, Any]:
     return {"id": ident, "function": out} if isinstance(ident, str) and ident else {"function": out}
 
 
-def choice_parts(choice: dict[str, Any], completions: bool) -> tuple[str | None, str | None, Any]:
-    """A choice's content text and thinking (None when absent or empty) and its tool calls."""
-    if completions:
+def choice_parts(
+    choice: dict[str, Any], answered: OpenAIRoute
+) -> tuple[str | None, str | None, Any]:
+    """A choice's content text and thinking (None when absent or empty) and its tool calls, as
+    the route ``answered`` puts them."""
+    if answered is OpenAIRoute.COMPLETIONS:
         content, thinking, calls = choice.get("text"), None, None
     else:
         delta = choice.get("delta")
@@ -90,13 +119,13 @@ def choice_parts(choice: dict[str, Any], completions: bool) -> tuple[str | None,
 
 
 def content_chunk(
-    model: str, stamp: str, text: str | None, thought: str | None, *, generate: bool
+    model: str, stamp: str, text: str | None, thought: str | None, asked: OllamaRoute
 ) -> bytes:
-    """The NDJSON line of one content (or thinking) delta."""
+    """The NDJSON line of one content (or thinking) delta, in the answer ``asked``."""
     body: dict[str, Any] = {"role": "assistant", "content": text or ""}
     if thought is not None:
         body["thinking"] = thought
-    if generate:
+    if asked is OllamaRoute.GENERATE:
         chunk: dict[str, Any] = {
             "model": model,
             "created_at": stamp,
@@ -121,16 +150,16 @@ def final_object(
     stamp: str,
     texts: dict[str, str],
     calls: list[dict[str, Any]],
+    asked: OllamaRoute,
     *,
-    generate: bool,
     reason: Any,
     tokens: tuple[int | None, int | None],
     durations: tuple[int, int, int],
 ) -> dict[str, Any]:
-    """The final object (``done: true``); ``durations`` are the total, prompt evaluation and
+    """The final object (``done: true``) of the answer ``asked``; ``durations`` are the total, prompt evaluation and
     evaluation ones in nanoseconds, ``tokens`` the prompt and completion counts."""
     final: dict[str, Any] = {"model": model, "created_at": stamp}
-    if generate:
+    if asked is OllamaRoute.GENERATE:
         final["response"] = texts.get("content", "")
         if texts.get("thinking"):
             final["thinking"] = texts["thinking"]

@@ -48,6 +48,8 @@ from nvpair_tw.dialects._common import (
 from nvpair_tw.dialects._ollama_fast import Learned, content_literal, matched_run
 from nvpair_tw.dialects._ollama_fold import (
     Gathered,
+    OllamaRoute,
+    OpenAIRoute,
     as_deltas,
     calls_chunk,
     choice_parts,
@@ -56,22 +58,6 @@ from nvpair_tw.dialects._ollama_fold import (
 )
 
 __all__ = ["Framing", "OllamaRoute", "OllamaStream", "OpenAIRoute", "StreamShape", "UpstreamBody"]
-
-
-class OllamaRoute(Enum):
-    """The Ollama answer the client asked for: chat chunks carry a ``message``, generate chunks
-    a ``response``."""
-
-    CHAT = "/api/chat"
-    GENERATE = "/api/generate"
-
-
-class OpenAIRoute(Enum):
-    """The OpenAI-compatible route the node answers: chat choices carry a ``delta`` (or a
-    ``message``), completions choices a ``text``."""
-
-    CHAT = "/v1/chat/completions"
-    COMPLETIONS = "/v1/completions"
 
 
 class Framing(Enum):
@@ -118,8 +104,9 @@ class _Events:
         self._clock = clock
         self._stamp = Stamp(clock)
         self._start = clock()
-        self._generate = shape.asked is OllamaRoute.GENERATE
-        self._completions = shape.answered is OpenAIRoute.COMPLETIONS
+        self._asked = shape.asked
+        self._answered = shape.answered
+        self._completions = shape.answered is OpenAIRoute.COMPLETIONS  # read per chunk
         self._whole = whole
         self._limit = limit
         self._gathered = Gathered(limit)
@@ -155,7 +142,7 @@ class _Events:
         )
         if not isinstance(choice, dict):
             raise MalformedAnswer("a choice is not an object")
-        text, thought, calls = choice_parts(choice, self._completions)
+        text, thought, calls = choice_parts(choice, self._answered)
         if text is not None or thought is not None:
             self._content(text, thought, out)
         if isinstance(calls, list) and calls:
@@ -176,10 +163,10 @@ class _Events:
             if thought is not None:
                 self._gathered.keep("thinking", thought)
             return
-        out.append(content_chunk(self._model, stamp, text, thought, generate=self._generate))
+        out.append(content_chunk(self._model, stamp, text, thought, self._asked))
 
     def _flush_calls(self, out: list[bytes]) -> None:
-        if not self._gathered.has_calls or self._generate:
+        if not self._gathered.has_calls or self._asked is OllamaRoute.GENERATE:
             return
         calls = self._gathered.take_calls()
         if self._whole:
@@ -213,7 +200,7 @@ class _Events:
             stamp,
             texts,
             self._emitted_calls,
-            generate=self._generate,
+            self._asked,
             reason=self._reason,
             tokens=(self._prompt, self._completion),
             durations=durations,

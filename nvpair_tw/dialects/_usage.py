@@ -39,7 +39,7 @@ from typing import Any
 
 from attrs import frozen
 
-from nvpair_tw.core import EVENT_ENDS, Lines, after_last_event, event_end
+from nvpair_tw.core import EVENT_ENDS, Framing, Lines, after_last_event, event_end
 
 __all__ = ["Chain", "Usage", "UsageMeter", "UsageStripper", "asks_usage"]
 
@@ -265,11 +265,12 @@ def _frames(text: bytes) -> list[dict[str, Any]]:
 class UsageMeter:
     """Reads counts and the first content from one answer as the client receives it.
 
-    ``streaming`` is whether the answer is an NDJSON or SSE stream (else one JSON document).
+    ``framing`` is the answer's stream framing (``Framing.of`` its content type): None when it
+    is one JSON document.
     """
 
-    def __init__(self, streaming: bool, clock: Callable[[], float]) -> None:
-        self._streaming = streaming
+    def __init__(self, framing: Framing | None, clock: Callable[[], float]) -> None:
+        self._streaming = framing is not None
         self._clock = clock
         # The last chunks (the counts are in the last two events; a deque with a length bound
         # drops the oldest in C, so a chunk costs one append).

@@ -24,7 +24,6 @@ from nvpair_tw.events._kinds import (
     NodeCooldownEnded,
     NodeCordon,
     NodeUncordon,
-    OtherEvent,
     ProxyRequest,
     WorkloadCompleted,
     WorkloadErrored,
@@ -32,7 +31,6 @@ from nvpair_tw.events._kinds import (
     WorkloadQueued,
     WorkloadStarted,
     WorkloadState,
-    read_event,
 )
 from nvpair_tw.events._log import log_events
 
@@ -54,7 +52,6 @@ __all__ = [
     "NodeCooldownEnded",
     "NodeCordon",
     "NodeUncordon",
-    "OtherEvent",
     "ProxyRequest",
     "Subscription",
     "WorkloadCompleted",
@@ -64,5 +61,4 @@ __all__ = [
     "WorkloadStarted",
     "WorkloadState",
     "log_events",
-    "read_event",
 ]

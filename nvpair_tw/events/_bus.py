@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, overload
+from typing import Any
 
 from attrs import define, field, frozen, setters
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair_tw.events._kinds import BusEvent, OtherEvent, read_event
+from nvpair_tw.events._kinds import BusEvent
 from nvpair_tw.logs import LevelledLogger
 
 __all__ = ["Event", "EventBus", "Subscription"]
@@ -30,7 +30,7 @@ class Event:
     """
 
     name: str
-    value: BusEvent | OtherEvent
+    value: BusEvent
     time: float
 
     @property
@@ -166,21 +166,13 @@ class EventBus:
         """The live subscriptions, in subscription order."""
         return tuple(self._subscriptions)
 
-    @overload
-    def publish(self, value: BusEvent, /) -> Event: ...
-    @overload
-    def publish(self, value: str, payload: Mapping[str, Any], /) -> Event: ...
-
-    def publish(self, value: BusEvent | str, payload: Mapping[str, Any] | None = None) -> Event:
+    def publish(self, value: BusEvent) -> Event:
         """Deliver an event to every live subscription; never raises because of a subscriber.
 
-        The proxy publishes typed values; a wire name and object (``publish(name, payload)``) is
-        read into its class first (`read_event`), and sent as given. A publish from inside a sink
-        is delivered after the event in hand has reached everyone, so every subscriber sees the
-        same order.
+        A publish from inside a sink is delivered after the event in hand has reached everyone,
+        so every subscriber sees the same order.
         """
-        typed = read_event(value, payload or {}) if isinstance(value, str) else value
-        event = Event(typed.name, typed, self._clock.seconds())
+        event = Event(value.name, value, self._clock.seconds())
         self._outbox.append(event)
         if self._dispatching:
             return event

@@ -5,13 +5,11 @@ Each class carries its fields as typed attributes, its wire name as ``name`` and
 ``to_json``, the JSON object the control channel's notifications, ``GET /events`` on the admin
 listener and the log lines send. That object is made on first asking and kept, so a consumer that
 reads attributes (the usage recorder, the metrics, traces) never pays for it and those that send it
-share one. ``read_event`` reads a wire object back into its class (the bus's ``publish(name,
-payload)``); a name no class has is an ``OtherEvent``.
+share one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any, ClassVar
 
@@ -33,7 +31,6 @@ __all__ = [
     "NodeCooldownEnded",
     "NodeCordon",
     "NodeUncordon",
-    "OtherEvent",
     "ProxyRequest",
     "WorkloadCompleted",
     "WorkloadErrored",
@@ -41,7 +38,6 @@ __all__ = [
     "WorkloadQueued",
     "WorkloadStarted",
     "WorkloadState",
-    "read_event",
 ]
 
 # The names of the events the proxy publishes: the bus, the control channel's notifications,
@@ -90,35 +86,6 @@ class BusEvent:
         raise NotImplementedError
 
 
-@frozen
-class OtherEvent:
-    """An event published under a name no class above has: its name and its fields as given."""
-
-    name: str
-    fields: Mapping[str, Any]
-
-    def to_json(self) -> Wire:
-        """The fields, as published."""
-        return dict(self.fields)
-
-
-# Reading a wire object back (``read_event``): a field of the wrong type reads as unknown.
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else ""
-
-
-def _maybe_text(value: object) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _maybe_int(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _maybe_number(value: object) -> float | None:
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
 class WorkloadState(Enum):
     """The ``state`` of a workload once queued or dispatched."""
 
@@ -127,9 +94,6 @@ class WorkloadState(Enum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
-
-
-_STATES = {s.value: s for s in WorkloadState}
 
 
 @frozen(slots=False)
@@ -164,24 +128,6 @@ class WorkloadInfo:
             "seq": self.seq,
         }
 
-    @classmethod
-    def from_json(cls, info: Mapping[str, Any]) -> WorkloadInfo:
-        """Read a ``workloadInfo`` object back."""
-        state = info.get("state")
-        return cls(
-            _maybe_int(info.get("id")) or 0,
-            _text(info.get("runId")),
-            _text(info.get("engine")),
-            _text(info.get("model")),
-            _STATES.get(state) if isinstance(state, str) else None,
-            _maybe_text(info.get("scheduledOn")),
-            _maybe_int(info.get("createdAt")) or 0,
-            _maybe_int(info.get("startedAt")),
-            _maybe_int(info.get("completedAt")),
-            _maybe_text(info.get("error")),
-            _maybe_int(info.get("seq")) or 0,
-        )
-
 
 @frozen(slots=False)
 class _WorkloadEvent(BusEvent):
@@ -189,11 +135,6 @@ class _WorkloadEvent(BusEvent):
 
     def _build(self) -> Wire:
         return {"workload": self.workload.to_json()}
-
-    @classmethod
-    def from_json(cls, payload: Mapping[str, Any]) -> _WorkloadEvent:
-        info = payload.get("workload")
-        return cls(WorkloadInfo.from_json(info if isinstance(info, Mapping) else {}))
 
 
 @frozen(slots=False)
@@ -251,17 +192,6 @@ class NodeCooldown(BusEvent):
             wire["origin"] = self.origin
         return wire
 
-    @classmethod
-    def from_json(cls, payload: Mapping[str, Any]) -> NodeCooldown:
-        return cls(
-            _text(payload.get("engine")),
-            _text(payload.get("node_id")),
-            _text(payload.get("reason")),
-            _maybe_int(payload.get("coolingUntil")) or 0,
-            payload.get("renewed") is True,
-            _maybe_text(payload.get("origin")),
-        )
-
 
 @frozen(slots=False)
 class NodeCooldownEnded(BusEvent):
@@ -274,14 +204,6 @@ class NodeCooldownEnded(BusEvent):
 
     def _build(self) -> Wire:
         return {"engine": self.engine, "node_id": self.node_id, "why": self.why}
-
-    @classmethod
-    def from_json(cls, payload: Mapping[str, Any]) -> NodeCooldownEnded:
-        return cls(
-            _text(payload.get("engine")),
-            _text(payload.get("node_id")),
-            _text(payload.get("why")),
-        )
 
 
 @frozen(slots=False)
@@ -304,16 +226,6 @@ class NodeCordon(BusEvent):
             "origin": self.origin,
         }
 
-    @classmethod
-    def from_json(cls, payload: Mapping[str, Any]) -> NodeCordon:
-        return cls(
-            _text(payload.get("engine")),
-            _text(payload.get("node_id")),
-            _text(payload.get("reason")),
-            _maybe_int(payload.get("since")),
-            _text(payload.get("origin")),
-        )
-
 
 @frozen(slots=False)
 class NodeUncordon(BusEvent):
@@ -325,10 +237,6 @@ class NodeUncordon(BusEvent):
 
     def _build(self) -> Wire:
         return {"engine": self.engine, "node_id": self.node_id}
-
-    @classmethod
-    def from_json(cls, payload: Mapping[str, Any]) -> NodeUncordon:
-        return cls(_text(payload.get("engine")), _text(payload.get("node_id")))
 
 
 @frozen
@@ -350,16 +258,6 @@ class Attempt:
             "busy_waits": self.busy_waits,
         }
 
-    @classmethod
-    def from_json(cls, attempt: Mapping[str, Any]) -> Attempt:
-        """Read an attempt object back."""
-        return cls(
-            _text(attempt.get("node_id")),
-            _text(attempt.get("outcome")),
-            _maybe_int(attempt.get("ms")) or 0,
-            _maybe_int(attempt.get("busy_waits")) or 0,
-        )
-
 
 @frozen(slots=False)
 class ProxyRequest(BusEvent):
@@ -368,7 +266,7 @@ class ProxyRequest(BusEvent):
     Durations are in ms. ``model`` is None for a request naming no model: the fields after it are
     then not sent. ``fan_out``, ``fallback_from`` and ``key`` are sent only when set,
     ``context_fit`` only when False, ``predicted_ms`` and ``measured_ms`` only with a prediction.
-    ``status`` is None only when read back from a wire object that had none.
+    ``status`` None: the record has none (usage counts it as an error).
     """
 
     name: ClassVar[str] = PROXY_REQUEST
@@ -433,63 +331,3 @@ class ProxyRequest(BusEvent):
                 wire["predicted_ms"] = self.predicted_ms
                 wire["measured_ms"] = self.measured_ms
         return wire
-
-    @classmethod
-    def from_json(cls, payload: Mapping[str, Any]) -> ProxyRequest:
-        attempts = payload.get("attempts")
-        fan_out = payload.get("fan_out")
-        return cls(
-            _text(payload.get("id")),
-            _text(payload.get("engine")),
-            _maybe_text(payload.get("node_id")),
-            _text(payload.get("method")),
-            _text(payload.get("path")),
-            _maybe_int(payload.get("status")),
-            _maybe_int(payload.get("duration_ms")),
-            _maybe_int(payload.get("ttfb_ms")),
-            _maybe_text(payload.get("error")),
-            tuple(
-                Attempt.from_json(a)
-                for a in (attempts if isinstance(attempts, list) else ())
-                if isinstance(a, Mapping)
-            ),
-            payload.get("cache_affinity") is True,
-            _maybe_int(payload.get("queued_ms")) or 0,
-            tuple(str(n) for n in fan_out) if isinstance(fan_out, list) else None,
-            _maybe_text(payload.get("fallback_from")),
-            _maybe_text(payload.get("key")),
-            _maybe_text(payload.get("model")),
-            _maybe_text(payload.get("model_local")),
-            payload.get("translated") is True,
-            _maybe_int(payload.get("prompt_tokens")),
-            _maybe_int(payload.get("completion_tokens")),
-            _maybe_int(payload.get("ttft_ms")),
-            _maybe_number(payload.get("tokens_per_s")),
-            payload.get("context_fit") is not False,
-            _maybe_int(payload.get("predicted_ms")),
-            _maybe_int(payload.get("measured_ms")),
-        )
-
-
-_READERS: Mapping[str, Callable[[Mapping[str, Any]], BusEvent]] = {
-    WORKLOAD_QUEUED: WorkloadQueued.from_json,
-    WORKLOAD_STARTED: WorkloadStarted.from_json,
-    WORKLOAD_COMPLETED: WorkloadCompleted.from_json,
-    WORKLOAD_ERRORED: WorkloadErrored.from_json,
-    NODE_COOLDOWN: NodeCooldown.from_json,
-    NODE_COOLDOWN_ENDED: NodeCooldownEnded.from_json,
-    NODE_CORDON: NodeCordon.from_json,
-    NODE_UNCORDON: NodeUncordon.from_json,
-    PROXY_REQUEST: ProxyRequest.from_json,
-}
-
-
-def read_event(name: str, payload: Mapping[str, Any]) -> BusEvent | OtherEvent:
-    """The typed event of a wire object published as ``name``; it sends ``payload`` as given
-    (a copy), so what goes out is what came in. A field of the wrong type reads as unknown."""
-    reader = _READERS.get(name)
-    if reader is None:
-        return OtherEvent(name, dict(payload))
-    event = reader(payload)
-    event.__dict__[_WIRE] = dict(payload)
-    return event

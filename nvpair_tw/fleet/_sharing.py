@@ -327,15 +327,25 @@ class SharedReservations(_Sharing):
         # Coalesce a burst (a move is a release and a reserve; a short request reserves and
         # releases) into one publish, off the request path and well inside the 100 ms bound.
         if self._timer is None:
-            self._timer = self._reactor.callLater(RESERVATION_BATCH, self.send, False)
+            self._timer = self._reactor.callLater(RESERVATION_BATCH, self._send_changed)
 
-    def send(self, refresh: bool = True) -> None:
-        """Publish this proxy's counts: when they changed since the last publish, or always on a
-        ``refresh`` (the heartbeat, which keeps the stored key and the peers' view alive)."""
+    def _send_changed(self) -> None:
+        """A burst's end: publish this proxy's counts when they changed since the last publish."""
         self.stop()
-        counts = self._ledger.local_counts() if self._ledger is not None else {}
-        if not refresh and counts == self._published:
-            return
+        counts = self._counts()
+        if counts != self._published:
+            self._send(counts)
+
+    def refresh(self) -> None:
+        """Publish this proxy's counts, changed or not (the heartbeat: it keeps the stored key and
+        the peers' view alive)."""
+        self.stop()
+        self._send(self._counts())
+
+    def _counts(self) -> dict[str, int]:
+        return self._ledger.local_counts() if self._ledger is not None else {}
+
+    def _send(self, counts: dict[str, int]) -> None:
         self._published = counts
         key = self._codec.key("res", self._codec.proxy_id)
         value = json.dumps(counts, separators=(",", ":"))
@@ -356,7 +366,7 @@ class SharedReservations(_Sharing):
                 del self._peers[proxy]
                 self.settle()
         if self._ledger is not None and self._ledger.local_counts():
-            self.send()
+            self.refresh()
 
     def apply(self, message: Mapping[str, Any]) -> bool:
         counts, origin = message.get("c"), message.get("o")

@@ -91,6 +91,14 @@ class Tally(Enum):
     """Tokens of the requests that ended in a minute."""
 
 
+class _Stored(Enum):
+    """What the fleet store did with a change sent to it."""
+
+    COUNTED = "counted"
+    MISSED = "missed"
+    """It failed or was away: this proxy counted the change alone."""
+
+
 @define
 class _Tally:
     """One counter of one key: this proxy's own count, and the fleet's as last reported."""
@@ -109,8 +117,10 @@ class _Tally:
             return f"{namespace}:{self.kind.value}:{name}"
         return f"{namespace}:{self.kind.value}:{name}:{self.window}"
 
-    def value(self, shared: bool) -> int:
-        if not shared or self.fleet is None:
+    def fleet_count(self) -> int:
+        """The fleet's count as far as known: the store's last total with this proxy's changes
+        not yet answered, never below this proxy's own; its own when the store's is unknown."""
+        if self.fleet is None:
             return self.local
         return max(self.local, self.fleet + self.pending)
 
@@ -121,7 +131,7 @@ class Permit:
 
     _limiter: RateLimiter | None
     _caller: Caller | None
-    _acquired: Deferred[bool] | None = None
+    _acquired: Deferred[_Stored] | None = None
     _done: bool = field(default=False, init=False)
 
     def done(self, tokens: int | None = None) -> None:
@@ -212,11 +222,13 @@ class RateLimiter:
         concurrent = self._tally(caller.name, Tally.CONCURRENT, None)
         if not shared:
             concurrent.fleet = None  # stale once the store is away: learnt again when back
-        counts = (
-            concurrent.value(shared),
-            self._tally(caller.name, Tally.REQUESTS, window).value(shared),
-            self._tally(caller.name, Tally.TOKENS, window).value(shared),
+        tallies = (
+            concurrent,
+            self._tally(caller.name, Tally.REQUESTS, window),
+            self._tally(caller.name, Tally.TOKENS, window),
         )
+        in_flight, requests, tokens = (t.fleet_count() if shared else t.local for t in tallies)
+        counts = (in_flight, requests, tokens)
         left = max(1, math.ceil((window + 1) * WINDOW - now))
         return _longest(_refusals(caller, counts, left))
 
@@ -247,7 +259,9 @@ class RateLimiter:
         tally = self._tallies.get((name, Tally.CONCURRENT))
         return tally.local if tally is not None else 0
 
-    def _ended(self, caller: Caller, tokens: int | None, acquired: Deferred[bool] | None) -> None:
+    def _ended(
+        self, caller: Caller, tokens: int | None, acquired: Deferred[_Stored] | None
+    ) -> None:
         concurrent = self._tally(caller.name, Tally.CONCURRENT, None)
         concurrent.local = max(0, concurrent.local - 1)
         changes: list[tuple[_Tally, int, float]] = []
@@ -261,8 +275,8 @@ class RateLimiter:
             # Only a slot the store counted is given back there.
             acquired.addCallback(self._release, caller.name, concurrent)
 
-    def _release(self, counted: bool, name: str, concurrent: _Tally) -> None:
-        if not counted:
+    def _release(self, stored: _Stored, name: str, concurrent: _Tally) -> None:
+        if stored is _Stored.MISSED:
             return
         owed = self._owed.pop(name, 0) + 1
         if not self._shared():
@@ -271,11 +285,11 @@ class RateLimiter:
         sent = self._send(name, [(concurrent, -owed, CONCURRENCY_TTL)])
         sent.addCallback(self._settled, name, owed)
 
-    def _settled(self, counted: bool, name: str, owed: int) -> bool:
+    def _settled(self, stored: _Stored, name: str, owed: int) -> _Stored:
         """A change that carried ``owed`` releases: owed again when the store missed it."""
-        if not counted:
+        if stored is _Stored.MISSED:
             self._owed[name] = self._owed.get(name, 0) + owed
-        return counted
+        return stored
 
     def _shared(self) -> bool:
         try:
@@ -290,9 +304,8 @@ class RateLimiter:
             tally = self._tallies[(name, kind)] = _Tally(kind, window)
         return tally
 
-    def _send(self, name: str, changes: list[tuple[_Tally, int, float]]) -> Deferred[bool]:
-        """Send ``changes`` to the store; fires True when it counted them, False otherwise
-        (never fails)."""
+    def _send(self, name: str, changes: list[tuple[_Tally, int, float]]) -> Deferred[_Stored]:
+        """Send ``changes`` to the store; fires with what it did with them (never fails)."""
         assert self.counters is not None
         wire = [(t.counter(self.namespace, name), amount, ttl) for t, amount, ttl in changes]
         for tally, amount, _ttl in changes:
@@ -305,21 +318,21 @@ class RateLimiter:
             sent = Deferred()
             sent.errback(error)
 
-        def answered(totals: list[int]) -> bool:
+        def answered(totals: list[int]) -> _Stored:
             self.unanswered -= 1
             for (tally, amount, _ttl), total in zip(changes, totals, strict=False):
                 tally.pending -= amount
                 if isinstance(total, int):
                     tally.fleet = total
-            return True
+            return _Stored.COUNTED
 
-        def failed(failure: Failure) -> bool:
+        def failed(failure: Failure) -> _Stored:
             self.unanswered -= 1
             for tally, amount, _ttl in changes:
                 tally.pending -= amount
                 if tally.kind is Tally.CONCURRENT:
                     tally.fleet = None  # unknown now: this proxy counts alone until next time
             log.debug("limit counters not shared: {error}", error=type(failure.value).__name__)
-            return False
+            return _Stored.MISSED
 
         return sent.addCallbacks(answered, failed)

@@ -571,7 +571,7 @@ class NodeDirectory:
                 self.log,
                 interval=self._watch_interval,
             )
-        self._recompute(notify=False)
+        self._recompute()  # nobody has subscribed yet
 
     def nodes(self) -> tuple[Node, ...]:
         """The merged nodes, sorted by id (the default node only when no source has any)."""
@@ -653,7 +653,7 @@ class NodeDirectory:
         self._file_nodes = tuple(nodes)
         self._recompute()
 
-    def _recompute(self, *, notify: bool = True) -> None:
+    def _recompute(self) -> None:
         merged: dict[str, Node] = {}
         for source in (self._flag_nodes, self._file_nodes, self._discovered, self._manual.values()):
             for node in source:
@@ -679,9 +679,8 @@ class NodeDirectory:
             return
         self._view = view
         self._by_id = {n.id: n for n in view}
-        if notify:
-            for callback in list(self._subscribers):
-                try:
-                    callback()
-                except Exception:
-                    self.log.failure("a node-set subscriber failed", engine=self._engine.name)
+        for callback in list(self._subscribers):
+            try:
+                callback()
+            except Exception:
+                self.log.failure("a node-set subscriber failed", engine=self._engine.name)

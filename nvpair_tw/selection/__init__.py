@@ -8,6 +8,7 @@ from __future__ import annotations
 from nvpair_tw.selection._admission import (
     RETRY_AFTER_SECONDS,
     Admission,
+    Cordons,
     QueueFull,
     QueueTimeout,
     Slot,
@@ -58,6 +59,7 @@ __all__ = [
     "Cordon",
     "CordonBook",
     "CordonListener",
+    "Cordons",
     "Fit",
     "FlightBook",
     "IStallTracker",

@@ -37,12 +37,13 @@ from nvpair_tw.selection._queue import (
     Waiter,
     WaitQueue,
 )
-from nvpair_tw.selection._slots import Slot, SlotCounts, SlotLimit, slot_limit
+from nvpair_tw.selection._slots import Cordons, Slot, SlotCounts, SlotLimit, slot_limit
 
 __all__ = [
     "QUEUE_FULL",
     "RETRY_AFTER_SECONDS",
     "Admission",
+    "Cordons",
     "QueueFull",
     "QueueTimeout",
     "Slot",
@@ -114,19 +115,20 @@ class Admission:
         self,
         candidates: Sequence[Node],
         *,
-        targeted: bool = False,
+        cordons: Cordons = Cordons.APPLY,
         patience: Patience | None = None,
         priority: Priority = Priority.INTERACTIVE,
     ) -> Slot | Waiter | QueueFull:
         """A slot on the first candidate with one free, else a place in the queue, else full.
 
-        ``targeted`` (the client named the node): a cordon does not keep it from the node.
+        ``cordons``: :attr:`Cordons.WAIVED` when the client named the node, so a cordon does not
+        keep it from the node.
         ``patience`` (§15.2): a free node it declines is passed over, and the request waits for
         its best node instead, until that node's predicted finish at the latest. ``priority``
         (§16.3): a batch request does not take a node's reserved slots, and waits behind every
         interactive one until it has waited ``batch_max_wait``."""
         ids = tuple(node.id for node in candidates)
-        waiter = Waiter(ids, self._clock.seconds(), targeted, patience, priority)
+        waiter = Waiter(ids, self._clock.seconds(), cordons, patience, priority)
         free = self._first_free_for(waiter)
         if free is not None:
             return self._bind(free)
@@ -156,7 +158,7 @@ class Admission:
         room."""
         bindings: list[tuple[Waiter, Slot]] = []
         for waiter in self._queue.in_turn(self._clock.seconds()):
-            if self._counts.free((node_id,), Priority.INTERACTIVE, True) is None:
+            if self._counts.free((node_id,), Priority.INTERACTIVE, Cordons.WAIVED) is None:
                 break
             if node_id in waiter.candidates:
                 free = self._first_free_for(waiter)
@@ -178,9 +180,9 @@ class Admission:
         priority = self._queue.served_as(waiter, now)
         patience = waiter.patience
         if patience is None:
-            return self._counts.free(waiter.candidates, priority, waiter.targeted)
+            return self._counts.free(waiter.candidates, priority, waiter.cordons)
         taken = [n for n in waiter.candidates if patience.accepts(n, now)]
-        return self._counts.free(taken, priority, waiter.targeted)
+        return self._counts.free(taken, priority, waiter.cordons)
 
     def _bind(self, node_id: str) -> Slot:
         self._counts.take(node_id)

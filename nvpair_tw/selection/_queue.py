@@ -19,7 +19,7 @@ from twisted.internet.interfaces import IDelayedCall
 
 from nvpair_tw.core import Priority
 from nvpair_tw.selection._patience import Patience
-from nvpair_tw.selection._slots import Slot
+from nvpair_tw.selection._slots import Cordons, Slot
 
 __all__ = [
     "QUEUE_FULL",
@@ -58,8 +58,9 @@ class Waiter:
 
     candidates: tuple[str, ...]
     since: float
-    targeted: bool = False
-    """Chosen by ``X-NVPair-Node``: it may bind to a cordoned node (maintenance, §13.1)."""
+    cordons: Cordons = Cordons.APPLY
+    """:attr:`Cordons.WAIVED` when chosen by ``X-NVPair-Node``: it may bind to a cordoned node
+    (maintenance, §13.1)."""
     patience: Patience | None = None
     """Which freed nodes it declines while its best one may still be worth the wait (§15.2)."""
     priority: Priority = Priority.INTERACTIVE

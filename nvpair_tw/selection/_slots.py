@@ -10,13 +10,24 @@ takes a slot only while fewer than ``slots - N`` are held there (§16.3).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from enum import Enum
 
 from attrs import define, field
 
 from nvpair_tw.core import Priority
 from nvpair_tw.nodes import Node
 
-__all__ = ["Slot", "SlotCounts", "SlotLimit", "slot_limit"]
+__all__ = ["Cordons", "Slot", "SlotCounts", "SlotLimit", "slot_limit"]
+
+
+class Cordons(Enum):
+    """Whether a cordon keeps a request from a node (docs/behaviour.md §13.1)."""
+
+    APPLY = "apply"
+    """The proxy picks the node: a cordoned one takes no new work."""
+    WAIVED = "waived"
+    """The client named the node (``X-NVPair-Node``): maintenance reaches it through a cordon."""
+
 
 SlotLimit = Callable[[str], int | None]
 """A node id's slots now: 0 = unlimited, ``None`` = the node is gone (nothing binds to it)."""
@@ -73,13 +84,11 @@ class SlotCounts:
     def in_use(self, node_id: str) -> int:
         return self._in_use.get(node_id, 0)
 
-    def free(
-        self, candidates: Iterable[str], priority: Priority, targeted: bool = False
-    ) -> str | None:
-        """The first of ``candidates`` with a slot free for ``priority``; ``targeted`` (the
-        client named the node): a cordon does not keep it from the node."""
+    def free(self, candidates: Iterable[str], priority: Priority, cordons: Cordons) -> str | None:
+        """The first of ``candidates`` with a slot free for ``priority``, passing over a cordoned
+        node unless ``cordons`` is :attr:`Cordons.WAIVED`."""
         for node_id in candidates:
-            if not targeted and not self._accepts(node_id):
+            if cordons is Cordons.APPLY and not self._accepts(node_id):
                 continue
             limit = self._limit(node_id)
             if limit is None:

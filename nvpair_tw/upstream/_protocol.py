@@ -279,12 +279,15 @@ class _RequestBody:
         self._length = cast(int, producer.length)
         self.written = 0
 
-    def detach(self, *, stop: bool) -> None:
-        """Unregister the producer from the transport (and stop it, when ``stop``)."""
+    def detach(self) -> None:
+        """Unregister the producer from the transport (it ended)."""
         if self._protocol.transport is not None:
             cast(IConsumer, self._protocol.transport).unregisterProducer()
-        if stop:
-            self.producer.stopProducing()
+
+    def stop(self) -> None:
+        """Unregister the producer and stop it (the exchange ended before the body did)."""
+        self.detach()
+        self.producer.stopProducing()
 
     def start(self) -> None:
         """Register the producer and start it; the protocol hears of its end."""
@@ -380,11 +383,10 @@ class _Exchange:
 
 
 class NodeClientProtocol(Protocol):
-    """One keep-alive HTTP/1.1 connection to a node, one request at a time: a named state
-    machine. Its state (:class:`ClientState`, documented there) changes only through
-    :meth:`_move`, by the one table :data:`TRANSITIONS`; an event its state has no move for
-    raises :class:`~nvpair_tw.core.IllegalCall`.
-    """
+    """One keep-alive HTTP/1.1 connection to a node, one request at a time: a named state machine.
+    Its state (:class:`ClientState`, documented there) changes only through :meth:`_move`, by the
+    one table :data:`TRANSITIONS`; an event its state has no move for raises
+    :class:`~nvpair_tw.core.IllegalCall`."""
 
     def __init__(self, release: _Notify, lost: _Notify) -> None:
         self._release, self._lost = release, lost
@@ -430,16 +432,17 @@ class NodeClientProtocol(Protocol):
     def body_sent(self, body: _RequestBody, failure: Failure | None) -> None:
         """The producer's end: the whole body written (``failure`` None) or its failure."""
         if body is self._body:
-            self._unproduce(stop=False)
+            self._body = None
+            body.detach()
             if failure is None:
                 self._move(ClientEvent.WRITTEN)
             else:
                 self._abort(RequestGenerationFailed([failure]))
 
-    def _unproduce(self, *, stop: bool) -> None:
+    def _stop_producer(self) -> None:
         body, self._body = self._body, None
         if body is not None:
-            body.detach(stop=stop)
+            body.stop()
 
     def _cancel(self, deferred: Deferred[IResponse]) -> None:
         if self._exchange is not None and deferred is self._exchange.deferred:
@@ -448,7 +451,7 @@ class NodeClientProtocol(Protocol):
     def _abort(self, error: Exception | None = None) -> None:
         """Give up: the producer stopped, the request failed with ``error``, an abort."""
         self._move(ClientEvent.ABORT)
-        self._unproduce(stop=True)
+        self._stop_producer()
         if error is not None and self._exchange is not None:
             self._exchange.fail(error)
         abort(self.transport)
@@ -503,7 +506,7 @@ class NodeClientProtocol(Protocol):
         keep = exchange.reusable(after) and self._body is None
         before = self._move(ClientEvent.KEEP if keep else ClientEvent.DONE)
         response = exchange.detach()
-        self._unproduce(stop=True)  # the node answered before the body was written
+        self._stop_producer()  # the node answered before the body was written
         if before is ClientState.PAUSED:
             cast(IPushProducer, self.transport).resumeProducing()
         if keep:
@@ -526,7 +529,7 @@ class NodeClientProtocol(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         before = self._move(ClientEvent.LOST)
-        self._unproduce(stop=True)
+        self._stop_producer()
         if self._exchange is not None:
             self._exchange.lost(before, reason)
         self._lost(self)

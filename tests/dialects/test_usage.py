@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nvpair_tw.core import Framing
 from nvpair_tw.dialects import Chain, UsageMeter, UsageStripper, asks_usage, renamer
 
 pytestmark = pytest.mark.timeout(60)
@@ -47,8 +48,9 @@ class Ticks:
         return self.now
 
 
-def metered(chunks: list[bytes], streaming: bool = True) -> Any:
-    meter = UsageMeter(streaming, Ticks())
+def metered(chunks: list[bytes], framing: Framing | None = Framing.SSE) -> Any:
+    """What a meter reads from ``chunks`` framed as ``framing`` (None: one JSON document)."""
+    meter = UsageMeter(framing, Ticks())
     for chunk in chunks:
         meter.feed(chunk)
     return meter.end()
@@ -66,7 +68,7 @@ def test_an_openai_streams_counts_and_first_content() -> None:
 def test_an_ollama_streams_final_object_gives_counts_and_the_engines_rate() -> None:
     final = {"done": True, "prompt_eval_count": 7, "eval_count": 40, "eval_duration": 2_000_000_000}
     chunks = ndjson({"message": {"role": "assistant", "content": "x"}, "done": False}, final)
-    usage = metered(chunks)
+    usage = metered(chunks, Framing.NDJSON)
     assert (usage.prompt_tokens, usage.completion_tokens, usage.engine_rate) == (7, 40, 20.0)
     assert usage.tokens_per_second() == 20.0
 
@@ -81,7 +83,7 @@ def test_an_ollama_final_object_gives_the_engines_prefill_rate_and_load_time() -
         "eval_count": 40,
         "eval_duration": 2_000_000_000,
     }
-    usage = metered(ndjson({"message": {"content": "x"}, "done": False}, final))
+    usage = metered(ndjson({"message": {"content": "x"}, "done": False}, final), Framing.NDJSON)
     assert (usage.engine_prefill, usage.engine_load) == (600.0, 1.25)
 
 
@@ -103,7 +105,7 @@ def test_lmstudio_v0_stats_give_the_engines_rate_and_prefill() -> None:
         "usage": {"prompt_tokens": 300, "completion_tokens": 40},
         "stats": {"tokens_per_second": 42.5, "time_to_first_token": 0.25, "generation_time": 1},
     }
-    usage = metered([json.dumps(whole).encode()], streaming=False)
+    usage = metered([json.dumps(whole).encode()], None)
     assert (usage.prompt_tokens, usage.completion_tokens) == (300, 40)
     assert (usage.engine_rate, usage.engine_prefill, usage.engine_load) == (42.5, 1200.0, None)
 
@@ -122,7 +124,7 @@ def test_lmstudio_v1_chat_states_its_counts_only_in_stats() -> None:
     """``POST /api/v1/chat`` has no ``usage``: counts, rates and load time are its ``stats``,
     whole or in the stream's ``chat.end`` result."""
     whole = {"output": [{"type": "message", "content": "hi"}], "stats": LMSTUDIO_V1_STATS}
-    said = metered([json.dumps(whole).encode()], streaming=False)
+    said = metered([json.dumps(whole).encode()], None)
     end = {"type": "chat.end", "result": whole}
     delta_event = b'event: message.delta\ndata: {"type":"message.delta","content":"hi"}\n\n'
     end_event = b"event: chat.end\ndata: " + json.dumps(end).encode() + b"\n\n"
@@ -169,12 +171,12 @@ def test_every_api_family_states_its_counts(frames: list[dict[str, Any]], counts
 
 def test_whole_answers_and_embeddings() -> None:
     whole = json.dumps({"choices": [{"message": {"content": "hi"}}], "usage": USAGE["usage"]})
-    usage = metered([whole[:10].encode(), whole[10:].encode()], streaming=False)
+    usage = metered([whole[:10].encode(), whole[10:].encode()], None)
     assert (usage.prompt_tokens, usage.completion_tokens, usage.first_content_at) == (11, 3, 1.0)
     embed = json.dumps({"embeddings": [[0.1]], "prompt_eval_count": 4}).encode()
-    assert metered([embed], streaming=False).prompt_tokens == 4
+    assert metered([embed], None).prompt_tokens == 4
     legacy = json.dumps({"embedding": [0.1]}).encode()
-    assert metered([legacy], streaming=False).prompt_tokens is None
+    assert metered([legacy], None).prompt_tokens is None
 
 
 def test_a_stream_cut_before_its_counts_leaves_them_unknown() -> None:
@@ -185,7 +187,7 @@ def test_a_stream_cut_before_its_counts_leaves_them_unknown() -> None:
 
 def test_only_the_tail_is_kept_after_the_first_content() -> None:
     """The meter's memory stays bounded on a long stream, and the counts at its end are read."""
-    meter = UsageMeter(True, Ticks())
+    meter = UsageMeter(Framing.SSE, Ticks())
     for _ in range(20_000):
         meter.feed(b'data: {"choices":[{"delta":{"content":"token"}}]}\n\n')
     for chunk in sse(USAGE):

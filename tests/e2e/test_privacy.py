@@ -22,7 +22,7 @@ from zope.interface import implementer
 
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.corridor._facade import FacadeResource
-from nvpair_tw.events import Event, read_event
+from nvpair_tw.events import Event
 from nvpair_tw.inbound._limits import make_site
 from nvpair_tw.testing import (
     Behaviour,
@@ -31,6 +31,7 @@ from nvpair_tw.testing import (
     SimulatedEngine,
     always,
 )
+from tests.helpers import proxy_request
 
 pytestmark = pytest.mark.e2e
 
@@ -175,5 +176,5 @@ def test_capture_finds_a_canary_that_is_logged(canary: str) -> None:
     """Control: the capture's rendering does contain a canary that a log event carries."""
     capture = Capture()
     capture.logs.append({"log_format": "saw {thing}", "thing": canary, "log_namespace": "x"})
-    capture.events.append(Event("proxy/request", read_event("proxy/request", {"error": "x"}), 0.0))
+    capture.events.append(Event("proxy/request", proxy_request(error="x"), 0.0))
     assert any(canary in text for text in capture.texts())

@@ -106,3 +106,13 @@ def test_own_counts_go_out_once_per_burst_and_again_on_every_refresh() -> None:
     clock.advance(RESERVATION_BATCH)
     shared.beat()
     assert len(writes) == 2
+
+
+def test_a_burst_that_ends_where_it_began_publishes_nothing() -> None:
+    clock, writes = Clock(), list[Command]()
+    shared = SharedReservations(clock, Codec("me", "ns"), writes.append, lambda: True)  # type: ignore[arg-type]
+    ledger = ReservationLedger()
+    shared.bind(ledger)
+    ledger.release(ledger.reserve("n0"))
+    clock.advance(RESERVATION_BATCH)
+    assert writes == []

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import pytest_twisted
 
-from nvpair_tw.events import PROXY_REQUEST
+from nvpair_tw.events import ProxyRequest
 from nvpair_tw.fleet._store import FleetStore
 from nvpair_tw.usage._minutes import parse_report
 from nvpair_tw.usage._recorder import UsageRecorder
 from tests.fleet.test_store import RedisServer, _wait_sync, store_up
-from tests.helpers import eventually
+from tests.helpers import eventually, proxy_request
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,15 +28,10 @@ def redis() -> Iterator[RedisServer]:
     server.kill()
 
 
-def inference(node: str) -> dict[str, Any]:
-    return {
-        "model": "llama3",
-        "key": "team-a",
-        "node_id": node,
-        "status": 200,
-        "prompt_tokens": 2,
-        "completion_tokens": 3,
-    }
+def inference(node: str) -> ProxyRequest:
+    return proxy_request(
+        model="llama3", key="team-a", node_id=node, status=200, prompt_tokens=2, completion_tokens=3
+    )
 
 
 @pytest_twisted.ensureDeferred
@@ -56,9 +51,9 @@ async def test_a_report_covers_the_fleet_and_falls_back_to_local(
     try:
         for fleet in stores:
             await eventually(reactor, store_up(fleet), 5.0, "store connected")
-        buses[0].publish(PROXY_REQUEST, inference("n1"))
-        buses[1].publish(PROXY_REQUEST, inference("n2"))
-        buses[1].publish(PROXY_REQUEST, inference("n2"))
+        buses[0].publish(inference("n1"))
+        buses[1].publish(inference("n2"))
+        buses[1].publish(inference("n2"))
         for recorder in recorders:
             await recorder.flush()
         report = parse_report("1h", None, ["node"], reactor.seconds())
@@ -82,7 +77,7 @@ async def test_a_report_covers_the_fleet_and_falls_back_to_local(
         assert "usage" in redis.cli("--scan")
         redis.kill()
         await eventually(reactor, lambda: not stores[0].up, 5.0, "store away")
-        buses[0].publish(PROXY_REQUEST, inference("n1"))  # never fails, counted locally
+        buses[0].publish(inference("n1"))  # never fails, counted locally
         local = await recorders[0].report(report)
         assert local["scope"] == "local"
         assert [(r["node"], r["requests"]) for r in local["rows"]] == [("n1", 2)]

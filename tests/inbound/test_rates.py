@@ -250,6 +250,21 @@ def test_fleet_concurrency_is_released_only_when_the_store_counted_it() -> None:
     assert limiter.in_flight("alice") == 0
 
 
+def test_the_release_of_an_acquire_the_store_missed_is_not_sent() -> None:
+    store = Counters()
+    limiter = RateLimiter(Clock(), store)
+    alice = caller(max_concurrent=3)
+    held = permit(limiter, alice)
+    store.answer_all()
+    lost = permit(limiter, alice)
+    store.fail_all()
+    lost.done(None)
+    assert store.waiting == []  # the store never counted it: nothing to give back
+    held.done(None)
+    store.answer_all()
+    assert store.totals["limit:conc:alice"] == 0
+
+
 def test_a_peers_requests_in_flight_count_against_max_concurrent() -> None:
     store = Counters()
     limiter = RateLimiter(Clock(), store)
@@ -303,6 +318,41 @@ def test_a_release_the_store_missed_is_given_back_with_the_next_change() -> None
     p.done(None)
     store.answer_all()
     assert store.totals["limit:conc:alice"] == 0
+
+
+def test_releases_a_change_carried_are_owed_again_when_the_store_misses_it() -> None:
+    store = Counters()
+    limiter = RateLimiter(Clock(), store)
+    alice = caller(max_concurrent=10)
+    held = [permit(limiter, alice) for _ in range(3)]
+    store.answer_all()
+    store.up = False
+    for p in held:
+        p.done(None)  # owed: the store is away
+    store.up = True
+    lost = permit(limiter, alice)  # carries the three releases
+    store.fail_all()  # missed: still owed, and this acquire never counted
+    p = permit(limiter, alice)
+    store.answer_all()
+    assert store.totals["limit:conc:alice"] == 1  # 3, +1, and the three owed
+    lost.done(None)
+    p.done(None)
+    store.answer_all()
+    assert store.totals["limit:conc:alice"] == 0
+
+
+def test_with_the_store_away_the_fleets_last_minute_total_is_set_aside() -> None:
+    """Down, the last total the store gave for the minute no longer counts: this proxy's own
+    requests do."""
+    store = Counters()
+    limiter = RateLimiter(Clock(), store)
+    alice = caller(requests_per_minute=3)
+    store.totals["limit:rpm:alice:0"] = 5  # peers' requests
+    permit(limiter, alice)
+    store.answer_all()  # the fleet: 6
+    refusal(limiter, alice)
+    store.up = False
+    permit(limiter, alice)  # 2 of 3 here
 
 
 def test_a_failing_store_never_refuses_or_raises() -> None:

@@ -20,7 +20,14 @@ from twisted.web.test.requesthelper import DummyRequest
 
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.core._resolved import Settings
-from nvpair_tw.events import EventBus
+from nvpair_tw.events import (
+    Attempt,
+    EventBus,
+    NodeCooldown,
+    NodeCooldownEnded,
+    NodeUncordon,
+    ProxyRequest,
+)
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import (
     AdminService,
@@ -36,6 +43,7 @@ from nvpair_tw.runtime._process import Runtime, build_runtime
 from nvpair_tw.selection._admission import Slot, Waiter
 from nvpair_tw.selection._speed import Sample
 from nvpair_tw.testing import start_proxy
+from tests.helpers import proxy_request
 
 STATIC = ("llama3:latest",)
 
@@ -142,18 +150,14 @@ def test_state_snapshot_shows_nodes_cooldowns_in_flight_and_failovers() -> None:
     workload = runtime.shared.workloads.create("ollama", "llama3")
     workload.running("a")
     runtime.shared.bus.publish(
-        "proxy/request",
-        {
-            "id": "r-9",
-            "engine": "ollama",
-            "node_id": "a",
-            "path": "/api/chat",
-            "status": 200,
-            "attempts": [
-                {"node_id": "b", "outcome": "stall", "ms": 120000},
-                {"node_id": "a", "outcome": "committed", "ms": 5},
-            ],
-        },
+        proxy_request(
+            id="r-9",
+            engine="ollama",
+            node_id="a",
+            path="/api/chat",
+            status=200,
+            attempts=(Attempt("b", "stall", 120000), Attempt("a", "committed", 5)),
+        )
     )
     code, _, body = _get(client, "/api/state")
     state = json.loads(body)
@@ -218,20 +222,20 @@ def test_state_snapshot_shows_slots_queue_depth_busy_waits_and_residency() -> No
     assert ollama["queueDepth"] == 0 and ollama["nodes"][0]["slotsInUse"] == 0
 
 
-def _inference(node: str, completion: object, engine: str = "ollama") -> dict[str, Any]:
-    return {
-        "id": "r",
-        "engine": engine,
-        "node_id": node,
-        "path": "/api/chat",
-        "status": 200,
-        "attempts": [{"node_id": node, "outcome": "committed", "ms": 5}],
-        "model": "llama3",
-        "prompt_tokens": 7,
-        "completion_tokens": completion,
-        "tokens_per_s": 40.0,
-        "duration_ms": 500,
-    }
+def _inference(node: str, completion: int | None, engine: str = "ollama") -> ProxyRequest:
+    return proxy_request(
+        id="r",
+        engine=engine,
+        node_id=node,
+        path="/api/chat",
+        status=200,
+        attempts=(Attempt(node, "committed", 5),),
+        model="llama3",
+        prompt_tokens=7,
+        completion_tokens=completion,
+        tokens_per_s=40.0,
+        duration_ms=500,
+    )
 
 
 def test_state_throughput_counts_completion_tokens_per_node_in_10s_buckets() -> None:
@@ -241,14 +245,13 @@ def test_state_throughput_counts_completion_tokens_per_node_in_10s_buckets() -> 
     clock, runtime = _runtime([Node("a", "http://127.0.0.1:1", STATIC), Node("b", "http://x:1")])
     client = _client(runtime)
     bus = runtime.shared.bus
-    bus.publish("proxy/request", _inference("a", 120))
+    bus.publish(_inference("a", 120))
     clock.advance(3)  # 1_700_000_003: still the bucket starting at ..._000
-    bus.publish("proxy/request", _inference("a", 30))
+    bus.publish(_inference("a", 30))
     clock.advance(10)  # ..._013: the next bucket
-    bus.publish("proxy/request", _inference("b", 50))
-    bus.publish("proxy/request", _inference("b", None))  # an engine that gave no counts
-    bus.publish("proxy/request", _inference("b", True))  # not a count
-    bus.publish("proxy/request", {"id": "m", "engine": "ollama", "node_id": "a", "status": 200})
+    bus.publish(_inference("b", 50))
+    bus.publish(_inference("b", None))  # an engine that gave no counts
+    bus.publish(proxy_request(id="m", engine="ollama", node_id="a", status=200))
     _, _, body = _get(client, "/api/state")
     throughput = json.loads(body)["throughput"]
     assert throughput["bucketSeconds"] == 10
@@ -269,7 +272,7 @@ def test_throughput_drops_buckets_older_than_15_minutes() -> None:
     clock, runtime = _runtime([Node("a", "http://127.0.0.1:1", STATIC)])
     board = StatusBoard(runtime)
     bus = runtime.shared.bus
-    bus.publish("proxy/request", _inference("a", 100))
+    bus.publish(_inference("a", 100))
     clock.advance(890)  # the bucket of t=0 is the oldest of the window
     [a] = board.state(lambda _e: True)["throughput"]["series"]
     assert a["points"][0][1] == 10.0
@@ -278,8 +281,8 @@ def test_throughput_drops_buckets_older_than_15_minutes() -> None:
     assert board.throughput.kept() == 0
     for _ in range(1000):
         clock.advance(5)
-        bus.publish("proxy/request", _inference("a", 1))
-        bus.publish("proxy/request", _inference("b", 1, engine="openai"))
+        bus.publish(_inference("a", 1))
+        bus.publish(_inference("b", 1, engine="openai"))
     assert board.throughput.kept() == 2 * 90
     board.close()
 
@@ -361,9 +364,10 @@ def test_each_bus_event_is_one_sse_frame() -> None:
         b"text/event-stream; charset=utf-8"
     ]
     request.written.clear()
-    bus.publish("node/cooldown", {"engine": "ollama", "node_id": "a", "reason": "r\nx"})
+    bus.publish(NodeCooldown("ollama", "a", "r\nx", 5))
     assert request.written == [
-        b'event: node/cooldown\ndata: {"engine":"ollama","node_id":"a","reason":"r\\nx"}\n\n'
+        b"event: node/cooldown\n"
+        b'data: {"engine":"ollama","node_id":"a","reason":"r\\nx","coolingUntil":5}\n\n'
     ]
 
 
@@ -372,11 +376,14 @@ def test_paused_stream_queues_events_and_resumes_in_order() -> None:
     _, bus, request, _ = _stream()
     request.written.clear()
     request.producer.pauseProducing()
-    bus.publish("one", {})
-    bus.publish("two", {})
+    bus.publish(NodeUncordon("ollama", "one"))
+    bus.publish(NodeUncordon("ollama", "two"))
     assert request.written == []
     request.producer.resumeProducing()
-    assert [w.split(b"\n")[0] for w in request.written] == [b"event: one", b"event: two"]
+    assert [w.split(b"\n")[1] for w in request.written] == [
+        b'data: {"engine":"ollama","node_id":"one"}',
+        b'data: {"engine":"ollama","node_id":"two"}',
+    ]
 
 
 def test_stream_that_falls_behind_is_dropped_and_disconnected() -> None:
@@ -384,7 +391,7 @@ def test_stream_that_falls_behind_is_dropped_and_disconnected() -> None:
     _, bus, request, stream = _stream(max_pending=3)
     request.producer.pauseProducing()
     for i in range(4):
-        bus.publish(f"e{i}", {})
+        bus.publish(NodeUncordon("ollama", f"e{i}"))
     assert request.transport.disconnecting or request.transport.disconnected  # type: ignore[attr-defined]
     assert bus.subscriptions == ()
     assert stream.state is StreamState.CLOSED
@@ -456,7 +463,7 @@ async def test_events_endpoint_streams_bus_events_over_http(reactor: Any) -> Non
         response.deliverBody(frames)
         await frames.wait_for(b"retry: 3000\n\n")
         assert len(admin.streams) == 1
-        proxy.runtime.shared.bus.publish("node/cooldown-ended", {"node_id": "a", "why": "expired"})
+        proxy.runtime.shared.bus.publish(NodeCooldownEnded("ollama", "a", "expired"))
         await frames.wait_for(b"event: node/cooldown-ended\n")
         ready = await treq.client.HTTPClient(Agent(reactor, pool=pool)).get(
             f"http://127.0.0.1:{port}/readyz"

@@ -33,6 +33,7 @@ from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed
 
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.core._resolved import Settings
+from nvpair_tw.events import NodeCooldown, NodeCordon, NodeUncordon
 from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._control import (
@@ -469,14 +470,12 @@ def test_over_long_line_is_refused_and_the_connection_closed() -> None:
 
 
 def test_events_are_sent_as_notifications() -> None:
-    """A forwarded bus event arrives as a JSON-RPC notification; others are not sent."""
+    """A forwarded bus event arrives as a JSON-RPC notification, its wire object the params."""
     factory, _, transport = _connected()
     bus = factory.runtime.shared.bus
-    bus.publish("node/cooldown", {"node_id": "a", "coolingUntil": 5})
-    bus.publish("private/thing", {"x": 1})
-    assert _lines(transport) == [
-        {"jsonrpc": "2.0", "method": "node/cooldown", "params": {"node_id": "a", "coolingUntil": 5}}
-    ]
+    bus.publish(NodeCooldown("ollama", "a", "stall", 5))
+    params = {"engine": "ollama", "node_id": "a", "reason": "stall", "coolingUntil": 5}
+    assert _lines(transport) == [{"jsonrpc": "2.0", "method": "node/cooldown", "params": params}]
 
 
 def test_paused_transport_queues_events_and_stops_reading() -> None:
@@ -487,11 +486,11 @@ def test_paused_transport_queues_events_and_stops_reading() -> None:
     assert transport.producerState == "paused"
     bus = factory.runtime.shared.bus
     for n in range(3):
-        bus.publish("node/n", {"n": n})
+        bus.publish(NodeUncordon("ollama", str(n)))
     assert transport.value() == b""
     protocol.resumeProducing()
     assert transport.producerState == "producing"
-    assert [m["params"]["n"] for m in _lines(transport)] == [0, 1, 2]
+    assert [m["params"]["node_id"] for m in _lines(transport)] == ["0", "1", "2"]
 
 
 def test_client_that_never_drains_is_dropped_past_the_bound() -> None:
@@ -501,7 +500,7 @@ def test_client_that_never_drains_is_dropped_past_the_bound() -> None:
     subscribers = len(bus.subscriptions)
     protocol.pauseProducing()
     for n in range(5):
-        bus.publish("node/n", {"n": n})
+        bus.publish(NodeUncordon("ollama", str(n)))
     assert transport.disconnected
     assert len(bus.subscriptions) == subscribers - 1
     protocol.connectionLost(Failure(connectionDone))
@@ -863,14 +862,14 @@ async def test_client_that_never_reads_is_dropped_without_affecting_requests(rea
                 break
             for _ in range(3):
                 published += 1
-                bus.publish("node/blob", {"n": published, "blob": blob})
+                bus.publish(NodeCordon("ollama", str(published), blob, None, "control"))
             await deferLater(reactor, 0, lambda: None)
         assert len(bus.subscriptions) == before - 1
         assert len(h.factory.connections) <= 2
         assert await h.generate() == (200, "a")
         await reader.event("proxy/request")
-        seen = [m["params"]["n"] for m in reader.messages if m.get("method") == "node/blob"]
-        assert seen == list(range(1, published + 1))
+        seen = [m["params"]["node_id"] for m in reader.messages if m.get("method") == "node/cordon"]
+        assert seen == [str(n) for n in range(1, published + 1)]
         stuck.transport.resumeProducing()  # type: ignore[union-attr]
         await stuck.lost
         assert len(h.factory.connections) == 1

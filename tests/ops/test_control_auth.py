@@ -21,6 +21,7 @@ from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, UNIXClientEndpoint, connectProtocol
 from twisted.internet.testing import StringTransport
 
+from nvpair_tw.events import NodeCooldown
 from nvpair_tw.nodes._guard import SelfGuard
 from nvpair_tw.ops._control import (
     INVALID_PARAMS,
@@ -156,13 +157,14 @@ def test_nothing_is_sent_before_auth_and_events_flow_after_it() -> None:
     factory, protocol, transport = _connected()
     bus = factory.runtime.shared.bus
     subscribers = len(bus.subscriptions)
-    bus.publish("node/cooldown", {"node_id": "a"})
+    bus.publish(NodeCooldown("ollama", "a", "stall", 5))
     assert transport.value() == b"" and len(bus.subscriptions) == subscribers
     protocol.dataReceived(_line(AUTH))
-    bus.publish("node/cooldown", {"node_id": "b"})
+    after = NodeCooldown("ollama", "b", "stall", 5)
+    bus.publish(after)
     assert _lines(transport) == [
         {"jsonrpc": "2.0", "id": 0, "result": {"authenticated": True}},
-        {"jsonrpc": "2.0", "method": "node/cooldown", "params": {"node_id": "b"}},
+        {"jsonrpc": "2.0", "method": "node/cooldown", "params": after.to_json()},
     ]
     assert not transport.disconnecting
 
@@ -259,14 +261,15 @@ async def test_over_tcp_the_first_bytes_on_the_socket_are_the_auth_answer(
     client = await _tcp_client(reactor, listen(factory))
     await made
     for n in range(3):
-        runtime.shared.bus.publish("node/cooldown", {"n": n})
+        runtime.shared.bus.publish(NodeCooldown("ollama", str(n), "stall", 5))
     client.send(AUTH)
     await client.wait_for(lambda m: m.get("id") == 0)
-    runtime.shared.bus.publish("node/cooldown", {"n": 3})
+    after = NodeCooldown("ollama", "3", "stall", 5)
+    runtime.shared.bus.publish(after)
     await client.wait_for(lambda m: m.get("method") == "node/cooldown")
     assert client.messages == [
         {"jsonrpc": "2.0", "id": 0, "result": {"authenticated": True}},
-        {"jsonrpc": "2.0", "method": "node/cooldown", "params": {"n": 3}},
+        {"jsonrpc": "2.0", "method": "node/cooldown", "params": after.to_json()},
     ]
     assert [n["id"] for n in (await client.result("nodes/list"))["nodes"]] == ["a"]
     assert client.transport is not None

@@ -17,7 +17,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.core._resolved import Settings
-from nvpair_tw.events import Attempt, ProxyRequest
+from nvpair_tw.events import Attempt, NodeCooldown, NodeCooldownEnded, ProxyRequest
 from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import AdminService, StatusBoard
@@ -33,6 +33,7 @@ from nvpair_tw.testing import (
     start_engine,
     start_proxy,
 )
+from tests.helpers import proxy_request
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -71,7 +72,7 @@ def value(scraped: Samples, name: str, **labels: str) -> float | None:
     return scraped.get((name, frozenset(labels.items())))
 
 
-def _request(**fields: Any) -> dict[str, Any]:
+def _request(**fields: Any) -> ProxyRequest:
     record: dict[str, Any] = {
         "id": "r-1",
         "engine": "ollama",
@@ -81,12 +82,10 @@ def _request(**fields: Any) -> dict[str, Any]:
         "status": 200,
         "duration_ms": 1500,
         "ttfb_ms": 700,
-        "error": None,
-        "attempts": [{"node_id": "b", "outcome": "committed", "ms": 700}],
-        "cache_affinity": False,
+        "attempts": (Attempt("b", "committed", 700),),
     }
     record.update(fields)
-    return record
+    return proxy_request(**record)
 
 
 def test_a_fan_out_counts_each_node_part_as_an_attempt_and_no_failover() -> None:
@@ -95,15 +94,11 @@ def test_a_fan_out_counts_each_node_part_as_an_attempt_and_no_failover() -> None
     _, runtime = _runtime()
     metrics = ProxyMetrics(runtime)
     runtime.shared.bus.publish(
-        "proxy/request",
         _request(
             path="/api/pull",
             node_id=None,
-            fan_out=["a", "b"],
-            attempts=[
-                {"node_id": "a", "outcome": "committed", "ms": 5},
-                {"node_id": "b", "outcome": "committed", "ms": 3},
-            ],
+            fan_out=("a", "b"),
+            attempts=(Attempt("a", "committed", 5), Attempt("b", "committed", 3)),
         ),
     )
     scraped = samples(metrics.exposition().decode())
@@ -120,15 +115,9 @@ def test_request_with_two_attempts_counts_one_failover_and_each_attempt() -> Non
     _, runtime = _runtime()
     metrics = ProxyMetrics(runtime)
     runtime.shared.bus.publish(
-        "proxy/request",
-        _request(
-            attempts=[
-                {"node_id": "a", "outcome": "stall", "ms": 500},
-                {"node_id": "b", "outcome": "committed", "ms": 3},
-            ]
-        ),
+        _request(attempts=(Attempt("a", "stall", 500), Attempt("b", "committed", 3)))
     )
-    runtime.shared.bus.publish("proxy/request", _request(id="r-2"))
+    runtime.shared.bus.publish(_request(id="r-2"))
     scraped = samples(metrics.exposition().decode())
     assert value(scraped, "nvpair_failovers_total", engine="ollama") == 1
     assert value(scraped, "nvpair_stalls_total", engine="ollama", node="a") == 1
@@ -147,12 +136,8 @@ def test_first_body_timeout_is_a_stall_but_a_5xx_is_not() -> None:
     _, runtime = _runtime()
     metrics = ProxyMetrics(runtime)
     runtime.shared.bus.publish(
-        "proxy/request",
         _request(
-            attempts=[
-                {"node_id": "a", "outcome": "first-body-timeout", "ms": 500},
-                {"node_id": "b", "outcome": "status-503", "ms": 3},
-            ],
+            attempts=(Attempt("a", "first-body-timeout", 500), Attempt("b", "status-503", 3)),
             status=503,
         ),
     )
@@ -166,8 +151,8 @@ def test_routes_are_labelled_by_kind_not_by_raw_path() -> None:
     _, runtime = _runtime()
     metrics = ProxyMetrics(runtime)
     bus = runtime.shared.bus
-    bus.publish("proxy/request", _request(method="GET", path="/api/tags", attempts=[]))
-    bus.publish("proxy/request", _request(method="GET", path="/api/version/x1", status=404))
+    bus.publish(_request(method="GET", path="/api/tags", attempts=()))
+    bus.publish(_request(method="GET", path="/api/version/x1", status=404))
     scraped = samples(metrics.exposition().decode())
     assert (
         value(scraped, "nvpair_requests_total", engine="ollama", route="model-list", status="200")
@@ -183,8 +168,8 @@ def test_latency_histograms_observe_seconds() -> None:
     """duration_ms and ttfb_ms land in the histograms in seconds; a missing ttfb is not observed."""
     _, runtime = _runtime()
     metrics = ProxyMetrics(runtime)
-    runtime.shared.bus.publish("proxy/request", _request(duration_ms=1500, ttfb_ms=700))
-    runtime.shared.bus.publish("proxy/request", _request(duration_ms=20, ttfb_ms=None, status=502))
+    runtime.shared.bus.publish(_request(duration_ms=1500, ttfb_ms=700))
+    runtime.shared.bus.publish(_request(duration_ms=20, ttfb_ms=None, status=502))
     scraped = samples(metrics.exposition().decode())
     labels = {"engine": "ollama", "route": "inference"}
     assert value(scraped, "nvpair_request_duration_seconds_sum", **labels) == 1.52
@@ -199,10 +184,10 @@ def test_affinity_hits_and_totals() -> None:
     _, runtime = _runtime()
     metrics = ProxyMetrics(runtime)
     bus = runtime.shared.bus
-    bus.publish("proxy/request", _request(cache_affinity=True))
-    bus.publish("proxy/request", _request(cache_affinity=False))
-    bus.publish("proxy/request", _request(path="/api/embed"))  # not an affinity route
-    bus.publish("proxy/request", _request(node_id=None, status=502))  # never reached a node
+    bus.publish(_request(cache_affinity=True))
+    bus.publish(_request(cache_affinity=False))
+    bus.publish(_request(path="/api/embed"))  # not an affinity route
+    bus.publish(_request(node_id=None, status=502))  # never reached a node
     scraped = samples(metrics.exposition().decode())
     assert value(scraped, "nvpair_affinity_hits_total", engine="ollama") == 1
     assert value(scraped, "nvpair_affinity_requests_total", engine="ollama") == 2
@@ -213,10 +198,8 @@ def test_cooldowns_and_terminal_workloads_are_counted_from_events() -> None:
     _, runtime = _runtime()
     metrics = ProxyMetrics(runtime)
     bus = runtime.shared.bus
-    bus.publish(
-        "node/cooldown", {"engine": "ollama", "node_id": "a", "reason": "x", "coolingUntil": 1}
-    )
-    bus.publish("node/cooldown-ended", {"engine": "ollama", "node_id": "a", "why": "success"})
+    bus.publish(NodeCooldown("ollama", "a", "x", 1))
+    bus.publish(NodeCooldownEnded("ollama", "a", "success"))
     workload = runtime.shared.workloads.create("ollama", "llama3")
     workload.running("a")
     workload.cancel("client disconnected")
@@ -340,7 +323,7 @@ def test_registry_is_per_runtime_and_never_the_global_one() -> None:
     _, one = _runtime()
     _, two = _runtime()
     first, second = ProxyMetrics(one), ProxyMetrics(two)
-    one.shared.bus.publish("proxy/request", _request())
+    one.shared.bus.publish(_request())
     assert first.registry is not second.registry
     assert value(samples(first.exposition().decode()), "nvpair_failovers_total") is None
     scraped_two = samples(second.exposition().decode())
@@ -358,7 +341,7 @@ def test_close_stops_counting() -> None:
     _, runtime = _runtime()
     metrics = ProxyMetrics(runtime)
     metrics.close()
-    runtime.shared.bus.publish("proxy/request", _request())
+    runtime.shared.bus.publish(_request())
     scraped = samples(metrics.exposition().decode())
     assert (
         value(scraped, "nvpair_requests_total", engine="ollama", route="inference", status="200")
@@ -433,10 +416,10 @@ def test_tokens_first_token_rate_and_queue_are_observed_with_bounded_labels() ->
         "tokens_per_s": 25.0,
         "queued_ms": 1500,
     }
-    runtime.shared.bus.publish("proxy/request", _request(**llm))
-    runtime.shared.bus.publish("proxy/request", _request(**{**llm, "model": "made-up-123"}))
+    runtime.shared.bus.publish(_request(**llm))
+    runtime.shared.bus.publish(_request(**{**llm, "model": "made-up-123"}))
     unknown = {**llm, "prompt_tokens": None, "completion_tokens": None, "tokens_per_s": None}
-    runtime.shared.bus.publish("proxy/request", _request(**unknown))
+    runtime.shared.bus.publish(_request(**unknown))
     scraped = samples(metrics.exposition().decode())
     where = {"engine": "ollama", "node": "b", "key": "alice"}
     assert value(scraped, "nvpair_tokens_total", model="llama3:latest", type="prompt", **where) == 7
@@ -464,8 +447,8 @@ def test_learnt_rates_and_the_prediction_error_are_exposed() -> None:
         "b", "llama3", Sample(decode_rate=57.7, prefill_rate=900)
     )
     record = {"model": "llama3:latest", "predicted_ms": 1000, "measured_ms": 1200}
-    runtime.shared.bus.publish("proxy/request", _request(**record))
-    runtime.shared.bus.publish("proxy/request", _request(model="llama3:latest"))
+    runtime.shared.bus.publish(_request(**record))
+    runtime.shared.bus.publish(_request(model="llama3:latest"))
     scraped = samples(metrics.exposition().decode())
     per = {"engine": "ollama", "node": "b", "model": "llama3"}
     assert value(scraped, "nvpair_node_decode_tokens_per_second", **per) == 57.7

@@ -23,6 +23,7 @@ from nvpair_tw.nodes._directory import Node
 from nvpair_tw.selection._admission import (
     QUEUE_FULL,
     Admission,
+    Cordons,
     QueueTimeout,
     Slot,
     Waiter,
@@ -126,6 +127,24 @@ def test_a_waiter_binds_to_the_node_that_frees_a_slot_in_fifo_order() -> None:
     assert [_slot(s).node_id for s in got_second] == ["a"]
     assert admission.queue_depth == 0
     assert clock.getDelayedCalls() == []  # every bound waiter's timeout was cancelled
+
+
+def test_a_slot_freed_on_a_node_cordoned_meanwhile_binds_only_a_waiter_that_named_it() -> None:
+    """docs/behaviour.md §13.1: a node cordoned while requests wait for it takes none of the ones
+    the proxy placed there; the one the client named (``X-NVPair-Node``) still binds to it."""
+    clock = Clock()
+    a = _node("a", 1)
+    cordoned: set[str] = set()
+    limit = slot_limit({"a": a}.get, 0)
+    admission = Admission(clock, limit, 256, 600.0, accepts=lambda n: n not in cordoned)
+    held = _slot(admission.admit([a]))
+    placed = _outcome(_waiter(admission.admit([a])))
+    named = _outcome(_waiter(admission.admit([a], cordons=Cordons.WAIVED)))
+    cordoned.add("a")
+    held.release()
+    assert placed == []
+    assert [_slot(s).node_id for s in named] == ["a"]
+    assert admission.queue_depth == 1
 
 
 def test_queue_full_answers_at_once_and_keeps_nothing() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from twisted.python import usage
 
-from nvpair_tw.events import ProxyRequest
+from nvpair_tw.events import Attempt, ProxyRequest
 from nvpair_tw.tap import Options
 from nvpair_tw.traces import SpanCounts, traces_url
 from nvpair_tw.traces._attributes import (
@@ -18,11 +18,13 @@ from nvpair_tw.traces._attributes import (
     request_attributes,
     span_name,
 )
+from tests.helpers import proxy_request
 
 pytestmark = pytest.mark.timeout(30)
 
 
 def record(**fields: Any) -> ProxyRequest:
+    """A request record of the wire-shaped ``fields`` (attempts as objects), over a served chat."""
     base: dict[str, Any] = {
         "id": "run-1",
         "engine": "ollama",
@@ -36,7 +38,11 @@ def record(**fields: Any) -> ProxyRequest:
         "cache_affinity": False,
         "queued_ms": 0,
     }
-    return ProxyRequest.from_json({**base, **fields})
+    given = {**base, **fields}
+    given["attempts"] = tuple(Attempt(**attempt) for attempt in given["attempts"])
+    if given.get("fan_out") is not None:
+        given["fan_out"] = tuple(given["fan_out"])
+    return proxy_request(**given)
 
 
 INFERENCE = {

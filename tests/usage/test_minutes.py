@@ -7,7 +7,6 @@ from datetime import UTC, datetime
 
 import pytest
 
-from nvpair_tw.events import ProxyRequest
 from nvpair_tw.usage._minutes import (
     ANONYMOUS,
     Report,
@@ -19,6 +18,7 @@ from nvpair_tw.usage._minutes import (
     parse_span,
     rollup,
 )
+from tests.helpers import proxy_request
 
 NOW = datetime(2026, 12, 1, 13, 17, 30, tzinfo=UTC).timestamp()
 
@@ -33,7 +33,7 @@ def test_an_inference_counts_in_its_utc_minute_with_known_tokens() -> None:
         "prompt_tokens": 7,
         "completion_tokens": 11,
     }
-    bucket, counts = counts_of(NOW, ProxyRequest.from_json(payload))  # type: ignore[misc]
+    bucket, counts = counts_of(NOW, proxy_request(**payload))  # type: ignore[misc]
     assert bucket == UsageKey(int(NOW // 60), "team-a", "llama3", "n1")
     assert minute_iso(bucket.minute) == "2026-12-01T13:17:00Z"
     assert counts == [1, 0, 7, 11, 0]
@@ -43,14 +43,14 @@ def test_unknown_counts_are_not_zero_and_errors_are_4xx_5xx_499() -> None:
     """None tokens count as unknown (and add nothing); a missing key is anonymous, a missing node empty."""
     for status, errored in [(200, 0), (404, 1), (499, 1), (502, 1), (None, 1)]:
         payload = {"model": "m", "status": status, "prompt_tokens": 3, "completion_tokens": None}
-        bucket, counts = counts_of(NOW, ProxyRequest.from_json(payload))  # type: ignore[misc]
+        bucket, counts = counts_of(NOW, proxy_request(**payload))  # type: ignore[misc]
         assert bucket.key == ANONYMOUS and bucket.node == ""
         assert counts == [1, errored, 3, 0, 1]
 
 
 def test_a_record_without_a_model_is_not_usage() -> None:
     """Model lists, health checks and refusals before routing name no model."""
-    assert counts_of(NOW, ProxyRequest.from_json({"status": 200, "path": "/api/tags"})) is None
+    assert counts_of(NOW, proxy_request(status=200, path="/api/tags")) is None
 
 
 def test_spans_take_go_durations_and_days() -> None:

@@ -15,19 +15,26 @@ from twisted.internet.task import Clock, deferLater
 from twisted.logger import ILogObserver, LogEvent, LogLevel, globalLogPublisher
 from zope.interface import provider
 
-from nvpair_tw.events import PROXY_REQUEST, WORKLOAD_COMPLETED, EventBus, ProxyRequest
+from nvpair_tw.events import (
+    EventBus,
+    ProxyRequest,
+    WorkloadCompleted,
+    WorkloadInfo,
+    WorkloadState,
+)
 from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.usage._buffer import UsageBuffer
 from nvpair_tw.usage._database import SCHEMA_VERSION
 from nvpair_tw.usage._minutes import UsageKey, parse_report
 from nvpair_tw.usage._recorder import FLUSH_INTERVAL, PRUNE_INTERVAL, UsageRecorder
 from nvpair_tw.usage._storage import Storage
+from tests.helpers import proxy_request
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def inference(**fields: Any) -> dict[str, Any]:
-    payload: dict[str, Any] = {
+def inference(**fields: Any) -> ProxyRequest:
+    record: dict[str, Any] = {
         "model": "llama3",
         "key": "team-a",
         "node_id": "n1",
@@ -35,8 +42,8 @@ def inference(**fields: Any) -> dict[str, Any]:
         "prompt_tokens": 3,
         "completion_tokens": 5,
     }
-    payload.update(fields)
-    return payload
+    record.update(fields)
+    return proxy_request(**record)
 
 
 class Warnings:
@@ -92,17 +99,15 @@ async def test_minutes_are_written_in_one_batch_and_survive_a_restart(
     second_bus = bus
     first_bus = first._subscription._bus  # type: ignore[union-attr]
     for _ in range(3):
-        first_bus.publish(PROXY_REQUEST, inference())
-    first_bus.publish(
-        PROXY_REQUEST, inference(status=502, prompt_tokens=None, completion_tokens=None)
-    )
-    first_bus.publish(PROXY_REQUEST, {"status": 200, "path": "/api/tags"})  # not an inference
+        first_bus.publish(inference())
+    first_bus.publish(inference(status=502, prompt_tokens=None, completion_tokens=None))
+    first_bus.publish(proxy_request(status=200, path="/api/tags"))  # not an inference
     await first.stop()
     assert stored(path) == [("team-a", "llama3", "n1", 4, 1, 9, 15, 1)]
 
     second = UsageRecorder(reactor, second_bus, path=str(path))
     await second.start()
-    bus.publish(PROXY_REQUEST, inference(key=None))
+    bus.publish(inference(key=None))
     [row] = await totals(second, reactor)
     assert (row["requests"], row["errors"], row["prompt_tokens"]) == (5, 1, 12)
     by_key = await totals(second, reactor, ["key"])
@@ -123,11 +128,11 @@ async def test_a_report_counts_unsaved_and_in_flight_minutes_once(
     bus = EventBus(reactor)
     recorder = UsageRecorder(reactor, bus, path=str(tmp_path / "u.sqlite3"))
     await recorder.start()
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     await recorder.flush()
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     writing = recorder.flush()  # in flight now
-    bus.publish(PROXY_REQUEST, inference())  # unsaved
+    bus.publish(inference())  # unsaved
     [row] = await totals(recorder, reactor)
     assert row["requests"] == 3
     await writing
@@ -177,10 +182,10 @@ async def test_an_unusable_database_is_one_warning_and_usage_stays_in_memory(
     bus = EventBus(reactor)
     with Warnings() as warnings:
         recorder = UsageRecorder(reactor, bus, path=str(path))
-        bus.publish(PROXY_REQUEST, inference())  # while opening
+        bus.publish(inference())  # while opening
         await recorder.start()
         for _ in range(3):
-            bus.publish(PROXY_REQUEST, inference())
+            bus.publish(inference())
             await recorder.flush()
         [row] = await totals(recorder, reactor)
         await recorder.stop()
@@ -206,9 +211,9 @@ async def test_a_write_that_fails_later_moves_its_minutes_to_memory(
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE usage")
     with Warnings() as warnings:
-        bus.publish(PROXY_REQUEST, inference())
+        bus.publish(inference())
         await recorder.flush()
-        bus.publish(PROXY_REQUEST, inference())
+        bus.publish(inference())
         await recorder.flush()
     assert recorder.state is Storage.MEMORY and len(warnings.events) == 1
     [row] = await totals(recorder, reactor)
@@ -221,11 +226,11 @@ def test_without_a_database_or_fleet_no_timer_is_ever_armed() -> None:
     clock = Clock()
     bus = EventBus(clock)
     recorder = UsageRecorder(clock, bus, path=None)  # type: ignore[arg-type]
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     assert clock.getDelayedCalls() == []
     assert sum(c[0] for c in recorder.buffer.memory.values()) == 1
     clock.advance(2 * 86400)
-    bus.publish(PROXY_REQUEST, inference())  # a day later: the old minute is forgotten
+    bus.publish(inference())  # a day later: the old minute is forgotten
     assert len(recorder.buffer.memory) == 1
     recorder.stop()
 
@@ -235,8 +240,8 @@ def test_the_flush_timer_is_armed_only_while_something_is_unsaved() -> None:
     clock = Clock()
     bus = EventBus(clock)
     recorder = UsageRecorder(clock, bus, path="/nonexistent/never-opened")  # type: ignore[arg-type]
-    bus.publish(PROXY_REQUEST, inference())
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
+    bus.publish(inference())
     [timer] = clock.getDelayedCalls()
     assert timer.getTime() == FLUSH_INTERVAL
     clock.advance(FLUSH_INTERVAL)  # still opening: nothing to write to, kept
@@ -253,7 +258,7 @@ async def test_the_reactor_is_never_blocked_by_a_large_batch(reactor: Any, tmp_p
     recorder = UsageRecorder(reactor, bus, path=str(path))
     await recorder.start()
     for i in range(50_000):
-        bus.publish(PROXY_REQUEST, inference(key=f"k{i % 500}", node_id=f"n{i // 500}"))
+        bus.publish(inference(key=f"k{i % 500}", node_id=f"n{i // 500}"))
     holder = sqlite3.connect(str(path), isolation_level=None)
     holder.execute("BEGIN EXCLUSIVE")
     writing = recorder.flush()
@@ -279,7 +284,7 @@ async def test_stop_waits_for_the_open_and_writes_what_came_meanwhile(
     bus = EventBus(reactor)
     recorder = UsageRecorder(reactor, bus, path=str(path))
     started: Deferred[None] = recorder.start()
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     await recorder.stop()
     await started
     assert stored(path)[0][3] == 1
@@ -305,7 +310,7 @@ async def test_a_report_that_cannot_read_the_fleet_says_partial_and_logs_once(
     naming the error's type however many reports fail the same way."""
     bus = EventBus(reactor)
     recorder = UsageRecorder(reactor, bus, path=None, fleet=FailingFleet())
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     report = parse_report("1h", None, [], reactor.seconds())
     with Warnings() as warnings:
         first = await recorder.report(report)
@@ -331,9 +336,9 @@ async def test_a_report_that_cannot_read_the_fleet_but_reads_the_database_says_p
     path = str(tmp_path / "u.sqlite3")
     recorder = UsageRecorder(reactor, bus, path=path, fleet=FailingFleet())
     await recorder.start()
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     await recorder.flush()
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     with Warnings():
         answer = await recorder.report(parse_report("1h", None, [], reactor.seconds()))
     await recorder.stop()
@@ -351,7 +356,7 @@ async def test_a_report_that_cannot_read_the_database_says_partial(
     bus = EventBus(reactor)
     recorder = UsageRecorder(reactor, bus, path=str(path))
     await recorder.start()
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     whole = await recorder.report(parse_report("1h", None, [], reactor.seconds()))
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE usage")
@@ -395,8 +400,8 @@ def test_a_flush_hands_the_unshared_minutes_to_the_fleet_with_the_retention_as_t
     bus = EventBus(clock)
     fleet = RecordingFleet()
     recorder = UsageRecorder(clock, bus, path=None, fleet=fleet, retention=7200.0)  # type: ignore[arg-type]
-    bus.publish(PROXY_REQUEST, inference())
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
+    bus.publish(inference())
     [timer] = clock.getDelayedCalls()
     assert timer.getTime() == FLUSH_INTERVAL
     clock.advance(FLUSH_INTERVAL)
@@ -413,7 +418,7 @@ def test_a_fleet_report_adds_the_peers_rows_to_the_minutes_not_yet_shared() -> N
     peer = (0, "team-b", "llama3", "n2", 4, 1, 0, 0, 4)
     fleet = RecordingFleet([peer])
     recorder = UsageRecorder(clock, bus, path=None, fleet=fleet)  # type: ignore[arg-type]
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     report = parse_report("1h", None, ["key"], clock.seconds() + 60)
     answer = fired(recorder.report(report))
     assert answer["scope"] == "fleet" and "partial" not in answer
@@ -438,7 +443,7 @@ def test_a_fleet_that_refuses_the_rows_never_fails_the_flush() -> None:
 
     fleet.add_usage = refuse  # type: ignore[method-assign]
     recorder = UsageRecorder(clock, bus, path=None, fleet=fleet)  # type: ignore[arg-type]
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     before = current_level()
     set_level(LogLevel.debug)
     try:
@@ -461,7 +466,7 @@ async def test_minutes_counted_while_opening_arm_the_flush_timer_once_open(
     bus = EventBus(reactor)
     recorder = UsageRecorder(reactor, bus, path=str(tmp_path / "u.sqlite3"))
     started = recorder.start()
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     assert recorder._flush_timer is not None  # armed while opening, as ever
     recorder._flush_timer.cancel()
     recorder._flush_timer = None
@@ -494,10 +499,13 @@ async def test_only_request_records_count_and_nothing_after_stop(
     bus = EventBus(reactor)
     recorder = UsageRecorder(reactor, bus, path=str(tmp_path / "u.sqlite3"))
     await recorder.start()
-    bus.publish(WORKLOAD_COMPLETED, inference())
-    bus.publish(PROXY_REQUEST, inference())
+    info = WorkloadInfo(
+        1, "run", "ollama", "llama3", WorkloadState.COMPLETED, "n1", 0, 0, 0, None, 1
+    )
+    bus.publish(WorkloadCompleted(info))
+    bus.publish(inference())
     await recorder.stop()
-    bus.publish(PROXY_REQUEST, inference())
+    bus.publish(inference())
     await recorder.stop()  # a second stop is harmless
     assert recorder.storage.db is None
     assert recorder.buffer.unsaved == {} and recorder.buffer.memory == {}
