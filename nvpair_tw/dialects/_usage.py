@@ -158,7 +158,8 @@ def _counts(event: dict[str, Any]) -> Counts:
             _per_second(prompt, _int(event.get("prompt_eval_duration"))),
             None if loading is None else loading / 1e9,
         )
-    event = _ANSWER_IN.get(event.get("type"), _whole)(event)
+    kind = event.get("type")
+    event = _ANSWER_IN.get(kind, _whole)(event) if isinstance(kind, str) else event
     usage, stats = event.get("usage"), event.get("stats")
     stats = stats if isinstance(stats, dict) else {}
     if not isinstance(usage, dict):

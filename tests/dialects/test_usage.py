@@ -246,3 +246,14 @@ def test_events_ended_by_crlf_pass_at_once_and_lose_only_the_usage_chunk() -> No
     out = stripper.feed(b"".join(crlf[2:])) + stripper.end()
     assert out == b"".join(c for c in crlf[2:] if b'"usage"' not in c)
     assert noted == [USAGE]
+
+
+@pytest.mark.parametrize("kind", [[1], {"a": 1}])
+def test_a_frame_whose_type_is_not_a_string_is_silent_not_a_crash(kind: Any) -> None:
+    # An engine's frame is read strictly (docs/behaviour.md §14): a "type" that is a list or an
+    # object states nothing; it must not raise out of the relay.
+    odd = {"type": kind, "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+    usage = metered(sse(odd, delta("hi"), odd))
+    assert (usage.prompt_tokens, usage.completion_tokens) == (5, 2)
+    whole = metered([json.dumps(odd).encode()], streaming=False)
+    assert (whole.prompt_tokens, whole.completion_tokens) == (5, 2)
