@@ -33,6 +33,7 @@ chunk is a search for the last event's end and one substring search, and only a 
 from __future__ import annotations
 
 import json
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -214,11 +215,12 @@ def _prefill(prompt: int | None, stats: dict[str, Any]) -> float | None:
     """Prompt tokens a second from LM Studio's time to first token (``/api/v0``:
     ``time_to_first_token``, ``/api/v1``: ``time_to_first_token_seconds``)."""
     first = _rate(stats.get("time_to_first_token_seconds", stats.get("time_to_first_token")))
-    return prompt / first if prompt and first else None
+    return _rate(prompt / first) if prompt and first else None
 
 
 def _rate(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+    """A positive finite figure (a JSON ``Infinity``, or a count over a vanishing time, is none)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf:
         return float(value)
     return None
 
