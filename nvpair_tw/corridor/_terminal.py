@@ -205,4 +205,5 @@ class TerminalFrameDetector:
         if value == b"[DONE]":
             return True
         obj = _json_object(value)
-        return obj is not None and obj.get("type") in _TERMINAL_TYPES
+        kind = None if obj is None else obj.get("type")
+        return isinstance(kind, str) and kind in _TERMINAL_TYPES

@@ -33,6 +33,7 @@ chunk is a search for the last event's end and one substring search, and only a 
 from __future__ import annotations
 
 import json
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -158,7 +159,8 @@ def _counts(event: dict[str, Any]) -> Counts:
             _per_second(prompt, _int(event.get("prompt_eval_duration"))),
             None if loading is None else loading / 1e9,
         )
-    event = _ANSWER_IN.get(event.get("type"), _whole)(event)
+    kind = event.get("type")
+    event = _ANSWER_IN.get(kind, _whole)(event) if isinstance(kind, str) else event
     usage, stats = event.get("usage"), event.get("stats")
     stats = stats if isinstance(stats, dict) else {}
     if not isinstance(usage, dict):
@@ -213,11 +215,12 @@ def _prefill(prompt: int | None, stats: dict[str, Any]) -> float | None:
     """Prompt tokens a second from LM Studio's time to first token (``/api/v0``:
     ``time_to_first_token``, ``/api/v1``: ``time_to_first_token_seconds``)."""
     first = _rate(stats.get("time_to_first_token_seconds", stats.get("time_to_first_token")))
-    return prompt / first if prompt and first else None
+    return _rate(prompt / first) if prompt and first else None
 
 
 def _rate(value: Any) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+    """A positive finite figure (a JSON ``Infinity``, or a count over a vanishing time, is none)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < math.inf:
         return float(value)
     return None
 

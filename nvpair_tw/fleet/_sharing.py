@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -475,6 +476,8 @@ class SharedSpeeds(_Sharing):
             if isinstance(value, bool) or not isinstance(value, int | float | None):
                 return False
             if value is not None:
+                if not math.isfinite(value):  # JSON's Infinity and NaN: no figure
+                    return False
                 values[name] = float(value)
         tokens = values.get("completion_tokens")
         sample = Sample(

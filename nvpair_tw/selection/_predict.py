@@ -59,7 +59,8 @@ class RequestSize:
     prompt_bytes: int | None = None
     """The prompt's text as measured (the length of its parsed strings), what the engine's stated
     prompt tokens teach the model's bytes per token from (§15.1); None when the prompt holds
-    images or was estimated from the body's size."""
+    images, points to earlier turns (``previous_response_id``, ``context``) or was estimated
+    from the body's size."""
 
     @property
     def needed(self) -> int:
@@ -155,8 +156,14 @@ def request_size(
         tail = tokens  # a completion's cached prefix is not known: all of it counts
     options = doc.get("options")
     asked = _positive(options.get("num_ctx")) if isinstance(options, dict) else None
-    measured = text if images == 0 else None
+    measured = text if images == 0 and not _carries_earlier(doc) else None
     return RequestSize(tokens, min(tail, tokens), _limit(doc), asked, measured)
+
+
+def _carries_earlier(doc: Mapping[str, Any]) -> bool:
+    """Whether the request points to earlier turns the engine counts but its text does not hold
+    (the Responses API's ``previous_response_id``, Ollama's ``context`` tokens)."""
+    return bool(doc.get("previous_response_id")) or bool(doc.get("context"))
 
 
 def expected_completion(size: RequestSize, mean: float) -> float:

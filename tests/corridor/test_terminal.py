@@ -412,3 +412,15 @@ def test_an_event_line_that_is_not_utf8_is_not_terminal_and_no_error() -> None:
     """An ``event:`` line with bytes that are not UTF-8 is read with replacements: never an
     error on the relay's path, and not a terminal event."""
     assert not feed_all(TerminalFrameDetector(SSE), [b"event: message_stop\xff\n\n"]).seen
+
+
+@pytest.mark.parametrize(
+    "line", [b'data: {"type": ["message_stop"]}', b'data: {"type": {"response.completed": 1}}']
+)
+def test_an_sse_type_that_is_not_a_string_is_not_terminal_and_does_not_raise(line: bytes) -> None:
+    # An engine's frame is hostile input (docs/behaviour.md §14): an odd "type" is no ending.
+    detector = TerminalFrameDetector("text/event-stream")
+    detector.feed(line + b"\n\n")
+    assert detector.seen is False
+    detector.feed(b"data: [DONE]\n\n")
+    assert detector.seen is True

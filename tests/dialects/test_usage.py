@@ -248,3 +248,32 @@ def test_events_ended_by_crlf_pass_at_once_and_lose_only_the_usage_chunk() -> No
     out = stripper.feed(b"".join(crlf[2:])) + stripper.end()
     assert out == b"".join(c for c in crlf[2:] if b'"usage"' not in c)
     assert noted == [USAGE]
+
+
+@pytest.mark.parametrize("kind", [[1], {"a": 1}])
+def test_a_frame_whose_type_is_not_a_string_is_silent_not_a_crash(kind: Any) -> None:
+    # An engine's frame is read strictly (docs/behaviour.md §14): a "type" that is a list or an
+    # object states nothing; it must not raise out of the relay.
+    odd = {"type": kind, "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
+    usage = metered(sse(odd, delta("hi"), odd))
+    assert (usage.prompt_tokens, usage.completion_tokens) == (5, 2)
+    whole = metered([json.dumps(odd).encode()], streaming=False)
+    assert (whole.prompt_tokens, whole.completion_tokens) == (5, 2)
+
+
+def test_an_engine_rate_that_is_not_finite_is_not_taken() -> None:
+    # A learnt rate is shared with the fleet and shown in nodes/list as JSON: an infinite one
+    # would stick in the node's mean for good and is no JSON number (docs/behaviour.md §15.1).
+    stats = {
+        "input_tokens": 100,
+        "total_output_tokens": 5,
+        "tokens_per_second": 20.0,
+        "time_to_first_token_seconds": 1e-320,  # 100 over it overflows to inf
+    }
+    lmstudio = metered([json.dumps({"choices": [], "stats": stats}).encode()], streaming=False)
+    assert lmstudio.prompt_tokens == 100
+    assert lmstudio.engine_prefill is None
+    timings = b'{"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2},'
+    timings += b' "timings": {"predicted_per_second": Infinity, "prompt_per_second": 1e999}}'
+    llama = metered([timings], streaming=False)
+    assert (llama.engine_rate, llama.engine_prefill) == (None, None)

@@ -143,3 +143,23 @@ def test_a_samples_bytes_per_token_travels_to_the_peers() -> None:
     assert theirs.bytes_per_token("m") == 3.0
     assert peer.apply("ollama", "n0", {"m": "other", "s": {"d": 10.0, "b": 40.0}})
     assert theirs.bytes_per_token("other") is None
+
+
+def test_a_peers_sample_with_an_infinite_or_nan_figure_is_ignored() -> None:
+    """A peer's message is hostile input (docs/behaviour.md §14, §6.6): JSON's ``Infinity`` would
+    stick in the node's mean for good (and go out again as non-JSON); the sample is refused."""
+    clock = Clock()
+    sent: list[Any] = []
+    speeds = SharedSpeeds(cast(IProxyReactor, clock), Codec("me", "ns"), sent.append, lambda: True)
+    book = SpeedBook(clock)
+    speeds.bind("ollama", book)
+    codec = Codec("me", "ns")
+    for figure in ("Infinity", "-Infinity", "NaN"):
+        head = '{"t":"speed","o":"peer","e":"ollama","n":"n0","m":"m","s":{"d":'
+        raw = head + figure + "}}"
+        [message] = codec.decode(raw)  # the codec reads what a peer published
+        assert not speeds.apply("ollama", "n0", message)
+    assert book.measured("n0", "m") is None
+    assert speeds.apply("ollama", "n0", {"m": "m", "s": {"d": 10.0}})
+    rates = book.measured("n0", "m")
+    assert rates is not None and rates.decode == 10.0

@@ -134,3 +134,20 @@ def test_the_models_learnt_bytes_per_token_replaces_the_constant() -> None:
     pictured = {"messages": [{"content": "u" * 400, "images": ["aGk="]}]}
     assert request_size(pictured).prompt_bytes is None
     assert request_size(pictured, 0, 2.0).prompt_tokens == 200 + IMAGE_TOKENS
+
+
+@pytest.mark.parametrize(
+    "carried",
+    [
+        {"previous_response_id": "resp_1"},  # the Responses API's stored conversation
+        {"context": [1, 2, 3]},  # Ollama /api/generate's returned context tokens
+    ],
+)
+def test_a_prompt_carrying_an_earlier_conversation_teaches_no_bytes_per_token(
+    carried: dict[str, object],
+) -> None:
+    # The engine's stated prompt tokens count the earlier turns the request only points to: its
+    # own text over them would learn a ratio too small (docs/behaviour.md §15.1).
+    doc: dict[str, object] = {"model": "m", "input": "x" * 2000, **carried}
+    assert request_size(doc).prompt_bytes is None
+    assert request_size({"model": "m", "input": "x" * 2000}).prompt_bytes == 2000
