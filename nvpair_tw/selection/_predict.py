@@ -21,7 +21,7 @@ from typing import Any
 
 from attrs import frozen
 
-from nvpair_tw.selection._speed import Rates, SpeedBook
+from nvpair_tw.selection._speed import PRIOR_BYTES_PER_TOKEN, Rates, SpeedBook
 
 __all__ = [
     "BYTES_PER_TOKEN",
@@ -33,7 +33,7 @@ __all__ = [
     "request_size",
 ]
 
-BYTES_PER_TOKEN = 4
+BYTES_PER_TOKEN = PRIOR_BYTES_PER_TOKEN
 IMAGE_TOKENS = 768
 MAX_MESSAGES = 2048
 """Messages walked to estimate a prompt; a longer conversation is estimated from its body size."""

@@ -26,6 +26,8 @@ from twisted.internet.interfaces import IReactorTime
 
 __all__ = [
     "HALF_LIFE",
+    "PRIOR_BYTES_PER_TOKEN",
+    "RATIO_STEP",
     "STALE_AFTER",
     "Answer",
     "Rates",
@@ -53,6 +55,10 @@ DEFAULT_COMPLETION = 200.0
 MIN_PREFILL_TOKENS = 32
 """A prompt shorter than this says more of the round trip than of the prefill rate: not learnt.
 Nor its bytes per token: the chat template's own tokens would weigh too much."""
+PRIOR_BYTES_PER_TOKEN = 4
+"""What a model's bytes per token starts from (the prediction's constant before any sample)."""
+RATIO_STEP = 2.0
+"""The most one sample of bytes per token counts for: within this factor of the learnt value."""
 MIN_BYTES_PER_TOKEN = 1.0
 MAX_BYTES_PER_TOKEN = 16.0
 """The range a model's bytes per token is learnt in: a ratio outside it says the stated count was
@@ -166,6 +172,13 @@ class Rates:
     at: float | None = None
 
 
+def _stepped(ratio: float, current: float) -> float:
+    """``ratio`` held within :data:`RATIO_STEP` of ``current`` (the prior before any sample): one
+    client's crafted prompt moves a model's bytes per token for everyone (and the fleet) by that
+    much at most, and by its weight in the mean after the first (docs/behaviour.md §15.1)."""
+    return min(max(ratio, current / RATIO_STEP), current * RATIO_STEP)
+
+
 @define
 class _Mean:
     value: float | None = None
@@ -239,7 +252,8 @@ class SpeedBook:
             self._completion.setdefault(model, _Mean()).add(float(sample.completion_tokens))
         ratio = sample.bytes_per_token
         if ratio is not None and MIN_BYTES_PER_TOKEN <= ratio <= MAX_BYTES_PER_TOKEN:
-            self._bytes.setdefault(model, _Mean()).add(ratio)
+            mean = self._bytes.setdefault(model, _Mean())
+            mean.add(_stepped(ratio, PRIOR_BYTES_PER_TOKEN if mean.value is None else mean.value))
 
     def completion_mean(self, model: str) -> float:
         """The mean completion length of ``model`` (a default before any answer)."""

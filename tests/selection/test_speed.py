@@ -6,9 +6,11 @@ import pytest
 from twisted.internet.task import Clock
 
 from nvpair_tw.selection._speed import (
+    ALPHA,
     DEFAULT_DECODE,
     DEFAULT_PREFILL,
     HALF_LIFE,
+    PRIOR_BYTES_PER_TOKEN,
     STALE_AFTER,
     Answer,
     Sample,
@@ -149,8 +151,18 @@ def test_bytes_per_token_is_weighted_with_the_same_half_life() -> None:
     book = SpeedBook(Clock())
     book.learn("a", "m", Sample(bytes_per_token=2.0))
     for _ in range(HALF_LIFE):
-        book.learn("b", "m", Sample(bytes_per_token=6.0))
-    assert book.bytes_per_token("m") == pytest.approx(4.0)
+        book.learn("b", "m", Sample(bytes_per_token=3.0))
+    assert book.bytes_per_token("m") == pytest.approx(2.5)
+
+
+def test_one_sample_moves_a_models_bytes_per_token_by_twice_at_most() -> None:
+    """A crafted prompt (a long run of one character, 16 bytes a token) counts as twice the prior
+    at first, then as twice the learnt value: one client cannot set everyone's estimate (§15.1)."""
+    book = SpeedBook(Clock())
+    book.learn("a", "m", Sample(bytes_per_token=16.0))
+    assert book.bytes_per_token("m") == 2 * PRIOR_BYTES_PER_TOKEN
+    book.learn("a", "m", Sample(bytes_per_token=1.0))
+    assert book.bytes_per_token("m") == pytest.approx(8.0 + ALPHA * (4.0 - 8.0))
 
 
 @pytest.mark.parametrize(
