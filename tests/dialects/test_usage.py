@@ -257,7 +257,7 @@ def test_a_frame_whose_type_is_not_a_string_is_silent_not_a_crash(kind: Any) -> 
     odd = {"type": kind, "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
     usage = metered(sse(odd, delta("hi"), odd))
     assert (usage.prompt_tokens, usage.completion_tokens) == (5, 2)
-    whole = metered([json.dumps(odd).encode()], streaming=False)
+    whole = metered([json.dumps(odd).encode()], framing=None)
     assert (whole.prompt_tokens, whole.completion_tokens) == (5, 2)
 
 
@@ -270,10 +270,10 @@ def test_an_engine_rate_that_is_not_finite_is_not_taken() -> None:
         "tokens_per_second": 20.0,
         "time_to_first_token_seconds": 1e-320,  # 100 over it overflows to inf
     }
-    lmstudio = metered([json.dumps({"choices": [], "stats": stats}).encode()], streaming=False)
+    lmstudio = metered([json.dumps({"choices": [], "stats": stats}).encode()], framing=None)
     assert lmstudio.prompt_tokens == 100
     assert lmstudio.engine_prefill is None
     timings = b'{"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2},'
     timings += b' "timings": {"predicted_per_second": Infinity, "prompt_per_second": 1e999}}'
-    llama = metered([timings], streaming=False)
+    llama = metered([timings], framing=None)
     assert (llama.engine_rate, llama.engine_prefill) == (None, None)
