@@ -99,6 +99,16 @@ def test_wheel_holds_the_package_and_the_plugin_only(wheel: Path) -> None:
     assert {n for n in names if n.startswith("twisted/")} == {"twisted/plugins/nvpair_plugin.py"}
 
 
+def test_wheel_holds_every_package_of_the_checkout(wheel: Path) -> None:
+    """``setup.cfg`` lists the packages by hand: a package added without a line there (a directory
+    of ``nvpair_tw`` with an ``__init__.py``) is missing from the wheel, which the checkout's own
+    tests, importing from the checkout, never notice."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    found = (REPO / "nvpair_tw").rglob("__init__.py")
+    inits = {path.relative_to(REPO).as_posix() for path in found if "__pycache__" not in path.parts}
+    assert inits - names == set()
+
+
 def test_wheel_metadata_carries_the_incremental_version(wheel: Path) -> None:
     """Name ``nvpair-tw``, version from ``nvpair_tw/_version.py``, Twisted as a dependency."""
     archive = zipfile.ZipFile(wheel)
