@@ -53,6 +53,7 @@ FACES: dict[str, list[str]] = {
         "FanOutRoute",
         "IProxyReactor",
         "IllegalCall",
+        "ModelChange",
         "ModelControl",
         "ModelListFormat",
         "Outline",

@@ -30,6 +30,7 @@ __all__ = [
     "TAGS",
     "EngineProfile",
     "FanOutRoute",
+    "ModelChange",
     "ModelControl",
     "ModelListFormat",
     "ModelRoute",
@@ -164,6 +165,14 @@ class SlotsFormat:
 LLAMACPP_PROPS = SlotsFormat(path="/props", slots=llamacpp_total_slots)
 
 
+class ModelChange(Enum):
+    """A model loaded or unloaded on request: by the control channel's ``model/load`` and
+    ``model/unload`` (docs/behaviour.md §13.3) or a prompt-less generate (§17.6)."""
+
+    LOAD = "load"
+    UNLOAD = "unload"
+
+
 @frozen
 class ModelControl:
     """How an engine loads and unloads a model on request (docs/behaviour.md §13.3): a POST of
@@ -174,6 +183,14 @@ class ModelControl:
     load: Callable[[str, str | float | None], dict[str, Any]]
     unload_path: str
     unload: Callable[[str], dict[str, Any]]
+
+    def asking(
+        self, change: ModelChange, model: str, keep_alive: str | float | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """The path and the JSON body that ask the engine for ``change`` of ``model``."""
+        if change is ModelChange.LOAD:
+            return self.load_path, self.load(model, keep_alive)
+        return self.unload_path, self.unload(model)
 
 
 def _ollama_load(model: str, keep_alive: str | float | None) -> dict[str, Any]:

@@ -13,20 +13,19 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from enum import Enum
 from typing import Any
 
 from attrs import frozen
 from twisted.web.server import Request
 
-from nvpair_tw.core import parse_duration, write_error
+from nvpair_tw.core import ModelChange, parse_duration, write_error
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import RequestRecord
 from nvpair_tw.nodes import Node
 from nvpair_tw.upstream import ReadError, join_url, post_json
 
-__all__ = ["LOAD_WAIT", "Preload", "Verb", "ask_node", "preload_of", "serve_preload"]
+__all__ = ["LOAD_WAIT", "Preload", "ask_node", "preload_of", "serve_preload"]
 
 GENERATE = "/api/generate"
 
@@ -34,39 +33,33 @@ LOAD_WAIT = 300.0
 """Seconds a node's load API may take (a cold load of a large model)."""
 
 
-class Verb(Enum):
-    """What a prompt-less generate asks (its ``done_reason``)."""
-
-    LOAD = "load"
-    UNLOAD = "unload"
-
-
 @frozen
 class Preload:
     """A prompt-less generate that no candidate speaks natively: the nodes to try, in order."""
 
-    verb: Verb
+    verb: ModelChange
+    """What the generate asks (its ``done_reason``)."""
     model: str
     keep_alive: str | float | None
     nodes: tuple[Node, ...]
 
 
-def _verb(doc: dict[str, Any]) -> Verb | None:
+def _verb(doc: dict[str, Any]) -> ModelChange | None:
     """Load or unload, as Ollama reads the body; None when it carries a prompt."""
     prompt = doc.get("prompt")
     if prompt is not None and prompt != "":
         return None
     keep_alive = doc.get("keep_alive")
     if isinstance(keep_alive, bool):
-        return Verb.LOAD
+        return ModelChange.LOAD
     if isinstance(keep_alive, int | float) and keep_alive == 0:
-        return Verb.UNLOAD
+        return ModelChange.UNLOAD
     if isinstance(keep_alive, str):
         try:
-            return Verb.UNLOAD if parse_duration(keep_alive) == 0 else Verb.LOAD
+            return ModelChange.UNLOAD if parse_duration(keep_alive) == 0 else ModelChange.LOAD
         except ValueError:
-            return Verb.LOAD
-    return Verb.LOAD
+            return ModelChange.LOAD
+    return ModelChange.LOAD
 
 
 def preload_of(facade: FacadeState, inbound: Inbound) -> Preload | None:
@@ -100,10 +93,7 @@ async def _through_api(facade: FacadeState, node: Node, preload: Preload) -> boo
     if control is None:
         return None
     local = facade.inventory.local_name(node.id, preload.model) or preload.model
-    if preload.verb is Verb.LOAD:
-        path, body = control.load_path, control.load(local, preload.keep_alive)
-    else:
-        path, body = control.unload_path, control.unload(local)
+    path, body = control.asking(preload.verb, local, preload.keep_alive)
     try:
         code, _ = await ask_node(facade, node, path, body, LOAD_WAIT)
     except ReadError:

@@ -16,12 +16,11 @@ per node; residency is then read again at once.
 from __future__ import annotations
 
 from collections.abc import Callable
-from enum import Enum
 from typing import Any
 
 from twisted.internet.defer import Deferred, gatherResults
 
-from nvpair_tw.core import ModelControl, parse_duration
+from nvpair_tw.core import ModelChange, parse_duration
 from nvpair_tw.corridor import FacadeState, WorkloadState, ask_node
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
@@ -160,43 +159,25 @@ def _keep_alive(params: Params) -> str | float | None:
     return value
 
 
-class _Change(Enum):
-    """What ``model/load`` or ``model/unload`` asks of a node; the value is the status a node's
-    success reports."""
-
-    LOAD = "loaded"
-    UNLOAD = "unloaded"
-
-    @property
-    def verb(self) -> str:
-        return "load" if self is _Change.LOAD else "unload"
-
-    def path(self, control: ModelControl) -> str:
-        """The node's path for this change, in its kind's API."""
-        return control.load_path if self is _Change.LOAD else control.unload_path
-
-    def body(
-        self, control: ModelControl, model: str, keep_alive: str | float | None
-    ) -> dict[str, Any]:
-        """The JSON body asking the node for this change of ``model``."""
-        return control.load(model, keep_alive) if self is _Change.LOAD else control.unload(model)
+_DONE = {ModelChange.LOAD: "loaded", ModelChange.UNLOAD: "unloaded"}
+"""The status a node's success reports for each change."""
 
 
 async def _ask(
     facade: FacadeState,
     node: Node,
-    control: ModelControl,
-    change: _Change,
-    body: dict[str, object],
+    asking: tuple[str, dict[str, Any]],
+    change: ModelChange,
     timeout: float,
 ) -> tuple[str, dict[str, object]]:
     """One node's part: ``{"status": "loaded" | "unloaded"}`` or ``{"error": ..., "status"?}``."""
+    path, body = asking
     try:
-        code, answer = await ask_node(facade, node, change.path(control), body, timeout)
+        code, answer = await ask_node(facade, node, path, body, timeout)
     except ReadError as error:
         return node.id, {"error": str(error)}
     if 200 <= code < 300:
-        return node.id, {"status": change.value}
+        return node.id, {"status": _DONE[change]}
     said = answer.get("error") if isinstance(answer, dict) else None
     text = said if isinstance(said, str) else f"status {code}"
     return node.id, {"error": text[:300], "status": code}
@@ -204,15 +185,15 @@ async def _ask(
 
 def load_model(facade: FacadeState, params: Params) -> Deferred[Result]:
     """``model/load`` (docs/behaviour.md §13.3): load the model on the nodes, each in its API."""
-    return _change_model(facade, params, _Change.LOAD)
+    return _change_model(facade, params, ModelChange.LOAD)
 
 
 def unload_model(facade: FacadeState, params: Params) -> Deferred[Result]:
     """``model/unload`` (docs/behaviour.md §13.3): unload the model from the nodes."""
-    return _change_model(facade, params, _Change.UNLOAD)
+    return _change_model(facade, params, ModelChange.UNLOAD)
 
 
-def _change_model(facade: FacadeState, params: Params, change: _Change) -> Deferred[Result]:
+def _change_model(facade: FacadeState, params: Params, change: ModelChange) -> Deferred[Result]:
     model = text(params, "model")
     nodes = _targets(facade, params, model)
     timeout = _timeout(params, LOAD_TIMEOUT)
@@ -233,14 +214,14 @@ def _change_model(facade: FacadeState, params: Params, change: _Change) -> Defer
     for node in nodes:
         control = controls[node.id]
         assert control is not None
-        body = change.body(control, model, keep_alive)
-        parts.append(Deferred.fromCoroutine(_ask(facade, node, control, change, body, timeout)))
+        asking = control.asking(change, model, keep_alive)
+        parts.append(Deferred.fromCoroutine(_ask(facade, node, asking, change, timeout)))
 
     def answer(results: list[tuple[str, dict[str, object]]]) -> Result:
         facade.inventory.poll_now()  # residency reflects it now, not at the next poll
         log.info(
             "{what} of a model on {count} node(s) of {engine}",
-            what=change.verb,
+            what=change.value,
             count=len(results),
             engine=facade.engine,
         )
