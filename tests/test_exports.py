@@ -93,6 +93,7 @@ FACES: dict[str, list[str]] = {
         "after_last_event",
         "dump",
         "event_end",
+        "line_around",
         "media_type",
         "ToolCalls",
         "write_error",

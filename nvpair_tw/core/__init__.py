@@ -30,6 +30,7 @@ from nvpair_tw.core._framer import (
     after_last_event,
     dump,
     event_end,
+    line_around,
     media_type,
 )
 from nvpair_tw.core._headers import (
@@ -109,6 +110,7 @@ __all__ = [
     "format_duration",
     "forward_headers",
     "header_tokens",
+    "line_around",
     "loop_marks",
     "media_type",
     "object_members",

@@ -29,6 +29,7 @@ __all__ = [
     "after_last_event",
     "dump",
     "event_end",
+    "line_around",
     "media_type",
 ]
 
@@ -302,3 +303,11 @@ def event_end(data: bytes, at: int) -> int:
     """The index just after the end of the event holding ``at`` (the end of ``data`` if open)."""
     ends = [found + len(blank) for blank in EVENT_ENDS if (found := data.find(blank, at)) >= 0]
     return min(ends, default=len(data))
+
+
+def line_around(data: bytes, at: int) -> tuple[int, int]:
+    """Where the line holding ``at`` starts and ends in ``data`` (its end excluded; LF, CR or
+    CRLF end a line; the end of ``data`` ends an open one)."""
+    start = max(data.rfind(b"\n", 0, at), data.rfind(b"\r", 0, at)) + 1
+    ends = [found for mark in (b"\n", b"\r") if (found := data.find(mark, at)) >= 0]
+    return start, min(ends, default=len(data))

@@ -17,7 +17,7 @@ from typing import Any
 
 from attrs import define, field
 
-from nvpair_tw.core import Framing, Lines
+from nvpair_tw.core import Framing, Lines, line_around
 
 __all__ = ["TerminalFrameDetector"]
 
@@ -33,7 +33,6 @@ _TERMINAL_TYPES = frozenset(
     {"message_stop", "response.completed", "response.failed", "response.incomplete"}
 )
 _NDJSON_HINT = re.compile(rb'"done"\s*:\s*true')
-_LINE_END = re.compile(rb"[\r\n]")
 _SSE_MARKERS = (b"[DONE]", b"message_stop", b"response.")
 _NDJSON_MARKERS = (b"true",)
 """What a batch is searched for; only the lines holding one are matched against the hint."""
@@ -165,9 +164,7 @@ class TerminalFrameDetector:
         hint = _SSE_HINT if self._sse else _NDJSON_HINT
         found = batch.find(marker)
         while found >= 0:
-            head = max(batch.rfind(b"\n", 0, found), batch.rfind(b"\r", 0, found)) + 1
-            stop = _LINE_END.search(batch, found)
-            end = len(batch) if stop is None else stop.start()
+            head, end = line_around(batch, found)
             line = batch[head:end]
             if hint.search(line) is not None and self._is_terminal(line):
                 self._seen = True

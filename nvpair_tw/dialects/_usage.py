@@ -40,7 +40,7 @@ from typing import Any
 
 from attrs import frozen
 
-from nvpair_tw.core import EVENT_ENDS, Framing, Lines, after_last_event, event_end
+from nvpair_tw.core import EVENT_ENDS, Framing, Lines, after_last_event, event_end, line_around
 
 __all__ = ["Chain", "Usage", "UsageMeter", "UsageStripper", "asks_usage"]
 
@@ -237,9 +237,8 @@ def _last_counts(text: bytes) -> Counts:
         mark = max(text.rfind(name, 0, end) for name in _COUNT_MARKS)
         if mark < 0:
             break
-        start = max(text.rfind(b"\n", 0, mark), text.rfind(b"\r", 0, mark)) + 1
-        stop = text.find(b"\n", mark)
-        for frame in _frames(text[start : len(text) if stop < 0 else stop]):
+        start, stop = line_around(text, mark)
+        for frame in _frames(text[start:stop]):
             said = _counts(frame)
             if said.stated:
                 return said

@@ -18,6 +18,7 @@ from nvpair_tw.core import (
     after_last_event,
     dump,
     event_end,
+    line_around,
     media_type,
 )
 
@@ -350,3 +351,12 @@ def test_event_ends_at_the_start_and_the_first_end_after_a_point() -> None:
     assert after_last_event(b"\n\ndata: x") == 2
     assert event_end(data, 0) == 2
     assert event_end(data, 2) == data.index(b"data: b")
+
+
+def test_the_line_around_a_point_ends_at_lf_cr_or_crlf_and_an_open_one_at_the_end() -> None:
+    data = b"a\r\ndata: [DONE]\rnext\nlast"
+    head, end = line_around(data, data.index(b"[DONE]"))
+    assert data[head:end] == b"data: [DONE]"
+    head, end = line_around(data, data.index(b"last") + 2)
+    assert data[head:end] == b"last"
+    assert line_around(data, 0) == (0, 1)
