@@ -160,7 +160,9 @@ def _counts(event: dict[str, Any]) -> Counts:
             None if loading is None else loading / 1e9,
         )
     kind = event.get("type")
-    event = _ANSWER_IN.get(kind, _whole)(event) if isinstance(kind, str) else event
+    member = _ANSWER_IN.get(kind) if isinstance(kind, str) else None
+    inner = event.get(member) if member is not None else None
+    event = inner if isinstance(inner, dict) else event
     usage, stats = event.get("usage"), event.get("stats")
     stats = stats if isinstance(stats, dict) else {}
     if not isinstance(usage, dict):
@@ -176,25 +178,10 @@ def _counts(event: dict[str, Any]) -> Counts:
     )
 
 
-def _whole(event: dict[str, Any]) -> dict[str, Any]:
-    return event
-
-
-def _member(name: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    def inner(event: dict[str, Any]) -> dict[str, Any]:
-        found = event.get(name)
-        return found if isinstance(found, dict) else event
-
-    return inner
-
-
-_ANSWER_IN: dict[Any, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "response.completed": _member("response"),
-    "message_start": _member("message"),
-    "chat.end": _member("result"),
-}
-"""Where a stream's closing event keeps the answer that states counts: the Responses API's
-``response.completed``, Anthropic's ``message_start``, LM Studio's ``/api/v1/chat`` ``chat.end``."""
+_ANSWER_IN = {"response.completed": "response", "message_start": "message", "chat.end": "result"}
+"""The member in which an event of each type keeps the answer that states counts: the Responses
+API's ``response.completed``, Anthropic's ``message_start``, LM Studio's ``/api/v1/chat``
+``chat.end``."""
 
 
 def _lmstudio_counts(stats: dict[str, Any]) -> Counts:
