@@ -4,7 +4,7 @@
 A workload is one inference request with a model, whatever the number of attempts. Its one terminal
 guard makes sure exactly one terminal event is published however many exit paths race to end it.
 The request record gathers the metadata of one request (rejections included) for ``proxy/request``
-(its attempts in an :class:`AttemptLog`, its payload built by :func:`request_payload`).
+(its attempts in an :class:`AttemptLog`, its event built by :func:`request_event`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 """Prometheus metrics of one proxy process (docs/behaviour.md §10).
 
 Counters and histograms are fed by a bus subscriber, so they count exactly what the events say
-(``proxy/request``, ``workload:*``, ``node/cooldown``; the groups of `nvpair_tw.ops._counters`). Gauges (in-flight workloads, inventory age,
-residency, cooldowns, slots in use, queue depth, reservations) and the per-node busy-wait counter
+(``proxy/request``, ``workload:*``, ``node/cooldown``; the groups of `nvpair_tw.ops._counters`).
+Gauges (in-flight workloads, inventory age, residency, cooldowns, slots in use, queue depth,
+reservations) and the per-node busy-wait counter
 (live, so a long wait shows while it lasts) are read from the runtime at scrape time by a custom
 collector. Every ``ProxyMetrics`` has its own ``CollectorRegistry``: the global default registry is
 never touched, so several runtimes (tests, several processes' worth of facades) never collide.
