@@ -55,7 +55,7 @@ from nvpair_tw.core._json import (
     skip_whitespace,
 )
 from nvpair_tw.core._priority import PRIORITY_HEADER, Priority, priority_of
-from nvpair_tw.core._reactor import IProxyReactor, abort, close
+from nvpair_tw.core._reactor import IProxyReactor, IWriteHolding, abort, close, one_send
 from nvpair_tw.core._resolved import (
     UPSTREAM_CLIENTS,
     Resolved,
@@ -83,6 +83,7 @@ __all__ = [
     "FanOutRoute",
     "Framing",
     "IProxyReactor",
+    "IWriteHolding",
     "IllegalCall",
     "Lines",
     "MalformedStream",
@@ -114,6 +115,7 @@ __all__ = [
     "loop_marks",
     "media_type",
     "object_members",
+    "one_send",
     "outline_body",
     "parse_duration",
     "priority_of",

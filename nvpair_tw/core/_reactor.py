@@ -1,5 +1,6 @@
 # -*- test-case-name: tests.core.test_reactor -*-
-"""What the proxy needs from a reactor, as one interface, and the one way to cut a connection.
+"""What the proxy needs from a reactor, as one interface, the one way to cut a connection, and
+the one way to send a step's writes together.
 
 Only ``tap.makeService`` touches the global reactor; everything else is handed an object that
 provides :class:`IProxyReactor` (treq's ``_ITreqReactor`` is the model). Tests pass a
@@ -8,6 +9,8 @@ provides :class:`IProxyReactor` (treq's ``_ITreqReactor`` is the model). Tests p
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from twisted.internet.interfaces import (
@@ -16,8 +19,9 @@ from twisted.internet.interfaces import (
     IReactorTCP,
     IReactorTime,
 )
+from zope.interface import Interface
 
-__all__ = ["IProxyReactor", "abort", "close"]
+__all__ = ["IProxyReactor", "IWriteHolding", "abort", "close", "one_send"]
 
 
 class IProxyReactor(IReactorCore, IReactorTime, IReactorTCP, IReactorPluggableNameResolver):
@@ -43,3 +47,31 @@ def close(transport: Any) -> None:
     """Close a connection after what was written has been sent (FIN, never RST)."""
     if transport is not None:
         transport.loseConnection()
+
+
+class IWriteHolding(Interface):
+    """A transport that can hold the writes of one synchronous step and send them as one.
+
+    ``runtime.EagerServer`` sends each write at once; a response's head and its body, written
+    one after the other in the same call, would otherwise cost two system calls and two packets.
+    """
+
+    def hold() -> None:
+        """Keep every write from now on, in order, until :meth:`send_held`."""
+
+    def send_held() -> None:
+        """Write what was held as one sequence, and write directly again."""
+
+
+@contextmanager
+def one_send(transport: Any) -> Iterator[None]:
+    """The writes made to ``transport`` inside the block leave as one write at its end (a
+    transport that cannot hold writes sends each as usual). Nothing waits past the block."""
+    if not IWriteHolding.providedBy(transport):
+        yield
+        return
+    transport.hold()
+    try:
+        yield
+    finally:
+        transport.send_held()

@@ -26,7 +26,7 @@ from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
 
-from nvpair_tw.core import raw_error_response
+from nvpair_tw.core import one_send, raw_error_response
 from nvpair_tw.inbound._cors import CorsPolicy, grant
 from nvpair_tw.inbound._ingress import Rejection
 from nvpair_tw.inbound._sources import SourceCounts, source_of
@@ -130,9 +130,14 @@ class LimitedRequest(server.Request):
     set as the head is written, last, so they win over any CORS header a node sent."""
 
     def write(self, data: bytes) -> None:
-        if not self.startedWriting:
-            self._own_head()
-        super().write(data)
+        if self.startedWriting:
+            super().write(data)
+            return
+        self._own_head()
+        channel = self.channel
+        # The head and the first body bytes leave in one send (one packet, one system call).
+        with one_send(channel.transport if channel is not None else None):
+            super().write(data)
 
     def _own_head(self) -> None:
         headers = self.responseHeaders

@@ -32,18 +32,23 @@ from twisted.internet.interfaces import (
 from twisted.internet.posixbase import PosixReactorBase
 from zope.interface import implementer
 
-from nvpair_tw.core import IProxyReactor
+from nvpair_tw.core import IProxyReactor, IWriteHolding
 from nvpair_tw.runtime._endpoints import tcp_listener
 
 __all__ = ["EagerPort", "EagerServer", "EagerTCPServerEndpoint", "eager_endpoint"]
 
 
+@implementer(IWriteHolding)
 class EagerServer(tcp.Server):
     """A server connection whose ``write`` sends at once when its queue is empty.
 
     It also sets ``TCP_NODELAY``, as nginx does on keep-alive connections: a token written 50 ms
     after the last one must not wait for the client's delayed ACK of it (Nagle's algorithm).
+    Between :meth:`hold` and :meth:`send_held` (``core.one_send``: a response's head and first
+    body bytes, written in one call) writes are gathered and leave as one.
     """
+
+    _held: list[bytes] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -68,7 +73,25 @@ class EagerServer(tcp.Server):
             return data  # EAGAIN, EINTR or a dead socket: the stock path (doWrite) handles it
         return data[sent:] if sent < len(data) else b""
 
+    def hold(self) -> None:
+        if self._held is None:
+            self._held = []
+
+    def send_held(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self.writeSequence(held)
+
+    def loseConnection(self) -> None:
+        self.send_held()
+        super().loseConnection()
+
     def write(self, data: bytes) -> None:
+        if self._held is not None:
+            if not isinstance(data, bytes):
+                raise TypeError(f"Data must be bytes, not {type(data).__name__}")
+            self._held.append(data)
+            return
         if data and self._sendable():
             data = self._send_now(data)
             if not data:
@@ -76,6 +99,9 @@ class EagerServer(tcp.Server):
         super().write(data)
 
     def writeSequence(self, iovec: Iterable[bytes]) -> None:
+        if self._held is not None:
+            self._held.extend(iovec)
+            return
         if self._sendable():
             data = self._send_now(b"".join(iovec))
             if data:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from twisted.internet.interfaces import (
     IReactorCore,
     IReactorPluggableNameResolver,
@@ -11,9 +12,10 @@ from twisted.internet.interfaces import (
     IReactorTime,
 )
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nvpair_tw.core._reactor import IProxyReactor, abort, close
+from nvpair_tw.core._reactor import IProxyReactor, IWriteHolding, abort, close, one_send
 
 PARTS = (IReactorCore, IReactorTime, IReactorTCP, IReactorPluggableNameResolver)
 
@@ -90,3 +92,33 @@ def test_the_memory_reactor_tests_cast_is_honest() -> None:
     assert verifyObject(IProxyReactor, fake, tentative=True)
     for part in PARTS:
         assert part.providedBy(fake), part
+
+
+@implementer(IWriteHolding)
+class Holding(Closable):
+    """A transport that can hold writes: records the calls."""
+
+    def hold(self) -> None:
+        self.calls.append("hold")
+
+    def send_held(self) -> None:
+        self.calls.append("send_held")
+
+
+def test_one_send_holds_a_holding_transport_around_the_block_even_when_it_raises() -> None:
+    """The block's writes are held and sent at its end, also when the block fails."""
+    transport = Holding()
+    with pytest.raises(KeyError), one_send(transport):
+        transport.calls.append("write")
+        raise KeyError("boom")
+    assert transport.calls == ["hold", "write", "send_held"]
+
+
+def test_one_send_leaves_any_other_transport_alone() -> None:
+    """A transport without holding (a test double, TLS, ``None``) is written to as usual."""
+    transport = Closable()
+    with one_send(transport):
+        transport.calls.append("write")
+    with one_send(None):
+        pass
+    assert transport.calls == ["write"]

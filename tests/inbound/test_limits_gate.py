@@ -15,8 +15,10 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 from twisted.internet.threads import deferToThread
 from twisted.web.resource import Resource
-from twisted.web.server import Request
+from twisted.web.server import NOT_DONE_YET, Request
+from zope.interface import implementer
 
+from nvpair_tw.core import IWriteHolding
 from nvpair_tw.inbound import Rejection
 from nvpair_tw.inbound._limits import MIB, LimitedRequest, LimitedSite, Limits, make_site
 
@@ -379,3 +381,51 @@ async def test_loopback_a_stalled_body_gets_408_on_the_injected_clock(
     assert status == b"HTTP/1.1 408 Request Timeout"
     assert json.loads(body)["code"] == "body-timeout"
     assert site.open_connections == 0
+
+
+@implementer(IWriteHolding)
+class _HoldingTransport(StringTransportWithDisconnection):
+    """Records, in order, the holds, the sends of what was held and each write's bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[bytes | str] = []
+
+    def hold(self) -> None:
+        self.steps.append("hold")
+
+    def send_held(self) -> None:
+        self.steps.append("send_held")
+
+    def write(self, data: bytes) -> None:
+        self.steps.append(data)
+        super().write(data)
+
+    def writeSequence(self, seq: Any) -> None:
+        self.write(b"".join(seq))
+
+
+def test_an_answers_head_and_first_body_bytes_are_written_as_one_send() -> None:
+    """Twisted writes the head, then the body: both inside one hold of the transport, so an eager
+    connection gives them to the kernel in one system call (one packet); later writes are direct."""
+
+    class _Twice(Resource):
+        isLeaf = True
+
+        def render(self, request: Request) -> bytes:
+            request.write(b"first")
+            request.write(b"second")
+            request.finish()
+            return NOT_DONE_YET
+
+    transport = _HoldingTransport()
+    channel = make_site(_Twice(), clock=Clock()).buildProtocol(
+        IPv4Address("TCP", "127.0.0.1", 40000)
+    )
+    transport.protocol = channel
+    channel.makeConnection(transport)
+    channel.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+    hold, head, first, held, second, *_end = transport.steps
+    assert (hold, held) == ("hold", "send_held")
+    assert isinstance(head, bytes) and head.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert first == b"5\r\nfirst\r\n" and second == b"6\r\nsecond\r\n"

@@ -236,3 +236,36 @@ async def test_the_listener_service_listens_with_eager_connections_on_ipv4_and_i
             assert client.recv(100) == b"hello"
         await lost
         await listener.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_held_writes_leave_together_when_sent_and_none_before(pair: Pair) -> None:
+    """Between ``hold`` and ``send_held`` nothing reaches the peer (a loopback send would be in
+    its buffer at once); then the head and body arrive as one, and writes are direct again."""
+    transport = await pair.open()
+    transport.hold()
+    transport.writeSequence([b"HTTP/1.1 200 OK\r\n", b"\r\n"])
+    transport.write(b"body")
+    assert select.select([pair.client], [], [], 0)[0] == []
+    transport.send_held()
+    assert pair.received() == b"HTTP/1.1 200 OK\r\n\r\nbody"
+    transport.write(b"more")
+    assert pair.received() == b"more"
+    with pytest.raises(TypeError):
+        transport.hold()
+        try:
+            transport.write("text")  # type: ignore[arg-type]
+        finally:
+            transport.send_held()
+    await pair.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_closing_while_holding_sends_what_was_held_first(pair: Pair) -> None:
+    """``loseConnection`` inside a hold does not drop the held bytes."""
+    transport = await pair.open()
+    transport.hold()
+    transport.write(b"last words")
+    transport.loseConnection()
+    assert await pair.read_all() == b"last words"
+    await pair.close()
