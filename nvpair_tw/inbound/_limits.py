@@ -272,6 +272,7 @@ class _Answering(_HandOver):
         self._clock = clock
         self._deadline = _Deadline(clock)
         self._phase = _Phase.OUTSIDE_HEAD
+        self._lost = False
 
     def callLater(self, period: float, func: Any) -> IDelayedCall:
         """Schedule the idle timeout on the injected clock (``TimeoutMixin`` calls this)."""
@@ -353,8 +354,9 @@ class LimitedChannel(_Answering):
     """An ``HTTPChannel`` that answers limit violations with JSON errors and then closes.
 
     States (``_phase``, a :class:`_Phase`): between requests (the idle timeout runs), reading a
-    request head (the header-read deadline runs as well, armed by the first byte), reading a
-    body (the body deadline runs, restarted by each byte), handling a request (no timer of ours),
+    request head (the header-read deadline runs as well, from the first read that leaves it
+    unfinished), reading a body (the body deadline runs, moved by each read), handling a request
+    (no timer of ours),
     and rejected (everything further is ignored until the connection is gone). At the end of a
     head the site's ``head_gate`` runs, before Twisted's ``gotLength`` and ``100 Continue``.
 
@@ -392,6 +394,7 @@ class LimitedChannel(_Answering):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._sink is not None:
             self._sink.client_lost(reason)
+        self._lost = True  # no deadline is armed again
         self._deadline.stop()
         site = self._limited_site()
         if self._counted and site is not None:
@@ -405,9 +408,28 @@ class LimitedChannel(_Answering):
             return
         if self._phase is _Phase.REJECTED:
             return
-        if data and not self._deadline.running and self.line_mode and not self._handlingRequest:
-            self._deadline.start(self.limits.header_timeout, self._deadline_passed)
         super().dataReceived(data)
+        self._arm()
+
+    def _arm(self) -> None:
+        """The input's deadline, once a read is taken in: while a body is arriving the body's
+        (moved: it must keep arriving), while a head is the head's (from its first read, not
+        moved), none otherwise. Armed after the read rather than before it, so a request whose
+        head and body came in one read never schedules a timer (the clock does not move inside
+        a read)."""
+        phase = self._phase
+        if self._lost:
+            return
+        if phase is _Phase.IN_BODY:
+            self._deadline.start(self.limits.body_timeout, self._deadline_passed)
+        elif (
+            not self._deadline.running
+            and (phase is _Phase.IN_HEAD or (phase is _Phase.OUTSIDE_HEAD and self._buffer))
+            and self.line_mode
+            and not self._handlingRequest
+            and self._sink is None
+        ):
+            self._deadline.start(self.limits.header_timeout, self._deadline_passed)
 
     def lineReceived(self, line: bytes) -> None:
         if self._phase is _Phase.REJECTED:
@@ -451,10 +473,7 @@ class LimitedChannel(_Answering):
             return
         super().allHeadersReceived()
         if self._phase is _Phase.OUTSIDE_HEAD and self.length != 0:
-            self._phase = _Phase.IN_BODY
-            self._deadline.start(
-                self.limits.body_timeout, self._deadline_passed
-            )  # the head's, moved
+            self._phase = _Phase.IN_BODY  # the read's end moves the head's deadline to the body's
         elif self._phase is _Phase.OUTSIDE_HEAD:
             self._deadline.stop()
 
@@ -475,8 +494,6 @@ class LimitedChannel(_Answering):
     def rawDataReceived(self, data: bytes) -> None:
         if self._phase is _Phase.REJECTED:
             return
-        if self._phase is _Phase.IN_BODY:
-            self._deadline.start(self.limits.body_timeout, self._deadline_passed)
         super().rawDataReceived(data)
 
     def allContentReceived(self) -> None:

@@ -327,6 +327,60 @@ def test_each_keep_alive_request_gets_its_own_header_deadline() -> None:
     _closed(transport, clock)
 
 
+class _CountingClock(Clock):
+    """A clock that counts the calls scheduled on it."""
+
+    scheduled = 0
+
+    def callLater(self, delay: float, callable: Any, *args: Any, **kw: Any) -> Any:
+        self.scheduled += 1
+        return super().callLater(delay, callable, *args, **kw)
+
+
+def test_a_request_read_whole_in_one_read_schedules_no_deadline() -> None:
+    """The head and body deadlines are armed at the end of a read that leaves part of a request
+    unread: a request whose head and body came together costs no timer (only the idle one)."""
+    clock = _CountingClock()
+    site, root = _site(clock)
+    _, transport = _connect(site)
+    before = clock.scheduled
+    transport.protocol.dataReceived(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok")
+    assert root.bodies == [b"ok"]
+    assert clock.scheduled - before == 1  # the keep-alive idle timer, moved by Twisted
+    [idle] = clock.getDelayedCalls()
+    assert idle.getTime() == 90.0
+    _closed(transport, clock)
+
+
+def test_a_request_line_that_stops_half_way_gets_408_at_the_header_deadline() -> None:
+    """A read that ends inside the request line arms the head's deadline."""
+    clock = Clock()
+    site, _ = _site(clock)
+    _, transport = _connect(site)
+    transport.protocol.dataReceived(b"GET / HT")
+    clock.advance(9.9)
+    assert transport.value() == b""
+    clock.advance(0.1)
+    assert _error(transport.value())[0] == b"HTTP/1.1 408 Request Timeout"
+    _closed(transport, clock)
+
+
+def test_a_body_split_over_reads_moves_the_body_deadline_at_each_read() -> None:
+    """Each read of a body gives it another 30 s; a pause of 30 s after the last is a 408."""
+    clock = Clock()
+    site, root = _site(clock)
+    _, transport = _connect(site)
+    transport.protocol.dataReceived(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\na")
+    clock.advance(29)
+    transport.protocol.dataReceived(b"b")
+    clock.advance(29)
+    assert transport.value() == b""
+    clock.advance(1)
+    assert _error(transport.value())[0] == b"HTTP/1.1 408 Request Timeout"
+    assert root.bodies == []
+    _closed(transport, clock)
+
+
 def test_client_leaving_mid_headers_leaves_no_timer() -> None:
     """A client that disconnects while sending headers takes every timer with it."""
     clock = Clock()
