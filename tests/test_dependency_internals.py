@@ -13,7 +13,8 @@ test of the proxy fails for a reason far from it.
   overridden by ``LimitedChannel`` (``nvpair_tw/inbound/_limits.py``) to send no ``100 Continue``
   after a rejection and to answer a malformed request with JSON; Twisted has no public hook for
   either. ``LimitedChannel`` also reads ``HTTPChannel``'s ``_handlingRequest``, ``_dataBuffer``,
-  ``_networkProducer``, ``_receivedHeaderCount`` and ``_receivedHeaderSize``.
+  ``_networkProducer``, ``_receivedHeaderCount`` and ``_receivedHeaderSize``, and
+  ``LineReceiver``'s ``_buffer`` (the part of a line read so far).
 """
 
 from __future__ import annotations
@@ -175,6 +176,9 @@ def test_http_channel_private_state_the_limited_channel_reads() -> None:
     assert channel._dataBuffer == []
     assert channel._receivedHeaderCount == 0 and channel._receivedHeaderSize == 0
     assert channel.line_mode
+    channel.dataReceived(b"GET / HT")  # a line read in part waits in LineReceiver's _buffer
+    assert channel._buffer == b"GET / HT"
+    channel, transport = _channel()
     channel.dataReceived(b"GET / HTTP/1.1\r\nHost: x\r\nAccept: y\r\n")
     # every line counts toward the size as it arrives; a header once the next line shows its end
     assert channel._receivedHeaderCount == 1

@@ -356,14 +356,13 @@ class LimitedChannel(_Answering):
     States (``_phase``, a :class:`_Phase`): between requests (the idle timeout runs), reading a
     request head (the header-read deadline runs as well, from the first read that leaves it
     unfinished), reading a body (the body deadline runs, moved by each read), handling a request
-    (no timer of ours),
-    and rejected (everything further is ignored until the connection is gone). At the end of a
-    head the site's ``head_gate`` runs, before Twisted's ``gotLength`` and ``100 Continue``.
+    (no timer of ours), and rejected (everything further is ignored until the connection is
+    gone). At the end of a head the site's ``head_gate`` runs, before Twisted's ``gotLength``.
 
     Twisted has no public hook for two of the answers: it overrides ``HTTPChannel``'s private
     ``_send100Continue`` and ``_respondToBadRequestAndDisconnect``, and reads its header count and
-    size, ``_handlingRequest``, ``_dataBuffer`` and ``_networkProducer``. Twisted is pinned below
-    its next major and ``tests/test_dependency_internals.py`` guards each of them.
+    size, ``_handlingRequest``, ``_dataBuffer``, ``_networkProducer`` and ``LineReceiver``'s
+    ``_buffer``; ``tests/test_dependency_internals.py`` guards each of them.
     """
 
     def __init__(self, limits: Limits, clock: IReactorTime) -> None:

@@ -412,7 +412,7 @@ def test_an_answers_head_and_first_body_bytes_are_written_as_one_send() -> None:
     class _Twice(Resource):
         isLeaf = True
 
-        def render(self, request: Request) -> bytes:
+        def render(self, request: Request) -> int:
             request.write(b"first")
             request.write(b"second")
             request.finish()
