@@ -106,7 +106,8 @@ class NodeAgent:
         self._factory = _ClientFactory(self)
         self._idle: dict[_Key, list[NodeClientProtocol]] = {}
         self._keys: dict[NodeClientProtocol, _Key] = {}
-        self._timers: dict[NodeClientProtocol, IDelayedCall] = {}
+        self._since: dict[NodeClientProtocol, float] = {}  # idle since, on the clock
+        self._sweep: IDelayedCall | None = None
         self._parsed: dict[bytes, _Url] = {}
 
     def request(
@@ -170,9 +171,7 @@ class NodeAgent:
         protocols = self._idle.get(key)
         while protocols:
             protocol = protocols.pop()
-            timer = self._timers.pop(protocol, None)
-            if timer is not None and timer.active():
-                timer.cancel()
+            del self._since[protocol]
             if protocol.state is ClientState.IDLE:
                 return protocol
         return None
@@ -187,17 +186,29 @@ class NodeAgent:
             close(protocol.transport)
             return
         protocols.append(protocol)
-        self._timers[protocol] = self._clock.callLater(self.idle_seconds, self._expire, protocol)
+        self._since[protocol] = self._clock.seconds()
+        if self._sweep is None:
+            self._sweep = self._clock.callLater(self.idle_seconds, self._expire)
 
-    def _expire(self, protocol: NodeClientProtocol) -> None:
-        self._timers.pop(protocol, None)
-        self._forget(protocol)
-        close(protocol.transport)
+    def _expire(self) -> None:
+        """Close the connections idle for ``idle_seconds``; come back when the next one will be.
+        One timer for the whole idle set: a connection taken and given back (every request)
+        schedules and cancels none."""
+        self._sweep = None
+        now = self._clock.seconds()
+        for protocol, since in list(self._since.items()):
+            if since + self.idle_seconds <= now:  # as ``due`` below is worked out
+                self._forget(protocol)
+                close(protocol.transport)
+        if self._since:
+            due = min(self._since.values()) + self.idle_seconds
+            self._sweep = self._clock.callLater(max(due - now, 0.0), self._expire)
 
     def _forget(self, protocol: NodeClientProtocol) -> None:
-        timer = self._timers.pop(protocol, None)
-        if timer is not None and timer.active():
-            timer.cancel()
+        self._since.pop(protocol, None)
+        if not self._since and self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         key = self._keys.get(protocol)
         if key is not None:
             protocols = self._idle.get(key, [])
