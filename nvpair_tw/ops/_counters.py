@@ -10,17 +10,16 @@ workloads. They read the events' typed attributes (`nvpair_tw.events`), never th
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry
 
 from nvpair_tw.corridor import FacadeState
 from nvpair_tw.events import NodeCooldown, NodeCooldownEnded, ProxyRequest, WorkloadInfo
+from nvpair_tw.ops._plain import PlainCounter, PlainHistogram
 from nvpair_tw.selection import CHAT_PATHS, COMPLETION_PATHS
 
 __all__ = [
     "STALL_OUTCOMES",
-    "Children",
     "LlmCounters",
     "NodeCounters",
     "RequestCounters",
@@ -38,94 +37,57 @@ RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.1, 1.25, 1.5, 2, 4, 8)
 OTHER = "other"
 """The label of a model no node or catalogue knows."""
 
-_Metric = TypeVar("_Metric", Counter, Histogram)
-
 
 def _text(value: object, default: str = "none") -> str:
     return default if value is None else str(value)
 
 
-def _counter(
-    registry: CollectorRegistry, name: str, documentation: str, labels: list[str]
-) -> Counter:
-    return Counter(name, documentation, labels, registry=registry)
-
-
-def _histogram(
-    registry: CollectorRegistry,
-    name: str,
-    documentation: str,
-    labels: list[str],
-    buckets: tuple[float, ...],
-) -> Histogram:
-    return Histogram(name, documentation, labels, buckets=buckets, registry=registry)
-
-
-class Children:
-    """Each metric's child for a set of label values, made once: prometheus_client's ``labels``
-    validates and takes a lock on every call, and the bus asks for about ten a request. The kept
-    children are those the metrics keep anyway (none is ever removed)."""
-
-    def __init__(self) -> None:
-        self._kept: dict[tuple[object, tuple[str, ...]], Any] = {}
-
-    def __call__(self, metric: _Metric, *values: str) -> _Metric:
-        key = (metric, values)
-        child: _Metric | None = self._kept.get(key)
-        if child is None:
-            child = self._kept[key] = metric.labels(*values)
-        return child
-
-
 class RequestCounters:
     """Requests, attempts, stalls, failovers, affinity and durations, from each request record."""
 
-    def __init__(
-        self, registry: CollectorRegistry, child: Children, facades: Mapping[str, FacadeState]
-    ) -> None:
-        self._child = child
+    def __init__(self, registry: CollectorRegistry, facades: Mapping[str, FacadeState]) -> None:
         self._facades = facades
-        self.requests = _counter(
+        self.requests = PlainCounter(
             registry,
             "nvpair_requests",
             "Requests answered, by engine, route kind and status.",
             ["engine", "route", "status"],
         )
-        self.attempts = _counter(
+        self.attempts = PlainCounter(
             registry,
             "nvpair_attempts",
             "Upstream attempts by outcome.",
             ["engine", "node", "outcome"],
         )
-        self.failovers = _counter(
+        self.failovers = PlainCounter(
             registry, "nvpair_failovers", "Requests that needed more than one attempt.", ["engine"]
         )
-        self.stalls = _counter(
+        self.stalls = PlainCounter(
             registry,
             "nvpair_stalls",
             "Attempts that stalled (no headers in time, or first-body timeout).",
             ["engine", "node"],
         )
-        self.affinity_hits = _counter(
+        self.affinity_hits = PlainCounter(
             registry,
             "nvpair_affinity_hits",
             "Requests served by their warm (prefix-affinity) node.",
             ["engine"],
         )
-        self.affinity_requests = _counter(
+        self.affinity_requests = PlainCounter(
             registry,
             "nvpair_affinity_requests",
             "Inference requests on affinity routes that reached a node.",
             ["engine"],
         )
-        self.duration = _histogram(
+        self.duration = PlainHistogram(
             registry,
             "nvpair_request_duration_seconds",
             "Request duration, arrival to last byte.",
             ["engine", "route"],
             DURATION_BUCKETS,
         )
-        self.ttfb = _histogram(
+        self.ttfb = PlainHistogram(
             registry,
             "nvpair_ttfb_seconds",
             "Time to the first response byte sent to the client.",
@@ -135,64 +97,61 @@ class RequestCounters:
 
     def count(self, record: ProxyRequest) -> None:
         """Count one request record."""
-        child, engine, path = self._child, record.engine, record.path
+        engine, path = record.engine, record.path
         facade = self._facades.get(engine)
         route = facade.profile.classify(record.method.encode(), path).value if facade else "unknown"
-        child(self.requests, engine, route, _text(record.status)).inc()
+        self.requests.inc(engine, route, _text(record.status))
         for attempt in record.attempts:
-            child(self.attempts, engine, attempt.node_id, attempt.outcome).inc()
+            self.attempts.inc(engine, attempt.node_id, attempt.outcome)
             if attempt.outcome in STALL_OUTCOMES:
-                child(self.stalls, engine, attempt.node_id).inc()
+                self.stalls.inc(engine, attempt.node_id)
         if len(record.attempts) > 1 and not record.fan_out:  # a fan-out's parts are no failover
-            child(self.failovers, engine).inc()
+            self.failovers.inc(engine)
         if route == "inference" and path in AFFINITY_PATHS and record.node_id:
-            child(self.affinity_requests, engine).inc()
+            self.affinity_requests.inc(engine)
             if record.cache_affinity:
-                child(self.affinity_hits, engine).inc()
+                self.affinity_hits.inc(engine)
         if record.duration_ms is not None:
-            child(self.duration, engine, route).observe(record.duration_ms / 1000)
+            self.duration.observe(engine, route, amount=record.duration_ms / 1000)
         if record.ttfb_ms is not None:
-            child(self.ttfb, engine, route).observe(record.ttfb_ms / 1000)
+            self.ttfb.observe(engine, route, amount=record.ttfb_ms / 1000)
 
 
 class LlmCounters:
     """Tokens, time to first token, generation rate, queue time and prediction error of the
     inference records (docs/behaviour.md §12.3, §15.2)."""
 
-    def __init__(
-        self, registry: CollectorRegistry, child: Children, facades: Mapping[str, FacadeState]
-    ) -> None:
-        self._child = child
+    def __init__(self, registry: CollectorRegistry, facades: Mapping[str, FacadeState]) -> None:
         self._facades = facades
-        self.tokens = _counter(
+        self.tokens = PlainCounter(
             registry,
             "nvpair_tokens",
             "Tokens the engines counted, by key and type (prompt or completion).",
             ["engine", "node", "model", "key", "type"],
         )
         per_model = ["engine", "node", "model"]
-        self.ttft = _histogram(
+        self.ttft = PlainHistogram(
             registry,
             "nvpair_time_to_first_token_seconds",
             "Dispatch of the serving attempt to its first content-bearing chunk.",
             per_model,
             TTFB_BUCKETS,
         )
-        self.rate = _histogram(
+        self.rate = PlainHistogram(
             registry,
             "nvpair_generation_tokens_per_second",
             "Completion tokens per second (the engine's own figure where given).",
             per_model,
             RATE_BUCKETS,
         )
-        self.prediction = _histogram(
+        self.prediction = PlainHistogram(
             registry,
             "nvpair_prediction_error_ratio",
             "Measured time to the last token over the time predicted for the node that served.",
             ["engine"],
             RATIO_BUCKETS,
         )
-        self.queue = _histogram(
+        self.queue = PlainHistogram(
             registry,
             "nvpair_queue_seconds",
             "Time inference requests waited in the facade's queue for a slot.",
@@ -202,8 +161,8 @@ class LlmCounters:
 
     def count(self, record: ProxyRequest) -> None:
         """Count one inference record (one naming a model)."""
-        child, engine = self._child, record.engine
-        child(self.queue, engine).observe(record.queued_ms / 1000)
+        engine = record.engine
+        self.queue.observe(engine, amount=record.queued_ms / 1000)
         node, model = record.node_id, record.model
         if node is None or model is None:
             return
@@ -214,14 +173,14 @@ class LlmCounters:
             ("completion", record.completion_tokens),
         ):
             if count is not None and count > 0:
-                child(self.tokens, engine, node, label, key, kind).inc(count)
+                self.tokens.inc(engine, node, label, key, kind, amount=count)
         if record.ttft_ms is not None:
-            child(self.ttft, engine, node, label).observe(record.ttft_ms / 1000)
+            self.ttft.observe(engine, node, label, amount=record.ttft_ms / 1000)
         if record.tokens_per_s is not None:
-            child(self.rate, engine, node, label).observe(record.tokens_per_s)
+            self.rate.observe(engine, node, label, amount=record.tokens_per_s)
         predicted, measured = record.predicted_ms, record.measured_ms
         if predicted is not None and measured is not None and predicted > 0:
-            child(self.prediction, engine).observe(measured / predicted)
+            self.prediction.observe(engine, amount=measured / predicted)
 
     def _model_label(self, engine: str, model: str) -> str:
         """The model as a label: a name some node or the catalogue knows, else ``other`` (so a
@@ -237,30 +196,29 @@ class LlmCounters:
 class NodeCounters:
     """Stall cooldowns started and ended, per node, and workloads ended, by final state."""
 
-    def __init__(self, registry: CollectorRegistry, child: Children) -> None:
-        self._child = child
-        self.cooldowns = _counter(
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.cooldowns = PlainCounter(
             registry, "nvpair_cooldowns", "Stall cooldowns started.", ["engine", "node"]
         )
-        self.cooldowns_ended = _counter(
+        self.cooldowns_ended = PlainCounter(
             registry,
             "nvpair_cooldowns_ended",
             "Stall cooldowns ended, by why (expired or success).",
             ["engine", "node", "why"],
         )
-        self.workloads = _counter(
+        self.workloads = PlainCounter(
             registry, "nvpair_workloads", "Workloads ended, by final state.", ["engine", "state"]
         )
 
     def cooled(self, event: NodeCooldown) -> None:
         """A ``node/cooldown``."""
-        self._child(self.cooldowns, event.engine, event.node_id).inc()
+        self.cooldowns.inc(event.engine, event.node_id)
 
     def cooldown_ended(self, event: NodeCooldownEnded) -> None:
         """A ``node/cooldown-ended``."""
-        self._child(self.cooldowns_ended, event.engine, event.node_id, event.why).inc()
+        self.cooldowns_ended.inc(event.engine, event.node_id, event.why)
 
     def workload_ended(self, info: WorkloadInfo) -> None:
         """A ``workload:completed`` or ``workload:errored``."""
         state = "none" if info.state is None else info.state.value
-        self._child(self.workloads, info.engine, state).inc()
+        self.workloads.inc(info.engine, state)

@@ -32,7 +32,6 @@ from nvpair_tw.events import (
 )
 from nvpair_tw.ops._counters import (
     STALL_OUTCOMES,
-    Children,
     LlmCounters,
     NodeCounters,
     RequestCounters,
@@ -246,10 +245,9 @@ class ProxyMetrics:
 
     def __init__(self, runtime: Runtime) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        child = Children()
-        self._requests = RequestCounters(self.registry, child, runtime.facades)
-        self._llm = LlmCounters(self.registry, child, runtime.facades)
-        self._nodes = NodeCounters(self.registry, child)
+        self._requests = RequestCounters(self.registry, runtime.facades)
+        self._llm = LlmCounters(self.registry, runtime.facades)
+        self._nodes = NodeCounters(self.registry)
         self.registry.register(RuntimeCollector(runtime))
         self._subscription: Subscription | None = runtime.shared.bus.subscribe(
             self._observe, name="metrics"
