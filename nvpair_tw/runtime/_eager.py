@@ -49,6 +49,14 @@ class EagerServer(tcp.Server):
     """
 
     _held: list[bytes] | None = None
+    _host: Any = None
+
+    def getHost(self) -> Any:
+        """This end's address, asked of the kernel once: Twisted's ``Request`` asks for it on
+        every request, and an accepted socket's local address never changes."""
+        if self._host is None:
+            self._host = super().getHost()
+        return self._host
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -269,3 +269,17 @@ async def test_closing_while_holding_sends_what_was_held_first(pair: Pair) -> No
     transport.loseConnection()
     assert await pair.read_all() == b"last words"
     await pair.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_local_address_is_asked_of_the_kernel_once(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every request asks for it; the answer is kept (a connection's local address is fixed)."""
+    transport = await pair.open()
+    first = transport.getHost()
+    assert (first.host, first.port) == pair.client.getpeername()
+    monkeypatch.setattr(transport, "socket", None)  # asking the socket again would raise
+    assert transport.getHost() is first
+    monkeypatch.undo()
+    await pair.close()
