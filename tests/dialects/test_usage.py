@@ -226,6 +226,16 @@ def test_any_split_of_the_stream_is_stripped_alike(cuts: list[int]) -> None:
     assert noted == [USAGE]
 
 
+def test_usage_chunks_of_one_read_are_all_removed_and_handed_on_in_stream_order() -> None:
+    """The read is searched from its end; every usage chunk in it goes, content that mentions
+    ``"usage"`` stays, and ``noted`` sees the chunks in the order the engine sent them."""
+    first = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    chunks = sse(delta("a"), first, delta('the "usage" of words'), USAGE, delta("b"))
+    out, noted = strip([b"".join(chunks)])
+    assert out == chunks[0] + chunks[2] + chunks[4] + chunks[5]
+    assert noted == [first, USAGE]
+
+
 def test_renaming_then_stripping_chain() -> None:
     chunks = sse({"model": "local", **delta("x")}, {"model": "local", **USAGE})
     chain = Chain(renamer("local", "public", b"text/event-stream"), UsageStripper(None))
