@@ -35,7 +35,8 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from itertools import chain
 from typing import Any
 
 from attrs import frozen
@@ -51,6 +52,8 @@ END_BYTES = 16 << 10
 is well under 1 KiB)."""
 TAIL_CHUNKS = 64
 """Chunks of a stream's end kept to read its counts from."""
+LOOK_WINDOW = 4 << 10
+"""Bytes of a read's complete lines split at a time while looking for the first content."""
 WHOLE_CAP = 8 << 20
 """A whole answer longer than this is not parsed for its counts (they stay unknown)."""
 
@@ -216,12 +219,12 @@ _COUNT_MARKS = (b"usage", b"eval_count", b"stats")
 """A frame stating counts holds one of these (the others are never parsed at the end)."""
 
 
-def _last_counts(text: bytes) -> Counts:
+def _last_counts(text: bytes, floor: int = 0) -> Counts:
     """The counts of the last frame of ``text`` stating any, found from the end by searching for a
-    count's name (in C); only the lines holding one are parsed."""
+    count's name (in C) at or after ``floor``; only the lines holding one are parsed (whole)."""
     end = len(text)
-    while end > 0:
-        mark = max(text.rfind(name, 0, end) for name in _COUNT_MARKS)
+    while end > floor:
+        mark = max(text.rfind(name, floor, end) for name in _COUNT_MARKS)
         if mark < 0:
             break
         start, stop = line_around(text, mark)
@@ -288,7 +291,7 @@ class UsageMeter:
     def _look(self, data: bytes) -> None:
         """Parse the stream's complete lines until one carries content."""
         run = self._head.complete(data)
-        for line in run.splitlines():  # parsed one by one: usually the first has it
+        for line in chain.from_iterable(_windows(run)):  # usually the first line has it
             for frame in _frames(line):
                 prompt = _counts(frame).prompt
                 if prompt is not None:
@@ -305,7 +308,8 @@ class UsageMeter:
     def end(self) -> Usage:
         """The counts the answer stated (None when it never did, e.g. a stream cut before them)."""
         if self._streaming:
-            said = _last_counts(_last_bytes(self._tail, END_BYTES))
+            tail = _last_bytes(self._tail, END_BYTES)
+            said = _last_counts(tail, _line_start(tail, len(tail) - END_BYTES))
         elif self._whole_size <= WHOLE_CAP:
             whole = b"".join(self._whole).replace(b"\n", b" ").replace(b"\r", b" ")
             said = _last_counts(whole)
@@ -322,6 +326,31 @@ class UsageMeter:
             said.prefill,
             said.load,
         )
+
+
+def _line_start(text: bytes, at: int) -> int:
+    """Where the line holding ``at`` starts (0 when ``at`` is before the text): the counts are
+    read from the last :data:`END_BYTES` of a stream, and the line that crosses their start is
+    read whole, not the whole of a last read of 50 KiB."""
+    if at <= 0:
+        return 0
+    lf = text.rfind(b"\n", 0, at)
+    return max(lf, text.rfind(b"\r", lf + 1, at)) + 1
+
+
+def _windows(run: bytes) -> Iterator[list[bytes]]:
+    """The lines of ``run`` (complete lines), split about :data:`LOOK_WINDOW` bytes at a time:
+    the first content is usually in the first line, and a read of a whole stream is not split
+    into a line object per event to find it (a line longer than the window is split with the
+    rest of the run)."""
+    pos, size = 0, len(run)
+    while pos < size:
+        stop = pos + LOOK_WINDOW
+        if stop < size:
+            cut = max(run.rfind(b"\n", pos, stop), run.rfind(b"\r", pos, stop)) + 1
+            stop = cut if cut > pos else size
+        yield run[pos:stop].splitlines()  # a CRLF cut after its CR: the next starts with b""
+        pos = stop
 
 
 def _last_bytes(chunks: deque[bytes], wanted: int) -> bytes:

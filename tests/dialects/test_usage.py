@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from nvpair_tw.core import Framing
 from nvpair_tw.dialects import Chain, UsageMeter, UsageStripper, asks_usage, renamer
+from nvpair_tw.dialects._usage import END_BYTES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,6 +28,7 @@ def delta(content: str | None, **extra: Any) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": {"content": content}, **extra}]}
 
 
+RESPONSES_USAGE = {"input_tokens": 5, "output_tokens": 9}
 USAGE = {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
 OPENAI_STREAM = sse(
     {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
@@ -194,6 +196,40 @@ def test_only_the_tail_is_kept_after_the_first_content() -> None:
         meter.feed(chunk)
     assert len(meter._tail) <= 64
     assert meter.end().completion_tokens == 3
+
+
+def test_a_stream_read_whole_gives_its_first_content_past_many_silent_lines() -> None:
+    """The first content is looked for line by line however far into one read it is (the read
+    is split a window at a time, not whole)."""
+    silent = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}] * 500
+    usage = metered([b"".join(sse(*silent, delta("x"), USAGE))])
+    assert (usage.first_content_at, usage.completion_tokens) == (1.0, 3)
+
+
+LINE_ENDS = pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
+
+
+@LINE_ENDS
+def test_counts_at_the_head_of_a_last_line_longer_than_the_tail_read_are_read(end: bytes) -> None:
+    """The counts are read from the stream's last ``END_BYTES``; the line crossing their start is
+    read whole, so a final frame that states its counts before a long answer still gives them,
+    in one read or many."""
+    final = {"type": "response.completed", "response": {"usage": RESPONSES_USAGE}}
+    final["response"]["output"] = [{"text": "x" * (2 * END_BYTES)}]
+    events = sse(delta("x"), final)
+    stream = [e.replace(b"\n", end) for e in events]
+    for chunks in ([b"".join(stream)], stream):
+        usage = metered(chunks)
+        assert (usage.prompt_tokens, usage.completion_tokens) == (5, 9)
+
+
+@LINE_ENDS
+def test_counts_further_from_the_end_than_the_tail_read_are_not_read(end: bytes) -> None:
+    """Only the stream's last ``END_BYTES`` are read for counts, however the stream was read."""
+    events = sse(delta("x"), USAGE, *[delta("y" * 1000)] * (END_BYTES // 1000 + 1))
+    chunks = [e.replace(b"\n", end) for e in events]
+    for read in ([b"".join(chunks)], chunks):
+        assert metered(read).completion_tokens is None
 
 
 def strip(chunks: list[bytes]) -> tuple[bytes, list[dict[str, Any]]]:
