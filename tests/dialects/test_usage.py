@@ -214,8 +214,8 @@ def test_counts_at_the_head_of_a_last_line_longer_than_the_tail_read_are_read(en
     """The counts are read from the stream's last ``END_BYTES``; the line crossing their start is
     read whole, so a final frame that states its counts before a long answer still gives them,
     in one read or many."""
-    final = {"type": "response.completed", "response": {"usage": RESPONSES_USAGE}}
-    final["response"]["output"] = [{"text": "x" * (2 * END_BYTES)}]
+    answer = {"usage": RESPONSES_USAGE, "output": [{"text": "x" * (2 * END_BYTES)}]}
+    final = {"type": "response.completed", "response": answer}
     events = sse(delta("x"), final)
     stream = [e.replace(b"\n", end) for e in events]
     for chunks in ([b"".join(stream)], stream):
