@@ -58,27 +58,49 @@ class _Chunk(Enum):
     DONE = "done"
 
 
+_PLAIN_SIZES = {b"%x" % size: size for size in range(1, 1 << 12)}
+"""The size lines engines write (a non-empty chunk's length in lowercase hex alone, below 4 KiB)
+to the sizes they state: a read's chunks are checked by one lookup each, in C (``map``), not a
+formatting each in Python. A larger chunk (or any other size line) is left to the
+regular-expression loop, one match for its many bytes."""
+
+
 def _plain_chunks(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int:
     """The leading run of chunks at ``pos`` whose size line is the payload's length in lowercase
-    hex alone (what engines write) and whose payload holds no CRLF, found by one split of the
-    read: their payloads are appended to ``parts``; where the run ends. The regular-expression
-    loop takes whatever follows (any other size line, a CRLF in a payload, a cut chunk)."""
+    hex alone (what engines write, :data:`_PLAIN_SIZES`) and whose payload holds no CRLF, found
+    by one split of the read: their payloads are appended to ``parts``; where the run ends. The
+    regular-expression loop takes whatever follows (any other size line, a CRLF in a payload, a
+    cut chunk). The read is split only when its first chunk is plain (an engine whose events end
+    in CRLF never is: its reads go to the loop without a split first)."""
+    if not _plain_at(data, pos):
+        return pos
     pieces = data[pos:].split(b"\r\n")
     whole = (len(pieces) - 1) // 2  # a size line, a payload and the CRLF after it
-    sizes, payloads = pieces[0 : 2 * whole : 2], pieces[1 : 2 * whole : 2]
-    expected = [b"%x" % len(payload) for payload in payloads]
-    if sizes == expected and all(payloads):
+    lengths = list(map(len, pieces[1 : 2 * whole : 2]))
+    stated = list(map(_PLAIN_SIZES.get, pieces[0 : 2 * whole : 2]))  # None: not plain
+    if stated == lengths:
         run = whole
-    elif sizes[:-1] == expected[:-1] and all(payloads[:-1]):
+    elif stated[:-1] == lengths[:-1]:
         run = whole - 1  # the usual case: the body's last chunk (size 0) ends the read
     else:
-        run = 0
-        while run < whole and payloads[run] and sizes[run] == expected[run]:
+        run = 1
+        while run < whole and stated[run] == lengths[run]:
             run += 1
-    if not run:
-        return pos
-    parts += payloads[:run]
-    return pos + sum(map(len, pieces[: 2 * run])) + 4 * run
+    parts += pieces[1 : 2 * run : 2]
+    # where the run ends, from the few pieces after it: CRLFs between them, and after the run
+    left = pieces[2 * run :]
+    return len(data) - sum(map(len, left)) - 2 * (len(left) - 1)
+
+
+def _plain_at(data: bytes, pos: int) -> bool:
+    """Whether a whole plain chunk (see :func:`_plain_chunks`) starts at ``pos``."""
+    eol = data.find(b"\r\n", pos, pos + 5)
+    size = _PLAIN_SIZES.get(data[pos:eol]) if eol > pos else None
+    if size is None:
+        return False
+    start = eol + 2
+    stop = start + size
+    return data[stop : stop + 2] == b"\r\n" and data.find(b"\r\n", start, stop) < 0
 
 
 class ChunkedDecoder:

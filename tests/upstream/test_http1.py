@@ -368,3 +368,41 @@ def test_chunk_sizes_on_the_slow_path(size: bytes) -> None:
     else:
         with pytest.raises(BadResponse):
             decoder.feed(size + b"\r\nhel")
+
+
+def _chunk(payload: bytes, size: bytes | None = None) -> bytes:
+    return (b"%x" % len(payload) if size is None else size) + b"\r\n" + payload + b"\r\n"
+
+
+EVENTS = [b'data: {"n":%d}\n\n' % n for n in range(40)]
+ODD_CHUNKS = [
+    _chunk(b"x" * 4096),  # past the plain sizes' table: the regular-expression loop
+    _chunk(b"hello", b"05"),  # a leading zero
+    _chunk(b"y" * 26, b"1A"),  # upper case
+    _chunk(b"data: a\r\n\r\n"),  # a CRLF inside the payload
+    _chunk(b"z", b"1;ext=1"),
+]
+
+
+@pytest.mark.parametrize("odd", ODD_CHUNKS)
+@pytest.mark.parametrize("where", [0, 1, 20, 39])
+def test_one_read_of_plain_chunks_around_any_other_chunk_is_decoded_whole(
+    odd: bytes, where: int
+) -> None:
+    """A read of whole chunks decodes to their payloads, and hands back what follows the last
+    chunk, wherever a chunk the fast path does not take stands in it (first, among, last)."""
+    chunks = [_chunk(event) for event in EVENTS]
+    chunks.insert(where, odd)
+    payload = b"".join(ChunkedDecoder().feed(chunk)[0] for chunk in chunks)
+    stream = b"".join(chunks) + b"0\r\n\r\nNEXT"
+    assert ChunkedDecoder().feed(stream) == (payload, b"NEXT")
+    decoder = ChunkedDecoder()
+    assert decoder.feed(b"".join(chunks)) == (payload, None)
+    assert decoder.feed(b"0\r\n\r\n") == (b"", b"")
+
+
+def test_a_read_of_events_ending_in_crlf_is_decoded() -> None:
+    """An engine whose events end in CRLF: no chunk is plain, every one is decoded."""
+    events = [b"data: {}\r\n\r\n" * (n % 3 + 1) for n in range(30)]
+    stream = b"".join(_chunk(event) for event in events) + b"0\r\n\r\n"
+    assert ChunkedDecoder().feed(stream) == (b"".join(events), b"")
