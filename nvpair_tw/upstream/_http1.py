@@ -76,7 +76,8 @@ def _plain_chunks(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int
         return pos
     pieces = data[pos:].split(b"\r\n")
     whole = (len(pieces) - 1) // 2  # a size line, a payload and the CRLF after it
-    lengths = list(map(len, pieces[1 : 2 * whole : 2]))
+    payloads = pieces[1 : 2 * whole : 2]
+    lengths = list(map(len, payloads))
     stated = list(map(_PLAIN_SIZES.get, pieces[0 : 2 * whole : 2]))  # None: not plain
     if stated == lengths:
         run = whole
@@ -86,7 +87,7 @@ def _plain_chunks(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int
         run = 1
         while run < whole and stated[run] == lengths[run]:
             run += 1
-    parts += pieces[1 : 2 * run : 2]
+    parts += payloads if run == whole else payloads[:run]
     # where the run ends, from the few pieces after it: CRLFs between them, and after the run
     left = pieces[2 * run :]
     return len(data) - sum(map(len, left)) - 2 * (len(left) - 1)
