@@ -8,8 +8,9 @@ the affinity digests of a one-message chat (``selection._affinity``), the upstre
 of a small POST, its URL parsed (``upstream._agent``), a response body's gate from relay to end
 (``upstream._attempt``), one read of 50 chunked SSE events decoded, alone and with the body's
 last chunk (``upstream._http1``), and the terminal-frame detector over a 1,000-event stream read
-whole and in 64 KiB reads (``corridor._terminal``). ``bench/perrequest.py`` measures the
-bookkeeping that needs a runtime.
+whole and in 64 KiB reads (``corridor._terminal``), and the usage meter (its first content and
+its counts) and stripper over the same stream read whole (``dialects._usage``).
+``bench/perrequest.py`` measures the bookkeeping that needs a runtime.
 """
 
 from __future__ import annotations
@@ -135,6 +136,25 @@ def terminal_reads(module: ModuleType) -> Step:
     return step
 
 
+def meter_whole(module: ModuleType) -> Step:
+    from nvpair_tw.core import Framing
+
+    def step() -> object:
+        meter = module.UsageMeter(Framing.SSE, time.monotonic)
+        meter.feed(STREAM)
+        return meter.end()
+
+    return step
+
+
+def stripper_whole(module: ModuleType) -> Step:
+    def step() -> object:
+        stripper = module.UsageStripper(b"text/event-stream")
+        return stripper.feed(STREAM), stripper.end()
+
+    return step
+
+
 STEPS: dict[str, tuple[str, Callable[[ModuleType], Step]]] = {
     "affinity digests (one message)": ("nvpair_tw/selection/_affinity.py", affinity),
     "upstream request head": ("nvpair_tw/upstream/_agent.py", request_head),
@@ -143,6 +163,8 @@ STEPS: dict[str, tuple[str, Callable[[ModuleType], Step]]] = {
     "the same read ending the body": ("nvpair_tw/upstream/_http1.py", last_chunked_read),
     "terminal frame, 1,000 events read whole": ("nvpair_tw/corridor/_terminal.py", terminal_whole),
     "terminal frame, the same in 64 KiB reads": ("nvpair_tw/corridor/_terminal.py", terminal_reads),
+    "usage meter, 1,000 events read whole": ("nvpair_tw/dialects/_usage.py", meter_whole),
+    "usage stripper, the same": ("nvpair_tw/dialects/_usage.py", stripper_whole),
 }
 
 
