@@ -227,18 +227,28 @@ class HeadParser:
         self._raw_headers: list[tuple[bytes, bytes]] = []
 
     def feed(self, data: bytes) -> ResponseHead | None:
-        """The head once it is complete, else None (the bytes are kept for the next read)."""
+        """The head once it is complete, else None (the bytes are kept for the next read).
+
+        A head that starts in this read is parsed from it as it is: a read that brings the head
+        and a whole streamed body with it (an engine's burst) is not copied into the buffer and
+        out again; only an unfinished head is kept."""
         buffer = self._buffer
-        buffer += data
+        text: bytes | bytearray = data
+        if buffer:
+            buffer += data
+            text = buffer
         start = 0
         while True:
-            eol = buffer.find(b"\n", start, start + MAX_LINE + 1)
+            eol = text.find(b"\n", start, start + MAX_LINE + 1)
             if eol < 0:
-                if len(buffer) - start > MAX_LINE:
+                if len(text) - start > MAX_LINE:
                     raise BadResponse("response head line too long")
-                del buffer[:start]
+                if text is buffer:
+                    del buffer[:start]
+                else:
+                    buffer += data[start:]
                 return None
-            line = bytes(buffer[start:eol]).removesuffix(b"\r")
+            line = bytes(text[start:eol]).removesuffix(b"\r")
             start = eol + 1
             if self._status is None:
                 self._status = _status_line(line)
@@ -251,7 +261,7 @@ class HeadParser:
                 headers = Headers()
                 for name, value in self._raw_headers:
                     headers.addRawHeader(name, value)
-                return ResponseHead(version, code, phrase, headers, bytes(buffer[start:]))
+                return ResponseHead(version, code, phrase, headers, bytes(text[start:]))
 
     def _header_line(self, line: bytes) -> None:
         if len(self._raw_headers) >= MAX_HEADERS:

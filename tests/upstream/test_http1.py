@@ -151,6 +151,19 @@ def test_a_kept_partial_line_is_not_read_twice() -> None:
     assert list(head.headers.getAllRawHeaders()) == [(b"A", [b"1"]), (b"B", [b"2"])]
 
 
+@pytest.mark.parametrize("cut", [0, 5, 17, len(HEAD) - 1])
+def test_what_follows_a_head_is_handed_back_whole_however_the_head_was_read(cut: int) -> None:
+    """The bytes after the head (a whole streamed body, say) come back as they were, whether the
+    head started in the same read or was kept from earlier ones."""
+    body = b"5\r\nhello\r\n" * 1000
+    parser = HeadParser()
+    first = parser.feed(HEAD[:cut]) if cut else None
+    head = parser.feed(HEAD[cut:] + body)
+    assert first is None and head is not None
+    assert (head.code, head.rest) == (200, body)
+    assert head.headers.getRawHeaders(b"x-two") == [b"a", b"b"]
+
+
 # ---- the body's framing -------------------------------------------------------------------------
 
 
