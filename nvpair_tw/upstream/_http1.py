@@ -60,48 +60,62 @@ class _Chunk(Enum):
 
 _PLAIN_SIZES = {b"%x" % size: size for size in range(1, 1 << 12)}
 """The size lines engines write (a non-empty chunk's length in lowercase hex alone, below 4 KiB)
-to the sizes they state: a read's chunks are checked by one lookup each, in C (``map``), not a
-formatting each in Python. A larger chunk (or any other size line) is left to the
-regular-expression loop, one match for its many bytes."""
+to the sizes they state: a chunk's size is one lookup (the chunks of a split read all at once,
+in C, ``map``), not a regular-expression match or a formatting in Python. A larger chunk (or any
+other size line) is left to the regular-expression loop, one match for its many bytes."""
+
+
+_WALK = 1 << 10
+"""Bytes of whole plain chunks walked one by one; a longer rest of a read is split once."""
 
 
 def _plain_chunks(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int:
-    """The leading run of chunks at ``pos`` whose size line is the payload's length in lowercase
-    hex alone (what engines write, :data:`_PLAIN_SIZES`) and whose payload holds no CRLF, found
-    by one split of the read: their payloads are appended to ``parts``; where the run ends. The
-    regular-expression loop takes whatever follows (any other size line, a CRLF in a payload, a
-    cut chunk). The read is split only when its first chunk is plain (an engine whose events end
-    in CRLF never is: its reads go to the loop without a split first)."""
-    if not _plain_at(data, pos):
-        return pos
+    """The leading run of whole chunks at ``pos`` whose size line is the payload's length in
+    lowercase hex alone (what engines write, :data:`_PLAIN_SIZES`): their payloads are appended
+    to ``parts``; where the run ends. The regular-expression loop takes whatever follows (any
+    other size line, a cut chunk, the last chunk).
+
+    A token stream's read (a chunk or a few) is walked chunk by chunk; once what is left passes
+    :data:`_WALK` bytes (a burst) it is split at CRLF at once (:func:`_split_run`), unless the
+    chunk just walked held a CRLF (an engine whose events end in CRLF: a split would not line
+    up with its chunks, so its bursts are walked)."""
+    end = len(data)
+    while pos < end:
+        eol = data.find(b"\r\n", pos, pos + 5)
+        size = _PLAIN_SIZES.get(data[pos:eol]) if eol > pos else None
+        if size is None:
+            return pos
+        start = eol + 2
+        stop = start + size
+        if data[stop : stop + 2] != b"\r\n":
+            return pos
+        parts.append(data[start:stop])
+        pos = stop + 2
+        if end - pos > _WALK and data.find(b"\r\n", start, stop) < 0:
+            return _split_run(data, pos, parts)
+    return pos
+
+
+def _split_run(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int:
+    """:func:`_plain_chunks` for a long rest of a read: one split at CRLF, the size lines checked
+    against the payloads' lengths by a lookup each, in C (``map``), not a formatting each in
+    Python; the run ends before the first chunk that is not plain or whose payload holds a CRLF
+    (its pieces cannot match its size). Where it ends is found from the few pieces after it."""
     pieces = data[pos:].split(b"\r\n")
     whole = (len(pieces) - 1) // 2  # a size line, a payload and the CRLF after it
     payloads = pieces[1 : 2 * whole : 2]
     lengths = list(map(len, payloads))
     stated = list(map(_PLAIN_SIZES.get, pieces[0 : 2 * whole : 2]))  # None: not plain
-    if stated == lengths:
-        run = whole
-    elif stated[:-1] == lengths[:-1]:
-        run = whole - 1  # the usual case: the body's last chunk (size 0) ends the read
-    else:
-        run = 1
-        while run < whole and stated[run] == lengths[run]:
+    if whole and stated[-1] != lengths[-1]:  # usually the body's last chunk (size 0)
+        del stated[-1], lengths[-1]
+    run = len(stated)
+    if stated != lengths:  # they differ somewhere: the run ends there
+        run = 0
+        while stated[run] == lengths[run]:
             run += 1
     parts += payloads if run == whole else payloads[:run]
-    # where the run ends, from the few pieces after it: CRLFs between them, and after the run
-    left = pieces[2 * run :]
+    left = pieces[2 * run :]  # CRLFs between them, and one after the run
     return len(data) - sum(map(len, left)) - 2 * (len(left) - 1)
-
-
-def _plain_at(data: bytes, pos: int) -> bool:
-    """Whether a whole plain chunk (see :func:`_plain_chunks`) starts at ``pos``."""
-    eol = data.find(b"\r\n", pos, pos + 5)
-    size = _PLAIN_SIZES.get(data[pos:eol]) if eol > pos else None
-    if size is None:
-        return False
-    start = eol + 2
-    stop = start + size
-    return data[stop : stop + 2] == b"\r\n" and data.find(b"\r\n", start, stop) < 0
 
 
 class ChunkedDecoder:

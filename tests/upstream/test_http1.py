@@ -387,7 +387,8 @@ def _chunk(payload: bytes, size: bytes | None = None) -> bytes:
     return (b"%x" % len(payload) if size is None else size) + b"\r\n" + payload + b"\r\n"
 
 
-EVENTS = [b'data: {"n":%d}\n\n' % n for n in range(40)]
+SHORT_EVENTS = [b'data: {"n":%d}\n\n' % n for n in range(40)]  # a read walked chunk by chunk
+LONG_EVENTS = [b'data: {"n":%d,"pad":"%s"}\n\n' % (n, b"p" * 80) for n in range(40)]  # split
 ODD_CHUNKS = [
     _chunk(b"x" * 4096),  # past the plain sizes' table: the regular-expression loop
     _chunk(b"hello", b"05"),  # a leading zero
@@ -397,14 +398,16 @@ ODD_CHUNKS = [
 ]
 
 
+@pytest.mark.parametrize("events", [SHORT_EVENTS, LONG_EVENTS])
 @pytest.mark.parametrize("odd", ODD_CHUNKS)
-@pytest.mark.parametrize("where", [0, 1, 20, 39])
+@pytest.mark.parametrize("where", [0, 1, 2, 20, 39, 40])
 def test_one_read_of_plain_chunks_around_any_other_chunk_is_decoded_whole(
-    odd: bytes, where: int
+    events: list[bytes], odd: bytes, where: int
 ) -> None:
     """A read of whole chunks decodes to their payloads, and hands back what follows the last
-    chunk, wherever a chunk the fast path does not take stands in it (first, among, last)."""
-    chunks = [_chunk(event) for event in EVENTS]
+    chunk, wherever a chunk the fast paths do not take stands in it (first, among, last), in a
+    read short enough to be walked chunk by chunk or long enough to be split."""
+    chunks = [_chunk(event) for event in events]
     chunks.insert(where, odd)
     payload = b"".join(ChunkedDecoder().feed(chunk)[0] for chunk in chunks)
     stream = b"".join(chunks) + b"0\r\n\r\nNEXT"
