@@ -372,6 +372,12 @@ def asks_usage(parsed: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
+_USAGE = b'"usage"'
+"""What a read is searched for, from the end: CPython's ``rfind`` runs about three times faster
+than ``in`` or ``find`` over a read of many events (they use a two-way search for a needle this
+long); both are C, neither makes a Python object per event."""
+
+
 class UsageStripper:
     """Removes the usage chunk (``"choices": []`` with ``usage``) from an OpenAI SSE stream the
     client did not ask it for; every other byte passes as it came."""
@@ -391,7 +397,8 @@ class UsageStripper:
         # Whole events pass on (an engine writes one or more whole events per chunk, so this is
         # one test of the chunk's end and no copy); an unfinished event waits for its end, so a
         # "usage" cut across two chunks is still seen whole.
-        if not self._held and data.endswith(EVENT_ENDS) and not _holds_usage(data):
+        # "usage" is searched from the end: see _USAGE.
+        if not self._held and data.endswith(EVENT_ENDS) and data.rfind(_USAGE) < 0:
             return data
         if self._held:
             data, self._held = self._held + data, b""
@@ -401,7 +408,7 @@ class UsageStripper:
             return b""
         if end != len(data):
             data, self._held = data[:end], data[end:]
-        if not _holds_usage(data):
+        if data.rfind(_USAGE) < 0:
             return data
         return self._without_usage(data)
 
@@ -412,10 +419,10 @@ class UsageStripper:
     def _without_usage(self, events: bytes) -> bytes:
         """``events`` without the usage chunk (handed to ``noted`` for the counts): each
         ``"usage"`` is found in C, from the end (where the usage chunk is, and faster: see
-        :func:`_holds_usage`), and only the event around it is parsed; chunks removed are
+        :data:`_USAGE`), and only the event around it is parsed; chunks removed are
         handed on in the stream's order."""
         removed: list[dict[str, Any]] = []
-        at = events.rfind(b'"usage"')
+        at = events.rfind(_USAGE)
         while at >= 0:
             start = after_last_event(events, at)
             end = event_end(events, at)
@@ -423,18 +430,11 @@ class UsageStripper:
             if frame is not None:
                 removed.append(frame)
                 events = events[:start] + events[end:]
-            at = events.rfind(b'"usage"', 0, start)
+            at = events.rfind(_USAGE, 0, start)
         if self._noted is not None:
             for frame in reversed(removed):
                 self._noted(frame)
         return events
-
-
-def _holds_usage(data: bytes) -> bool:
-    """Whether ``data`` holds ``"usage"``: searched from the end, which CPython does about three
-    times faster than ``in`` or ``find`` over a read of many events (``find`` uses a two-way
-    search for a needle this long; both are C, neither makes a Python object per event)."""
-    return data.rfind(b'"usage"') >= 0
 
 
 def _usage_chunk(event: bytes) -> dict[str, Any] | None:
