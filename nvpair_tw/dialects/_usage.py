@@ -50,6 +50,8 @@ TAIL = 64 << 10
 END_BYTES = 16 << 10
 """The bytes of a stream's end its counts are looked for in (a usage chunk or a final object
 is well under 1 KiB)."""
+NEAR_END = 1 << 10
+"""The end of a stream searched first for a count's name (the last frame or two)."""
 TAIL_CHUNKS = 64
 """Chunks of a stream's end kept to read its counts from."""
 LOOK_WINDOW = 4 << 10
@@ -224,7 +226,7 @@ def _last_counts(text: bytes, floor: int = 0) -> Counts:
     count's name (in C) at or after ``floor``; only the lines holding one are parsed (whole)."""
     end = len(text)
     while end > floor:
-        mark = max(text.rfind(name, floor, end) for name in _COUNT_MARKS)
+        mark = _last_mark(text, floor, end)
         if mark < 0:
             break
         start, stop = line_around(text, mark)
@@ -234,6 +236,17 @@ def _last_counts(text: bytes, floor: int = 0) -> Counts:
                 return said
         end = start
     return _SILENT
+
+
+def _last_mark(text: bytes, floor: int, end: int) -> int:
+    """Where the last count's name in ``text[floor:end]`` starts (-1: none): looked for in the
+    last :data:`NEAR_END` bytes first, where the counts are, so the names a dialect never writes
+    are not searched for through the whole tail."""
+    near = max(floor, end - NEAR_END)
+    mark = max(text.rfind(name, near, end) for name in _COUNT_MARKS)
+    if mark < 0 and near > floor:
+        mark = max(text.rfind(name, floor, end) for name in _COUNT_MARKS)
+    return mark
 
 
 def _frames(text: bytes) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from nvpair_tw.core import Framing
 from nvpair_tw.dialects import Chain, UsageMeter, UsageStripper, asks_usage, renamer
-from nvpair_tw.dialects._usage import END_BYTES
+from nvpair_tw.dialects._usage import END_BYTES, NEAR_END, _last_counts
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -230,6 +230,18 @@ def test_counts_further_from_the_end_than_the_tail_read_are_not_read(end: bytes)
     chunks = [e.replace(b"\n", end) for e in events]
     for read in ([b"".join(chunks)], chunks):
         assert metered(read).completion_tokens is None
+
+
+@pytest.mark.parametrize("shift", range(-8, 9))
+def test_a_count_name_at_any_distance_from_the_end_is_found(shift: int) -> None:
+    """The counts' names are looked for near the end first, then through the rest: a name lying
+    across that edge, or before it, is found all the same."""
+    frame = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n'
+    at = frame.index(b"usage")
+    pad = NEAR_END - (len(frame) - at) + shift  # bytes after the frame: the name meets the edge
+    text = frame + b": " + b"x" * (pad - 3) + b"\n"
+    said = _last_counts(b'data: {"x":1}\n\n' + text)
+    assert (said.prompt, said.completion) == (1, 2)
 
 
 def strip(chunks: list[bytes]) -> tuple[bytes, list[dict[str, Any]]]:
