@@ -6,10 +6,11 @@ small request with each, in alternating batches on the same thread: the CPU time
 (not wall time, which other processes' turns would inflate), best batch of ``--rounds``. Steps:
 the affinity digests of a one-message chat (``selection._affinity``), the upstream request head
 of a small POST, its URL parsed (``upstream._agent``), a response body's gate from relay to end
-(``upstream._attempt``), one read of 50 chunked SSE events decoded, alone and with the body's
-last chunk (``upstream._http1``), and the terminal-frame detector over a 1,000-event stream read
-whole and in 64 KiB reads (``corridor._terminal``). ``bench/perrequest.py`` measures the
-bookkeeping that needs a runtime.
+(``upstream._attempt``), one read of 1, 3 and 50 chunked SSE events decoded, the 50 also with
+the body's last chunk (``upstream._http1``), and the terminal-frame detector over a 1,000-event stream read
+whole and in 64 KiB reads (``corridor._terminal``), and the usage meter (its first content and
+its counts) and stripper over the same stream read whole (``dialects._usage``).
+``bench/perrequest.py`` measures the bookkeeping that needs a runtime.
 """
 
 from __future__ import annotations
@@ -101,6 +102,18 @@ READ = (b"%x\r\n%s\r\n" % (len(EVENT), EVENT)) * 50
 """One read of 50 chunked SSE events, as an engine's burst arrives."""
 
 
+ONE = b"%x\r\n%s\r\n" % (len(EVENT), EVENT)
+"""One chunked SSE event: a token stream's usual read."""
+
+
+def one_chunk(module: ModuleType) -> Step:
+    return lambda: module.ChunkedDecoder().feed(ONE)
+
+
+def three_chunks(module: ModuleType) -> Step:
+    return lambda: module.ChunkedDecoder().feed(ONE * 3)
+
+
 def chunked_read(module: ModuleType) -> Step:
     return lambda: module.ChunkedDecoder().feed(READ)
 
@@ -135,14 +148,37 @@ def terminal_reads(module: ModuleType) -> Step:
     return step
 
 
+def meter_whole(module: ModuleType) -> Step:
+    from nvpair_tw.core import Framing
+
+    def step() -> object:
+        meter = module.UsageMeter(Framing.SSE, time.monotonic)
+        meter.feed(STREAM)
+        return meter.end()
+
+    return step
+
+
+def stripper_whole(module: ModuleType) -> Step:
+    def step() -> object:
+        stripper = module.UsageStripper(b"text/event-stream")
+        return stripper.feed(STREAM), stripper.end()
+
+    return step
+
+
 STEPS: dict[str, tuple[str, Callable[[ModuleType], Step]]] = {
     "affinity digests (one message)": ("nvpair_tw/selection/_affinity.py", affinity),
     "upstream request head": ("nvpair_tw/upstream/_agent.py", request_head),
     "upstream body gate, one response": ("nvpair_tw/upstream/_attempt.py", body_end),
+    "chunked read of one SSE event": ("nvpair_tw/upstream/_http1.py", one_chunk),
+    "chunked read of 3 SSE events": ("nvpair_tw/upstream/_http1.py", three_chunks),
     "chunked read of 50 SSE events": ("nvpair_tw/upstream/_http1.py", chunked_read),
     "the same read ending the body": ("nvpair_tw/upstream/_http1.py", last_chunked_read),
     "terminal frame, 1,000 events read whole": ("nvpair_tw/corridor/_terminal.py", terminal_whole),
     "terminal frame, the same in 64 KiB reads": ("nvpair_tw/corridor/_terminal.py", terminal_reads),
+    "usage meter, 1,000 events read whole": ("nvpair_tw/dialects/_usage.py", meter_whole),
+    "usage stripper, the same": ("nvpair_tw/dialects/_usage.py", stripper_whole),
 }
 
 

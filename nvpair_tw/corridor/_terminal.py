@@ -160,9 +160,14 @@ class TerminalFrameDetector:
         """Judge the lines of ``batch`` holding ``marker``, found by substring search (in C, at
         memory speed: a stream read whole holds its terminal frame in one batch with every event
         before it, and a pattern tried at every byte, or every line split off, costs more than
-        the relay); whether one was the terminal frame."""
+        the relay); whether one was the terminal frame.
+
+        The search runs from the batch's end: whether *some* line is terminal does not depend on
+        the order they are judged in, and the terminal frame is a stream's last, so a batch that
+        holds it is settled by its first find, without scanning the events before it (and
+        without judging each Responses API event, whose types all hold ``response.``)."""
         hint = _SSE_HINT if self._sse else _NDJSON_HINT
-        found = batch.find(marker)
+        found = batch.rfind(marker)
         while found >= 0:
             head, end = line_around(batch, found)
             line = batch[head:end]
@@ -171,7 +176,7 @@ class TerminalFrameDetector:
                 self._lines.clear()
                 self._runs = []
                 return True
-            found = batch.find(marker, end)
+            found = batch.rfind(marker, 0, head)
         return False
 
     def _judge(self, lines: list[bytes], truncated: bool) -> None:

@@ -58,27 +58,64 @@ class _Chunk(Enum):
     DONE = "done"
 
 
+_PLAIN_SIZES = {b"%x" % size: size for size in range(1, 1 << 12)}
+"""The size lines engines write (a non-empty chunk's length in lowercase hex alone, below 4 KiB)
+to the sizes they state: a chunk's size is one lookup (the chunks of a split read all at once,
+in C, ``map``), not a regular-expression match or a formatting in Python. A larger chunk (or any
+other size line) is left to the regular-expression loop, one match for its many bytes."""
+
+
+_WALK = 1 << 10
+"""Bytes of whole plain chunks walked one by one; a longer rest of a read is split once."""
+
+
 def _plain_chunks(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int:
-    """The leading run of chunks at ``pos`` whose size line is the payload's length in lowercase
-    hex alone (what engines write) and whose payload holds no CRLF, found by one split of the
-    read: their payloads are appended to ``parts``; where the run ends. The regular-expression
-    loop takes whatever follows (any other size line, a CRLF in a payload, a cut chunk)."""
+    """The leading run of whole chunks at ``pos`` whose size line is the payload's length in
+    lowercase hex alone (what engines write, :data:`_PLAIN_SIZES`): their payloads are appended
+    to ``parts``; where the run ends. The regular-expression loop takes whatever follows (any
+    other size line, a cut chunk, the last chunk).
+
+    A token stream's read (a chunk or a few) is walked chunk by chunk; once what is left passes
+    :data:`_WALK` bytes (a burst) it is split at CRLF at once (:func:`_split_run`), unless the
+    chunk just walked held a CRLF (an engine whose events end in CRLF: a split would not line
+    up with its chunks, so its bursts are walked)."""
+    end = len(data)
+    while pos < end:
+        eol = data.find(b"\r\n", pos, pos + 5)
+        size = _PLAIN_SIZES.get(data[pos:eol]) if eol > pos else None
+        if size is None:
+            return pos
+        start = eol + 2
+        stop = start + size
+        if data[stop : stop + 2] != b"\r\n":
+            return pos
+        parts.append(data[start:stop])
+        pos = stop + 2
+        if end - pos > _WALK and data.find(b"\r\n", start, stop) < 0:
+            return _split_run(data, pos, parts)
+    return pos
+
+
+def _split_run(data: bytes, pos: int, parts: list[bytes | memoryview]) -> int:
+    """:func:`_plain_chunks` for a long rest of a read: one split at CRLF, the size lines checked
+    against the payloads' lengths by a lookup each, in C (``map``), not a formatting each in
+    Python; the run ends before the first chunk that is not plain or whose payload holds a CRLF
+    (its pieces cannot match its size). Where it ends is found from the few pieces after it."""
     pieces = data[pos:].split(b"\r\n")
     whole = (len(pieces) - 1) // 2  # a size line, a payload and the CRLF after it
-    sizes, payloads = pieces[0 : 2 * whole : 2], pieces[1 : 2 * whole : 2]
-    expected = [b"%x" % len(payload) for payload in payloads]
-    if sizes == expected and all(payloads):
-        run = whole
-    elif sizes[:-1] == expected[:-1] and all(payloads[:-1]):
-        run = whole - 1  # the usual case: the body's last chunk (size 0) ends the read
-    else:
+    payloads = pieces[1 : 2 * whole : 2]
+    lengths = list(map(len, payloads))
+    stated = list(map(_PLAIN_SIZES.get, pieces[0 : 2 * whole : 2]))  # None: not plain
+    if whole and stated[-1] != lengths[-1]:  # usually the body's last chunk (size 0)
+        del stated[-1], lengths[-1]
+    run = len(stated)
+    if stated != lengths:  # they differ somewhere: the run ends there
         run = 0
-        while run < whole and payloads[run] and sizes[run] == expected[run]:
+        while stated[run] == lengths[run]:
             run += 1
-    if not run:
-        return pos
-    parts += payloads[:run]
-    return pos + sum(map(len, pieces[: 2 * run])) + 4 * run
+    parts += payloads if run == whole else payloads[:run]
+    left = pieces[2 * run :]  # CRLFs between them, and one after the run
+    return len(data) - sum(map(len, left)) - 2 * (len(left) - 1)
 
 
 class ChunkedDecoder:
@@ -204,18 +241,28 @@ class HeadParser:
         self._raw_headers: list[tuple[bytes, bytes]] = []
 
     def feed(self, data: bytes) -> ResponseHead | None:
-        """The head once it is complete, else None (the bytes are kept for the next read)."""
+        """The head once it is complete, else None (the bytes are kept for the next read).
+
+        A head that starts in this read is parsed from it as it is: a read that brings the head
+        and a whole streamed body with it (an engine's burst) is not copied into the buffer and
+        out again; only an unfinished head is kept."""
         buffer = self._buffer
-        buffer += data
+        text: bytes | bytearray = data
+        if buffer:
+            buffer += data
+            text = buffer
         start = 0
         while True:
-            eol = buffer.find(b"\n", start, start + MAX_LINE + 1)
+            eol = text.find(b"\n", start, start + MAX_LINE + 1)
             if eol < 0:
-                if len(buffer) - start > MAX_LINE:
+                if len(text) - start > MAX_LINE:
                     raise BadResponse("response head line too long")
-                del buffer[:start]
+                if text is buffer:
+                    del buffer[:start]
+                else:
+                    buffer += data[start:]
                 return None
-            line = bytes(buffer[start:eol]).removesuffix(b"\r")
+            line = bytes(text[start:eol]).removesuffix(b"\r")
             start = eol + 1
             if self._status is None:
                 self._status = _status_line(line)
@@ -228,7 +275,7 @@ class HeadParser:
                 headers = Headers()
                 for name, value in self._raw_headers:
                     headers.addRawHeader(name, value)
-                return ResponseHead(version, code, phrase, headers, bytes(buffer[start:]))
+                return ResponseHead(version, code, phrase, headers, bytes(text[start:]))
 
     def _header_line(self, line: bytes) -> None:
         if len(self._raw_headers) >= MAX_HEADERS:

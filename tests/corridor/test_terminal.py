@@ -424,3 +424,21 @@ def test_an_sse_type_that_is_not_a_string_is_not_terminal_and_does_not_raise(lin
     assert detector.seen is False
     detector.feed(b"data: [DONE]\n\n")
     assert detector.seen is True
+
+
+@pytest.mark.parametrize(
+    ("content_type", "terminal", "mention"),
+    [
+        (SSE, b"data: [DONE]\n\n", b'data: {"choices":[{"delta":{"content":"[DONE]"}}]}\n\n'),
+        (SSE, b'data: {"type":"message_stop"}\n\n', b'data: {"text":"message_stop"}\n\n'),
+        (NDJSON, b'{"done":true}\n', b'{"message":{"content":"true"},"done":false}\n'),
+    ],
+)
+def test_a_terminal_frame_followed_by_lines_that_only_mention_its_marker_is_seen(
+    content_type: str, terminal: bytes, mention: bytes
+) -> None:
+    """A batch is searched from its end, line by line back to its start: lines after the
+    terminal frame that hold its marker without being terminal do not hide it."""
+    detector = TerminalFrameDetector(content_type)
+    detector.feed(mention + terminal + mention * 3)
+    assert detector.seen

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from nvpair_tw.core import Framing
 from nvpair_tw.dialects import Chain, UsageMeter, UsageStripper, asks_usage, renamer
+from nvpair_tw.dialects._usage import END_BYTES, NEAR_END, _last_counts
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -27,6 +28,7 @@ def delta(content: str | None, **extra: Any) -> dict[str, Any]:
     return {"choices": [{"index": 0, "delta": {"content": content}, **extra}]}
 
 
+RESPONSES_USAGE = {"input_tokens": 5, "output_tokens": 9}
 USAGE = {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
 OPENAI_STREAM = sse(
     {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
@@ -196,6 +198,52 @@ def test_only_the_tail_is_kept_after_the_first_content() -> None:
     assert meter.end().completion_tokens == 3
 
 
+def test_a_stream_read_whole_gives_its_first_content_past_many_silent_lines() -> None:
+    """The first content is looked for line by line however far into one read it is (the read
+    is split a window at a time, not whole)."""
+    silent = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]}] * 500
+    usage = metered([b"".join(sse(*silent, delta("x"), USAGE))])
+    assert (usage.first_content_at, usage.completion_tokens) == (1.0, 3)
+
+
+LINE_ENDS = pytest.mark.parametrize("end", [b"\n", b"\r\n", b"\r"])
+
+
+@LINE_ENDS
+def test_counts_at_the_head_of_a_last_line_longer_than_the_tail_read_are_read(end: bytes) -> None:
+    """The counts are read from the stream's last ``END_BYTES``; the line crossing their start is
+    read whole, so a final frame that states its counts before a long answer still gives them,
+    in one read or many."""
+    answer = {"usage": RESPONSES_USAGE, "output": [{"text": "x" * (2 * END_BYTES)}]}
+    final = {"type": "response.completed", "response": answer}
+    events = sse(delta("x"), final)
+    stream = [e.replace(b"\n", end) for e in events]
+    for chunks in ([b"".join(stream)], stream):
+        usage = metered(chunks)
+        assert (usage.prompt_tokens, usage.completion_tokens) == (5, 9)
+
+
+@LINE_ENDS
+def test_counts_further_from_the_end_than_the_tail_read_are_not_read(end: bytes) -> None:
+    """Only the stream's last ``END_BYTES`` are read for counts, however the stream was read."""
+    events = sse(delta("x"), USAGE, *[delta("y" * 1000)] * (END_BYTES // 1000 + 1))
+    chunks = [e.replace(b"\n", end) for e in events]
+    for read in ([b"".join(chunks)], chunks):
+        assert metered(read).completion_tokens is None
+
+
+@pytest.mark.parametrize("shift", range(-8, 9))
+def test_a_count_name_at_any_distance_from_the_end_is_found(shift: int) -> None:
+    """The counts' names are looked for near the end first, then through the rest: a name lying
+    across that edge, or before it, is found all the same."""
+    frame = b'data: {"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}\n\n'
+    at = frame.index(b"usage")
+    pad = NEAR_END - (len(frame) - at) + shift  # bytes after the frame: the name meets the edge
+    text = frame + b": " + b"x" * (pad - 3) + b"\n"
+    said = _last_counts(b'data: {"x":1}\n\n' + text)
+    assert (said.prompt, said.completion) == (1, 2)
+
+
 def strip(chunks: list[bytes]) -> tuple[bytes, list[dict[str, Any]]]:
     noted: list[dict[str, Any]] = []
     stripper = UsageStripper(b"text/event-stream", noted.append)
@@ -224,6 +272,16 @@ def test_any_split_of_the_stream_is_stripped_alike(cuts: list[int]) -> None:
     out, noted = strip([p for p in pieces if p])
     assert out == b"".join(c for c in OPENAI_STREAM if b'"usage"' not in c)
     assert noted == [USAGE]
+
+
+def test_usage_chunks_of_one_read_are_all_removed_and_handed_on_in_stream_order() -> None:
+    """The read is searched from its end; every usage chunk in it goes, content that mentions
+    ``"usage"`` stays, and ``noted`` sees the chunks in the order the engine sent them."""
+    first = {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}
+    chunks = sse(delta("a"), first, delta('the "usage" of words'), USAGE, delta("b"))
+    out, noted = strip([b"".join(chunks)])
+    assert out == chunks[0] + chunks[2] + chunks[4] + chunks[5]
+    assert noted == [first, USAGE]
 
 
 def test_renaming_then_stripping_chain() -> None:

@@ -151,6 +151,19 @@ def test_a_kept_partial_line_is_not_read_twice() -> None:
     assert list(head.headers.getAllRawHeaders()) == [(b"A", [b"1"]), (b"B", [b"2"])]
 
 
+@pytest.mark.parametrize("cut", [0, 5, 17, len(HEAD) - 1])
+def test_what_follows_a_head_is_handed_back_whole_however_the_head_was_read(cut: int) -> None:
+    """The bytes after the head (a whole streamed body, say) come back as they were, whether the
+    head started in the same read or was kept from earlier ones."""
+    body = b"5\r\nhello\r\n" * 1000
+    parser = HeadParser()
+    first = parser.feed(HEAD[:cut]) if cut else None
+    head = parser.feed(HEAD[cut:] + body)
+    assert first is None and head is not None
+    assert (head.code, head.rest) == (200, body)
+    assert head.headers.getRawHeaders(b"x-two") == [b"a", b"b"]
+
+
 # ---- the body's framing -------------------------------------------------------------------------
 
 
@@ -368,3 +381,44 @@ def test_chunk_sizes_on_the_slow_path(size: bytes) -> None:
     else:
         with pytest.raises(BadResponse):
             decoder.feed(size + b"\r\nhel")
+
+
+def _chunk(payload: bytes, size: bytes | None = None) -> bytes:
+    return (b"%x" % len(payload) if size is None else size) + b"\r\n" + payload + b"\r\n"
+
+
+SHORT_EVENTS = [b'data: {"n":%d}\n\n' % n for n in range(40)]  # a read walked chunk by chunk
+LONG_EVENTS = [b'data: {"n":%d,"pad":"%s"}\n\n' % (n, b"p" * 80) for n in range(40)]  # split
+ODD_CHUNKS = [
+    _chunk(b"x" * 4096),  # past the plain sizes' table: the regular-expression loop
+    _chunk(b"hello", b"05"),  # a leading zero
+    _chunk(b"y" * 26, b"1A"),  # upper case
+    _chunk(b"data: a\r\n\r\n"),  # a CRLF inside the payload
+    _chunk(b"z", b"1;ext=1"),
+]
+
+
+@pytest.mark.parametrize("events", [SHORT_EVENTS, LONG_EVENTS])
+@pytest.mark.parametrize("odd", ODD_CHUNKS)
+@pytest.mark.parametrize("where", [0, 1, 2, 20, 39, 40])
+def test_one_read_of_plain_chunks_around_any_other_chunk_is_decoded_whole(
+    events: list[bytes], odd: bytes, where: int
+) -> None:
+    """A read of whole chunks decodes to their payloads, and hands back what follows the last
+    chunk, wherever a chunk the fast paths do not take stands in it (first, among, last), in a
+    read short enough to be walked chunk by chunk or long enough to be split."""
+    chunks = [_chunk(event) for event in events]
+    chunks.insert(where, odd)
+    payload = b"".join(ChunkedDecoder().feed(chunk)[0] for chunk in chunks)
+    stream = b"".join(chunks) + b"0\r\n\r\nNEXT"
+    assert ChunkedDecoder().feed(stream) == (payload, b"NEXT")
+    decoder = ChunkedDecoder()
+    assert decoder.feed(b"".join(chunks)) == (payload, None)
+    assert decoder.feed(b"0\r\n\r\n") == (b"", b"")
+
+
+def test_a_read_of_events_ending_in_crlf_is_decoded() -> None:
+    """An engine whose events end in CRLF: no chunk is plain, every one is decoded."""
+    events = [b"data: {}\r\n\r\n" * (n % 3 + 1) for n in range(30)]
+    stream = b"".join(_chunk(event) for event in events) + b"0\r\n\r\n"
+    assert ChunkedDecoder().feed(stream) == (b"".join(events), b"")
