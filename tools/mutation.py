@@ -50,6 +50,16 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
         "usage/_storage.py",
         ("tests/usage/test_storage.py", "tests/usage/test_recorder.py"),
     ),
+    "plain": ("ops/_plain.py", ("tests/ops/test_plain.py",)),
+    "usage-meter": ("dialects/_usage.py", ("tests/dialects/test_usage.py",)),
+    "limits": (
+        "inbound/_limits.py",
+        (
+            "tests/inbound/test_limits.py",
+            "tests/inbound/test_limits_gate.py",
+            "tests/inbound/test_limits_sources.py",
+        ),
+    ),
 }
 """Short name → (its file under ``nvpair_tw/``, the test files that must kill its mutants)."""
 
