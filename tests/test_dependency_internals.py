@@ -15,19 +15,24 @@ test of the proxy fails for a reason far from it.
   either. ``LimitedChannel`` also reads ``HTTPChannel``'s ``_handlingRequest``, ``_dataBuffer``,
   ``_networkProducer``, ``_receivedHeaderCount`` and ``_receivedHeaderSize``, and
   ``LineReceiver``'s ``_buffer`` (the part of a line read so far).
+- ``tcp.Connection``'s write state (``_tempDataLen``, ``offset``, ``dataBuffer``,
+  ``_writeDisconnected``, ``_aborting``): ``EagerServer`` (``nvpair_tw/runtime/_eager.py``) sends
+  at once only while Twisted's own queue is empty and the connection is open and not being reset.
 """
 
 from __future__ import annotations
 
 import inspect
+import socket
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from twisted.internet import tcp
 from twisted.internet.error import ConnectionAborted, ConnectionDone, ConnectionLost
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactor, StringTransport
 from twisted.python.failure import Failure
 from twisted.test import iosim
 from twisted.web import http
@@ -191,3 +196,19 @@ def test_http_channel_private_state_the_limited_channel_reads() -> None:
     transport.pauseProducing()
     channel._networkProducer.resumeProducing()
     assert transport.producerState == "producing"
+
+
+def test_tcp_connection_write_state_the_eager_server_reads() -> None:
+    """Each part of the write state, at its idle value on a fresh connection class; an abort is
+    what ``_aborting`` says (``tests/runtime/test_eager.py`` shows a write after it dropped)."""
+    idle = {
+        "_tempDataLen": 0,
+        "offset": 0,
+        "dataBuffer": b"",
+        "_writeDisconnected": False,
+        "_aborting": False,
+        "TLS": False,
+    }
+    with socket.socket() as skt:
+        connection = tcp.Connection(skt, Protocol(), MemoryReactor())
+        assert {name: getattr(connection, name) for name in idle} == idle

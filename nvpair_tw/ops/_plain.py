@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from math import inf
 from time import time
 
 from prometheus_client import CollectorRegistry
@@ -42,8 +43,13 @@ class PlainCounter(Collector):
             raise ValueError("a counter only goes up")
         row = self._totals.get(values)
         if row is None:
+            self._check(values)
             row = self._totals[values] = [0.0, time()]
         row[0] += amount
+
+    def _check(self, values: tuple[str, ...]) -> None:
+        if len(values) != len(self._labels):
+            raise ValueError(f"{self.name} takes {len(self._labels)} label values")
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.name, self._documentation, labels=self._labels)
@@ -67,8 +73,11 @@ class PlainHistogram(Collector):
         self.name = name
         self._documentation = documentation
         self._labels = list(labels)
-        self._bounds = tuple(float(b) for b in buckets)
-        self._edges = [floatToGoString(b) for b in self._bounds] + ["+Inf"]
+        bounds = [float(b) for b in buckets]
+        if not bounds or bounds[-1] != inf:
+            bounds.append(inf)  # as prometheus_client: the last bucket is +Inf, once
+        self._bounds = tuple(bounds)
+        self._edges = [floatToGoString(b) for b in bounds]
         self._rows: dict[tuple[str, ...], list[float]] = {}  # a count per bucket, then the sum
         registry.register(self)
 
@@ -76,9 +85,12 @@ class PlainHistogram(Collector):
         """Count ``amount`` in its bucket (the first whose bound is at least it) of ``values``."""
         row = self._rows.get(values)
         if row is None:
+            if len(values) != len(self._labels):
+                raise ValueError(f"{self.name} takes {len(self._labels)} label values")
             row = self._rows[values] = [0.0] * (len(self._edges) + 1)
-        row[bisect_left(self._bounds, amount)] += 1
         row[-1] += amount
+        if amount == amount:  # NaN is in the sum and in no bucket, as prometheus_client has it
+            row[bisect_left(self._bounds, amount)] += 1
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(self.name, self._documentation, labels=self._labels)

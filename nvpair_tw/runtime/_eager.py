@@ -64,12 +64,15 @@ class EagerServer(tcp.Server):
             self.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _sendable(self) -> bool:
-        """Nothing queued, open for writing, no TLS layered on the transport itself."""
+        """Nothing queued, open for writing, not being reset (``abortConnection`` leaves the
+        connection ``connected`` and makes ``doWrite`` drop what is written after it: so do we),
+        no TLS layered on the transport itself."""
         return bool(
             self._tempDataLen == 0
             and self.offset == len(self.dataBuffer)
             and self.connected
             and not self._writeDisconnected
+            and not self._aborting
             and not self.TLS
         )
 

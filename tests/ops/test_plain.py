@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -66,3 +68,27 @@ def test_a_plain_counter_has_a_created_sample_per_label_set_and_only_goes_up() -
     with pytest.raises(ValueError, match="only goes up"):
         plain.inc("ollama", amount=-1)
     assert registry.get_sample_value("nvpair_things_total", {"engine": "ollama"}) == 1
+
+
+def test_an_explicit_inf_bound_gives_one_inf_bucket() -> None:
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    PlainHistogram(ours, "w", "W.", ["e"], (1, math.inf)).observe("a", amount=0.5)
+    Histogram("w", "W.", ["e"], buckets=(1, math.inf), registry=theirs).labels("a").observe(0.5)
+    assert _lines(ours) == _lines(theirs)
+
+
+def test_a_nan_observation_is_summed_and_counted_in_no_bucket() -> None:
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    PlainHistogram(ours, "w", "W.", ["e"], (1, 2)).observe("a", amount=math.nan)
+    Histogram("w", "W.", ["e"], buckets=(1, 2), registry=theirs).labels("a").observe(math.nan)
+    assert _lines(ours) == _lines(theirs)
+
+
+def test_a_wrong_number_of_label_values_is_refused() -> None:
+    registry = CollectorRegistry()
+    counter = PlainCounter(registry, "nvpair_x", "X.", ["engine", "node"])
+    histogram = PlainHistogram(registry, "nvpair_y", "Y.", ["engine"], (1,))
+    with pytest.raises(ValueError, match="takes 2 label values"):
+        counter.inc("ollama")
+    with pytest.raises(ValueError, match="takes 1 label values"):
+        histogram.observe("ollama", "a", amount=1)

@@ -18,7 +18,7 @@ from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from nvpair_tw.core._reactor import IProxyReactor
+from nvpair_tw.core._reactor import IProxyReactor, one_send
 from nvpair_tw.runtime._eager import EagerPort, EagerServer, EagerTCPServerEndpoint, eager_endpoint
 from nvpair_tw.runtime._service import ListenerService
 
@@ -282,4 +282,35 @@ async def test_the_local_address_is_asked_of_the_kernel_once(
     monkeypatch.setattr(transport, "socket", None)  # asking the socket again would raise
     assert transport.getHost() is first
     monkeypatch.undo()
+    await pair.close()
+
+
+async def _what_arrives_after_a_reset(pair: Pair) -> bytes:
+    await pair.lost
+    pair.client.settimeout(2)
+    try:
+        return pair.client.recv(100)
+    except OSError as error:  # the reset
+        return repr(error).encode()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_write_after_an_abort_is_dropped_as_twisted_drops_it(pair: Pair) -> None:
+    """``abortConnection`` leaves the connection ``connected``; a later write must not reach the
+    peer (a relay's last chunk written as it cuts a stream would look like a whole answer)."""
+    transport = await pair.open()
+    transport.abortConnection()
+    transport.write(b"late")
+    transport.writeSequence([b"later"])
+    assert b"late" not in await _what_arrives_after_a_reset(pair)
+    await pair.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_abort_inside_a_hold_sends_nothing_that_was_held(pair: Pair) -> None:
+    transport = await pair.open()
+    with one_send(transport):
+        transport.write(b"held head")
+        transport.abortConnection()
+    assert b"held head" not in await _what_arrives_after_a_reset(pair)
     await pair.close()
