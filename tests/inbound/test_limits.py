@@ -15,7 +15,7 @@ from twisted.internet.testing import StringTransportWithDisconnection
 from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
-from twisted.web.server import Request
+from twisted.web.server import NOT_DONE_YET, Request
 
 from nvpair_tw.inbound._limits import MIB, LimitedChannel, LimitedSite, Limits, make_site
 from tests.helpers import exchange
@@ -534,3 +534,89 @@ async def test_loopback_connection_cap(reactor: Any, listen: Any) -> None:
     assert body["code"] == "too-many-connections"
     assert served.startswith(b"HTTP/1.1 200 OK")
     assert site.open_connections == 0
+
+
+class _Later(Resource):
+    """A leaf that answers later: it keeps each request."""
+
+    isLeaf = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[Request] = []
+
+    def render(self, request: Request) -> Any:
+        self.pending.append(request)
+        return NOT_DONE_YET
+
+
+def test_a_pipelined_head_cut_short_after_an_answered_request_gets_408_at_the_header_deadline() -> (
+    None
+):
+    """The second head starts in the read that brought the first request: its deadline is armed
+    when the first is answered, inside that read."""
+    clock = Clock()
+    site, root = _site(clock)
+    _, transport = _connect(site)
+    transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HT")
+    assert root.bodies == [b""]
+    clock.advance(10)
+    assert b"408" in transport.value()
+
+
+def test_a_head_dribbled_while_a_request_is_handled_is_timed_from_that_requests_end() -> None:
+    """Bytes that arrive while a request is handled wait behind it; the head they start gets its
+    10 s from the moment the answer is done."""
+    clock = Clock()
+    root = _Later()
+    site = make_site(root, clock=clock)
+    _, transport = _connect(site)
+    transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HT")
+    clock.advance(20)
+    transport.protocol.dataReceived(b"TP/1.1\r\nX: 1\r\n")
+    clock.advance(20)
+    [req] = root.pending
+    req.write(b"x")
+    req.finish()
+    clock.advance(9.9)
+    assert b"408" not in transport.value()
+    clock.advance(0.1)
+    assert b"408" in transport.value()
+
+
+def test_a_body_announced_with_expect_continue_that_never_comes_gets_408() -> None:
+    clock = Clock()
+    site, _root = _site(clock)
+    _, transport = _connect(site)
+    transport.protocol.dataReceived(
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"
+    )
+    assert b"100 Continue" in transport.value()
+    clock.advance(30)
+    assert b"408" in transport.value()
+
+
+def test_a_head_after_a_bare_crlf_is_timed_from_its_first_byte() -> None:
+    """An empty line between requests starts no deadline; the head's first byte does."""
+    clock = Clock()
+    site, _root = _site(clock)
+    _, transport = _connect(site)
+    transport.protocol.dataReceived(b"\r\n")
+    clock.advance(5)
+    transport.protocol.dataReceived(b"G")
+    clock.advance(9.9)
+    transport.protocol.dataReceived(b"E")
+    assert b"408" not in transport.value()
+    clock.advance(0.1)
+    assert b"408" in transport.value()
+
+
+def test_a_chunked_body_that_stalls_after_one_chunk_gets_408() -> None:
+    clock = Clock()
+    site, _root = _site(clock)
+    _, transport = _connect(site)
+    transport.protocol.dataReceived(
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
+    )
+    clock.advance(30)
+    assert b"408" in transport.value()
