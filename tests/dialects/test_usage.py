@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from nvpair_tw.core import Framing
 from nvpair_tw.dialects import Chain, UsageMeter, UsageStripper, asks_usage, renamer
-from nvpair_tw.dialects._usage import END_BYTES, NEAR_END, _last_counts
+from nvpair_tw.dialects._usage import END_BYTES, NEAR_END, _has_content, _last_counts
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -335,3 +335,103 @@ def test_an_engine_rate_that_is_not_finite_is_not_taken() -> None:
     timings += b' "timings": {"predicted_per_second": Infinity, "prompt_per_second": 1e999}}'
     llama = metered([timings], framing=None)
     assert (llama.engine_rate, llama.engine_prefill) == (None, None)
+
+
+_CONTENT_FRAMES: list[tuple[dict[str, Any], bool]] = [
+    ({"message": {"content": "x"}}, True),  # Ollama chat
+    ({"message": {"thinking": "x"}}, True),
+    ({"message": {"tool_calls": [{"function": {}}]}}, True),
+    ({"message": {"content": "", "thinking": "", "tool_calls": []}}, False),
+    ({"message": "x"}, False),
+    ({"response": "x"}, True),  # Ollama generate
+    ({"response": ""}, False),
+    ({"response": ["x"]}, False),
+    ({"choices": [{"delta": {"content": "x"}}]}, True),  # OpenAI chat
+    ({"choices": [{"delta": {"reasoning_content": "x"}}]}, True),
+    ({"choices": [{"delta": {"tool_calls": [{}]}}]}, True),
+    ({"choices": [{"delta": {"role": "assistant", "content": ""}}]}, False),
+    ({"choices": [{"delta": "x"}]}, False),
+    ({"choices": [{"text": "x"}]}, True),  # OpenAI completions
+    ({"choices": [{"text": ""}]}, False),
+    ({"choices": [{"finish_reason": "stop"}, {"delta": {"content": "x"}}]}, False),
+    ({"choices": []}, False),
+    ({"choices": ["x"]}, False),
+    ({"choices": {"delta": {"content": "x"}}}, False),
+    ({"type": "response.output_text.delta"}, True),  # Responses
+    ({"type": "content_block_delta"}, True),  # Anthropic Messages
+    ({"type": "response.completed"}, False),
+    ({"type": "message_start"}, False),
+    ({}, False),
+]
+
+
+@pytest.mark.parametrize(("frame", "content"), _CONTENT_FRAMES)
+def test_a_frame_carries_content_when_it_holds_text_thinking_or_a_tool_call(
+    frame: dict[str, Any], content: bool
+) -> None:
+    """The first such frame is the answer's first token (§12.2), in each dialect's shape; an
+    empty role delta, a finish frame or a lifecycle event is not one."""
+    assert _has_content(frame) is content
+
+
+_WORDS = st.sampled_from(["hi", " there", "usage", "eval_count", "stats", "é", "\n", '"', "{"])
+
+
+@st.composite
+def _metered_streams(draw: st.DrawFn) -> tuple[Framing, list[bytes], int, int, int]:
+    """A streamed answer (OpenAI SSE or Ollama NDJSON, LF, CRLF or CR line ends): frames without
+    content first (one maybe longer than the look window), then content, then the counts; cut
+    into reads anywhere. Also where its first content frame's line ends, and its counts."""
+    sse, end = draw(st.booleans()), draw(st.sampled_from([b"\n", b"\r\n", b"\r"]))
+    pad = "x" * draw(st.sampled_from([0, 40, 5000]))
+    texts = draw(st.lists(st.lists(_WORDS, min_size=1, max_size=4).map("".join), min_size=1))
+    prompt, completion = draw(st.integers(1, 10**6)), draw(st.integers(1, 10**6))
+    if sse:
+        lead = [{"choices": [{"delta": {"role": "assistant", "content": ""}}], "pad": pad}]
+        said = [{"choices": [{"delta": {"content": text}}]} for text in texts]
+        final = [
+            {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}
+        ]
+        lines = [
+            b"data: " + json.dumps(f, ensure_ascii=False).encode() for f in lead + said + final
+        ]
+        lines = [*lines, b"data: [DONE]"]
+        stream = b"".join(line + end + end for line in lines)
+    else:
+        lead = [{"message": {"role": "assistant", "content": ""}, "done": False, "pad": pad}]
+        said = [{"message": {"content": text}, "done": False} for text in texts]
+        counts = {"prompt_eval_count": prompt, "eval_count": completion}
+        final = [{"message": {"content": ""}, "done": True, **counts}]
+        stream = b"".join(json.dumps(f).encode() + end for f in lead + said + final)
+    first_line = stream.index(b'"content": ' + json.dumps(texts[0], ensure_ascii=not sse).encode())
+    first_end = min(
+        i for i in (stream.find(b"\n", first_line), stream.find(b"\r", first_line)) if i >= 0
+    )
+    cuts = sorted(set(draw(st.lists(st.integers(1, len(stream) - 1), max_size=12))))
+    reads = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)], strict=True)]
+    framing = Framing.SSE if sse else Framing.NDJSON
+    return framing, reads, first_end, prompt, completion
+
+
+@settings(max_examples=300)
+@given(_metered_streams())
+def test_any_split_of_a_stream_meters_its_counts_and_the_read_of_its_first_content(
+    case: tuple[Framing, list[bytes], int, int, int],
+) -> None:
+    """The meter (§12.2) reads the counts the stream's last frame states and times the first
+    content at the read that completes its line, however the stream is cut into reads."""
+    framing, reads, first_end, prompt, completion = case
+    now = [0]
+    meter = UsageMeter(framing, lambda: float(now[0]))
+    offset, first_read = 0, None
+    for index, data in enumerate(reads):
+        now[0] = index
+        meter.feed(data)
+        if first_read is None and offset <= first_end < offset + len(data):
+            first_read = index
+        offset += len(data)
+    now[0] = len(reads)
+    usage = meter.end()
+    assert (usage.prompt_tokens, usage.completion_tokens) == (prompt, completion)
+    assert usage.first_content_at == first_read
+    assert usage.last_at == len(reads)
