@@ -387,9 +387,11 @@ def _metered_streams(draw: st.DrawFn) -> tuple[Framing, list[bytes], int, int, i
     texts = draw(st.lists(st.lists(_WORDS, min_size=1, max_size=4).map("".join), min_size=1))
     prompt, completion = draw(st.integers(1, 10**6)), draw(st.integers(1, 10**6))
     if sse:
-        lead = [{"choices": [{"delta": {"role": "assistant", "content": ""}}], "pad": pad}]
-        said = [{"choices": [{"delta": {"content": text}}]} for text in texts]
-        final = [
+        lead: list[dict[str, Any]] = [
+            {"choices": [{"delta": {"role": "assistant", "content": ""}}], "pad": pad}
+        ]
+        said: list[dict[str, Any]] = [{"choices": [{"delta": {"content": t}}]} for t in texts]
+        final: list[dict[str, Any]] = [
             {"choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion}}
         ]
         lines = [
