@@ -352,35 +352,6 @@ def test_a_request_read_whole_in_one_read_schedules_no_deadline() -> None:
     _closed(transport, clock)
 
 
-def test_a_request_line_that_stops_half_way_gets_408_at_the_header_deadline() -> None:
-    """A read that ends inside the request line arms the head's deadline."""
-    clock = Clock()
-    site, _ = _site(clock)
-    _, transport = _connect(site)
-    transport.protocol.dataReceived(b"GET / HT")
-    clock.advance(9.9)
-    assert transport.value() == b""
-    clock.advance(0.1)
-    assert _error(transport.value())[0] == b"HTTP/1.1 408 Request Timeout"
-    _closed(transport, clock)
-
-
-def test_a_body_split_over_reads_moves_the_body_deadline_at_each_read() -> None:
-    """Each read of a body gives it another 30 s; a pause of 30 s after the last is a 408."""
-    clock = Clock()
-    site, root = _site(clock)
-    _, transport = _connect(site)
-    transport.protocol.dataReceived(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\n\r\na")
-    clock.advance(29)
-    transport.protocol.dataReceived(b"b")
-    clock.advance(29)
-    assert transport.value() == b""
-    clock.advance(1)
-    assert _error(transport.value())[0] == b"HTTP/1.1 408 Request Timeout"
-    assert root.bodies == []
-    _closed(transport, clock)
-
-
 def test_client_leaving_mid_headers_leaves_no_timer() -> None:
     """A client that disconnects while sending headers takes every timer with it."""
     clock = Clock()
@@ -550,20 +521,6 @@ class _Later(Resource):
         return NOT_DONE_YET
 
 
-def test_a_pipelined_head_cut_short_after_an_answered_request_gets_408_at_the_header_deadline() -> (
-    None
-):
-    """The second head starts in the read that brought the first request: its deadline is armed
-    when the first is answered, inside that read."""
-    clock = Clock()
-    site, root = _site(clock)
-    _, transport = _connect(site)
-    transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HT")
-    assert root.bodies == [b""]
-    clock.advance(10)
-    assert b"408" in transport.value()
-
-
 def test_a_head_dribbled_while_a_request_is_handled_is_timed_from_that_requests_end() -> None:
     """Bytes that arrive while a request is handled wait behind it; the head they start gets its
     10 s from the moment the answer is done."""
@@ -584,39 +541,45 @@ def test_a_head_dribbled_while_a_request_is_handled_is_timed_from_that_requests_
     assert b"408" in transport.value()
 
 
-def test_a_body_announced_with_expect_continue_that_never_comes_gets_408() -> None:
-    clock = Clock()
-    site, _root = _site(clock)
-    _, transport = _connect(site)
-    transport.protocol.dataReceived(
-        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"
-    )
-    assert b"100 Continue" in transport.value()
-    clock.advance(30)
-    assert b"408" in transport.value()
+_POST = b"POST / HTTP/1.1\r\nHost: a\r\n"
+_STALLS: dict[str, tuple[list[bytes | float], float]] = {
+    "a request line cut short": ([b"GET / HT"], 10.0),
+    "a head after a bare CRLF, from its first byte": ([b"\r\n", 5.0, b"G", 9.0, b"E"], 15.0),
+    "a pipelined head cut short after an answered request": (
+        [b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HT"],
+        10.0,
+    ),
+    "a body split over reads, from its last read": (
+        [_POST + b"Content-Length: 3\r\n\r\na", 29.0, b"b"],
+        59.0,
+    ),
+    "an Expect: 100-continue body that never comes": (
+        [_POST + b"Content-Length: 3\r\nExpect: 100-continue\r\n\r\n"],
+        30.0,
+    ),
+    "a chunked body stalled after one chunk": (
+        [_POST + b"Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"],
+        30.0,
+    ),
+}
+"""Playbooks of requests that stop arriving: reads (bytes) and waits (seconds), then the time
+their 408 is due: the head's 10 s from its first byte, the body's 30 s from its last read."""
 
 
-def test_a_head_after_a_bare_crlf_is_timed_from_its_first_byte() -> None:
-    """An empty line between requests starts no deadline; the head's first byte does."""
+@pytest.mark.parametrize(("steps", "due"), list(_STALLS.values()), ids=list(_STALLS))
+def test_a_request_that_stops_arriving_gets_its_408_when_its_deadline_is_due(
+    steps: list[bytes | float], due: float
+) -> None:
     clock = Clock()
-    site, _root = _site(clock)
+    site, _ = _site(clock)
     _, transport = _connect(site)
-    transport.protocol.dataReceived(b"\r\n")
-    clock.advance(5)
-    transport.protocol.dataReceived(b"G")
-    clock.advance(9.9)
-    transport.protocol.dataReceived(b"E")
+    for step in steps:
+        if isinstance(step, bytes):
+            transport.protocol.dataReceived(step)
+        else:
+            clock.advance(step)
+    clock.advance(due - 0.5 - clock.seconds())
     assert b"408" not in transport.value()
-    clock.advance(0.1)
-    assert b"408" in transport.value()
-
-
-def test_a_chunked_body_that_stalls_after_one_chunk_gets_408() -> None:
-    clock = Clock()
-    site, _root = _site(clock)
-    _, transport = _connect(site)
-    transport.protocol.dataReceived(
-        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
-    )
-    clock.advance(30)
-    assert b"408" in transport.value()
+    clock.advance(0.5)
+    assert b"HTTP/1.1 408 Request Timeout" in transport.value()
+    _closed(transport, clock)
