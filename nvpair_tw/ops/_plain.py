@@ -25,8 +25,8 @@ from prometheus_client.utils import floatToGoString
 __all__ = ["PlainCounter", "PlainHistogram"]
 
 
-class PlainCounter(Collector):
-    """A counter family: a total per label set (with the time of its first count)."""
+class _Family(Collector):
+    """A metric family's name, help and label names, registered; its label values checked."""
 
     def __init__(
         self, registry: CollectorRegistry, name: str, documentation: str, labels: Sequence[str]
@@ -34,8 +34,22 @@ class PlainCounter(Collector):
         self.name = name
         self._documentation = documentation
         self._labels = list(labels)
-        self._totals: dict[tuple[str, ...], list[float]] = {}  # [total, created]
         registry.register(self)
+
+    def _check(self, values: tuple[str, ...]) -> None:
+        """A new label set must name a value for each label (prometheus_client's ``labels``)."""
+        if len(values) != len(self._labels):
+            raise ValueError(f"{self.name} takes {len(self._labels)} label values")
+
+
+class PlainCounter(_Family):
+    """A counter family: a total per label set (with the time of its first count)."""
+
+    def __init__(
+        self, registry: CollectorRegistry, name: str, documentation: str, labels: Sequence[str]
+    ) -> None:
+        self._totals: dict[tuple[str, ...], list[float]] = {}  # [total, created]
+        super().__init__(registry, name, documentation, labels)
 
     def inc(self, *values: str, amount: float = 1.0) -> None:
         """Add ``amount`` (not negative) to the total of the label set ``values``."""
@@ -47,10 +61,6 @@ class PlainCounter(Collector):
             row = self._totals[values] = [0.0, time()]
         row[0] += amount
 
-    def _check(self, values: tuple[str, ...]) -> None:
-        if len(values) != len(self._labels):
-            raise ValueError(f"{self.name} takes {len(self._labels)} label values")
-
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(self.name, self._documentation, labels=self._labels)
         for values, (total, created) in self._totals.items():
@@ -58,7 +68,7 @@ class PlainCounter(Collector):
         yield family
 
 
-class PlainHistogram(Collector):
+class PlainHistogram(_Family):
     """A histogram family: per label set, a count per bucket (``le`` upper bounds, +Inf last)
     and the sum of what was observed."""
 
@@ -70,23 +80,19 @@ class PlainHistogram(Collector):
         labels: Sequence[str],
         buckets: Sequence[float],
     ) -> None:
-        self.name = name
-        self._documentation = documentation
-        self._labels = list(labels)
         bounds = [float(b) for b in buckets]
         if not bounds or bounds[-1] != inf:
             bounds.append(inf)  # as prometheus_client: the last bucket is +Inf, once
         self._bounds = tuple(bounds)
         self._edges = [floatToGoString(b) for b in bounds]
         self._rows: dict[tuple[str, ...], list[float]] = {}  # a count per bucket, then the sum
-        registry.register(self)
+        super().__init__(registry, name, documentation, labels)
 
     def observe(self, *values: str, amount: float) -> None:
         """Count ``amount`` in its bucket (the first whose bound is at least it) of ``values``."""
         row = self._rows.get(values)
         if row is None:
-            if len(values) != len(self._labels):
-                raise ValueError(f"{self.name} takes {len(self._labels)} label values")
+            self._check(values)
             row = self._rows[values] = [0.0] * (len(self._edges) + 1)
         row[-1] += amount
         if amount == amount:  # NaN is in the sum and in no bucket, as prometheus_client has it
