@@ -96,6 +96,7 @@ FACES: dict[str, list[str]] = {
         "dump",
         "event_end",
         "line_around",
+        "line_start",
         "media_type",
         "ToolCalls",
         "write_error",

@@ -31,6 +31,7 @@ from nvpair_tw.core._framer import (
     dump,
     event_end,
     line_around,
+    line_start,
     media_type,
 )
 from nvpair_tw.core._headers import (
@@ -112,6 +113,7 @@ __all__ = [
     "forward_headers",
     "header_tokens",
     "line_around",
+    "line_start",
     "loop_marks",
     "media_type",
     "object_members",

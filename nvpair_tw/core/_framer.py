@@ -30,6 +30,7 @@ __all__ = [
     "dump",
     "event_end",
     "line_around",
+    "line_start",
     "media_type",
 ]
 
@@ -305,9 +306,17 @@ def event_end(data: bytes, at: int) -> int:
     return min(ends, default=len(data))
 
 
+def line_start(data: bytes, at: int) -> int:
+    """Where the line holding ``at`` starts in ``data`` (LF, CR or CRLF end a line; a point before
+    ``data`` is in its first line)."""
+    if at <= 0:
+        return 0
+    lf = data.rfind(b"\n", 0, at)
+    return max(lf, data.rfind(b"\r", lf + 1, at)) + 1
+
+
 def line_around(data: bytes, at: int) -> tuple[int, int]:
     """Where the line holding ``at`` starts and ends in ``data`` (its end excluded; LF, CR or
     CRLF end a line; the end of ``data`` ends an open one)."""
-    start = max(data.rfind(b"\n", 0, at), data.rfind(b"\r", 0, at)) + 1
     ends = [found for mark in (b"\n", b"\r") if (found := data.find(mark, at)) >= 0]
-    return start, min(ends, default=len(data))
+    return line_start(data, at), min(ends, default=len(data))

@@ -41,7 +41,15 @@ from typing import Any
 
 from attrs import frozen
 
-from nvpair_tw.core import EVENT_ENDS, Framing, Lines, after_last_event, event_end, line_around
+from nvpair_tw.core import (
+    EVENT_ENDS,
+    Framing,
+    Lines,
+    after_last_event,
+    event_end,
+    line_around,
+    line_start,
+)
 
 __all__ = ["Chain", "Usage", "UsageMeter", "UsageStripper", "asks_usage"]
 
@@ -322,7 +330,8 @@ class UsageMeter:
         """The counts the answer stated (None when it never did, e.g. a stream cut before them)."""
         if self._streaming:
             tail = _last_bytes(self._tail, END_BYTES)
-            said = _last_counts(tail, _line_start(tail, len(tail) - END_BYTES))
+            # The line crossing the start of the last END_BYTES is read whole, not a last read of 50 KiB.
+            said = _last_counts(tail, line_start(tail, len(tail) - END_BYTES))
         elif self._whole_size <= WHOLE_CAP:
             whole = b"".join(self._whole).replace(b"\n", b" ").replace(b"\r", b" ")
             said = _last_counts(whole)
@@ -339,16 +348,6 @@ class UsageMeter:
             said.prefill,
             said.load,
         )
-
-
-def _line_start(text: bytes, at: int) -> int:
-    """Where the line holding ``at`` starts (0 when ``at`` is before the text): the counts are
-    read from the last :data:`END_BYTES` of a stream, and the line that crosses their start is
-    read whole, not the whole of a last read of 50 KiB."""
-    if at <= 0:
-        return 0
-    lf = text.rfind(b"\n", 0, at)
-    return max(lf, text.rfind(b"\r", lf + 1, at)) + 1
 
 
 def _windows(run: bytes) -> Iterator[list[bytes]]:

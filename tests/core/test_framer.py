@@ -19,6 +19,7 @@ from nvpair_tw.core import (
     dump,
     event_end,
     line_around,
+    line_start,
     media_type,
 )
 
@@ -360,3 +361,25 @@ def test_the_line_around_a_point_ends_at_lf_cr_or_crlf_and_an_open_one_at_the_en
     head, end = line_around(data, data.index(b"last") + 2)
     assert data[head:end] == b"last"
     assert line_around(data, 0) == (0, 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "at", "start"),
+    [
+        (b"ab", 0, 0),
+        (b"ab", -5, 0),
+        (b"ab", 1, 0),
+        (b"\nab", 1, 1),
+        (b"\nab", 2, 1),
+        (b"\n\rab", 3, 2),
+        (b"a\r\nbc", 4, 3),
+        (b"a\rbc", 3, 2),
+        (b"a\nb\rc", 5, 4),
+    ],
+)
+def test_a_line_starts_after_the_last_lf_or_cr_before_the_point(
+    text: bytes, at: int, start: int
+) -> None:
+    """The usage meter reads the counts from the line crossing its tail's start, whole (§12.2);
+    a point before the data is in its first line."""
+    assert line_start(text, at) == start

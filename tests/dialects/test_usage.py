@@ -16,7 +16,6 @@ from nvpair_tw.dialects._usage import (
     NEAR_END,
     _has_content,
     _last_counts,
-    _line_start,
     _windows,
 )
 
@@ -444,27 +443,6 @@ def test_any_split_of_a_stream_meters_its_counts_and_the_read_of_its_first_conte
     assert (usage.prompt_tokens, usage.completion_tokens) == (prompt, completion)
     assert usage.first_content_at == first_read
     assert usage.last_at == len(reads)
-
-
-@pytest.mark.parametrize(
-    ("text", "at", "start"),
-    [
-        (b"ab", 0, 0),
-        (b"ab", -5, 0),
-        (b"ab", 1, 0),
-        (b"\nab", 1, 1),
-        (b"\nab", 2, 1),
-        (b"\n\rab", 3, 2),
-        (b"a\r\nbc", 4, 3),
-        (b"a\rbc", 3, 2),
-        (b"a\nb\rc", 5, 4),
-    ],
-)
-def test_the_line_around_the_tails_start_begins_after_the_last_lf_or_cr_before_it(
-    text: bytes, at: int, start: int
-) -> None:
-    """The counts are read from the line that crosses the tail's start, whole (§12.2)."""
-    assert _line_start(text, at) == start
 
 
 @given(st.lists(st.sampled_from([b"x" * 3000, b"ab", b"", b"\n", b"\r\n", b"\r"]), max_size=12))
