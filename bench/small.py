@@ -8,7 +8,8 @@ whose metrics and status board follow every request, is on as deployed unless ``
 in ``bench/run.py``), with ``--base`` a second nvpair-tw running the code at that git ref, and
 RPR. ``small``: ``wrk`` at c=1 and c=32 on ``POST /api/chat``; ``stream``: ``wrk`` at c=4 on
 streams of 1,000 SSE events in one burst, CPU per relayed event. Contenders interleave round by
-round; medians and ratios to RPR are printed. ``--profile`` records py-spy on each nvpair-tw under the
+round, in reverse order every other round; medians are printed, with the ratio of the medians to
+RPR's and the median (and quartiles) of the rounds' own ratios. ``--profile`` records py-spy on each nvpair-tw under the
 (first) load, keeps the raw stacks in ``bench/results/`` and prints the hottest frames, inclusive
 and self. It is the narrow form of
 scenarios 1 and 2 of ``bench/run.py`` (docs/performance.md).
@@ -116,11 +117,18 @@ def summarise(path: Path, top: int) -> list[str]:
 Rows = dict[str, dict[str, list[float]]]
 
 
+def in_turn(servers: dict[str, Server], turn: int) -> list[tuple[str, Server]]:
+    """The contenders in the order of one round: reversed every other round, so a drift in the
+    shared machine's speed during a round favours none of them."""
+    order = list(servers.items())
+    return order[::-1] if turn % 2 else order
+
+
 def small(harness: Harness, servers: dict[str, Server], rounds: int, seconds: int) -> Rows:
     """c=1 latency, then c=32 throughput and CPU per request, interleaved round by round."""
     rows: Rows = {}
-    for _ in range(rounds):
-        for name, server in servers.items():
+    for turn in range(rounds):
+        for name, server in in_turn(servers, turn):
             row = rows.setdefault(name, {"p50": [], "rps": [], "cpu": [], "err": []})
             c1 = wrk(harness, server.port, "/api/chat", CHAT, 1, seconds)
             before = server.cpu()
@@ -135,8 +143,8 @@ def small(harness: Harness, servers: dict[str, Server], rounds: int, seconds: in
 def streamed(harness: Harness, servers: dict[str, Server], rounds: int, seconds: int) -> Rows:
     """c=4 streams of 1,000 SSE events in one burst: CPU per relayed event, interleaved."""
     rows: Rows = {}
-    for _ in range(rounds):
-        for name, server in servers.items():
+    for turn in range(rounds):
+        for name, server in in_turn(servers, turn):
             row = rows.setdefault(name, {"cpu": [], "eps": [], "err": []})
             before = server.cpu()
             run = wrk(harness, server.port, "/v1/chat/completions", STREAM, 4, seconds)
@@ -171,19 +179,26 @@ def profile(harness: Harness, server: Server, seconds: int, load: str, top: int)
 
 
 def table(rows: Rows, columns: dict[str, tuple[str, int]], ratio: str) -> list[str]:
-    """Medians per contender, ``ratio`` also as a multiple of RPR's."""
+    """Medians per contender, ``ratio`` also as a multiple of RPR's: the ratio of the medians,
+    and the median (and quartiles) of the rounds' own ratios, each round's contenders measured
+    back to back (the machine's speed drifts between rounds more than within one)."""
     names = list(columns)
     lines = [
-        "| contender | " + " | ".join(columns[n][0] for n in names) + f" | {ratio} x RPR |",
-        "|---|" + "---|" * (len(names) + 1),
+        "| contender | "
+        + " | ".join(columns[n][0] for n in names)
+        + f" | {ratio} x RPR | paired x RPR (quartiles) |",
+        "|---|" + "---|" * (len(names) + 2),
     ]
-    rpr = statistics.median(rows["rpr"][ratio])
+    rpr = rows["rpr"][ratio]
     for contender, row in rows.items():
         cells = [f"{statistics.median(row[n]):,.{columns[n][1]}f}" for n in names]
+        paired = [mine / theirs for mine, theirs in zip(row[ratio], rpr, strict=True)]
+        low, mid, high = statistics.quantiles(paired, n=4) if len(paired) > 1 else paired * 3
         lines.append(
             f"| {contender} | "
             + " | ".join(cells)
-            + f" | {statistics.median(row[ratio]) / rpr:.2f} |"
+            + f" | {statistics.median(row[ratio]) / statistics.median(rpr):.2f}"
+            + f" | {mid:.2f} ({low:.2f}-{high:.2f}) |"
         )
     return lines
 
