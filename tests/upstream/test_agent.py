@@ -691,9 +691,12 @@ def test_an_agent_keeps_a_bounded_number_of_urls_parsed_and_never_a_bad_one() ->
     assert made._parse(b"http://n:81/p?q") is made._parse(b"http://n:81/p?q")
     assert made._parse(b"http://n:81/p?q").target == b"/p?q"
     assert made._parse(b"http://n:81/p?q").host == b"n:81"
-    for i in range(PARSED_KEPT + 1):
+    made._parsed.clear()
+    for i in range(PARSED_KEPT):
         made._parse(b"http://n/%d" % i)
-    assert 0 < len(made._parsed) <= PARSED_KEPT
+    assert len(made._parsed) == PARSED_KEPT  # full: every one kept
+    made._parse(b"http://n/one-more")
+    assert list(made._parsed) == [b"http://n/one-more"]  # one past the bound starts afresh
     for _ in range(2):
         with pytest.raises(ValueError, match=r"^only http and https node URLs$"):
             made._parse(b"ftp://n/")
