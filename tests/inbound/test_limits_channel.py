@@ -106,13 +106,16 @@ def test_a_handed_over_connection_gives_the_tunnel_every_byte_and_its_loss() -> 
     assert isinstance(channel.site, LimitedSite) and channel.site.open_connections == 0
 
 
+_ONCE = r"^hand_over is only for the request being handled, once$"
+
+
 def test_hand_over_is_only_for_the_request_being_handled_and_only_once() -> None:
     channel, transport = _connect(make_site(_Later(), clock=Clock()))
-    with pytest.raises(RuntimeError, match="only for the request being handled, once"):
+    with pytest.raises(RuntimeError, match=_ONCE):
         channel.hand_over(_Sink())
     channel.dataReceived(_UPGRADE)
     channel.hand_over(_Sink())
-    with pytest.raises(RuntimeError, match="only for the request being handled, once"):
+    with pytest.raises(RuntimeError, match=_ONCE):
         channel.hand_over(_Sink())
     transport.loseConnection()
 
@@ -147,6 +150,29 @@ def test_a_connection_closed_twice_is_released_once() -> None:
     assert site.open_connections == 1
     other.loseConnection()
     assert site.open_connections == 0
+
+
+def test_a_connection_its_resource_closes_inside_a_read_arms_no_deadline_afterwards() -> None:
+    """The resource answers and closes the connection while the read that brought its request
+    still holds the start of a pipelined head: that leftover starts no header deadline (a timer
+    on a dead connection)."""
+
+    class _AnswerAndClose(Resource):
+        isLeaf = True
+
+        def render(self, request: Request) -> Any:
+            request.write(b"x")
+            request.finish()
+            assert request.transport is not None
+            request.transport.loseConnection()
+            return NOT_DONE_YET
+
+    clock = Clock()
+    channel, transport = _connect(make_site(_AnswerAndClose(), clock=clock))
+    channel.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HT")
+    assert transport.value().startswith(b"HTTP/1.1 200 OK")
+    assert not transport.connected
+    assert clock.getDelayedCalls() == []
 
 
 def test_a_refusal_before_any_request_answers_an_allowed_origins_site_without_grants() -> None:
