@@ -58,6 +58,9 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
             "tests/inbound/test_limits.py",
             "tests/inbound/test_limits_gate.py",
             "tests/inbound/test_limits_sources.py",
+            "tests/inbound/test_limits_refusals.py",
+            "tests/inbound/test_limits_channel.py",
+            "tests/inbound/test_cors_owned.py",
         ),
     ),
 }
