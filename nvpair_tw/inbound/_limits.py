@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.inbound.test_limits,tests.inbound.test_limits_gate,tests.inbound.test_limits_sources,tests.inbound.test_cors_owned -*-
+# -*- test-case-name: tests.inbound.test_limits,tests.inbound.test_limits_gate,tests.inbound.test_limits_sources,tests.inbound.test_cors_owned,tests.inbound.test_limits_refusals,tests.inbound.test_limits_channel -*-
 """Inbound protocol limits for a facade's ``Site`` (docs/behaviour.md §9, §14.1, §14.4, §14.5;
 TWISTED.md §3.1 and §3.6).
 
