@@ -8,17 +8,17 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
 from twisted.internet.threads import deferToThread
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request
+from twisted.web.server import Request
 
-from nvpair_tw.inbound._limits import MIB, LimitedChannel, LimitedSite, Limits, make_site
+from nvpair_tw.inbound._limits import MIB, LimitedSite, Limits, make_site
 from tests.helpers import exchange
+from tests.inbound.channel_kit import Later, connect_limited, split_answer
 
 
 class _Echo(Resource):
@@ -44,20 +44,9 @@ def _site(clock: Clock, **limits: Any) -> tuple[LimitedSite, _Echo]:
     return make_site(root, clock=clock, **limits), root
 
 
-def _connect(site: LimitedSite) -> tuple[LimitedChannel, StringTransportWithDisconnection]:
-    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
-    assert isinstance(channel, LimitedChannel)
-    transport = StringTransportWithDisconnection()
-    transport.protocol = channel
-    channel.makeConnection(transport)
-    return channel, transport
-
-
 def _error(raw: bytes) -> tuple[bytes, dict[str, str]]:
     """The status line and JSON body of a proxy error response (checking its headers)."""
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status, *lines = head.split(b"\r\n")
-    headers = {k.lower(): v for k, v in (line.split(b": ", 1) for line in lines)}
+    status, headers, body = split_answer(raw)
     assert headers[b"content-type"] == b"application/json"
     assert headers[b"x-content-type-options"] == b"nosniff"
     assert headers[b"connection"] == b"close"
@@ -87,7 +76,7 @@ def test_content_length_body_at_the_cap_is_accepted() -> None:
     """A body of exactly max_body_size bytes reaches the resource."""
     clock = Clock()
     site, root = _site(clock, max_body_size=1024)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(_post(b"a" * 1024))
     assert root.bodies == [b"a" * 1024]
     assert transport.value().startswith(b"HTTP/1.1 200 OK")
@@ -98,7 +87,7 @@ def test_content_length_body_one_byte_over_the_cap_gets_413() -> None:
     """A declared length of cap + 1 is refused with 413 JSON and the connection closes."""
     clock = Clock()
     site, root = _site(clock, max_body_size=1024)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(_post(b"a" * 1025))
     status, body = _error(transport.value())
     assert status == b"HTTP/1.1 413 Content Too Large"
@@ -113,7 +102,7 @@ def test_default_cap_is_32_mib_and_named_in_the_message() -> None:
     clock = Clock()
     site, _ = _site(clock)
     assert site.max_body_size == 32 * MIB
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(
         b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\n\r\n" % (32 * MIB + 1)
     )
@@ -127,7 +116,7 @@ def test_chunked_body_at_the_cap_is_accepted() -> None:
     """A chunked upload totalling exactly the cap reaches the resource."""
     clock = Clock()
     site, root = _site(clock, max_body_size=1024)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(_chunked(b"a" * 1000, b"b" * 24))
     assert root.bodies == [b"a" * 1000 + b"b" * 24]
     _closed(transport, clock)
@@ -137,7 +126,7 @@ def test_chunked_body_over_the_cap_gets_413_and_is_never_rendered() -> None:
     """A chunked upload crossing the cap gets 413, even though its last chunk arrives after."""
     clock = Clock()
     site, root = _site(clock, max_body_size=1024)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(_chunked(b"a" * 1000, b"b" * 25))
     status, body = _error(transport.value())
     assert status == b"HTTP/1.1 413 Content Too Large"
@@ -150,7 +139,7 @@ def test_expect_continue_over_the_cap_gets_413_without_100_continue() -> None:
     """An over-cap upload announcing Expect: 100-continue is refused before any 100."""
     clock = Clock()
     site, _ = _site(clock, max_body_size=1024)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(
         b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1025\r\nExpect: 100-continue\r\n\r\n"
     )
@@ -164,7 +153,7 @@ def test_expect_continue_within_the_cap_gets_100_continue() -> None:
     """An upload within the cap still gets the automatic 100 Continue."""
     clock = Clock()
     site, root = _site(clock, max_body_size=1024)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(
         b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"
     )
@@ -178,7 +167,7 @@ def test_headers_up_to_the_count_limit_are_accepted() -> None:
     """Exactly max_headers headers are fine."""
     clock = Clock()
     site, root = _site(clock, max_headers=5)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     extra = b"".join(b"X-H%d: v\r\n" % i for i in range(4))
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n" + extra + b"\r\n")
     assert root.bodies == [b""]
@@ -189,7 +178,7 @@ def test_too_many_headers_get_431() -> None:
     """One header more than max_headers is refused with 431 JSON."""
     clock = Clock()
     site, root = _site(clock, max_headers=5)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     extra = b"".join(b"X-H%d: v\r\n" % i for i in range(5))
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n" + extra + b"\r\n")
     status, body = _error(transport.value())
@@ -203,7 +192,7 @@ def test_too_large_headers_get_431() -> None:
     """Headers whose total size passes max_header_bytes are refused with 431 JSON."""
     clock = Clock()
     site, root = _site(clock, max_header_bytes=512)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     extra = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(5))
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n" + extra + b"\r\n")
     status, body = _error(transport.value())
@@ -217,7 +206,7 @@ def test_unterminated_huge_header_line_gets_431() -> None:
     """A header line longer than any limit, still without its CRLF, is refused with 431."""
     clock = Clock()
     site, _ = _site(clock, max_header_bytes=512, max_request_line=256)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nX-Big: " + b"v" * 600)
     status, body = _error(transport.value())
     assert status.startswith(b"HTTP/1.1 431")
@@ -229,7 +218,7 @@ def test_long_request_line_gets_414() -> None:
     """A complete request line over max_request_line is refused with 414 JSON."""
     clock = Clock()
     site, root = _site(clock, max_request_line=256)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET /" + b"a" * 300 + b" HTTP/1.1\r\nHost: a\r\n\r\n")
     status, body = _error(transport.value())
     assert status == b"HTTP/1.1 414 URI Too Long"
@@ -242,7 +231,7 @@ def test_unterminated_request_line_past_the_line_buffer_gets_414() -> None:
     """A request line that never ends is refused with 414 once it passes the line buffer."""
     clock = Clock()
     site, _ = _site(clock, max_request_line=256, max_header_bytes=512)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET /" + b"a" * 600)
     status, _ = _error(transport.value())
     assert status.startswith(b"HTTP/1.1 414")
@@ -253,7 +242,7 @@ def test_malformed_request_gets_json_400() -> None:
     """Twisted's bare 400 for a malformed header is replaced by a JSON one."""
     clock = Clock()
     site, _ = _site(clock)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nno colon here\r\n\r\n")
     status, body = _error(transport.value())
     assert status == b"HTTP/1.1 400 Bad Request"
@@ -265,7 +254,7 @@ def test_headers_not_complete_within_the_header_timeout_get_408() -> None:
     """Dribbled header bytes do not extend the header deadline: 408 JSON at 10 s, then close."""
     clock = Clock()
     site, root = _site(clock)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\n")
     for _ in range(3):
         clock.advance(3)
@@ -287,7 +276,7 @@ def test_header_timer_is_cancelled_once_headers_are_in() -> None:
     """A request whose headers arrive in time leaves only the idle timer behind."""
     clock = Clock()
     site, root = _site(clock)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
     assert root.bodies == [b""]
     [idle] = clock.getDelayedCalls()
@@ -303,7 +292,7 @@ def test_slow_body_after_headers_is_not_cut_by_the_header_timer() -> None:
     deadline (30 s), longer than the header one (10 s)."""
     clock = Clock()
     site, root = _site(clock)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n")
     clock.advance(29)
     transport.protocol.dataReceived(b"ok")
@@ -315,7 +304,7 @@ def test_each_keep_alive_request_gets_its_own_header_deadline() -> None:
     """A second request on a kept-alive connection is timed from its own first byte."""
     clock = Clock()
     site, root = _site(clock)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
     clock.advance(50)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\n")
@@ -342,7 +331,7 @@ def test_a_request_read_whole_in_one_read_schedules_no_deadline() -> None:
     unread: a request whose head and body came together costs no timer (only the idle one)."""
     clock = _CountingClock()
     site, root = _site(clock)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     before = clock.scheduled
     transport.protocol.dataReceived(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok")
     assert root.bodies == [b"ok"]
@@ -356,7 +345,7 @@ def test_client_leaving_mid_headers_leaves_no_timer() -> None:
     """A client that disconnects while sending headers takes every timer with it."""
     clock = Clock()
     site, _ = _site(clock)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n")
     assert len(clock.getDelayedCalls()) == 2
     transport.loseConnection()
@@ -368,7 +357,7 @@ def test_idle_keep_alive_closes_after_idle_timeout() -> None:
     """An idle kept-alive connection is closed after idle_timeout and leaves no timer."""
     clock = Clock()
     site, _ = _site(clock, idle_timeout=90.0)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
     clock.advance(89.9)
     assert transport.connected
@@ -381,9 +370,9 @@ def test_connections_beyond_the_cap_get_503_and_close() -> None:
     """The connection after max_connections gets 503 JSON; a freed slot is usable again."""
     clock = Clock()
     site, _ = _site(clock, max_connections=2)
-    (_, first), (_, second) = _connect(site), _connect(site)
+    (_, first), (_, second) = connect_limited(site), connect_limited(site)
     assert site.open_connections == 2
-    _, third = _connect(site)
+    _, third = connect_limited(site)
     status, body = _error(third.value())
     assert status == b"HTTP/1.1 503 Service Unavailable"
     assert body == {"error": "too many connections", "code": "too-many-connections"}
@@ -391,7 +380,7 @@ def test_connections_beyond_the_cap_get_503_and_close() -> None:
     assert site.open_connections == 2
     first.loseConnection()
     assert site.open_connections == 1
-    _, fourth = _connect(site)
+    _, fourth = connect_limited(site)
     fourth.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
     assert fourth.value().startswith(b"HTTP/1.1 200 OK")
     for transport in (second, fourth):
@@ -404,7 +393,7 @@ def test_data_after_a_rejection_is_ignored() -> None:
     """Bytes arriving after a refusal are neither parsed into a request nor arm a timer."""
     clock = Clock()
     site, root = _site(clock, max_body_size=4)
-    channel, transport = _connect(site)
+    channel, transport = connect_limited(site)
     transport.loseConnection = lambda: None  # type: ignore[method-assign]
     channel.dataReceived(b"NONSENSE\r\n")
     assert transport.value().startswith(b"HTTP/1.1 400")
@@ -423,7 +412,7 @@ def test_form_bodies_are_not_parsed_and_site_is_quiet() -> None:
     clock = Clock()
     site, root = _site(clock)
     assert site.noisy is False
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(
         _post(b"a=1&b=2", b"Content-Type: application/x-www-form-urlencoded")
     )
@@ -507,27 +496,13 @@ async def test_loopback_connection_cap(reactor: Any, listen: Any) -> None:
     assert site.open_connections == 0
 
 
-class _Later(Resource):
-    """A leaf that answers later: it keeps each request."""
-
-    isLeaf = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pending: list[Request] = []
-
-    def render(self, request: Request) -> Any:
-        self.pending.append(request)
-        return NOT_DONE_YET
-
-
 def test_a_head_dribbled_while_a_request_is_handled_is_timed_from_that_requests_end() -> None:
     """Bytes that arrive while a request is handled wait behind it; the head they start gets its
     10 s from the moment the answer is done."""
     clock = Clock()
-    root = _Later()
+    root = Later()
     site = make_site(root, clock=clock)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HT")
     clock.advance(20)
     transport.protocol.dataReceived(b"TP/1.1\r\nX: 1\r\n")
@@ -572,7 +547,7 @@ def test_a_request_that_stops_arriving_gets_its_408_when_its_deadline_is_due(
 ) -> None:
     clock = Clock()
     site, _ = _site(clock)
-    _, transport = _connect(site)
+    _, transport = connect_limited(site)
     for step in steps:
         if isinstance(step, bytes):
             transport.protocol.dataReceived(step)

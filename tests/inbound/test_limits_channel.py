@@ -10,10 +10,8 @@ from typing import Any
 
 import attrs
 import pytest
-from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransportWithDisconnection
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
@@ -21,36 +19,15 @@ from twisted.web.server import NOT_DONE_YET, Request
 from nvpair_tw.inbound import CorsPolicy
 from nvpair_tw.inbound._cors import EXPOSED_HEADERS
 from nvpair_tw.inbound._limits import (
-    LimitedChannel,
     LimitedSite,
     Limits,
     allow_origin,
     make_site,
 )
+from tests.inbound.channel_kit import Later, Ok, connect_limited, split_answer
 
 OK = b"https://ok.example"
 _POLICY = CorsPolicy.of([OK.decode()])
-
-
-class _Later(Resource):
-    """A leaf that answers later: it keeps each request."""
-
-    isLeaf = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pending: list[Request] = []
-
-    def render(self, request: Request) -> Any:
-        self.pending.append(request)
-        return NOT_DONE_YET
-
-
-class _Ok(Resource):
-    isLeaf = True
-
-    def render(self, request: Request) -> bytes:
-        return b"ok"
 
 
 class _Sink:
@@ -67,19 +44,9 @@ class _Sink:
         self.lost.append(reason)
 
 
-def _connect(site: LimitedSite) -> tuple[LimitedChannel, StringTransportWithDisconnection]:
-    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
-    assert isinstance(channel, LimitedChannel)
-    transport = StringTransportWithDisconnection()
-    transport.protocol = channel
-    channel.makeConnection(transport)
-    return channel, transport
-
-
 def _head(raw: bytes) -> tuple[bytes, dict[bytes, bytes]]:
-    head = raw.partition(b"\r\n\r\n")[0]
-    status, *lines = head.split(b"\r\n")
-    return status, {k.lower(): v for k, v in (line.split(b": ", 1) for line in lines)}
+    status, headers, _ = split_answer(raw)
+    return status, headers
 
 
 _UPGRADE = b"GET /ws HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
@@ -89,8 +56,8 @@ def test_a_handed_over_connection_gives_the_tunnel_every_byte_and_its_loss() -> 
     """What followed the head before the hand-over comes back from it (every read of it, in
     order); every later byte goes to the sink untouched, never parsed; the loss is the sink's."""
     clock = Clock()
-    root = _Later()
-    channel, transport = _connect(make_site(root, clock=clock))
+    root = Later()
+    channel, transport = connect_limited(make_site(root, clock=clock))
     channel.dataReceived(_UPGRADE + b"\x81\x05")
     channel.dataReceived(b"hello")
     sink = _Sink()
@@ -110,7 +77,7 @@ _ONCE = r"^hand_over is only for the request being handled, once$"
 
 
 def test_hand_over_is_only_for_the_request_being_handled_and_only_once() -> None:
-    channel, transport = _connect(make_site(_Later(), clock=Clock()))
+    channel, transport = connect_limited(make_site(Later(), clock=Clock()))
     with pytest.raises(RuntimeError, match=_ONCE):
         channel.hand_over(_Sink())
     channel.dataReceived(_UPGRADE)
@@ -121,8 +88,8 @@ def test_hand_over_is_only_for_the_request_being_handled_and_only_once() -> None
 
 
 def test_a_pending_request_learns_the_reason_its_client_left() -> None:
-    root = _Later()
-    channel, transport = _connect(make_site(root, clock=Clock()))
+    root = Later()
+    channel, transport = connect_limited(make_site(root, clock=Clock()))
     channel.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
     gone: list[Failure] = []
     root.pending[0].notifyFinish().addErrback(gone.append)
@@ -132,8 +99,8 @@ def test_a_pending_request_learns_the_reason_its_client_left() -> None:
 
 
 def test_an_answer_written_after_the_client_left_is_dropped_quietly() -> None:
-    root = _Later()
-    channel, transport = _connect(make_site(root, clock=Clock(), cors=_POLICY))
+    root = Later()
+    channel, transport = connect_limited(make_site(root, clock=Clock(), cors=_POLICY))
     channel.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\nOrigin: " + OK + b"\r\n\r\n")
     transport.loseConnection()
     [request] = root.pending
@@ -142,9 +109,9 @@ def test_an_answer_written_after_the_client_left_is_dropped_quietly() -> None:
 
 
 def test_a_connection_closed_twice_is_released_once() -> None:
-    site = make_site(_Later(), clock=Clock())
-    channel, transport = _connect(site)
-    _, other = _connect(site)
+    site = make_site(Later(), clock=Clock())
+    channel, transport = connect_limited(site)
+    _, other = connect_limited(site)
     transport.loseConnection()
     channel.connectionLost(Failure(ConnectionDone()))
     assert site.open_connections == 1
@@ -168,7 +135,7 @@ def test_a_connection_its_resource_closes_inside_a_read_arms_no_deadline_afterwa
             return NOT_DONE_YET
 
     clock = Clock()
-    channel, transport = _connect(make_site(_AnswerAndClose(), clock=clock))
+    channel, transport = connect_limited(make_site(_AnswerAndClose(), clock=clock))
     channel.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HT")
     assert transport.value().startswith(b"HTTP/1.1 200 OK")
     assert not transport.connected
@@ -179,9 +146,9 @@ def test_a_refusal_before_any_request_answers_an_allowed_origins_site_without_gr
     """A connection over the cap, and a request line that never ends, are refused before any
     ``Origin`` was read: JSON, no grants, and no failure looking for a request."""
     clock = Clock()
-    site = make_site(_Ok(), clock=clock, max_connections=1, cors=_POLICY)
-    _, held = _connect(site)
-    _, refused = _connect(site)
+    site = make_site(Ok(), clock=clock, max_connections=1, cors=_POLICY)
+    _, held = connect_limited(site)
+    _, refused = connect_limited(site)
     status, headers = _head(refused.value())
     assert status == b"HTTP/1.1 503 Service Unavailable"
     assert not any(name.startswith(b"access-control-") for name in headers)
@@ -205,7 +172,7 @@ def test_allow_origin_without_a_cors_policy_grants_last_over_a_nodes_cors() -> N
             request.setHeader(b"access-control-expose-headers", b"X-Secret")
             return b"ok"
 
-    channel, transport = _connect(make_site(_Granting(), clock=Clock()))
+    channel, transport = connect_limited(make_site(_Granting(), clock=Clock()))
     channel.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\nOrigin: " + OK + b"\r\n\r\n")
     _, headers = _head(transport.value())
     assert headers[b"access-control-allow-origin"] == OK
@@ -216,11 +183,11 @@ def test_allow_origin_without_a_cors_policy_grants_last_over_a_nodes_cors() -> N
 
 
 def test_a_request_line_of_exactly_the_limit_passes_and_one_byte_more_gets_414() -> None:
-    site = make_site(_Ok(), clock=Clock(), max_request_line=64)
+    site = make_site(Ok(), clock=Clock(), max_request_line=64)
     for extra, status in ((0, b"HTTP/1.1 200 OK"), (1, b"HTTP/1.1 414 URI Too Long")):
         line = b"GET /" + b"a" * (64 - len(b"GET / HTTP/1.1") + extra) + b" HTTP/1.1"
         assert len(line) == 64 + extra
-        _, transport = _connect(site)
+        _, transport = connect_limited(site)
         transport.protocol.dataReceived(line + b"\r\nHost: a\r\n\r\n")
         assert _head(transport.value())[0] == status
         transport.loseConnection()
@@ -228,11 +195,11 @@ def test_a_request_line_of_exactly_the_limit_passes_and_one_byte_more_gets_414()
 
 def test_a_head_of_exactly_the_header_bytes_passes_and_one_byte_more_gets_431() -> None:
     """The size counts every line of the head without its CRLF: request line and headers."""
-    site = make_site(_Ok(), clock=Clock(), max_header_bytes=128)
+    site = make_site(Ok(), clock=Clock(), max_header_bytes=128)
     request_line, host = b"GET / HTTP/1.1", b"Host: a"
     for extra, status in ((0, b"HTTP/1.1 200 OK"), (1, b"HTTP/1.1 431 Request Header Fields")):
         filler = b"X-Pad: " + b"p" * (128 - len(request_line) - len(host) - 7 + extra)
-        _, transport = _connect(site)
+        _, transport = connect_limited(site)
         transport.protocol.dataReceived(b"\r\n".join((request_line, host, filler)) + b"\r\n\r\n")
         assert _head(transport.value())[0].startswith(status)
         transport.loseConnection()
@@ -240,7 +207,7 @@ def test_a_head_of_exactly_the_header_bytes_passes_and_one_byte_more_gets_431() 
 
 def test_a_one_byte_body_that_never_comes_gets_the_body_deadline() -> None:
     clock = Clock()
-    _, transport = _connect(make_site(_Ok(), clock=clock))
+    _, transport = connect_limited(make_site(Ok(), clock=clock))
     transport.protocol.dataReceived(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\n\r\n")
     clock.advance(29.9)
     assert transport.value() == b""
@@ -252,7 +219,7 @@ def test_a_one_byte_body_that_never_comes_gets_the_body_deadline() -> None:
 
 def test_a_bodiless_head_split_over_reads_leaves_only_the_idle_timer_once_answered() -> None:
     clock = Clock()
-    _, transport = _connect(make_site(_Ok(), clock=clock))
+    _, transport = connect_limited(make_site(Ok(), clock=clock))
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\n")
     clock.advance(5)
     transport.protocol.dataReceived(b"Host: a\r\n\r\n")
@@ -266,7 +233,7 @@ def test_a_bodiless_head_split_over_reads_leaves_only_the_idle_timer_once_answer
 
 
 def test_make_site_hands_every_setting_to_its_limits_and_defaults_to_limits_defaults() -> None:
-    assert make_site(_Ok(), clock=Clock()).limits == Limits()
+    assert make_site(Ok(), clock=Clock()).limits == Limits()
     chosen = Limits(
         max_body_size=1,
         max_connections=2,
@@ -278,12 +245,12 @@ def test_make_site_hands_every_setting_to_its_limits_and_defaults_to_limits_defa
         body_timeout=8.0,
         max_connections_per_source=9,
     )
-    assert make_site(_Ok(), clock=Clock(), **attrs.asdict(chosen)).limits == chosen
+    assert make_site(Ok(), clock=Clock(), **attrs.asdict(chosen)).limits == chosen
 
 
 def test_the_site_keeps_its_timers_on_the_injected_clock_and_parses_no_forms() -> None:
     clock = Clock()
-    site = make_site(_Ok(), clock=clock)
+    site = make_site(Ok(), clock=clock)
     site.doStart()
     assert len(clock.getDelayedCalls()) == 1  # Twisted's log-date timer, on our clock
     site.doStop()

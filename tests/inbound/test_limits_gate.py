@@ -21,6 +21,7 @@ from zope.interface import implementer
 from nvpair_tw.core import IWriteHolding
 from nvpair_tw.inbound import Rejection
 from nvpair_tw.inbound._limits import MIB, LimitedRequest, LimitedSite, Limits, make_site
+from tests.inbound.channel_kit import connect, split_answer
 
 _REFUSED = Rejection(403, "source-not-allowed", "source address not allowed")
 _CHALLENGE = Rejection(
@@ -89,21 +90,6 @@ def _counting_site(clock: Any, gate: _Gate | None = None, **limits: Any) -> _Cou
     return site
 
 
-def _connect(site: LimitedSite) -> StringTransportWithDisconnection:
-    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
-    transport = StringTransportWithDisconnection()
-    transport.protocol = channel
-    channel.makeConnection(transport)
-    return transport
-
-
-def _answer(raw: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
-    """The status line, headers (lower-cased names) and body of the first answer in ``raw``."""
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status, *lines = head.split(b"\r\n")
-    return status, {k.lower(): v for k, v in (line.split(b": ", 1) for line in lines)}, body
-
-
 def _post(path: bytes, body: bytes, *extra: bytes) -> bytes:
     head = [b"POST " + path + b" HTTP/1.1", b"Host: a", b"Content-Length: %d" % len(body), *extra]
     return b"\r\n".join(head) + b"\r\n\r\n" + body
@@ -119,9 +105,9 @@ def test_a_refused_head_is_answered_with_its_json_and_headers_and_closed() -> No
     clock = Clock()
     gate = _Gate(_CHALLENGE)
     site = _counting_site(clock, gate)
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(_post(b"/no", _HIDDEN))
-    status, headers, body = _answer(transport.value())
+    status, headers, body = split_answer(transport.value())
     assert status == b"HTTP/1.1 401 Unauthorized"
     assert json.loads(body) == {"error": "API key required", "code": "auth-required"}
     assert headers[b"www-authenticate"] == b'Bearer realm="x"'
@@ -142,7 +128,7 @@ def test_the_gate_runs_once_per_request_and_what_it_stashes_reaches_the_resource
     clock = Clock()
     gate = _Gate()
     site = _counting_site(clock, gate)
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(_post(b"/a", b"x") + b"GET /b HTTP/1.1\r\nHost: a\r\n\r\n")
     assert [(method, uri) for method, uri, _ in gate.seen] == [(b"POST", b"/a"), (b"GET", b"/b")]
     assert isinstance(site.resource, _Paths)
@@ -159,19 +145,19 @@ def test_a_refused_expect_continue_gets_no_100_and_a_body_over_the_cap_gets_the_
     from a refused source is 403, not 413, and no 100 is written."""
     clock = Clock()
     site = _counting_site(clock, _Gate())
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(
         b"POST /no HTTP/1.1\r\nHost: a\r\nContent-Length: %d\r\nExpect: 100-continue\r\n\r\n"
         % (64 * MIB)
     )
     assert b"100 Continue" not in transport.value()
-    assert _answer(transport.value())[0] == b"HTTP/1.1 403 Forbidden"
+    assert split_answer(transport.value())[0] == b"HTTP/1.1 403 Forbidden"
 
 
 def test_a_passed_expect_continue_still_gets_its_100() -> None:
     clock = Clock()
     site = _counting_site(clock, _Gate())
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(
         b"POST /a HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n"
     )
@@ -190,9 +176,9 @@ def test_a_gate_that_raises_is_a_500_and_a_close() -> None:
 
     site = _counting_site(clock)
     site.head_gate = broken
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(_post(b"/a", _HIDDEN))
-    status, _, body = _answer(transport.value())
+    status, _, body = split_answer(transport.value())
     assert status == b"HTTP/1.1 500 Internal Server Error"
     assert json.loads(body)["code"] == "internal-error"
     assert transport.value().count(b"HTTP/1.1 ") == 1
@@ -203,7 +189,7 @@ def test_a_body_that_stops_arriving_for_30_seconds_gets_408() -> None:
     """The body deadline restarts with each byte: a slow trickle passes, a stall is 408."""
     clock = Clock()
     site = _counting_site(clock)
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(_post(b"/a", b"abc")[:-3])
     for byte in (b"a", b"b"):
         clock.advance(29)
@@ -211,7 +197,7 @@ def test_a_body_that_stops_arriving_for_30_seconds_gets_408() -> None:
     clock.advance(29.9)
     assert transport.value() == b""
     clock.advance(0.1)
-    status, headers, body = _answer(transport.value())
+    status, headers, body = split_answer(transport.value())
     assert status == b"HTTP/1.1 408 Request Timeout"
     assert json.loads(body) == {
         "error": "request body stalled for 30 seconds",
@@ -226,24 +212,27 @@ def test_a_body_that_never_starts_gets_408_after_the_body_deadline() -> None:
     """The deadline runs from the end of the head, not from the first body byte."""
     clock = Clock()
     site = _counting_site(clock, body_timeout=5)
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(_post(b"/a", b"abc")[:-3])
     clock.advance(5)
-    assert _answer(transport.value())[0] == b"HTTP/1.1 408 Request Timeout"
+    assert split_answer(transport.value())[0] == b"HTTP/1.1 408 Request Timeout"
     assert not transport.connected
 
 
 def test_a_chunked_body_that_stalls_gets_408_and_a_complete_one_stops_the_deadline() -> None:
     clock = Clock()
     site = _counting_site(clock, body_timeout=5)
-    transport = _connect(site)
+    transport = connect(site)
     head = b"POST /a HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
     transport.protocol.dataReceived(head + b"1\r\na\r\n0\r\n\r\n")
     [idle] = clock.getDelayedCalls()  # only the keep-alive timer: the body deadline is gone
     assert idle.getTime() == 90
     transport.protocol.dataReceived(head + b"1\r\na\r\n")
     clock.advance(5)
-    assert _answer(transport.value().rpartition(b"got 1")[2])[0] == b"HTTP/1.1 408 Request Timeout"
+    assert (
+        split_answer(transport.value().rpartition(b"got 1")[2])[0]
+        == b"HTTP/1.1 408 Request Timeout"
+    )
 
 
 def test_every_answer_has_a_versionless_server_and_a_nodes_own_passes() -> None:
@@ -259,15 +248,15 @@ def test_every_answer_has_a_versionless_server_and_a_nodes_own_passes() -> None:
             return b"ok"
 
     clock = Clock()
-    transport = _connect(make_site(_Named(), clock=clock))
+    transport = connect(make_site(_Named(), clock=clock))
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-    assert _answer(transport.value())[1][b"server"] == b"nvpair-tw"
+    assert split_answer(transport.value())[1][b"server"] == b"nvpair-tw"
     transport.clear()
     transport.protocol.dataReceived(b"GET /node HTTP/1.1\r\nHost: a\r\n\r\n")
-    assert _answer(transport.value())[1][b"server"] == b"llama.cpp"
+    assert split_answer(transport.value())[1][b"server"] == b"llama.cpp"
     transport.clear()
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: x\r\n\r\n")
-    assert _answer(transport.value())[1][b"server"] == b"nvpair-tw"  # the channel's own 400
+    assert split_answer(transport.value())[1][b"server"] == b"nvpair-tw"  # the channel's own 400
     assert b"TwistedWeb" not in transport.value()
 
 
@@ -323,7 +312,7 @@ async def test_loopback_31_mib_expect_continue_refused_at_the_head(
     )
     raw, _ = await deferToThread(_polite_upload, port, head, _BIG)
     assert b"100 Continue" not in raw
-    status, headers, body = _answer(raw)
+    status, headers, body = split_answer(raw)
     assert status == b"HTTP/1.1 403 Forbidden"
     assert json.loads(body)["code"] == "source-not-allowed"
     assert headers[b"connection"] == b"close"
@@ -340,7 +329,7 @@ async def test_loopback_eager_31_mib_refused_reads_a_bounded_amount(
     site = _counting_site(reactor, _Gate())
     port = listen(site)
     raw = await deferToThread(_eager_upload, port, _post(b"/no", b"x" * _BIG))
-    assert _answer(raw)[0] == b"HTTP/1.1 403 Forbidden"
+    assert split_answer(raw)[0] == b"HTTP/1.1 403 Forbidden"
     assert site.received < 1 * MIB
 
 
@@ -352,7 +341,7 @@ async def test_loopback_a_request_hidden_in_a_refused_body_is_never_parsed(
     port = listen(site)
     raw = await deferToThread(_eager_upload, port, _post(b"/no", _HIDDEN) + _HIDDEN)
     assert raw.count(b"HTTP/1.1 ") == 1
-    assert _answer(raw)[0] == b"HTTP/1.1 403 Forbidden"
+    assert split_answer(raw)[0] == b"HTTP/1.1 403 Forbidden"
     assert isinstance(site.resource, _Paths)
     assert site.resource.paths == []
 
@@ -377,7 +366,7 @@ async def test_loopback_a_stalled_body_gets_408_on_the_injected_clock(
     clock.advance(29.9)
     assert not answer.called
     clock.advance(0.1)
-    status, _, body = _answer(await answer)
+    status, _, body = split_answer(await answer)
     assert status == b"HTTP/1.1 408 Request Timeout"
     assert json.loads(body)["code"] == "body-timeout"
     assert site.open_connections == 0

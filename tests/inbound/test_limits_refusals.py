@@ -24,15 +24,9 @@ from nvpair_tw.inbound._limits import (
     _valid_request_line,
     make_site,
 )
+from tests.inbound.channel_kit import Ok, connect, split_answer
 
 _Report = tuple[int, str, str, str]
-
-
-class _Ok(Resource):
-    isLeaf = True
-
-    def render(self, request: Request) -> bytes:
-        return b"ok"
 
 
 def _gate(request: LimitedRequest) -> Rejection | None:
@@ -49,26 +43,16 @@ def _gate(request: LimitedRequest) -> Rejection | None:
 
 
 def _reporting_site(clock: Clock, **limits: Any) -> tuple[LimitedSite, list[_Report]]:
-    site = make_site(_Ok(), clock=clock, **limits)
+    site = make_site(Ok(), clock=clock, **limits)
     site.head_gate = _gate
     reports: list[_Report] = []
     site.on_reject = lambda *report: reports.append(report)
     return site, reports
 
 
-def _connect(site: server.Site) -> StringTransportWithDisconnection:
-    channel = site.buildProtocol(IPv4Address("TCP", "127.0.0.1", 40000))
-    transport = StringTransportWithDisconnection()
-    transport.protocol = channel
-    channel.makeConnection(transport)
-    return transport
-
-
 def _answer(raw: bytes) -> tuple[bytes, dict[bytes, bytes], Any]:
     """The status line, headers (lower-cased names) and JSON body of one error answer."""
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status, *lines = head.split(b"\r\n")
-    headers = {k.lower(): v for k, v in (line.split(b": ", 1) for line in lines)}
+    status, headers, body = split_answer(raw)
     return status, headers, json.loads(body)
 
 
@@ -114,7 +98,7 @@ def test_each_refusal_below_the_facade_is_reported_once_with_its_method_and_path
 ) -> None:
     clock = Clock()
     site, reports = _reporting_site(clock, **limits)
-    transport = _connect(site)
+    transport = connect(site)
     for step in steps:
         if isinstance(step, bytes):
             transport.protocol.dataReceived(step)
@@ -135,17 +119,17 @@ def test_the_gate_sees_the_method_target_version_and_the_path_without_its_query(
         seen.append((request.method, request.uri, request.path, request.clientproto))
         return None
 
-    site = make_site(_Ok(), clock=Clock())
+    site = make_site(Ok(), clock=Clock())
     site.head_gate = look
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(b"PATCH /v1/x?a=1?b HTTP/1.0\r\nHost: a\r\n\r\n")
     assert seen == [(b"PATCH", b"/v1/x?a=1?b", b"/v1/x", b"HTTP/1.0")]
 
 
 def test_a_connection_over_the_cap_is_reported_with_no_method_or_path() -> None:
     site, reports = _reporting_site(Clock(), max_connections=1)
-    held = _connect(site)
-    refused = _connect(site)
+    held = connect(site)
+    refused = connect(site)
     assert reports == [(503, "too-many-connections", "-", "-")]
     assert not refused.connected
     held.loseConnection()
@@ -153,22 +137,22 @@ def test_a_connection_over_the_cap_is_reported_with_no_method_or_path() -> None:
 
 def test_a_refusal_the_facade_recorded_itself_is_not_reported_again() -> None:
     site, reports = _reporting_site(Clock())
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(b"GET /recorded HTTP/1.1\r\nHost: a\r\n\r\n")
     assert _answer(transport.value())[0] == b"HTTP/1.1 401 Unauthorized"
     assert reports == []
 
 
 def test_a_site_without_on_reject_still_answers_its_refusals() -> None:
-    site = make_site(_Ok(), clock=Clock(), max_body_size=8)
-    transport = _connect(site)
+    site = make_site(Ok(), clock=Clock(), max_body_size=8)
+    transport = connect(site)
     transport.protocol.dataReceived(b"POST / HTTP/1.1\r\nContent-Length: 9\r\n\r\n")
     assert _answer(transport.value())[0] == b"HTTP/1.1 413 Content Too Large"
 
 
 def test_a_refusal_with_a_status_http_has_no_reason_for_is_answered_with_error() -> None:
     site, _ = _reporting_site(Clock())
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(b"GET /odd HTTP/1.1\r\nHost: a\r\n\r\n")
     status, _, body = _answer(transport.value())
     assert 599 not in http.RESPONSES
@@ -211,7 +195,7 @@ def test_a_request_line_refused_gets_the_json_400_and_is_never_handled(line: byt
     """Twisted would let the byte 0x80 and a target ``evil`` through; both get the same 400 as
     a line Twisted itself finds malformed."""
     site, _ = _reporting_site(Clock())
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(line + b"\r\nHost: a\r\n\r\n")
     status, headers, body = _answer(transport.value())
     assert status == b"HTTP/1.1 400 Bad Request"
@@ -227,13 +211,9 @@ def test_a_refused_connection_is_logged_with_the_count_and_the_cap(
     peer = IPv4Address("TCP", "203.0.113.7", 40000)
     held = []
     for _ in range(2):
-        channel = site.buildProtocol(peer)
-        transport = StringTransportWithDisconnection(peerAddress=peer)
-        transport.protocol = channel
-        channel.makeConnection(transport)
-        held.append(transport)
-    held.append(_connect(site))
-    held.append(_connect(site))
+        held.append(connect(site, peer))
+    held.append(connect(site))
+    held.append(connect(site))
     warnings = [
         (e["log_format"], e.get("open"), e.get("cap"))
         for e in log_events
@@ -253,9 +233,9 @@ def test_a_gate_that_raises_is_logged_with_its_failure(log_events: list[LogEvent
     def broken(request: LimitedRequest) -> Rejection | None:
         raise KeyError("bug")
 
-    site = make_site(_Ok(), clock=Clock())
+    site = make_site(Ok(), clock=Clock())
     site.head_gate = broken
-    transport = _connect(site)
+    transport = connect(site)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
     [event] = [e for e in log_events if e.get("log_namespace") == "nvpair_tw.inbound._limits"]
     assert event["log_format"] == "the head gate failed"
@@ -265,9 +245,9 @@ def test_a_gate_that_raises_is_logged_with_its_failure(log_events: list[LogEvent
 
 def _plain_channel() -> StringTransportWithDisconnection:
     """A ``LimitedRequest`` on Twisted's own ``HTTPChannel`` (no ``LimitedChannel``)."""
-    site = server.Site(_Ok())
+    site = server.Site(Ok())
     site.requestFactory = LimitedRequest
-    return _connect(site)
+    return connect(site)
 
 
 @pytest.mark.parametrize(
@@ -305,7 +285,7 @@ def test_a_small_declared_body_is_buffered_in_memory_and_a_large_one_in_a_file()
             seen.append(request.content)
             return b"ok"
 
-    transport = _connect(make_site(_Keep(), clock=Clock()))
+    transport = connect(make_site(_Keep(), clock=Clock()))
     transport.protocol.dataReceived(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok")
     big = 200_000
     transport.protocol.dataReceived(

@@ -16,21 +16,13 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransportWithDisconnection
 from twisted.internet.threads import deferToThread
 from twisted.python.usage import UsageError
-from twisted.web.resource import Resource
-from twisted.web.server import Request
 
 from nvpair_tw.core._reactor import IProxyReactor
-from nvpair_tw.inbound._limits import LimitedSite, make_site
+from nvpair_tw.inbound._limits import make_site
 from nvpair_tw.inbound._sources import SourceCounts, source_of
 from nvpair_tw.runtime import build_runtime
 from nvpair_tw.tap import Options
-
-
-class _Ok(Resource):
-    isLeaf = True
-
-    def render(self, request: Request) -> bytes:
-        return b"ok"
+from tests.inbound.channel_kit import Ok, connect
 
 
 def _v4(host: str) -> IPv4Address:
@@ -76,14 +68,6 @@ def test_source_counts_admit_up_to_the_cap_and_forget_a_source_with_none_open() 
     assert len(counts) == 1
 
 
-def _connect_from(site: LimitedSite, peer: IAddress) -> StringTransportWithDisconnection:
-    channel = site.buildProtocol(peer)
-    transport = StringTransportWithDisconnection(peerAddress=peer)
-    transport.protocol = channel
-    channel.makeConnection(transport)
-    return transport
-
-
 def _refused(transport: StringTransportWithDisconnection) -> dict[str, str]:
     head, _, body = transport.value().partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
@@ -95,19 +79,19 @@ def _refused(transport: StringTransportWithDisconnection) -> dict[str, str]:
 def test_a_remote_source_beyond_its_cap_gets_503_and_only_that_source() -> None:
     """The third connection of one address (or one IPv6 /64) is refused; another source, and
     the same source once one of its connections closed, are admitted."""
-    site = make_site(_Ok(), clock=Clock(), max_connections_per_source=2)
-    held = [_connect_from(site, _v4("203.0.113.7")) for _ in range(2)]
-    refused = _connect_from(site, _v4("203.0.113.7"))
+    site = make_site(Ok(), clock=Clock(), max_connections_per_source=2)
+    held = [connect(site, _v4("203.0.113.7")) for _ in range(2)]
+    refused = connect(site, _v4("203.0.113.7"))
     assert _refused(refused) == {
         "error": "too many connections from this source",
         "code": "too-many-connections",
     }
-    other = _connect_from(site, _v4("198.51.100.1"))
+    other = connect(site, _v4("198.51.100.1"))
     assert other.connected and other.value() == b""
     held[0].loseConnection()
-    again = _connect_from(site, _v4("203.0.113.7"))
+    again = connect(site, _v4("203.0.113.7"))
     assert again.connected
-    v6 = [_connect_from(site, _v6(f"2001:db8::{n}")) for n in (1, 2, 3)]
+    v6 = [connect(site, _v6(f"2001:db8::{n}")) for n in (1, 2, 3)]
     assert [t.connected for t in v6] == [True, True, False]
     assert site.open_connections == 5
     for transport in (held[1], other, again, *v6):
@@ -116,12 +100,12 @@ def test_a_remote_source_beyond_its_cap_gets_503_and_only_that_source() -> None:
 
 
 def test_loopback_and_unix_peers_share_only_the_overall_cap() -> None:
-    site = make_site(_Ok(), clock=Clock(), max_connections_per_source=1, max_connections=4)
-    local = [_connect_from(site, _v4("127.0.0.1")) for _ in range(3)]
-    local.append(_connect_from(site, UNIXAddress(b"/run/nvpair.sock")))
+    site = make_site(Ok(), clock=Clock(), max_connections_per_source=1, max_connections=4)
+    local = [connect(site, _v4("127.0.0.1")) for _ in range(3)]
+    local.append(connect(site, UNIXAddress(b"/run/nvpair.sock")))
     assert all(t.connected for t in local)
-    assert _refused(_connect_from(site, _v4("127.0.0.1")))["code"] == "too-many-connections"
-    assert _refused(_connect_from(site, _v4("203.0.113.7"))) == {
+    assert _refused(connect(site, _v4("127.0.0.1")))["code"] == "too-many-connections"
+    assert _refused(connect(site, _v4("203.0.113.7"))) == {
         "error": "too many connections",
         "code": "too-many-connections",
     }
@@ -170,7 +154,7 @@ async def test_loopback_connections_are_not_capped_per_source(
 ) -> None:
     """Over real sockets every local app arrives from 127.0.0.1: a per-source cap of 1 does not
     refuse its second connection; only the site's overall cap does."""
-    site = make_site(_Ok(), clock=reactor, max_connections_per_source=1, max_connections=3)
+    site = make_site(Ok(), clock=reactor, max_connections_per_source=1, max_connections=3)
     port = listen(site)
     answers = await deferToThread(_open_many, port, 4)
     assert [a.split(b"\r\n", 1)[0] for a in answers] == [b"HTTP/1.1 200 OK"] * 3 + [
