@@ -57,6 +57,26 @@ def proxy_request(**fields: Any) -> ProxyRequest:
     return attrs.evolve(_EMPTY_REQUEST, **fields)
 
 
+def refusal_code(body: bytes | dict[str, Any]) -> str:
+    """The proxy's code in one of its refusals, whatever the route's error shape (docs/behaviour.md
+    §9): ``{"error", "code"}``, OpenAI's ``{"error": {"code"}}`` or Anthropic's, with ``code``
+    beside its ``error``."""
+    document = json.loads(body) if isinstance(body, bytes) else body
+    inner = document.get("error")
+    if "code" in document:
+        return str(document["code"])
+    assert isinstance(inner, dict), document
+    code = str(inner["code"])
+    return {"model_not_found": "model-not-found"}.get(code, code)
+
+
+def refusal_message(body: bytes | dict[str, Any]) -> str:
+    """The message of one of the proxy's refusals, whatever the route's error shape."""
+    document = json.loads(body) if isinstance(body, bytes) else body
+    inner = document["error"]
+    return str(inner["message"] if isinstance(inner, dict) else inner)
+
+
 def chat(model: str, *texts: str, **fields: Any) -> dict[str, Any]:
     """An Ollama ``/api/chat`` request document: ``model``, the ``texts`` as messages taking turns
     (user, assistant, user, …; one user ``"hi"`` when none is given), then ``fields``."""

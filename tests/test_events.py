@@ -19,9 +19,12 @@ from twisted.logger import (
     formatEvent,
 )
 
-from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry
+from nvpair_tw.corridor._driver import publish
+from nvpair_tw.corridor._record import Facts
+from nvpair_tw.corridor._workloads import WorkloadRegistry
 from nvpair_tw.events import (
     Attempt,
+    AttemptOutcome,
     BusEvent,
     Event,
     EventBus,
@@ -419,13 +422,13 @@ def test_request_without_node_or_error_logs_status_and_duration_only() -> None:
 
 
 def test_a_published_rejection_record_logs_without_via_none() -> None:
-    """A RequestRecord published with no node (a rejection) logs a full line, not "via None"."""
+    """A record published with no node (a rejection) logs a full line, not "via None"."""
     clock, bus = _bus()
     log_events(bus, Logger(namespace="nvpair_tw.test"))
-    record = RequestRecord.begin(clock, "r-9", "ollama", "GET", "/api/tags?x=1")
+    facts = Facts("r-9", "ollama", "GET", "/api/tags", clock.seconds())
     clock.advance(0.004)
     with capturedLogs() as logs:
-        record.publish(bus, status=403, node_id=None, error="loopback-only")
+        publish(bus, facts.record(clock.seconds(), 403, None, "loopback-only"))
     [line] = [formatEvent(e) for e in logs]
     assert line == "proxy/request r-9 ollama GET /api/tags -> 403 (loopback-only) in 4 ms"
 
@@ -504,7 +507,7 @@ _INFO_WIRE: dict[str, Any] = {
 
 _REQUEST = ProxyRequest(
     "run-1", "ollama", "a", "POST", "/api/chat", 200, 40, 10, None,
-    (Attempt("b", "stall", 20, 1), Attempt("a", "committed", 12)), True, 5,
+    (Attempt("b", AttemptOutcome.STALL, 20, 1), Attempt("a", AttemptOutcome.COMMITTED, 12)), True, 5,
 )  # fmt: skip
 
 _REQUEST_WIRE: dict[str, Any] = {
@@ -594,15 +597,14 @@ def test_the_publishers_build_the_wire_objects_they_always_sent() -> None:
     registry = WorkloadRegistry(clock, bus, run_id="run")
     workload = registry.create("ollama", "llama3")
     workload.running("a")
-    record = RequestRecord.begin(clock, "run-1", "ollama", "POST", "/api/chat?x=1")
-    record.attempt_started("a")
+    facts = Facts("run-1", "ollama", "POST", "/api/chat", clock.seconds())
+    facts.attempts.start("a", clock.seconds())
     clock.advance(0.01)
-    record.first_byte()
-    record.served_as("llama3", "llama3:8b", False)
-    record.key = "alice"
-    record.attempt_ended("committed")
+    facts.first_byte_at = clock.seconds()
+    facts.model, facts.model_local, facts.key = "llama3", "llama3:8b", "alice"
+    facts.attempts.close(AttemptOutcome.COMMITTED, clock.seconds())
     workload.complete()
-    record.publish(bus, status=200, node_id="a", error=None)
+    publish(bus, facts.record(clock.seconds(), 200, "a", None))
     started = {
         "id": 1, "runId": "run", "engine": "ollama", "model": "llama3", "state": "running",
         "scheduledOn": "a", "createdAt": 1_700_000_000_000, "startedAt": 1_700_000_000_000,

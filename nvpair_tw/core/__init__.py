@@ -17,7 +17,14 @@ from nvpair_tw.core._engines import (
     RouteKind,
     SlotsFormat,
 )
-from nvpair_tw.core._errors import raw_error_response, write_error
+from nvpair_tw.core._errors import (
+    ERROR_HEADERS,
+    ErrorShape,
+    error_body,
+    error_document,
+    raw_error_response,
+    shape_of,
+)
 from nvpair_tw.core._framer import (
     EVENT_ENDS,
     AnswerTooLarge,
@@ -69,6 +76,7 @@ from nvpair_tw.core._toolcalls import ToolCalls
 
 __all__ = [
     "ENGINES",
+    "ERROR_HEADERS",
     "EVENT_ENDS",
     "HOP_BY_HOP",
     "LOOP_HEADER",
@@ -80,6 +88,7 @@ __all__ = [
     "AnswerTooLarge",
     "Edit",
     "EngineProfile",
+    "ErrorShape",
     "Events",
     "FanOutRoute",
     "Framing",
@@ -108,6 +117,8 @@ __all__ = [
     "byte_offsets",
     "close",
     "dump",
+    "error_body",
+    "error_document",
     "event_end",
     "format_duration",
     "forward_headers",
@@ -125,7 +136,7 @@ __all__ = [
     "resolve_first_body_timeout",
     "resolve_response_header_timeout",
     "set_members",
+    "shape_of",
     "skip_whitespace",
     "upstream_request_headers",
-    "write_error",
 ]

@@ -7,12 +7,11 @@ from __future__ import annotations
 from nvpair_tw.corridor._facade import FacadeResource
 from nvpair_tw.corridor._preload import ask_node
 from nvpair_tw.corridor._state import FacadeState, Shared
-from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry, WorkloadState
+from nvpair_tw.corridor._workloads import WorkloadRegistry, WorkloadState
 
 __all__ = [
     "FacadeResource",
     "FacadeState",
-    "RequestRecord",
     "Shared",
     "WorkloadRegistry",
     "WorkloadState",

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 
-from attrs import define, evolve, field, frozen
+from attrs import evolve, field, frozen
 from twisted.internet.error import ConnectError, DNSLookupError
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
@@ -28,8 +28,9 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
 from nvpair_tw.assembly import Assembly, AssemblyGate
+from nvpair_tw.corridor._caller import CallerState
 from nvpair_tw.corridor._dialect import Sends, TranscodedResponse, Wire
-from nvpair_tw.corridor._workloads import AttemptOutcome, status_outcome
+from nvpair_tw.events import AttemptOutcome, Outcome, StatusOutcome
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.selection import Booking, IStallTracker, ProgressBook
@@ -142,44 +143,17 @@ class Abandoned:
 Result = Committed | Exhausted | Abandoned
 
 
-@define
-class CallerState:
-    """Whether the caller is still there, and what to stop when it leaves.
-
-    Changed only through its methods: :meth:`track` names what is in flight now (an attempt's
-    ``cancel`` or a gate's ``stop``), :meth:`abandon` records the departure and stops it.
-    """
-
-    _gone: str | None = field(default=None, init=False)
-    _stop: Callable[[], object] | None = field(default=None, init=False)
-
-    @property
-    def gone(self) -> str | None:
-        """Why the caller left, or None while it is there."""
-        return self._gone
-
-    def track(self, stop: Callable[[], object] | None) -> None:
-        """``stop`` is what to call if the caller leaves now (None: nothing in flight)."""
-        self._stop = stop
-
-    def abandon(self, reason: str) -> None:
-        """The caller left: stop whatever is in flight; the first reason wins."""
-        if self._gone is not None:
-            return
-        self._gone = reason
-        if self._stop is not None:
-            # Cancelling an attempt that has ended, or stopping an ended gate, is a no-op.
-            self._stop()
-
-
 class AttemptObserver:
     """What the loop reports as it goes (the facade feeds the record and the workload from it)."""
 
     def attempt_started(self, node: Node) -> None:
         """An attempt is about to be sent to ``node``."""
 
-    def attempt_ended(self, node: Node, outcome: str) -> None:
-        """The attempt to ``node`` ended with ``outcome`` (docs/behaviour.md §7 outcome names)."""
+    def headers_arrived(self, node: Node) -> None:
+        """``node`` answered the attempt's head; no body byte yet."""
+
+    def attempt_ended(self, node: Node, outcome: Outcome) -> None:
+        """The attempt to ``node`` ended with ``outcome`` (docs/behaviour.md §7)."""
 
     def busy_wait(self, node: Node) -> None:
         """The attempt to ``node`` waits one more period: the node shows progress elsewhere."""
@@ -198,9 +172,6 @@ def node_headers(headers: Headers, node: Node) -> Headers:
     out = headers.copy()
     out.setRawHeaders(b"authorization", [authorization])
     return out
-
-
-_STALLS = (AttemptOutcome.STALL, AttemptOutcome.FIRST_BODY_TIMEOUT)
 
 
 def classify_failure(failure: Failure, caller_gone: str | None) -> AttemptOutcome:
@@ -224,19 +195,25 @@ def classify_failure(failure: Failure, caller_gone: str | None) -> AttemptOutcom
 
 
 @frozen
-class _Progress:
-    """One attempt's link to the progress record: its busy-wait rule and its per-chunk touch."""
+class _Watch:
+    """One attempt's links to what watches it: the progress record's busy-wait rule and
+    per-chunk touch (§6.4), and the observer told when the node answers the head."""
 
     busy: BusyWait | None
     touch: Callable[[], None] | None
+    heard: Callable[[], None]
 
 
-def _progress_for(
+def _watch_for(
     plan: AttemptPlan, node: Node, book: ProgressBook | None, observer: AttemptObserver
-) -> _Progress | None:
+) -> _Watch:
     """Busy waits for every attempt (when enabled); only inference bodies count as progress."""
+
+    def heard() -> None:
+        observer.headers_arrived(node)
+
     if book is None:
-        return None
+        return _Watch(None, None, heard)
     busy: BusyWait | None = None
     if plan.busy_max_wait > 0:
 
@@ -249,7 +226,7 @@ def _progress_for(
             log.debug("{node} shows progress elsewhere: header wait extended", node=node.id)
 
         busy = BusyWait(working, plan.busy_max_wait, waited)
-    return _Progress(busy, book.toucher(node.id) if plan.inference else None)
+    return _Watch(busy, book.toucher(node.id) if plan.inference else None, heard)
 
 
 @frozen
@@ -268,9 +245,9 @@ class _Retry:
     code: int
 
     @property
-    def outcome(self) -> str:
-        """The attempt's outcome name, ``status-<code>``."""
-        return status_outcome(self.code)
+    def outcome(self) -> StatusOutcome:
+        """The attempt's outcome, ``status-<code>``."""
+        return StatusOutcome(self.code)
 
 
 async def _attempt(
@@ -280,7 +257,7 @@ async def _attempt(
     clock: IReactorTime,
     caller: CallerState,
     on_status: _OnStatus,
-    progress: _Progress | None = None,
+    watch: _Watch,
 ) -> Committed | _Failed | _Retry:
     """One node: a commit, a failure, or a retryable status to retry past."""
     wire = plan.wire(node)
@@ -291,7 +268,7 @@ async def _attempt(
         wire.body,
         plan.header_timeout,
         first_extra=plan.first_extra.get(node.id, 0.0),
-        busy=progress.busy if progress is not None else None,
+        busy=watch.busy,
     )
     caller.track(attempt.cancel)
     try:
@@ -304,20 +281,16 @@ async def _attempt(
         caller.track(None)
         response.deliverBody(Discard())
         return _Retry(response.code)
+    watch.heard()
     if wire.answer is not None:
         content_type = response.headers.getRawHeaders(b"content-type", [None])[0]
         response = TranscodedResponse(response, wire.answer(response.code, content_type))
     if wire.assembly is not None and _assembles(wire.assembly, response):
-        touch = progress.touch if progress is not None else None
         step = await _assembled(
-            plan, wire.assembly, node, response, clock, caller, on_status, touch
+            plan, wire.assembly, node, response, clock, caller, on_status, watch.touch
         )
         return evolve(step, wire=wire) if isinstance(step, Committed) else step
-    gate = BodyGate(
-        clock,
-        plan.first_body_timeout if plan.gated else 0.0,
-        progress.touch if progress is not None else None,
-    )
+    gate = BodyGate(clock, plan.first_body_timeout if plan.gated else 0.0, watch.touch)
     caller.track(gate.stop)
     response.deliverBody(gate)
     if not plan.gated:
@@ -404,10 +377,10 @@ async def run_attempts(
             _OnStatus.ANSWER
             if index == len(candidates) - 1 and plan.last_status is LastStatus.ANSWERS
             else _OnStatus.RETRY,
-            _progress_for(plan, node, progress, observer),
+            _watch_for(plan, node, progress, observer),
         )
         if isinstance(step, Committed):
-            observer.attempt_ended(node, AttemptOutcome.COMMITTED.value)
+            observer.attempt_ended(node, AttemptOutcome.COMMITTED)
             if 200 <= step.response.code < 300:
                 stalls.clear(node.id)
             return step
@@ -415,11 +388,11 @@ async def run_attempts(
             observer.attempt_ended(node, step.outcome)
             last = None
             continue
-        observer.attempt_ended(node, step.outcome.value)
+        observer.attempt_ended(node, step.outcome)
         if step.outcome is AttemptOutcome.CANCELLED or step.failure is None:
             return Abandoned(caller.gone or "cancelled")
         why = describe_failure(step.failure)
-        if step.outcome in _STALLS:
+        if step.outcome.stalled:
             stalls.cool(node.id, why)
         log.info("attempt to {node} failed: {why}", node=node.id, why=why)
         last = step

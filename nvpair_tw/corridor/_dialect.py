@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from attrs import evolve, field, frozen
+from attrs import define, evolve, field, frozen
 from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
@@ -51,6 +51,7 @@ __all__ = [
     "Sends",
     "Speech",
     "TranscodedResponse",
+    "UsageCell",
     "Wire",
     "reach",
 ]
@@ -58,6 +59,17 @@ __all__ = [
 Answer = Callable[[int, bytes | None], Transducer]
 UsageNoted = Callable[[dict[str, Any]], None]
 """Takes the usage chunk a native OpenAI stream was asked for on the client's behalf (§12.2)."""
+
+
+@define
+class UsageCell:
+    """Keeps the usage chunk removed from one answer (§12.2): a fact of the relay, read once
+    the answer ended."""
+
+    frame: dict[str, Any] | None = None
+
+    def __call__(self, frame: dict[str, Any]) -> None:
+        self.frame = frame
 
 
 @frozen

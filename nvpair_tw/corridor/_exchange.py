@@ -1,445 +1,668 @@
-# -*- test-case-name: tests.corridor.test_exchange -*-
-"""One forwarded request, walked down the corridor: route, admission, attempts, relay, conclusion.
+# -*- test-case-name: tests.corridor.test_exchange_machine -*-
+"""One request's exchange as a machine: events in, steps out, no I/O.
 
-Each stage hands the next a value: :func:`~nvpair_tw.corridor._route.route` gives the candidates
-and the plan, :func:`~nvpair_tw.corridor._attempts.run_attempts` returns ``Committed | Exhausted |
-Abandoned``, :func:`~nvpair_tw.corridor._relay.relay` returns a
-:class:`~nvpair_tw.corridor._relay.RelayOutcome`. Only this module turns those values into the
-request record, the workload's end and the affinity table (docs/behaviour.md §5.3, §6, §7).
+An :class:`Exchange` is made per request when its head has passed (docs/behaviour.md §14.1). It
+knows nothing of sockets, the reactor or the Twisted ``Request``: the driver
+(:mod:`~nvpair_tw.corridor._driver`) feeds it what happened (the body read, the route decided, a
+slot granted, an attempt started or ended, the answer relayed, the client gone), each event with
+the clock time it happened at, and performs the step it returns (read the body, route, admit, wait,
+attempt, relay, answer, stop, finish). Its states are the request's :class:`~nvpair_tw.events.Phase`
+(received, answering, queued, waiting for headers, reading the prompt, streaming, done), and
+:data:`TRANSITIONS` is every legal move: an event that is not legal in the current phase raises
+:class:`~nvpair_tw.core.IllegalCall`.
+
+It also keeps what the stages found (:class:`~nvpair_tw.corridor._record.Facts`), and its last
+step, :class:`Finish`, carries the request's one record, made once, with what is still to be done:
+the refusal or the cut to write, how the workload ends, whether the conversation's prefix is now
+warm on the node that served.
 """
 
 from __future__ import annotations
 
-from attrs import evolve
-from twisted.internet.defer import CancelledError
-from twisted.python.failure import Failure
-from twisted.web.server import Request
+from collections.abc import Callable
+from enum import Enum
+from typing import Any, TypeAlias
 
-from nvpair_tw.core import ProxyBug, RouteKind, write_error
-from nvpair_tw.corridor._attempts import (
-    Abandoned,
-    AttemptObserver,
-    CallerState,
-    Committed,
-    Exhausted,
-    run_attempts,
-)
-from nvpair_tw.corridor._fallback import Fallbacks, Served
+from attrs import define, frozen
+
+from nvpair_tw.core import IllegalCall, ProxyBug, RouteKind
+from nvpair_tw.corridor._attempts import Abandoned, Committed, Exhausted
+from nvpair_tw.corridor._fallback import Served
 from nvpair_tw.corridor._inbound import Inbound
-from nvpair_tw.corridor._refusal import refuse
-from nvpair_tw.corridor._relay import PROXY_ERROR, RelayEnd, RelayOutcome, cut, relay
-from nvpair_tw.corridor._responses import remember_response
-from nvpair_tw.corridor._route import Route
-from nvpair_tw.corridor._route import route as choose_route
-from nvpair_tw.corridor._scheduling import learn
-from nvpair_tw.corridor._scheduling import trip as start_trip
-from nvpair_tw.corridor._state import FacadeState
-from nvpair_tw.corridor._workloads import RequestRecord, Workload
-from nvpair_tw.dialects import Usage, UsageMeter
-from nvpair_tw.inbound import LOCAL, NOT_COUNTED, Permit, Refusal, Rejection
-from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.nodes import Node
-from nvpair_tw.selection import (
-    RETRY_AFTER_SECONDS,
-    Answer,
-    Booking,
-    Cordons,
-    QueueFull,
-    QueueTimeout,
-    Slot,
-    Trip,
-    Waiter,
+from nvpair_tw.corridor._record import Facts
+from nvpair_tw.corridor._relay import PROXY_ERROR, RelayEnd, RelayOutcome
+from nvpair_tw.dialects import Usage
+from nvpair_tw.events import Attempt, Choice, Outcome, Phase, ProxyRequest
+from nvpair_tw.inbound import Rejection
+from nvpair_tw.selection import RETRY_AFTER_SECONDS, QueueFull, QueueTimeout, Slot, Waiter
+
+__all__ = [
+    "TRANSITIONS",
+    "Admit",
+    "Admitted",
+    "Answer",
+    "Answered",
+    "AttemptEnded",
+    "AttemptStarted",
+    "AttemptsEnded",
+    "Begun",
+    "BodyRead",
+    "BusyWaited",
+    "ClientGone",
+    "Cut",
+    "Ended",
+    "Ending",
+    "Event",
+    "Exchange",
+    "Finish",
+    "HeadersArrived",
+    "Permit",
+    "Permitted",
+    "ReadBody",
+    "Relay",
+    "Relayed",
+    "Route",
+    "Routed",
+    "Stage",
+    "Step",
+    "Stop",
+    "Try",
+    "Understood",
+    "Wait",
+    "Waited",
+    "WorkloadEnd",
+]
+
+
+class Stage(Enum):
+    """What answers a request once its head (and, for some, its body) is known."""
+
+    PROBE = "probe"
+    """The proxy answers "is the engine there?" itself (§17.6)."""
+    TUNNEL = "tunnel"
+    """LM Studio's WebSocket channel (§2.1)."""
+    MODEL_LIST = "model-list"
+    """A model list from every node (§4.3)."""
+    FAN_OUT = "fan-out"
+    """Model management on several nodes at once (§13.2)."""
+    PRELOAD = "preload"
+    """Ollama's prompt-less generate for a node of another kind (§17.6)."""
+    FORWARD = "forward"
+    """The corridor: route, admission, attempts, relay."""
+
+
+# -- events: what happened ------------------------------------------------------------------------
+
+
+@frozen
+class Begun:
+    """The head passed: ``stage`` answers it, or (:attr:`Stage.FORWARD`) its body is needed."""
+
+    stage: Stage
+
+
+@frozen
+class Understood:
+    """The body, understood once (§14.1), and the stage that answers it."""
+
+    inbound: Inbound
+    stage: Stage
+
+
+@frozen
+class BodyRead:
+    """The body was read: understood, or refused (400, 403, 413, 415)."""
+
+    result: Understood | Rejection
+
+
+@frozen
+class Routed:
+    """The route of the asked model or of a fallback (§16.2); None: no fallback is left."""
+
+    result: Served | Rejection | None
+
+
+@frozen
+class Permitted:
+    """The key's limits counted the request (None), or refused it (429, §12.1)."""
+
+    refused: Rejection | None
+
+
+@frozen
+class Admitted:
+    """Admission's answer (§6.4): a slot, a place in the queue, a full queue, or nothing to admit
+    (a request naming no model); the workload made for it, if any."""
+
+    ticket: Slot | Waiter | QueueFull | None
+    workload_id: int | None
+
+
+@frozen
+class Waited:
+    """The queue's answer: a slot, a fallback that took the request (§16.2), the queue's
+    deadline, or the wait cancelled (the client left: its reason)."""
+
+    result: Slot | Served | QueueTimeout | str
+    queued_ms: int
+
+
+@frozen
+class AttemptStarted:
+    node_id: str
+
+
+@frozen
+class HeadersArrived:
+    """The node answered its head; no body byte yet."""
+
+    node_id: str
+
+
+@frozen
+class AttemptEnded:
+    node_id: str
+    outcome: Outcome
+
+
+@frozen
+class BusyWaited:
+    """The attempt waits one more deadline period: its node shows progress (§6.4)."""
+
+    node_id: str
+
+
+@frozen
+class AttemptsEnded:
+    """The attempts' result, or the proxy's own failure before commit (:class:`ProxyBug`)."""
+
+    result: Committed | Exhausted | Abandoned | ProxyBug
+
+
+@frozen
+class Relayed:
+    """The relay's outcome; the answer's counts (§12.2), what the prediction said (§15.2)."""
+
+    outcome: RelayOutcome
+    usage: Usage | None
+    first_token_at: float | None
+    predicted: tuple[int, int | None] | None
+    gone: str | None = None
+    """Why the caller left, when it did (a client that stopped reading, say)."""
+
+
+@frozen
+class Ended:
+    """What a stage that answers by itself did (a list, a probe, a fan-out, a tunnel)."""
+
+    status: int | None
+    node_id: str | None = None
+    error: str | None = None
+    attempts: tuple[Attempt, ...] = ()
+    fan_out: tuple[str, ...] | None = None
+    first_byte_at: float | None = None
+
+
+@frozen
+class Answered:
+    ended: Ended | Rejection
+
+
+@frozen
+class ClientGone:
+    """The client left (or stopped reading, or its workload was cancelled)."""
+
+    reason: str
+
+
+Event: TypeAlias = (
+    Begun
+    | BodyRead
+    | Routed
+    | Permitted
+    | Admitted
+    | Waited
+    | AttemptStarted
+    | HeadersArrived
+    | AttemptEnded
+    | BusyWaited
+    | AttemptsEnded
+    | Relayed
+    | Answered
+    | ClientGone
 )
 
-__all__ = ["forward"]
 
-log = LevelledLogger(namespace=__name__)
-
-
-class _Observer(AttemptObserver):
-    """Feeds the attempt loop's progress into this request's record and workload."""
-
-    def __init__(self, record: RequestRecord, workload: Workload | None, trip: Trip) -> None:
-        self._record = record
-        self._workload = workload
-        self._trip = trip
-
-    def attempt_started(self, node: Node) -> None:
-        self._record.attempt_started(node.id)
-        self._trip.attempt(node.id)
-        if self._workload is not None:
-            self._workload.running(node.id)
-
-    def attempt_ended(self, node: Node, outcome: str) -> None:
-        self._record.attempt_ended(outcome)
-
-    def busy_wait(self, node: Node) -> None:
-        self._record.busy_wait()
+# -- steps: what the driver does next ---------------------------------------------------------------
 
 
-async def forward(
-    facade: FacadeState, request: Request, inbound: Inbound, record: RequestRecord
-) -> None:
-    """Forward one inference, model-routed or pass-through request and conclude it.
+class Ending(Enum):
+    """How a workload ends (docs/behaviour.md §7)."""
 
-    ``inbound`` is the request understood once (docs/behaviour.md §14.1): its node named by
-    ``X-NVPair-Node`` is the only candidate (§2.1), its caller's limits apply (§12.1). ``request``
-    is only written to and watched for the client's departure.
+    COMPLETE = "complete"
+    FAIL = "fail"
+    CANCEL = "cancel"
+
+
+@frozen
+class WorkloadEnd:
+    how: Ending
+    reason: str | None = None
+
+
+@frozen
+class ReadBody:
+    """Read and understand the body (§14.1)."""
+
+
+@frozen
+class Answer:
+    """Run ``stage``, which answers by itself (``inbound`` when it needed the body)."""
+
+    stage: Stage
+    inbound: Inbound | None = None
+
+
+@frozen
+class Route:
+    """Route the asked model (``inbound``), or the next fallback (None); the current workload
+    ends first as ``ends`` says."""
+
+    inbound: Inbound | None
+    ends: WorkloadEnd | None = None
+
+
+@frozen
+class Permit:
+    """Count the request against its key's limits (§12.1)."""
+
+
+@frozen
+class Admit:
+    """Ask admission for a slot for ``served``; the current workload ends first as ``ends``."""
+
+    served: Served
+    ends: WorkloadEnd | None = None
+
+
+@frozen
+class Wait:
+    """Wait in the queue for ``waiter``'s slot (or the fallback's turn)."""
+
+    waiter: Waiter
+
+
+@frozen
+class Try:
+    """Run the attempts of ``served`` (bound to ``slot`` when admission gave one)."""
+
+    served: Served
+    slot: Slot | None
+
+
+@frozen
+class Relay:
+    """Relay the committed answer to the client."""
+
+    committed: Committed
+    served: Served
+
+
+@frozen
+class Stop:
+    """The client left: stop what is in flight for it."""
+
+    reason: str
+
+
+@frozen
+class Cut:
+    """End the client's answer without its framing's end (§6.2); nothing when none began."""
+
+
+@frozen
+class Finish:
+    """The end: the record to publish, what the writer still does (a refusal, a cut, or nothing),
+    how the workload ends and whether the served node now holds the conversation's prefix."""
+
+    record: ProxyRequest
+    answer: Rejection | Cut | None = None
+    workload: WorkloadEnd | None = None
+    warm: bool = False
+
+
+Step: TypeAlias = (
+    ReadBody | Answer | Route | Permit | Admit | Wait | Try | Relay | Stop | Finish | None
+)
+"""None: nothing to do for this event (progress inside a step)."""
+
+
+# -- the machine ----------------------------------------------------------------------------------
+
+_UPSTREAM = {502: "upstream-error", 504: "upstream-timeout"}
+
+
+@define
+class Exchange:
+    """One request's exchange: its phase, what is known of it, what it is being served as.
+
+    Its fields other than ``facts`` and ``phase`` belong to the handlers of :data:`TRANSITIONS`.
+    ``now`` is the clock's ``seconds``: when an event is fed is when it happened.
     """
-    fallbacks = Fallbacks.of(facade, inbound, record, choose_route)  # §16.1, §16.2
-    served = fallbacks.first()
-    if isinstance(served, Rejection):
-        refuse(facade, request, record, served)
-        return
-    permit = _permitted(facade, inbound)
-    if isinstance(permit, Rejection):
-        refuse(facade, request, record, permit)
-        return
-    try:
-        then: Served | None = served
-        while then is not None:  # a fallback, before commit (docs/behaviour.md §16.2)
-            then = await _admitted(facade, request, record, then.inbound, then.route, fallbacks)
-    finally:
-        permit.done(_tokens(record))
+
+    facts: Facts
+    now: Callable[[], float]
+    phase: Phase = Phase.RECEIVED
+    served: Served | None = None
+    """What the request is being served as now (the asked model's route, or a fallback's)."""
+    workload: int | None = None
+    permitted: bool = False
+    gone: str | None = None
+    exhausted: Exhausted | None = None
+    node: str | None = None
+    """The node whose answer was committed."""
+
+    def feed(self, event: Event) -> Step:
+        """Take ``event``; the step it leads to (see :data:`TRANSITIONS`)."""
+        handler = TRANSITIONS.get((self.phase, type(event)))
+        if handler is None:
+            raise IllegalCall(f"{type(event).__name__} in phase {self.phase.value}")
+        return handler(self, event)
+
+    @property
+    def gated(self) -> bool:
+        """Whether the answer commits on its first body byte (inference, §6.2)."""
+        served = self.served
+        return served is not None and served.route.plan.gated
+
+    def finish(
+        self,
+        status: int | None,
+        *,
+        node_id: str | None = None,
+        error: str | None = None,
+        answer: Rejection | Cut | None = None,
+        workload: WorkloadEnd | None = None,
+        warm: bool = False,
+    ) -> Finish:
+        """Done: the one record, and what is left to do."""
+        self.phase = Phase.DONE
+        if self.workload is None:
+            workload = None
+        record = self.facts.record(self.now(), status, node_id, error)
+        return Finish(record, answer, workload, warm)
+
+    def refuse(self, refused: Rejection, workload: WorkloadEnd | None = None) -> Finish:
+        """Done with ``refused`` to write."""
+        return self.finish(refused.status, error=refused.code, answer=refused, workload=workload)
 
 
-def _permitted(facade: FacadeState, inbound: Inbound) -> Permit | Rejection:
-    """The permit of an admitted inference (counted now, §12.1), 429 ``rate-limited``, or
-    :data:`~nvpair_tw.inbound.NOT_COUNTED` for a route the limits do not count."""
-    if inbound.kind is not RouteKind.INFERENCE:
-        return NOT_COUNTED
-    admitted = facade.shared.limiter.admit(inbound.caller)
-    return admitted.rejection if isinstance(admitted, Refusal) else admitted
+Handler = Callable[[Exchange, Any], Step]
 
 
-def _tokens(record: RequestRecord) -> int | None:
-    """The request's prompt + completion tokens, None when neither is known."""
-    counts = [n for n in (record.prompt_tokens, record.completion_tokens) if n is not None]
-    return sum(counts) if counts else None
+def _begun(ex: Exchange, event: Begun) -> Step:
+    if event.stage is Stage.FORWARD:
+        return ReadBody()
+    ex.phase = Phase.ANSWERING
+    return Answer(event.stage)
 
 
-async def _admitted(
-    facade: FacadeState,
-    request: Request,
-    record: RequestRecord,
-    inbound: Inbound,
-    route: Route,
-    fallbacks: Fallbacks,
-) -> Served | None:
-    """Admission (a slot, or the queue), the workload, then the answer; or the fallback that
-    takes the request instead (§16.2)."""
-    target = inbound.node
-    ticket = (
-        facade.admission.admit(
-            route.candidates,
-            cordons=Cordons.APPLY if target is None else Cordons.WAIVED,
-            patience=route.patience,
-            priority=inbound.priority,
-        )
-        if route.model
-        else None
-    )
+def _body_read(ex: Exchange, event: BodyRead) -> Step:
+    parsed = event.result
+    if isinstance(parsed, Rejection):
+        return ex.refuse(parsed)
+    if parsed.stage is not Stage.FORWARD:
+        ex.phase = Phase.ANSWERING
+        return Answer(parsed.stage, parsed.inbound)
+    return Route(parsed.inbound)
+
+
+def _routed(ex: Exchange, event: Routed) -> Step:
+    result = event.result
+    if isinstance(result, Rejection):
+        return ex.refuse(result)
+    if result is None:  # every owner failed and no fallback is left (docs/behaviour.md §6.1)
+        refused = _exhausted_rejection(ex)
+        return ex.finish(refused.status, error=refused.message, answer=refused)
+    ex.served = result
+    facts = ex.facts
+    facts.context_fit = result.route.context_fit
+    if result.fallback_from is not None:
+        facts.fallback_from = result.fallback_from
+    if not ex.permitted and result.inbound.kind is RouteKind.INFERENCE:
+        return Permit()
+    return Admit(result)
+
+
+def _permit(ex: Exchange, event: Permitted) -> Step:
+    if event.refused is not None:
+        return ex.refuse(event.refused)
+    ex.permitted = True
+    assert ex.served is not None
+    return Admit(ex.served)
+
+
+_QUEUE_FULL = Rejection(
+    503,
+    "queue-full",
+    "every node is busy and the queue is full",
+    ((b"Retry-After", b"%d" % RETRY_AFTER_SECONDS),),
+)
+
+
+def _admitted(ex: Exchange, event: Admitted) -> Step:
+    ticket = event.ticket
     if isinstance(ticket, QueueFull):
-        _busy(facade, request, record, "every node is busy and the queue is full", "queue-full")
-        return None
-    workload = facade.shared.workloads.create(facade.engine, route.model) if route.model else None
-    if workload is not None:
-        record.workload_id = workload.id
-    caller = _watch(request, workload, facade)
+        return ex.refuse(_QUEUE_FULL)
+    ex.workload = event.workload_id
+    if event.workload_id is not None:
+        ex.facts.workload_id = event.workload_id
+    assert ex.served is not None
     if isinstance(ticket, Waiter):
-        key = None if inbound.caller is LOCAL else inbound.caller.name
-        release = facade.shared.holdings.hold(key, ticket.bound.cancel) if key else None
-        try:
-            waited = await _queue(facade, request, ticket, caller, record, workload, fallbacks)
-        finally:
-            if release is not None:
-                release()
-        if waited is None or isinstance(waited, Served):
-            return waited
-        ticket = waited
-    booking = Booking.nothing()
-    if ticket is not None:
-        route = _bound(route, ticket)
-        booking = Booking.take(facade.shared.ledger, route.candidates[0].id, ticket)
-    trip = start_trip(
-        facade, route.model, route.predicted, route.warm, route.patience, route.reloads
-    )
-    try:
-        return await _answer(
-            facade, request, route, caller, booking, record, workload, trip, fallbacks
-        )
-    finally:
-        booking.release()
-        trip.land()
+        ex.phase = Phase.QUEUED
+        return Wait(ticket)
+    ex.phase = Phase.WAITING_HEADERS
+    return Try(ex.served, ticket)
 
 
-async def _answer(
-    facade: FacadeState,
-    request: Request,
-    route: Route,
-    caller: CallerState,
-    booking: Booking,
-    record: RequestRecord,
-    workload: Workload | None,
-    trip: Trip,
-    fallbacks: Fallbacks,
-) -> Served | None:
-    """The attempts, then the relay of the committed answer (or the refusal, or the fallback
-    that takes the request after every owner failed, §16.2), then the end."""
-    shared = facade.shared
-    try:
-        result = await run_attempts(
-            route.plan,
-            route.candidates,
-            shared.client,
-            shared.clock,
-            facade.stalls,
-            caller,
-            booking,
-            _Observer(record, workload, trip),
-            progress=facade.progress,
-        )
-    except ProxyBug as bug:  # the proxy's own, before commit: no node is blamed (§6.1)
-        _proxy_bug(facade, request, record, workload, bug)
-        return None
+def _waited(ex: Exchange, event: Waited) -> Step:
+    ex.facts.queued_ms = event.queued_ms
+    result = event.result
+    assert ex.served is not None
+    if isinstance(result, Slot):
+        ex.phase = Phase.WAITING_HEADERS
+        return Try(ex.served, result)
+    if isinstance(result, Served):  # a fallback took it after fallback_after (§16.2)
+        ex.phase = Phase.RECEIVED
+        ex.served = result
+        if result.fallback_from is not None:
+            ex.facts.fallback_from = result.fallback_from
+        reason = "served by a fallback after waiting fallback_after"
+        return Admit(result, WorkloadEnd(Ending.CANCEL, reason))
+    if isinstance(result, QueueTimeout):
+        why = f"queue timeout: {result}"
+        retry = ((b"Retry-After", b"%d" % RETRY_AFTER_SECONDS),)
+        refused = Rejection(503, "queue-timeout", why, retry)
+        return ex.refuse(refused, WorkloadEnd(Ending.FAIL, why))
+    reason = result
+    ending = WorkloadEnd(Ending.CANCEL, reason)
+    return ex.finish(499, error=reason, answer=Cut(), workload=ending)
+
+
+def _attempt_started(ex: Exchange, event: AttemptStarted) -> Step:
+    ex.phase = Phase.WAITING_HEADERS
+    now = ex.now()
+    ex.facts.attempts.start(event.node_id, now)
+    ex.facts.dispatched_at = now
+    return None
+
+
+def _headers(ex: Exchange, event: HeadersArrived) -> Step:
+    if ex.gated:
+        ex.phase = Phase.READING_PROMPT
+    return None
+
+
+def _attempt_ended(ex: Exchange, event: AttemptEnded) -> Step:
+    ex.facts.attempts.close(event.outcome, ex.now())
+    return None
+
+
+def _busy(ex: Exchange, event: BusyWaited) -> Step:
+    ex.facts.attempts.busy_wait()
+    return None
+
+
+def _attempts_ended(ex: Exchange, event: AttemptsEnded) -> Step:
+    result = event.result
+    served = ex.served
+    assert served is not None
     if isinstance(result, Committed):
-        if route.label and result.wire is not None:
-            record.served_as(route.label, result.wire.local_model, result.wire.translated)
-        record.first_byte()
-        fallbacks.mark(request)
-        remember_response(facade, record.path, result)
-        clock = shared.clock
-        outcome = await relay(
-            request,
-            result,
-            caller,
-            clock,
-            shared.settings.write_stall_timeout,
-            (lambda framing: UsageMeter(framing, clock.seconds)) if route.model else None,
-        )
-        usage = outcome.usage
-        if usage is not None and record.removed_usage is not None:
-            usage = usage.noted(record.removed_usage)
-        if usage is not None:
-            first_at = getattr(result.gate, "first_at", None)
-            _measured(record, usage, first_at)
-            _learnt(facade, route, outcome, _answer_of(usage, record, first_at), trip, record)
-        _conclude(facade, route, result.node, outcome, caller, record, workload)
-        return None
-    fallback = fallbacks.next() if isinstance(result, Exhausted) else None
-    if fallback is not None:
-        if workload is not None:
-            workload.fail(result.reason)
-        return fallback
-    _refuse(facade, request, result, record, workload)
-    return None
-
-
-def _proxy_bug(
-    facade: FacadeState,
-    request: Request,
-    record: RequestRecord,
-    workload: Workload | None,
-    bug: ProxyBug,
-) -> None:
-    """500 ``proxy-error``: what the proxy did with a node's answer raised before anything was
-    committed. Logged once with its type; the node is neither cooled nor failed over from."""
-    log.error(
-        "the proxy failed on an answer before commit: {error_type}",
-        error_type=type(bug.error).__name__,
-    )
-    if workload is not None:
-        workload.fail(PROXY_ERROR)
-    refuse(facade, request, record, Rejection(500, PROXY_ERROR, "the proxy failed on the answer"))
-
-
-def _measured(record: RequestRecord, usage: Usage, first_token_at: float | None) -> None:
-    """The engine's counts, the time to first token and the rate of §12.2 and §12.3 on the record.
-
-    An assembled answer's first token is when its stream began (``first_token_at``), not when the
-    whole answer was relayed."""
-    record.prompt_tokens = usage.prompt_tokens
-    record.completion_tokens = usage.completion_tokens
-    first = first_token_at if first_token_at is not None else usage.first_content_at
-    if first is not None and record.dispatched_at is not None:
-        record.ttft_ms = max(0, round((first - record.dispatched_at) * 1000))
-    rate = usage.engine_rate
-    if rate is None and usage.completion_tokens and first is not None and usage.last_at is not None:
-        span = usage.last_at - first
-        rate = usage.completion_tokens / span if span > 0 else None
-    record.tokens_per_s = None if rate is None else round(rate, 2)
-
-
-def _answer_of(usage: Usage, record: RequestRecord, first_at: float | None) -> Answer:
-    first = first_at if first_at is not None else usage.first_content_at
-    return Answer(
-        usage.prompt_tokens,
-        usage.completion_tokens,
-        record.dispatched_at,
-        first,
-        usage.last_at,
-        usage.engine_rate,
-        usage.engine_prefill,
-        usage.engine_load,
-    )
-
-
-def _learnt(
-    facade: FacadeState,
-    route: Route,
-    outcome: RelayOutcome,
-    answer: Answer,
-    trip: Trip,
-    record: RequestRecord,
-) -> None:
-    """A complete answer teaches its node's rates (§15.1); the record gets the prediction made
-    for the node that served and the time it took (§15.2)."""
-    landing = trip.land()
-    if landing is None or route.model is None or outcome.end is not RelayEnd.FINISHED:
-        return
-    if outcome.status == 200:
-        learn(facade, landing, route.model, answer, route.size.prompt_bytes)
-        if landing.node_id in route.predicted:
-            record.predicted(landing.predicted, answer.last_at)
-
-
-async def _queue(
-    facade: FacadeState,
-    request: Request,
-    waiter: Waiter,
-    caller: CallerState,
-    record: RequestRecord,
-    workload: Workload | None,
-    fallbacks: Fallbacks,
-) -> Slot | Served | None:
-    """Wait in the facade's queue for a slot (§6.4), or past ``fallback_after`` for a fallback
-    (§16.2); None when the request ended here instead."""
-    if workload is not None:
-        workload.queued()
-    bound = fallbacks.waited(waiter, facade.shared.clock)
-    caller.track(bound.cancel)
-    try:
-        slot = await bound
-    except (QueueTimeout, CancelledError) as error:
-        stopped: Exception | None = error
-    else:
-        stopped = None
-    caller.track(None)
-    record.queued_for(facade.shared.clock.seconds() - waiter.since)
-    if stopped is None:
-        if isinstance(slot, Served) and workload is not None:
-            workload.cancel("served by a fallback after waiting fallback_after")
-        return slot
-    if isinstance(stopped, QueueTimeout):
-        if workload is not None:
-            workload.fail(f"queue timeout: {stopped}")
-        _busy(facade, request, record, f"queue timeout: {stopped}", "queue-timeout")
-        return None
-    reason = caller.gone or "cancelled"
-    if workload is not None:
-        workload.cancel(reason)
-    if not request.finished:
-        cut(request, facade.shared.clock, facade.shared.settings.write_stall_timeout)
-    record.publish(facade.shared.bus, status=499, node_id=None, error=reason)
-    return None
-
-
-def _bound(route: Route, slot: Slot) -> Route:
-    """The route with the slot's node first, the rest in their order (the failover order)."""
-    head = [n for n in route.candidates if n.id == slot.node_id]
-    rest = [n for n in route.candidates if n.id != slot.node_id]
-    return evolve(route, candidates=head + rest)
-
-
-def _busy(
-    facade: FacadeState, request: Request, record: RequestRecord, message: str, code: str
-) -> None:
-    """503 ``queue-full`` / ``queue-timeout`` with ``Retry-After``, and its record."""
-    retry = (b"Retry-After", b"%d" % RETRY_AFTER_SECONDS)
-    refuse(facade, request, record, Rejection(503, code, message, (retry,)))
-
-
-def _watch(request: Request, workload: Workload | None, facade: FacadeState) -> CallerState:
-    """The caller's state, abandoned when the client leaves or the workload is cancelled.
-
-    A cancelled workload (``workload/cancel``, the drain's deadline) ends the client's answer the
-    way a dying node does: what was sent stays, the framing is left unfinished (§6.2).
-    """
-    caller = CallerState()
-
-    def client_left(failure: Failure) -> None:
-        caller.abandon("client disconnected")
-
-    request.notifyFinish().addErrback(client_left)
-    if workload is not None:
-        shared = facade.shared
-
-        def cancel_requested(reason: str) -> None:
-            caller.abandon(reason)
-            if not request.finished:
-                cut(request, shared.clock, shared.settings.write_stall_timeout)
-
-        workload.cancel_hook = cancel_requested
-    return caller
-
-
-def _refuse(
-    facade: FacadeState,
-    request: Request,
-    result: Exhausted | Abandoned,
-    record: RequestRecord,
-    workload: Workload | None,
-) -> None:
-    """No commit: the caller left (499 in the record), or every candidate failed (502/504)."""
-    bus = facade.shared.bus
+        ex.phase = Phase.STREAMING
+        _committed(ex, served, result, ex.now())
+        return Relay(result, served)
+    if isinstance(result, ProxyBug):  # the proxy's own, before commit: no node is blamed (§6.1)
+        refused = Rejection(500, PROXY_ERROR, "the proxy failed on the answer")
+        return ex.refuse(refused, WorkloadEnd(Ending.FAIL, PROXY_ERROR))
     if isinstance(result, Abandoned):
-        if workload is not None:
-            workload.cancel(result.reason)
-        if not request.finished:
-            cut(request, facade.shared.clock, facade.shared.settings.write_stall_timeout)
-        record.publish(bus, status=499, node_id=None, error=result.reason)
-        return
-    code = "upstream-timeout" if result.status == 504 else "upstream-error"
-    write_error(request, result.status, result.reason, code)
-    if workload is not None:
-        workload.fail(result.reason)
-    record.publish(bus, status=result.status, node_id=None, error=result.reason)
+        reason = result.reason
+        ending = WorkloadEnd(Ending.CANCEL, reason)
+        return ex.finish(499, error=reason, answer=Cut(), workload=ending)
+    ex.exhausted = result
+    ex.phase = Phase.RECEIVED
+    return Route(None, WorkloadEnd(Ending.FAIL, result.reason))
 
 
-def _conclude(
-    facade: FacadeState,
-    route: Route,
-    node: Node,
-    outcome: RelayOutcome,
-    caller: CallerState,
-    record: RequestRecord,
-    workload: Workload | None,
-) -> None:
-    """The workload's end, the affinity entry and the request record, from the relay's outcome."""
-    ok = 200 <= outcome.status < 300
-    if workload is not None:
-        if outcome.end is RelayEnd.FINISHED:
-            if ok:
-                workload.complete()
-            else:
-                workload.fail(f"upstream answered {outcome.status}")
-        elif outcome.end is RelayEnd.TRUNCATED:
-            workload.fail(outcome.error or "upstream dropped mid-stream")
-        elif outcome.complete and ok:
-            workload.complete()
-        else:
-            workload.cancel(caller.gone or "cancelled")
-    if (
+def _committed(ex: Exchange, served: Served, result: Committed, at: float) -> None:
+    facts, route = ex.facts, served.route
+    wire = result.wire
+    if route.label and wire is not None:
+        facts.model, facts.model_local = route.label, wire.local_model
+        facts.translated = wire.translated
+    if facts.first_byte_at is None:
+        facts.first_byte_at = at
+    first = route.candidates[0].id if route.candidates else None
+    if served.fallback_from is not None:
+        facts.chosen_by = Choice.FALLBACK
+    elif result.node.id != first:
+        facts.chosen_by = Choice.FAILOVER
+    else:
+        facts.chosen_by = route.chosen
+    ex.node = result.node.id
+
+
+def _relayed(ex: Exchange, event: Relayed) -> Step:
+    outcome = event.outcome
+    served = ex.served
+    assert served is not None
+    facts = ex.facts
+    usage = event.usage
+    if usage is not None:
+        _measured(facts, usage, event.first_token_at)
+    if event.predicted is not None:
+        facts.predicted_ms, facts.measured_ms = event.predicted
+    node_id = ex.node
+    route = served.route
+    facts.cache_affinity = route.warm is not None and node_id == route.warm
+    warm = (
         outcome.end is RelayEnd.FINISHED
         and outcome.status == 200
         and route.key is not None
         and (outcome.terminal_seen or not outcome.streaming)
-    ):
-        facade.affinity.record(route.key, node.id)
-    record.publish(
-        facade.shared.bus,
-        status=outcome.status,
-        node_id=node.id,
-        error=outcome.error,
-        cache_affinity=route.warm is not None and node.id == route.warm,
     )
+    workload = _relay_ending(outcome, event.gone or ex.gone)
+    return ex.finish(
+        outcome.status, node_id=node_id, error=outcome.error, workload=workload, warm=warm
+    )
+
+
+def _relay_ending(outcome: RelayOutcome, gone: str | None) -> WorkloadEnd:
+    """How the workload ends after its relay (docs/behaviour.md §7)."""
+    ok = 200 <= outcome.status < 300
+    if outcome.end is RelayEnd.FINISHED:
+        if ok:
+            return WorkloadEnd(Ending.COMPLETE)
+        return WorkloadEnd(Ending.FAIL, f"upstream answered {outcome.status}")
+    if outcome.end is RelayEnd.TRUNCATED:
+        return WorkloadEnd(Ending.FAIL, outcome.error or "upstream dropped mid-stream")
+    if outcome.complete and ok:
+        return WorkloadEnd(Ending.COMPLETE)
+    return WorkloadEnd(Ending.CANCEL, gone or "cancelled")
+
+
+def _measured(facts: Facts, usage: Usage, first_token_at: float | None) -> None:
+    """The engine's counts, the time to first token and the rate of §12.2 and §12.3.
+
+    An assembled answer's first token is when its stream began (``first_token_at``), not when the
+    whole answer was relayed."""
+    facts.prompt_tokens = usage.prompt_tokens
+    facts.completion_tokens = usage.completion_tokens
+    first = first_token_at if first_token_at is not None else usage.first_content_at
+    if first is not None and facts.dispatched_at is not None:
+        facts.ttft_ms = max(0, round((first - facts.dispatched_at) * 1000))
+    rate = usage.engine_rate
+    if rate is None and usage.completion_tokens and first is not None and usage.last_at is not None:
+        span = usage.last_at - first
+        rate = usage.completion_tokens / span if span > 0 else None
+    facts.tokens_per_s = None if rate is None else round(rate, 2)
+
+
+def _answered(ex: Exchange, event: Answered) -> Step:
+    ended = event.ended
+    if isinstance(ended, Rejection):
+        return ex.refuse(ended)
+    facts = ex.facts
+    for attempt in ended.attempts:
+        facts.attempts.closed.append(attempt)
+    facts.fan_out = ended.fan_out
+    if ended.first_byte_at is not None:
+        facts.first_byte_at = ended.first_byte_at
+    return ex.finish(ended.status, node_id=ended.node_id, error=ended.error)
+
+
+def _client_gone(ex: Exchange, event: ClientGone) -> Step:
+    if ex.gone is None:
+        ex.gone = event.reason
+    return Stop(ex.gone)
+
+
+def _exhausted_rejection(ex: Exchange) -> Rejection:
+    """Every owner failed and no fallback took the request: 502, or 504 after the opt-in
+    first-body timeout (docs/behaviour.md §6.1)."""
+    exhausted = ex.exhausted
+    if exhausted is None:
+        return Rejection(502, "upstream-error", "upstream error: no candidate answered")
+    code = _UPSTREAM.get(exhausted.status, "upstream-error")
+    return Rejection(exhausted.status, code, exhausted.reason)
+
+
+_ROUTING = Phase.RECEIVED
+_ATTEMPTING = (Phase.WAITING_HEADERS, Phase.READING_PROMPT)
+_LIVE = (
+    Phase.RECEIVED,
+    Phase.ANSWERING,
+    Phase.QUEUED,
+    Phase.WAITING_HEADERS,
+    Phase.READING_PROMPT,
+    Phase.STREAMING,
+)
+
+TRANSITIONS: dict[tuple[Phase, type[Any]], Handler] = {
+    (_ROUTING, Begun): _begun,
+    (_ROUTING, BodyRead): _body_read,
+    (_ROUTING, Routed): _routed,
+    (_ROUTING, Permitted): _permit,
+    (_ROUTING, Admitted): _admitted,
+    (Phase.QUEUED, Waited): _waited,
+    **{(phase, AttemptStarted): _attempt_started for phase in _ATTEMPTING},
+    **{(phase, HeadersArrived): _headers for phase in _ATTEMPTING},
+    **{(phase, AttemptEnded): _attempt_ended for phase in _ATTEMPTING},
+    **{(phase, BusyWaited): _busy for phase in _ATTEMPTING},
+    **{(phase, AttemptsEnded): _attempts_ended for phase in _ATTEMPTING},
+    (Phase.STREAMING, Relayed): _relayed,
+    (Phase.ANSWERING, Answered): _answered,
+    **{(phase, ClientGone): _client_gone for phase in _LIVE},
+}
+"""Every legal move: (phase, event) → what it does. Anything else is an
+:class:`~nvpair_tw.core.IllegalCall`."""

@@ -13,8 +13,9 @@ A fallback is asked with the client's own body renamed to the fallback's public 
 the fallback's table, never the asked model's (the served model's table applies). One level deep:
 a fallback's own fallbacks are not followed. Fallbacks outside the caller's scope (§12.1) are
 skipped. A request naming a node (``X-NVPair-Node``) or no model has no fallbacks. The answer
-names the fallback (its body's ``model`` is the fallback's name), the record says
-``fallback_from`` and the response carries ``X-NVPair-Model`` (:meth:`Fallbacks.mark`).
+names the fallback (its body's ``model`` is the fallback's name); the :class:`Served` value says
+which model the client asked for and which serves, so the record says ``fallback_from`` and the
+response carries ``X-NVPair-Model``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from attrs import define, evolve, field, frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
-from twisted.web.server import Request
 
 from nvpair_tw.core import RouteKind
 from nvpair_tw.corridor._attempts import LastStatus
@@ -34,7 +34,6 @@ from nvpair_tw.corridor._defaults import served
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._route import Route
 from nvpair_tw.corridor._state import FacadeState
-from nvpair_tw.corridor._workloads import RequestRecord
 from nvpair_tw.inbound import Rejection
 from nvpair_tw.selection import Slot, Waiter
 
@@ -43,11 +42,11 @@ __all__ = ["MODEL_HEADER", "Fallbacks", "RouteOf", "Served"]
 MODEL_HEADER = b"x-nvpair-model"
 """The response header naming the model that served a fallen-back request."""
 
-RouteOf: TypeAlias = Callable[[FacadeState, Inbound, RequestRecord], "Route | Rejection"]
+RouteOf: TypeAlias = Callable[[FacadeState, Inbound], "Route | Rejection"]
 """How a request is routed (``corridor._route.route``): given to :meth:`Fallbacks.of`."""
 
 _NO_NODE = frozenset(
-    {"no-model-owner", "model-not-found", "node-cordoned", "no-route-owner", "untranslatable"}
+    {"model-not-found", "model-unavailable", "node-cordoned", "no-route-owner", "untranslatable"}
 )
 """The route's refusals that mean no node can take the model (a fallback may)."""
 
@@ -60,6 +59,10 @@ class Served:
 
     inbound: Inbound
     route: Route
+    fallback_from: str | None = None
+    """The public name the client asked for, when a fallback serves (§16.2)."""
+    serving: str | None = None
+    """The fallback's public name (``X-NVPair-Model``), when a fallback serves."""
 
 
 @define
@@ -68,7 +71,6 @@ class Fallbacks:
 
     _facade: FacadeState
     _client: Inbound
-    _record: RequestRecord
     _route_of: RouteOf
     _asked: str | None
     _left: list[str]
@@ -77,13 +79,11 @@ class Fallbacks:
     """The public name of the fallback serving now; None while the asked model does."""
 
     @classmethod
-    def of(
-        cls, facade: FacadeState, inbound: Inbound, record: RequestRecord, route_of: RouteOf
-    ) -> Fallbacks:
+    def of(cls, facade: FacadeState, inbound: Inbound, route_of: RouteOf) -> Fallbacks:
         """The fallbacks of ``inbound``'s model that its caller may use."""
         model = inbound.model
         if model is None or inbound.kind not in _FALLS_BACK:
-            return cls(facade, inbound, record, route_of, None, [], None)
+            return cls(facade, inbound, route_of, None, [], None)
         catalogue = facade.directory.catalogue
         asked = catalogue.public(model)
         policy = catalogue.policy(asked)
@@ -91,7 +91,7 @@ class Fallbacks:
         if inbound.node is None:
             rules = inbound.caller.rules
             left = [p for p in map(catalogue.public, policy.fallbacks) if rules.allows(p)]
-        return cls(facade, inbound, record, route_of, asked, left, policy.fallback_after)
+        return cls(facade, inbound, route_of, asked, left, policy.fallback_after)
 
     def first(self) -> Served | Rejection:
         """The asked model's route, or the first fallback's that can take the request, or the
@@ -99,7 +99,7 @@ class Fallbacks:
         catalogue = self._facade.directory.catalogue
         policy = catalogue.policy(self._asked) if self._asked is not None else None
         inbound = served(self._client, policy) if policy is not None else self._client
-        route = self._route_of(self._facade, inbound, self._record)
+        route = self._route_of(self._facade, inbound)
         if not isinstance(route, Rejection):
             return self._served(inbound, route)
         if route.code in _NO_NODE:
@@ -114,11 +114,10 @@ class Fallbacks:
         while self._left:
             name = self._left.pop(0)
             inbound = served(self._client, catalogue.policy(name), name)
-            route = self._route_of(self._facade, inbound, self._record)
+            route = self._route_of(self._facade, inbound)
             if isinstance(route, Rejection):
                 continue
             self.serving = name
-            self._record.fallback_from = self._asked
             return self._served(inbound, route)
         return None
 
@@ -126,12 +125,9 @@ class Fallbacks:
         """The route, whose last candidate's 5xx fails over to a fallback while one is left."""
         if self._left:
             route = evolve(route, plan=evolve(route.plan, last_status=LastStatus.FAILS))
-        return Served(inbound, route)
-
-    def mark(self, request: Request) -> None:
-        """Name the fallback that serves on the response (``X-NVPair-Model``)."""
-        if self.serving is not None:
-            request.responseHeaders.setRawHeaders(MODEL_HEADER, [self.serving.encode()])
+        if self.serving is None:
+            return Served(inbound, route)
+        return Served(inbound, route, self._asked, self.serving)
 
     def waited(self, waiter: Waiter, clock: IReactorTime) -> Deferred[Slot | Served]:
         """The waiter's slot, or — once it has waited ``fallback_after`` and a fallback can take

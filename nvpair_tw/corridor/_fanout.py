@@ -36,14 +36,15 @@ from twisted.web.client import ResponseDone
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
-from twisted.web.server import Request
 from zope.interface import implementer
 
-from nvpair_tw.core import FanOutRoute, Lines, abort
-from nvpair_tw.corridor._attempts import classify_failure, node_headers
+from nvpair_tw.core import FanOutRoute, Lines
+from nvpair_tw.corridor._attempts import CallerState, classify_failure, node_headers
+from nvpair_tw.corridor._record import elapsed_ms
 from nvpair_tw.corridor._relay import CLIENT_STOPPED_READING, DROPPED_MID_STREAM, StallGuard
 from nvpair_tw.corridor._state import FacadeState
-from nvpair_tw.corridor._workloads import AttemptOutcome, RequestRecord, status_outcome
+from nvpair_tw.corridor._writer import Whole, Writer
+from nvpair_tw.events import Attempt, AttemptOutcome, Outcome, StatusOutcome
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.upstream import Discard, describe_failure, node_url
@@ -51,6 +52,7 @@ from nvpair_tw.upstream import Discard, describe_failure, node_url
 __all__ = [
     "EVERY_NODE",
     "LINE_LIMIT",
+    "FanOutEnd",
     "FanOutRequest",
     "fan_out",
     "is_fan_out",
@@ -256,7 +258,7 @@ class _Part:
     """``"success"`` or the error text, once the part has ended."""
     status: int = 502
     """The node's HTTP status (502 when it gave none)."""
-    outcome: str = AttemptOutcome.COMMITTED.value
+    outcome: Outcome = AttemptOutcome.COMMITTED
     done: bool = field(default=False)
 
     def stop(self) -> None:
@@ -264,16 +266,29 @@ class _Part:
             self.cancel()
 
 
+@frozen
+class FanOutEnd:
+    """How a fan-out ended, for its record: the status, the error (None when every node
+    succeeded), each node's part, and when its answer began (clock seconds)."""
+
+    status: int
+    error: str | None
+    parts: tuple[Attempt, ...]
+    nodes: tuple[str, ...]
+    first_byte_at: float | None
+
+
 @define(eq=False)
 class _Run:
-    """One fan-out in progress: the request, its parts and whether the client is still there."""
+    """One fan-out in progress: the client's answer, its parts and whether the client is there."""
 
     facade: FacadeState
-    request: Request
-    record: RequestRecord
+    writer: Writer
     fan: FanOutRequest
     parts: list[_Part]
+    ended: list[Attempt] = field(factory=list)
     gone: str | None = None
+    first_byte_at: float | None = None
 
     def leave(self, reason: str) -> None:
         """The client left (or stopped reading): cancel every node's part."""
@@ -302,11 +317,11 @@ class _Run:
             why = _CANCELLED if outcome is AttemptOutcome.CANCELLED else describe_failure(failure)
             if outcome is AttemptOutcome.STALL:
                 self.facade.stalls.cool(part.node.id, why)
-            self.end(part, outcome.value, why)
+            self.end(part, outcome, why)
             return None
         if self.gone is not None:  # the headers came as the client left: nothing to read
             response.deliverBody(Discard())
-            self.end(part, AttemptOutcome.CANCELLED.value, _CANCELLED)
+            self.end(part, AttemptOutcome.CANCELLED, _CANCELLED)
             return None
         return response
 
@@ -317,24 +332,23 @@ class _Run:
         response.deliverBody(body)
         await body.done
         part.status = response.code
-        self.end(
-            part, status_outcome(response.code), _status_error(response.code, bytes(body.data))
-        )
+        self.end(part, StatusOutcome(response.code), _status_error(response.code, bytes(body.data)))
 
-    def end(self, part: _Part, outcome: str, result: str) -> None:
+    def end(self, part: _Part, outcome: Outcome, result: str) -> None:
         part.done = True
         part.cancel = None
         if self.gone is not None and result != _SUCCESS:
-            outcome = AttemptOutcome.CANCELLED.value
+            outcome = AttemptOutcome.CANCELLED
         part.outcome = outcome
         part.result = _CANCELLED if self.gone is not None and result != _SUCCESS else result
-        self.record.part_ended(part.node.id, outcome, part.since)
-        if 200 <= part.status < 300 and outcome == AttemptOutcome.COMMITTED.value:
+        now = self.facade.shared.clock.seconds()
+        self.ended.append(Attempt(part.node.id, outcome, elapsed_ms(part.since, now)))
+        if 200 <= part.status < 300 and outcome is AttemptOutcome.COMMITTED:
             self.facade.stalls.clear(part.node.id)
         if result != _SUCCESS and self.gone is None:
             log.info(
                 "fan-out {path} to {node} failed: {why}",
-                path=self.record.path,
+                path=self.fan.route.path,
                 node=part.node.id,
                 why=result,
             )
@@ -343,47 +357,55 @@ class _Run:
     def succeeded(self) -> list[_Part]:
         return [p for p in self.parts if p.result == _SUCCESS]
 
+    def began(self) -> None:
+        self.first_byte_at = self.facade.shared.clock.seconds()
+
+    def over(self, status: int, error: str | None) -> FanOutEnd:
+        nodes = tuple(n.id for n in self.fan.nodes)
+        return FanOutEnd(status, error, tuple(self.ended), nodes, self.first_byte_at)
+
 
 async def fan_out(
-    facade: FacadeState, request: Request, fan: FanOutRequest, record: RequestRecord
-) -> None:
-    """Run ``fan`` on each of its nodes at once, answer the client and publish the record."""
+    facade: FacadeState, writer: Writer, fan: FanOutRequest, caller: CallerState
+) -> FanOutEnd:
+    """Run ``fan`` on each of its nodes at once and answer the client through ``writer``; a
+    client that leaves (``caller`` abandoned) cancels every node's part."""
     clock = facade.shared.clock
     parts = [_Part(node, clock.seconds()) for node in fan.nodes]
-    run = _Run(facade, request, record, fan, parts)
-    record.fanned_out([n.id for n in fan.nodes])
-
-    def client_left(_: Failure) -> None:
-        run.leave("client disconnected")
-
-    request.notifyFinish().addErrback(client_left)
-    if fan.route.streams:
-        await _stream(run)
-    else:
-        await _summary(run)
+    run = _Run(facade, writer, fan, parts)
+    caller.track(lambda: run.leave(caller.gone or "client disconnected"))
+    try:
+        if fan.route.streams:
+            return await _stream(run)
+        return await _summary(run)
+    finally:
+        caller.track(None)
 
 
-def _head(request: Request, status: int, content_type: bytes, nodes: Sequence[Node]) -> None:
-    request.setResponseCode(status)
-    request.setHeader(b"content-type", content_type)
-    request.setHeader(b"x-content-type-options", b"nosniff")
-    request.setHeader(b"x-nvpair-node", ",".join(n.id for n in nodes).encode())
+def _head(status: int, content_type: bytes, nodes: Sequence[Node]) -> Headers:
+    return Headers(
+        {
+            b"content-type": [content_type],
+            b"x-content-type-options": [b"nosniff"],
+            b"x-nvpair-node": [",".join(n.id for n in nodes).encode()],
+        }
+    )
 
 
 def _node_results(run: _Run) -> dict[str, str]:
     return {p.node.id: p.result or _CANCELLED for p in run.parts}
 
 
-async def _stream(run: _Run) -> None:
+async def _stream(run: _Run) -> FanOutEnd:
     """Pull and create: one NDJSON stream of every node's progress lines, then the last line."""
-    request, record, shared = run.request, run.record, run.facade.shared
-    _head(request, 200, b"application/x-ndjson", run.fan.nodes)
-    request.write(b"")  # the head goes out now: the client sees the fan-out has begun
-    record.first_byte()
+    writer, shared = run.writer, run.facade.shared
+    writer.head(200, None, _head(200, b"application/x-ndjson", run.fan.nodes), None)
+    writer.first(b"")  # the head goes out now: the client sees the fan-out has begun
+    run.began()
 
     def emit(line: bytes) -> None:
-        if run.gone is None and request.channel is not None and not request.finished:
-            request.write(line)
+        if run.gone is None:
+            writer.write(line)
 
     def stop_all() -> None:  # the client's connection is gone (Twisted stops its producer)
         run.leave("client disconnected")
@@ -392,13 +414,10 @@ async def _stream(run: _Run) -> None:
 
     def write_stalled() -> None:
         run.leave(CLIENT_STOPPED_READING)
-        abort(request.transport)
+        writer.reset()
 
     guard = StallGuard(shared.clock, merge, shared.settings.write_stall_timeout, write_stalled)
-    registered = request.channel is not None
-    if registered:
-        request.registerProducer(guard, True)
-
+    registered = writer.register(guard)
     try:
         await gatherResults(
             [Deferred.fromCoroutine(_stream_part(run, p, merge, emit)) for p in run.parts],
@@ -406,17 +425,16 @@ async def _stream(run: _Run) -> None:
         )
     finally:
         guard.cancel()
-    if run.gone is not None or request.channel is None:
-        record.publish(shared.bus, status=499, node_id=None, error=run.gone or "cancelled")
-        return
+    if run.gone is not None or not writer.connected:
+        return run.over(499, run.gone or "cancelled")
     if registered:
-        request.unregisterProducer()
+        writer.unregister()
     results = _node_results(run)
     complete = len(run.succeeded) == len(run.parts)
     final = {"status": _SUCCESS if complete else "partial", "nodes": results}
-    request.write(json.dumps(final, separators=(",", ":")).encode() + b"\n")
-    request.finish()
-    record.publish(shared.bus, status=200, node_id=None, error=None if complete else "partial")
+    writer.write(json.dumps(final, separators=(",", ":")).encode() + b"\n")
+    writer.finish()
+    return run.over(200, None if complete else "partial")
 
 
 async def _stream_part(
@@ -450,10 +468,10 @@ async def _stream_part(
             result = _SUCCESS
         else:
             result = "the node's progress ended without success"
-        run.end(part, AttemptOutcome.COMMITTED.value, result)
+        run.end(part, AttemptOutcome.COMMITTED, result)
         return
     why = "a progress line was too long" if lines.too_long else DROPPED_MID_STREAM
-    run.end(part, AttemptOutcome.DROPPED.value, why)
+    run.end(part, AttemptOutcome.DROPPED, why)
     emit(_error_line(part))
 
 
@@ -463,9 +481,8 @@ def _error_line(part: _Part) -> bytes:
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
-async def _summary(run: _Run) -> None:
+async def _summary(run: _Run) -> FanOutEnd:
     """Copy and delete: every node's status in one JSON object (200, 207 or 502)."""
-    request, record, shared = run.request, run.record, run.facade.shared
 
     async def part(part: _Part) -> None:
         response = await run.send(part)
@@ -477,14 +494,14 @@ async def _summary(run: _Run) -> None:
             response.deliverBody(body)
             await body.done
             part.status = response.code
-            run.end(part, AttemptOutcome.COMMITTED.value, _SUCCESS)
+            run.end(part, AttemptOutcome.COMMITTED, _SUCCESS)
         else:
             await run.read_error(part, response)
 
     await gatherResults([Deferred.fromCoroutine(part(p)) for p in run.parts], consumeErrors=True)
-    if run.gone is not None or request.channel is None or request.finished:
-        record.publish(shared.bus, status=499, node_id=None, error=run.gone or "cancelled")
-        return
+    writer = run.writer
+    if run.gone is not None or not writer.connected or writer.answered:
+        return run.over(499, run.gone or "cancelled")
     nodes: dict[str, Any] = {}
     for p in run.parts:
         nodes[p.node.id] = (
@@ -505,9 +522,11 @@ async def _summary(run: _Run) -> None:
         status, error = 502, "fan-out-failed"
         document = {"error": "no node succeeded", "code": "fan-out-failed", **document}
     body = json.dumps(document, separators=(",", ":")).encode()
-    _head(request, status, b"application/json", run.fan.nodes)
-    request.setHeader(b"content-length", b"%d" % len(body))
-    record.first_byte()
-    request.write(body)
-    request.finish()
-    record.publish(shared.bus, status=status, node_id=None, error=error)
+    headers = _head(status, b"application/json", run.fan.nodes)
+    run.began()
+    writer.whole(Whole(status, body, headers=tuple(_pairs(headers))))
+    return run.over(status, error)
+
+
+def _pairs(headers: Headers) -> list[tuple[bytes, bytes]]:
+    return [(name, value) for name, values in headers.getAllRawHeaders() for value in values]

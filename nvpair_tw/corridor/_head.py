@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from attrs import frozen
+from twisted.internet.interfaces import IAddress
 from twisted.web.http_headers import Headers
-from twisted.web.server import Request
 
 from nvpair_tw.core import (
     PRIORITY_HEADER,
@@ -36,7 +36,7 @@ from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, is_upgrade
 from nvpair_tw.inbound import LOCAL, Caller, Rejection, Target, parse_target
 from nvpair_tw.nodes import Node
 
-__all__ = ["Head", "Refused", "read_head"]
+__all__ = ["Arrival", "Head", "Refused", "read_head"]
 
 _LOOP = Rejection(508, "loop-detected", "this request came back to the proxy that sent it")
 _SHUTTING_DOWN = Rejection(
@@ -53,6 +53,17 @@ _NOT_FAN_OUT = Rejection(
     "X-NVPair-Node: * or a list of ids is only for /api/pull, /api/create, /api/copy and"
     " /api/delete",
 )
+
+
+@frozen
+class Arrival:
+    """What the door read of a request's head: its method, target, headers and peer. Later stages
+    read the :class:`Head` made from it, never these again."""
+
+    method: bytes
+    uri: bytes
+    headers: Headers
+    peer: IAddress
 
 
 @frozen
@@ -84,6 +95,8 @@ class Head:
     (looked up once: the fan-out, the body rule and ``X-NVPair-Node: *`` all ask)."""
     priority: Priority = Priority.INTERACTIVE
     """Its place in the queue (docs/behaviour.md §16.3): the key's, lowered by the header."""
+    upgrade: tuple[bytes, ...] = ()
+    """The client's ``Upgrade`` values, for a tunnel (§2.1)."""
 
     @property
     def path(self) -> str:
@@ -95,29 +108,29 @@ class Head:
         return self.nodes[0] if self.targeting is Targeting.ONE else None
 
 
-def read_head(facade: FacadeState, request: Request) -> Head | Refused:
-    """The checked head of ``request``, or why it is refused (nothing read of its body)."""
-    headers = request.requestHeaders
+def read_head(facade: FacadeState, arrival: Arrival) -> Head | Refused:
+    """The checked head of a request, or why it is refused (nothing read of its body)."""
+    headers = arrival.headers
     if loop_marks(headers):
         return Refused(_LOOP)
-    caller = _caller(facade, request)
+    caller = _caller(facade, arrival)
     if isinstance(caller, Rejection):
         return Refused(caller)
-    checked = _checked(facade, request, caller)
+    checked = _checked(facade, arrival, caller)
     if isinstance(checked, Rejection):
         return Refused(checked, None if caller is LOCAL else caller.name)
     return checked
 
 
-def _checked(facade: FacadeState, request: Request, caller: Caller) -> Head | Rejection:
+def _checked(facade: FacadeState, arrival: Arrival, caller: Caller) -> Head | Rejection:
     """The head of a caller who passed the source and key checks, or why it is refused."""
-    headers = request.requestHeaders
+    headers = arrival.headers
     if facade.shared.draining:
         return _SHUTTING_DOWN
-    target = parse_target(request.uri)
+    target = parse_target(arrival.uri)
     if isinstance(target, Rejection):
         return target
-    method = request.method
+    method = arrival.method
     kind = facade.profile.classify(method, target.path)
     if (
         kind is RouteKind.PASS_THROUGH
@@ -126,7 +139,9 @@ def _checked(facade: FacadeState, request: Request, caller: Caller) -> Head | Re
     ):
         return _NOT_SERVED
     channel = (
-        Channel.TUNNEL if facade.engine in TUNNEL_ENGINES and is_upgrade(request) else Channel.HTTP
+        Channel.TUNNEL
+        if facade.engine in TUNNEL_ENGINES and is_upgrade(method, headers)
+        else Channel.HTTP
     )
     wanted = headers.getRawHeaders(TARGET_HEADER)
     targeting = _targeting(wanted)
@@ -144,20 +159,23 @@ def _checked(facade: FacadeState, request: Request, caller: Caller) -> Head | Re
         over = facade.shared.limiter.check(caller)
         if over is not None:
             return over.rejection
-    host = getattr(request.getClientAddress(), "host", None)
+    host = getattr(arrival.peer, "host", None)
     forwarded = upstream_request_headers(headers, host if isinstance(host, str) else None)
     if facade.shared.ingress is not None:
         facade.shared.ingress.strip(forwarded)
-    return Head(method, target, kind, channel, caller, targeting, nodes, forwarded, fan, priority)
+    upgrade = tuple(headers.getRawHeaders(b"upgrade", ())) if channel is Channel.TUNNEL else ()
+    return Head(
+        method, target, kind, channel, caller, targeting, nodes, forwarded, fan, priority, upgrade
+    )
 
 
-def _caller(facade: FacadeState, request: Request) -> Caller | Rejection:
+def _caller(facade: FacadeState, arrival: Arrival) -> Caller | Rejection:
     """The source and key check (docs/behaviour.md §14.2). The proxy's keys are removed from
     :attr:`Head.headers`, so no node ever receives them."""
     ingress = facade.shared.ingress
     if ingress is None:
         return LOCAL
-    return ingress.admit(request.getClientAddress(), request.requestHeaders)
+    return ingress.admit(arrival.peer, arrival.headers)
 
 
 def _targeting(wanted: Sequence[bytes] | None) -> Targeting:

@@ -16,16 +16,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 from attrs import frozen
-from twisted.web.server import Request
 
-from nvpair_tw.core import ModelChange, parse_duration, write_error
+from nvpair_tw.core import ModelChange, parse_duration
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._state import FacadeState
-from nvpair_tw.corridor._workloads import RequestRecord
+from nvpair_tw.corridor._writer import Whole
+from nvpair_tw.inbound import Rejection
 from nvpair_tw.nodes import Node
 from nvpair_tw.upstream import ReadError, join_url, post_json
 
-__all__ = ["LOAD_WAIT", "Preload", "ask_node", "preload_of", "serve_preload"]
+__all__ = ["LOAD_WAIT", "Preload", "ask_node", "preload_answer", "preload_of"]
 
 GENERATE = "/api/generate"
 
@@ -117,22 +117,17 @@ async def ask_node(
     )
 
 
-async def serve_preload(
-    facade: FacadeState, request: Request, record: RequestRecord, preload: Preload
-) -> None:
-    """Load or unload on the first candidate that can, and answer in Ollama's shape; 502
-    ``load-failed`` when every candidate's load API failed."""
+async def preload_answer(facade: FacadeState, preload: Preload) -> tuple[Whole, str] | Rejection:
+    """Load or unload on the first candidate that can: the answer in Ollama's shape and the node
+    that did it; 502 ``load-failed`` when every candidate's load API failed."""
     served: Node | None = None
     for node in preload.nodes:
         done = await _through_api(facade, node, preload)
         if done is not False:
             served = node
             break
-    bus = facade.shared.bus
     if served is None:
-        write_error(request, 502, f"no node could {preload.verb.value} the model", "load-failed")
-        record.publish(bus, status=502, node_id=None, error="load-failed")
-        return
+        return Rejection(502, "load-failed", f"no node could {preload.verb.value} the model")
     if facade.inventory.control(served) is not None:
         facade.inventory.poll_now()  # residency reflects the load now, as model/load's does
     created = datetime.fromtimestamp(facade.shared.clock.seconds(), UTC)
@@ -144,11 +139,5 @@ async def serve_preload(
         "done_reason": preload.verb.value,
     }
     body = json.dumps(answer).encode()
-    if not request.finished and request.channel is not None:
-        request.setResponseCode(200)
-        request.setHeader(b"content-type", b"application/json; charset=utf-8")
-        request.setHeader(b"x-nvpair-node", served.id.encode())
-        request.setHeader(b"content-length", b"%d" % len(body))
-        request.write(body)
-        request.finish()
-    record.publish(bus, status=200, node_id=served.id, error=None)
+    named = ((b"x-nvpair-node", served.id.encode()),)
+    return Whole(200, body, b"application/json; charset=utf-8", named), served.id

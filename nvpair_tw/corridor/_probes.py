@@ -21,11 +21,10 @@ from enum import Enum
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.web.server import Request
 
-from nvpair_tw.core import write_error
 from nvpair_tw.corridor._state import FacadeState
-from nvpair_tw.corridor._workloads import RequestRecord
+from nvpair_tw.corridor._writer import Whole
+from nvpair_tw.inbound import Rejection
 from nvpair_tw.nodes import Node
 from nvpair_tw.upstream import ReadError, get_json, join_url
 
@@ -34,8 +33,8 @@ __all__ = [
     "VERSION_WAIT",
     "Probe",
     "ollama_version",
+    "probe_answer",
     "probe_of",
-    "serve_probe",
     "usable_nodes",
 ]
 
@@ -140,26 +139,17 @@ async def _read_version(facade: FacadeState, node: Node) -> Any:
         return None
 
 
-async def serve_probe(
-    facade: FacadeState, request: Request, record: RequestRecord, probe: Probe
-) -> None:
-    """Answer ``probe`` from the facade's own state and publish its record."""
+async def probe_answer(facade: FacadeState, probe: Probe) -> Whole | Rejection:
+    """The answer to ``probe``, from the facade's own state."""
     if probe is Probe.RUNNING:
-        status, body, kind = 200, _RUNNING, _TEXT
-    elif probe is Probe.VERSION:
+        return Whole(200, _RUNNING, _TEXT, _NOSNIFF)
+    if probe is Probe.VERSION:
         version = await ollama_version(facade)
-        status, body, kind = 200, json.dumps({"version": version}).encode(), _JSON
-    elif usable_nodes(facade):
-        status, body, kind = 200, b'{"status": "ok"}', _JSON
-    else:
-        write_error(request, 503, "no node is usable", "no-usable-node")
-        record.publish(facade.shared.bus, status=503, node_id=None, error="no-usable-node")
-        return
-    if not request.finished and request.channel is not None:
-        request.setResponseCode(status)
-        request.setHeader(b"content-type", kind)
-        request.setHeader(b"x-content-type-options", b"nosniff")
-        request.setHeader(b"content-length", b"%d" % len(body))
-        request.write(body)
-        request.finish()
-    record.publish(facade.shared.bus, status=status, node_id=None, error=None)
+        return Whole(200, json.dumps({"version": version}).encode(), _JSON, _NOSNIFF)
+    if usable_nodes(facade):
+        return Whole(200, b'{"status": "ok"}', _JSON, _NOSNIFF)
+    return _NO_USABLE_NODE
+
+
+_NOSNIFF = ((b"x-content-type-options", b"nosniff"),)
+_NO_USABLE_NODE = Rejection(503, "no-usable-node", "no node is usable")

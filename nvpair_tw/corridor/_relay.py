@@ -22,20 +22,18 @@ from attrs import frozen
 from twisted.internet.error import ConnectionClosed
 from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
 from twisted.python.failure import Failure
-from twisted.web.http import NO_BODY_CODES, HTTPChannel
-from twisted.web.iweb import IResponse
-from twisted.web.server import Request
 from zope.interface import implementer
 
 from nvpair_tw.assembly import AssemblyGate
-from nvpair_tw.core import Framing, abort, close, forward_headers
+from nvpair_tw.core import Framing, forward_headers
 from nvpair_tw.corridor._attempts import CallerState, Committed
 from nvpair_tw.corridor._terminal import TerminalFrameDetector
+from nvpair_tw.corridor._writer import Stream
 from nvpair_tw.dialects import Usage, UsageMeter
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.upstream import TRANSPORT_FAILURES, BodyEnd, BodyGate, is_cancellation
 
-__all__ = ["Broken", "Progress", "RelayEnd", "RelayOutcome", "StallGuard", "cut", "relay"]
+__all__ = ["Broken", "Progress", "RelayEnd", "RelayOutcome", "StallGuard", "relay"]
 
 DROPPED_MID_STREAM = "upstream dropped mid-stream"
 CLIENT_STOPPED_READING = "client stopped reading"
@@ -188,27 +186,31 @@ class RelayOutcome:
 
 
 async def relay(
-    request: Request,
+    stream: Stream,
     committed: Committed,
     caller: CallerState,
     clock: IReactorTime,
     write_stall_timeout: float,
     meter: Callable[[Framing | None], UsageMeter] | None = None,
 ) -> RelayOutcome:
-    """Relay ``committed`` to ``request`` until the body ends, the upstream dies or the caller goes.
+    """Relay ``committed`` into ``stream`` until the body ends, the upstream dies or the caller
+    goes.
 
     ``meter`` makes the meter that reads the answer's token counts (given the answer's framing)."""
     response = committed.response
-    _write_head(request, response, committed.node.id)
+    headers = forward_headers(response.headers)
+    headers.setRawHeaders(b"x-nvpair-node", [committed.node.id.encode()])
+    length = response.length if isinstance(response.length, int) else None
+    stream.head(response.code, response.phrase, headers, length)
     content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
     progress = Progress(content_type.decode("latin-1"), response.length, meter)
     counting = progress.meter
     if committed.first:
-        progress.wrap(request.write)(committed.first)
+        progress.wrap(stream.first)(committed.first)
     else:
-        request.write(b"")  # the head goes out now, even before the first body byte
-    sink = progress.wrap(_body_writer(request))
-    end = await _pump(request, committed.gate, sink, caller, clock, write_stall_timeout)
+        stream.first(b"")  # the head goes out now, even before the first body byte
+    sink = progress.wrap(stream.body_writer())
+    end = await _pump(stream, committed.gate, sink, caller, clock, write_stall_timeout)
     if isinstance(end, BodyEnd):
         progress.frames.finish()
 
@@ -227,19 +229,19 @@ async def relay(
     if caller.gone is not None:
         return outcome(RelayEnd.CALLER_GONE, None if progress.complete else caller.gone)
     if end is Broken.PROXY_ERROR:
-        cut(request, clock, write_stall_timeout)
+        stream.cut(clock, write_stall_timeout)
         return outcome(RelayEnd.TRUNCATED, PROXY_ERROR)
     if end is Broken.DROPPED or (
         end is BodyEnd.CLOSED and progress.streaming and not progress.frames.seen
     ):
-        cut(request, clock, write_stall_timeout)
+        stream.cut(clock, write_stall_timeout)
         return outcome(RelayEnd.TRUNCATED, DROPPED_MID_STREAM)
-    request.finish()
+    stream.finish()
     return outcome(RelayEnd.FINISHED, None)
 
 
 async def _pump(
-    request: Request,
+    stream: Stream,
     gate: BodyGate | AssemblyGate,
     sink: Callable[[bytes], None],
     caller: CallerState,
@@ -250,12 +252,10 @@ async def _pump(
 
     def write_stalled() -> None:
         caller.abandon(CLIENT_STOPPED_READING)
-        abort(request.transport)
+        stream.reset()
 
     guard = StallGuard(clock, gate.producer(), write_stall_timeout, write_stalled)
-    registered = _connected(request)
-    if registered:
-        request.registerProducer(guard, True)
+    registered = stream.register(guard)
     caller.track(gate.stop)
     gate.start_relay(sink)
     try:
@@ -265,13 +265,13 @@ async def _pump(
     finally:
         guard.cancel()
         caller.track(None)
-        if registered and _connected(request):
-            request.unregisterProducer()
+        if registered:
+            stream.unregister()
 
 
 def _broken(failure: Failure) -> Broken:
     """A transport failure or a cancellation is the upstream's drop (nothing to log: the record
-    says it); anything else is the proxy's own bug, logged here once with its type."""
+    says it); anything else is the proxy's own bug, logged here once with its traceback."""
     if failure.check(*TRANSPORT_FAILURES, ConnectionClosed) or is_cancellation(failure):
         return Broken.DROPPED
     log.failure(
@@ -280,90 +280,3 @@ def _broken(failure: Failure) -> Broken:
         kind=failure.type.__name__ if failure.type is not None else "unknown",
     )
     return Broken.PROXY_ERROR
-
-
-def _write_head(request: Request, response: IResponse, node_id: str) -> None:
-    """Status, the forwarded headers, ``X-NVPair-Node`` and the upstream's framing."""
-    request.setResponseCode(response.code, response.phrase)
-    for name, values in forward_headers(response.headers).getAllRawHeaders():
-        request.responseHeaders.setRawHeaders(name, list(values))
-    request.responseHeaders.setRawHeaders(b"x-nvpair-node", [node_id.encode()])
-    if (
-        isinstance(response.length, int)
-        and request.method != b"HEAD"
-        and response.code not in (204, 304)
-    ):
-        # Twisted's client moves Content-Length into ``response.length``; keep the framing.
-        request.setHeader(b"content-length", b"%d" % response.length)
-
-
-def _body_writer(request: Request) -> Callable[[bytes], None]:
-    """How the rest of the body is written once the head is out.
-
-    After the head, Twisted's ``Request.write`` only adds the chunk framing (and counts
-    ``sentLength``, which nothing here reads) on its way through three calls to the transport; on
-    an HTTP/1.1 channel the relay writes the same bytes to the transport itself, one write per
-    upstream read (docs/performance.md, "Many slow streams"). Anything unusual (HEAD, a body-less
-    status, an encoder, another channel type) keeps ``request.write``.
-    """
-    channel = request.channel
-    if (
-        not isinstance(channel, HTTPChannel)
-        or channel.transport is None
-        or not request.startedWriting
-        or request.finished
-        or request.method == b"HEAD"
-        or request.code in NO_BODY_CODES
-        or getattr(request, "_encoder", None) is not None
-    ):
-        return request.write
-    transport = channel.transport
-    if not request.chunked:
-        return transport.write
-
-    def write_chunk(data: bytes) -> None:
-        if data:
-            transport.write(b"%x\r\n%b\r\n" % (len(data), data))
-
-    return write_chunk
-
-
-def cut(request: Request, clock: IReactorTime, budget: float) -> None:
-    """End an unfinished answer so the client can tell (docs/behaviour.md §6.2).
-
-    Used when the node died mid-stream, and when the proxy itself ends a request early (a
-    cancelled workload, the drain's deadline); nothing written yet: a plain close.
-
-    Chunked or ``Content-Length`` framing: close after the bytes already written (FIN); the missing
-    terminating chunk or the short count tells the client. A client that does not read what is
-    left is reset after ``budget``. Close-delimited framing (an HTTP/1.0 client, no length): a
-    clean close would look complete, so reset.
-    """
-    transport = request.transport
-    if not _connected(request) or transport is None:
-        return
-    if _close_delimited(request):
-        abort(transport)
-        return
-    lost = request.notifyFinish()
-    timer: IDelayedCall | None = clock.callLater(budget, abort, transport) if budget > 0 else None
-
-    def ended(_: object) -> None:
-        if timer is not None and timer.active():
-            timer.cancel()
-
-    lost.addBoth(ended)
-    close(transport)
-
-
-def _close_delimited(request: Request) -> bool:
-    """Whether the client's response has started and is framed by closing the connection."""
-    return (
-        bool(request.startedWriting)
-        and not request.chunked
-        and not request.responseHeaders.hasHeader(b"content-length")
-    )
-
-
-def _connected(request: Request) -> bool:
-    return request.channel is not None

@@ -7,25 +7,28 @@ nodes that can take the route (decided once per node kind), affinity, the candid
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
-from attrs import field, frozen
+from attrs import evolve, field, frozen
 
 from nvpair_tw.assembly import Assembly, Dialect, plan_assembly, rewrite_outlined
 from nvpair_tw.core import RESPONSES_PATH, Outlined, RouteKind
 from nvpair_tw.corridor._attempts import (
     AttemptPlan,
 )
-from nvpair_tw.corridor._dialect import AsIs, Reach, Sends, Speech, UsageNoted, reach
+from nvpair_tw.corridor._dialect import AsIs, Reach, Sends, Speech, UsageCell, UsageNoted, reach
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._responses import conversation_first
 from nvpair_tw.corridor._scheduling import rank
 from nvpair_tw.corridor._state import FacadeState
-from nvpair_tw.corridor._workloads import RequestRecord, Workload
+from nvpair_tw.corridor._workloads import Workload
 from nvpair_tw.dialects import asks_usage
+from nvpair_tw.events import Choice
 from nvpair_tw.inbound import Rejection, Role
 from nvpair_tw.nodes import Node
 from nvpair_tw.selection import (
+    RETRY_AFTER_SECONDS,
     AffinityKey,
     Patience,
     RequestSize,
@@ -58,9 +61,15 @@ class Route:
     model's bytes per token when the answer states its prompt tokens (§15.1)."""
     reloads: frozenset[str] = frozenset()
     """The candidates predicted to reload the model for the context the request asks (§15.2)."""
+    context_fit: bool = True
+    """False when no candidate's known context held the request (§15.3)."""
+    chosen: Choice = Choice.ORDER
+    """Why the first candidate is first."""
+    usage: UsageCell | None = None
+    """Where the usage chunk asked for on the client's behalf is kept once removed (§12.2)."""
 
 
-def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route | Rejection:
+def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     """The gate, affinity and candidate order, or the refusal (502/404/400/503).
 
     A model-routed request (``/api/show``, ``/api/v0/models/{id}``) is gated like inference but
@@ -90,31 +99,82 @@ def route(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Route
     if model and parsed is not None and target is None and _affine(inbound.body, parsed):
         key = affinity_key(inbound.path, facade.profile.normalise(model.strip()), parsed)
         hint = facade.affinity.lookup(key) if key is not None else None
-    predicted: dict[str, float] = {}
-    waiting: Patience | None = None
-    size, reloads = RequestSize(), frozenset[str]()
+    ordered = _ordered(facade, inbound, eligible, model, parsed, hint)
+    candidates = ordered.nodes
+    usage = UsageCell() if inference else None
+    plan = _plan(facade, inbound, usage, gated, candidates)
+    warm = candidates[0].id if ordered.promoted else None
+    if not inference:
+        model = label = None
+    return Route(
+        plan,
+        model,
+        candidates,
+        key,
+        warm,
+        label,
+        ordered.predicted,
+        ordered.patience,
+        ordered.size,
+        ordered.reloads,
+        ordered.context_fit,
+        ordered.chosen,
+        usage,
+    )
+
+
+@frozen
+class _Ordered:
+    """The candidates in order, and what ordering them found."""
+
+    nodes: list[Node]
+    chosen: Choice
+    promoted: bool = False
+    predicted: dict[str, float] = field(factory=dict)
+    patience: Patience | None = None
+    size: RequestSize = field(factory=RequestSize)
+    reloads: frozenset[str] = frozenset()
+    context_fit: bool = True
+
+
+def _ordered(
+    facade: FacadeState,
+    inbound: Inbound,
+    eligible: list[Node],
+    model: str | None,
+    parsed: dict[str, Any] | None,
+    hint: str | None,
+) -> _Ordered:
+    """The order of §5 and §15.2: the targeted node alone; by prediction for a model; else the
+    base order; a stored response's node first (§2.1)."""
+    target = inbound.node
     if target is not None:
-        candidates, promoted = [target], False
-    elif model:
+        return _Ordered([target], Choice.TARGET)
+    if model:
         ratio = facade.speeds.bytes_per_token(model)  # learnt per model, §15.1
         size = request_size(parsed, len(inbound.body), ratio)
         ranked = rank(facade, eligible, model, size, hint)
-        candidates, promoted, predicted = ranked.nodes, ranked.affinity, ranked.predicted
-        record.context_fit = ranked.context_fit
-        waiting, reloads = ranked.patience, ranked.reloads
-        if parsed is not None and inbound.path == RESPONSES_PATH:
-            candidates = conversation_first(facade, parsed, candidates)
-    else:
-        candidates, promoted = facade.order(
-            eligible, head_selection=bool(model), affinity_hint=hint, model=model
+        chosen = Choice.AFFINITY if ranked.affinity else Choice.PREDICTION
+        ordered = _Ordered(
+            ranked.nodes,
+            chosen,
+            ranked.affinity,
+            ranked.predicted,
+            ranked.patience,
+            size,
+            ranked.reloads,
+            ranked.context_fit,
         )
-        if model and parsed is not None and inbound.path == RESPONSES_PATH:
-            candidates = conversation_first(facade, parsed, candidates)
-    plan = _plan(facade, inbound, record, gated, candidates)
-    warm = candidates[0].id if promoted else None
-    if not inference:
-        model = label = None
-    return Route(plan, model, candidates, key, warm, label, predicted, waiting, size, reloads)
+    else:
+        nodes, promoted = facade.order(eligible, head_selection=False, affinity_hint=hint)
+        ordered = _Ordered(nodes, Choice.AFFINITY if promoted else Choice.ORDER, promoted)
+    if facade.pin and ordered.nodes and ordered.nodes[0].id == facade.pin:
+        ordered = evolve(ordered, chosen=Choice.PIN)
+    if model and parsed is not None and inbound.path == RESPONSES_PATH:
+        nodes = conversation_first(facade, parsed, ordered.nodes)
+        if nodes[0] is not ordered.nodes[0]:
+            ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION)
+    return ordered
 
 
 AFFINITY_MAX_BODY = 2 << 20
@@ -142,7 +202,7 @@ OTHER_MODEL = "other"
 
 
 def _eligible(facade: FacadeState, inbound: Inbound, model: str | None) -> list[Node] | Rejection:
-    """The capability gate (§4.2): the nodes that may answer, or why none may (404/502/503)."""
+    """The capability gate (§4.2): the nodes that may answer, or why none may (404/503)."""
     target = inbound.node
     if target is not None:
         if inbound.caller.rules.role is Role.ADMIN or not model:
@@ -151,14 +211,67 @@ def _eligible(facade: FacadeState, inbound: Inbound, model: str | None) -> list[
             return Rejection(
                 503, "node-cordoned", f"node '{target.id}' is cordoned for maintenance"
             )
-        return [target] if target in facade.eligible(model) else _no_owner(inbound, model)
+        if target in facade.eligible(model):
+            return [target]
+        return Rejection(404, "model-not-found", not_found_message(inbound.path, model))
     eligible = facade.eligible(model)
-    if eligible:
+    if eligible or not model:
         return eligible
-    if facade.cordoned_owners(model):
-        what = f"every node with model '{model}'" if model else "every node"
-        return Rejection(503, "node-cordoned", f"{what} is cordoned for maintenance")
-    return _no_owner(inbound, model) if model else eligible
+    return no_owner(facade, inbound, model)
+
+
+def no_owner(facade: FacadeState, inbound: Inbound, model: str) -> Rejection:
+    """No node can be asked for ``model`` (docs/behaviour.md §4.2): 503 ``model-unavailable``
+    while an owner may exist but cannot be asked (cordoned, or a node whose inventory is not
+    known yet), else 404 ``model-not-found`` naming the closest models the caller may use.
+
+    ``model`` passed the model rule (§14.1), so it may be repeated; the error body escapes it."""
+    cordoned = facade.cordoned_owners(model)
+    if cordoned:
+        message = f"every node with model '{model}' is cordoned for maintenance"
+        return Rejection(503, "model-unavailable", message, _RETRY)
+    unknown = [n.id for n in facade.serving() if not facade.inventory.known(n.id)]
+    if unknown:
+        message = f"model '{model}' is not available now: {_listed(unknown)} not answered yet"
+        return Rejection(503, "model-unavailable", message, _RETRY)
+    message = not_found_message(inbound.path, model)
+    closest = closest_models(facade, inbound, model)
+    if closest:
+        message += f" (models you may use: {', '.join(closest)})"
+    return Rejection(404, "model-not-found", message)
+
+
+_RETRY = ((b"Retry-After", b"%d" % RETRY_AFTER_SECONDS),)
+
+
+def _listed(ids: list[str]) -> str:
+    shown = ", ".join(ids[:3]) + (f" and {len(ids) - 3} more" if len(ids) > 3 else "")
+    return f"node {shown} has" if len(ids) == 1 else f"nodes {shown} have"
+
+
+def not_found_message(path: str, model: str) -> str:
+    """What the engine whose route ``path`` is says of a model it does not have: Ollama's own
+    words on its routes (``/api/show`` has its own), OpenAI's on ``/v1``, Anthropic's on Messages."""
+    if path.startswith("/v1/messages"):
+        return f"model: {model}"
+    if path.startswith("/v1/"):
+        return f"The model `{model}` does not exist or you do not have access to it."
+    if path == "/api/show":
+        return f"model '{model}' not found"
+    return f'model "{model}" not found, try pulling it first'
+
+
+def closest_models(facade: FacadeState, inbound: Inbound, model: str, most: int = 3) -> list[str]:
+    """The public names the caller may use that are closest to ``model`` (up to ``most``): the
+    near spellings first, else the first names there are."""
+    rules = inbound.caller.rules
+    catalogue = facade.directory.catalogue
+    names: set[str] = set()
+    for node in facade.serving():
+        names.update(catalogue.public(name) for name in facade.inventory.models(node.id))
+    allowed = sorted(n for n in names if rules.models is None or rules.allows(n))
+    near = difflib.get_close_matches(model, allowed, n=most, cutoff=0.5)
+    return near or allowed[:most]
 
 
 def _spare_busy_routers(facade: FacadeState, eligible: list[Node], model: str) -> list[Node]:
@@ -181,12 +294,6 @@ def _spare_busy_routers(facade: FacadeState, eligible: list[Node], model: str) -
     ids = [node.id for node in eligible]
     kept = set(spare_busy_routers(ids, model, inventory, inventory.facts, in_flight))
     return eligible if len(kept) == len(ids) else [n for n in eligible if n.id in kept]
-
-
-def _no_owner(inbound: Inbound, model: str) -> Rejection:
-    if inbound.kind is RouteKind.MODEL_ROUTED:
-        return Rejection(404, "model-not-found", f"model '{model}' not found")
-    return Rejection(502, "no-model-owner", "no available node advertises the requested model")
 
 
 def _speakable(
@@ -249,7 +356,7 @@ def _speech(
 def _plan(
     facade: FacadeState,
     inbound: Inbound,
-    record: RequestRecord,
+    usage: UsageNoted | None,
     model: str | None,
     candidates: list[Node],
 ) -> AttemptPlan:
@@ -259,7 +366,7 @@ def _plan(
     inference = inbound.kind is RouteKind.INFERENCE
     return AttemptPlan(
         headers=inbound.head.headers,
-        sends=_sends(facade, inbound, record, model, candidates),
+        sends=_sends(facade, inbound, usage, model, candidates),
         inference=inference or inbound.kind is RouteKind.MODEL_ROUTED,
         gated=inference and facade.first_body_gate,
         header_timeout=settings.response_header_timeout,
@@ -272,7 +379,7 @@ def _plan(
 def _sends(
     facade: FacadeState,
     inbound: Inbound,
-    record: RequestRecord,
+    usage: UsageNoted | None,
     model: str | None,
     candidates: list[Node],
 ) -> Sends:
@@ -291,7 +398,7 @@ def _sends(
     strip_usage = None
     if inference:
         sent, asked = _asking_usage(path, sent, parsed, assembly)
-        strip_usage = record.usage_noted if asked else None
+        strip_usage = usage if asked else None
     if _needs_speech(facade, path, model, candidates):
         known = sent if sent is not None else body
         return _speech(facade, inbound, known, model, assembly, strip_usage)

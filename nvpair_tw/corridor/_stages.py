@@ -6,64 +6,40 @@ body go when its request ended.
 
 from __future__ import annotations
 
-from twisted.web.server import Request
-
 from nvpair_tw.corridor._aggregate import aggregate_model_list
 from nvpair_tw.corridor._collector import let_go
 from nvpair_tw.corridor._fanout import FanOutRequest
 from nvpair_tw.corridor._head import Head
 from nvpair_tw.corridor._inbound import Inbound
-from nvpair_tw.corridor._refusal import refuse
 from nvpair_tw.corridor._roles import Targeting
 from nvpair_tw.corridor._state import FacadeState
-from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES, open_tunnel
-from nvpair_tw.corridor._workloads import RequestRecord
-from nvpair_tw.inbound import LOCAL, Rejection
+from nvpair_tw.corridor._tunnel import TUNNEL_ENGINES
+from nvpair_tw.corridor._writer import Whole
+from nvpair_tw.inbound import Rejection
+from nvpair_tw.nodes import Node
 
-__all__ = ["fan_of", "let_go_of", "serve_model_list", "serve_tunnel"]
+__all__ = ["fan_of", "let_go_of", "list_answer", "tunnel_nodes"]
 
 _NO_ROUTE_OWNER = Rejection(502, "no-route-owner", "no node of a kind that serves this route")
 
 
-async def serve_tunnel(
-    facade: FacadeState, request: Request, record: RequestRecord, head: Head
-) -> None:
-    """A WebSocket upgrade (§2.1): the base order with demotion, no reservation; or the
-    targeted node alone."""
-    shared = facade.shared
+def tunnel_nodes(facade: FacadeState, head: Head) -> list[Node] | Rejection:
+    """The nodes a WebSocket upgrade (§2.1) tries: the base order with demotion, no reservation,
+    among those of a kind that speaks the SDK channel itself (§11.3); or the targeted node alone."""
     target = head.node
-    caller = head.caller
     if target is not None:
-        nodes = [target]
         if target.kind_of(facade.profile).name not in TUNNEL_ENGINES:
-            refuse(facade, request, record, _NO_ROUTE_OWNER)
-            return
-    else:
-        # Only a node of a kind that speaks the SDK channel itself can carry it (§11.3).
-        speaking = [n for n in facade.serving() if n.kind_of(facade.profile).name in TUNNEL_ENGINES]
-        nodes, _ = facade.order(speaking, head_selection=False)
-    assert shared.endpoints is not None
-    await open_tunnel(
-        request,
-        nodes,
-        head.target.wire,
-        head.headers,
-        key=None if caller is LOCAL else (caller.name, caller.rules.max_tunnels),
-        engine=facade.engine,
-        book=shared.tunnels,
-        endpoints=shared.endpoints,
-        clock=shared.clock,
-        timeout=shared.settings.response_header_timeout,
-        record=record,
-        bus=shared.bus,
-    )
+            return _NO_ROUTE_OWNER
+        return [target]
+    speaking = [n for n in facade.serving() if n.kind_of(facade.profile).name in TUNNEL_ENGINES]
+    nodes, _ = facade.order(speaking, head_selection=False)
+    return nodes
 
 
-async def serve_model_list(
-    facade: FacadeState, request: Request, record: RequestRecord, head: Head
-) -> None:
-    """Answer a model list from every node at once (docs/behaviour.md §4.3), or from the
-    targeted node alone; a key with a model scope sees only its models (§12.1)."""
+async def list_answer(facade: FacadeState, head: Head) -> tuple[Whole, str | None]:
+    """A model list from every node at once (docs/behaviour.md §4.3), or from the targeted node
+    alone; a key with a model scope sees only its models (§12.1). With the error the record
+    names (None for a 200)."""
     fmt = facade.profile.model_lists[head.path]
     target = head.node
     rules = head.caller.rules
@@ -84,19 +60,11 @@ async def serve_model_list(
         first_seen=facade.first_seen,
         fallbacks=facade.directory.catalogue if target is None else None,  # §16.2
     )
-    if not request.finished and request.channel is not None:
-        request.setResponseCode(result.status)
-        request.setHeader(b"content-type", b"application/json")
-        request.setHeader(b"x-content-type-options", b"nosniff")
-        request.setHeader(b"content-length", b"%d" % len(result.body))
-        request.write(result.body)
-        request.finish()
-    record.publish(
-        facade.shared.bus,
-        status=result.status,
-        node_id=None,
-        error=None if result.status == 200 else "inventory-unavailable",
-    )
+    answer = Whole(result.status, result.body, headers=_NOSNIFF)
+    return answer, None if result.status == 200 else "inventory-unavailable"
+
+
+_NOSNIFF = ((b"x-content-type-options", b"nosniff"),)
 
 
 def fan_of(facade: FacadeState, inbound: Inbound) -> FanOutRequest | Rejection | None:

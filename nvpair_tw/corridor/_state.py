@@ -24,7 +24,7 @@ from nvpair_tw.corridor._aggregate import FirstSeen
 from nvpair_tw.corridor._collector import QuietCollector
 from nvpair_tw.corridor._revocation import Holdings
 from nvpair_tw.corridor._tunnel import TunnelBook
-from nvpair_tw.corridor._workloads import RequestRecord, WorkloadRegistry
+from nvpair_tw.corridor._workloads import WorkloadRegistry
 from nvpair_tw.events import EventBus
 from nvpair_tw.inbound import CorsPolicy, IngressPolicy, RateLimiter
 from nvpair_tw.nodes import Node, NodeDirectory, SelfGuard
@@ -48,9 +48,10 @@ __all__ = ["FacadeState", "RequestTracer", "Shared"]
 class RequestTracer(Protocol):
     """The corridor's tracing hook (docs/behaviour.md §12.5): told of every request as it starts."""
 
-    def begin(self, record: RequestRecord, headers: Headers) -> None:
-        """``record`` has just begun; ``headers`` are the client's, which the tracer may rewrite
-        (``traceparent``, ``tracestate``) before anything is forwarded."""
+    def begin(self, request_id: str, name: str, started: float, headers: Headers) -> None:
+        """The request ``request_id`` (``METHOD path``) began at clock seconds ``started``;
+        ``headers`` are the client's, which the tracer may rewrite (``traceparent``,
+        ``tracestate``) before anything is forwarded."""
 
 
 @define

@@ -34,7 +34,6 @@ from twisted.python.failure import Failure
 from twisted.web.client import URI
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory
-from twisted.web.server import Request
 from zope.interface import implementer
 
 from nvpair_tw.core import (
@@ -44,11 +43,12 @@ from nvpair_tw.core import (
     close,
     forward_headers,
     header_tokens,
-    write_error,
 )
-from nvpair_tw.corridor._workloads import AttemptOutcome, RequestRecord, status_outcome
-from nvpair_tw.events import EventBus
-from nvpair_tw.inbound import LimitedChannel
+from nvpair_tw.corridor._caller import CallerState
+from nvpair_tw.corridor._record import AttemptLog
+from nvpair_tw.corridor._writer import Whole, Writer
+from nvpair_tw.events import Attempt, AttemptOutcome, Outcome, StatusOutcome
+from nvpair_tw.inbound import LimitedChannel, Rejection
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.upstream import BadResponse, BodyReader, HeadParser, ResponseHead
@@ -57,7 +57,9 @@ __all__ = [
     "TUNNEL_ENGINES",
     "Tunnel",
     "TunnelBook",
+    "TunnelEnd",
     "TunnelState",
+    "Upgrade",
     "is_upgrade",
     "open_tunnel",
 ]
@@ -94,11 +96,10 @@ class TunnelState(Enum):
     CLOSED = "closed"
 
 
-def is_upgrade(request: Request) -> bool:
+def is_upgrade(method: bytes, headers: Headers) -> bool:
     """A ``GET`` asking to switch to WebSocket (``Upgrade: websocket``, ``Connection: upgrade``)."""
-    if request.method != b"GET":
+    if method != b"GET":
         return False
-    headers = request.requestHeaders
     upgrade = header_tokens(headers, b"upgrade")
     connection = header_tokens(headers, b"connection")
     return b"websocket" in upgrade and b"upgrade" in connection
@@ -295,7 +296,7 @@ class _Answer:
 
 
 class _HandshakeFailed(Exception):
-    def __init__(self, outcome: str, message: str) -> None:
+    def __init__(self, outcome: Outcome, message: str) -> None:
         super().__init__(message)
         self.outcome = outcome
 
@@ -329,7 +330,7 @@ class _NodeSide(Protocol):
         assert self.transport is not None
         self.transport.write(self._request)
 
-    def _fail(self, outcome: str, message: str) -> None:
+    def _fail(self, outcome: Outcome, message: str) -> None:
         if not self.answer.called:
             self.answer.errback(_HandshakeFailed(outcome, message))
         abort(self.transport)
@@ -353,11 +354,11 @@ class _NodeSide(Protocol):
             if head is not None and head.code != 101:
                 self._reader = BodyReader(b"GET", head)
         except BadResponse:
-            self._fail(AttemptOutcome.DROPPED.value, "the node's answer is not HTTP/1.1")
+            self._fail(AttemptOutcome.DROPPED, "the node's answer is not HTTP/1.1")
             return
         if head is None:
             if len(self._early) > MAX_HEAD_BYTES:
-                self._fail(AttemptOutcome.DROPPED.value, "the node's answer head is too long")
+                self._fail(AttemptOutcome.DROPPED, "the node's answer head is too long")
         elif head.code == 101:
             self._switched = True
             self.answer.callback(_Switched(self))
@@ -374,12 +375,12 @@ class _NodeSide(Protocol):
         try:
             payload, after = self._reader.feed(data)
         except BadResponse:
-            self._fail(AttemptOutcome.DROPPED.value, "the node's answer body is malformed")
+            self._fail(AttemptOutcome.DROPPED, "the node's answer body is malformed")
             return
         self._body.append(payload)
         self._size += len(payload)
         if self._size > MAX_REFUSAL_BODY:
-            self._fail(status_outcome(code), f"the node answered {code}")
+            self._fail(StatusOutcome(code), f"the node answered {code}")
         elif after is not None:
             self._answered()
 
@@ -398,16 +399,16 @@ class _NodeSide(Protocol):
             if self._reader is not None and self._reader.close_delimited:
                 self._answered()
             else:
-                self._fail(AttemptOutcome.DROPPED.value, "the node closed during the handshake")
+                self._fail(AttemptOutcome.DROPPED, "the node closed during the handshake")
 
 
 def _request_head(
-    request: Request, forwarded: Headers, node: Node, target: bytes, uri: URI
+    upgrade: list[bytes], forwarded: Headers, node: Node, target: bytes, uri: URI
 ) -> bytes:
     """The upgrade request toward ``node``: the head's forwardable headers (docs/behaviour.md
-    §14.1), the upgrade, its credentials."""
+    §14.1), the client's ``Upgrade`` values, its credentials."""
     headers = forwarded.copy()
-    headers.setRawHeaders(b"upgrade", request.requestHeaders.getRawHeaders(b"upgrade", []))
+    headers.setRawHeaders(b"upgrade", upgrade)
     headers.setRawHeaders(b"connection", [b"Upgrade"])
     authorization = node.authorization
     if authorization is not None:
@@ -420,25 +421,34 @@ def _request_head(
     return b"\r\n".join(lines) + b"\r\n\r\n"
 
 
+@frozen
+class Upgrade:
+    """One upgrade as the driver hands it on: the target a node receives, the forwardable
+    headers and the client's ``Upgrade`` values."""
+
+    target: bytes
+    forwarded: Headers
+    upgrade: list[bytes]
+
+
 async def _handshake(
-    request: Request,
-    forwarded: Headers,
+    upgrade: Upgrade,
     node: Node,
-    target: bytes,
     endpoints: IAgentEndpointFactory,
     clock: IReactorTime,
     timeout: float,
 ) -> _Switched | _Answer:
     """Try the upgrade on one node; raises :class:`_HandshakeFailed`."""
     base = node.public_url.rstrip("/").encode("utf-8")
-    uri = URI.fromBytes(base + target)
-    side = _NodeSide(_request_head(request, forwarded, node, target, uri))
+    uri = URI.fromBytes(base + upgrade.target)
+    head = _request_head(upgrade.upgrade, upgrade.forwarded, node, upgrade.target, uri)
+    side = _NodeSide(head)
     try:
         await connectProtocol(endpoints.endpointForURI(uri), side)
     except Exception as error:
-        raise _HandshakeFailed(AttemptOutcome.CONNECT_ERROR.value, "connection failed") from error
+        raise _HandshakeFailed(AttemptOutcome.CONNECT_ERROR, "connection failed") from error
     timer: IDelayedCall = clock.callLater(
-        timeout, side._fail, AttemptOutcome.STALL.value, "no answer to the upgrade"
+        timeout, side._fail, AttemptOutcome.STALL, "no answer to the upgrade"
     )
     try:
         return await side.answer
@@ -447,11 +457,50 @@ async def _handshake(
             timer.cancel()
 
 
+@frozen
+class TunnelEnd:
+    """How a tunnel ended, for its record: the status (101 once spliced), the node spliced to,
+    the error, each node tried, and when the client's answer began (clock seconds)."""
+
+    status: int
+    node_id: str | None
+    error: str | None
+    attempts: tuple[Attempt, ...]
+    first_byte_at: float | None = None
+    refused: Rejection | None = None
+    """The refusal the client gets, when it gets one (the record then says ``error``)."""
+
+
+@define
+class _Tries:
+    """The nodes an upgrade was tried on, as its record lists them."""
+
+    clock: IReactorTime
+    log: AttemptLog = field(factory=AttemptLog)
+
+    def start(self, node: Node) -> None:
+        self.log.start(node.id, self.clock.seconds())
+
+    def end(self, outcome: Outcome) -> None:
+        self.log.close(outcome, self.clock.seconds())
+
+    def over(
+        self, status: int, error: str | None, node_id: str | None = None, at: float | None = None
+    ) -> TunnelEnd:
+        self.log.close(AttemptOutcome.UNFINISHED, self.clock.seconds())
+        return TunnelEnd(status, node_id, error, tuple(self.log.closed), at)
+
+    def refused(self, refused: Rejection) -> TunnelEnd:
+        self.log.close(AttemptOutcome.UNFINISHED, self.clock.seconds())
+        attempts = tuple(self.log.closed)
+        return TunnelEnd(refused.status, None, refused.code, attempts, refused=refused)
+
+
 async def open_tunnel(
-    request: Request,
+    writer: Writer,
     candidates: list[Node],
-    target: bytes,
-    forwarded: Headers,
+    upgrade: Upgrade,
+    caller: CallerState,
     *,
     key: tuple[str, int | None] | None = None,
     engine: str,
@@ -459,88 +508,68 @@ async def open_tunnel(
     endpoints: IAgentEndpointFactory,
     clock: IReactorTime,
     timeout: float,
-    record: RequestRecord,
-    bus: EventBus,
-) -> None:
-    """Try ``candidates`` in order until one switches protocols; splice; conclude on close."""
+) -> TunnelEnd:
+    """Try ``candidates`` in order until one switches protocols; splice; end when it closes."""
+    tries = _Tries(clock)
     tunnel = book.admit(engine, *key) if key is not None else book.admit(engine)
     if tunnel is None:
-        write_error(request, 503, "too many open tunnels", "too-many-tunnels")
-        record.publish(bus, status=503, node_id=None, error="too-many-tunnels")
-        return
-    gone: list[bool] = []
-    request.notifyFinish().addErrback(lambda _: gone.append(True))
+        return tries.refused(Rejection(503, "too-many-tunnels", "too many open tunnels"))
     last: _Answer | None = None
     failure = "no node accepted the upgrade"
     try:
         for node in candidates:
-            record.attempt_started(node.id)
+            tries.start(node)
             try:
-                answer = await _handshake(
-                    request, forwarded, node, target, endpoints, clock, timeout
-                )
+                answer = await _handshake(upgrade, node, endpoints, clock, timeout)
             except _HandshakeFailed as error:
-                record.attempt_ended(error.outcome)
+                tries.end(error.outcome)
                 failure = f"{node.id}: {error}"
                 last = None
                 continue
-            if gone or tunnel.state is TunnelState.CLOSED:
-                record.attempt_ended(AttemptOutcome.CANCELLED.value)
+            if caller.gone is not None or tunnel.state is TunnelState.CLOSED:
+                tries.end(AttemptOutcome.CANCELLED)
                 if isinstance(answer, _Switched):
                     close(answer.side.transport)
                 break
             if isinstance(answer, _Answer):
-                record.attempt_ended(status_outcome(answer.status))
+                tries.end(StatusOutcome(answer.status))
                 last = answer
                 continue
-            record.attempt_ended(AttemptOutcome.COMMITTED.value)
-            await _splice(request, tunnel, node, answer, record, bus)
-            return
+            tries.end(AttemptOutcome.COMMITTED)
+            return await _splice(writer, tunnel, node, answer, tries)
     finally:
         tunnel.close()
-    if gone:
-        record.publish(bus, status=499, node_id=None, error="client disconnected")
-    elif last is not None:
-        _relay_answer(request, last)
-        record.publish(bus, status=last.status, node_id=None, error=status_outcome(last.status))
-    else:
-        write_error(request, 502, failure, "upstream-error")
-        record.publish(bus, status=502, node_id=None, error="upstream-error")
+    if caller.gone is not None:
+        return tries.over(499, "client disconnected")
+    if last is not None:
+        writer.whole(_relayed_answer(last))
+        return tries.over(last.status, StatusOutcome(last.status).value, at=clock.seconds())
+    return tries.refused(Rejection(502, "upstream-error", failure))
 
 
 async def _splice(
-    request: Request,
-    tunnel: Tunnel,
-    node: Node,
-    answer: _Switched,
-    record: RequestRecord,
-    bus: EventBus,
-) -> None:
+    writer: Writer, tunnel: Tunnel, node: Node, answer: _Switched, tries: _Tries
+) -> TunnelEnd:
     """After the node's 101: splice the client's channel and the node's connection until one
-    closes, then publish the record."""
-    channel = request.channel
-    if not isinstance(channel, LimitedChannel):
+    closes."""
+    channel = writer.hand_over()
+    if channel is None:
         close(answer.side.transport)
-        write_error(request, 500, "this listener cannot carry a tunnel", "internal-error")
-        record.publish(bus, status=500, node_id=None, error="internal-error")
-        return
-    record.first_byte()
+        return tries.refused(
+            Rejection(500, "internal-error", "this listener cannot carry a tunnel")
+        )
+    at = tries.clock.seconds()
     tunnel.open(node.id, channel, answer.side.transport, answer.side.attach(tunnel))
     if answer.side.lost:
         tunnel.node_lost()
     await tunnel.closed
-    record.publish(bus, status=101, node_id=node.id, error=None)
+    return tries.over(101, None, node.id, at)
 
 
-def _relay_answer(request: Request, answer: _Answer) -> None:
+def _relayed_answer(answer: _Answer) -> Whole:
     """The last node's non-101 answer as the client's (end-to-end headers, the body)."""
-    if request.finished or request.channel is None:
-        return
-    request.setResponseCode(answer.status)
-    drop = frozenset({b"content-length", *HOP_BY_HOP})
-    for name, values in forward_headers(answer.headers, drop).getAllRawHeaders():
-        request.responseHeaders.setRawHeaders(name, list(values))
-    request.setHeader(b"content-length", b"%d" % len(answer.body))
-    request.setHeader(b"connection", b"close")
-    request.write(answer.body)
-    request.finish()
+    drop = frozenset({b"content-length", b"content-type", *HOP_BY_HOP})
+    headers = forward_headers(answer.headers, drop)
+    pairs = [(name, value) for name, values in headers.getAllRawHeaders() for value in values]
+    kind = answer.headers.getRawHeaders(b"content-type", [b""])[0]
+    return Whole(answer.status, answer.body, kind, (*pairs, (b"connection", b"close")))

@@ -21,23 +21,31 @@ __all__ = [
     "NODE_CORDON",
     "NODE_UNCORDON",
     "PROXY_REQUEST",
+    "REQUEST_PHASE",
     "WORKLOAD_COMPLETED",
     "WORKLOAD_ERRORED",
     "WORKLOAD_QUEUED",
     "WORKLOAD_STARTED",
     "Attempt",
+    "AttemptOutcome",
     "BusEvent",
+    "Choice",
     "NodeCooldown",
     "NodeCooldownEnded",
     "NodeCordon",
     "NodeUncordon",
+    "Outcome",
+    "Phase",
     "ProxyRequest",
+    "RequestPhase",
+    "StatusOutcome",
     "WorkloadCompleted",
     "WorkloadErrored",
     "WorkloadInfo",
     "WorkloadQueued",
     "WorkloadStarted",
     "WorkloadState",
+    "outcome_named",
 ]
 
 # The names of the events the proxy publishes: the bus, the control channel's notifications,
@@ -60,6 +68,8 @@ NODE_CORDON = "node/cordon"
 """A node was cordoned: it takes no new work (§13.1; ``reason``, ``since``, ``origin``)."""
 NODE_UNCORDON = "node/uncordon"
 """A node's cordon was lifted."""
+REQUEST_PHASE = "request/phase"
+"""A request moved to another phase of its exchange (queued, waiting for headers, ...)."""
 
 Wire = dict[str, Any]
 _WIRE = "_wire"
@@ -239,12 +249,63 @@ class NodeUncordon(BusEvent):
         return {"engine": self.engine, "node_id": self.node_id}
 
 
+class AttemptOutcome(Enum):
+    """How one attempt ended, when not with a status (docs/behaviour.md §6.1, §7)."""
+
+    CONNECT_ERROR = "connect-error"
+    STALL = "stall"
+    DROPPED = "dropped"
+    FIRST_BODY_TIMEOUT = "first-body-timeout"
+    COMMITTED = "committed"
+    CANCELLED = "cancelled"
+    UNFINISHED = "unfinished"
+    """Still open when the next attempt started or the request ended."""
+
+    @property
+    def stalled(self) -> bool:
+        """Whether the node stalled (both kinds cool it, §6.3)."""
+        return self in _STALLED
+
+
+_STALLED = frozenset({AttemptOutcome.STALL, AttemptOutcome.FIRST_BODY_TIMEOUT})
+
+
+@frozen
+class StatusOutcome:
+    """An attempt answered with a status that moved on (or was the answer): ``status-<code>``."""
+
+    code: int
+
+    @property
+    def value(self) -> str:
+        """Its name in ``proxy/request``: ``status-<code>``."""
+        return f"status-{self.code}"
+
+    @property
+    def stalled(self) -> bool:
+        """A status is never a stall."""
+        return False
+
+
+Outcome = AttemptOutcome | StatusOutcome
+"""How an attempt ended, typed to the edge: its ``value`` is the name a record carries."""
+
+
+def outcome_named(name: str) -> Outcome:
+    """The outcome a record names ``name`` (``stall``, ``status-503``, ...); ValueError for a name
+    no outcome has."""
+    prefix, _, code = name.partition("status-")
+    if not prefix and code.isdigit():
+        return StatusOutcome(int(code))
+    return AttemptOutcome(name)
+
+
 @frozen
 class Attempt:
     """One closed attempt of a request."""
 
     node_id: str
-    outcome: str
+    outcome: Outcome
     ms: int
     busy_waits: int = 0
     """Header-deadline periods waited because the node showed progress elsewhere (§6.4)."""
@@ -253,9 +314,79 @@ class Attempt:
         """The attempt in ``proxy/request``'s ``attempts``."""
         return {
             "node_id": self.node_id,
-            "outcome": self.outcome,
+            "outcome": self.outcome.value,
             "ms": self.ms,
             "busy_waits": self.busy_waits,
+        }
+
+
+class Phase(Enum):
+    """Where a request is in its exchange (the exchange's states, docs/behaviour.md §7)."""
+
+    RECEIVED = "received"
+    """Its head passed; its body is being read and its route decided."""
+    ANSWERING = "answering"
+    """The proxy answers it itself: a model list, a probe, a fan-out, a preload, a tunnel."""
+    QUEUED = "queued"
+    """It waits in the proxy for a node's free slot (§6.4)."""
+    WAITING_HEADERS = "waiting-headers"
+    """Sent to a node, which has not answered its head yet."""
+    READING_PROMPT = "reading-prompt"
+    """The node answered its head and reads the prompt: no token yet."""
+    STREAMING = "streaming"
+    """The answer is on its way to the client."""
+    DONE = "done"
+    """It ended: its record is published."""
+
+
+class Choice(Enum):
+    """Why the node that served a request was asked first (docs/behaviour.md §5, §15)."""
+
+    TARGET = "target"
+    """``X-NVPair-Node`` named it."""
+    PIN = "pin"
+    """The operator's manual selection (``node/select``)."""
+    AFFINITY = "affinity"
+    """It holds the conversation's prefix (§5.3)."""
+    CONVERSATION = "conversation"
+    """It holds the stored response the request continues (``previous_response_id``)."""
+    PREDICTION = "prediction"
+    """It was predicted to answer first (§15.2)."""
+    ORDER = "order"
+    """The candidate order (§5.1, §5.2) put it first."""
+    FAILOVER = "failover"
+    """An earlier candidate failed before commit (§6.1)."""
+    FALLBACK = "fallback"
+    """A fallback model served (§16.2)."""
+
+
+@frozen(slots=False)
+class RequestPhase(BusEvent):
+    """``request/phase``: a request moved to ``phase`` (its node once it has one, its model as
+    records name it, its key's name); ``since`` in ms since the epoch."""
+
+    name: ClassVar[str] = REQUEST_PHASE
+    id: str
+    engine: str
+    phase: Phase
+    since: int
+    method: str
+    path: str
+    node_id: str | None = None
+    model: str | None = None
+    key: str | None = None
+
+    def _build(self) -> Wire:
+        return {
+            "id": self.id,
+            "engine": self.engine,
+            "phase": self.phase.value,
+            "since": self.since,
+            "method": self.method,
+            "path": self.path,
+            "node_id": self.node_id,
+            "model": self.model,
+            "key": self.key,
         }
 
 
@@ -295,6 +426,10 @@ class ProxyRequest(BusEvent):
     context_fit: bool = True
     predicted_ms: int | None = None
     measured_ms: int | None = None
+    chosen_by: Choice | None = None
+    """Why the node that served was asked (docs/behaviour.md §7); None when no node was."""
+    workload_id: int | None = None
+    """The request's workload (§7), for traces (§12.5); not in the wire object."""
 
     def _build(self) -> Wire:
         wire: Wire = {
@@ -317,6 +452,8 @@ class ProxyRequest(BusEvent):
             wire["fallback_from"] = self.fallback_from
         if self.key is not None:
             wire["key"] = self.key
+        if self.chosen_by is not None:
+            wire["chosen_by"] = self.chosen_by.value
         if self.model is not None:
             wire["model"] = self.model
             wire["model_local"] = self.model_local

@@ -14,6 +14,7 @@ from nvpair_tw.events._kinds import (
     NODE_CORDON,
     NODE_UNCORDON,
     PROXY_REQUEST,
+    REQUEST_PHASE,
     WORKLOAD_COMPLETED,
     WORKLOAD_ERRORED,
     WORKLOAD_QUEUED,
@@ -30,6 +31,7 @@ _LEVELS: Mapping[str, LogLevel] = {
     WORKLOAD_QUEUED: LogLevel.debug,
     WORKLOAD_STARTED: LogLevel.debug,
     WORKLOAD_COMPLETED: LogLevel.debug,
+    REQUEST_PHASE: LogLevel.debug,
 }
 
 _FORMATS: Mapping[str, tuple[str, tuple[str, ...]]] = {

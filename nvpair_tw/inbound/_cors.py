@@ -88,15 +88,25 @@ class CorsPolicy:
             b"access-control-request-method"
         )
 
-    def answer_preflight(self, request: Request, origin: bytes) -> None:
-        """204 with the grants for ``origin``; the request is finished."""
-        request.setResponseCode(204)
-        headers = request.responseHeaders
-        headers.setRawHeaders(b"access-control-allow-methods", [ALLOWED_METHODS])
-        headers.setRawHeaders(b"access-control-allow-headers", [ALLOWED_HEADERS])
-        headers.setRawHeaders(b"access-control-max-age", [MAX_AGE])
-        grant(headers, origin)
-        request.finish()
+    def preflight_origin(self, method: bytes, request_headers: Headers) -> bytes | None:
+        """The allowed origin of a CORS preflight (``OPTIONS`` with
+        ``Access-Control-Request-Method``), else None."""
+        if method != b"OPTIONS" or not request_headers.hasHeader(b"access-control-request-method"):
+            return None
+        return self.allowed(request_headers)
+
+    @staticmethod
+    def preflight_grants(origin: bytes) -> tuple[tuple[bytes, bytes], ...]:
+        """The headers of a preflight's 204 for ``origin``: what a page may send, and the
+        grants."""
+        return (
+            (b"access-control-allow-methods", ALLOWED_METHODS),
+            (b"access-control-allow-headers", ALLOWED_HEADERS),
+            (b"access-control-max-age", MAX_AGE),
+            (b"access-control-allow-origin", origin),
+            (b"access-control-expose-headers", EXPOSED_HEADERS),
+            (b"vary", b"Origin"),
+        )
 
     def own_head(self, request: Request) -> None:
         """Make the CORS headers of ``request``'s answer the proxy's (§14.5), just before its

@@ -26,7 +26,7 @@ from twisted.python.failure import Failure
 from twisted.web import http, server
 from twisted.web.resource import Resource
 
-from nvpair_tw.core import one_send, raw_error_response
+from nvpair_tw.core import ErrorShape, one_send, raw_error_response, shape_of
 from nvpair_tw.inbound._cors import CorsPolicy, grant
 from nvpair_tw.inbound._ingress import Rejection
 from nvpair_tw.inbound._sources import SourceCounts, source_of
@@ -125,6 +125,9 @@ class LimitedRequest(server.Request):
     recorded = False
     """The facade recorded this request's refusal itself (its head gate knew the caller's key):
     the site does not record it again."""
+    passed: object = None
+    """What the site's head gate passed on to the resource for this request (the facade's
+    checked head), read when the body is in."""
     cors_origin: bytes | None = None
     """An allowed browser origin (§13.4) when the site knows no ``CorsPolicy``: its grants are
     set as the head is written, last, so they win over any CORS header a node sent."""
@@ -316,7 +319,12 @@ class _Answering(_HandOver):
             site.rejected(status, code, request)
         if self.transport is not None:
             own = (*headers, (b"Server", SERVER), *self._grants(request))
-            self.transport.write(raw_error_response(status, reason, message, code, own))
+            path = getattr(request, "path", None) if request is not None else None
+            shape = (
+                shape_of(path.decode("latin-1")) if isinstance(path, bytes) else ErrorShape.PROXY
+            )
+            answer = raw_error_response(status, reason, message, code, own, shape)
+            self.transport.write(answer)
             self.loseConnection()
 
     def _grants(self, request: server.Request | None) -> tuple[tuple[bytes, bytes], ...]:

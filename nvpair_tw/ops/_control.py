@@ -29,7 +29,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair_tw.core import IProxyReactor, abort
-from nvpair_tw.events import Event, Subscription
+from nvpair_tw.events import Event, RequestPhase, Subscription
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.ops._answers import PendingAnswers
 from nvpair_tw.ops._dispatch import ControlMethods, InOrder
@@ -234,6 +234,8 @@ class ControlProtocol(Protocol):
         self._close()
 
     def _deliver(self, event: Event) -> None:
+        if isinstance(event.value, RequestPhase):
+            return  # a request's phases are the status page's (docs/operations.md), not notified
         self._write(notification(event))
 
     def _dropped(self, reason: str) -> None:

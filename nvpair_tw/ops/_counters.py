@@ -19,14 +19,11 @@ from nvpair_tw.ops._plain import PlainCounter, PlainHistogram
 from nvpair_tw.selection import CHAT_PATHS, COMPLETION_PATHS
 
 __all__ = [
-    "STALL_OUTCOMES",
     "LlmCounters",
     "NodeCounters",
     "RequestCounters",
 ]
 
-STALL_OUTCOMES = frozenset({"stall", "first-body-timeout"})
-"""Attempt outcomes that are stalls (docs/behaviour.md §6.1): both cool the node."""
 
 AFFINITY_PATHS = CHAT_PATHS | COMPLETION_PATHS
 
@@ -102,8 +99,8 @@ class RequestCounters:
         route = facade.profile.classify(record.method.encode(), path).value if facade else "unknown"
         self.requests.inc(engine, route, _text(record.status))
         for attempt in record.attempts:
-            self.attempts.inc(engine, attempt.node_id, attempt.outcome)
-            if attempt.outcome in STALL_OUTCOMES:
+            self.attempts.inc(engine, attempt.node_id, attempt.outcome.value)
+            if attempt.outcome.stalled:
                 self.stalls.inc(engine, attempt.node_id)
         if len(record.attempts) > 1 and not record.fan_out:  # a fan-out's parts are no failover
             self.failovers.inc(engine)

@@ -31,7 +31,6 @@ from nvpair_tw.events import (
     WorkloadErrored,
 )
 from nvpair_tw.ops._counters import (
-    STALL_OUTCOMES,
     LlmCounters,
     NodeCounters,
     RequestCounters,
@@ -39,7 +38,7 @@ from nvpair_tw.ops._counters import (
 from nvpair_tw.ops._queues import queue_metrics
 from nvpair_tw.runtime import Runtime
 
-__all__ = ["STALL_OUTCOMES", "ProxyMetrics", "RuntimeCollector"]
+__all__ = ["ProxyMetrics", "RuntimeCollector"]
 
 NodeValue = Callable[[FacadeState, str, float], float | None]
 """One per-node gauge's value: (facade, node id, now) -> value, or None for no sample."""

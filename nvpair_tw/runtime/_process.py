@@ -16,7 +16,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import IAgent
 
 from nvpair_tw.core import ENGINES, IProxyReactor, Settings
-from nvpair_tw.corridor import FacadeResource, FacadeState, RequestRecord, Shared, WorkloadRegistry
+from nvpair_tw.corridor import FacadeResource, FacadeState, Shared, WorkloadRegistry
 from nvpair_tw.events import (
     EventBus,
     NodeCooldown,
@@ -166,21 +166,9 @@ class Runtime:
                 max_connections_per_source=settings.max_connections_per_source,
                 cors=self.shared.cors,
             )
-            self.sites[engine].on_reject = self._record_rejection(engine)
+            self.sites[engine].on_reject = facade.rejected
             self.sites[engine].head_gate = facade.head_gate
         return self.sites[engine]
-
-    def _record_rejection(self, engine: str) -> Callable[[int, str, str, str], None]:
-        """Rejections made below the facade (413, 408, 414, 431, 400, 503) still get a record."""
-        shared = self.shared
-
-        def record(status: int, code: str, method: str, path: str) -> None:
-            request_id = shared.workloads.next_request_id()
-            RequestRecord.begin(shared.clock, request_id, engine, method, path).publish(
-                shared.bus, status=status, node_id=None, error=code
-            )
-
-        return record
 
 
 def build_runtime(

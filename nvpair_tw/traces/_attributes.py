@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from attrs import frozen
 
-from nvpair_tw.events import ProxyRequest
+from nvpair_tw.events import AttemptOutcome, Outcome, ProxyRequest, StatusOutcome
 
 __all__ = [
     "AttemptSpan",
@@ -41,7 +41,7 @@ _OPERATIONS: Mapping[str, str] = {
 }
 
 # Attempt outcomes that are no failure of the attempt: it answered, or the caller left.
-_NOT_FAILED = frozenset({"committed", "cancelled"})
+_NOT_FAILED = frozenset({AttemptOutcome.COMMITTED, AttemptOutcome.CANCELLED})
 
 
 def operation_name(path: str) -> str | None:
@@ -116,7 +116,7 @@ class AttemptSpan:
     failed: bool
 
 
-def failed_attempt(outcome: str) -> bool:
+def failed_attempt(outcome: Outcome) -> bool:
     """Whether an attempt with this outcome failed (its span's status is ERROR)."""
     return outcome not in _NOT_FAILED
 
@@ -136,12 +136,12 @@ def attempt_spans(record: ProxyRequest) -> list[AttemptSpan]:
         attributes: dict[str, AttributeValue] = {
             "server.address": attempt.node_id,
             "nvpair.node_id": attempt.node_id,
-            "nvpair.outcome": outcome,
+            "nvpair.outcome": outcome.value,
             "nvpair.attempt": number,
             "nvpair.busy_waits": attempt.busy_waits,
         }
-        if outcome.startswith("status-") and outcome[7:].isdigit():
-            attributes["http.response.status_code"] = int(outcome[7:])
+        if isinstance(outcome, StatusOutcome):
+            attributes["http.response.status_code"] = outcome.code
         spans.append(AttemptSpan(name, offset, ms, attributes, failed_attempt(outcome)))
         if not parallel:
             offset += ms

@@ -22,7 +22,6 @@ from twisted.internet.interfaces import IReactorThreads, IReactorTime
 from twisted.internet.threads import deferToThreadPool
 from twisted.web.http_headers import Headers
 
-from nvpair_tw.corridor import RequestRecord
 from nvpair_tw.events import Event, EventBus, ProxyRequest, Subscription
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.traces._attributes import attempt_spans, request_attributes, span_name
@@ -62,7 +61,7 @@ class RequestTracing:
         self.provider = provider
         self.counts = counts
         self._tracer = provider.get_tracer("nvpair_tw")
-        self._open: dict[str, tuple[Span, RequestRecord, int]] = {}
+        self._open: dict[str, tuple[Span, float, int]] = {}
         self._subscription: Subscription | None = bus.subscribe(self._observe, name="traces")
 
     @property
@@ -74,23 +73,22 @@ class RequestTracing:
         """A time on the proxy's clock as wall-clock nanoseconds (the clock may be a test's)."""
         return time.time_ns() + round((clock_seconds - self._clock.seconds()) * 1e9)
 
-    def begin(self, record: RequestRecord, headers: Headers) -> None:
-        """Start ``record``'s span (continuing the client's trace) and make ``headers`` carry it."""
+    def begin(self, request_id: str, name: str, started: float, headers: Headers) -> None:
+        """Start the span of request ``request_id`` (continuing the client's trace) and make
+        ``headers`` carry it."""
         if len(self._open) >= _OPEN_LIMIT:
             return
         parent = _PROPAGATOR.extract(_carrier(headers))
-        start = self._wall_ns(record.started)
-        span = self._tracer.start_span(
-            f"{record.method} {record.path}", context=parent, kind=SpanKind.SERVER, start_time=start
-        )
-        self._open[record.id] = (span, record, start)
+        start = self._wall_ns(started)
+        span = self._tracer.start_span(name, context=parent, kind=SpanKind.SERVER, start_time=start)
+        self._open[request_id] = (span, started, start)
         carrier: dict[str, str] = {}
         _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(span))
-        for name in _TRACE_HEADERS:
-            headers.removeHeader(name)
-            value = carrier.get(name.decode())
+        for header in _TRACE_HEADERS:
+            headers.removeHeader(header)
+            value = carrier.get(header.decode())
             if value:
-                headers.setRawHeaders(name, [value.encode("latin-1")])
+                headers.setRawHeaders(header, [value.encode("latin-1")])
 
     def _observe(self, event: Event) -> None:
         if not isinstance(event.value, ProxyRequest):
@@ -110,13 +108,11 @@ class RequestTracing:
             span = self._tracer.start_span(
                 span_name(record), kind=SpanKind.SERVER, start_time=start
             )
-            workload_id = None
         else:
-            span, opening, start = opened
-            workload_id = opening.workload_id
-            end = start + round((now - opening.started) * 1e9)
+            span, started, start = opened
+            end = start + round((now - started) * 1e9)
             span.update_name(span_name(record))
-        span.set_attributes(request_attributes(record, workload_id))
+        span.set_attributes(request_attributes(record, record.workload_id))
         status = record.status
         if status is not None and status >= 500:
             span.set_status(Status(StatusCode.ERROR, record.error or str(status)))

@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import json
 
-from twisted.internet.error import ConnectionDone
+import pytest
 from twisted.internet.interfaces import IProtocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from nvpair_tw.core._errors import error_body, raw_error_response, write_error
+from nvpair_tw.core._errors import ErrorShape, error_body, raw_error_response, shape_of
 
 
 class _Holder(Resource):
@@ -55,60 +54,6 @@ def test_error_body_is_compact_json() -> None:
     assert json.loads(body) == {"error": 'bad "thing"', "code": "some-code"}
 
 
-def test_write_error_sends_json_with_nosniff_and_finishes() -> None:
-    """write_error sets status, JSON type, nosniff, length and extra headers, then finishes."""
-    request, transport, channel = _open_request()
-    write_error(request, 401, "API key required", "auth-required", [(b"WWW-Authenticate", b"X")])
-    status, headers, body = _split(transport.value())
-    assert status == b"HTTP/1.1 401 Unauthorized"
-    assert headers[b"content-type"] == b"application/json"
-    assert headers[b"x-content-type-options"] == b"nosniff"
-    assert headers[b"www-authenticate"] == b"X"
-    assert int(headers[b"content-length"]) == len(body)
-    assert json.loads(body) == {"error": "API key required", "code": "auth-required"}
-    assert request.finished
-    channel.connectionLost(Failure(ConnectionDone()))
-
-
-def test_write_error_on_head_sends_no_body() -> None:
-    """A HEAD request gets the error status and headers but no body bytes."""
-    request, transport, channel = _open_request(b"HEAD")
-    write_error(request, 404, "nope", "not-found")
-    status, headers, body = _split(transport.value())
-    assert status == b"HTTP/1.1 404 Not Found"
-    assert headers[b"content-type"] == b"application/json"
-    assert body == b""
-    channel.connectionLost(Failure(ConnectionDone()))
-
-
-def test_write_error_after_client_left_is_a_silent_no_op() -> None:
-    """When the client is already gone nothing is written and nothing raises."""
-    request, transport, channel = _open_request()
-    channel.connectionLost(Failure(ConnectionDone()))
-    write_error(request, 500, "late", "late")
-    assert transport.value() == b""
-
-
-def test_write_error_twice_writes_once() -> None:
-    """A second write_error on a finished request is ignored."""
-    request, transport, channel = _open_request()
-    write_error(request, 400, "first", "first")
-    sent = transport.value()
-    write_error(request, 500, "second", "second")
-    assert transport.value() == sent
-    channel.connectionLost(Failure(ConnectionDone()))
-
-
-def test_write_error_after_response_started_aborts_the_connection() -> None:
-    """Once headers are out no clean error can follow: the connection is aborted."""
-    request, transport, channel = _open_request()
-    request.write(b"partial")
-    write_error(request, 502, "upstream failed", "upstream")
-    assert transport.disconnected
-    assert b"upstream failed" not in transport.value()
-    channel.connectionLost(Failure(ConnectionDone()))
-
-
 def test_raw_error_response_is_a_complete_closing_response() -> None:
     """The raw response has status line, JSON headers, Connection: close and the body."""
     raw = raw_error_response(
@@ -122,3 +67,64 @@ def test_raw_error_response_is_a_complete_closing_response() -> None:
     assert headers[b"retry-after"] == b"1"
     assert int(headers[b"content-length"]) == len(body)
     assert json.loads(body) == {"error": "too big", "code": "body-too-large"}
+
+
+@pytest.mark.parametrize(
+    ("path", "shape"),
+    [
+        ("/v1/messages", ErrorShape.ANTHROPIC),
+        ("/v1/messages/count_tokens", ErrorShape.ANTHROPIC),
+        ("/v1/messagesx", ErrorShape.OPENAI),
+        ("/v1/chat/completions", ErrorShape.OPENAI),
+        ("/v1/models", ErrorShape.OPENAI),
+        ("/api/chat", ErrorShape.PROXY),
+        ("/api/v0/models", ErrorShape.PROXY),
+        ("/v1", ErrorShape.PROXY),
+        ("/", ErrorShape.PROXY),
+    ],
+)
+def test_the_shape_of_errors_follows_the_route_family(path: str, shape: ErrorShape) -> None:
+    assert shape_of(path) is shape
+
+
+def test_an_openai_route_gets_openais_error_object_with_the_proxys_code() -> None:
+    """``{"error": {"message", "type", "param", "code"}}``; a model no node lists is OpenAI's own
+    ``model_not_found``, and the type follows the status."""
+    body = json.loads(error_body("no such model", "model-not-found", ErrorShape.OPENAI, 404))
+    assert body == {
+        "error": {
+            "message": "no such model",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "model_not_found",
+        }
+    }
+    limited = json.loads(error_body("slow down", "rate-limited", ErrorShape.OPENAI, 429))
+    assert limited["error"]["type"] == "rate_limit_error"
+    assert limited["error"]["code"] == "rate-limited"
+    broken = json.loads(error_body("upstream", "upstream-error", ErrorShape.OPENAI, 502))
+    assert broken["error"]["type"] == "server_error"
+    keyless = json.loads(error_body("key", "auth-required", ErrorShape.OPENAI, 401))
+    assert keyless["error"]["type"] == "authentication_error"
+
+
+def test_a_messages_route_gets_anthropics_error_object_with_the_proxys_code_beside() -> None:
+    body = json.loads(error_body("model: nope", "model-not-found", ErrorShape.ANTHROPIC, 404))
+    assert body == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": "model: nope"},
+        "code": "model-not-found",
+    }
+
+
+def test_a_raw_refusal_takes_the_shape_it_is_given() -> None:
+    raw = raw_error_response(
+        413, b"Content Too Large", "big", "body-too-large", (), ErrorShape.OPENAI
+    )
+    _, _, body = _split(raw)
+    assert json.loads(body)["error"] == {
+        "message": "big",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "body-too-large",
+    }

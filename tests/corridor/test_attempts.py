@@ -55,7 +55,7 @@ from nvpair_tw.corridor._attempts import (
     run_attempts,
 )
 from nvpair_tw.corridor._dialect import AsIs
-from nvpair_tw.corridor._workloads import AttemptOutcome
+from nvpair_tw.events import AttemptOutcome, Outcome
 from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.selection._progress import ProgressBook
@@ -475,8 +475,8 @@ class Hooks(AttemptObserver):
     def attempt_started(self, node: Node) -> None:
         self.started.append(node.id)
 
-    def attempt_ended(self, node: Node, outcome: str) -> None:
-        self.ended.append((node.id, outcome))
+    def attempt_ended(self, node: Node, outcome: Outcome) -> None:
+        self.ended.append((node.id, outcome.value))
 
 
 class Loop:

@@ -51,14 +51,17 @@ def test_requests_during_shutdown_get_a_503_json_error(memory_cluster: Make) -> 
     assert engine_a(cluster).received == []
 
 
-def test_unowned_model_gets_502_without_contacting_any_node(memory_cluster: Make) -> None:
-    """The capability gate answers 502 JSON when no inventory lists the model; no engine is contacted."""
+def test_unowned_model_gets_404_without_contacting_any_node(memory_cluster: Make) -> None:
+    """The capability gate answers 404 in Ollama's words when every inventory is known and none
+    lists the model (docs/behaviour.md §4.2), naming the models the caller may use; no engine is
+    contacted."""
     cluster = one_node(memory_cluster)
     response = cluster.fetch("POST", "/api/chat", json={"model": "mistral", "messages": []})
-    assert response.status == 502
+    assert response.status == 404
     assert response.json() == {
-        "error": "no available node advertises the requested model",
-        "code": "no-model-owner",
+        "error": 'model "mistral" not found, try pulling it first'
+        " (models you may use: llama3:latest)",
+        "code": "model-not-found",
     }
     assert response.headers.getRawHeaders(b"x-content-type-options") == [b"nosniff"]
     assert engine_a(cluster).received == []

@@ -20,7 +20,6 @@ from twisted.web.client import ResponseFailed
 from nvpair_tw.corridor._fallback import Fallbacks, RouteOf
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._state import FacadeState
-from nvpair_tw.corridor._workloads import RequestRecord
 from nvpair_tw.inbound import Rejection
 from nvpair_tw.nodes import Node
 from nvpair_tw.nodes._catalogue import parse_catalogue
@@ -151,7 +150,7 @@ async def test_fallbacks_are_one_level_deep(
     tables += '[[model]]\nname = "mid"\nfallbacks = ["small"]\n'
     cluster = await fleet(reactor, clusters, tmp_path, {"s": node(reactor, "small")}, tables)
     status, body, _ = await cluster.post(CHAT)
-    assert status == 502 and json.loads(body)["code"] == "no-model-owner"
+    assert status == 404 and json.loads(body)["code"] == "model-not-found"
     assert cluster.bodies("s") == []
 
 
@@ -219,8 +218,7 @@ def waiting_fallbacks(
         SimpleNamespace(directory=SimpleNamespace(catalogue=parse_catalogue("f", tables))),
     )
     client = cast(Inbound, SimpleNamespace(model="big", doc=None, outline=None))
-    record = cast(RequestRecord, SimpleNamespace(fallback_from=None))
-    fallbacks = Fallbacks(facade, client, record, route_of, "big", ["small"], 5.0)
+    fallbacks = Fallbacks(facade, client, route_of, "big", ["small"], 5.0)
     admission = Admission(clock, lambda node_id: 1, 4, 60.0)
     nodes = [Node("b", "http://127.0.0.1:1")]
     assert isinstance(admission.admit(nodes), Slot)
@@ -233,9 +231,9 @@ def test_a_wait_with_no_fallback_to_take_goes_on_waiting_for_its_slot() -> None:
     clock = Clock()
     asked: list[str] = []
 
-    def nobody(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Rejection:
+    def nobody(facade: FacadeState, inbound: Inbound) -> Rejection:
         asked.append("routed")
-        return Rejection(502, "no-model-owner", "none")
+        return Rejection(404, "model-not-found", "none")
 
     fallbacks, admission, waiter = waiting_fallbacks(clock, nobody, [{"name": "big"}])
     result = fallbacks.waited(waiter, clock)
@@ -252,7 +250,7 @@ def test_a_wait_with_no_fallback_to_take_goes_on_waiting_for_its_slot() -> None:
 def test_a_caller_leaving_a_wait_takes_it_out_of_the_queue_and_stops_its_timer() -> None:
     clock = Clock()
 
-    def never(facade: FacadeState, inbound: Inbound, record: RequestRecord) -> Rejection:
+    def never(facade: FacadeState, inbound: Inbound) -> Rejection:
         raise AssertionError("no fallback is routed for a caller who left")
 
     fallbacks, admission, waiter = waiting_fallbacks(clock, never, [{"name": "big"}])

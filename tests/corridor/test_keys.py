@@ -14,8 +14,8 @@ from twisted.internet.interfaces import IAddress
 from twisted.internet.task import Clock
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 
-from nvpair_tw.corridor._exchange import _tokens
-from nvpair_tw.corridor._workloads import RequestRecord
+from nvpair_tw.corridor._driver import _tokens
+from nvpair_tw.corridor._record import Facts
 from nvpair_tw.testing import MemoryCluster, SimulatedEngine
 from tests.helpers import chat
 
@@ -232,12 +232,12 @@ def test_an_environment_key_is_named_by_its_digest_on_the_record(
 
 
 def test_the_tokens_handed_to_the_limiter_are_prompt_plus_completion() -> None:
-    record = RequestRecord.begin(Clock(), "r1", "ollama", "POST", "/api/chat")
-    assert _tokens(record) is None
-    record.prompt_tokens = 12
-    assert _tokens(record) == 12
-    record.completion_tokens = 30
-    assert _tokens(record) == 42
+    facts = Facts("r1", "ollama", "POST", "/api/chat", 0.0)
+    assert _tokens(facts.record(1.0, 200, "a", None)) is None
+    facts.prompt_tokens = 12
+    assert _tokens(facts.record(1.0, 200, "a", None)) == 12
+    facts.completion_tokens = 30
+    assert _tokens(facts.record(1.0, 200, "a", None)) == 42
 
 
 class _ForeignPeer(ProtocolWrapper):

@@ -31,10 +31,11 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
-from nvpair_tw.core import ProxyBug
+from nvpair_tw.core import ErrorShape, ProxyBug
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.corridor._attempts import CallerState, Committed
 from nvpair_tw.corridor._relay import Progress, RelayEnd, RelayOutcome, StallGuard, relay
+from nvpair_tw.corridor._writer import Writer
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.testing import Clusters, ProxyCluster, ProxyHandle, SimulatedEngine, start_proxy
 from nvpair_tw.upstream._attempt import BodyGate, ReplayBodyProducer
@@ -762,7 +763,9 @@ class Relayed:
         committed = Committed(Node("n0", "http://n0.test"), response, self.gate, first)
         self.outcomes: list[RelayOutcome | Failure] = []
         Deferred.fromCoroutine(
-            relay(self.request, committed, self.caller, self.clock, budget)
+            relay(
+                Writer(self.request, ErrorShape.PROXY), committed, self.caller, self.clock, budget
+            )
         ).addBoth(self.outcomes.append)
 
     def end(self, reason: BaseException) -> None:

@@ -10,15 +10,10 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.logger import LogLevel, capturedLogs
 
-from nvpair_tw.corridor._workloads import (
-    AttemptOutcome,
-    RequestRecord,
-    Workload,
-    WorkloadRegistry,
-    WorkloadState,
-    status_outcome,
-)
-from nvpair_tw.events import Event, EventBus
+from nvpair_tw.corridor._driver import publish
+from nvpair_tw.corridor._record import Facts
+from nvpair_tw.corridor._workloads import Workload, WorkloadRegistry, WorkloadState
+from nvpair_tw.events import AttemptOutcome, Event, EventBus, StatusOutcome
 
 T0 = 1_700_000_000.0
 INFO_KEYS = {
@@ -71,22 +66,20 @@ def h() -> Harness:
 def test_failover_runs_on_a_then_b_and_completes_on_b(h: Harness) -> None:
     """A stall on A then success on B: started(A), started(B), completed(B); one id, seq 1-3."""
     wl = h.registry.create("ollama", "llama3")
-    record = RequestRecord.begin(
-        h.clock, h.registry.next_request_id(), "ollama", "POST", "/api/chat"
-    )
+    facts = Facts(h.registry.next_request_id(), "ollama", "POST", "/api/chat", h.clock.seconds())
     h.clock.advance(0.010)
     wl.running("A")
-    record.attempt_started("A")
+    facts.attempts.start("A", h.clock.seconds())
     h.clock.advance(30)
-    record.attempt_ended(AttemptOutcome.STALL.value)
+    facts.attempts.close(AttemptOutcome.STALL, h.clock.seconds())
     wl.running("B")
-    record.attempt_started("B")
+    facts.attempts.start("B", h.clock.seconds())
     h.clock.advance(0.250)
-    record.first_byte()
-    record.attempt_ended(AttemptOutcome.COMMITTED.value)
+    facts.first_byte_at = h.clock.seconds()
+    facts.attempts.close(AttemptOutcome.COMMITTED, h.clock.seconds())
     h.clock.advance(1.5)
     assert wl.complete() is True
-    assert record.publish(h.bus, status=200, node_id="B", error=None) is True
+    publish(h.bus, facts.record(h.clock.seconds(), 200, "B", None))
 
     assert h.workload_events() == [
         ("workload:started", 1, 1, "running", "A"),
@@ -319,11 +312,10 @@ def test_info_has_exactly_the_documented_keys(h: Harness) -> None:
         assert set(event.payload["workload"]) == INFO_KEYS
 
 
-def test_request_record_publishes_once(h: Harness) -> None:
-    """publish() returns True once, then False without publishing again."""
-    record = RequestRecord.begin(h.clock, "r", "ollama", "GET", "/api/tags")
-    assert record.publish(h.bus, status=503, node_id=None, error="no nodes") is True
-    assert record.publish(h.bus, status=200, node_id="A", error=None) is False
+def test_a_record_made_with_no_attempt_and_no_first_byte(h: Harness) -> None:
+    """A refusal's record: its status and error, no attempts, no time to first byte."""
+    facts = Facts("r", "ollama", "GET", "/api/tags", h.clock.seconds())
+    publish(h.bus, facts.record(h.clock.seconds(), 503, None, "no nodes"))
     [event] = h.events
     assert event.name == "proxy/request"
     assert event.payload["status"] == 503
@@ -331,37 +323,18 @@ def test_request_record_publishes_once(h: Harness) -> None:
     assert event.payload["attempts"] == []
     assert event.payload["ttfb_ms"] is None
     assert event.payload["duration_ms"] == 0
-    assert record.status == 503
 
 
-def test_request_record_path_never_carries_the_query(h: Harness) -> None:
-    """A query string passed by mistake is cut off (it can carry secrets)."""
-    record = RequestRecord.begin(h.clock, "r", "ollama", "GET", "/api/tags?key=SECRET")
-    assert record.path == "/api/tags"
-    assert "SECRET" not in repr(record.to_payload())
-
-
-def test_request_record_ttfb_is_the_first_byte_only(h: Harness) -> None:
-    """Later first_byte() calls do not move the time to first byte."""
-    record = RequestRecord.begin(h.clock, "r", "ollama", "POST", "/v1/chat/completions")
-    h.clock.advance(0.2)
-    record.first_byte()
-    h.clock.advance(0.3)
-    record.first_byte()
-    assert record.first_byte_at == T0 + 0.2
-    assert record.to_payload()["ttfb_ms"] == 200
-    assert record.to_payload()["duration_ms"] == 500
-
-
-def test_request_record_closes_an_open_attempt_as_unfinished(h: Harness) -> None:
-    """An attempt left open at the next attempt or at publish is recorded as unfinished."""
-    record = RequestRecord.begin(h.clock, "r", "ollama", "POST", "/api/chat")
-    record.attempt_ended("stall")
-    record.attempt_started("A")
+def test_a_record_closes_an_open_attempt_as_unfinished(h: Harness) -> None:
+    """An attempt left open at the next attempt or at the end is recorded as unfinished."""
+    facts = Facts("r", "ollama", "POST", "/api/chat", h.clock.seconds())
+    facts.attempts.close(AttemptOutcome.STALL, h.clock.seconds())  # none open: nothing
+    facts.attempts.start("A", h.clock.seconds())
     h.clock.advance(1)
-    record.attempt_started("B")
+    facts.attempts.start("B", h.clock.seconds())
     h.clock.advance(2)
-    record.publish(h.bus, status=499, node_id="B", error="client left", cache_affinity=True)
+    facts.cache_affinity = True
+    publish(h.bus, facts.record(h.clock.seconds(), 499, "B", "client left"))
     payload = h.events[0].payload
     assert payload["attempts"] == [
         {"node_id": "A", "outcome": "unfinished", "ms": 1000, "busy_waits": 0},
@@ -379,5 +352,11 @@ def test_attempt_outcomes_render_as_documented() -> None:
         "first-body-timeout",
         "committed",
         "cancelled",
+        "unfinished",
     ]
-    assert status_outcome(503) == "status-503"
+    assert StatusOutcome(503).value == "status-503"
+    assert [o for o in AttemptOutcome if o.stalled] == [
+        AttemptOutcome.STALL,
+        AttemptOutcome.FIRST_BODY_TIMEOUT,
+    ]
+    assert not StatusOutcome(504).stalled

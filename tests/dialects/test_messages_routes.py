@@ -207,14 +207,14 @@ def test_a_refusal_on_messages_is_in_messages_error_shape(memory_cluster: Make) 
     clock = Clock()
     cluster = memory_cluster(clock, {"a": SimulatedEngine(clock, (MODEL,), kind="ollama")})
     response = cluster.fetch("POST", "/v1/messages", json={**request(), "model": "nope"})
-    assert response.status == 502
+    assert response.status == 404
     assert response.json() == {
         "type": "error",
         "error": {
-            "type": "api_error",
-            "message": "no available node advertises the requested model",
+            "type": "not_found_error",
+            "message": f"model: nope (models you may use: {MODEL})",
         },
-        "code": "no-model-owner",
+        "code": "model-not-found",
     }
 
 

@@ -1,7 +1,7 @@
 """No prompt, reply or credential reaches an event, a log line or a request record (docs/behaviour.md §7, §9).
 
 Canary strings ride in system and user messages, in the engine's reply and in API keys and
-caller tokens, through failover, a 502, a 413, a malformed body and the key checks; every bus
+caller tokens, through failover, a 404, a 413, a malformed body and the key checks; every bus
 event and every ``twisted.logger`` event of the run is rendered and searched for them.
 """
 
@@ -142,7 +142,7 @@ async def test_no_canary_reaches_events_logs_or_request_records(
     results = [
         await proxy.send(url, chat()),  # failover past the FROZEN node
         await proxy.send(url, chat(stream=False), "/v1/chat/completions", Authorization=bearer),
-        await proxy.send(url, chat("no-such-model")),  # 502: no node has the model
+        await proxy.send(url, chat("no-such-model")),  # 404: no node has the model
         await proxy.send(url, chat(pad=5000)),  # 413
         await proxy.send(url, malformed),
         await proxy.send(foreign, chat(), Authorization=f"Bearer {KEY}"),
@@ -151,7 +151,7 @@ async def test_no_canary_reaches_events_logs_or_request_records(
     ]
 
     # The malformed body is refused at the boundary (400 bad-body, docs/behaviour.md §14.1).
-    assert [code for code, _ in results] == [200, 200, 502, 413, 400, 200, 401, 200]
+    assert [code for code, _ in results] == [200, 200, 404, 413, 400, 200, 401, 200]
     assert all(REPLY.encode() in body for code, body in results if code == 200)
     assert b"cnry" not in b"".join(body for code, body in results if code != 200)
     bodies = [r.body for r in proxy.healthy.received if r.method == b"POST"]
@@ -162,7 +162,7 @@ async def test_no_canary_reaches_events_logs_or_request_records(
     capture = proxy.capture
     records = [e.payload for e in capture.events if e.name == "proxy/request"]
     # The 413 is refused by the channel before the facade sees it; the site still records it.
-    assert [r["status"] for r in records] == [200, 200, 502, 413, 400, 200, 401, 200]
+    assert [r["status"] for r in records] == [200, 200, 404, 413, 400, 200, 401, 200]
     assert [a["outcome"] for a in records[0]["attempts"]] == ["stall", "committed"]
     assert any(e.name == "workload:completed" for e in capture.events)
     assert capture.logs, "the observer saw the proxy's log events"

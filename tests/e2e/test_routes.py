@@ -21,6 +21,7 @@ from nvpair_tw.ops._admin import StatusBoard
 from nvpair_tw.ops._control import ControlMethods
 from nvpair_tw.simulated._engine import Behaviour, SimulatedEngine, always
 from nvpair_tw.testing import Clusters, MemoryCluster, ProxyCluster
+from tests.helpers import refusal_code
 
 pytestmark = pytest.mark.e2e
 
@@ -209,7 +210,10 @@ def test_api_show_of_an_unknown_model_is_404_without_contacting_a_node(
     cluster = memory_cluster(clock, {"a": SimulatedEngine(clock), "b": SimulatedEngine(clock)})
     response = cluster.fetch("POST", "/api/show", json={"model": "nope:7b"})
     assert response.status == 404
-    assert response.json() == {"error": "model 'nope:7b' not found", "code": "model-not-found"}
+    assert response.json() == {
+        "error": "model 'nope:7b' not found (models you may use: llama3:latest)",
+        "code": "model-not-found",
+    }
     assert paths(cluster, "a") == paths(cluster, "b") == []
 
 
@@ -267,11 +271,11 @@ def lmstudio(make: Make, clock: Clock, **kw: Any) -> MemoryCluster:
     return make(clock, engines, facades=("lmstudio",), settings=settings)
 
 
-def test_lmstudio_native_chat_is_gated_502_for_an_unknown_model(memory_cluster: Make) -> None:
+def test_lmstudio_native_chat_is_gated_404_for_an_unknown_model(memory_cluster: Make) -> None:
     clock = Clock()
     cluster = lmstudio(memory_cluster, clock)
     response = cluster.fetch("POST", "/api/v0/chat/completions", json={**CHAT, "model": "x"})
-    assert response.status == 502 and response.json()["code"] == "no-model-owner"
+    assert response.status == 404 and response.json()["code"] == "model-not-found"
     assert paths(cluster, "a") == paths(cluster, "b") == []
 
 
@@ -346,7 +350,7 @@ def test_responses_is_inference_on_every_facade_and_a_stream_ends_at_response_co
         clock, engines, facades=(facade,), settings=Settings(response_header_timeout=5.0)
     )
     unknown = cluster.fetch("POST", "/v1/responses", json={"model": "nope", "input": "hi"})
-    assert unknown.status == 502 and unknown.json()["code"] == "no-model-owner"
+    assert unknown.status == 404 and refusal_code(unknown.json()) == "model-not-found"
     body = {"model": "gpt-oss:latest", "input": "hi", "stream": True}
     pending = cluster.request("POST", "/v1/responses", json=body)
     cluster.advance(5.0)

@@ -34,12 +34,12 @@ from nvpair_tw.testing import (
     always,
     http_client,
 )
-from tests.helpers import chat, eventually
+from tests.helpers import chat, eventually, refusal_code
 
 pytestmark = pytest.mark.e2e
 
 T = TypeVar("T")
-NO_OWNER = "no available node advertises the requested model"
+NO_OWNER = "model-not-found"
 
 
 async def together(requests: list[Coroutine[Any, Any, T]]) -> list[T]:
@@ -231,7 +231,7 @@ async def test_engine_matching_rule_picks_the_owner(
     await cluster.start_proxy(nodes)
     code, content, response = await cluster.post_json("/v1/chat/completions", chat(requested))
     if served is None:
-        assert code == 502 and json.loads(content)["error"] == NO_OWNER
+        assert code == 404 and refusal_code(content) == NO_OWNER
         assert cluster.models_seen("n0") == cluster.models_seen("n1") == []
         return
     assert code == 200 and served_by(response) == served
@@ -240,10 +240,10 @@ async def test_engine_matching_rule_picks_the_owner(
 
 
 @pytest_twisted.ensureDeferred
-async def test_model_nobody_has_gets_502_and_no_node_is_contacted(
+async def test_model_nobody_has_gets_404_and_no_node_is_contacted(
     reactor: Any, cluster: Cluster
 ) -> None:
-    """An unowned model is answered 502 JSON by the proxy itself; no node sees any request."""
+    """An unowned model is answered 404 JSON by the proxy itself; no node sees any request."""
     nodes = [
         await cluster.node("n0", ("llama3:latest",)),
         await cluster.node("n1", ("mistral:7b",)),
@@ -251,12 +251,12 @@ async def test_model_nobody_has_gets_502_and_no_node_is_contacted(
     ]
     await cluster.start_proxy(nodes)
     code, content, response = await cluster.post_json("/api/chat", chat("gemma:2b"))
-    assert code == 502
-    assert json.loads(content)["error"] == NO_OWNER
+    assert code == 404
+    assert refusal_code(content) == NO_OWNER
     assert response.headers.getRawHeaders(b"content-type") == [b"application/json"]
     assert all(engine.received == [] for engine in cluster.engines.values())
     [record] = cluster.named("proxy/request")
-    assert (record["status"], record["attempts"]) == (502, [])
+    assert (record["status"], record["attempts"]) == (404, [])
 
 
 # --- model lists -----------------------------------------------------------------------------------
@@ -361,8 +361,10 @@ async def test_polled_node_is_eligible_once_polled_and_keeps_its_last_inventory(
     inventory = cluster.facade.inventory
     await eventually(reactor, lambda: switch.refused >= 1)
     assert not inventory.known("n0")
-    code, content, _ = await cluster.post_json("/api/chat", chat("llama3"))
-    assert code == 502 and json.loads(content)["error"] == NO_OWNER
+    code, content, response = await cluster.post_json("/api/chat", chat("llama3"))
+    # n0 may own it once it answers (docs/behaviour.md §4.2): not a 404, and the client may retry
+    assert code == 503 and refusal_code(content) == "model-unavailable"
+    assert response.headers.getRawHeaders(b"retry-after") == [b"1"]
 
     switch.down = False
     await eventually(reactor, lambda: inventory.known("n0"))

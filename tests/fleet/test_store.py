@@ -759,7 +759,7 @@ async def test_a_proxy_that_joins_later_reads_the_fleets_cordons(
     await fleet.up()
     await eventually(reactor, lambda: "n0" in facade_of(p2).cordons.ids(), 5.0, "resynced")
     status, body, _ = await fleet.post(p2, chat("llama3", "hello", stream=True))
-    assert status == 503 and json.loads(body)["code"] == "node-cordoned"
+    assert status == 503 and json.loads(body)["code"] == "model-unavailable"
 
 
 @pytest_twisted.ensureDeferred

@@ -15,7 +15,8 @@ from twisted.internet.threads import deferToThread
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from nvpair_tw.core import write_error
+from nvpair_tw.core import ErrorShape
+from nvpair_tw.corridor._writer import Writer
 from nvpair_tw.inbound import CorsPolicy, Rejection
 from nvpair_tw.inbound._cors import ALLOWED_HEADERS, EXPOSED_HEADERS
 from nvpair_tw.inbound._limits import LimitedRequest, LimitedSite, make_site
@@ -39,11 +40,13 @@ class _Node(Resource):
 
     def render(self, request: Request) -> bytes | int:
         if request.path == b"/limited":
-            write_error(request, 429, "too many requests", "rate-limited")
+            Writer(request, ErrorShape.PROXY).refuse(
+                Rejection(429, "rate-limited", "too many requests")
+            )
             return NOT_DONE_YET
         if request.path == b"/preflight":
             assert _POLICY is not None
-            _POLICY.answer_preflight(request, OK)
+            Writer(request, ErrorShape.PROXY).preflight(_POLICY.preflight_grants(OK))
             return NOT_DONE_YET
         for name, value in _NODE_CORS.items():
             request.setHeader(name, value)

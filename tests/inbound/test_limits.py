@@ -17,7 +17,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from nvpair_tw.inbound._limits import MIB, LimitedSite, Limits, make_site
-from tests.helpers import exchange
+from tests.helpers import exchange, refusal_code
 from tests.inbound.channel_kit import Later, connect_limited, split_answer
 
 
@@ -91,7 +91,14 @@ def test_content_length_body_one_byte_over_the_cap_gets_413() -> None:
     transport.protocol.dataReceived(_post(b"a" * 1025))
     status, body = _error(transport.value())
     assert status == b"HTTP/1.1 413 Content Too Large"
-    assert body == {"error": "request body exceeds 1024 bytes limit", "code": "body-too-large"}
+    assert body == {  # an OpenAI route's refusal is OpenAI's error object (docs/behaviour.md §9)
+        "error": {
+            "message": "request body exceeds 1024 bytes limit",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "body-too-large",
+        }
+    }
     assert root.bodies == []
     assert not transport.connected
     _closed(transport, clock)
@@ -130,7 +137,7 @@ def test_chunked_body_over_the_cap_gets_413_and_is_never_rendered() -> None:
     transport.protocol.dataReceived(_chunked(b"a" * 1000, b"b" * 25))
     status, body = _error(transport.value())
     assert status == b"HTTP/1.1 413 Content Too Large"
-    assert body["code"] == "body-too-large"
+    assert refusal_code(body) == "body-too-large"
     assert root.bodies == []
     _closed(transport, clock)
 

@@ -24,6 +24,7 @@ from nvpair_tw.inbound._limits import (
     _valid_request_line,
     make_site,
 )
+from tests.helpers import refusal_code
 from tests.inbound.channel_kit import Ok, connect, split_answer
 
 _Report = tuple[int, str, str, str]
@@ -107,7 +108,7 @@ def test_each_refusal_below_the_facade_is_reported_once_with_its_method_and_path
     assert reports == [report]
     status, headers, body = _answer(transport.value())
     assert status.startswith(b"HTTP/1.1 %d " % report[0])
-    assert body["code"] == report[1]
+    assert refusal_code(body) == report[1]
     assert headers[b"connection"] == b"close"
     assert not transport.connected
 

@@ -22,6 +22,7 @@ from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.events import (
     Attempt,
+    AttemptOutcome,
     EventBus,
     NodeCooldown,
     NodeCooldownEnded,
@@ -156,7 +157,10 @@ def test_state_snapshot_shows_nodes_cooldowns_in_flight_and_failovers() -> None:
             node_id="a",
             path="/api/chat",
             status=200,
-            attempts=(Attempt("b", "stall", 120000), Attempt("a", "committed", 5)),
+            attempts=(
+                Attempt("b", AttemptOutcome.STALL, 120000),
+                Attempt("a", AttemptOutcome.COMMITTED, 5),
+            ),
         )
     )
     code, _, body = _get(client, "/api/state")

@@ -723,7 +723,7 @@ async def test_manual_and_discovered_nodes_change_routing_without_restart(
     h = await _harness(reactor, lambda urls: [Node("a", urls[0], LLAMA)], three_engines)
     try:
         ctl = await h.client()
-        assert (await h.generate("mistral"))[0] == 502
+        assert (await h.generate("mistral"))[0] == 404
         manual = {"id": "m", "url": h.engines[1].url, "models": ["mistral"]}
         assert await ctl.result("node/add-manual", manual) == {"added": True}
         assert await ctl.result("node/add-manual", manual) == {"added": False}
@@ -731,7 +731,7 @@ async def test_manual_and_discovered_nodes_change_routing_without_restart(
         assert h.engines[1].engine.inference_count == 1
         assert await ctl.result("node/remove-manual", {"id": "m"}) == {"removed": True}
         assert await ctl.result("node/remove-manual", {"id": "m"}) == {"removed": False}
-        assert (await h.generate("mistral"))[0] == 502
+        assert (await h.generate("mistral"))[0] == 404
 
         discovered = [{"id": "d", "url": h.engines[2].url, "models": ["phi3"]}]
         ctl.send({"jsonrpc": "2.0", "method": "discovery:nodes", "params": {"nodes": discovered}})
@@ -743,7 +743,7 @@ async def test_manual_and_discovered_nodes_change_routing_without_restart(
         assert await h.generate("phi3") == (200, "d")
         ctl.send({"jsonrpc": "2.0", "method": "discovery:nodes", "params": {"nodes": []}})
         assert [n["id"] for n in (await ctl.result("nodes/list"))["nodes"]] == ["a"]
-        assert (await h.generate("phi3"))[0] == 502
+        assert (await h.generate("phi3"))[0] == 404
         assert not any("result" in m and m.get("id") is None for m in ctl.messages)
     finally:
         await h.stop()
@@ -772,7 +772,7 @@ async def test_model_owners_agree_with_where_requests_go(
             served.add((await h.generate("llama3"))[1])
         assert served == {"a", "b"}
         assert await h.generate("phi3:latest") == (200, "c")
-        assert (await h.generate("mistral"))[0] == 502
+        assert (await h.generate("mistral"))[0] == 404
     finally:
         await h.stop()
 

@@ -81,15 +81,16 @@ def test_a_cordoned_node_takes_no_new_work_and_uncordon_brings_it_back(
 
 
 def test_a_cordoned_node_is_not_a_last_resort(memory_cluster: Callable[..., MemoryCluster]) -> None:
-    """Every owner cordoned: 503 ``node-cordoned`` without contacting a node, unlike a cooling
-    node that would still be tried."""
+    """Every owner cordoned: 503 ``model-unavailable`` with ``Retry-After`` without contacting a
+    node, unlike a cooling node that would still be tried."""
     cluster = _two(memory_cluster)
     _ask(cluster, "node/cordon", {"id": "a"})
     _ask(cluster, "node/cordon", {"id": "b"})
     seen = _received(cluster)
     answer = cluster.fetch("POST", "/api/chat", json=CHAT)
     assert answer.status == 503
-    assert json.loads(answer.body)["code"] == "node-cordoned"
+    assert json.loads(answer.body)["code"] == "model-unavailable"
+    assert answer.header("retry-after") == "1"
     assert _received(cluster) == seen
 
 

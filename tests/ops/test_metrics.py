@@ -17,7 +17,14 @@ from twisted.web.client import Agent, HTTPConnectionPool
 
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.core._resolved import Settings
-from nvpair_tw.events import Attempt, NodeCooldown, NodeCooldownEnded, ProxyRequest
+from nvpair_tw.events import (
+    Attempt,
+    AttemptOutcome,
+    NodeCooldown,
+    NodeCooldownEnded,
+    ProxyRequest,
+    StatusOutcome,
+)
 from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import AdminService, StatusBoard
@@ -82,7 +89,7 @@ def _request(**fields: Any) -> ProxyRequest:
         "status": 200,
         "duration_ms": 1500,
         "ttfb_ms": 700,
-        "attempts": (Attempt("b", "committed", 700),),
+        "attempts": (Attempt("b", AttemptOutcome.COMMITTED, 700),),
     }
     record.update(fields)
     return proxy_request(**record)
@@ -98,7 +105,10 @@ def test_a_fan_out_counts_each_node_part_as_an_attempt_and_no_failover() -> None
             path="/api/pull",
             node_id=None,
             fan_out=("a", "b"),
-            attempts=(Attempt("a", "committed", 5), Attempt("b", "committed", 3)),
+            attempts=(
+                Attempt("a", AttemptOutcome.COMMITTED, 5),
+                Attempt("b", AttemptOutcome.COMMITTED, 3),
+            ),
         ),
     )
     scraped = samples(metrics.exposition().decode())
@@ -115,7 +125,12 @@ def test_request_with_two_attempts_counts_one_failover_and_each_attempt() -> Non
     _, runtime = _runtime()
     metrics = ProxyMetrics(runtime)
     runtime.shared.bus.publish(
-        _request(attempts=(Attempt("a", "stall", 500), Attempt("b", "committed", 3)))
+        _request(
+            attempts=(
+                Attempt("a", AttemptOutcome.STALL, 500),
+                Attempt("b", AttemptOutcome.COMMITTED, 3),
+            )
+        )
     )
     runtime.shared.bus.publish(_request(id="r-2"))
     scraped = samples(metrics.exposition().decode())
@@ -137,7 +152,10 @@ def test_first_body_timeout_is_a_stall_but_a_5xx_is_not() -> None:
     metrics = ProxyMetrics(runtime)
     runtime.shared.bus.publish(
         _request(
-            attempts=(Attempt("a", "first-body-timeout", 500), Attempt("b", "status-503", 3)),
+            attempts=(
+                Attempt("a", AttemptOutcome.FIRST_BODY_TIMEOUT, 500),
+                Attempt("b", StatusOutcome(503), 3),
+            ),
             status=503,
         ),
     )
@@ -475,7 +493,7 @@ def test_metrics_and_the_status_board_count_the_typed_record_without_its_wire_ob
     bus = runtime.shared.bus
     record = _NoWire(
         "r-1", "ollama", "a", "POST", "/api/chat", 200, 40, 10, None,
-        (Attempt("b", "stall", 20), Attempt("a", "committed", 12)), False, 0,
+        (Attempt("b", AttemptOutcome.STALL, 20), Attempt("a", AttemptOutcome.COMMITTED, 12)), False, 0,
         model="llama3:latest", prompt_tokens=7, completion_tokens=9,
     )  # fmt: skip
     level = current_level()

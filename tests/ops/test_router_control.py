@@ -87,7 +87,7 @@ def test_the_lmstudio_facade_serves_v1_chat_and_lists_v1_models(
     assert json.loads(answer.body)["output"][0]["type"] == "message"
     missing = cluster.request("POST", "/api/v1/chat", json={"model": "nope", "input": "x"})
     cluster.flush()
-    assert cluster.result(missing).status == 502
+    assert cluster.result(missing).status == 404
     listed = cluster.request("GET", "/api/v1/models")
     cluster.flush()
     models = json.loads(cluster.result(listed).body)["models"]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from twisted.python import usage
 
-from nvpair_tw.events import Attempt, ProxyRequest
+from nvpair_tw.events import Attempt, ProxyRequest, outcome_named
 from nvpair_tw.tap import Options
 from nvpair_tw.traces import SpanCounts, traces_url
 from nvpair_tw.traces._attributes import (
@@ -39,7 +39,10 @@ def record(**fields: Any) -> ProxyRequest:
         "queued_ms": 0,
     }
     given = {**base, **fields}
-    given["attempts"] = tuple(Attempt(**attempt) for attempt in given["attempts"])
+    given["attempts"] = tuple(
+        Attempt(**{**attempt, "outcome": outcome_named(attempt["outcome"])})
+        for attempt in given["attempts"]
+    )
     if given.get("fan_out") is not None:
         given["fan_out"] = tuple(given["fan_out"])
     return proxy_request(**given)
@@ -191,7 +194,7 @@ def test_a_fan_outs_parts_start_together() -> None:
     ],
 )
 def test_failed_attempts(outcome: str, failed: bool) -> None:
-    assert failed_attempt(outcome) is failed
+    assert failed_attempt(outcome_named(outcome)) is failed
 
 
 @pytest.mark.parametrize(

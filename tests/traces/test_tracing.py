@@ -278,11 +278,11 @@ async def test_failover_gives_one_child_span_per_attempt_the_failed_one_an_error
 async def test_every_request_gets_a_span_rejections_and_other_routes_included(
     reactor: Any, collector: Collector, clusters: Clusters
 ) -> None:
-    """A model nobody has (502, ERROR, no attempt) and a model list are spans too, named by
-    method and path where they are no inference of a known model."""
+    """A model nobody has (404, no attempt: a client's mistake, not an ERROR span) and a model
+    list are spans too, named by method and path where they are no inference of a known model."""
     cluster = await traced(reactor, clusters, collector, {"n0": SimulatedEngine(reactor)})
     code, _, _ = await cluster.post(chat_body("nobody-has-this", CANARY, stream=True))
-    assert code == 502
+    assert code == 404
     response = await cluster_get(reactor, cluster, "/api/tags")
     assert response == 200
     await records(cluster, 2)
@@ -293,8 +293,8 @@ async def test_every_request_gets_a_span_rejections_and_other_routes_included(
     assert set(named) == {"chat", "GET /api/tags"}
     refused = named["chat"]
     assert _attrs(refused.attributes)["gen_ai.operation.name"] == "chat"
-    assert refused.status.code == Status.STATUS_CODE_ERROR
-    assert _attrs(refused.attributes)["error.type"] == "no-model-owner"
+    assert refused.status.code == Status.STATUS_CODE_UNSET
+    assert _attrs(refused.attributes)["error.type"] == "model-not-found"
     assert "server.address" not in _attrs(refused.attributes)
     assert "gen_ai.operation.name" not in _attrs(named["GET /api/tags"].attributes)
 

@@ -18,7 +18,7 @@ from twisted.web.client import ResponseDone, ResponseFailed
 
 import nvpair_tw
 from nvpair_tw.corridor._attempts import classify_failure
-from nvpair_tw.corridor._workloads import AttemptOutcome
+from nvpair_tw.events import AttemptOutcome
 from nvpair_tw.upstream import TRANSPORT_FAILURES, describe_failure, is_cancellation
 from nvpair_tw.upstream._protocol import cut_body
 
