@@ -4,7 +4,12 @@ error responses, header forwarding and the reactor interface.
 
 from __future__ import annotations
 
-from nvpair_tw.core._durations import format_duration, parse_duration
+from nvpair_tw.core._durations import (
+    Least,
+    format_duration,
+    parse_duration,
+    read_duration,
+)
 from nvpair_tw.core._engines import (
     ENGINES,
     RESPONSES_PATH,
@@ -44,6 +49,7 @@ from nvpair_tw.core._headers import (
     loop_marks,
     upstream_request_headers,
 )
+from nvpair_tw.core._hints import did_you_mean
 from nvpair_tw.core._json import (
     Edit,
     Outline,
@@ -86,6 +92,7 @@ __all__ = [
     "IProxyReactor",
     "IWriteHolding",
     "IllegalCall",
+    "Least",
     "Lines",
     "MalformedStream",
     "ModelChange",
@@ -107,6 +114,7 @@ __all__ = [
     "after_last_event",
     "byte_offsets",
     "close",
+    "did_you_mean",
     "dump",
     "event_end",
     "format_duration",
@@ -122,6 +130,7 @@ __all__ = [
     "parse_duration",
     "priority_of",
     "raw_error_response",
+    "read_duration",
     "resolve_first_body_timeout",
     "resolve_response_header_timeout",
     "set_members",
