@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.test_tap -*-
+# -*- test-case-name: tests.test_tap,tests.test_tap_command -*-
 """``twistd nvpair``: command-line options and ``makeService``, the only user of the global reactor.
 
 ``Options`` turns the command line and the environment into a :class:`~nvpair_tw.app._config.Config`
