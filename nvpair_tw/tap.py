@@ -1,22 +1,28 @@
-# -*- test-case-name: tests.test_tap -*-
+# -*- test-case-name: tests.test_tap,tests.test_tap_command -*-
 """``twistd nvpair``: command-line options and ``makeService``, the only user of the global reactor.
 
 ``Options`` turns the command line and the environment into a :class:`~nvpair_tw.app._config.Config`
 and has no other effect; ``makeService`` applies it (the log level) and assembles the services.
+A mistake in an option or in a file an option names is one line that names it, with the closest
+valid name where there is one; under twistd that line is all that is printed (exit status 2).
+``twistd nvpair --help`` shows the options in groups, two examples first.
 """
 
 from __future__ import annotations
 
+import getopt
 import os
 import re
-from collections.abc import Callable, Mapping
-from enum import Enum
-from typing import cast
+import sys
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import NoReturn, cast
 from urllib.parse import urlsplit
 
 from attrs import evolve
 from twisted.application import service
 from twisted.internet.endpoints import serverFromString
+from twisted.logger import LogLevel
 from twisted.python import usage
 
 from nvpair_tw import __version__
@@ -25,9 +31,11 @@ from nvpair_tw.core import (
     ENGINES,
     UPSTREAM_CLIENTS,
     IProxyReactor,
+    Least,
     Resolved,
     Settings,
-    parse_duration,
+    did_you_mean,
+    read_duration,
     resolve_first_body_timeout,
     resolve_response_header_timeout,
 )
@@ -36,8 +44,7 @@ from nvpair_tw.inbound import IngressConfigError, KeysFileError, parse_ingress, 
 from nvpair_tw.logs import LevelledLogger, parse_level, set_level
 from nvpair_tw.nodes import Node, NodesFileError, load_nodes_file, public_url, validate_url
 from nvpair_tw.ops import ControlToken, needs_token, read_control_token
-from nvpair_tw.runtime import steady_collector, tcp_listener
-from nvpair_tw.usage import parse_span
+from nvpair_tw.runtime import owner_only, steady_collector, tcp_listener
 
 __all__ = ["Options", "makeService", "parse_size"]
 
@@ -67,6 +74,13 @@ def parse_size(text: str) -> int:
     if match is None:
         raise ValueError(f"invalid size {text!r}")
     return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+
+
+def _one_of(what: str, given: str, choices: Iterable[str]) -> str:
+    """``unknown engine 'olama'; did you mean 'ollama'?``, or the whole list when none is close."""
+    names = sorted(choices)
+    hint = did_you_mean(given, names) or f"; choose from {', '.join(names)}"
+    return f"unknown {what} {given!r}{hint}"
 
 
 def parse_node(text: str) -> tuple[str | None, Node]:
@@ -164,7 +178,7 @@ _PARAMETERS: list[list[str | None]] = [
         "TOML file of named API keys with model scopes and rate limits (mode 0600, reloaded "
         "when it changes).",
     ],
-    ["connect-timeout", None, "10s", "Dial timeout per attempt (Go duration)."],
+    ["connect-timeout", None, "10s", "Dial timeout per attempt."],
     [
         "response-header-timeout",
         None,
@@ -197,7 +211,8 @@ _PARAMETERS: list[list[str | None]] = [
         "control",
         None,
         None,
-        "JSON-RPC control channel endpoint (e.g. unix:/run/nvpair.sock, stdio); every other"
+        "JSON-RPC control channel endpoint (e.g. unix:/run/nvpair/ctl.sock, stdio); a unix"
+        " socket is created mode 0600 unless it gives :mode=660 or another; every other"
         " endpoint (tcp:...) needs --control-token.",
     ],
     [
@@ -318,9 +333,7 @@ class Options(usage.Options):
     def opt_engine(self, name: str) -> None:
         """Engine facade to serve: ollama, lmstudio, omlx or openai (repeatable)."""
         if name not in ENGINES:
-            raise usage.UsageError(
-                f"unknown engine {name!r}; choose from {', '.join(sorted(ENGINES))}"
-            )
+            raise usage.UsageError(f"--engine: {_one_of('engine', name, ENGINES)}")
         if name not in self["engines"]:
             self["engines"].append(name)
 
@@ -342,10 +355,14 @@ class Options(usage.Options):
         """ID=KIND: the engine --node ID runs (ollama, lmstudio, omlx, openai); it then stands
         behind every facade (repeatable)."""
         node_id, sep, kind = text.partition("=")
-        if not sep or not node_id.strip() or kind.strip() not in ENGINES:
+        if not sep or not node_id.strip():
             raise usage.UsageError(
                 f"--node-kind wants ID=KIND with KIND one of {', '.join(sorted(ENGINES))},"
                 f" not {text!r}"
+            )
+        if kind.strip() not in ENGINES:
+            raise usage.UsageError(
+                f"--node-kind {node_id.strip()}: {_one_of('kind', kind.strip(), ENGINES)}"
             )
         self["node-kind"][node_id.strip()] = kind.strip()
 
@@ -382,56 +399,90 @@ class Options(usage.Options):
         print(f"nvpair-tw {__version__.public()}")
         raise SystemExit(0)
 
+    def parseOptions(self, options: Sequence[str] | None = None) -> None:
+        """Parse ``options`` (``sys.argv[1:]`` when None) into ``self.config``.
+
+        A mistake is a :class:`~twisted.python.usage.UsageError` of one line naming the option or
+        the file. As a sub-command of ``twistd`` or ``twist`` (which set ``parent`` before they
+        parse it) that line goes to stderr alone, and the process exits with status 2: those
+        runners would print the whole help first and the line last.
+        """
+        given = list(sys.argv[1:] if options is None else options)
+        try:
+            super().parseOptions(given)
+        except usage.UsageError as error:
+            line = _getopt_mistake(self, given) or str(error)
+            if getattr(self, "parent", None) is None:
+                raise usage.UsageError(line) from None
+            refuse(line)
+
+    def parseArgs(self, *args: str) -> None:
+        """Words that are not options are refused by name (twistd's options go before ``nvpair``)."""
+        if args:
+            raise usage.UsageError(
+                f"unexpected argument {args[0]!r}: every option starts with -- "
+                "(twistd nvpair --help lists them)"
+            )
+
+    def getUsage(self, width: int | None = None) -> str:
+        """The description, two examples, then every option in its group (``_GROUPS``)."""
+        return usage_text(self, width or int(os.environ.get("COLUMNS", "80")))
+
     def postOptions(self) -> None:
         """Resolve and validate everything into ``self.config``; nothing else happens."""
-        self.config = self._resolve(os.environ if self._environ is None else self._environ)
+        self.config = _resolve(self, os.environ if self._environ is None else self._environ)
 
-    def _resolve(self, environ: Mapping[str, str]) -> Config:
-        engines: list[str] = self["engines"]
-        if not engines:
-            raise usage.UsageError(
-                "at least one --engine is required (ollama, lmstudio, omlx or openai)"
-            )
-        listen, admin, control = _endpoints(self, engines)
-        header = resolve_response_header_timeout(self["response-header-timeout"], environ)
-        if self["demo"] and header.source == "default" and header.warning is None:
+
+def _resolve(options: Options, environ: Mapping[str, str]) -> Config:
+    """Everything ``options`` and ``environ`` say, checked, as one value (a ``UsageError`` of one
+    line naming the option, variable or file otherwise)."""
+    engines: list[str] = options["engines"]
+    if not engines:
+        raise usage.UsageError(
+            "at least one --engine is required: ollama, lmstudio, omlx or openai"
+            " (e.g. --engine ollama)"
+        )
+    listen, admin, control = _endpoints(options, engines)
+    try:
+        header = resolve_response_header_timeout(options["response-header-timeout"], environ)
+        if options["demo"] and header.source == "default":
             # The demo's flaky node freezes on every other request: show a failover in seconds.
             header = Resolved(DEMO_RESPONSE_HEADER_TIMEOUT, "demo default")
-        first = resolve_first_body_timeout(self["first-body-timeout"], environ)
-        try:
-            log_level = parse_level(self["log-level"])
-            nodes_file = self["nodes"]
-            if nodes_file is not None:
-                for engine in engines:
-                    load_nodes_file(nodes_file, engine)
-            ingress = parse_ingress(environ, keys_file=self["keys"], allow_hosts=self["allow-host"])
-            settings = _settings(self, engines, header.seconds, first.seconds)
-            state = _state(self)
-            usage_db, usage_retention = _usage(self)
-            control_token = _control_token(self["control-token"], control)
-        except (ValueError, OSError, NodesFileError, IngressConfigError, KeysFileError) as error:
-            raise usage.UsageError(str(error)) from None
-        return Config(
-            engines=tuple(engines),
-            listen=listen,
-            nodes=_flag_nodes(self, engines),
-            nodes_file=nodes_file,
-            settings=settings,
-            control=control,
-            control_token=control_token,
-            admin=admin,
-            demo=bool(self["demo"]),
-            log_level=log_level,
-            warnings=tuple(w for w in (header.warning, first.warning) if w),
-            sources={
-                "response-header-timeout": header.source,
-                "first-body-timeout": first.source,
-            },
-            ingress=ingress,
-            state=state,
-            usage_db=usage_db,
-            usage_retention=usage_retention,
+        first = resolve_first_body_timeout(options["first-body-timeout"], environ)
+        log_level = _log_level(options["log-level"])
+        nodes_file = options["nodes"]
+        if nodes_file is not None:
+            for engine in engines:
+                load_nodes_file(nodes_file, engine)
+        ingress = parse_ingress(
+            environ, keys_file=options["keys"], allow_hosts=options["allow-host"]
         )
+        settings = _settings(options, engines, header.seconds, first.seconds)
+        state = _state(options)
+        usage_db, usage_retention = _usage(options)
+        control_token = _control_token(options["control-token"], control)
+    except (ValueError, OSError, NodesFileError, IngressConfigError, KeysFileError) as error:
+        raise usage.UsageError(str(error)) from None
+    return Config(
+        engines=tuple(engines),
+        listen=listen,
+        nodes=_flag_nodes(options, engines),
+        nodes_file=nodes_file,
+        settings=settings,
+        control=control,
+        control_token=control_token,
+        admin=admin,
+        demo=bool(options["demo"]),
+        log_level=log_level,
+        sources={
+            "response-header-timeout": header.source,
+            "first-body-timeout": first.source,
+        },
+        ingress=ingress,
+        state=state,
+        usage_db=usage_db,
+        usage_retention=usage_retention,
+    )
 
 
 def _with_kinds(
@@ -482,7 +533,7 @@ def _endpoints(
             raise usage.UsageError(f"--listen for {engine}, which is not an --engine")
     listen = {e: given.get(e, ENGINES[e].default_listen) for e in engines}
     admin = options["admin"] if options["admin"] != "none" else None
-    control: str | None = options["control"]
+    control: str | None = options["control"] and owner_only(options["control"])
     for flag, description in [
         *((f"--listen {e}", d) for e, d in listen.items()),
         ("--admin", admin),
@@ -524,14 +575,14 @@ def _settings(options: Options, engines: list[str], header: float, first: float)
         max_connections_per_source=_count(options, "max-connections-per-source", int),
         max_tunnels=_count(options, "max-tunnels", int),
         cors_origins=tuple(options["cors-origin"]),
-        shutdown_grace=_duration(options, "shutdown-grace", _Least.ZERO),
-        default_slots=_count(options, "default-slots", int, _Least.ZERO),
+        shutdown_grace=_duration(options, "shutdown-grace", Least.ZERO),
+        default_slots=_count(options, "default-slots", int, Least.ZERO),
         queue_size=_count(options, "queue-size", int),
         queue_timeout=_duration(options, "queue-timeout"),
-        batch_max_wait=_duration(options, "batch-max-wait", _Least.ZERO),
-        busy_max_wait=_duration(options, "busy-max-wait", _Least.ZERO),
+        batch_max_wait=_duration(options, "batch-max-wait", Least.ZERO),
+        busy_max_wait=_duration(options, "busy-max-wait", Least.ZERO),
         load_timeout=(
-            None if load_timeout is None else _duration(options, "load-timeout", _Least.ZERO)
+            None if load_timeout is None else _duration(options, "load-timeout", Least.ZERO)
         ),
         assemble=_assemble_by_engine(options["assemble"], engines),
         upstream_client=_upstream_client(options["upstream-client"]),
@@ -606,12 +657,29 @@ def _state(options: Options) -> StateConfig | None:
         if password_file is not None or secret_file is not None:
             raise ValueError("--state-password-file and --state-secret-file need --state")
         return None
+    password = _secret("--state-password-file", password_file)
+    secret = _secret("--state-secret-file", secret_file)
+    return parse_state_url(
+        url, password=None if password is None else password.decode(), secret=secret
+    )
+
+
+def _secret(option: str, path: str | None) -> bytes | None:
+    """A ``--state-*-file``'s content; a flaw names the option and the file, never the content."""
+    if path is None:
+        return None
+    where = f"{option} {path}"
     try:
-        password = read_secret(password_file).decode() if password_file is not None else None
-        secret = read_secret(secret_file) if secret_file is not None else None
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ValueError(f"--state: cannot read a secret file: {type(error).__name__}") from None
-    return parse_state_url(url, password=password, secret=secret)
+        content = read_secret(path)
+        if option == "--state-password-file":
+            content.decode()
+    except OSError as error:
+        raise ValueError(f"{where}: cannot read: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{where}: the password must be UTF-8 text") from None
+    except ValueError:
+        raise ValueError(f"{where}: the file is empty") from None
+    return content
 
 
 def _usage(options: Options) -> tuple[str | None, float]:
@@ -619,51 +687,32 @@ def _usage(options: Options) -> tuple[str | None, float]:
     path: str = options["usage-db"]
     if not path.strip():
         raise ValueError("--usage-db must be a file path or none")
-    text: str = options["usage-retention"]
-    try:
-        retention = parse_span(text)
-    except ValueError:
-        retention = 0.0
-    if retention < 60:
-        raise ValueError(
-            f"--usage-retention must be a duration of a minute or more such as 90d or 720h, "
-            f"not {text!r}"
-        )
+    retention = read_duration("--usage-retention", options["usage-retention"], Least.MINUTE)
     return (None if path.strip() == "none" else path), retention
 
 
-class _Least(Enum):
-    """The least value a duration or count option takes; the value is its word in the error."""
-
-    POSITIVE = "a positive"
-    ZERO = "a non-negative"
-
-    def admits(self, value: float) -> bool:
-        return value > 0 or (value == 0 and self is _Least.ZERO)
-
-
-def _duration(options: Options, name: str, least: _Least = _Least.POSITIVE) -> float:
-    try:
-        value = parse_duration(options[name])
-    except ValueError:
-        value = -1.0
-    if not least.admits(value):
-        raise ValueError(
-            f"--{name} must be {least.value} duration such as 10s or 1m30s, not {options[name]!r}"
-        )
-    return value
+def _duration(options: Options, name: str, least: Least = Least.ABOVE_ZERO) -> float:
+    """A duration option, read by the one rule (``core.read_duration``)."""
+    return read_duration(f"--{name}", options[name], least)
 
 
 def _count(
-    options: Options, name: str, parse: Callable[[str], int], least: _Least = _Least.POSITIVE
+    options: Options, name: str, parse: Callable[[str], int], least: Least = Least.ABOVE_ZERO
 ) -> int:
     try:
         value = parse(options[name])
     except ValueError:
         value = -1
     if not least.admits(value):
-        raise ValueError(f"--{name} must be {least.value} whole number, not {options[name]!r}")
+        raise ValueError(f"--{name}: {options[name]!r} must be a whole number, {least.value}")
     return value
+
+
+def _log_level(name: str) -> LogLevel:
+    try:
+        return parse_level(name)
+    except ValueError as error:
+        raise ValueError(f"--log-level: {error}") from None
 
 
 def _assemble_by_engine(given: Mapping[str | None, bool], engines: list[str]) -> dict[str, bool]:
@@ -671,6 +720,156 @@ def _assemble_by_engine(given: Mapping[str | None, bool], engines: list[str]) ->
     chosen = {engine: given[None] for engine in engines} if None in given else {}
     chosen.update({e: v for e, v in given.items() if e is not None})
     return chosen
+
+
+def refuse(message: str) -> NoReturn:
+    """End ``twistd nvpair`` over a mistake: ``nvpair: MESSAGE`` as one line on stderr, status 2."""
+    sys.stderr.write(f"nvpair: {' '.join(message.split())}\n")
+    sys.stderr.flush()
+    raise SystemExit(2)
+
+
+def _getopt_mistake(options: usage.Options, given: list[str]) -> str | None:
+    """What getopt refused in ``given``, said as one line naming the option (with the closest of
+    the plugin's options, or where twistd's own option goes); None when getopt accepts it."""
+    try:
+        getopt.getopt(given, options.shortOpt, options.longOpt)
+    except getopt.GetoptError as error:
+        dash = "-" if len(error.opt) == 1 and f"--{error.opt}" not in error.msg else "--"
+        flag = f"{dash}{error.opt}"
+        if error.msg.endswith("requires argument"):
+            return f"{flag} needs a value"
+        if error.msg.endswith("must not have an argument"):
+            return f"{flag} takes no value"
+        if error.msg.endswith("not a unique prefix"):
+            starts = sorted(n.rstrip("=") for n in options.longOpt if n.startswith(error.opt))
+            return f"{flag} is the start of {', '.join('--' + n for n in starts)}; write one out"
+        return f"unknown option {flag}{_unknown_hint(options, error.opt)}"
+    return None
+
+
+def _unknown_hint(options: usage.Options, name: str) -> str:
+    """Where twistd's own option goes, else the closest option of the plugin, else --help."""
+    parent = getattr(options, "parent", None)
+    if parent is not None and {f"{name}=", name} & set(parent.longOpt):
+        return ": it is twistd's own option; give it before nvpair"
+    names = [n.rstrip("=") for n in options.longOpt]
+    return did_you_mean(name, names, "--{}") or " (twistd nvpair --help lists the options)"
+
+
+_EXAMPLES = (
+    (
+        "Try it: two simulated nodes behind http://127.0.0.1:11435",
+        ("twistd -n --pidfile= nvpair --engine ollama --demo",),
+    ),
+    (
+        "Two Ollama machines behind one address (a stall on one is paid once)",
+        (
+            "twistd -n --pidfile= nvpair --engine ollama \\",
+            "    --node gpu1=http://10.0.0.5:11434 --node gpu2=http://10.0.0.6:11434",
+        ),
+    ),
+)
+_GROUPS = (
+    (
+        "Facades",
+        (
+            "engine",
+            "listen",
+            "assemble",
+            "max-body-size",
+            "max-connections",
+            "max-connections-per-source",
+            "max-tunnels",
+            "write-stall-timeout",
+        ),
+    ),
+    (
+        "Nodes",
+        (
+            "nodes",
+            "node",
+            "node-kind",
+            "node-key-file",
+            "node-slots",
+            "default-slots",
+            "inventory-interval",
+            "upstream-client",
+            "demo",
+        ),
+    ),
+    (
+        "Routing and timeouts",
+        (
+            "connect-timeout",
+            "response-header-timeout",
+            "first-body-timeout",
+            "load-timeout",
+            "busy-max-wait",
+            "queue-size",
+            "queue-timeout",
+            "batch-max-wait",
+            "affinity-max-entries",
+            "affinity-ttl",
+        ),
+    ),
+    ("Keys", ("keys", "allow-host", "cors-origin")),
+    (
+        "State and usage",
+        ("state", "state-password-file", "state-secret-file", "usage-db", "usage-retention"),
+    ),
+    (
+        "Operations",
+        (
+            "admin",
+            "control",
+            "control-token",
+            "log-level",
+            "otlp-endpoint",
+            "shutdown-grace",
+            "version",
+            "help",
+        ),
+    ),
+)
+"""The groups of ``--help``, in order; every option is in exactly one (tests/test_tap.py)."""
+_NOTES = (
+    "Durations: 300ms, 5s, 2m, 1m30s, 2h, 90d. Environment: NVPAIR_PROXY_API_KEYS,"
+    " NVPAIR_PROXY_API_KEYS_FILE, NVPAIR_PROXY_ALLOWED_CIDRS (docs/security.md) and the two"
+    " timeouts above. Every option: docs/configuration.md."
+)
+
+
+def usage_text(options: usage.Options, width: int) -> str:
+    """``--help`` after the synopsis: the description, ``_EXAMPLES``, ``_GROUPS``, ``_NOTES``."""
+    rows = _option_rows(options)
+    indent = max(len(column) for column, _ in rows.values()) + 2
+    text = max(20, width - indent)
+    out = ["", *textwrap.wrap(str(getattr(options, "longdesc", "")), width), "", "Examples:"]
+    for why, command in _EXAMPLES:
+        out += [f"  # {why}", *(f"  {line}" for line in command)]
+    for title, names in _GROUPS:
+        out += ["", f"{title}:"]
+        for name in names:
+            column, doc = rows[name]
+            lines = textwrap.wrap(doc, text) or [""]
+            out += [column.ljust(indent) + lines[0], *(" " * indent + line for line in lines[1:])]
+    return "\n".join([*out, "", *textwrap.wrap(_NOTES, width), ""])
+
+
+def _option_rows(options: usage.Options) -> dict[str, tuple[str, str]]:
+    """Each option's first column (``  -e, --engine=``) and its help with its default."""
+    shorts = {long: short for short, long in options.synonyms.items() if len(short) == 1}
+    rows: dict[str, tuple[str, str]] = {}
+    for opt in options.longOpt:
+        name = opt.rstrip("=")
+        short = f"-{shorts[name]}," if name in shorts else "   "
+        doc = " ".join(options.docs.get(name, "").split())
+        default = options.defaults.get(name)
+        if opt.endswith("=") and default is not None:
+            doc = f"{doc} [default: {default}]"
+        rows[name] = (f"  {short} --{opt}", doc)
+    return rows
 
 
 def makeService(options: Options) -> service.IService:

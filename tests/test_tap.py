@@ -22,8 +22,10 @@ from twisted.python import usage
 from zope.interface.verify import verifyObject
 
 from nvpair_tw import __version__
+from nvpair_tw import tap as tap_module
 from nvpair_tw.app._config import Config
 from nvpair_tw.app._wiring import assemble
+from nvpair_tw.core._durations import Least, read_duration
 from nvpair_tw.core._engines import ENGINES
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.core._resolved import FIRST_BODY_ENV, RESPONSE_HEADER_ENV, Settings
@@ -36,7 +38,6 @@ from nvpair_tw.runtime._service import ListenerService
 from nvpair_tw.tap import Options, makeService, parse_size
 
 REPO = Path(__file__).resolve().parent.parent
-TWISTD = "import sys; sys.argv[0] = 'twistd'; from twisted.scripts.twistd import run; run()"
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +106,6 @@ def test_defaults_follow_the_spec() -> None:
     assert config.listen == {"lmstudio": "tcp:1235:interface=127.0.0.1"}
     assert config.settings == Settings()
     assert config.nodes == {"lmstudio": ()}
-    assert config.warnings == ()
     assert config.sources == {
         "response-header-timeout": "default",
         "first-body-timeout": "default",
@@ -127,9 +127,15 @@ def test_engine_is_repeatable() -> None:
 
 
 def test_unknown_engine_is_a_usage_error() -> None:
-    """An engine name outside ollama, lmstudio, omlx is refused with the choices."""
-    with pytest.raises(usage.UsageError, match="unknown engine 'vllm'; choose from"):
+    """An engine name outside the four is refused with the closest one, else with the choices."""
+    with pytest.raises(usage.UsageError) as far:
         parse("--engine", "vllm")
+    assert str(far.value) == (
+        "--engine: unknown engine 'vllm'; choose from lmstudio, ollama, omlx, openai"
+    )
+    with pytest.raises(usage.UsageError) as close:
+        parse("--engine", "olama")
+    assert str(close.value) == "--engine: unknown engine 'olama'; did you mean 'ollama'?"
 
 
 def test_no_engine_is_a_usage_error() -> None:
@@ -361,16 +367,72 @@ def test_timer_flags_beat_the_environment(monkeypatch: pytest.MonkeyPatch) -> No
     assert settings.first_body_timeout == 0.0
 
 
-def test_invalid_timer_values_warn_and_fall_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bad timer values are not usage errors: 120 s / disabled, with warnings kept for the log."""
-    monkeypatch.setenv(FIRST_BODY_ENV, "-5s")
-    config = config_of("-e", "ollama", "--response-header-timeout", "0")
-    assert config.settings.response_header_timeout == 120.0
-    assert config.settings.first_body_timeout == 0.0
-    warnings = config.warnings
-    assert len(warnings) == 2
-    assert "'0' from flag" in warnings[0]
-    assert FIRST_BODY_ENV in warnings[1]
+@pytest.mark.parametrize(
+    ("variable", "value", "line"),
+    [
+        (
+            RESPONSE_HEADER_ENV,
+            "0",
+            f"{RESPONSE_HEADER_ENV}: '0' must be more than zero; write 5s, 2m or 1m30s",
+        ),
+        (
+            FIRST_BODY_ENV,
+            "-5s",
+            f"{FIRST_BODY_ENV}: '-5s' must be zero or more; write 5s, 2m or 1m30s",
+        ),
+        (FIRST_BODY_ENV, "30", f"{FIRST_BODY_ENV}: '30' is not a duration; write 30s, 2m or 1m30s"),
+    ],
+)
+def test_invalid_timer_environment_values_are_usage_errors(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, line: str
+) -> None:
+    """A bad timer variable stops the start, named: no warning, no silent 120 s or off."""
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(usage.UsageError) as raised:
+        parse("-e", "ollama")
+    assert str(raised.value) == line
+
+
+DURATION_OPTIONS = [
+    "--connect-timeout",
+    "--response-header-timeout",
+    "--first-body-timeout",
+    "--inventory-interval",
+    "--affinity-ttl",
+    "--write-stall-timeout",
+    "--shutdown-grace",
+    "--queue-timeout",
+    "--batch-max-wait",
+    "--busy-max-wait",
+    "--load-timeout",
+]
+
+
+@pytest.mark.parametrize("option", DURATION_OPTIONS)
+@pytest.mark.parametrize("value", ["5", "5x"])
+def test_every_duration_option_refuses_a_non_duration_with_the_hint(
+    option: str, value: str
+) -> None:
+    """One rule, one sentence for every duration option: what was given and how to write it."""
+    with pytest.raises(usage.UsageError) as raised:
+        parse("-e", "ollama", option, value)
+    assert str(raised.value) == f"{option}: {value!r} is not a duration; write 5s, 2m or 1m30s"
+
+
+def test_every_duration_option_is_in_the_list_above() -> None:
+    """The list the test above walks holds every option whose default is a duration (a new
+    duration option joins it or fails here)."""
+    defaults = Options().defaults
+    durations = {f"--{n}" for n, d in defaults.items() if isinstance(d, str) and _is_duration(d)}
+    assert durations - {"--usage-retention"} <= set(DURATION_OPTIONS)
+
+
+def _is_duration(text: str) -> bool:
+    try:
+        read_duration("x", text, Least.ZERO)
+    except ValueError:
+        return False
+    return not text.isdigit()
 
 
 def test_log_level_option() -> None:
@@ -436,79 +498,74 @@ def test_assembled_process_has_a_listener_per_engine() -> None:
 def test_effective_timeouts_are_logged_at_start(
     log_events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Assembling logs each timer with its value and source, after any warning about a bad value."""
+    """Assembling logs each timer with its value and where it came from."""
     monkeypatch.setenv(FIRST_BODY_ENV, "1m30s")
-    config = config_of("-e", "ollama", "--response-header-timeout", "later", "--admin", "none")
+    config = config_of("-e", "ollama", "--response-header-timeout", "45s", "--admin", "none")
     assemble(cast(IProxyReactor, MemoryReactorClock()), config)
     messages = [
         formatEvent(e) for e in log_events if e.get("log_namespace") == "nvpair_tw.app._wiring"
     ]
-    warning = "invalid response-header timeout 'later' from flag; using 120s"
     summary = (
-        "timeouts: connect 10s, response-header 120s (default), "
-        f"first-body 90s (${FIRST_BODY_ENV}), cooldown 120s"
+        "timeouts: connect 10s, response-header 45s (flag), "
+        f"first-body 90s (${FIRST_BODY_ENV}), cooldown 45s"
     )
-    assert warning in messages
     assert summary in messages
-    assert messages.index(warning) < messages.index(summary)
-
-
-def _twistd(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """Run the real ``twistd`` with the checkout on ``PYTHONPATH``."""
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("NVPAIR_")}
-    environ["PYTHONPATH"] = str(REPO)
-    return subprocess.run(
-        [sys.executable, "-c", TWISTD, *args],
-        cwd=cwd,
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 @pytest.mark.parametrize(
-    ("args", "error"),
+    ("args", "line"),
     [
-        (["nvpair", "--engine", "vllm"], "twistd nvpair: unknown engine 'vllm'; choose from "),
-        (["nvpair"], "twistd nvpair: at least one --engine is required"),
-        (["nvpair", "-e", "ollama", "--node", "x=http://h:99999"], "twistd nvpair: --node x:"),
-        (["nvpair", "-e", "ollama", "--log-level", "loud"], "twistd nvpair: unknown log level"),
+        (["--engine", "olama"], "--engine: unknown engine 'olama'; did you mean 'ollama'?"),
+        (["-e", "ollama", "--ndoes", "n.toml"], "unknown option --ndoes; did you mean --nodes?"),
         (
-            ["nvpair", "-e", "ollama", "--control", "tcp:7070:interface=127.0.0.1"],
-            "twistd nvpair: --control tcp:7070:interface=127.0.0.1: a control channel on this"
-            " endpoint needs --control-token FILE",
+            ["-e", "ollama", "--frobnicate"],
+            "unknown option --frobnicate (twistd nvpair --help lists the options)",
+        ),
+        (["-e", "ollama", "-x"], "unknown option -x (twistd nvpair --help lists the options)"),
+        (
+            ["-e", "ollama", "--pidfile=x"],
+            "unknown option --pidfile: it is twistd's own option; give it before nvpair",
+        ),
+        (["-e", "ollama", "--node"], "--node needs a value"),
+        (["-e"], "-e needs a value"),
+        (["-e", "ollama", "--demo=yes"], "--demo takes no value"),
+        (
+            ["-e", "ollama", "--node-k", "a=1"],
+            "--node-k is the start of --node-key-file, --node-kind; write one out",
+        ),
+        (
+            ["-e", "ollama", "--no", "a"],
+            "--no is the start of --node, --node-key-file, --node-kind, --node-slots, --nodes; write one out",
+        ),
+        (
+            ["-e", "ollama", "ollama"],
+            "unexpected argument 'ollama': every option starts with -- (twistd nvpair --help lists them)",
+        ),
+        (
+            ["-e", "ollama", "--affinity-ttl", "300"],
+            "--affinity-ttl: '300' is not a duration; write 300s, 2m or 1m30s",
         ),
     ],
 )
-def test_twistd_reports_bad_options_in_one_line(
-    tmp_path: Path, args: list[str], error: str
+def test_under_twistd_a_mistake_is_one_line_on_stderr_and_status_2(
+    capsys: pytest.CaptureFixture[str], args: list[str], line: str
 ) -> None:
-    """A bad option ends ``twistd`` with status 1, usage text and a one-line error, never a traceback."""
-    result = _twistd(*args, cwd=tmp_path)
-    assert result.returncode == 1
-    output = result.stdout + result.stderr
-    assert "Traceback" not in output
-    assert result.stdout.rstrip("\n").splitlines()[-1].startswith(error)
-    assert "--engine=" in result.stdout
-    assert not (tmp_path / "twistd.pid").exists()
+    """Parsed as twistd's sub-command (twistd's real ``ServerOptions``), a mistake is ``nvpair:``
+    and one line naming the option, on stderr alone (no help), and exit status 2."""
+    from twisted.scripts._twistd_unix import ServerOptions
+
+    with pytest.raises(SystemExit) as exited:
+        ServerOptions().parseOptions(["nvpair", *args])
+    assert exited.value.code == 2
+    assert capsys.readouterr() == ("", f"nvpair: {line}\n")
 
 
-def test_twistd_help_lists_the_plugin(tmp_path: Path) -> None:
-    """``twistd --help`` lists the ``nvpair`` sub-command."""
-    result = _twistd("--help", cwd=tmp_path)
-    assert result.returncode == 0
-    assert "Traceback" not in result.stderr
-    lines = [line.split() for line in result.stdout.splitlines()]
-    assert ["nvpair", "Failover"] in [words[:2] for words in lines]
-
-
-def test_twistd_version_prints_the_nvpair_version(tmp_path: Path) -> None:
-    """``twistd nvpair --version`` prints nvpair-tw's version."""
-    result = _twistd("nvpair", "--version", cwd=tmp_path)
-    assert result.returncode == 0
-    assert result.stdout == f"nvpair-tw {__version__.public()}\n"
+def test_parsed_on_its_own_a_mistake_is_a_usage_error() -> None:
+    """Outside twistd (a library, these tests) the same mistake is a ``UsageError`` of that line,
+    and nothing is printed."""
+    with pytest.raises(usage.UsageError) as raised:
+        parse("-e", "ollama", "--ndoes", "n.toml")
+    assert str(raised.value) == "unknown option --ndoes; did you mean --nodes?"
 
 
 def test_demo_shortens_the_default_header_timeout_only() -> None:
@@ -575,7 +632,7 @@ def test_options_read_the_environment_they_are_given(monkeypatch: pytest.MonkeyP
         ("--listen", "unix:/tmp/nvpair-test.sock:mode=600"),
         ("--listen", "tcp6:port=0:interface=\\:\\:1"),
         ("--admin", "tcp:0:interface=127.0.0.1"),
-        ("--control", "unix:/tmp/nvpair-control.sock"),
+        ("--control", "unix:/tmp/nvpair-control.sock:mode=660"),
         ("--control", "stdio"),
     ],
 )
@@ -586,9 +643,15 @@ def test_good_endpoints_of_every_kind_parse(flag: str, description: str) -> None
     assert given.get(flag, config.control) == description
 
 
+def test_a_control_socket_without_a_mode_is_made_owner_only() -> None:
+    """``--control unix:PATH`` resolves to ``unix:PATH:mode=600`` (Twisted's default is 666)."""
+    config = config_of("-e", "ollama", "--control", "unix:/run/nvpair/ctl.sock")
+    assert config.control == "unix:/run/nvpair/ctl.sock:mode=600"
+
+
 def test_make_service_applies_the_log_level_and_assembles(log_events: list[dict[str, Any]]) -> None:
     """``makeService`` sets the parsed level before assembling: the summary obeys ``warn``."""
-    options = parse("-e", "ollama", "--first-body-timeout", "-1s", "--log-level", "warn")
+    options = parse("-e", "ollama", "--log-level", "warn")
     assert current_level() is LogLevel.info
     top = makeService(options)
     assert current_level() is LogLevel.warn
@@ -596,7 +659,7 @@ def test_make_service_applies_the_log_level_and_assembles(log_events: list[dict[
     listeners = {s.label for s in services(top) if isinstance(s, ListenerService)}
     assert listeners == {"ollama facade", "admin"}
     ours = [formatEvent(e) for e in log_events if e.get("log_namespace") == "nvpair_tw.app._wiring"]
-    assert ours == ["invalid first-body timeout '-1s' from flag; leaving it disabled"]
+    assert not [line for line in ours if line.startswith("timeouts:")]
 
 
 def test_make_service_at_debug_lets_debug_through() -> None:
@@ -761,15 +824,33 @@ def test_state_url_and_files_resolve_into_the_config(tmp_path: Path) -> None:
         ("--state", "http://:pw-canary@h/0"),
         ("--state", "redis://:pw-canary@h/notadb"),
         ("--state-password-file", "/nonexistent/pw-canary"),
-        ("--state", "redis://h/0", "--state-password-file", "/nonexistent/pw-canary"),
+        ("--state", "redis://h/0", "--state-password-file", "NOT_UTF8"),
+        ("--state", "redis://h/0", "--state-secret-file", "EMPTY"),
     ],
 )
 def test_bad_state_options_are_usage_errors_that_never_quote_a_password(
-    args: tuple[str, ...],
+    tmp_path: Path, args: tuple[str, ...]
 ) -> None:
+    files = {"NOT_UTF8": tmp_path / "pw", "EMPTY": tmp_path / "secret"}
+    files["NOT_UTF8"].write_bytes(b"pw-canary\xff\n")
+    files["EMPTY"].write_bytes(b"\n")
     with pytest.raises(usage.UsageError) as raised:
-        parse("--engine", "ollama", *args)
-    assert "pw-canary" not in str(raised.value)
+        parse("--engine", "ollama", *(str(files[a]) if a in files else a for a in args))
+    assert "pw-canary" not in str(raised.value).replace(str(tmp_path), "")
+
+
+@pytest.mark.parametrize(
+    ("option", "problem"),
+    [
+        ("--state-password-file", "cannot read: No such file or directory"),
+        ("--state-secret-file", "cannot read: No such file or directory"),
+    ],
+)
+def test_a_state_file_that_cannot_be_read_is_named(option: str, problem: str) -> None:
+    """The option and the file are named, so the operator knows which of the two to fix."""
+    with pytest.raises(usage.UsageError) as raised:
+        parse("--engine", "ollama", "--state", "redis://h/0", option, "/nonexistent/file")
+    assert str(raised.value) == f"{option} /nonexistent/file: {problem}"
 
 
 def test_node_kind_gives_a_flag_node_its_kind_behind_every_facade() -> None:
@@ -794,7 +875,8 @@ def test_node_kind_gives_a_flag_node_its_kind_behind_every_facade() -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--node-kind", "mac=vllm"], "--node-kind wants ID=KIND"),
+        (["--node-kind", "mac=vllm"], "--node-kind mac: unknown kind 'vllm'; choose from lmstudio"),
+        (["--node-kind", "mac=lmstuido"], "--node-kind mac: unknown kind 'lmstuido'; did you mean"),
         (["--node-kind", "mac"], "--node-kind wants ID=KIND"),
         (["--node-kind", "ghost=ollama"], "--node-kind ghost: no --node has this id"),
         (
@@ -822,9 +904,17 @@ def test_usage_options_default_to_a_file_here_and_90_days() -> None:
     assert config.usage_db == "nvpair-usage.sqlite3" and config.usage_retention == 90 * 86400
     config = parse("-e", "ollama", "--usage-db", "none", "--usage-retention", "720h").config
     assert config.usage_db is None and config.usage_retention == 720 * 3600
-    for bad in ("soon", "0", "30s", "-1d"):
-        with pytest.raises(usage.UsageError, match="--usage-retention"):
+    assert parse("-e", "ollama", "--usage-retention", "1d12h").config.usage_retention == 129600
+    for bad, why in (
+        ("soon", "'soon' is not a duration; write 90d, 720h or 30m"),
+        ("90", "'90' is not a duration; write 90d, 720h or 30m"),
+        ("0", "'0' must be a minute or more; write 90d, 720h or 30m"),
+        ("30s", "'30s' must be a minute or more; write 90d, 720h or 30m"),
+        ("-1d", "'-1d' is not a duration; write 90d, 720h or 30m"),
+    ):
+        with pytest.raises(usage.UsageError) as raised:
             parse("-e", "ollama", "--usage-retention", bad)
+        assert str(raised.value) == f"--usage-retention: {why}"
 
 
 def _token_file(tmp_path: Path, mode: int = 0o600) -> str:
@@ -862,3 +952,18 @@ def test_control_token_mistakes_are_usage_errors(
     paths = {"TOKEN": _token_file(tmp_path), "LOOSE": _token_file(tmp_path, 0o644)}
     with pytest.raises(usage.UsageError, match=re.escape(needle)):
         parse("-e", "ollama", *(paths.get(a, a) for a in args))
+
+
+def test_every_option_is_in_exactly_one_help_group() -> None:
+    """``--help``'s groups hold every option of the plugin once (a new option must be placed)."""
+    placed = [name for _, names in tap_module._GROUPS for name in names]
+    assert sorted(placed) == sorted(o.rstrip("=") for o in Options().longOpt)
+    assert len(placed) == len(set(placed))
+    assert [title for title, _ in tap_module._GROUPS] == [
+        "Facades",
+        "Nodes",
+        "Routing and timeouts",
+        "Keys",
+        "State and usage",
+        "Operations",
+    ]

@@ -4,7 +4,12 @@ error responses, header forwarding and the reactor interface.
 
 from __future__ import annotations
 
-from nvpair_tw.core._durations import format_duration, parse_duration
+from nvpair_tw.core._durations import (
+    Least,
+    format_duration,
+    parse_duration,
+    read_duration,
+)
 from nvpair_tw.core._engines import (
     ENGINES,
     RESPONSES_PATH,
@@ -51,6 +56,7 @@ from nvpair_tw.core._headers import (
     loop_marks,
     upstream_request_headers,
 )
+from nvpair_tw.core._hints import did_you_mean
 from nvpair_tw.core._json import (
     Edit,
     Outline,
@@ -95,6 +101,7 @@ __all__ = [
     "IProxyReactor",
     "IWriteHolding",
     "IllegalCall",
+    "Least",
     "Lines",
     "MalformedStream",
     "ModelChange",
@@ -116,6 +123,7 @@ __all__ = [
     "after_last_event",
     "byte_offsets",
     "close",
+    "did_you_mean",
     "dump",
     "error_body",
     "error_document",
@@ -133,6 +141,7 @@ __all__ = [
     "parse_duration",
     "priority_of",
     "raw_error_response",
+    "read_duration",
     "resolve_first_body_timeout",
     "resolve_response_header_timeout",
     "set_members",

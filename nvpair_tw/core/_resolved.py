@@ -1,5 +1,6 @@
 # -*- test-case-name: tests.core.test_resolved -*-
-"""Resolved configuration: flag beats environment beats default, with the warnings docs/behaviour.md §6.3 asks for."""
+"""Resolved configuration: flag beats environment beats default, each value read by the one
+duration rule (docs/behaviour.md §6.3); a value that is not one is refused, never replaced."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Mapping
 
 from attrs import field, frozen
 
-from nvpair_tw.core._durations import parse_duration
+from nvpair_tw.core._durations import Least, read_duration
 
 __all__ = [
     "ASSEMBLE_BY_DEFAULT",
@@ -31,54 +32,51 @@ FIRST_BODY_ENV = "NVPAIR_PROXY_FIRST_BODY_TIMEOUT"
 
 @frozen
 class Resolved:
-    """A resolved duration, where it came from, and the warning to log (if any)."""
+    """A resolved duration and where it came from (``flag``, ``$VARIABLE`` or ``default``)."""
 
     seconds: float
     source: str
-    warning: str | None = None
 
 
 def resolve_response_header_timeout(flag: str | None, environ: Mapping[str, str]) -> Resolved:
-    """Flag > environment > 120 s; missing, unparseable or non-positive → a warning and 120 s."""
-    raw, source = _pick(flag, environ, RESPONSE_HEADER_ENV)
-    if raw is None:
-        return Resolved(DEFAULT_RESPONSE_HEADER_TIMEOUT, "default")
-    try:
-        value = parse_duration(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        return Resolved(
-            DEFAULT_RESPONSE_HEADER_TIMEOUT,
-            "default",
-            f"invalid response-header timeout {raw!r} from {source}; "
-            f"using {DEFAULT_RESPONSE_HEADER_TIMEOUT:g}s",
-        )
-    return Resolved(value, source)
+    """Flag > environment > 120 s; a value that is not a positive duration is a ``ValueError``
+    naming the flag or the variable."""
+    return _resolve(
+        "--response-header-timeout",
+        flag,
+        environ,
+        RESPONSE_HEADER_ENV,
+        DEFAULT_RESPONSE_HEADER_TIMEOUT,
+        Least.ABOVE_ZERO,
+    )
 
 
 def resolve_first_body_timeout(flag: str | None, environ: Mapping[str, str]) -> Resolved:
-    """Flag > environment > 0 (disabled); an explicit 0 disables; invalid or negative → disabled + warning."""
-    raw, source = _pick(flag, environ, FIRST_BODY_ENV)
-    if raw is None:
-        return Resolved(DEFAULT_FIRST_BODY_TIMEOUT, "default")
-    try:
-        value = parse_duration(raw)
-    except ValueError:
-        value = -1.0
-    if value < 0:
-        return Resolved(
-            0.0, "default", f"invalid first-body timeout {raw!r} from {source}; leaving it disabled"
-        )
-    return Resolved(value, source)
+    """Flag > environment > 0 (off); an explicit 0 turns it off; a value that is not a duration
+    of zero or more is a ``ValueError`` naming the flag or the variable."""
+    return _resolve(
+        "--first-body-timeout",
+        flag,
+        environ,
+        FIRST_BODY_ENV,
+        DEFAULT_FIRST_BODY_TIMEOUT,
+        Least.ZERO,
+    )
 
 
-def _pick(flag: str | None, environ: Mapping[str, str], name: str) -> tuple[str | None, str]:
+def _resolve(
+    option: str,
+    flag: str | None,
+    environ: Mapping[str, str],
+    variable: str,
+    default: float,
+    least: Least,
+) -> Resolved:
     if flag is not None:
-        return flag, "flag"
-    if name in environ:
-        return environ[name], f"${name}"
-    return None, "default"
+        return Resolved(read_duration(option, flag, least), "flag")
+    if variable in environ:
+        return Resolved(read_duration(variable, environ[variable], least), f"${variable}")
+    return Resolved(default, "default")
 
 
 @frozen

@@ -30,7 +30,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from nvpair_tw.core import Priority
+from nvpair_tw.core import Priority, did_you_mean
 
 __all__ = [
     "ENVIRONMENT_RULES",
@@ -319,7 +319,9 @@ def parse_keys(document: dict[str, Any], path: str) -> KeyBook:
     (:class:`KeysFileEmpty` when it holds no key)."""
     extra = set(document) - {"key"}
     if extra:
-        raise KeysFileError(f"keys file {path}: unknown table {sorted(extra)[0]!r}")
+        first = sorted(extra)[0]
+        hint = did_you_mean(first, ("key",))
+        raise KeysFileError(f"keys file {path}: unknown table {first!r}{hint}")
     tables = document.get("key", [])
     if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
         raise KeysFileError(f"keys file {path}: keys are [[key]] tables")
@@ -333,7 +335,9 @@ def parse_keys(document: dict[str, Any], path: str) -> KeyBook:
         where = f"keys file {path}: [[key]] #{number}"
         unknown = set(entry) - _FIELDS
         if unknown:
-            raise KeysFileError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+            first = sorted(unknown)[0]
+            hint = did_you_mean(first, _FIELDS)
+            raise KeysFileError(f"{where}: unknown field {first!r}{hint}")
         name = _check_name(entry.get("name"), where, seen)
         where = f"{where} ({name})"
         digest = _digest_of(entry, where)

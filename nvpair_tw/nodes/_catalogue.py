@@ -18,6 +18,7 @@ from typing import Any
 
 from attrs import field, frozen
 
+from nvpair_tw.core import did_you_mean
 from nvpair_tw.nodes._policy import (
     NO_POLICY,
     POLICY_FIELDS,
@@ -115,7 +116,8 @@ def parse_catalogue(where: str, entries: Any) -> Catalogue:
             raise CatalogueError(f"{at}: must be a table")
         unknown = sorted(set(entry) - {"name", "aliases"} - POLICY_FIELDS)
         if unknown:
-            raise CatalogueError(f"{at}: unknown field {unknown[0]!r}")
+            hint = did_you_mean(unknown[0], {"name", "aliases"} | POLICY_FIELDS)
+            raise CatalogueError(f"{at}: unknown field {unknown[0]!r}{hint}")
         name = entry.get("name")
         if not isinstance(name, str) or not name.strip():
             raise CatalogueError(f"{at}: name: required, a non-empty string")

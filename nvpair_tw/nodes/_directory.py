@@ -57,7 +57,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from nvpair_tw.core import ENGINES, EngineProfile
+from nvpair_tw.core import ENGINES, EngineProfile, did_you_mean
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes._catalogue import Catalogue, CatalogueError, parse_catalogue
 from nvpair_tw.nodes._tls import TLS_KEYS, NodeTLS, https_address, parse_node_tls
@@ -232,7 +232,8 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
     base_dir = os.path.dirname(os.path.abspath(path))
     unknown = sorted(set(document) - {"node", "model"})
     if unknown:
-        raise NodesFileError(f"nodes file {path}: unknown top-level key {unknown[0]!r}")
+        hint = did_you_mean(unknown[0], ("node", "model"))
+        raise NodesFileError(f"nodes file {path}: unknown top-level key {unknown[0]!r}{hint}")
     entries = document.get("node", [])
     if not isinstance(entries, list):
         raise NodesFileError(f"nodes file {path}: 'node' must be an array of tables ([[node]])")
@@ -252,7 +253,8 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         seen.add(node_id)
         unknown = sorted(set(entry) - _NODE_KEYS)
         if unknown:
-            raise NodesFileError(f"{where}: unknown field {unknown[0]!r}")
+            hint = did_you_mean(unknown[0], _NODE_KEYS)
+            raise NodesFileError(f"{where}: unknown field {unknown[0]!r}{hint}")
         urls = _parse_urls(where, entry.get("url"))
         models = _parse_models(where, entry.get("models"))
         tls = _parse_tls(where, entry, base_dir, urls.values())
@@ -298,7 +300,10 @@ def _parse_kind(
             raise NodesFileError(f"{where}: facades: needs a kind")
         return None, None
     if not isinstance(kind, str) or kind not in ENGINES:
-        raise NodesFileError(f"{where}: kind: one of {', '.join(sorted(ENGINES))}")
+        hint = did_you_mean(kind, ENGINES) if isinstance(kind, str) else ""
+        raise NodesFileError(
+            f"{where}: kind: one of {', '.join(sorted(ENGINES))}, not {kind!r}{hint}"
+        )
     if set(urls) != {"*"}:
         raise NodesFileError(f"{where}: url: a node with a kind has one URL (a string)")
     if facades is None:
@@ -308,7 +313,15 @@ def _parse_kind(
         or not facades
         or not all(isinstance(f, str) and f in ENGINES for f in facades)
     ):
-        raise NodesFileError(f"{where}: facades: a non-empty list of {', '.join(sorted(ENGINES))}")
+        wrong = (
+            [f for f in facades if isinstance(f, str) and f not in ENGINES]
+            if isinstance(facades, list)
+            else []
+        )
+        hint = did_you_mean(wrong[0], ENGINES) if wrong else ""
+        raise NodesFileError(
+            f"{where}: facades: a non-empty list of {', '.join(sorted(ENGINES))}{hint}"
+        )
     return kind, frozenset(facades)
 
 
@@ -366,7 +379,8 @@ def _parse_urls(where: str, value: object) -> dict[str, str]:
         for name, url in value.items():
             if name not in ENGINES:
                 known = ", ".join(sorted(ENGINES))
-                raise NodesFileError(f"{where}: url.{name}: unknown engine (known: {known})")
+                hint = did_you_mean(name, ENGINES) or f" (known: {known})"
+                raise NodesFileError(f"{where}: url.{name}: unknown engine{hint}")
             if not isinstance(url, str):
                 raise NodesFileError(f"{where}: url.{name}: must be a string")
             urls[name] = url

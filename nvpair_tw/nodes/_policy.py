@@ -18,7 +18,7 @@ from typing import Any
 
 from attrs import field, frozen
 
-from nvpair_tw.core import parse_duration
+from nvpair_tw.core import Least, read_duration
 
 __all__ = [
     "NO_POLICY",
@@ -76,12 +76,14 @@ def parse_policy(at: str, entry: Mapping[str, Any]) -> ModelPolicy:
     after = entry.get("fallback_after")
     seconds: float | None = None
     if after is not None:
+        if not isinstance(after, str):
+            raise PolicyError(
+                f'{at}: fallback_after: a quoted duration such as "30s", not {after!r}'
+            )
         try:
-            seconds = parse_duration(after) if isinstance(after, str) else -1.0
-        except ValueError:
-            seconds = -1.0
-        if seconds < 0:
-            raise PolicyError(f'{at}: fallback_after: a duration such as "5s" or "1m30s"')
+            seconds = read_duration(f"{at}: fallback_after", after, Least.ZERO)
+        except ValueError as error:
+            raise PolicyError(str(error)) from None
     names = tuple(dict.fromkeys(name.strip() for name in fallbacks))
     return ModelPolicy(defaults, force, names, seconds)
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from nvpair_tw.runtime._collector import steady_collector
-from nvpair_tw.runtime._endpoints import own_urls, tcp_listener
+from nvpair_tw.runtime._endpoints import own_urls, owner_only, tcp_listener
 from nvpair_tw.runtime._process import Runtime, StallTrackerFactory, build_runtime
-from nvpair_tw.runtime._service import ListenerService, RuntimeService
+from nvpair_tw.runtime._service import CannotListen, ListenerService, RuntimeService
 
 __all__ = [
+    "CannotListen",
     "ListenerService",
     "Runtime",
     "RuntimeService",
     "StallTrackerFactory",
     "build_runtime",
     "own_urls",
+    "owner_only",
     "steady_collector",
     "tcp_listener",
 ]

@@ -1,8 +1,10 @@
 # -*- test-case-name: tests.runtime.test_endpoints -*-
-"""The little we read out of Twisted server endpoint strings: a TCP listener's interface and port.
+"""The little we read out of Twisted server endpoint strings: a TCP listener's interface and port,
+and whether a unix socket was given a file mode.
 
-Used for the self-guard (a node whose URL is one of our own listeners is never a candidate) and to
-refuse an impossible port at option time rather than with a traceback at bind time.
+Used for the self-guard (a node whose URL is one of our own listeners is never a candidate), to
+refuse an impossible port at option time rather than with a traceback at bind time, and to create
+the control channel's socket owner-only unless its endpoint says otherwise.
 """
 
 from __future__ import annotations
@@ -11,10 +13,13 @@ import re
 
 from attrs import frozen
 
-__all__ = ["TCPListener", "own_urls", "tcp_listener"]
+__all__ = ["OWNER_ONLY", "TCPListener", "own_urls", "owner_only", "tcp_listener"]
 
 _UNESCAPED_COLON = re.compile(r"(?<!\\):")
 _LOOPBACK_OR_ANY = ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost")
+
+OWNER_ONLY = "600"
+"""The mode of a unix socket whose endpoint gives none (Twisted's own default is 666)."""
 
 
 @frozen
@@ -59,3 +64,19 @@ def own_urls(description: str) -> list[str]:
     if host in _LOOPBACK_OR_ANY:
         hosts |= {"127.0.0.1", "localhost", "[::1]"}
     return [f"http://{h}:{listener.port}" for h in sorted(hosts)]
+
+
+def owner_only(description: str) -> str:
+    """``description`` with ``:mode=600`` added when it is a filesystem ``unix:`` socket that
+    names no mode (``unix:/run/nvpair/ctl.sock`` → ``unix:/run/nvpair/ctl.sock:mode=600``);
+    any other description, or one with a ``mode=``, is returned as it is."""
+    text = description.strip()
+    parts = [p.replace("\\:", ":") for p in _UNESCAPED_COLON.split(text)]
+    if parts[0] != "unix":
+        return description
+    named = dict(p.split("=", 1) for p in parts[1:] if "=" in p)
+    positional = [p for p in parts[1:] if "=" not in p]
+    path = named.get("address", positional[0] if positional else "")
+    if "mode" in named or not path or path.startswith(("\0", "@")):
+        return description
+    return f"{text}:mode={OWNER_ONLY}"

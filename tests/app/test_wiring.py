@@ -80,7 +80,7 @@ def test_admin_none_and_control_endpoint() -> None:
     found = listeners(top)
     assert "admin" not in found
     assert found["omlx facade"] == "tcp:8001:interface=127.0.0.1"
-    assert "unix:/tmp/nv-ctl.sock" in found.values()
+    assert "unix:/tmp/nv-ctl.sock:mode=600" in found.values()
     assert len(found) == 2
 
 

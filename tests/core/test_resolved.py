@@ -1,5 +1,6 @@
 # -*- test-case-name: tests.core.test_resolved -*-
-"""The two timer settings: flag beats environment beats default, with docs/behaviour.md §6.3's warnings."""
+"""The two timer settings: flag beats environment beats default; a bad value is refused by the one
+duration rule (docs/behaviour.md §6.3), naming the flag or the variable."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from nvpair_tw.core._resolved import (
 
 
 def test_response_header_timeout_defaults_to_120_seconds() -> None:
-    """No flag and no environment: 120 s, no warning."""
+    """No flag and no environment: 120 s."""
     assert resolve_response_header_timeout(None, {}) == Resolved(120.0, "default")
 
 
@@ -37,36 +38,49 @@ def test_response_header_flag_beats_the_environment() -> None:
     assert resolved == Resolved(5.0, "flag")
 
 
-@pytest.mark.parametrize("raw", ["0", "0s", "-1s", "soon", "", "15"])
-def test_bad_response_header_flag_warns_and_uses_120_seconds(raw: str) -> None:
-    """Zero, negative, unparseable or empty flags fall back to 120 s with a warning naming the flag."""
-    resolved = resolve_response_header_timeout(raw, {})
-    assert resolved.seconds == 120.0
-    assert resolved.warning is not None
-    assert "from flag" in resolved.warning
-    assert repr(raw) in resolved.warning
-    assert "120s" in resolved.warning
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        ("0", "'0' must be more than zero; write 5s, 2m or 1m30s"),
+        ("0s", "'0s' must be more than zero; write 5s, 2m or 1m30s"),
+        ("-1s", "'-1s' must be more than zero; write 5s, 2m or 1m30s"),
+        ("soon", "'soon' is not a duration; write 5s, 2m or 1m30s"),
+        ("", "'' is not a duration; write 5s, 2m or 1m30s"),
+        ("5", "'5' is not a duration; write 5s, 2m or 1m30s"),
+        ("15", "'15' is not a duration; write 15s, 2m or 1m30s"),
+        ("5x", "'5x' is not a duration; write 5s, 2m or 1m30s"),
+    ],
+)
+def test_a_bad_response_header_flag_is_refused_naming_the_flag(raw: str, why: str) -> None:
+    """Zero, negative, unparseable, unitless or empty: refused with the hint, never 120 s."""
+    with pytest.raises(ValueError) as raised:
+        resolve_response_header_timeout(raw, {})
+    assert str(raised.value) == f"--response-header-timeout: {why}"
 
 
-def test_bad_response_header_environment_warning_names_the_variable() -> None:
-    """A bad environment value is reported with the variable's name, and 120 s is used."""
-    resolved = resolve_response_header_timeout(None, {RESPONSE_HEADER_ENV: "-2m"})
-    assert resolved.seconds == 120.0
-    assert resolved.warning is not None
-    assert RESPONSE_HEADER_ENV in resolved.warning
-    assert "'-2m'" in resolved.warning
+def test_a_bad_response_header_environment_value_is_refused_naming_the_variable() -> None:
+    """A bad ``NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT`` is refused in the same sentence shape."""
+    with pytest.raises(ValueError) as raised:
+        resolve_response_header_timeout(None, {RESPONSE_HEADER_ENV: "5"})
+    assert str(raised.value) == (
+        f"{RESPONSE_HEADER_ENV}: '5' is not a duration; write 5s, 2m or 1m30s"
+    )
 
 
-def test_bad_response_header_flag_is_not_rescued_by_the_environment() -> None:
-    """The flag is what the operator asked for: a bad flag means 120 s, not the environment's value."""
-    resolved = resolve_response_header_timeout("nope", {RESPONSE_HEADER_ENV: "5s"})
-    assert resolved.seconds == 120.0
-    assert resolved.warning is not None
-    assert "from flag" in resolved.warning
+def test_a_bad_response_header_flag_is_not_rescued_by_the_environment() -> None:
+    """The flag is what the operator asked for: a bad flag is refused, whatever the environment."""
+    with pytest.raises(ValueError, match=r"^--response-header-timeout: 'nope'"):
+        resolve_response_header_timeout("nope", {RESPONSE_HEADER_ENV: "5s"})
+
+
+def test_the_flag_wins_over_a_bad_environment_value() -> None:
+    """Only the value in force is read: a good flag makes the variable irrelevant."""
+    resolved = resolve_response_header_timeout("5s", {RESPONSE_HEADER_ENV: "5"})
+    assert resolved == Resolved(5.0, "flag")
 
 
 def test_first_body_timeout_is_disabled_by_default() -> None:
-    """No flag and no environment: 0 (disabled), no warning."""
+    """No flag and no environment: 0 (disabled)."""
     assert resolve_first_body_timeout(None, {}) == Resolved(0.0, "default")
 
 
@@ -82,7 +96,7 @@ def test_first_body_timeout_from_the_environment() -> None:
 
 
 def test_explicit_zero_flag_disables_an_environment_opt_in() -> None:
-    """``--first-body-timeout 0`` beats ``NVPAIR_PROXY_FIRST_BODY_TIMEOUT=30s``, without a warning."""
+    """``--first-body-timeout 0`` beats ``NVPAIR_PROXY_FIRST_BODY_TIMEOUT=30s``."""
     resolved = resolve_first_body_timeout("0", {FIRST_BODY_ENV: "30s"})
     assert resolved == Resolved(0.0, "flag")
 
@@ -92,22 +106,29 @@ def test_first_body_flag_beats_the_environment() -> None:
     assert resolve_first_body_timeout("1s", {FIRST_BODY_ENV: "30s"}).seconds == 1.0
 
 
-@pytest.mark.parametrize("raw", ["-1s", "later", "", "10"])
-def test_bad_first_body_flag_leaves_it_disabled_with_a_warning(raw: str) -> None:
-    """Invalid or negative flags leave the timer off and warn, naming the flag."""
-    resolved = resolve_first_body_timeout(raw, {})
-    assert resolved.seconds == 0.0
-    assert resolved.warning is not None
-    assert "from flag" in resolved.warning
-    assert "disabled" in resolved.warning
+@pytest.mark.parametrize(
+    ("raw", "why"),
+    [
+        ("-1s", "'-1s' must be zero or more; write 5s, 2m or 1m30s"),
+        ("later", "'later' is not a duration; write 5s, 2m or 1m30s"),
+        ("", "'' is not a duration; write 5s, 2m or 1m30s"),
+        ("10", "'10' is not a duration; write 10s, 2m or 1m30s"),
+    ],
+)
+def test_a_bad_first_body_flag_is_refused_naming_the_flag(raw: str, why: str) -> None:
+    """Invalid, unitless or negative: refused with the hint, never left silently off."""
+    with pytest.raises(ValueError) as raised:
+        resolve_first_body_timeout(raw, {})
+    assert str(raised.value) == f"--first-body-timeout: {why}"
 
 
-def test_bad_first_body_environment_warning_names_the_variable() -> None:
-    """A negative environment value leaves the timer off; the warning names the variable."""
-    resolved = resolve_first_body_timeout(None, {FIRST_BODY_ENV: "-5s"})
-    assert resolved.seconds == 0.0
-    assert resolved.warning is not None
-    assert FIRST_BODY_ENV in resolved.warning
+def test_a_bad_first_body_environment_value_is_refused_naming_the_variable() -> None:
+    """A negative ``NVPAIR_PROXY_FIRST_BODY_TIMEOUT`` is refused, the variable named."""
+    with pytest.raises(ValueError) as raised:
+        resolve_first_body_timeout(None, {FIRST_BODY_ENV: "-5s"})
+    assert str(raised.value) == (
+        f"{FIRST_BODY_ENV}: '-5s' must be zero or more; write 5s, 2m or 1m30s"
+    )
 
 
 def test_the_two_settings_are_independent() -> None:

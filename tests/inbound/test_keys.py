@@ -148,7 +148,12 @@ def test_a_missing_file_and_a_fifo_are_refused(tmp_path: Path) -> None:
         ("[[key]]\nname = 'a'\nkey = 'x-1'\ntokens_per_minute = -5\n", "positive integer"),
         ("[[key]]\nname = 'a'\nkey = 'x-1'\nmax_concurrent = true\n", "positive integer"),
         ("[[key]]\nname = 'a'\nkey = 'x-1'\nmax_concurrent = 1.5\n", "positive integer"),
-        ("[[key]]\nname = 'a'\nkey = 'x-1'\nrequest_per_minute = 5\n", "unknown field"),
+        (
+            "[[key]]\nname = 'a'\nkey = 'x-1'\nrequest_per_minute = 5\n",
+            "unknown field 'request_per_minute'; did you mean 'requests_per_minute'\\?$",
+        ),
+        ("[[key]]\nname = 'a'\nkey = 'x-1'\nzzz = 5\n", "unknown field 'zzz'$"),
+        ("[[keys]]\nname = 'a'\n", "unknown table 'keys'; did you mean 'key'\\?$"),
         ("[other]\n", "unknown table"),
         ("", "contains no keys"),
         ("[[key]\n", "not valid TOML"),

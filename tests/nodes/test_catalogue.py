@@ -54,7 +54,7 @@ def test_a_listed_name_is_matched_under_the_node_kind_rule() -> None:
         ([{"name": " "}], "name: required"),
         ([{"name": "x", "aliases": "a"}], "aliases: a list of non-empty strings"),
         ([{"name": "x", "aliases": [""]}], "aliases: a list of non-empty strings"),
-        ([{"name": "x", "alias": ["a"]}], "unknown field 'alias'"),
+        ([{"name": "x", "alias": ["a"]}], "unknown field 'alias'; did you mean 'aliases'"),
         ([{"name": "x"}, {"name": "x"}], "declared twice"),
         (
             [{"name": "x", "aliases": ["a"]}, {"name": "y", "aliases": ["a"]}],

@@ -82,17 +82,29 @@ def test_file_cordon_is_read_onto_the_node(tmp_path: Path) -> None:
         ('[[node]]\nid = "a"\nurl = "http://a\\nb:1"\n', "url: must not contain spaces"),
         ("[[node]]\nid = 'a'\nurl = 'http://a:99999'\n", "url: must be an http"),
         ("[[node]]\nid = 'a'\n[node.url]\nollama = 'nope'\n", "(id 'a'): url.ollama: must be"),
-        ("[[node]]\nid = 'a'\n[node.url]\nollamma = 'http://a'\n", "url.ollamma: unknown engine"),
+        (
+            "[[node]]\nid = 'a'\n[node.url]\nollamma = 'http://a'\n",
+            "url.ollamma: unknown engine; did you mean 'ollama'?",
+        ),
+        (
+            "[[node]]\nid = 'a'\n[node.url]\nvllm = 'http://a'\n",
+            "url.vllm: unknown engine (known: lmstudio, ollama, omlx, openai)",
+        ),
+        ("[[node]]\nid = 'gpu1'\nulr = 'http://a:1'\n", "unknown field 'ulr'; did you mean 'url'?"),
+        ("[[node]]\nid = 'a'\nurl = 'http://a'\nzzz = 1\n", "unknown field 'zzz'"),
         ("[[node]]\nid = 'a'\n", "(id 'a'): url: required"),
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nmodels = 'm'\n", "models: must be a list"),
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nmodels = [1]\n", "models: must be a list"),
-        ("[[node]]\nid = 'a'\nurl = 'http://a'\nmodles = []\n", "unknown field 'modles'"),
+        (
+            "[[node]]\nid = 'a'\nurl = 'http://a'\nmodles = []\n",
+            "unknown field 'modles'; did you mean 'models'?",
+        ),
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nslots = -1\n", "slots: must be a whole number"),
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nslots = '2'\n", "slots: must be a whole number"),
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nslots = 1.5\n", "slots: must be a whole number"),
         ("[[node]]\nid = 'a'\nurl = 'http://a'\nslots = true\n", "slots: must be a whole number"),
         ("[[node]]\nid = 'a'\nurl = 'http://a'\ncordon = 'yes'\n", "cordon: must be true or false"),
-        ("nodes = 1\n", "unknown top-level key 'nodes'"),
+        ("nodes = 1\n", "unknown top-level key 'nodes'; did you mean 'node'?"),
         ("node = 1\n", "'node' must be an array of tables"),
         ("[[node]\n", "invalid TOML"),
     ],
@@ -367,11 +379,16 @@ def test_a_node_without_a_kind_takes_the_kind_of_each_facade(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("entry", "needle"),
     [
-        ('kind = "vllm"', "kind: one of lmstudio, ollama, omlx, openai"),
+        ('kind = "vllm"', "kind: one of lmstudio, ollama, omlx, openai, not 'vllm'"),
+        (
+            'kind = "lmstudo"',
+            "kind: one of lmstudio, ollama, omlx, openai, not 'lmstudo'; did you mean 'lmstudio'?",
+        ),
         ("kind = 3", "kind: one of"),
         ('facades = ["ollama"]', "facades: needs a kind"),
         ('kind = "ollama"\nfacades = []', "facades: a non-empty list"),
         ('kind = "ollama"\nfacades = ["llamacpp"]', "facades: a non-empty list"),
+        ('kind = "ollama"\nfacades = ["opneai"]', "omlx, openai; did you mean 'openai'?"),
     ],
 )
 def test_bad_kinds_are_refused_with_one_clear_line(tmp_path: Path, entry: str, needle: str) -> None:

@@ -73,9 +73,22 @@ def test_a_table_may_not_set_what_the_client_runs(field: str, table: str) -> Non
         ({"defaults": {"o": {"t": datetime.time(1, 2)}}}, r"defaults: o\.t: a date or time"),
         ({"fallbacks": "y"}, "fallbacks: a list of non-empty model names"),
         ({"fallbacks": [""]}, "fallbacks: a list of non-empty model names"),
-        ({"fallbacks": ["y"], "fallback_after": "soon"}, "fallback_after: a duration"),
-        ({"fallbacks": ["y"], "fallback_after": "-1s"}, "fallback_after: a duration"),
-        ({"fallbacks": ["y"], "fallback_after": 5}, "fallback_after: a duration"),
+        (
+            {"fallbacks": ["y"], "fallback_after": "soon"},
+            "fallback_after: 'soon' is not a duration; write 5s, 2m or 1m30s$",
+        ),
+        (
+            {"fallbacks": ["y"], "fallback_after": "30"},
+            "fallback_after: '30' is not a duration; write 30s, 2m or 1m30s$",
+        ),
+        (
+            {"fallbacks": ["y"], "fallback_after": "-1s"},
+            "fallback_after: '-1s' must be zero or more; write 5s, 2m or 1m30s$",
+        ),
+        (
+            {"fallbacks": ["y"], "fallback_after": 5},
+            'fallback_after: a quoted duration such as "30s", not 5$',
+        ),
     ],
 )
 def test_a_bad_policy_is_refused_with_one_clear_line(entry: dict[str, Any], needle: str) -> None:

@@ -1,11 +1,12 @@
-"""Endpoint strings: a TCP listener's interface and port, and the URLs that reach it (self-guard)."""
+"""Endpoint strings: a TCP listener's interface and port, the URLs that reach it (self-guard), and
+the owner-only mode of a unix socket that names none."""
 
 from __future__ import annotations
 
 import pytest
 
 from nvpair_tw.nodes._directory import url_key
-from nvpair_tw.runtime._endpoints import TCPListener, own_urls, tcp_listener
+from nvpair_tw.runtime._endpoints import TCPListener, own_urls, owner_only, tcp_listener
 
 LOOPBACK_11435 = ["http://127.0.0.1:11435", "http://[::1]:11435", "http://localhost:11435"]
 
@@ -72,3 +73,33 @@ def test_impossible_tcp_ports_are_value_errors(description: str) -> None:
     """A port outside 0-65535, or none at all, is refused before anything tries to bind it."""
     with pytest.raises(ValueError, match="port must be"):
         tcp_listener(description)
+
+
+@pytest.mark.parametrize(
+    ("description", "made"),
+    [
+        ("unix:/run/nvpair/ctl.sock", "unix:/run/nvpair/ctl.sock:mode=600"),
+        ("unix:address=/run/ctl.sock", "unix:address=/run/ctl.sock:mode=600"),
+        ("unix:/run/ctl.sock:lockfile=0", "unix:/run/ctl.sock:lockfile=0:mode=600"),
+        ("unix:/run/a\\:b.sock", "unix:/run/a\\:b.sock:mode=600"),
+        (" unix:/run/ctl.sock ", "unix:/run/ctl.sock:mode=600"),
+    ],
+)
+def test_a_unix_socket_without_a_mode_is_made_owner_only(description: str, made: str) -> None:
+    """A filesystem unix socket that names no mode gets 600 (Twisted would make it 666)."""
+    assert owner_only(description) == made
+
+
+@pytest.mark.parametrize(
+    "description",
+    [
+        "unix:/run/ctl.sock:mode=660",
+        "unix:address=/run/ctl.sock:mode=666",
+        "unix:@abstract",
+        "tcp:7070:interface=127.0.0.1",
+        "stdio",
+    ],
+)
+def test_a_given_mode_or_another_endpoint_is_kept(description: str) -> None:
+    """A mode the operator gave, an abstract socket (no file) and other endpoints are unchanged."""
+    assert owner_only(description) == description

@@ -1,7 +1,10 @@
-"""The twistd services: listeners that remember (and report) their port, and the runtime's start/stop."""
+"""The twistd services: listeners that bind in the privileged step, remember (and report) their
+port or say in one line why they cannot, and the runtime's start/stop."""
 
 from __future__ import annotations
 
+import errno
+import traceback
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -15,7 +18,7 @@ from twisted.logger import LogEvent, formatEvent
 
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.runtime import _service as service_module
-from nvpair_tw.runtime._service import ListenerService, RuntimeService
+from nvpair_tw.runtime._service import CannotListen, ListenerService, RuntimeService
 
 
 class RecordingReactor:
@@ -74,7 +77,8 @@ async def test_listener_on_port_0_reports_the_port_then_stops_listening(
 async def test_port_already_taken_fails_ready_and_stops_the_reactor(
     reactor: Any, listen: Callable[[Any], int], logged: list[LogEvent]
 ) -> None:
-    """A bind failure errbacks ``ready``, logs it, and schedules ``reactor.stop``."""
+    """A bind failure in ``startService`` errbacks ``ready``, logs one line naming the endpoint
+    and the error, and schedules ``reactor.stop``."""
     taken = listen(Factory.forProtocol(Protocol))
     recording = RecordingReactor(reactor)
     listener = ListenerService(
@@ -90,7 +94,7 @@ async def test_port_already_taken_fails_ready_and_stops_the_reactor(
     assert recording.when_running == [recording.stop]
     assert listener.port is None
     assert [formatEvent(e) for e in logged] == [
-        f"proxy could not listen on tcp:{taken}:interface=127.0.0.1"
+        f"cannot listen on tcp:{taken}:interface=127.0.0.1 (proxy): address already in use"
     ]
     await listener.stopService()
 
@@ -129,3 +133,71 @@ def test_stopping_a_listener_that_never_listened_is_a_no_op() -> None:
         cast(IProxyReactor, object()), "tcp:0", Factory.forProtocol(Protocol), "admin"
     )
     assert listener.stopService().called
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_listener_binds_in_the_privileged_step_and_not_again(
+    reactor: Any, logged: list[LogEvent]
+) -> None:
+    """``privilegedStartService`` binds (before twistd sheds privileges or daemonises);
+    ``startService`` then keeps that port."""
+    listener = ListenerService(
+        reactor, "tcp:0:interface=127.0.0.1", Factory.forProtocol(Protocol), "proxy"
+    )
+    listener.privilegedStartService()
+    assert listener.ready.called and listener.port is not None
+    port = listener.port
+    listener.startService()
+    assert listener.port is port
+    assert len(logged) == 1
+    await listener.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_port_taken_at_the_privileged_step_raises_one_line(
+    reactor: Any,
+    listen: Callable[[Any], int],
+    logged: list[LogEvent],
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The bind failure is :class:`CannotListen`: one line naming the endpoint, the label and
+    the error, written to the terminal, logged once, kept as the note twistd's start-up pipe
+    carries, and an exit status of 1 — never a traceback."""
+    taken = listen(Factory.forProtocol(Protocol))
+    recording = RecordingReactor(reactor)
+    listener = ListenerService(
+        cast(IProxyReactor, recording),
+        f"tcp:{taken}:interface=127.0.0.1",
+        Factory.forProtocol(Protocol),
+        "ollama facade",
+    )
+    with pytest.raises(CannotListen) as raised:
+        listener.privilegedStartService()
+    line = (
+        f"nvpair: cannot listen on tcp:{taken}:interface=127.0.0.1 (ollama facade):"
+        " address already in use"
+    )
+    assert raised.value.code == 1
+    assert isinstance(raised.value, Exception)
+    assert traceback.format_exception_only(CannotListen, raised.value)[-1] == f"{line}\n"
+    assert capfd.readouterr().err == f"{line}\n"
+    assert [formatEvent(e) for e in logged] == [line.removeprefix("nvpair: ")]
+    assert listener.port is None and not listener.ready.called
+    assert recording.when_running == []
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (
+            CannotListenError("h", 1, OSError(errno.EACCES, "Permission denied")),
+            "permission denied",
+        ),
+        (CannotListenError(None, b"/x.sock", "Cannot acquire lock"), "cannot acquire lock"),
+        (OSError(errno.ENOENT, "No such file or directory"), "no such file or directory"),
+        (RuntimeError(), "RuntimeError"),
+    ],
+)
+def test_a_bind_error_is_said_in_a_few_words(error: BaseException, reason: str) -> None:
+    """The socket error's own words, lower-cased; a bare exception by its type."""
+    assert service_module.reason_of(error) == reason
