@@ -28,7 +28,9 @@ from attrs import define, frozen
 from nvpair_tw.core import IllegalCall, ProxyBug, RouteKind
 from nvpair_tw.corridor._attempts import Abandoned, Committed, Exhausted
 from nvpair_tw.corridor._fallback import Served
+from nvpair_tw.corridor._fanout import FanOutRequest
 from nvpair_tw.corridor._inbound import Inbound
+from nvpair_tw.corridor._preload import Preload
 from nvpair_tw.corridor._record import Facts
 from nvpair_tw.corridor._relay import PROXY_ERROR, RelayEnd, RelayOutcome
 from nvpair_tw.dialects import Usage
@@ -103,10 +105,12 @@ class Begun:
 
 @frozen
 class Understood:
-    """The body, understood once (§14.1), and the stage that answers it."""
+    """The body, understood once (§14.1), and the stage that answers it (with the work it was
+    found to be: a fan-out's nodes, a preload's)."""
 
     inbound: Inbound
     stage: Stage
+    work: FanOutRequest | Preload | None = None
 
 
 @frozen
@@ -258,10 +262,12 @@ class ReadBody:
 
 @frozen
 class Answer:
-    """Run ``stage``, which answers by itself (``inbound`` when it needed the body)."""
+    """Run ``stage``, which answers by itself (``inbound`` and its ``work`` when it needed the
+    body)."""
 
     stage: Stage
     inbound: Inbound | None = None
+    work: FanOutRequest | Preload | None = None
 
 
 @frozen
@@ -414,7 +420,7 @@ def _body_read(ex: Exchange, event: BodyRead) -> Step:
         return ex.refuse(parsed)
     if parsed.stage is not Stage.FORWARD:
         ex.phase = Phase.ANSWERING
-        return Answer(parsed.stage, parsed.inbound)
+        return Answer(parsed.stage, parsed.inbound, parsed.work)
     return Route(parsed.inbound)
 
 
@@ -462,7 +468,6 @@ def _admitted(ex: Exchange, event: Admitted) -> Step:
     if isinstance(ticket, Waiter):
         ex.phase = Phase.QUEUED
         return Wait(ticket)
-    ex.phase = Phase.WAITING_HEADERS
     return Try(ex.served, ticket)
 
 
@@ -471,7 +476,6 @@ def _waited(ex: Exchange, event: Waited) -> Step:
     result = event.result
     assert ex.served is not None
     if isinstance(result, Slot):
-        ex.phase = Phase.WAITING_HEADERS
         return Try(ex.served, result)
     if isinstance(result, Served):  # a fallback took it after fallback_after (§16.2)
         ex.phase = Phase.RECEIVED
@@ -639,6 +643,9 @@ def _exhausted_rejection(ex: Exchange) -> Rejection:
 
 _ROUTING = Phase.RECEIVED
 _ATTEMPTING = (Phase.WAITING_HEADERS, Phase.READING_PROMPT)
+_TRYING = (Phase.RECEIVED, Phase.QUEUED, *_ATTEMPTING)
+"""Where the attempts may start (from the route or the queue) and end (before any attempt when
+the caller left first)."""
 _LIVE = (
     Phase.RECEIVED,
     Phase.ANSWERING,
@@ -655,11 +662,11 @@ TRANSITIONS: dict[tuple[Phase, type[Any]], Handler] = {
     (_ROUTING, Permitted): _permit,
     (_ROUTING, Admitted): _admitted,
     (Phase.QUEUED, Waited): _waited,
-    **{(phase, AttemptStarted): _attempt_started for phase in _ATTEMPTING},
+    **{(phase, AttemptStarted): _attempt_started for phase in _TRYING},
     **{(phase, HeadersArrived): _headers for phase in _ATTEMPTING},
     **{(phase, AttemptEnded): _attempt_ended for phase in _ATTEMPTING},
     **{(phase, BusyWaited): _busy for phase in _ATTEMPTING},
-    **{(phase, AttemptsEnded): _attempts_ended for phase in _ATTEMPTING},
+    **{(phase, AttemptsEnded): _attempts_ended for phase in _TRYING},
     (Phase.STREAMING, Relayed): _relayed,
     (Phase.ANSWERING, Answered): _answered,
     **{(phase, ClientGone): _client_gone for phase in _LIVE},

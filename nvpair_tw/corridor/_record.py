@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.corridor.test_record -*-
+# -*- test-case-name: tests.corridor.test_workloads, tests.corridor.test_exchange_machine -*-
 """What one request's stages found, gathered by its exchange, and the one record made from it.
 
 :class:`Facts` is the exchange's notebook: the stages hand their findings to the exchange as values

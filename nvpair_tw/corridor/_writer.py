@@ -211,34 +211,33 @@ class Writer:
         abort(self._request.transport)
 
     def cut(self, clock: IReactorTime, budget: float) -> None:
-        """Chunked or ``Content-Length`` framing: close after the bytes already written (FIN);
-        the missing terminating chunk or the short count tells the client, and a client that
-        does not read what is left is reset after ``budget``. Close-delimited framing (an
-        HTTP/1.0 client, no length): a clean close would look complete, so reset. Nothing
-        written yet: a plain close."""
-        request = self._request
-        transport = request.transport
-        if request.channel is None or transport is None:
-            return
-        if self._close_delimited():
-            abort(transport)
-            return
-        lost = request.notifyFinish()
-        timer: IDelayedCall | None = (
-            clock.callLater(budget, abort, transport) if budget > 0 else None
-        )
+        _cut(self._request, clock, budget)
 
-        def ended(_: object) -> None:
-            if timer is not None and timer.active():
-                timer.cancel()
 
-        lost.addBoth(ended)
-        close(transport)
+def _cut(request: Request, clock: IReactorTime, budget: float) -> None:
+    """End ``request``'s unfinished answer so the client can tell (docs/behaviour.md §6.2).
 
-    def _close_delimited(self) -> bool:
-        request = self._request
-        return (
-            bool(request.startedWriting)
-            and not request.chunked
-            and not request.responseHeaders.hasHeader(b"content-length")
-        )
+    Chunked or ``Content-Length`` framing: close after the bytes already written (FIN); the
+    missing terminating chunk or the short count tells the client, and a client that does not
+    read what is left is reset after ``budget``. Close-delimited framing (an HTTP/1.0 client, no
+    length): a clean close would look complete, so reset. Nothing written yet: a plain close."""
+    transport = request.transport
+    if request.channel is None or transport is None:
+        return
+    close_delimited = (
+        bool(request.startedWriting)
+        and not request.chunked
+        and not request.responseHeaders.hasHeader(b"content-length")
+    )
+    if close_delimited:
+        abort(transport)
+        return
+    lost = request.notifyFinish()
+    timer: IDelayedCall | None = clock.callLater(budget, abort, transport) if budget > 0 else None
+
+    def ended(_: object) -> None:
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    lost.addBoth(ended)
+    close(transport)

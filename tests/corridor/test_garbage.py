@@ -46,6 +46,8 @@ PER_REQUEST = frozenset(
         "Facts",
         "Exchange",
         "Driver",
+        "Serving",
+        "Asked",
         "Writer",
         "Workload",
         "CallerState",
