@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from twisted.web.server import Request
 
-from nvpair_tw.corridor._aggregate import aggregate_model_list
+from nvpair_tw.corridor._aggregate import Cooling, aggregate_model_list
 from nvpair_tw.corridor._collector import let_go
 from nvpair_tw.corridor._fanout import FanOutRequest
 from nvpair_tw.corridor._head import Head
@@ -62,15 +62,19 @@ async def serve_tunnel(
 async def serve_model_list(
     facade: FacadeState, request: Request, record: RequestRecord, head: Head
 ) -> None:
-    """Answer a model list from every node at once (docs/behaviour.md §4.3), or from the
-    targeted node alone; a key with a model scope sees only its models (§12.1)."""
+    """Answer a model list from every node at once (docs/behaviour.md §4.3), without waiting on a
+    cooling one (named in ``X-NVPair-Stale``), or from the targeted node alone; a key with a model
+    scope sees only its models (§12.1)."""
     fmt = facade.profile.model_lists[head.path]
     target = head.node
     rules = head.caller.rules
+    cooling = None
     if target is not None:
         nodes = [target]
     else:
         nodes, _ = facade.order(facade.serving(), head_selection=False)
+        deadline = facade.shared.settings.response_header_timeout
+        cooling = Cooling(facade.inventory, facade.stalls, deadline)
     result = await aggregate_model_list(
         fmt,
         nodes,
@@ -83,9 +87,12 @@ async def serve_model_list(
         allows=rules.allows if rules.models is not None else None,
         first_seen=facade.first_seen,
         fallbacks=facade.directory.catalogue if target is None else None,  # §16.2
+        cooling=cooling,
     )
     if not request.finished and request.channel is not None:
         request.setResponseCode(result.status)
+        if result.stale:
+            request.setHeader(b"x-nvpair-stale", ",".join(result.stale).encode())
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"x-content-type-options", b"nosniff")
         request.setHeader(b"content-length", b"%d" % len(result.body))
