@@ -464,7 +464,7 @@ _NODE_LINES: list[tuple[BusEvent, str]] = [
                   renewed=True),
      "node/cooldown ollama gpu2: still no answer (no response headers within 4s); tried last "
      "for another 4s"),
-    (NodeCooldown("ollama", "gpu2", "no response headers within 4s", _NOW_MS + 5000,
+    (NodeCooldown("ollama", "gpu2", "no response headers within 4s", _NOW_MS + 4999,
                   origin="peer"),
      "node/cooldown ollama gpu2: no response headers within 4s; tried last for 5s "
      "(seen by a peer proxy)"),

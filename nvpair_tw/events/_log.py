@@ -108,7 +108,7 @@ def _derived(name: str, fields: Mapping[str, Any], time: float) -> Mapping[str, 
     until = fields.get("coolingUntil")
     if name != NODE_COOLDOWN or not isinstance(until, int | float):
         return {}
-    return {"cooling_for": format_duration(round(max(0.0, until / 1000 - time), 3))}
+    return {"cooling_for": format_duration(round(max(0.0, until / 1000 - time), 2))}
 
 
 _RESERVED = frozenset({"format", "event"})
