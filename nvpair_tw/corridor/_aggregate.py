@@ -1,5 +1,11 @@
-# -*- test-case-name: tests.corridor.test_aggregate -*-
+# -*- test-case-name: tests.corridor.test_aggregate, tests.e2e.test_frozen_lists -*-
 """Model-list aggregation (docs/behaviour.md §4.3): ask every node at once, merge in candidate order.
+
+A frozen node is paid for once (:class:`Cooling`): a cooling node is not asked, and its part is
+what the facade last knew of it (its last good answer to the list, else records made from its
+inventory or residency); a node that gives no list within the response-header deadline is cooled
+as by a stall, and its part is the same. :attr:`AggregateResult.stale` names those nodes, for the
+``X-NVPair-Stale`` header the answer's writer adds.
 
 The answer must not depend on which node is fastest, so records are merged in the order the nodes
 were given, the first record of each key winning verbatim. A ``per_node`` list (``/api/ps``) is

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.selection.test_inventory -*-
+# -*- test-case-name: tests.selection.test_inventory, tests.selection.test_reachability -*-
 """The inventory poller: the timer, one poll of a node, and its two reads (the model list and, where
 the engine has one, residency, docs/behaviour.md §6.4). What the reads find goes to an :class:`InventorySink`
 (the :class:`~nvpair_tw.selection._inventory.InventoryBook`), which keeps it: the answers, each

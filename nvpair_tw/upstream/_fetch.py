@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.selection.test_inventory -*-
+# -*- test-case-name: tests.selection.test_inventory, tests.selection.test_reachability -*-
 """The bounded control-plane read (:func:`get_json`) the inventory poll and the model-list fan-out
 share: a GET through treq's ``HTTPClient`` over the shared pool, cut off by our own timer
 (``treq.collect`` cannot be cancelled) and by a body-size cap. A failure is a :class:`ReadError`
