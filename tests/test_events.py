@@ -458,6 +458,46 @@ def test_log_events_levels_and_fallback_format_for_other_events() -> None:
     assert logged[0]["id"] == "a"
 
 
+_NOW_MS = 1_700_000_000_000  # _bus()'s clock, in ms
+
+_NODE_LINES: list[tuple[BusEvent, str]] = [
+    (NodeCooldown("ollama", "gpu2", "no response headers within 4s", _NOW_MS + 4000),
+     "node/cooldown ollama gpu2: no response headers within 4s; tried last for 4s"),
+    (NodeCooldown("ollama", "gpu2", "no response headers within 4s", _NOW_MS + 4000,
+                  renewed=True),
+     "node/cooldown ollama gpu2: still no answer (no response headers within 4s); tried last "
+     "for another 4s"),
+    (NodeCooldown("ollama", "gpu2", "no response headers within 4s", _NOW_MS + 4999,
+                  origin="peer"),
+     "node/cooldown ollama gpu2: no response headers within 4s; tried last for 5s "
+     "(seen by a peer proxy)"),
+    (NodeCooldownEnded("ollama", "gpu2", "expired"),
+     "node/cooldown-ended ollama gpu2: ready again (expired)"),
+    (NodeCooldownEnded("lmstudio", "gpu2", "success"),
+     "node/cooldown-ended lmstudio gpu2: ready again (success)"),
+    (NodeCordon("ollama", "gpu2", "maintenance", 1500, "control"),
+     "node/cordon ollama gpu2: maintenance"),
+    (NodeUncordon("ollama", "gpu2"), "node/uncordon ollama gpu2"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("value", "line"), _NODE_LINES)
+def test_every_node_event_line_names_its_facade_and_node(value: BusEvent, line: str) -> None:
+    """Each node event's log line says which facade and node and why, in words (a cooldown: how
+    long the node is tried last, from ``coolingUntil`` and the publish time)."""
+    [logged] = _log_all(value)
+    assert formatEvent(logged) == line
+    assert logged["node_id"] == "gpu2"
+
+
+def test_every_node_event_kind_has_a_line_of_its_own() -> None:
+    """No node event falls back to its bare name: each kind ``events`` publishes is covered above."""
+    from nvpair_tw import events
+
+    kinds = {getattr(events, n) for n in events.__all__ if n.startswith("NODE_")}
+    assert kinds == {value.name for value, _ in _NODE_LINES}
+
+
 def test_log_events_leaves_out_payload_keys_that_clash_with_the_logger() -> None:
     """Payload keys like log_level, format or event cannot overwrite the logger's own fields."""
     [logged] = _log_all(

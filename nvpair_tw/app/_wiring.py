@@ -1,11 +1,13 @@
 # -*- test-case-name: tests.app.test_wiring -*-
-"""From a :class:`~nvpair_tw.app._config.Config` to a ``MultiService``: runtime, listeners, control, admin."""
+"""From a :class:`~nvpair_tw.app._config.Config` to a ``MultiService``: runtime, listeners, control,
+admin, and the start-up summary once they all listen (:mod:`~nvpair_tw.app._summary`)."""
 
 from __future__ import annotations
 
 from twisted.application import service
 
 from nvpair_tw.app._config import Config
+from nvpair_tw.app._summary import announce_when_listening
 from nvpair_tw.core import IProxyReactor, Priority, format_duration
 from nvpair_tw.inbound import ingress_warnings
 from nvpair_tw.logs import LevelledLogger
@@ -47,21 +49,7 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
     for warning in (*config.warnings, *ingress_warnings(config.ingress)):
         log.warn("{warning}", warning=warning)
     _priority_note(runtime, config)
-    sources = config.sources
-    log.info(
-        "timeouts: connect {connect}, response-header {header} ({header_source}), "
-        "first-body {first} ({first_source}), cooldown {cooldown}",
-        connect=format_duration(settings.connect_timeout),
-        header=format_duration(settings.response_header_timeout),
-        header_source=sources.get("response-header-timeout", "default"),
-        first=(
-            format_duration(settings.first_body_timeout)
-            if settings.first_body_timeout > 0
-            else "disabled"
-        ),
-        first_source=sources.get("first-body-timeout", "default"),
-        cooldown=format_duration(settings.cooldown),
-    )
+    _timeouts_note(config)
     RuntimeService(runtime).setServiceParent(top)
     own = [
         url
@@ -77,7 +65,27 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
         ).setServiceParent(top)
     _optional_services(reactor, runtime, config, top)
     _learn_ports(top, runtime)
+    announce_when_listening(top, runtime, config)
     return top
+
+
+def _timeouts_note(config: Config) -> None:
+    """One line: the timers in force and where each came from."""
+    settings, sources = config.settings, config.sources
+    log.info(
+        "timeouts: connect {connect}, response-header {header} ({header_source}), "
+        "first-body {first} ({first_source}), cooldown {cooldown}",
+        connect=format_duration(settings.connect_timeout),
+        header=format_duration(settings.response_header_timeout),
+        header_source=sources.get("response-header-timeout", "default"),
+        first=(
+            format_duration(settings.first_body_timeout)
+            if settings.first_body_timeout > 0
+            else "disabled"
+        ),
+        first_source=sources.get("first-body-timeout", "default"),
+        cooldown=format_duration(settings.cooldown),
+    )
 
 
 def _priority_note(runtime: Runtime, config: Config) -> None:

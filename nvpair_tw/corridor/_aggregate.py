@@ -1,5 +1,11 @@
-# -*- test-case-name: tests.corridor.test_aggregate -*-
+# -*- test-case-name: tests.corridor.test_aggregate, tests.e2e.test_frozen_lists -*-
 """Model-list aggregation (docs/behaviour.md §4.3): ask every node at once, merge in candidate order.
+
+A frozen node is paid for once (:class:`Cooling`): a cooling node is not asked, and its part is
+what the facade last knew of it (its last good answer to the list, else records made from its
+inventory or residency); a node that gives no list within the response-header deadline is cooled
+as by a stall, and its part is the same. :attr:`AggregateResult.stale` names those nodes, for the
+``X-NVPair-Stale`` header the answer's writer adds.
 
 The answer must not depend on which node is fastest, so records are merged in the order the nodes
 were given, the first record of each key winning verbatim. A ``per_node`` list (``/api/ps``) is
@@ -21,28 +27,32 @@ that fallback: it is listed too, last, in a synthesised record under its own pub
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum
+from functools import partial
 from typing import Any
 
 from attrs import frozen
 from treq.client import HTTPClient
-from twisted.internet.defer import Deferred, FirstError, gatherResults
+from twisted.internet.defer import Deferred, FirstError, gatherResults, succeed
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair_tw.core import EngineProfile, ModelListFormat
+from nvpair_tw.core import EngineProfile, ModelListFormat, format_duration
 from nvpair_tw.dialects import ModelFacts, client_fields, facts_from, record_for
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Catalogue, Node
-from nvpair_tw.upstream import ReadError, get_json, join_url
+from nvpair_tw.selection import InventoryBook, IStallTracker
+from nvpair_tw.upstream import ReadError, ReadTimeout, get_json, join_url
 
-__all__ = ["UNAVAILABLE_BODY", "AggregateResult", "FirstSeen", "aggregate_model_list"]
+__all__ = ["UNAVAILABLE_BODY", "AggregateResult", "Cooling", "FirstSeen", "aggregate_model_list"]
 
 log = LevelledLogger(namespace=__name__)
 
 UNAVAILABLE_BODY = json.dumps(
     {"error": "model inventory unavailable", "code": "inventory-unavailable"}
 ).encode()
+
+Keyed = list[tuple[str, dict[str, Any]]]
 
 
 @frozen
@@ -51,6 +61,22 @@ class AggregateResult:
 
     status: int
     body: bytes
+    stale: tuple[str, ...] = ()
+    """The nodes whose part is what the facade last knew of them, not a fresh answer: cooling, or
+    stalled on this read (``X-NVPair-Stale``, docs/behaviour.md §4.3)."""
+
+
+@frozen
+class Cooling:
+    """How a list treats a node that may be frozen (docs/behaviour.md §4.3): a node cooling in
+    ``stalls`` is not asked, and its part is its last good answer to the list (``inventory.lists``),
+    else records made from its last inventory or residency; a node that gives no answer within
+    ``deadline`` (the response-header timeout, where it is shorter than the list's own bound) has
+    stalled: it is cooled, and its part is the same."""
+
+    inventory: InventoryBook
+    stalls: IStallTracker
+    deadline: float
 
 
 async def aggregate_model_list(
@@ -66,37 +92,43 @@ async def aggregate_model_list(
     allows: Callable[[str], bool] | None = None,
     first_seen: FirstSeen | None = None,
     fallbacks: Catalogue | None = None,
+    cooling: Cooling | None = None,
 ) -> AggregateResult:
     """Fan ``path_and_query`` out to every node (in candidate order) and merge the answers.
 
     With ``allows`` (a key's model scope, §12.1) only the records with a name it allows are listed.
     A synthesised record gets the fields the engine's clients cannot do without (§17.6), its
     ``modified_at`` / ``created`` from ``first_seen`` (a fresh book when None). With
-    ``fallbacks``, its models that only a listed fallback serves are listed too (§16.2).
+    ``fallbacks``, its models that only a listed fallback serves are listed too (§16.2). With
+    ``cooling``, no cooling node is waited on, and each good answer is kept for when it cools.
 
     Cancelling the coroutine's Deferred cancels every read; it then fails with ``CancelledError``.
     """
-    reads = [
-        Deferred.fromCoroutine(
-            _records(fmt, node, path_and_query, http, clock, timeout)
-            if facade is None or node.speaks(facade, fmt.path)
-            else _synthesised(fmt, node.kind_of(facade), node, http, clock, timeout)
-        )
-        for node in nodes
-    ]
+    bound = timeout if cooling is None else min(timeout, cooling.deadline)
+    now_cooling = frozenset[str]() if cooling is None else cooling.stalls.cooling()
+    reads: list[Deferred[_Part]] = []
+    for node in nodes:
+        ask = _ask(fmt, facade, node, path_and_query)
+        if cooling is not None and node.id in now_cooling:
+            log.debug("model list: {node} is cooling, not asked", node=node.id)
+            reads.append(succeed(_remembered(fmt, ask, node, cooling)))
+        else:
+            reads.append(Deferred.fromCoroutine(_part(fmt, ask, node, http, clock, bound, cooling)))
     try:
-        answers = await gatherResults(reads, consumeErrors=True)
-    except FirstError as error:  # only cancellation gets here: _records skips every node fault
+        parts = await gatherResults(reads, consumeErrors=True)
+    except FirstError as error:  # only cancellation gets here: _part skips every node fault
         error.subFailure.raiseException()
-    if all(records is None for records in answers):
-        return AggregateResult(status=503, body=UNAVAILABLE_BODY)
+    stale = tuple(node.id for node, part in zip(nodes, parts, strict=True) if part.stale)
+    if all(part.records is None for part in parts):
+        return AggregateResult(status=503, body=UNAVAILABLE_BODY, stale=stale)
     merge = _Merge(fmt, facade, catalogue, allows, first_seen, clock.seconds())
-    for node, records in zip(nodes, answers, strict=True):
-        if records is not None:
-            merge.add(node, records)
+    for node, part in zip(nodes, parts, strict=True):
+        if part.records is not None:
+            merge.add(node, part.records, part.rank)
     if fallbacks is not None and not fmt.per_node:
         merge.add_fallback_only(fallbacks)
-    return AggregateResult(status=200, body=json.dumps(fmt.envelope(merge.records())).encode())
+    body = json.dumps(fmt.envelope(merge.records())).encode()
+    return AggregateResult(status=200, body=body, stale=stale)
 
 
 class _Rank(IntEnum):
@@ -145,15 +177,8 @@ class _Merge:
         self._now = now
         self._slots: dict[tuple[str, str], tuple[_Rank, dict[str, Any]]] = {}
 
-    def _rank(self, node: Node) -> _Rank:
-        facade = self._facade
-        if facade is None or node.kind_of(facade).name == facade.name:
-            return _Rank.OWN
-        return _Rank.NATIVE if node.speaks(facade, self._fmt.path) else _Rank.SYNTHESISED
-
-    def add(self, node: Node, records: list[tuple[str, dict[str, Any]]]) -> None:
+    def add(self, node: Node, records: Keyed, rank: _Rank) -> None:
         fmt, facade, catalogue = self._fmt, self._facade, self._catalogue
-        rank = self._rank(node)
         for key, record in records:
             if catalogue is not None and catalogue.by_name:
                 rule = node.kind_of(facade).normalise if facade is not None else str.strip
@@ -196,30 +221,134 @@ class _Merge:
         return [record for _, record in self._slots.values()]
 
 
-async def _records(
+@frozen
+class _Ask:
+    """What one node is asked for a list: ``path`` (its good answer is kept under it), ``target``
+    (the path and query sent), how an answer becomes keyed records (``keyed``, ValueError when it
+    is not that list) and how its records rank."""
+
+    path: str
+    target: str
+    keyed: Callable[[Any], Keyed]
+    rank: _Rank
+
+
+@frozen
+class _Part:
+    """One node's part of the answer: its keyed records, or None (down, bad, unknown); ``stale``
+    when they are what the facade last knew rather than a fresh answer."""
+
+    records: Keyed | None
+    rank: _Rank = _Rank.SYNTHESISED
+    stale: bool = False
+
+
+def _ask(
+    fmt: ModelListFormat, facade: EngineProfile | None, node: Node, path_and_query: str
+) -> _Ask | None:
+    """The list ``node`` is asked: the facade's own (the client's path and query) where it speaks
+    it, else its kind's own list, its records synthesised (§11.3); None when there is nothing to
+    ask (what a node of a kind without residency has loaded is unknown)."""
+    if facade is None or node.speaks(facade, fmt.path):
+        own = facade is None or node.kind_of(facade).name == facade.name
+        return _Ask(fmt.path, path_and_query, partial(_native, fmt), _OWN_OR_NATIVE[own])
+    kind = node.kind_of(facade)
+    if fmt.per_node:
+        if kind.residency is None:
+            return None
+        path = kind.residency.path
+    else:
+        path = kind.facts_list or kind.inventory.path
+    return _Ask(path, path, partial(_from_facts, fmt, path), _Rank.SYNTHESISED)
+
+
+_OWN_OR_NATIVE = {True: _Rank.OWN, False: _Rank.NATIVE}
+
+
+async def _part(
     fmt: ModelListFormat,
+    ask: _Ask | None,
     node: Node,
-    path_and_query: str,
     http: HTTPClient,
     clock: IReactorTime,
-    timeout: float,
-) -> list[tuple[str, dict[str, Any]]] | None:
-    """One node's keyed records, or None when it is down, non-200 or malformed."""
-    url = join_url(node.public_url, path_and_query)
+    bound: float,
+    cooling: Cooling | None,
+) -> _Part:
+    """One node's part, asked now: a fresh answer (kept, with ``cooling``), None when it is down,
+    non-200 or malformed; a stall cools it and its part is what was last known (``_remembered``)."""
+    if ask is None:
+        return _Part([])
+    url = join_url(node.public_url, ask.target)
     try:
-        document = await get_json(
-            http, clock, url, timeout=timeout, authorization=node.authorization
-        )
-    except ReadError as error:
-        log.debug("model list from {node} skipped: {why}", node=node.id, why=str(error))
-        return None
+        document = await get_json(http, clock, url, timeout=bound, authorization=node.authorization)
+        records = ask.keyed(document)
+    except ReadTimeout as error:
+        if cooling is None:
+            return _skipped(node, error, ask.rank)
+        cooling.stalls.cool(node.id, f"no model list within {format_duration(bound)}")
+        return _remembered(fmt, ask, node, cooling)
+    except (ReadError, ValueError) as error:
+        return _skipped(node, error, ask.rank)
+    if cooling is not None:
+        cooling.inventory.lists.keep(node, ask.path, document)
+    return _Part(records, ask.rank)
+
+
+def _skipped(node: Node, error: Exception, rank: _Rank) -> _Part:
+    log.debug("model list from {node} skipped: {why}", node=node.id, why=str(error))
+    return _Part(None, rank)
+
+
+def _remembered(fmt: ModelListFormat, ask: _Ask | None, node: Node, cooling: Cooling) -> _Part:
+    """The part of a node not waited on: its last good answer to the list, else records made
+    from its last inventory (for a list of loaded models, its last residency), synthesised
+    (§17.6); None when nothing is known of it."""
+    if ask is None:
+        return _Part([])
+    inventory = cooling.inventory
+    document = inventory.lists.last(node, ask.path)
+    if document is not None:
+        try:
+            return _Part(ask.keyed(document), ask.rank, stale=True)
+        except ValueError:
+            pass
+    if fmt.per_node:
+        names, loaded = inventory.loaded(node.id), True
+    else:
+        names, loaded = inventory.models(node.id) if inventory.known(node.id) else None, None
+    if names is None:
+        return _Part(None, stale=True)
+    try:
+        records = _made(fmt, (ModelFacts(name, loaded=loaded) for name in sorted(names)))
+    except ValueError:  # a list this module cannot shape
+        return _Part(None, stale=True)
+    return _Part(records, _Rank.SYNTHESISED, stale=True)
+
+
+def _native(fmt: ModelListFormat, document: Any) -> Keyed:
+    """A node's answer to the facade's own list, keyed (ValueError: malformed)."""
     listed = document.get(fmt.list_field) if isinstance(document, dict) else None
     if not isinstance(listed, list):
-        log.debug("model list from {node} skipped: {why}", node=node.id, why="malformed list")
-        return None
-    keyed: list[tuple[str, dict[str, Any]]] = []
+        raise ValueError("malformed list")
+    keyed: Keyed = []
     for record in listed:
         key = fmt.record_key(record) if isinstance(record, dict) else None
+        if key is not None:
+            keyed.append((key, record))
+    return keyed
+
+
+def _from_facts(fmt: ModelListFormat, path: str, document: Any) -> Keyed:
+    """A node of another kind's own list at ``path``, as records synthesised in the facade's shape
+    (unknown fields absent); for a list of loaded models, only what it reports loaded."""
+    return _made(fmt, [f for f in facts_from(path, document) if not fmt.per_node or f.loaded])
+
+
+def _made(fmt: ModelListFormat, facts: Iterable[ModelFacts]) -> Keyed:
+    keyed: Keyed = []
+    for each in facts:
+        record = record_for(fmt.path, each)
+        key = fmt.record_key(record)
         if key is not None:
             keyed.append((key, record))
     return keyed
@@ -249,39 +378,3 @@ def _public(
         return key, record
     renamed = {**record, **{f: public for f in _NAME_FIELDS if isinstance(record.get(f), str)}}
     return fmt.record_key(renamed) or public, renamed
-
-
-async def _synthesised(
-    fmt: ModelListFormat,
-    kind: EngineProfile,
-    node: Node,
-    http: HTTPClient,
-    clock: IReactorTime,
-    timeout: float,
-) -> list[tuple[str, dict[str, Any]]] | None:
-    """A node of another kind: its own list, its records synthesised in the facade's shape
-    (unknown fields absent); for a list of loaded models, only what it reports loaded."""
-    if fmt.per_node:
-        if kind.residency is None:
-            return []  # what it has loaded is unknown: nothing to list
-        path = kind.residency.path
-    else:
-        path = kind.facts_list or kind.inventory.path
-    url = join_url(node.public_url, path)
-    try:
-        document = await get_json(
-            http, clock, url, timeout=timeout, authorization=node.authorization
-        )
-        facts = facts_from(path, document)
-    except (ReadError, ValueError) as error:
-        log.debug("model list from {node} skipped: {why}", node=node.id, why=str(error))
-        return None
-    keyed: list[tuple[str, dict[str, Any]]] = []
-    for each in facts:
-        if fmt.per_node and each.loaded is not True:
-            continue
-        record = record_for(fmt.path, each)
-        key = fmt.record_key(record)
-        if key is not None:
-            keyed.append((key, record))
-    return keyed

@@ -6,7 +6,7 @@ body go when its request ended.
 
 from __future__ import annotations
 
-from nvpair_tw.corridor._aggregate import aggregate_model_list
+from nvpair_tw.corridor._aggregate import Cooling, aggregate_model_list
 from nvpair_tw.corridor._collector import let_go
 from nvpair_tw.corridor._fanout import FanOutRequest
 from nvpair_tw.corridor._head import Head
@@ -37,16 +37,20 @@ def tunnel_nodes(facade: FacadeState, head: Head) -> list[Node] | Rejection:
 
 
 async def list_answer(facade: FacadeState, head: Head) -> tuple[Whole, str | None]:
-    """A model list from every node at once (docs/behaviour.md §4.3), or from the targeted node
-    alone; a key with a model scope sees only its models (§12.1). With the error the record
-    names (None for a 200)."""
+    """A model list from every node at once (docs/behaviour.md §4.3), without waiting on a
+    cooling one (named in ``X-NVPair-Stale``), or from the targeted node alone; a key with a
+    model scope sees only its models (§12.1). With the error the record names (None for a
+    200)."""
     fmt = facade.profile.model_lists[head.path]
     target = head.node
     rules = head.caller.rules
+    cooling = None
     if target is not None:
         nodes = [target]
     else:
         nodes, _ = facade.order(facade.serving(), head_selection=False)
+        deadline = facade.shared.settings.response_header_timeout
+        cooling = Cooling(facade.inventory, facade.stalls, deadline)
     result = await aggregate_model_list(
         fmt,
         nodes,
@@ -59,8 +63,10 @@ async def list_answer(facade: FacadeState, head: Head) -> tuple[Whole, str | Non
         allows=rules.allows if rules.models is not None else None,
         first_seen=facade.first_seen,
         fallbacks=facade.directory.catalogue if target is None else None,  # §16.2
+        cooling=cooling,
     )
-    answer = Whole(result.status, result.body, headers=_NOSNIFF)
+    stale = ((b"x-nvpair-stale", ",".join(result.stale).encode()),) if result.stale else ()
+    answer = Whole(result.status, result.body, headers=(*_NOSNIFF, *stale))
     return answer, None if result.status == 200 else "inventory-unavailable"
 
 

@@ -8,9 +8,11 @@ from typing import Any
 
 from twisted.logger import Logger, LogLevel
 
+from nvpair_tw.core import format_duration
 from nvpair_tw.events._bus import Event, EventBus, Subscription
 from nvpair_tw.events._kinds import (
     NODE_COOLDOWN,
+    NODE_COOLDOWN_ENDED,
     NODE_CORDON,
     NODE_UNCORDON,
     PROXY_REQUEST,
@@ -55,9 +57,25 @@ _FORMATS: Mapping[str, tuple[str, tuple[str, ...]]] = {
         "{event} {workload[id]} {workload[model]} {workload[state]}: {workload[error]}",
         ("workload",),
     ),
+    NODE_COOLDOWN: (
+        "{event} {engine} {node_id}: {reason}; tried last for {cooling_for}",
+        ("engine", "node_id", "reason", "cooling_for"),
+    ),
+    NODE_COOLDOWN_ENDED: (
+        "{event} {engine} {node_id}: ready again ({why})",
+        ("engine", "node_id", "why"),
+    ),
     NODE_CORDON: ("{event} {engine} {node_id}: {reason}", ("engine", "node_id", "reason")),
     NODE_UNCORDON: ("{event} {engine} {node_id}", ("engine", "node_id")),
 }
+
+# A renewed cooldown: the node still gave no answer when the last one ended (§6.3).
+_RENEWED_COOLDOWN: tuple[str, tuple[str, ...]] = (
+    "{event} {engine} {node_id}: still no answer ({reason}); tried last for another {cooling_for}",
+    ("engine", "node_id", "reason", "cooling_for"),
+)
+# A cooldown another proxy of the fleet saw (§6.6) says so at the end of its line.
+_FROM_PEER = " (seen by a {origin} proxy)"
 
 # A request no node served (rejected, refused, no owner, ...) says why instead of "via None".
 _REQUEST_WITHOUT_NODE: tuple[str, tuple[str, ...]] = (
@@ -77,24 +95,38 @@ def _format(name: str, fields: Mapping[str, Any]) -> str:
             fmt, needed = _REQUEST_WITHOUT_NODE_OR_ERROR
         else:
             fmt, needed = _REQUEST_WITHOUT_NODE
+    elif name == NODE_COOLDOWN and fields.get("renewed"):
+        fmt, needed = _RENEWED_COOLDOWN
     else:
         fmt, needed = _FORMATS.get(name, ("{event}", ()))
-    return fmt if all(k in fields for k in needed) else "{event}"
+    if not all(k in fields for k in needed):
+        return "{event}"
+    return fmt + _FROM_PEER if name == NODE_COOLDOWN and fields.get("origin") else fmt
+
+
+def _derived(name: str, fields: Mapping[str, Any], time: float) -> Mapping[str, Any]:
+    """What a line says that the wire object holds in another form: how long a cooldown lasts
+    (``coolingUntil`` is in ms since the epoch, ``time`` the publish time in seconds)."""
+    until = fields.get("coolingUntil")
+    if name != NODE_COOLDOWN or not isinstance(until, int | float):
+        return {}
+    return {"cooling_for": format_duration(round(max(0.0, until / 1000 - time), 2))}
 
 
 _RESERVED = frozenset({"format", "event"})
 
 
-def _preformatted(name: str, fields: Mapping[str, Any]) -> str:
+def _preformatted(name: str, fields: Mapping[str, Any], time: float) -> str:
     """The event's line, already rendered, as a format with no fields (braces doubled).
 
     Twisted would parse the format and flatten its fields again for every event; rendered here
     once, the line is the same and the observers find nothing to parse. A payload the format
     cannot render keeps the format itself, for Twisted to report as it always has.
     """
-    fmt = _format(name, fields)
+    known = {**fields, **_derived(name, fields, time), "event": name}
+    fmt = _format(name, known)
     try:
-        text = fmt.format_map({**fields, "event": name})
+        text = fmt.format_map(known)
     except Exception:
         return fmt
     return text.replace("{", "{{").replace("}", "}}")
@@ -105,8 +137,8 @@ def log_events(bus: EventBus, log: Logger) -> Subscription:
 
     The event name is the ``event`` field and the payload's fields are the other fields (keys that
     would clash with the logger's own, ``log_*`` and ``format``, are left out); the message is
-    rendered once, here (`_preformatted`). ``node/cooldown``
-    logs at warn, a workload's queueing, start and completion at debug, everything else at info. With a
+    rendered once, here (`_preformatted`); every node event's line names its facade and node.
+    ``node/cooldown`` logs at warn, a workload's queueing, start and completion at debug, everything else at info. With a
     :class:`~nvpair_tw.logs.LevelledLogger`, events below its level are skipped before any work.
     """
 
@@ -121,6 +153,7 @@ def log_events(bus: EventBus, log: Logger) -> Subscription:
             for k, v in event.payload.items()
             if k not in _RESERVED and not k.startswith("log_")
         }
-        log.emit(level, _preformatted(event.name, fields), event=event.name, **fields)
+        line = _preformatted(event.name, fields, event.time)
+        log.emit(level, line, event=event.name, **fields)
 
     return bus.subscribe(sink, name="log")

@@ -36,7 +36,7 @@ ALLOWED_HEADERS = (
     b" X-NVPair-Priority"
 )
 """What a page may send: the credentials, JSON, and every ``X-NVPair-*`` request header."""
-EXPOSED_HEADERS = b"X-NVPair-Node, X-NVPair-Request-Id, X-NVPair-Model"
+EXPOSED_HEADERS = b"X-NVPair-Node, X-NVPair-Request-Id, X-NVPair-Model, X-NVPair-Stale"
 """What a page's script may read from an answer besides the CORS-safelisted headers: every
 ``X-NVPair-*`` response header."""
 _PREFIX = b"access-control-"

@@ -22,7 +22,14 @@ from attrs import define, field
 from nvpair_tw.inbound._keys import KeyBook, file_signature
 from nvpair_tw.logs import LevelledLogger
 
-__all__ = ["EMPTY_READS_TO_REVOKE", "KeyFileWatch", "LiveKeys", "Read", "changed_names"]
+__all__ = [
+    "EMPTY_READS_TO_REVOKE",
+    "KeyFileWatch",
+    "LiveKeys",
+    "Read",
+    "changed_names",
+    "key_changes",
+]
 
 T = TypeVar("T")
 Signature = tuple[int, int, int, int]
@@ -109,6 +116,17 @@ class KeyFileWatch(Generic[T]):
         return Read.EMPTY, self.revoked
 
 
+def key_changes(before: KeyBook, after: KeyBook) -> str:
+    """The key names a reload added, removed and changed, in a few words; ``no change``."""
+    old, new = before.rules_by_name(), after.rules_by_name()
+    groups = (
+        ("added", sorted(new.keys() - old.keys())),
+        ("removed", sorted(old.keys() - new.keys())),
+        ("changed", sorted(n for n in old.keys() & new.keys() if old[n] != new[n])),
+    )
+    return "; ".join(f"{what} {', '.join(names)}" for what, names in groups if names) or "no change"
+
+
 def changed_names(before: KeyBook, after: KeyBook) -> frozenset[str]:
     """The names whose key was removed, replaced or re-scoped between two books."""
     old, new = before.rules_by_name(), after.rules_by_name()
@@ -150,31 +168,31 @@ class LiveKeys:
         if digests[1] is None and named[1] is None:
             return
         if digests[1] is not None:
-            self.file_digests = digests[1]
             if digests[0] is Read.NEW and self.key_watch is not None:
-                _log.info(
-                    "reloaded {count} API keys from {path}",
-                    count=len(digests[1]),
-                    path=self.key_watch.path,
-                )
+                was, now = KeyBook().with_defaults(self.file_digests), digests[1]
+                self._reloaded(self.key_watch, was, KeyBook().with_defaults(now), "API keys")
+            self.file_digests = digests[1]
         if named[1] is not None:
+            if named[0] is Read.NEW and self.keys_watch is not None:
+                self._reloaded(self.keys_watch, self.named, named[1], "named keys")
+                for warning in named[1].warnings:
+                    _log.warn("{warning}", warning=warning)
             self.named = named[1]
-            if named[0] is Read.NEW:
-                self._reloaded(named[1])
         self._rebuild()
         changed = changed_names(before, self.book)
         if changed:
             self._tell(changed)
 
-    def _reloaded(self, named: KeyBook) -> None:
+    def _reloaded(self, watch: KeyFileWatch[T], before: KeyBook, after: KeyBook, what: str) -> None:
+        """One line: how many keys the file holds now and which names it added, removed or
+        changed (a key, scope or limits; never a key)."""
         _log.info(
-            "reloaded {count} named keys from {path}: {names}",
-            count=len(named),
-            path=self.keys_watch.path if self.keys_watch is not None else None,
-            names=", ".join(named.names()),
+            "reloaded {count} {what} from {path}: {changes}",
+            count=len(after),
+            what=what,
+            path=watch.path,
+            changes=key_changes(before, after),
         )
-        for warning in named.warnings:
-            _log.warn("{warning}", warning=warning)
 
     def _tell(self, changed: frozenset[str]) -> None:
         for listener in list(self._listeners):

@@ -52,7 +52,7 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from attrs import define, evolve, field, frozen
+from attrs import asdict, define, evolve, field, fields, frozen
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
@@ -491,10 +491,61 @@ def _as_nodes(nodes: Sequence[Node]) -> tuple[Node, ...]:
     return tuple(nodes)
 
 
+def what_changed(before: NodesDocument, after: NodesDocument) -> str:
+    """What a reload of the nodes file changed, in a few words (docs/operations.md): the nodes
+    added, removed and changed, by id, a changed one with the names of its changed fields (never
+    a value: no key, no userinfo), and the model catalogue's public names; ``no change``."""
+    old = {n.id: n for n in before.nodes}
+    new = {n.id: n for n in after.nodes}
+    parts = _listed(
+        ("added", sorted(new.keys() - old.keys())), ("removed", sorted(old.keys() - new.keys()))
+    )
+    changed = [
+        f"{i} ({', '.join(names)})"
+        for i in sorted(old.keys() & new.keys())
+        if (names := _changed_fields(old[i], new[i]))
+    ]
+    parts += _listed(("changed", changed))
+    models = _catalogue_change(before.catalogue, after.catalogue)
+    if models:
+        parts.append("models " + ", ".join(models))
+    return "; ".join(parts) or "no change"
+
+
+def _listed(*groups: tuple[str, list[str]]) -> list[str]:
+    return [f"{what} {', '.join(items)}" for what, items in groups if items]
+
+
+def _changed_fields(old: Node, new: Node) -> list[str]:
+    """The names of the fields that differ (``url credentials`` when only the userinfo did)."""
+    names = [a.name for a in fields(Node) if getattr(old, a.name) != getattr(new, a.name)]
+    if "url" in names and public_url(old.url) == public_url(new.url):
+        names[names.index("url")] = "url credentials"
+    return names
+
+
+def _catalogue_change(before: Catalogue, after: Catalogue) -> list[str]:
+    """The ``[[model]]`` public names added, removed and changed (names or policy)."""
+
+    def tables(catalogue: Catalogue) -> dict[str, object]:
+        publics = {m.public: m for m in catalogue.by_name.values()}
+        policies = {p: asdict(policy) for p, policy in catalogue.policies.items()}  # eq=False
+        return {p: (publics.get(p), policies.get(p)) for p in {*publics, *policies}}
+
+    old, new = tables(before), tables(after)
+    changed = sorted(p for p in old.keys() & new.keys() if old[p] != new[p])
+    return _listed(
+        ("added", sorted(new.keys() - old.keys())),
+        ("removed", sorted(old.keys() - new.keys())),
+        ("changed", changed),
+    )
+
+
 @define
 class NodesFileWatcher:
     """Watches a nodes file: checks it every ``interval`` seconds by modification time and size,
-    and hands every good read to ``apply``; a bad one is logged and the previous nodes kept."""
+    and hands every good read to ``apply``, logging what it changed; a bad one is logged and the
+    previous nodes kept."""
 
     _path: str
     _engine: str
@@ -504,6 +555,7 @@ class NodesFileWatcher:
     _interval: float = field(default=2.0, kw_only=True)
     _signature: _FileSignature = field(default=None, init=False)
     _watcher: LoopingCall | None = field(default=None, init=False)
+    _last: NodesDocument | None = field(default=None, init=False)
 
     def reload(self) -> bool:
         """Re-read the file now; True when it was read, False (old set kept) when not."""
@@ -513,6 +565,14 @@ class NodesFileWatcher:
         except NodesFileError as error:
             self._log.warn("keeping the previous nodes: {why}", why=str(error))
             return False
+        if self._last is not None:
+            self._log.info(
+                "nodes file {path} reloaded for the {engine} facade: {changes}",
+                path=self._path,
+                engine=self._engine,
+                changes=what_changed(self._last, document),
+            )
+        self._last = document
         self._apply(document)
         return True
 
@@ -521,7 +581,8 @@ class NodesFileWatcher:
         if self._watcher is not None:
             return
         self._signature = self._stat()
-        self._apply(load_nodes_document(self._path, self._engine))
+        self._last = load_nodes_document(self._path, self._engine)
+        self._apply(self._last)
         watcher = LoopingCall(self._check)
         watcher.clock = self._clock
         watcher.start(self._interval, now=False).addErrback(

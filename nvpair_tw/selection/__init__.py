@@ -32,6 +32,7 @@ from nvpair_tw.selection._patience import Patience, patience
 from nvpair_tw.selection._polling import PROBE_BOUND, expiry_probe
 from nvpair_tw.selection._predict import Load, RequestSize, predict_all, request_size, slot_wait
 from nvpair_tw.selection._progress import ProgressBook
+from nvpair_tw.selection._reachability import Reach, Reachability
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
 from nvpair_tw.selection._routers import spare_busy_routers, would_evict_busy_work
 from nvpair_tw.selection._slots import priority_note
@@ -72,6 +73,8 @@ __all__ = [
     "QueueFull",
     "QueueTimeout",
     "Rates",
+    "Reach",
+    "Reachability",
     "RequestSize",
     "ReservationLedger",
     "Sample",

@@ -7,6 +7,7 @@ control-plane read the inventory poll uses."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from treq.client import HTTPClient
 from twisted.internet.defer import Deferred, gatherResults
@@ -38,9 +39,9 @@ async def read_holdings(
     node: Node,
     sources: Sequence[HoldingsSource],
     timeout: float,
-) -> tuple[HoldingsSource, Holdings]:
-    """The first of ``sources`` the node answers with a list of its shape, and what it says.
-    Raises the last ``ReadError`` or ``ValueError`` when none does."""
+) -> tuple[HoldingsSource, Holdings, Any]:
+    """The first of ``sources`` the node answers with a list of its shape, what it says, and the
+    answer itself (parsed JSON). Raises the last ``ReadError`` or ``ValueError`` when none does."""
     failure: ReadError | ValueError = ReadError("no model list to read")
     for source in sources:
         try:
@@ -51,7 +52,7 @@ async def read_holdings(
                 timeout=timeout,
                 authorization=node.authorization,
             )
-            return source, source.read(document)
+            return source, source.read(document), document
         except (ReadError, ValueError) as error:
             failure = error
     raise failure

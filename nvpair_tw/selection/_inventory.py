@@ -5,7 +5,9 @@ last good answer; and, where the engine says so, which models are loaded now (re
 
 The bounded control-plane read the polls use lives in :mod:`nvpair_tw.upstream._fetch`; its names are
 re-exported here for the modules that import them from this one. Which name a node knows a model by
-is :mod:`nvpair_tw.selection._names`'s; what is loaded is :mod:`nvpair_tw.selection._residency`'s.
+is :mod:`nvpair_tw.selection._names`'s; what is loaded is :mod:`nvpair_tw.selection._residency`'s;
+whether a node answers its poll is :mod:`nvpair_tw.selection._reachability`'s; each list's last
+good answer is :mod:`nvpair_tw.selection._lists`'s.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.selection._contexts import ANY_MODEL
 from nvpair_tw.selection._facts import NodeFacts
+from nvpair_tw.selection._lists import LastLists
 from nvpair_tw.selection._names import LocalNames
 from nvpair_tw.selection._polling import InventoryPoller
+from nvpair_tw.selection._reachability import Reachability, ReachabilityBook
 from nvpair_tw.selection._residency import Residency
 from nvpair_tw.upstream import MAX_JSON_BYTES, ReadError, get_json, join_url, make_http_client
 
@@ -64,12 +68,17 @@ class InventoryBook:
     _known: dict[str, _Known] = field(factory=dict, init=False)
     facts: NodeFacts = field(init=False)
     """What each node says besides its models: contexts, slots, a router's API (§17.2)."""
+    reach: ReachabilityBook = field(init=False)
+    """Whether each polled node answers its poll (read it with :meth:`reachability`)."""
+    lists: LastLists = field(factory=LastLists, init=False)
+    """Each node's last good answer to each model list (docs/behaviour.md §4.3)."""
     _names: LocalNames = field(init=False)
     _residency: Residency = field(init=False)
     _poller: InventoryPoller = field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self.facts = NodeFacts(self._directory)
+        self.reach = ReachabilityBook(self._engine.name)
         self._names = LocalNames(self._engine, self._directory, self.models)
         self._residency = Residency(self._engine, self._directory)
         self._poller = InventoryPoller(
@@ -104,6 +113,12 @@ class InventoryBook:
         """Clock seconds of the node's last good poll."""
         known = self._known.get(node_id)
         return known.at if known is not None else None
+
+    def reachability(self, node_id: str) -> Reachability | None:
+        """Whether the node answers its poll, since when, the last error (:class:`Reachability`);
+        None for a node not in the directory."""
+        node = self._directory.get(node_id)
+        return None if node is None else self.reach.of(node)
 
     def owners(self, model: str) -> list[str]:
         """Ids of the directory's nodes that advertise ``model`` (engine matching), by id."""
@@ -192,4 +207,6 @@ class InventoryBook:
                 del self._known[node_id]
                 self._names.forget(node_id)
         self._residency.prune(current)
+        self.reach.prune(current)
+        self.lists.prune(current)
         self.facts.prune(current)

@@ -1,7 +1,9 @@
-# -*- test-case-name: tests.selection.test_inventory -*-
+# -*- test-case-name: tests.selection.test_inventory, tests.selection.test_reachability -*-
 """The inventory poller: the timer, one poll of a node, and its two reads (the model list and, where
 the engine has one, residency, docs/behaviour.md §6.4). What the reads find goes to an :class:`InventorySink`
-(the :class:`~nvpair_tw.selection._inventory.InventoryBook`), which keeps it.
+(the :class:`~nvpair_tw.selection._inventory.InventoryBook`), which keeps it: the answers, each
+list's last good document (:mod:`~nvpair_tw.selection._lists`), and whether the model-list read
+reached the node (:mod:`~nvpair_tw.selection._reachability`, which logs the changes).
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from nvpair_tw.core import EngineProfile, ResidencyFormat, SlotsFormat
+from nvpair_tw.core import EngineProfile, ResidencyFormat, SlotsFormat, format_duration
 from nvpair_tw.nodes import Node, NodeDirectory
 from nvpair_tw.selection._cascade import read_contexts, read_holdings, sources_of
 from nvpair_tw.selection._contexts import props_context, ps_contexts
 from nvpair_tw.selection._facts import NodeFacts, ResidentContexts, SlotContexts
 from nvpair_tw.selection._holdings import HOLDINGS, Holdings, HoldingsSource, router_models_max
-from nvpair_tw.upstream import ReadError, get_json, join_url, node_answers
+from nvpair_tw.selection._lists import LastLists
+from nvpair_tw.selection._reachability import ReachabilityBook
+from nvpair_tw.upstream import ReadError, ReadTimeout, get_json, join_url, node_answers
 
 __all__ = ["PROBE_BOUND", "InventoryPoller", "InventorySink", "NodeReads", "expiry_probe"]
 
@@ -38,8 +42,20 @@ class InventorySink(Protocol):
     def facts(self) -> NodeFacts:
         """Contexts, slots, a router's ``models_max`` and its load API."""
 
+    @property
+    def reach(self) -> ReachabilityBook:
+        """Whether each polled node answered its last model-list read."""
+
+    @property
+    def lists(self) -> LastLists:
+        """Each node's last good answer to each list, for a list that does not wait on it
+        (docs/behaviour.md §4.3)."""
+
     def has_inventory(self, node_id: str) -> bool:
         """Whether a polled inventory of the node is kept."""
+
+    def models(self, node_id: str) -> frozenset[str]:
+        """The node's last good inventory (empty when it never answered)."""
 
     def record_models(self, node: Node, names: frozenset[str], at: float) -> None:
         """A good model-list answer from ``node`` at clock seconds ``at``."""
@@ -139,14 +155,13 @@ class InventoryPoller:
     def _nodes_changed(self) -> None:
         current = {n.id: n for n in self._directory.nodes() if n.models is None}
         self._sink.prune(current)
-        self._reads.forget_failing(set(current))
         for node_id, running in list(self._inflight.items()):
             if node_id not in current:
                 running.cancel()
         fresh = [
             n
             for i, n in current.items()
-            if not self._sink.has_inventory(i) and not self._reads.failing(i)
+            if not self._sink.has_inventory(i) and not self._sink.reach.unreachable(i)
         ]
         if self._unsubscribe is not None and fresh:
             self._poll_nodes(fresh)
@@ -155,7 +170,8 @@ class InventoryPoller:
 @define
 class NodeReads:
     """One poll of a node: its model list and, if the engine has one, its residency, side by side;
-    each answer goes to the sink, each failure is logged (a repeated inventory failure quietly)."""
+    each answer goes to the sink, and so does a failed model-list read (the sink's reachability
+    logs it once); a residency failure is logged here, quietly while the node is unreachable."""
 
     _engine: EngineProfile
     _directory: NodeDirectory
@@ -164,20 +180,13 @@ class NodeReads:
     _sink: InventorySink
     _log: Logger
     _timeout: float = field(default=10.0, kw_only=True)
-    _failing: set[str] = field(factory=set, init=False)
-
-    def failing(self, node_id: str) -> bool:
-        """Whether the node's last inventory read failed."""
-        return node_id in self._failing
-
-    def forget_failing(self, current: set[str]) -> None:
-        """Forget the failures of nodes not in ``current``."""
-        self._failing &= current
 
     async def poll(self, node: Node) -> None:
         """The node's model list and, if the engine has one, its residency, side by side (a kind
-        whose richer list says what is loaded, §17.1 and §17.2, reads residency from it)."""
-        polls = [Deferred.fromCoroutine(self._poll_models(node))]
+        whose richer list says what is loaded, §17.1 and §17.2, reads residency from it). A failed
+        residency read is told once the model list's read has ended, so that it is quiet when the
+        node is unreachable (the reachability line says it all)."""
+        polls: list[Deferred[str | None]] = [Deferred.fromCoroutine(self._poll_models(node))]
         kind = node.kind_of(self._engine)
         if kind.residency is not None and kind.name not in HOLDINGS:
             polls.append(Deferred.fromCoroutine(self._poll_residency(node, kind.residency)))
@@ -185,7 +194,9 @@ class NodeReads:
             polls.append(Deferred.fromCoroutine(self._poll_slots(node, kind.slots)))
         try:
             for poll in polls:
-                await poll
+                why = await poll
+                if why is not None:
+                    self._residency_failed(node, why)
         except CancelledError:
             for poll in polls:  # cancelled half-way: stop the other read too
                 if not poll.called:
@@ -193,12 +204,19 @@ class NodeReads:
                     poll.cancel()
             raise
 
+    def _words(self, error: Exception) -> str:
+        """A failed read in plain words (its timeout named)."""
+        if isinstance(error, ReadTimeout):
+            return f"no answer within {format_duration(self._timeout)}"
+        return str(error)
+
     def _still_polled(self, node: Node) -> bool:
         """Whether ``node`` is still in the directory, at the same URL, and polled."""
         current = self._directory.get(node.id)
         return current is not None and current.url == node.url and current.models is None
 
-    async def _poll_residency(self, node: Node, residency: ResidencyFormat) -> None:
+    async def _poll_residency(self, node: Node, residency: ResidencyFormat) -> str | None:
+        """The node's residency list; why it failed, or None."""
         url = join_url(node.public_url, residency.path)
         try:
             document = await get_json(
@@ -210,13 +228,14 @@ class NodeReads:
             )
             names = frozenset(n for n in residency.loaded(document) if n.strip())
         except (ReadError, ValueError) as error:
-            self._residency_failed(node, str(error))
-            return
+            return self._words(error)
         if self._still_polled(node):
+            self._sink.lists.keep(node, residency.path, document)
             self._sink.record_loaded(node, names, self._clock.seconds())
             self._sink.facts.record_polled(node, ResidentContexts, ps_contexts(document))
+        return None
 
-    async def _poll_slots(self, node: Node, slots: SlotsFormat) -> None:
+    async def _poll_slots(self, node: Node, slots: SlotsFormat) -> None:  # never fails
         """llama.cpp's ``/props``: how many requests it runs at once and, from a router, how many
         models it keeps loaded (quietly unknown when a server of the kind does not say)."""
         url = join_url(node.public_url, slots.path)
@@ -236,7 +255,7 @@ class NodeReads:
             self._sink.facts.record_polled(node, SlotContexts, props_context(document))
 
     def _residency_failed(self, node: Node, why: str) -> None:
-        if not self._sink.forget_loaded(node):
+        if not self._sink.forget_loaded(node) or self._sink.reach.unreachable(node.id):
             self._log.debug(
                 "residency poll of {node} failed ({why})",
                 node=node.id,
@@ -251,28 +270,29 @@ class NodeReads:
             engine=self._engine.name,
         )
 
-    async def _poll_models(self, node: Node) -> None:
+    async def _poll_models(self, node: Node) -> None:  # tells its failure to the sink
         kind = node.kind_of(self._engine)
         try:
-            source, holdings = await read_holdings(
+            source, holdings, document = await read_holdings(
                 self._http, self._clock, node, sources_of(kind), self._timeout
             )
         except (ReadError, ValueError) as error:
-            if kind.name in HOLDINGS and self._still_polled(node):
+            if not self._still_polled(node):
+                return
+            kept = len(self._sink.models(node.id)) if self._sink.has_inventory(node.id) else None
+            self._sink.reach.failed(node, self._words(error), self._clock.seconds(), kept)
+            if kind.name in HOLDINGS:
                 self._sink.facts.forget(node)
-                self._residency_failed(node, str(error))
-            self._failed(node, str(error))
+                self._residency_failed(node, self._words(error))
             return
         if kind.name in HOLDINGS:
             await self._record_holdings(node, source, holdings)
         if not self._still_polled(node):
             return
-        self._sink.record_models(node, holdings.names, self._clock.seconds())
-        if node.id in self._failing:
-            self._failing.discard(node.id)
-            self._log.info(
-                "inventory of {node} answers again", node=node.id, engine=self._engine.name
-            )
+        at = self._clock.seconds()
+        self._sink.lists.keep(node, source.path, document)
+        self._sink.record_models(node, holdings.names, at)
+        self._sink.reach.answered(node, at, len(holdings.names))
 
     async def _record_holdings(self, node: Node, source: HoldingsSource, held: Holdings) -> None:
         """Residency, contexts and the router API from a list that says them (§17.1, §17.2)."""
@@ -289,18 +309,6 @@ class NodeReads:
             self._residency_failed(node, f"{source.path} does not say what is loaded")
         else:
             self._sink.record_loaded(node, held.loaded, self._clock.seconds())
-
-    def _failed(self, node: Node, why: str) -> None:
-        if self._directory.get(node.id) is None:
-            return
-        level = self._log.debug if node.id in self._failing else self._log.warn
-        self._failing.add(node.id)
-        level(
-            "inventory poll of {node} failed ({why}); keeping the last good inventory",
-            node=node.id,
-            why=why,
-            engine=self._engine.name,
-        )
 
 
 def _slots_in(slots: SlotsFormat, document: object) -> int | None:

@@ -25,6 +25,7 @@ from nvpair_tw.upstream._attempt import (
 from nvpair_tw.upstream._fetch import (
     MAX_JSON_BYTES,
     ReadError,
+    ReadTimeout,
     WholeBody,
     get_json,
     join_url,
@@ -50,6 +51,7 @@ __all__ = [
     "NodeAgent",
     "NodeEndpointFactory",
     "ReadError",
+    "ReadTimeout",
     "ResponseHead",
     "UpstreamClient",
     "WholeBody",

@@ -1,7 +1,9 @@
-# -*- test-case-name: tests.selection.test_inventory -*-
+# -*- test-case-name: tests.selection.test_inventory, tests.selection.test_reachability -*-
 """The bounded control-plane read (:func:`get_json`) the inventory poll and the model-list fan-out
 share: a GET through treq's ``HTTPClient`` over the shared pool, cut off by our own timer
-(``treq.collect`` cannot be cancelled) and by a body-size cap.
+(``treq.collect`` cannot be cancelled) and by a body-size cap. A failure is a :class:`ReadError`
+whose text says what happened in plain words (``connection refused``), a :class:`ReadTimeout`
+when the timer ran out.
 """
 
 from __future__ import annotations
@@ -14,10 +16,19 @@ from hyperlink import EncodedURL
 from treq.client import HTTPClient
 from treq.cookies import IndexableCookieJar
 from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.error import (
+    ConnectError,
+    ConnectionClosed,
+    ConnectionRefusedError,
+    DNSLookupError,
+    NoRouteError,
+    TCPTimedOutError,
+    TimeoutError,
+)
 from twisted.internet.interfaces import IConsumer, IDelayedCall, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
+from twisted.web.client import ResponseDone, ResponseNeverReceived
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgent, IBodyProducer, IResponse
@@ -29,6 +40,7 @@ from nvpair_tw.upstream._attempt import is_cancellation
 __all__ = [
     "MAX_JSON_BYTES",
     "ReadError",
+    "ReadTimeout",
     "WholeBody",
     "get_json",
     "join_url",
@@ -41,7 +53,32 @@ MAX_JSON_BYTES = 8 << 20
 
 
 class ReadError(Exception):
-    """A control-plane read failed; ``str()`` is a short reason without any body."""
+    """A control-plane read failed; ``str()`` is a short reason in plain words, without any body."""
+
+
+class ReadTimeout(ReadError):
+    """No whole answer within the read's timeout (``str()``: ``timed out``)."""
+
+
+_PLAIN: tuple[tuple[type[BaseException], str], ...] = (
+    (ConnectionRefusedError, "connection refused"),
+    (DNSLookupError, "host name not found"),
+    (TimeoutError, "connection timed out"),
+    (TCPTimedOutError, "connection timed out"),
+    (NoRouteError, "no route to host"),
+    (ConnectionClosed, "connection closed before an answer"),
+    (ResponseNeverReceived, "connection closed before an answer"),
+)
+"""What a transport failure means, in the words a log line and the status page use."""
+
+
+def _plain(error: BaseException) -> str:
+    """``error`` in plain words: from :data:`_PLAIN`, else a connect error's own text (``TLS
+    handshake failed``), else its class's name."""
+    words = next((words for kind, words in _PLAIN if isinstance(error, kind)), None)
+    if words is not None:
+        return words
+    return str(error).rstrip(".") if isinstance(error, ConnectError) else type(error).__name__
 
 
 @implementer(IBodyProducer)
@@ -196,13 +233,18 @@ async def _read(
             response = await request
         except Exception as error:
             if timed_out:
-                raise ReadError("timed out") from None
+                raise ReadTimeout("timed out") from None
             if is_cancellation(Failure(error)):
                 raise CancelledError() from None
-            raise ReadError(type(error).__name__) from None
+            raise ReadError(_plain(error)) from None
         body = _BoundedBody(limit)
         response.deliverBody(body)
-        data = await body.done
+        try:
+            data = await body.done
+        except ReadError:
+            if timed_out:
+                raise ReadTimeout("timed out") from None
+            raise
     finally:
         if timer.active():
             timer.cancel()

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
+import pytest
 from attrs import evolve
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
@@ -15,12 +16,18 @@ from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
-from nvpair_tw.core import ENGINES
-from nvpair_tw.core._engines import OPENAI_MODELS, TAGS
-from nvpair_tw.corridor._aggregate import AggregateResult, FirstSeen, aggregate_model_list
+from nvpair_tw.core import ENGINES, ModelListFormat
+from nvpair_tw.core._engines import OLLAMA, OPENAI_MODELS, PS, TAGS
+from nvpair_tw.corridor._aggregate import (
+    AggregateResult,
+    Cooling,
+    FirstSeen,
+    aggregate_model_list,
+)
 from nvpair_tw.nodes import Catalogue
 from nvpair_tw.nodes._catalogue import ModelNames
-from nvpair_tw.nodes._directory import Node
+from nvpair_tw.nodes._directory import Node, NodeDirectory
+from nvpair_tw.selection import InventoryBook, StallTracker
 from nvpair_tw.testing import MemoryCluster
 
 UNAVAILABLE = {"error": "model inventory unavailable", "code": "inventory-unavailable"}
@@ -316,3 +323,133 @@ def test_an_ollama_record_is_preferred_to_a_synthesised_one_whatever_the_order(
     first, second = listed
     assert first["other"] == second["other"]  # modified_at: when it was first seen
     assert first["other"]["modified_at"] == "1970-01-01T00:00:00Z"
+
+
+# --- a frozen node is paid for once (docs/behaviour.md §4.3) ---------------------------------------
+
+
+class Remembering:
+    """A fleet's nodes with the facade's books: an inventory (polled from the fakes) and a stall
+    tracker, for a list that does not wait on a cooling node."""
+
+    def __init__(self, fleet: Fleet, *ids: str, deadline: float = 2.0) -> None:
+        self.fleet = fleet
+        self.nodes = [fleet.node(i) for i in ids]
+        directory = NodeDirectory(OLLAMA, fleet.clock, flag_nodes=self.nodes)
+        self.inventory = InventoryBook(OLLAMA, directory, fleet.http, fleet.clock)
+        self.stalls = StallTracker(fleet.clock, 60.0)
+        self.cooling = Cooling(self.inventory, self.stalls, deadline)
+
+    def poll(self) -> None:
+        polled = self.inventory.poll_now()
+        self.fleet.cluster.flush()
+        assert polled.called
+
+    def start(self, fmt: ModelListFormat = TAGS) -> Deferred[AggregateResult]:
+        return self.fleet.start(
+            aggregate_model_list(
+                fmt,
+                self.nodes,
+                fmt.path,
+                self.fleet.http,
+                self.fleet.clock,
+                facade=OLLAMA,
+                cooling=self.cooling,
+            )
+        )
+
+    def run(self, fmt: ModelListFormat = TAGS) -> AggregateResult:
+        return finished(self.start(fmt))
+
+
+MakeBooks = Callable[..., Remembering]
+
+
+@pytest.fixture
+def remembering(memory_cluster: Make) -> Iterator[MakeBooks]:
+    """Makes :class:`Remembering` books over a fleet of ``engines``; their cooldowns are ended
+    after the test (before the memory cluster's leftover-timer check)."""
+    made: list[Remembering] = []
+
+    def make(engines: dict[str, Resource], deadline: float = 2.0) -> Remembering:
+        books = Remembering(Fleet(memory_cluster, **engines), *engines, deadline=deadline)
+        made.append(books)
+        return books
+
+    yield make
+    for books in made:
+        books.stalls.stop()
+
+
+OWN_A = {"name": "a:1", "model": "a:1", "digest": "a" * 64, "size": 5, "details": {}}
+OWN_B = {"name": "b:1", "model": "b:1", "digest": "b" * 64, "size": 6, "details": {}}
+
+
+def test_a_cooling_node_is_not_asked_and_its_last_answer_is_listed_as_stale(
+    remembering: MakeBooks,
+) -> None:
+    """A node cooling after a stall is not waited on: its part of /api/tags is its last good answer,
+    records verbatim, and it is named stale; the other node is asked as always."""
+    a, b = FakeEngine(tags(OWN_A)), FakeEngine(tags(OWN_B))
+    books = remembering({"a": a, "b": b})
+    assert books.run().stale == ()  # both asked; their answers kept
+    a.body = None  # frozen from now on
+    books.stalls.cool("a", "no response headers within 2s")
+    asked = len(a.seen)
+    result = books.run()  # no clock time passes: nothing waits
+    assert (result.status, result.stale) == (200, ("a",))
+    assert decoded(result) == {"models": [OWN_A, OWN_B]}
+    assert len(a.seen) == asked and len(b.seen) == 2
+
+
+def test_a_node_that_gives_no_list_within_the_deadline_is_cooled_and_paid_once(
+    remembering: MakeBooks,
+) -> None:
+    """A frozen node not yet cooling costs one list the response-header deadline (shorter than the
+    list's own bound): it is then cooled, listed from its last poll, named stale; the next list
+    does not ask it at all."""
+    a, b = FakeEngine(tags(OWN_A)), FakeEngine(tags(OWN_B))
+    books = remembering({"a": a, "b": b}, deadline=2.0)
+    books.poll()  # the poll's /api/tags answers are kept
+    a.body = None
+    pending = books.start()
+    books.fleet.cluster.advance(1.999)
+    assert not pending.called
+    books.fleet.cluster.advance(0.001)
+    result = finished(pending)
+    assert (result.stale, decoded(result)) == (("a",), {"models": [OWN_A, OWN_B]})
+    cooled = books.stalls.cooldown("a")
+    assert cooled is not None and cooled.reason == "no model list within 2s"
+    asked = len(a.seen)
+    assert books.run().stale == ("a",) and len(a.seen) == asked
+
+
+def test_a_cooling_node_without_a_kept_answer_is_listed_from_its_inventory(
+    remembering: MakeBooks,
+) -> None:
+    """With no answer of its own to /v1/models kept, a cooling node's part is made from its last
+    inventory, with the fields an OpenAI client reads (§17.6); /api/ps uses its last residency
+    answer, each record tagged with the node."""
+    a, b = FakeEngine(tags(OWN_A)), FakeEngine(tags(OWN_B))
+    books = remembering({"a": a, "b": b})
+    books.poll()
+    books.stalls.cool("a", "stall")
+    result = books.run(OPENAI_MODELS)
+    assert result.stale == ("a",)
+    assert decoded(result)["data"] == [
+        {"id": "a:1", "object": "model", "created": 0, "owned_by": "ollama"},
+    ]  # b's fake answers its tags to /v1/models: no data list, skipped
+    ps = decoded(books.run(PS))["models"]
+    assert [(r["name"], r["nvpair_node"]) for r in ps] == [("a:1", "a"), ("b:1", "b")]
+    assert ps[0] == {**OWN_A, "nvpair_node": "a"}
+
+
+def test_every_node_cooling_and_never_seen_is_503_at_once_naming_them(
+    remembering: MakeBooks,
+) -> None:
+    """Nothing known of any node and every one cooling: 503 inventory-unavailable without a wait,
+    every node named stale."""
+    books = remembering({"a": FakeEngine(None)})
+    books.stalls.cool("a", "stall")
+    result = books.run()
+    assert (result.status, decoded(result), result.stale) == (503, UNAVAILABLE, ("a",))

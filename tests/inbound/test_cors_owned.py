@@ -130,6 +130,7 @@ def test_the_proxys_preflight_keeps_its_grants_and_allows_every_nvpair_header() 
     assert b"X-NVPair-Priority" in headers[b"access-control-allow-headers"][0]  # §16.3
     assert b"X-NVPair-Request-Id" in EXPOSED_HEADERS and b"X-NVPair-Node" in EXPOSED_HEADERS
     assert b"X-NVPair-Model" in EXPOSED_HEADERS  # the model that served (§16.2)
+    assert b"X-NVPair-Stale" in EXPOSED_HEADERS  # the nodes a list did not wait on (§4.3)
     assert b"access-control-allow-credentials" not in headers
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -346,7 +347,10 @@ def test_rotated_key_file_is_picked_up(tmp_path: Path, log_events: list[LogEvent
     clock.advance(2)
     assert policy.check(LAN, _headers(X_Api_Key=OTHER_KEY)) is None
     assert policy.check(LAN, _headers(X_Api_Key=KEY)) is not None
-    assert "reloaded 1 API keys" in _logged_text(log_events)
+    added, removed = (f"key-{hashlib.sha256(k.encode()).hexdigest()[:8]}" for k in (OTHER_KEY, KEY))
+    assert f"reloaded 1 API keys from {path}: added {added}; removed {removed}" in _logged_text(
+        log_events
+    )
     policy.stop()
     assert clock.getDelayedCalls() == []
 

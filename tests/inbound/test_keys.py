@@ -348,6 +348,25 @@ def test_the_file_is_reread_when_it_changes(tmp_path: Path, log_events: list[Log
     assert clock.getDelayedCalls() == []
 
 
+def test_a_reload_says_which_key_names_it_added_removed_and_changed(
+    tmp_path: Path, log_lines: list[str]
+) -> None:
+    """One line per reload: the count and the names added, removed and changed (a new key under
+    a kept name is a change); never a key."""
+    clock = Clock()
+    gate = policy(tmp_path, clock=clock)
+    gate.start()
+    changed = TWO.replace(ALICE, CANARY).split('[[key]]\nname = "bob"')[0]
+    keys_file(tmp_path / "keys.toml", changed + f"[[key]]\nname = 'carol'\nkey = '{BOB}x'\n")
+    clock.advance(2)
+    gate.stop()
+    path = tmp_path / "keys.toml"
+    assert [line for line in log_lines if "reloaded" in line] == [
+        f"reloaded 2 named keys from {path}: added carol; removed bob; changed alice"
+    ]
+    assert not [line for line in log_lines if CANARY in line or BOB in line or ALICE in line]
+
+
 def test_a_bad_reload_keeps_the_previous_keys_with_one_warning(
     tmp_path: Path, log_events: list[LogEvent]
 ) -> None:

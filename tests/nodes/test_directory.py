@@ -250,6 +250,65 @@ def test_bad_file_on_reload_keeps_the_old_set(tmp_path: Path) -> None:
     directory.stop()
 
 
+BEFORE = """
+[[node]]
+id = "gpu1"
+url = "http://ops:first-secret@10.0.0.5:11434"
+api_key = "sk-first"
+
+[[node]]
+id = "gpu2"
+url = "http://10.0.0.6:11434"
+
+[[model]]
+name = "llama3"
+aliases = ["meta-llama-3-8b"]
+"""
+
+AFTER = """
+[[node]]
+id = "gpu1"
+url = "http://ops:second-secret@10.0.0.5:11434"
+api_key = "sk-second"
+slots = 2
+
+[[node]]
+id = "gpu3"
+url = "http://10.0.0.7:11434"
+
+[[model]]
+name = "llama3"
+aliases = ["meta-llama-3-8b-instruct"]
+
+[[model]]
+name = "qwen"
+fallbacks = ["llama3"]
+"""
+
+
+def test_a_reload_logs_what_changed_by_id_and_field_never_a_secret(
+    tmp_path: Path, log_lines: list[str]
+) -> None:
+    """One line per reload: nodes added, removed, and changed with the names of the changed
+    fields (credentials named, never shown), and the catalogue's public names; a file rewritten
+    the same says ``no change``."""
+    clock = Clock()
+    path = write(tmp_path / "nodes.toml", BEFORE, 10**18)
+    directory = NodeDirectory(OLLAMA, clock, nodes_file=path)
+    directory.start()
+    write(tmp_path / "nodes.toml", AFTER, 2 * 10**18)
+    clock.advance(2)
+    write(tmp_path / "nodes.toml", AFTER, 3 * 10**18)
+    clock.advance(2)
+    directory.stop()
+    assert [line for line in log_lines if "nodes file" in line] == [
+        f"nodes file {path} reloaded for the ollama facade: added gpu3; removed gpu2; changed gpu1 "
+        "(url credentials, slots, api_key); models added qwen, changed llama3",
+        f"nodes file {path} reloaded for the ollama facade: no change",
+    ]
+    assert not [line for line in log_lines if "secret" in line or "sk-" in line]
+
+
 def test_bad_file_at_start_raises(tmp_path: Path) -> None:
     """start() refuses a bad nodes file and leaves no watcher behind."""
     clock = Clock()
