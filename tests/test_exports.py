@@ -101,6 +101,7 @@ FACES: dict[str, list[str]] = {
         "ToolCalls",
         "write_error",
     ],
+    "ctl": ["DEFAULT_CONTROL", "main"],
     "corridor": [
         "FacadeResource",
         "FacadeState",
