@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from twisted.scripts.twistd import ServerOptions
+from twisted.scripts._twistd_unix import ServerOptions
 
 from nvpair_tw import tap
 from nvpair_tw.core import parse_duration

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from twisted.scripts.twistd import ServerOptions
+from twisted.scripts._twistd_unix import ServerOptions
 
 from nvpair_tw import tap
 from nvpair_tw.ctl import DEFAULT_CONTROL
