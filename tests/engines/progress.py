@@ -19,6 +19,7 @@ import re
 import selectors
 import shutil
 import subprocess
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -42,6 +43,8 @@ __all__ = [
     "pip_reports_bytes",
 ]
 
+_TERMINAL: TextIO | None = None
+"""The controlling terminal, once opened by :meth:`Progress.default`."""
 LINE_EVERY = 5.0
 """Seconds between two lines of one task when the stream is not a terminal."""
 BAR_EVERY = 0.2
@@ -101,6 +104,22 @@ class Progress:
     @classmethod
     def to(cls, stream: TextIO) -> Progress:
         return cls(stream, Display.of(stream))
+
+    @classmethod
+    def default(cls) -> Progress:
+        """Standard error; but when that is not a terminal and the process has one, that
+        terminal (``/dev/tty``): pytest captures standard error, so a first ``tox`` or
+        ``pytest`` at a person's terminal would otherwise show nothing of a 650 MB download.
+        With no terminal at all (CI), lines on standard error."""
+        if Display.of(sys.stderr) is Display.BAR:
+            return cls.to(sys.stderr)
+        global _TERMINAL
+        if _TERMINAL is None:
+            try:
+                _TERMINAL = open("/dev/tty", "w")  # noqa: SIM115 (kept open for the process)
+            except OSError:
+                return cls.to(sys.stderr)
+        return cls.to(_TERMINAL)
 
     def say(self, line: str) -> None:
         """One whole line (after the bar, which it ends)."""

@@ -9,6 +9,7 @@ import hashlib
 import io
 import os
 import pty
+import re
 import sys
 import threading
 import zipfile
@@ -30,6 +31,7 @@ from tests.engines.progress import (
     follow,
     pip_reports_bytes,
 )
+from tests.engines.test_ollama import REPO
 
 
 class Clock:
@@ -157,6 +159,22 @@ def test_ninja_counts_its_steps() -> None:
 # --- the bar form --------------------------------------------------------------------------------
 
 
+def _read_all(leader: int) -> bytes:
+    """Everything written to a pty whose other end has closed (or whose process has ended),
+    in as many reads as the kernel hands it out; the leader closed."""
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:  # EIO: the other end is closed and nothing is left
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    return shown
+
+
 def test_on_a_terminal_it_is_one_bar_redrawn_in_place() -> None:
     leader, follower = pty.openpty()
     with os.fdopen(follower, "w") as terminal:
@@ -168,8 +186,7 @@ def test_on_a_terminal_it_is_one_bar_redrawn_in_place() -> None:
         task.update(50e6)
         task.update(100e6)
         task.finish("downloaded")
-    shown = os.read(leader, 1 << 16).decode()
-    os.close(leader)
+    shown = _read_all(leader).decode()
     drawn = shown.split("\r")
     assert "downloading x.whl (100.0 MB) 0s" in drawn  # before any byte came
     half = "downloading x.whl [" + "#" * 15 + "-" * 15 + "] 50.0 of 100.0 MB (50%), 50.0 MB/s 1s"
@@ -177,6 +194,33 @@ def test_on_a_terminal_it_is_one_bar_redrawn_in_place() -> None:
     whole = "downloading x.whl [" + "#" * 30 + "] 100.0 of 100.0 MB (100%)"
     assert any(part.startswith(whole) for part in drawn)
     assert shown.endswith("\r\ndownloading x.whl: downloaded, 100.0 MB in 2s\r\n")
+
+
+UNDER_PYTEST = """
+from tests.engines.progress import Progress, Unit
+progress = Progress.default()
+print(progress.display.value, progress.stream.name, flush=True)
+task = progress.task("downloading x.whl", Unit.BYTES, 100e6)
+task.update(100e6)
+task.finish("downloaded")
+"""
+
+
+def test_with_standard_error_captured_the_bar_goes_to_the_terminal(tmp_path: Path) -> None:
+    """What ``pytest`` under ``tox`` at a person's terminal is: standard error a file, the
+    process's controlling terminal a tty. The bar is drawn on the terminal, not in the file."""
+    captured = tmp_path / "captured"
+    pid, leader = pty.fork()
+    if pid == 0:  # the child: its terminal is the pty; standard error a file, as pytest makes it
+        os.dup2(os.open(captured, os.O_WRONLY | os.O_CREAT, 0o600), 2)
+        environ = {**os.environ, "PYTHONPATH": str(REPO)}
+        os.execve(sys.executable, [sys.executable, "-c", UNDER_PYTEST], environ)
+    text = _read_all(leader).decode()
+    assert os.waitpid(pid, 0)[1] == 0
+    assert text.startswith("bar /dev/tty\r\n")
+    assert "\rdownloading x.whl [" + "#" * 30 + "] 100.0 of 100.0 MB" in text
+    assert re.search(r"\r\ndownloading x\.whl: downloaded, 100\.0 MB in \d+s\r\n$", text)
+    assert captured.read_text() == ""
 
 
 def test_a_stream_that_is_not_a_terminal_gets_lines() -> None:
