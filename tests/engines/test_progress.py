@@ -5,17 +5,13 @@ read into those lines."""
 
 from __future__ import annotations
 
-import hashlib
 import io
 import os
 import pty
 import re
 import sys
 import threading
-import zipfile
 from collections.abc import Callable, Iterator
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -31,6 +27,7 @@ from tests.engines.progress import (
     follow,
     pip_reports_bytes,
 )
+from tests.engines.registry import MEGABYTE, make_wheel, serving
 from tests.engines.test_ollama import REPO
 
 
@@ -230,51 +227,14 @@ def test_a_stream_that_is_not_a_terminal_gets_lines() -> None:
 # --- real pip, real cmake ------------------------------------------------------------------------
 
 
-def _wheel(directory: Path) -> tuple[str, str]:
-    """A 1 MB wheel ``fakepkg 1.0`` (pip shows progress for files over 512 kB); its file name
-    and sha256."""
-    name = "fakepkg-1.0-py3-none-any.whl"
-    path = directory / name
-    info = "fakepkg-1.0.dist-info"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
-        archive.writestr("fakepkg/__init__.py", "")
-        archive.writestr("fakepkg/data.bin", os.urandom(1 << 20))
-        archive.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0\n")
-        archive.writestr(
-            f"{info}/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-        )
-        archive.writestr(f"{info}/RECORD", "")
-    return name, hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        """No access log on the test's standard error."""
-
-
 @pytest.fixture
 def registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
-    """A package index on loopback serving ``fakepkg``; pip pointed at it alone (no config
-    file, no cache). Yields the wheel's name and sha256."""
+    """An index on loopback serving a 1 MB ``fakepkg 1.0``; its wheel's name and sha256."""
     root = tmp_path / "index"
-    (root / "simple" / "fakepkg").mkdir(parents=True)
-    name, digest = _wheel(root)
-    page = f'<a href="../../{name}#sha256={digest}">{name}</a>\n'
-    (root / "simple" / "fakepkg" / "index.html").write_text(page)
-    handler = partial(_QuietHandler, directory=str(root))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    for key in [k for k in os.environ if k.startswith("PIP_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
-    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_address[1]}/simple/")
-    monkeypatch.setenv("PIP_CACHE_DIR", str(tmp_path / "pip-cache"))
-    try:
-        yield name, digest
-    finally:
-        server.shutdown()
-        server.server_close()
+    root.mkdir()
+    digest = make_wheel(root, "fakepkg", "1.0", {"fakepkg/data.bin": os.urandom(MEGABYTE)})
+    with serving(root, monkeypatch):
+        yield "fakepkg-1.0-py3-none-any.whl", digest
 
 
 def test_a_real_pip_download_off_a_terminal_says_what_it_downloads(
