@@ -270,7 +270,7 @@ def install(
     ``build`` fills a fresh directory (default: fetch the sdist with ``fetch``, by default
     :func:`pip_fetch`, and build the ``llama-server`` target); the tests replace it to exercise
     the lock and the rename. What it does and how far it is goes to ``progress`` (default:
-    standard error, a bar on a terminal), its first and last lines to ``log`` when given."""
+    :meth:`~tests.engines.progress.Progress.default`), its first and last lines to ``log``."""
     target = (directory or install_dir()).absolute()
     if is_ready(target):
         return target

@@ -382,8 +382,8 @@ def install(
     ``build`` fills a fresh directory (default: download with ``fetch``, by default
     :func:`pip_download`, extract, compile the stub with ``compiler``); the tests replace it to
     exercise the lock and the rename. What it does and how far it is goes to ``progress``
-    (default: :meth:`~tests.engines.progress.Progress.default`), its first and last lines to ``log`` when
-    given."""
+    (default: :meth:`~tests.engines.progress.Progress.default`), its first and last lines to
+    ``log`` when given."""
     target = (directory or install_dir()).absolute()
     if is_ready(target):
         return target
