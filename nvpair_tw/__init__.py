@@ -5,6 +5,8 @@ What is public, and kept stable:
 - The twistd plugin: ``twistd -n nvpair --engine ollama ...`` (``twisted/plugins/nvpair_plugin.py``,
   options and service in :mod:`nvpair_tw.tap`), and the log observer for twistd's ``--logger``:
   ``nvpair_tw.logs.compactJson``.
+- The console command ``nvpair-ctl`` (:mod:`nvpair_tw.ctl`, a ``console_scripts`` entry point):
+  the control channel from a shell.
 - :mod:`nvpair_tw.testing`: the public test double, simulated engines behind an in-process proxy,
   for tests of code that talks to nvpair-tw.
 - The event names (constants in :mod:`nvpair_tw.events`), as published on the control channel,

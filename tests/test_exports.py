@@ -108,6 +108,7 @@ FACES: dict[str, list[str]] = {
         "skip_whitespace",
         "upstream_request_headers",
     ],
+    "ctl": ["DEFAULT_CONTROL", "main"],
     "corridor": [
         "FacadeResource",
         "FacadeState",

@@ -135,3 +135,30 @@ def test_installed_wheel_provides_the_plugin_to_twistd(installed: Path, tmp_path
         PYTHONPATH=str(installed),
     )
     assert version.stdout == f"nvpair-tw {__version__.public()}\n"
+
+
+def test_installed_wheel_provides_the_console_command(
+    wheel: Path, installed: Path, tmp_path: Path
+) -> None:
+    """``nvpair-ctl`` is the wheel's console script (``nvpair_tw.ctl:main``); the script pip
+    writes runs from the install alone and, with no proxy there, says so in one line, status 1."""
+    archive = zipfile.ZipFile(wheel)
+    (entry_points,) = [n for n in archive.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    assert "nvpair-ctl = nvpair_tw.ctl:main" in archive.read(entry_points).decode()
+    script = installed / "bin" / "nvpair-ctl"
+    version = _run([str(script), "--version"], cwd=tmp_path, PYTHONPATH=str(installed))
+    assert version.stdout == f"nvpair-tw {__version__.public()}\n"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("NVPAIR_", "PYTHON"))}
+    endpoint = f"unix:{tmp_path / 'none.sock'}"
+    nothing = subprocess.run(
+        [str(script), "--control", endpoint, "nodes"],
+        cwd=tmp_path,
+        env={**environ, "PYTHONPATH": str(installed)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (nothing.returncode, nothing.stdout) == (1, "")
+    assert nothing.stderr.startswith(f"nvpair-ctl: cannot reach the control channel at {endpoint}")
+    assert nothing.stderr.count("\n") == 1

@@ -12,6 +12,7 @@ from tools.prerequisites import Machine, Missing
 
 EVERYTHING = {
     "chromium",
+    "systemd-analyze",
     "redis-server",
     "gcc",
     "cmake",
@@ -96,6 +97,12 @@ def test_missing_as_root_without_apt_is_one_line() -> None:
     assert "\n" not in str(raised.value)
     assert "redis-server" in str(raised.value)
     assert calls == []
+
+
+def test_systemd_analyze_comes_with_debians_systemd_package() -> None:
+    """The unit's hardening test runs ``systemd-analyze``; without it, ``systemd`` is installed."""
+    plan = prerequisites.plan(machine(EVERYTHING - {"systemd-analyze"}))
+    assert plan.commands[-1] == ("apt-get", "install", "-y", "-qq", "systemd")
 
 
 def test_chromium_may_be_named_by_nvpair_chromium() -> None:

