@@ -32,7 +32,6 @@ from nvpair_tw.inbound import (
     IngressPolicy,
     LimitedSite,
     RateLimiter,
-    make_site,
     parse_ingress,
 )
 from nvpair_tw.logs import LevelledLogger
@@ -157,17 +156,12 @@ class Runtime:
         """The limited Site of one facade (built once)."""
         if engine not in self.sites:
             settings = self.settings
-            facade = FacadeResource(self.facades[engine])
-            self.sites[engine] = make_site(
-                facade,
+            self.sites[engine] = FacadeResource(self.facades[engine]).site(
                 clock=self.reactor,
                 max_body_size=settings.max_body_size,
                 max_connections=settings.max_connections,
                 max_connections_per_source=settings.max_connections_per_source,
-                cors=self.shared.cors,
             )
-            self.sites[engine].on_reject = facade.rejected
-            self.sites[engine].head_gate = facade.head_gate
         return self.sites[engine]
 
 

@@ -34,7 +34,6 @@ from nvpair_tw.core import IllegalCall
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.corridor._facade import FacadeResource
 from nvpair_tw.corridor._tunnel import Tunnel, TunnelBook, TunnelState
-from nvpair_tw.inbound._limits import make_site
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import StatusBoard
 from nvpair_tw.ops._metrics import ProxyMetrics
@@ -434,7 +433,7 @@ async def test_ingress_keys_apply_to_the_upgrade_and_are_not_forwarded(
     await cluster.start_proxy(
         [Node("a", echoes["a"].url)], environ={"NVPAIR_PROXY_API_KEYS": "ingress-key-1"}
     )
-    wrapped = WrappingFactory(make_site(FacadeResource(cluster.facade), clock=cluster.reactor))
+    wrapped = WrappingFactory(FacadeResource(cluster.facade).site(clock=cluster.reactor))
     wrapped.protocol = _ForeignPeer
     url = f"ws://127.0.0.1:{listen(wrapped)}/llm"
 

@@ -38,7 +38,7 @@ from zope.interface import implementer
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.corridor._facade import FacadeResource
 from nvpair_tw.events import Event
-from nvpair_tw.inbound._limits import LimitedChannel, LimitedSite, make_site
+from nvpair_tw.inbound._limits import LimitedChannel, LimitedSite
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.testing import (
     Behaviour,
@@ -109,7 +109,7 @@ class Stack(ProxyCluster):
 
     def site(self, **limits: Any) -> LimitedSite:
         """Another limited site on the proxy's facade, with limits of the test's choosing."""
-        return make_site(FacadeResource(self.facade), clock=self.reactor, **limits)
+        return FacadeResource(self.facade).site(clock=self.reactor, **limits)
 
     def when(self, name: str, predicate: Callable[[dict[str, Any]], bool]) -> Deferred[Event]:
         """Fires with the first future event called ``name`` whose payload matches."""

@@ -23,7 +23,6 @@ from zope.interface import implementer
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.corridor._facade import FacadeResource
 from nvpair_tw.events import Event
-from nvpair_tw.inbound._limits import make_site
 from nvpair_tw.testing import (
     Behaviour,
     Clusters,
@@ -98,7 +97,7 @@ class Proxy(ProxyCluster):
             Settings(response_header_timeout=0.3, max_body_size=4096),
             environ={"NVPAIR_PROXY_API_KEYS": KEY},
         )
-        factory = WrappingFactory(make_site(FacadeResource(self.facade), clock=self.reactor))
+        factory = WrappingFactory(FacadeResource(self.facade).site(clock=self.reactor))
         factory.protocol = ForeignPeer
         self.foreign_url = f"http://127.0.0.1:{listen(factory)}"
 
