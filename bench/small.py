@@ -5,7 +5,7 @@
 nvpair-tw (the flags of ``bench/run.py``, but the log level is a choice: ``info``, a deployment's
 default, writes one line per request, ``warn`` is what ``bench/run.py`` uses; the admin listener,
 whose metrics and status board follow every request, is on as deployed unless ``--no-admin``, as
-in ``bench/run.py``), with ``--base`` a second nvpair-tw running the code at that git ref, and
+in ``bench/run.py``; so is the usage history, in a SQLite file, unless ``--no-usage``), with ``--base`` a second nvpair-tw running the code at that git ref, and
 RPR. ``small``: ``wrk`` at c=1 and c=32 on ``POST /api/chat``; ``stream``: ``wrk`` at c=4 on
 streams of 1,000 SSE events in one burst, CPU per relayed event. Contenders interleave round by
 round, in reverse order every other round; medians are printed, with the ratio of the medians to
@@ -51,7 +51,8 @@ def nvpair(harness: Harness, up: int, options: argparse.Namespace, root: Path) -
     """nvpair-tw in front of the engine on ``up``, its code (and plugin) from ``root``."""
     port = free_port()
     argv = [PY, "-m", "twisted", "nvpair", "--engine", "ollama", "--assemble", "off"]
-    argv += ["--usage-db", "none", "--listen", f"tcp:{port}:interface=127.0.0.1:backlog=4096"]
+    usage = str(harness.tmp / f"usage-{port}.sqlite3") if options.usage else "none"
+    argv += ["--usage-db", usage, "--listen", f"tcp:{port}:interface=127.0.0.1:backlog=4096"]
     listener = f"tcp:{free_port()}:interface=127.0.0.1" if options.admin else "none"
     argv += ["--node", f"a=http://127.0.0.1:{up}", "--admin", listener]
     argv += ["--log-level", options.log_level, "--max-connections", "4096"]
@@ -213,6 +214,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the admin listener (metrics, status board) on, as deployed, or off as in run.py",
+    )
+    parser.add_argument(
+        "--usage",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the usage history in a SQLite file, as deployed (--no-usage: --usage-db none)",
     )
     parser.add_argument("--base", help="also run nvpair-tw as it is at this git ref")
     parser.add_argument("--load", choices=("small", "stream", "both"), default="small")

@@ -105,15 +105,26 @@ def _compact(event: dict[str, Any]) -> str:
     for key, value in event.items():
         if key.startswith("log_") or key in _SKIP or key in record:
             continue
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            value = repr(value)
         record[key] = value
     failure = event.get("log_failure")
     if failure is not None:
         record["traceback"] = failure.getTraceback()
-    return json.dumps(record, separators=(",", ":")) + "\n"
+    try:  # one encoding for the whole line: what JSON cannot hold is written as its repr
+        return _ENCODE(record) + "\n"
+    except ValueError:  # a value that holds itself
+        return _ENCODE({k: _plain(v) for k, v in record.items()}) + "\n"
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), default=repr).encode
+
+
+def _plain(value: Any) -> Any:
+    """``value`` if JSON holds it as it is, else its repr."""
+    try:
+        _ENCODE(value)
+    except ValueError:
+        return repr(value)
+    return value
 
 
 def compact_json_observer(out: IO[str] | None = None) -> ILogObserver:

@@ -151,6 +151,7 @@ FACES: dict[str, list[str]] = {
         "AttemptOutcome",
         "BusEvent",
         "Choice",
+        "EVENT_KINDS",
         "Event",
         "EventBus",
         "NODE_COOLDOWN",

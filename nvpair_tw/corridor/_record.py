@@ -9,7 +9,7 @@ it. When the request ends, :meth:`Facts.record` makes the request's one frozen r
 
 from __future__ import annotations
 
-from attrs import define, field
+from attrs import define, field, setters
 
 from nvpair_tw.events import Attempt, AttemptOutcome, Choice, Outcome, ProxyRequest
 
@@ -63,7 +63,7 @@ class AttemptLog:
         self.closed.append(Attempt(node_id, outcome, elapsed_ms(since, now)))
 
 
-@define
+@define(on_setattr=setters.NO_OP)
 class Facts:
     """What is known of one request so far; ``started`` and the other times are clock seconds.
 

@@ -9,6 +9,7 @@ is made only when one of them asks, once.
 
 from nvpair_tw.events._bus import Event, EventBus, Subscription
 from nvpair_tw.events._kinds import (
+    EVENT_KINDS,
     NODE_COOLDOWN,
     NODE_COOLDOWN_ENDED,
     NODE_CORDON,
@@ -43,6 +44,7 @@ from nvpair_tw.events._kinds import (
 from nvpair_tw.events._log import log_events
 
 __all__ = [
+    "EVENT_KINDS",
     "NODE_COOLDOWN",
     "NODE_COOLDOWN_ENDED",
     "NODE_CORDON",

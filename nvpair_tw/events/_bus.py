@@ -9,7 +9,7 @@ or broken consumer never slows the publisher or starves the others.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from attrs import define, field, frozen, setters
@@ -59,6 +59,7 @@ class Subscription:
     _sink: Callable[[Event], None]
     _on_dropped: Callable[[str], None] | None
     _max_pending: int = field(validator=_check_max_pending)
+    _kinds: frozenset[type[BusEvent]] | None = None
     _queue: deque[Event] = field(init=False, factory=deque)
     _paused: bool = field(init=False, default=False)
     _draining: bool = field(init=False, default=False)
@@ -74,6 +75,12 @@ class Subscription:
     def active(self) -> bool:
         """Whether this subscription still receives events."""
         return not self._closed
+
+    def takes(self, kind: type[BusEvent]) -> bool:
+        """Whether events of ``kind`` (or of a subclass of one of its kinds) are handed to this
+        subscriber."""
+        kinds = self._kinds
+        return kinds is None or any(issubclass(kind, taken) for taken in kinds)
 
     def pause(self) -> None:
         """The consumer cannot take more right now: queue events (bounded) until ``resume``."""
@@ -160,6 +167,9 @@ class EventBus:
     _subscriptions: list[Subscription] = field(init=False, factory=list)
     _outbox: deque[Event] = field(init=False, factory=deque)
     _dispatching: bool = field(init=False, default=False)
+    _routes: dict[type[BusEvent], tuple[Subscription, ...]] = field(init=False, factory=dict)
+    """Per kind of event, the subscriptions that take it, in subscription order (made on the
+    first publish of the kind, forgotten when a subscription comes or goes)."""
 
     @property
     def subscriptions(self) -> tuple[Subscription, ...]:
@@ -180,7 +190,13 @@ class EventBus:
         try:
             while self._outbox:
                 current = self._outbox.popleft()
-                for subscription in tuple(self._subscriptions):
+                kind = type(current.value)
+                routes = self._routes.get(kind)
+                if routes is None:
+                    routes = self._routes[kind] = tuple(
+                        s for s in self._subscriptions if s.takes(kind)
+                    )
+                for subscription in routes:
                     subscription._offer(current)
         finally:
             self._dispatching = False
@@ -193,18 +209,28 @@ class EventBus:
         name: str,
         on_dropped: Callable[[str], None] | None = None,
         max_pending: int | None = None,
+        kinds: Iterable[type[BusEvent]] | None = None,
     ) -> Subscription:
-        """Add a subscriber; ``max_pending`` (default: the bus's) bounds its queue while paused."""
+        """Add a subscriber; ``max_pending`` (default: the bus's) bounds its queue while paused;
+        ``kinds``: the only events it is handed (None: every one), so a publish costs nothing
+        for the subscribers that do not read its kind."""
         subscription = Subscription(
             name,
             self,
             sink,
             on_dropped,
             self._max_pending if max_pending is None else max_pending,
+            None if kinds is None else frozenset(kinds),
         )
         self._subscriptions.append(subscription)
+        self._routes.clear()
         return subscription
+
+    def wants(self, kind: type[BusEvent]) -> bool:
+        """Whether any subscriber takes events of ``kind`` (else publishing one is wasted work)."""
+        return any(s.takes(kind) for s in self._subscriptions)
 
     def _remove(self, subscription: Subscription) -> None:
         if subscription in self._subscriptions:
             self._subscriptions.remove(subscription)
+            self._routes.clear()

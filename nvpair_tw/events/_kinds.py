@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from attrs import frozen
 
 __all__ = [
+    "EVENT_KINDS",
     "NODE_COOLDOWN",
     "NODE_COOLDOWN_ENDED",
     "NODE_CORDON",
@@ -468,3 +469,18 @@ class ProxyRequest(BusEvent):
                 wire["predicted_ms"] = self.predicted_ms
                 wire["measured_ms"] = self.measured_ms
         return wire
+
+
+EVENT_KINDS: tuple[type[BusEvent], ...] = (
+    WorkloadQueued,
+    WorkloadStarted,
+    WorkloadCompleted,
+    WorkloadErrored,
+    ProxyRequest,
+    RequestPhase,
+    NodeCooldown,
+    NodeCooldownEnded,
+    NodeCordon,
+    NodeUncordon,
+)
+"""Every kind of event the proxy publishes."""

@@ -29,7 +29,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair_tw.core import IProxyReactor, abort
-from nvpair_tw.events import Event, RequestPhase, Subscription
+from nvpair_tw.events import EVENT_KINDS, Event, RequestPhase, Subscription
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.ops._answers import PendingAnswers
 from nvpair_tw.ops._dispatch import ControlMethods, InOrder
@@ -68,6 +68,9 @@ __all__ = [
     "control_service",
     "forwarded",
 ]
+
+NOTIFIED = tuple(kind for kind in EVENT_KINDS if kind is not RequestPhase)
+"""What a control client is sent: every event but a request's phases (the status page's)."""
 
 log = LevelledLogger(namespace=__name__)
 
@@ -145,6 +148,7 @@ class ControlProtocol(Protocol):
             name=f"control {self.peer}",
             on_dropped=self._dropped,
             max_pending=self._control.max_pending,
+            kinds=NOTIFIED,
         )
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
@@ -234,8 +238,6 @@ class ControlProtocol(Protocol):
         self._close()
 
     def _deliver(self, event: Event) -> None:
-        if isinstance(event.value, RequestPhase):
-            return  # a request's phases are the status page's (docs/operations.md), not notified
         self._write(notification(event))
 
     def _dropped(self, reason: str) -> None:

@@ -249,7 +249,15 @@ class ProxyMetrics:
         self._nodes = NodeCounters(self.registry)
         self.registry.register(RuntimeCollector(runtime))
         self._subscription: Subscription | None = runtime.shared.bus.subscribe(
-            self._observe, name="metrics"
+            self._observe,
+            name="metrics",
+            kinds=(
+                ProxyRequest,
+                NodeCooldown,
+                NodeCooldownEnded,
+                WorkloadCompleted,
+                WorkloadErrored,
+            ),
         )
 
     def exposition(self) -> bytes:

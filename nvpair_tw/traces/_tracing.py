@@ -62,7 +62,9 @@ class RequestTracing:
         self.counts = counts
         self._tracer = provider.get_tracer("nvpair_tw")
         self._open: dict[str, tuple[Span, float, int]] = {}
-        self._subscription: Subscription | None = bus.subscribe(self._observe, name="traces")
+        self._subscription: Subscription | None = bus.subscribe(
+            self._observe, name="traces", kinds=(ProxyRequest,)
+        )
 
     @property
     def open_spans(self) -> int:

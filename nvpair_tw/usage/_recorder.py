@@ -88,7 +88,9 @@ class UsageRecorder:
         self.storage = UsageStorage(reactor, path, self.buffer, self._arm)
         self._flush_timer: IDelayedCall | None = None
         self._unreadable: set[tuple[str, str]] = set()
-        self._subscription: Subscription | None = bus.subscribe(self._observe, name="usage")
+        self._subscription: Subscription | None = bus.subscribe(
+            self._observe, name="usage", kinds=(ProxyRequest,)
+        )
 
     @property
     def path(self) -> str | None:
