@@ -188,6 +188,19 @@ def test_every_listening_port_reaches_the_self_loop_check() -> None:
     top.stopService()
 
 
+def test_the_demo_nodes_are_other_servers_to_the_self_loop_check() -> None:
+    """``--demo``'s simulated nodes listen in this process but are nodes, not the proxy: their
+    ports never reach the self-loop check, so neither is dropped as "this process" (issue 37:
+    both were, and every demo request was a 502 ``no-model-owner``)."""
+    _reactor, top = built("-e", "ollama", "--demo", "--admin", "tcp:9181:interface=127.0.0.1")
+    top.startService()
+    guard = runtime_of(top).self_guard
+    assert {port for _, port in guard.listening} == {11435, 9181}
+    nodes = runtime_of(top).facades["ollama"].directory.nodes()
+    assert nodes and not any(guard.excludes(node.url) for node in nodes)
+    top.stopService()
+
+
 def test_the_assembled_tree_starts_and_stops_cleanly() -> None:
     """Started on a fake reactor every listener binds; stopping leaves no timer behind."""
     reactor, top = built("-e", "ollama", "-e", "lmstudio", "--listen", "lmstudio=tcp:1300")
