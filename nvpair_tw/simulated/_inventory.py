@@ -101,7 +101,8 @@ def ollama_show(model: str, shelf: Shelf) -> Answer:
     ``model_info`` (the architecture, parameter count, context and embedding lengths the Ollama
     CLI reads without checking), capabilities and modification time; 404 in Ollama's words for a
     model it lacks."""
-    tagged = model if ":" in model.rsplit("/", 1)[-1] else f"{model}:latest"
+    untagged = ":" not in model.rsplit("/", 1)[-1] and model not in shelf.names
+    tagged = f"{model}:latest" if untagged else model
     if tagged not in shelf.names:
         return 404, {"error": f"model '{model}' not found"}
     details = _ollama_details(tagged, shelf)

@@ -157,10 +157,10 @@ def test_demo_adds_simulated_nodes_and_their_listeners() -> None:
     """``--demo`` puts both demo nodes behind the facade and listens for them."""
     _reactor, top = built("-e", "ollama", "--demo", "--admin", "none")
     ids = [n.id for n in runtime_of(top).facades["ollama"].directory.nodes()]
-    assert ids == ["demo-flaky", "demo-healthy"]
+    assert ids == ["demo-fast", "demo-slow"]
     found = listeners(top)
-    assert found["demo node healthy"] == "tcp:11501:interface=127.0.0.1"
-    assert found["demo node flaky"] == "tcp:11502:interface=127.0.0.1"
+    assert found["demo node demo-fast"] == "tcp:11501:interface=127.0.0.1"
+    assert found["demo node demo-slow"] == "tcp:11502:interface=127.0.0.1"
 
 
 def test_assembling_starts_nothing(tmp_path: Path) -> None:

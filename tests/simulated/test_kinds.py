@@ -161,6 +161,25 @@ async def test_ollama_kind_whole_generate_and_embeddings(serve: Serve) -> None:
     assert old == {"embedding": embedded["embeddings"][0]}
 
 
+@pytest_twisted.ensureDeferred
+async def test_ollama_kind_shows_a_model_at_once_with_what_the_cli_reads(serve: Serve) -> None:
+    """``POST /api/show`` is answered from what the engine holds, not as inference (no policy
+    applies): details, ``model_info`` with the architecture, parameter count, context and
+    embedding lengths, capabilities; ``llama3`` is ``llama3:latest``; a model it lacks is
+    Ollama's 404."""
+    served = serve("ollama", models=(MODEL,), policy=always(Behaviour.FROZEN), context_length=8192)
+    shown = (await served.ask("POST", "/api/show", {"model": "llama3"})).json()
+    assert {"modelfile", "parameters", "template", "details", "model_info"} <= shown.keys()
+    arch = shown["model_info"]["general.architecture"]
+    assert shown["details"]["family"] == arch and shown["details"]["families"] == [arch]
+    assert shown["model_info"][f"{arch}.context_length"] == 8192
+    assert shown["model_info"]["general.parameter_count"] > 0
+    assert shown["capabilities"] == ["completion"]
+    missing = await served.ask("POST", "/api/show", {"model": "nope"})
+    assert (missing.status, missing.json()) == (404, {"error": "model 'nope' not found"})
+    assert served.engine.inference_count == 0
+
+
 # --- every kind's OpenAI-compatible routes -------------------------------------------------------
 
 
