@@ -555,6 +555,26 @@ def test_the_status_page_shows_who_is_fast_after_the_story(demo: Running) -> Non
     print(f"[readme] measured rates {json.dumps(rates)}")
 
 
+def test_the_readme_states_the_demos_own_figures() -> None:
+    """The figures the README's demo paragraph gives are the demo's own: its nodes and their
+    speeds, its models, the stretch ``demo-fast`` is stuck for and the demo's deadline."""
+    from nvpair_tw.app._demo import DEMO_MODELS, DEMO_NODES, STUCK_FOR
+    from nvpair_tw.tap import DEMO_RESPONSE_HEADER_TIMEOUT
+
+    said = " ".join(README.split())
+    fast, slow = DEMO_NODES
+    names = " and ".join(f"`{m.removesuffix(':latest')}`" for m in DEMO_MODELS)
+    for claim in (
+        f"both serving {names}",
+        f"`{fast.id}`, at about {fast.pace.decode:g} tokens/s, and `{slow.id}`, at about "
+        f"{slow.pace.decode:g}.",
+        f"stays stuck for {STUCK_FOR:g} s",
+        f"the response-header timeout is {DEMO_RESPONSE_HEADER_TIMEOUT:g} s",
+        f"The first one waits {DEMO_RESPONSE_HEADER_TIMEOUT:g} s on `{fast.id}`",
+    ):
+        assert claim in said, f"README.md no longer says {claim!r}"
+
+
 def test_the_ollama_client_works_unchanged_against_the_demo(demo: Running) -> None:
     """The ``ollama`` library: whole and streamed chat and generate, list, show and ps."""
     import ollama
