@@ -330,11 +330,13 @@ FACES: dict[str, list[str]] = {
     ],
     "simulated": [
         "Behaviour",
+        "Pace",
         "Policy",
         "Received",
         "SimulatedEngine",
         "alternate",
         "always",
+        "once",
         "reply_frames",
         "stream_kind",
     ],

@@ -17,6 +17,7 @@ EVERYTHING = {
     "gcc",
     "cmake",
     "g++",
+    "curl",
     "apt-get",
     "python3.11",
     "python3.12",
@@ -64,6 +65,13 @@ def test_missing_as_root_with_apt_installs() -> None:
         ("apt-get", "install", "-y", "-qq", "chromium", "redis-server"),
     )
     assert plan.env["DEBIAN_FRONTEND"] == "noninteractive"
+
+
+def test_curl_for_the_readme_commands_is_installed_like_the_others() -> None:
+    """The README test runs the README's curl lines with curl: a machine without it gets it from
+    apt-get, as it gets chromium."""
+    plan = prerequisites.plan(machine(EVERYTHING - {"curl"}))
+    assert plan.commands[-1] == ("apt-get", "install", "-y", "-qq", "curl")
 
 
 def test_ensure_runs_the_install_commands_in_order() -> None:

@@ -3,10 +3,11 @@ the set-up" (``python3 -m pip install tox && tox``) that pip cannot do. ``toxfil
 :func:`ensure` before tox runs a test env.
 
 System packages (Debian names): ``chromium`` (the status-page browser test), ``redis-server``
-(the fleet tests), ``gcc`` (compiles the real engine's SYCL stub, tests/engines/ollama.py), and
+(the fleet tests), ``gcc`` (compiles the real engine's SYCL stub, tests/engines/ollama.py),
 ``cmake`` and ``g++`` (build llama.cpp's ``llama-server`` for the mixed-fleet tests,
-tests/engines/llamacpp.py), and ``systemd`` (``systemd-analyze``, which checks the shipped unit,
-tests/deploy/test_systemd.py).
+tests/engines/llamacpp.py), ``systemd`` (``systemd-analyze``, which checks the shipped unit,
+tests/deploy/test_systemd.py), and ``curl`` (the README's own commands, run as written by
+tests/e2e/test_readme.py).
 Missing ones are installed with ``apt-get`` when this runs as root and apt-get exists; otherwise
 the run stops at once with one line naming what to install. Tests are never skipped for them.
 
@@ -71,6 +72,7 @@ PACKAGES = (
     Package("cmake", _command("cmake")),
     Package("g++", _cxx_compiler),
     Package("systemd", _command("systemd-analyze")),  # checks docs/deploy/nvpair.service
+    Package("curl", _command("curl")),
 )
 
 

@@ -26,10 +26,9 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
     settings = config.settings
     engines = list(config.engines)
     nodes: dict[str, list[Node]] = {e: list(config.nodes.get(e, ())) for e in engines}
-    if config.demo:
-        from nvpair_tw.app._demo import demo_nodes
-
-        demo_nodes(reactor, engines, nodes).setServiceParent(top)
+    demo = _demo_nodes(reactor, engines, nodes) if config.demo else None
+    if demo is not None:
+        demo.setServiceParent(top)
     runtime = build_runtime(
         reactor,
         settings,
@@ -64,9 +63,18 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
             reactor, description, runtime.site_for(engine), f"{engine} facade"
         ).setServiceParent(top)
     _optional_services(reactor, runtime, config, top)
-    _learn_ports(top, runtime)
+    _learn_ports(top, runtime, other_servers=demo)
     announce_when_listening(top, runtime, config)
     return top
+
+
+def _demo_nodes(
+    reactor: IProxyReactor, engines: list[str], nodes: dict[str, list[Node]]
+) -> service.IService:
+    """``--demo``'s simulated nodes, added to ``nodes`` (the module is imported only then)."""
+    from nvpair_tw.app._demo import demo_nodes
+
+    return demo_nodes(reactor, engines, nodes)
 
 
 def _timeouts_note(config: Config) -> None:
@@ -97,14 +105,22 @@ def _priority_note(runtime: Runtime, config: Config) -> None:
         log.info("{note}", note=note)
 
 
-def _learn_ports(parent: service.IServiceCollection, runtime: Runtime) -> None:
-    """Every listener under ``parent`` (the admin listener sits one level down) reports its port
-    to the self-loop check once it listens (docs/behaviour.md §14.3)."""
+def _learn_ports(
+    parent: service.IServiceCollection, runtime: Runtime, other_servers: service.IService | None
+) -> None:
+    """Every listener of the proxy's own under ``parent`` (the facades and the control channel; the
+    admin listener sits one level down) reports its port to the self-loop check once it listens
+    (docs/behaviour.md §14.3).
+
+    ``other_servers`` (``--demo``'s simulated nodes) only share the process: they are nodes, other
+    servers, so their listeners are not this process and are skipped."""
     for child in parent:
+        if child is other_servers:
+            continue
         if isinstance(child, ListenerService):
             child.ready.addCallback(runtime.self_guard.listened)
         elif isinstance(child, service.MultiService):
-            _learn_ports(child, runtime)
+            _learn_ports(child, runtime, other_servers)
 
 
 def _optional_services(

@@ -9,16 +9,20 @@ from nvpair_tw.simulated._engine import (
     SimulatedEngine,
     alternate,
     always,
+    once,
 )
+from nvpair_tw.simulated._pace import Pace
 from nvpair_tw.simulated._replies import reply_frames, stream_kind
 
 __all__ = [
     "Behaviour",
+    "Pace",
     "Policy",
     "Received",
     "SimulatedEngine",
     "alternate",
     "always",
+    "once",
     "reply_frames",
     "stream_kind",
 ]

@@ -11,6 +11,8 @@ from typing import Any
 
 from attrs import frozen
 
+from nvpair_tw.simulated._pace import Timing
+
 __all__ = ["Asked", "embedding_of", "inputs_of"]
 
 EMBEDDING_SIZE = 4
@@ -28,6 +30,11 @@ class Asked:
     :ivar text: the answer's text; chunk ``i`` says ``f"{text}{i}"``.
     :ivar now: the engine clock's time, in seconds.
     :ivar number: the engine's inference count, for answer ids.
+    :ivar tokens: a paced engine's answer, token by token (then ``chunks`` and ``text`` are not
+        used); empty for the numbered chunks.
+    :ivar timing: a paced engine's durations for this answer (:mod:`~nvpair_tw.simulated._pace`);
+        None for the fixed ones.
+    :ivar finish: why the answer ended (``stop``, or ``length`` when a limit cut it).
     """
 
     path: bytes
@@ -37,6 +44,9 @@ class Asked:
     text: str
     now: float
     number: int
+    tokens: tuple[str, ...] = ()
+    timing: Timing | None = None
+    finish: str = "stop"
 
     @classmethod
     def of(
@@ -79,13 +89,24 @@ class Asked:
         """The prompt's token count: its words (at least one)."""
         return max(1, sum(len(text.split()) for text in _texts(self.body)))
 
+    def prompt_texts(self) -> list[str]:
+        """Every prompt text of the request (message contents, ``prompt``, ``system``, ...)."""
+        return _texts(self.body)
+
     @property
     def completion_tokens(self) -> int:
         """The answer's token count: one a chunk."""
-        return self.chunks
+        return len(self.pieces())
+
+    @property
+    def answer(self) -> str:
+        """The whole answer's text."""
+        return "".join(self.tokens) if self.tokens else self.text
 
     def pieces(self) -> list[str]:
-        """The content of each streamed chunk."""
+        """The content of each streamed chunk: the tokens, else ``f"{text}{i}"``."""
+        if self.tokens:
+            return list(self.tokens)
         return [f"{self.text}{i}" for i in range(self.chunks)]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from nvpair_tw.simulated._asked import Asked
 from nvpair_tw.simulated._kinds import lmstudio_facts
 from nvpair_tw.simulated._ollama_replies import ollama_frames
-from nvpair_tw.simulated._openai_replies import lmstudio_extras, openai_frames
+from nvpair_tw.simulated._openai_replies import STYLES, Style, lmstudio_extras, openai_frames
 from nvpair_tw.simulated._replies import reply_frames
 
 __all__ = ["kind_frames"]
@@ -32,7 +32,7 @@ def kind_frames(kind: str, asked: Asked, context_length: int, response_id: str) 
         facts = lmstudio_facts(asked.model, context_length)
         frames = openai_frames(asked, lmstudio_extras(asked, facts))
     else:
-        frames = openai_frames(asked)
+        frames = openai_frames(asked, style=STYLES.get(kind, Style()))
     if frames is not None:
         return frames
     return reply_frames(path, asked.streaming, asked.chunks, asked.text, response_id=response_id)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Sequence
 from enum import Enum
 from typing import Any
 
-from attrs import define, field, frozen, validators
+from attrs import define, evolve, field, frozen, validators
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
@@ -37,9 +37,10 @@ from twisted.web.server import NOT_DONE_YET, Request, Site
 from nvpair_tw.core import abort
 from nvpair_tw.simulated._asked import Asked
 from nvpair_tw.simulated._dialects import kind_frames
-from nvpair_tw.simulated._inventory import Shelf, kind_listing
+from nvpair_tw.simulated._inventory import Shelf, kind_listing, ollama_show
 from nvpair_tw.simulated._kinds import KINDS, Raw, not_found, serves
 from nvpair_tw.simulated._lmstudio import CHAT_PATH, chat_frames
+from nvpair_tw.simulated._pace import Pace, answer_tokens, token_limit
 from nvpair_tw.simulated._replies import control_answer, reply_frames, route_answer, stream_kind
 from nvpair_tw.simulated._router import Answer, Step, load, router_get, router_post
 
@@ -50,6 +51,7 @@ __all__ = [
     "SimulatedEngine",
     "alternate",
     "always",
+    "once",
     "reply_frames",
     "stream_kind",
 ]
@@ -69,6 +71,11 @@ class Behaviour(Enum):
     EMPTY_200 = "empty-200"  # Content-Length: 0
     SLOW_BODY = "slow-body"  # sends headers, then the body after ``body_delay``
     ERROR_LINE = "error-line"  # an NDJSON stream that ends with an ``{"error": ...}`` line (200)
+    STUCK = "stuck"  # the whole engine freezes for ``stuck_for`` seconds (this request: for good)
+
+
+_SILENT = (Behaviour.FROZEN, Behaviour.STUCK)
+"""Behaviours that answer nothing, so no delay comes first."""
 
 
 @frozen
@@ -98,6 +105,11 @@ def always(behaviour: Behaviour) -> Policy:
 def alternate(first: Behaviour, second: Behaviour) -> Policy:
     """``first`` on odd-numbered inference requests, ``second`` on even ones (1-based)."""
     return lambda number, _path: first if number % 2 == 1 else second
+
+
+def once(behaviour: Behaviour) -> Policy:
+    """``behaviour`` on the first inference request, :attr:`Behaviour.HEALTHY` on every later one."""
+    return lambda number, _path: behaviour if number == 1 else Behaviour.HEALTHY
 
 
 @define
@@ -139,6 +151,12 @@ class SimulatedEngine(Resource):
     loaded_context: int | None = field(default=None, kw_only=True)
     """The context a loaded model is loaded with (LM Studio's loaded instance, a router's
     ``/props?model=``); None: ``context_length``."""
+    pace: Pace | None = field(default=None, kw_only=True)
+    """A machine's speed (:mod:`~nvpair_tw.simulated._pace`; a kind's engine only): answers in
+    words at that pace, stating its counts and durations; None: ``chunks`` numbered chunks,
+    ``header_delay`` and ``chunk_delay`` apart."""
+    stuck_for: float = field(default=0.0, kw_only=True)
+    """How long :attr:`Behaviour.STUCK` freezes the whole engine (:attr:`frozen`), in seconds."""
     received: list[Received] = field(factory=list)
     inference_count: int = 0
     _timers: list[IDelayedCall] = field(factory=list)
@@ -178,14 +196,15 @@ class SimulatedEngine(Resource):
         if answer is not None:
             status, document = answer
             request.setResponseCode(status)
-            return self._json(request, document)
+            return _json(request, document)
         self.inference_count += 1
         behaviour = self.policy(self.inference_count, path)
         _use_model(self, path, body)
         self._open.append(request)
         request.notifyFinish().addBoth(self._closed, request)
-        if self.header_delay > 0 and behaviour is not Behaviour.FROZEN:
-            self._later(self.header_delay, self._act, request, behaviour, body)
+        head = _head(self, path, body)
+        if head > 0 and behaviour not in _SILENT:
+            self._later(head, self._act, request, behaviour, body)
         else:
             self._act(request, behaviour, body)
         return NOT_DONE_YET
@@ -204,7 +223,10 @@ class SimulatedEngine(Resource):
         self._timers.append(self.clock.callLater(delay, fn, *args))
 
     def _act(self, request: Request, behaviour: Behaviour, body: bytes) -> None:
-        if behaviour is Behaviour.FROZEN:
+        if behaviour is Behaviour.STUCK:
+            self.frozen = True
+            self._later(self.stuck_for, setattr, self, "frozen", False)
+        if behaviour in _SILENT:
             return
         if _refused(request, behaviour, body, self.models):
             return
@@ -246,17 +268,19 @@ class SimulatedEngine(Resource):
             _hang_up(request)
             return
         request.write(frame)
-        if self.chunk_delay > 0:
-            self._later(self.chunk_delay, self._send, request, frames, index + 1)
+        gap = self.chunk_delay if self.pace is None else 1 / self.pace.decode
+        if gap > 0:
+            self._later(gap, self._send, request, frames, index + 1)
         else:
             self._send(request, frames, index + 1)
 
-    def _json(self, request: Request, document: Any) -> bytes:
-        if isinstance(document, Raw):
-            request.setHeader(b"content-type", document.content_type)
-            return document.body
-        request.setHeader(b"content-type", b"application/json")
-        return json.dumps(document).encode()
+
+def _json(request: Request, document: Any) -> bytes:
+    if isinstance(document, Raw):
+        request.setHeader(b"content-type", document.content_type)
+        return document.body
+    request.setHeader(b"content-type", b"application/json")
+    return json.dumps(document).encode()
 
 
 def _path_is(request: Request, path: bytes) -> bool:
@@ -373,6 +397,8 @@ def _answered_at_once(
         routed = _router_answer(engine, request, body)
         if routed is not None:
             return routed
+    if engine.kind == "ollama" and request.method == b"POST" and path == b"/api/show":
+        return ollama_show(_named(body), _shelf(engine))
     if engine.kind is not None and request.method == b"GET":
         listed = kind_listing(engine.kind, path, _shelf(engine))
         return listed if listed is not None else (404, not_found(engine.kind, b"GET", path))
@@ -403,9 +429,34 @@ def _healthy_frames(
         )
     now, number = engine.clock.seconds(), engine.inference_count
     asked = Asked.of(path, body, streaming, engine.chunks, engine.reply_text, now, number)
+    if engine.pace is not None:
+        asked = _paced(asked, engine.pace)
     if engine.kind == "lmstudio" and path == CHAT_PATH:
         return chat_frames(asked)
-    return kind_frames(engine.kind, asked, engine.context_length, response_id)
+    frames = kind_frames(engine.kind, asked, engine.context_length, response_id)
+    last = asked.completion_tokens - 1  # a paced answer's end goes with its last token
+    if engine.pace is None or len(frames) <= last + 1:
+        return frames
+    return [*frames[:last], b"".join(frames[last:])]
+
+
+def _paced(asked: Asked, pace: Pace) -> Asked:
+    """``asked`` answered at ``pace``: in words, cut at the request's limit, with its timing."""
+    tokens, finish = answer_tokens(token_limit(asked.body))
+    timing = pace.timing(asked.prompt_tokens, len(tokens))
+    return evolve(asked, tokens=tokens, timing=timing, finish=finish)
+
+
+def _head(engine: SimulatedEngine, path: bytes, body: bytes) -> float:
+    """Seconds before an inference answer's headers and first frame: a paced engine's first token
+    (a whole answer's last), else ``header_delay``. Later frames go ``1 / decode`` (else
+    ``chunk_delay``) apart."""
+    if engine.pace is None:
+        return engine.header_delay
+    streaming, _ = stream_kind(path, body)
+    timing = _paced(Asked.of(path, body, streaming, 1, "", 0.0, 0), engine.pace).timing
+    assert timing is not None
+    return timing.first_token if streaming else timing.total
 
 
 def _shelf(engine: SimulatedEngine) -> Shelf:

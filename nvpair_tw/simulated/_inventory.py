@@ -2,7 +2,8 @@
 """The GET routes of a simulated engine of one kind, answered from what it holds (a :class:`Shelf`):
 model lists, residency, and the status routes of its real server.
 
-- ``ollama``: ``/api/tags``, ``/api/ps``, ``/api/version``, ``/v1/models``.
+- ``ollama``: ``/api/tags``, ``/api/ps``, ``/api/version``, ``/v1/models``, and the one POST
+  answered from what it holds, ``/api/show`` (:func:`ollama_show`); records as Ollama 0.9.3's.
 - ``lmstudio``: ``/v1/models``, ``/v1/models/{id}``, ``/api/v0/models`` and ``/api/v0/models/{id}``
   with LM Studio's documented records (``type``, ``state``, ``max_context_length``, …), and
   LM Studio 0.4's ``/api/v1/models`` (:mod:`~nvpair_tw.simulated._lmstudio`).
@@ -15,6 +16,7 @@ The residency routes (``/api/ps``, ``/api/v0/models``, ``/v1/models/status``) an
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,10 +25,10 @@ from attrs import frozen
 from nvpair_tw.simulated._kinds import lmstudio_facts
 from nvpair_tw.simulated._lmstudio import V1_MODELS, v1_model
 
-__all__ = ["Shelf", "kind_listing"]
+__all__ = ["Shelf", "kind_listing", "ollama_show"]
 
-_DIGEST = "sha256:" + "5a" * 32
 _SIZE = 4_661_224_676
+_MODIFIED = "2025-01-01T00:00:00Z"
 
 
 @frozen
@@ -81,22 +83,56 @@ def kind_listing(kind: str, path: bytes, shelf: Shelf) -> Answer:
     return _llama_cpp(path, shelf)
 
 
+def _ollama_details(model: str, shelf: Shelf) -> dict[str, Any]:
+    """An Ollama model's ``details``, its family from its name."""
+    family = lmstudio_facts(model, shelf.context_length)["arch"]
+    return {
+        "parent_model": "",
+        "format": "gguf",
+        "family": family,
+        "families": [family],
+        "parameter_size": "8B",
+        "quantization_level": "Q4_K_M",
+    }
+
+
+def ollama_show(model: str, shelf: Shelf) -> Answer:
+    """Ollama's ``POST /api/show`` of ``model`` (``llama3`` is ``llama3:latest``): its Modelfile, parameters, template, details,
+    ``model_info`` (the architecture, parameter count, context and embedding lengths the Ollama
+    CLI reads without checking), capabilities and modification time; 404 in Ollama's words for a
+    model it lacks."""
+    untagged = ":" not in model.rsplit("/", 1)[-1] and model not in shelf.names
+    tagged = f"{model}:latest" if untagged else model
+    if tagged not in shelf.names:
+        return 404, {"error": f"model '{model}' not found"}
+    details = _ollama_details(tagged, shelf)
+    arch = details["family"]
+    template = "{{ .Prompt }}"
+    return 200, {
+        "modelfile": f"# Modelfile of the simulated {model}\nFROM {model}\n"
+        f'TEMPLATE "{template}"\nPARAMETER temperature 0.7\n',
+        "parameters": "temperature                    0.7",
+        "template": template,
+        "details": details,
+        "model_info": {
+            "general.architecture": arch,
+            "general.parameter_count": 8_030_261_248,
+            f"{arch}.context_length": shelf.context_length,
+            f"{arch}.embedding_length": 4096,
+        },
+        "capabilities": ["completion"],
+        "modified_at": _MODIFIED,
+    }
+
+
 def _ollama(path: bytes, shelf: Shelf) -> Answer:
     def record(model: str) -> dict[str, Any]:
-        family = lmstudio_facts(model, shelf.context_length)["arch"]
-        details = {"format": "gguf", "family": family, "parameter_size": "8B"}
-        return {
-            "name": model,
-            "model": model,
-            "size": _SIZE,
-            "digest": _DIGEST,
-            "details": {**details, "quantization_level": "Q4_K_M"},
-        }
+        details = _ollama_details(model, shelf)
+        digest = hashlib.sha256(model.encode()).hexdigest()  # Ollama's: hex, no "sha256:"
+        return {"name": model, "model": model, "size": _SIZE, "digest": digest, "details": details}
 
     if path == b"/api/tags":
-        return 200, {
-            "models": [{**record(m), "modified_at": "2025-01-01T00:00:00Z"} for m in shelf.models]
-        }
+        return 200, {"models": [{**record(m), "modified_at": _MODIFIED} for m in shelf.models]}
     if path == b"/api/ps":
         if shelf.loaded is None:
             return None

@@ -78,7 +78,7 @@ def chat_frames(asked: Asked) -> list[bytes]:
     """The frames of ``POST /api/v1/chat``: one JSON document, or the named SSE events of a
     stream."""
     if not asked.streaming:
-        return [json.dumps(_whole(asked, asked.text)).encode()]
+        return [json.dumps(_whole(asked, asked.answer)).encode()]
     whole = _whole(asked, "".join(asked.pieces()))
     instance = {"model_instance_id": asked.model}
     events: list[tuple[str, dict[str, Any]]] = [("chat.start", instance)]

@@ -4,25 +4,55 @@
 add ``stats``, ``model_info`` and ``runtime``).
 
 A stream is ``chat.completion.chunk`` events naming the requested model, the last content chunk with
-``finish_reason: "stop"``, a usage chunk (``choices: []``) only when the request asked for
-``stream_options.include_usage``, then ``data: [DONE]``. A whole answer carries ``usage``."""
+the ``finish_reason`` (``stop``, or ``length`` when a limit cut the answer), a usage chunk
+(``choices: []``) only when the request asked for ``stream_options.include_usage``, then
+``data: [DONE]``. A whole answer carries ``usage``.
+
+Where a kind's server writes these its own way, the difference is a :class:`Style` in
+:data:`STYLES`: Ollama (0.9.3, compared field by field) puts ``system_fingerprint: "fp_ollama"`` on
+every chunk and answer, ends the content with a chunk of its own (empty content, the
+``finish_reason``), and sends no ``logprobs``."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from attrs import frozen
+
 from nvpair_tw.simulated._asked import Asked, embedding_of, inputs_of
 
-__all__ = ["lmstudio_extras", "openai_frames"]
+__all__ = ["STYLES", "Style", "lmstudio_extras", "openai_frames"]
 
 
-def openai_frames(asked: Asked, extras: dict[str, Any] | None = None) -> list[bytes] | None:
+@frozen
+class Style:
+    """How one kind's server writes an OpenAI-style answer.
+
+    :ivar fingerprint: the ``system_fingerprint`` of every chunk and answer, or None for none.
+    :ivar finish_chunk: whether the ``finish_reason`` comes on an empty chunk of its own after the
+        content (else on the last content chunk).
+    :ivar logprobs: whether each choice carries ``"logprobs": null``.
+    """
+
+    fingerprint: str | None = None
+    finish_chunk: bool = False
+    logprobs: bool = True
+
+
+STYLES = {"ollama": Style("fp_ollama", finish_chunk=True, logprobs=False)}
+"""Each kind's :class:`Style`; a kind not listed writes ``Style()``."""
+
+
+def openai_frames(
+    asked: Asked, extras: dict[str, Any] | None = None, style: Style = Style()
+) -> list[bytes] | None:
     """The frames of an OpenAI-style answer to ``asked``, or None for a route this module does not
     answer (``/v1/responses``, ``/v1/messages``, …).
 
     :param asked: the request.
     :param extras: fields added to a whole chat or text completion (LM Studio's ``stats``, …).
+    :param style: how the kind's server writes it.
     """
     if asked.path.endswith(b"/embeddings"):
         return [_json(_embeddings(asked))]
@@ -33,15 +63,19 @@ def openai_frames(asked: Asked, extras: dict[str, Any] | None = None) -> list[by
     else:
         return None
     if not asked.streaming:
-        return [_json({**_whole(asked, chat), **(extras or {})})]
+        return [_json({**_whole(asked, chat, style), **(extras or {})})]
     pieces = asked.pieces()
+    last = len(pieces) - 1
+    if style.finish_chunk:
+        pieces, last = [*pieces, ""], len(pieces)
     events = [
-        _event(_chunk(asked, chat, piece, "stop" if i == len(pieces) - 1 else None))
+        _event(_chunk(asked, chat, style, piece, asked.finish if i == last else None))
         for i, piece in enumerate(pieces)
     ]
     options = asked.body.get("stream_options")
     if isinstance(options, dict) and options.get("include_usage") is True:
-        events.append(_event({**_head(asked, chat, True), "choices": [], "usage": _usage(asked)}))
+        usage = {**_head(asked, chat, True, style), "choices": [], "usage": _usage(asked)}
+        events.append(_event(usage))
     return [*events, b"data: [DONE]\n\n"]
 
 
@@ -83,37 +117,46 @@ def _usage(asked: Asked) -> dict[str, int]:
     }
 
 
-def _head(asked: Asked, chat: bool, streaming: bool) -> dict[str, Any]:
+def _head(asked: Asked, chat: bool, streaming: bool, style: Style) -> dict[str, Any]:
     if chat:
         kind, prefix = ("chat.completion.chunk" if streaming else "chat.completion"), "chatcmpl"
     else:
         kind, prefix = "text_completion", "cmpl"
-    return {
+    head: dict[str, Any] = {
         "id": f"{prefix}-sim{asked.number}",
         "object": kind,
         "created": asked.created,
         "model": asked.model,
     }
+    if style.fingerprint is not None:
+        head["system_fingerprint"] = style.fingerprint
+    return head
 
 
-def _whole(asked: Asked, chat: bool) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": "stop"}
+def _whole(asked: Asked, chat: bool, style: Style) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": asked.finish}
+    if not style.logprobs:
+        del choice["logprobs"]
     if chat:
-        choice["message"] = {"role": "assistant", "content": asked.text}
+        choice["message"] = {"role": "assistant", "content": asked.answer}
     else:
-        choice["text"] = asked.text
-    return {**_head(asked, chat, False), "choices": [choice], "usage": _usage(asked)}
+        choice["text"] = asked.answer
+    answer = _head(asked, chat, False, style)
+    return {**answer, "choices": [choice], "usage": _usage(asked)}
 
 
-def _chunk(asked: Asked, chat: bool, piece: str, finish: str | None) -> dict[str, Any]:
+def _chunk(
+    asked: Asked, chat: bool, style: Style, piece: str, finish: str | None
+) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": 0}
     if chat:
         choice["delta"] = {"role": "assistant", "content": piece}
     else:
         choice["text"] = piece
-        choice["logprobs"] = None
+        if style.logprobs:
+            choice["logprobs"] = None
     choice["finish_reason"] = finish
-    return {**_head(asked, chat, True), "choices": [choice]}
+    return {**_head(asked, chat, True, style), "choices": [choice]}
 
 
 def _embeddings(asked: Asked) -> dict[str, Any]:

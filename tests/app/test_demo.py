@@ -1,22 +1,24 @@
 # -*- test-case-name: tests.app.test_demo -*-
-"""``--demo``: two simulated nodes behind every facade, one healthy and one that freezes every other time."""
+"""``--demo``: two simulated Ollama machines behind every facade, ``demo-fast`` (50 tokens/s) that
+hangs once for a stretch and ``demo-slow`` (12 tokens/s), and the README's story on their clock."""
 
 from __future__ import annotations
 
-import io
 from typing import Any, cast
 
 import pytest
-from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.internet.testing import MemoryReactorClock
 from twisted.web.server import Site
-from twisted.web.test.requesthelper import DummyChannel, DummyRequest
 
-from nvpair_tw.app._demo import DEMO_MODELS, DEMO_PORTS, demo_nodes
+from nvpair_tw.app._demo import DEMO_MODELS, DEMO_NODES, DEMO_PORTS, STUCK_FOR, demo_nodes
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.nodes._directory import Node
-from nvpair_tw.simulated._engine import Behaviour, SimulatedEngine
+from nvpair_tw.simulated._engine import SimulatedEngine
 from nvpair_tw.testing import MemoryCluster
+
+CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "Why is the sky blue?"}]}
+DEADLINE = 5.0
 
 
 def _started(engines: list[str]) -> tuple[MemoryReactorClock, Any, dict[str, list[Node]]]:
@@ -27,121 +29,124 @@ def _started(engines: list[str]) -> tuple[MemoryReactorClock, Any, dict[str, lis
     return reactor, services, nodes
 
 
-def _engines_by_port(reactor: MemoryReactorClock) -> dict[tuple[int, str], SimulatedEngine]:
-    found: dict[tuple[int, str], SimulatedEngine] = {}
+def _engines(reactor: MemoryReactorClock) -> dict[str, SimulatedEngine]:
+    """The demo's engines by node id, found by the loopback port each listens on."""
+    ids = {port: node_id for node_id, port in DEMO_PORTS.items()}
+    found: dict[str, SimulatedEngine] = {}
     for port, factory, _backlog, interface in reactor.tcpServers:
-        assert isinstance(factory, Site)
-        assert isinstance(factory.resource, SimulatedEngine)
-        found[(port, interface)] = factory.resource
+        assert isinstance(factory, Site) and isinstance(factory.resource, SimulatedEngine)
+        assert interface == "127.0.0.1"
+        found[ids[port]] = factory.resource
     return found
 
 
 def test_demo_nodes_join_every_engine() -> None:
-    """Each facade gets ``demo-healthy`` and ``demo-flaky`` on loopback, after any nodes it had."""
+    """Each facade gets ``demo-fast`` and ``demo-slow`` on loopback, after any nodes it had."""
     reactor = MemoryReactorClock()
     own = Node(id="gpu-1", url="http://10.0.0.5:11434")
     nodes: dict[str, list[Node]] = {"ollama": [own]}
     demo_nodes(cast(IProxyReactor, reactor), ["ollama", "omlx"], nodes)
-    healthy = Node(id="demo-healthy", url="http://127.0.0.1:11501", source="flag")
-    flaky = Node(id="demo-flaky", url="http://127.0.0.1:11502", source="flag")
-    assert nodes == {"ollama": [own, healthy, flaky], "omlx": [healthy, flaky]}
+    fast = Node(id="demo-fast", url="http://127.0.0.1:11501", source="flag")
+    slow = Node(id="demo-slow", url="http://127.0.0.1:11502", source="flag")
+    assert nodes == {"ollama": [own, fast, slow], "omlx": [fast, slow]}
 
 
-def test_demo_engines_listen_on_loopback_demo_ports() -> None:
-    """Starting the demo service listens on 127.0.0.1 at the two demo ports, once each."""
+def test_demo_engines_are_ollama_machines_of_unequal_speed_on_loopback() -> None:
+    """Starting the demo listens on 127.0.0.1 at the two demo ports, each a simulated Ollama with
+    both demo models loaded, at 50 and 12 tokens/s."""
     reactor, services, _nodes = _started(["ollama", "lmstudio"])
     try:
-        assert sorted(_engines_by_port(reactor)) == [
-            (DEMO_PORTS["healthy"], "127.0.0.1"),
-            (DEMO_PORTS["flaky"], "127.0.0.1"),
-        ]
+        engines = _engines(reactor)
+        assert sorted(engines) == ["demo-fast", "demo-slow"]
+        assert {e.kind for e in engines.values()} == {"ollama"}
+        assert all(
+            tuple(e.loaded or ()) == tuple(e.models) == DEMO_MODELS for e in engines.values()
+        )
+        speeds = {i: e.pace.decode for i, e in engines.items() if e.pace is not None}
+        assert speeds == {"demo-fast": 50.0, "demo-slow": 12.0}
+        assert [n.id for n in DEMO_NODES] == ["demo-fast", "demo-slow"]
     finally:
         services.stopService()
 
 
-def _post_chat(engine: SimulatedEngine) -> Any:
-    """Render one streaming ``POST /api/chat`` on a simulated engine; return the request."""
-    request: Any = DummyRequest([b"api", b"chat"])
-    request.method = b"POST"
-    request.path = request.uri = b"/api/chat"
-    request.channel = DummyChannel()
-    request.transport = StringTransport()
-    request.content = io.BytesIO(b'{"model": "llama3", "stream": true}')
-    engine.render(request)
-    return request
-
-
-def test_flaky_engine_alternates_frozen_and_healthy() -> None:
-    """The flaky node freezes on odd inference requests and answers on even ones; the other never fails."""
-    reactor, services, _nodes = _started(["ollama"])
-    try:
-        engines = _engines_by_port(reactor)
-        flaky = engines[(DEMO_PORTS["flaky"], "127.0.0.1")]
-        healthy = engines[(DEMO_PORTS["healthy"], "127.0.0.1")]
-        assert [flaky.policy(n, b"/api/chat") for n in (1, 2, 3, 4)] == [
-            Behaviour.FROZEN,
-            Behaviour.HEALTHY,
-            Behaviour.FROZEN,
-            Behaviour.HEALTHY,
-        ]
-        assert [bool(_post_chat(flaky).written) for _ in range(4)] == [False, True, False, True]
-        assert all(_post_chat(healthy).written for _ in range(3))
-        assert tuple(flaky.models) == tuple(healthy.models) == DEMO_MODELS
-    finally:
-        services.stopService()
-
-
-def test_stopping_the_demo_cancels_timers_and_closes_frozen_requests() -> None:
-    """Stopping the demo leaves no stream timer behind and aborts requests the flaky node froze."""
-    reactor, services, _nodes = _started(["ollama"])
-    engines = _engines_by_port(reactor)
-    frozen = _post_chat(engines[(DEMO_PORTS["flaky"], "127.0.0.1")])
-    _post_chat(engines[(DEMO_PORTS["healthy"], "127.0.0.1")])
-    assert [call for call in reactor.getDelayedCalls() if call.active()]
-    services.stopService()
-    assert [call for call in reactor.getDelayedCalls() if call.active()] == []
-    assert isinstance(frozen.transport, StringTransport)
-    assert frozen.transport.disconnecting
-
-
-def test_demo_walkthrough_through_a_facade_in_memory() -> None:
-    """The README's demo story on the demo's own clock: the first chat waits one 5 s header
-    deadline on ``demo-flaky`` and is answered by ``demo-healthy``; the next goes straight to
-    ``demo-healthy``; once the cooldown has passed ``demo-flaky`` answers again. The chats are
-    non-streaming, so each answer arrives whole once its 20 tokens (2 s) are generated (§6.5)."""
+def test_stopping_the_demo_cancels_timers_and_closes_stuck_requests() -> None:
+    """Stopping the demo leaves no timer behind (the stretch's end included) and aborts the
+    request ``demo-fast`` got stuck on."""
     reactor, services, nodes = _started(["ollama"])
-    engines = _engines_by_port(reactor)
-    by_id = {
-        "demo-healthy": engines[(DEMO_PORTS["healthy"], "127.0.0.1")],
-        "demo-flaky": engines[(DEMO_PORTS["flaky"], "127.0.0.1")],
-    }
-    cluster = MemoryCluster(
-        reactor,
-        {node.id: by_id[node.id] for node in nodes["ollama"]},
-        settings=Settings(response_header_timeout=5.0),
-    )
-    chat = {"model": "llama3", "messages": [], "stream": False}
+    engines = _engines(reactor)
+    cluster = MemoryCluster(reactor, engines, facades=())  # type: ignore[arg-type]
+    stuck = cluster.request("POST", "/api/chat", json=CHAT, node="demo-fast")
+    cluster.request("POST", "/api/chat", json=CHAT, node="demo-slow")
+    cluster.advance(0.01)
+    assert engines["demo-fast"].frozen and engines["demo-fast"].open_requests
+    services.stopService()
+    cluster.advance(0.01)
+    assert stuck.called  # cut
+    cluster.stop()
+    assert [call for call in reactor.getDelayedCalls() if call.active()] == []
+    assert nodes["ollama"]
+
+
+def test_demo_fast_hangs_on_its_first_request_for_a_stretch_then_answers() -> None:
+    """``demo-fast``'s first request is never answered, and for :data:`STUCK_FOR` seconds nothing
+    else is either, its model list included; after, it answers (the stuck request stays lost)."""
+    reactor, services, _nodes = _started(["ollama"])
+    engines = _engines(reactor)
+    cluster = MemoryCluster(reactor, engines, facades=())  # type: ignore[arg-type]
     try:
-        first = cluster.request("POST", "/api/chat", json=chat)
-        cluster.advance(4.9)
-        assert not first.called
-        cluster.advance(0.1)
-        assert not first.called  # failed over at 5 s; demo-healthy is generating
-        cluster.advance(2.0)
-        answered = cluster.result(first)
-        assert answered.header("x-nvpair-node") == "demo-healthy"
-        assert answered.headers_at == pytest.approx(7.0)  # 5 s deadline + 2 s of generation
-        second = cluster.request("POST", "/api/chat", json=chat)
-        cluster.advance(2.0)
-        assert cluster.result(second).header("x-nvpair-node") == "demo-healthy"
-        [cooling] = cluster.named("node/cooldown")
-        assert cooling["node_id"] == "demo-flaky"
-        cluster.advance(cooling["coolingUntil"] / 1000 - reactor.seconds())
-        pending = cluster.request("POST", "/api/chat", json=chat)
-        cluster.advance(2.0)
-        again = cluster.result(pending)
-        assert again.header("x-nvpair-node") == "demo-flaky"
-        assert again.headers_at == pytest.approx(12.0)
+        first = cluster.request("POST", "/api/chat", json=CHAT, node="demo-fast")
+        cluster.advance(1.0)
+        tags = cluster.request("GET", "/api/tags", node="demo-fast")
+        cluster.advance(STUCK_FOR - 1.5)
+        assert not first.called and not tags.called
+        cluster.advance(1.0)
+        assert cluster.fetch("GET", "/api/tags", node="demo-fast").status == 200
+        later = cluster.request("POST", "/api/chat", json=CHAT, node="demo-fast")
+        cluster.advance(1.0)
+        assert cluster.result(later).complete and not first.called and not tags.called
+    finally:
+        cluster.stop()
+        services.stopService()
+
+
+def _chat(cluster: MemoryCluster) -> tuple[str | None, float]:
+    """One streamed chat through the facade, run to its end: who answered, and how long its
+    headers took."""
+    started = cluster.clock.seconds()
+    pending = cluster.request("POST", "/api/chat", json=CHAT)
+    cluster.advance(DEADLINE + 4)
+    answered = cluster.result(pending)
+    assert answered.complete
+    return answered.header("x-nvpair-node"), answered.headers_at - started
+
+
+def test_the_readme_story_on_the_demo_clock() -> None:
+    """The README's demo, in memory: the first chat waits one 5 s deadline on ``demo-fast`` and
+    ``demo-slow`` answers it; the next go straight to ``demo-slow``; ``demo-fast``'s first
+    question (at 10 s) is not answered, so its cooldown is renewed once; the second (at 20 s) is,
+    and from then on ``demo-fast`` serves, measured at 50 tokens/s against 12."""
+    reactor, services, _nodes = _started(["ollama"])
+    engines = _engines(reactor)
+    cluster = MemoryCluster(reactor, engines, settings=Settings(response_header_timeout=DEADLINE))  # type: ignore[arg-type]
+    try:
+        node, took = _chat(cluster)
+        assert node == "demo-slow"
+        assert took == pytest.approx(DEADLINE + 0.02 + 5 / 150 + 1 / 12, abs=0.01)
+        assert _chat(cluster)[0] == "demo-slow"  # t = 9: demo-fast is cooling
+        cluster.advance(20.5 - cluster.clock.seconds())
+        cooldowns = cluster.named("node/cooldown")
+        assert [(c["node_id"], c.get("renewed", False)) for c in cooldowns] == [
+            ("demo-fast", False),
+            ("demo-fast", True),
+        ]
+        [ended] = cluster.named("node/cooldown-ended")
+        assert (ended["node_id"], ended["why"]) == ("demo-fast", "expired")
+        served = [_chat(cluster) for _ in range(3)]
+        assert [node for node, _ in served] == ["demo-fast"] * 3
+        assert all(took == pytest.approx(0.02 + 5 / 800 + 1 / 50, abs=0.01) for _, took in served)
+        speeds = cluster.facade().speeds
+        decode = {n: speeds.to_json(n)["llama3"]["decodeTokensPerSecond"] for n in engines}
+        assert decode == {"demo-fast": pytest.approx(50.0), "demo-slow": pytest.approx(12.0)}
     finally:
         cluster.stop()
         services.stopService()

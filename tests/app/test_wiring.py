@@ -157,10 +157,10 @@ def test_demo_adds_simulated_nodes_and_their_listeners() -> None:
     """``--demo`` puts both demo nodes behind the facade and listens for them."""
     _reactor, top = built("-e", "ollama", "--demo", "--admin", "none")
     ids = [n.id for n in runtime_of(top).facades["ollama"].directory.nodes()]
-    assert ids == ["demo-flaky", "demo-healthy"]
+    assert ids == ["demo-fast", "demo-slow"]
     found = listeners(top)
-    assert found["demo node healthy"] == "tcp:11501:interface=127.0.0.1"
-    assert found["demo node flaky"] == "tcp:11502:interface=127.0.0.1"
+    assert found["demo node demo-fast"] == "tcp:11501:interface=127.0.0.1"
+    assert found["demo node demo-slow"] == "tcp:11502:interface=127.0.0.1"
 
 
 def test_assembling_starts_nothing(tmp_path: Path) -> None:
@@ -185,6 +185,19 @@ def test_every_listening_port_reaches_the_self_loop_check() -> None:
     guard = runtime_of(top).self_guard
     assert {port for _, port in guard.listening} == {11435, 9181}
     assert guard.excludes("http://localhost:9181") and not guard.excludes("http://10.0.0.5:9181")
+    top.stopService()
+
+
+def test_the_demo_nodes_are_other_servers_to_the_self_loop_check() -> None:
+    """``--demo``'s simulated nodes listen in this process but are nodes, not the proxy: their
+    ports never reach the self-loop check, so neither is dropped as "this process" (issue 37:
+    both were, and every demo request was a 502 ``no-model-owner``)."""
+    _reactor, top = built("-e", "ollama", "--demo", "--admin", "tcp:9181:interface=127.0.0.1")
+    top.startService()
+    guard = runtime_of(top).self_guard
+    assert {port for _, port in guard.listening} == {11435, 9181}
+    nodes = runtime_of(top).facades["ollama"].directory.nodes()
+    assert nodes and not any(guard.excludes(node.url) for node in nodes)
     top.stopService()
 
 

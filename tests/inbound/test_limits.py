@@ -44,7 +44,7 @@ def _site(clock: Clock, **limits: Any) -> tuple[LimitedSite, _Echo]:
     return make_site(root, clock=clock, **limits), root
 
 
-def _error(raw: bytes) -> tuple[bytes, dict[str, str]]:
+def _error(raw: bytes) -> tuple[bytes, dict[str, Any]]:
     """The status line and JSON body of a proxy error response (checking its headers)."""
     status, headers, body = split_answer(raw)
     assert headers[b"content-type"] == b"application/json"

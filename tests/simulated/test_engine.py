@@ -23,6 +23,7 @@ from nvpair_tw.simulated._engine import (
     SimulatedEngine,
     alternate,
     always,
+    once,
     reply_frames,
     stream_kind,
 )
@@ -199,6 +200,38 @@ def test_always_and_alternate_choose_by_request_number() -> None:
         Behaviour.STATUS_503,
         Behaviour.HEALTHY,
     ]
+
+
+def test_once_gives_the_first_request_its_behaviour_and_the_rest_healthy() -> None:
+    """``once(b)``: ``b`` for inference request 1 only."""
+    policy = once(Behaviour.STUCK)
+    assert [policy(n, b"/api/chat") for n in (1, 2, 3)] == [
+        Behaviour.STUCK,
+        Behaviour.HEALTHY,
+        Behaviour.HEALTHY,
+    ]
+
+
+def test_stuck_freezes_the_whole_engine_for_a_stretch(memory_cluster: Make) -> None:
+    """STUCK: that request is never answered, and for ``stuck_for`` seconds no other request is
+    either, model lists included; afterwards the engine answers what arrives (not what it took
+    while stuck)."""
+    cluster = serve(memory_cluster, once(Behaviour.STUCK), stuck_for=10.0, chunks=1)
+    stuck = cluster.request("POST", "/api/chat", data=CHAT, node="e")
+    cluster.advance(1.0)
+    assert engine_of(cluster).frozen
+    during = [
+        cluster.request("GET", "/api/tags", node="e"),
+        cluster.request("POST", "/api/chat", data=CHAT, node="e"),
+    ]
+    cluster.advance(8.9)
+    assert not any(p.called for p in [stuck, *during])
+    cluster.advance(0.2)
+    assert not engine_of(cluster).frozen
+    assert cluster.fetch("GET", "/api/tags", node="e").status == 200
+    assert post(cluster).complete
+    cluster.advance(60)
+    assert not any(p.called for p in [stuck, *during])
 
 
 def test_policy_counts_inference_requests_only(memory_cluster: Make) -> None:

@@ -21,6 +21,9 @@ from nvpair_tw.simulated import Behaviour, SimulatedEngine, always, stream_kind
 pytestmark = pytest.mark.timeout(30)
 
 OPENAI_KINDS = ("ollama", "lmstudio", "omlx", "openai")
+ENDS_APART = {"ollama"}
+"""Kinds whose server ends a stream's content with an empty chunk of its own carrying the
+``finish_reason`` (Ollama 0.9.3, compared with the real one); the others put it on the last one."""
 MODEL = "llama3:latest"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "say hi to me"}]}
 
@@ -158,6 +161,25 @@ async def test_ollama_kind_whole_generate_and_embeddings(serve: Serve) -> None:
     assert old == {"embedding": embedded["embeddings"][0]}
 
 
+@pytest_twisted.ensureDeferred
+async def test_ollama_kind_shows_a_model_at_once_with_what_the_cli_reads(serve: Serve) -> None:
+    """``POST /api/show`` is answered from what the engine holds, not as inference (no policy
+    applies): details, ``model_info`` with the architecture, parameter count, context and
+    embedding lengths, capabilities; ``llama3`` is ``llama3:latest``; a model it lacks is
+    Ollama's 404."""
+    served = serve("ollama", models=(MODEL,), policy=always(Behaviour.FROZEN), context_length=8192)
+    shown = (await served.ask("POST", "/api/show", {"model": "llama3"})).json()
+    assert {"modelfile", "parameters", "template", "details", "model_info"} <= shown.keys()
+    arch = shown["model_info"]["general.architecture"]
+    assert shown["details"]["family"] == arch and shown["details"]["families"] == [arch]
+    assert shown["model_info"][f"{arch}.context_length"] == 8192
+    assert shown["model_info"]["general.parameter_count"] > 0
+    assert shown["capabilities"] == ["completion"]
+    missing = await served.ask("POST", "/api/show", {"model": "nope"})
+    assert (missing.status, missing.json()) == (404, {"error": "model 'nope' not found"})
+    assert served.engine.inference_count == 0
+
+
 # --- every kind's OpenAI-compatible routes -------------------------------------------------------
 
 
@@ -167,19 +189,24 @@ async def test_chat_stream_chunks_name_the_model_and_the_last_says_stop(
     serve: Serve, kind: str
 ) -> None:
     """A streamed /v1/chat/completions is chat.completion.chunk events naming the requested model,
-    the last content chunk with finish_reason stop, no usage chunk unless asked, then [DONE]."""
+    the last chunk with finish_reason stop (Ollama's an empty one of its own), no usage chunk
+    unless asked, then [DONE]."""
     served = serve(kind, chunks=3)
     answer = await served.ask("POST", "/v1/chat/completions", {**CHAT, "stream": True})
     assert answer.content_type == "text/event-stream"
     *chunks, done = answer.events()
-    assert done == "[DONE]" and len(chunks) == 3
-    for i, chunk in enumerate(chunks):
+    said = ["hello0", "hello1", "hello2", *([""] if kind in ENDS_APART else [])]
+    assert done == "[DONE]" and len(chunks) == len(said)
+    for chunk, content in zip(chunks, said, strict=True):
         assert {"id", "created"} <= chunk.keys()
         assert (chunk["object"], chunk["model"]) == ("chat.completion.chunk", MODEL)
         [choice] = chunk["choices"]
         assert choice["index"] == 0
-        assert choice["delta"] == {"role": "assistant", "content": f"hello{i}"}
-    assert [c["choices"][0]["finish_reason"] for c in chunks] == [None, None, "stop"]
+        assert choice["delta"] == {"role": "assistant", "content": content}
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert finishes == [None] * (len(said) - 1) + ["stop"]
+    fingerprints = {c.get("system_fingerprint") for c in chunks}
+    assert fingerprints == ({"fp_ollama"} if kind == "ollama" else {None})
 
 
 @pytest.mark.parametrize("kind", OPENAI_KINDS)
@@ -212,7 +239,8 @@ async def test_whole_answers_carry_usage_and_model_and_completions_use_text(
     assert (whole["object"], whole["choices"][0]["text"]) == ("text_completion", "hello")
     assert whole["usage"]["prompt_tokens"] == 2
     *chunks, _ = (await served.ask("POST", "/v1/completions", {**asked, "stream": True})).events()
-    assert [c["choices"][0]["text"] for c in chunks] == ["hello0", "hello1"]
+    said = ["hello0", "hello1", *([""] if kind in ENDS_APART else [])]
+    assert [c["choices"][0]["text"] for c in chunks] == said
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
