@@ -606,9 +606,10 @@ def _measured(facts: Facts, usage: Usage, first_token_at: float | None) -> None:
     if first is not None and facts.dispatched_at is not None:
         facts.ttft_ms = max(0, round((first - facts.dispatched_at) * 1000))
     rate = usage.engine_rate
-    if rate is None and usage.completion_tokens and first is not None and usage.last_at is not None:
-        span = usage.last_at - first
-        rate = usage.completion_tokens / span if span > 0 else None
+    paced = usage.paced or first_token_at is not None  # a stream, or one assembled (§6.5)
+    tokens, last = usage.completion_tokens, usage.last_at
+    if rate is None and paced and tokens and first is not None and last is not None:
+        rate = tokens / (last - first) if last > first else None
     facts.tokens_per_s = None if rate is None else round(rate, 2)
 
 

@@ -283,6 +283,7 @@ def _answer_of(
         usage.engine_rate,
         usage.engine_prefill,
         usage.engine_load,
+        usage.paced or first_at is not None,  # a stream, or one the proxy assembled (§6.5)
     )
 
 
@@ -298,8 +299,8 @@ def _learnt(
     served and the time it took (§15.2), in ms."""
     if answer is None or landing is None or route.model is None:
         return None
-    if outcome.end is not RelayEnd.FINISHED or outcome.status != 200:
-        return None
+    if outcome.status != 200 or not (outcome.end is RelayEnd.FINISHED or outcome.complete):
+        return None  # a whole answer its client closed on at once still teaches (§15.1)
     learn(facade, landing, route.model, answer, route.size.prompt_bytes)
     if landing.node_id not in route.predicted:
         return None

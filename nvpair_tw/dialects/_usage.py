@@ -104,6 +104,9 @@ class Usage:
     engine_load: float | None = None
     """Seconds the engine says it spent loading the model for this answer (Ollama
     ``load_duration``)."""
+    paced: bool = False
+    """Whether the answer came as a stream, token by token: only then do its first and last
+    content times measure a rate (a whole JSON answer's arrive together)."""
 
     def noted(self, frame: dict[str, Any]) -> Usage:
         """These counts completed by a usage frame removed on the way (:class:`UsageStripper`)."""
@@ -116,13 +119,14 @@ class Usage:
             self.engine_rate if said.rate is None else said.rate,
             self.engine_prefill if said.prefill is None else said.prefill,
             self.engine_load if said.load is None else said.load,
+            self.paced,
         )
 
     def tokens_per_second(self) -> float | None:
         """The engine's own rate where given, else completion tokens over first-to-last token."""
         if self.engine_rate is not None:
             return self.engine_rate
-        if self.completion_tokens is None or self.first_content_at is None:
+        if not self.paced or self.completion_tokens is None or self.first_content_at is None:
             return None
         if self.last_at is None or self.last_at <= self.first_content_at:
             return None
@@ -347,6 +351,7 @@ class UsageMeter:
             said.rate,
             said.prefill,
             said.load,
+            self._streaming,
         )
 
 

@@ -109,6 +109,9 @@ class Answer:
     """The engine's own prompt tokens a second, where it reports them."""
     engine_load: float | None = None
     """The seconds the engine says it spent loading the model, where it reports them."""
+    paced: bool = True
+    """Whether its tokens came one after another (a stream, or a stream assembled by the proxy):
+    only then is first-to-last content a decode rate."""
 
 
 def bytes_per_token(prompt_bytes: int | None, prompt_tokens: int | None) -> float | None:
@@ -138,8 +141,8 @@ def sample_of(
     decode = answer.engine_rate
     first, last = answer.first_at, answer.last_at
     tokens = answer.completion_tokens
-    if decode is None and tokens and first is not None and last is not None and last > first:
-        decode = tokens / (last - first)
+    if decode is None and answer.paced and tokens and first is not None and last is not None:
+        decode = tokens / (last - first) if last > first else None
     ttft = None
     if first is not None and answer.dispatched_at is not None:
         ttft = max(0.0, first - answer.dispatched_at)

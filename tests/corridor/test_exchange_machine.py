@@ -441,3 +441,24 @@ def test_a_model_list_record_is_not_made_from_a_route() -> None:
     route = served(model=None)
     start(book, evolve(route))
     assert book.exchange.served is not None and book.exchange.served.route.label is None
+
+
+@pytest.mark.parametrize(
+    ("usage", "first_token_at", "rate"),
+    [
+        (Usage(12, 30, 1000.0, 1001.0, paced=True), None, 30.0),
+        (Usage(12, 30, 1000.0, 1000.0001, paced=False), None, None),
+        (Usage(12, 30, 1000.5, 1001.0, paced=False), 1000.0, 30.0),
+    ],
+    ids=["a stream", "a whole answer", "a stream the proxy assembled"],
+)
+def test_tokens_per_second_are_measured_only_where_tokens_came_one_after_another(
+    usage: Usage, first_token_at: float | None, rate: float | None
+) -> None:
+    book = Playbook()
+    start(book, served())
+    book(Admitted(book.slot(), 1))
+    book(AttemptsEnded(committed(A)))
+    outcome = RelayOutcome(200, RelayEnd.FINISHED, None, True, True, True, 42)
+    record = book(Relayed(outcome, usage, first_token_at, None)).record
+    assert record.tokens_per_s == rate

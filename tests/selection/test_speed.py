@@ -184,3 +184,15 @@ def test_a_ratio_outside_one_to_sixteen_bytes_or_unmeasured_is_not_learnt(
     book = SpeedBook(Clock())
     book.learn("a", "m", Sample(bytes_per_token=40.0))  # a peer's sample out of range too
     assert book.bytes_per_token("m") is None
+
+
+def test_a_whole_answer_that_came_at_once_measures_no_decode_rate() -> None:
+    """First and last content of an answer that was not streamed arrive together: tokens over
+    their few microseconds are no rate (a non-streamed Messages answer once taught 16,553 tokens/s);
+    the engine's own rate still counts."""
+    whole = Answer(10, 200, 0.0, 2.0, 2.0001, paced=False)
+    assert sample_of(whole, Start.PLAIN, 1.0, DEFAULT_PREFILL).decode_rate is None
+    stated = Answer(10, 200, 0.0, 2.0, 2.0001, engine_rate=42.0, paced=False)
+    assert sample_of(stated, Start.PLAIN, 1.0, DEFAULT_PREFILL).decode_rate == 42.0
+    streamed = Answer(10, 200, 0.0, 2.0, 6.0)
+    assert sample_of(streamed, Start.PLAIN, 1.0, DEFAULT_PREFILL).decode_rate == 50.0
