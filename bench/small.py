@@ -2,7 +2,8 @@
 
 ``python bench/small.py [--rounds N] [--seconds S] [--log-level L] [--no-admin]
 [--load small|stream|both] [--base REF] [--profile SECONDS]`` starts the fast fake engine,
-nvpair-tw (the flags of ``bench/run.py``, but the log level is a choice: ``info``, a deployment's
+nvpair-tw (as the shipped unit runs it: twistd with the compact JSON log; the flags of
+``bench/run.py``, but the log level is a choice: ``info``, a deployment's
 default, writes one line per request, ``warn`` is what ``bench/run.py`` uses; the admin listener,
 whose metrics and status board follow every request, is on as deployed unless ``--no-admin``, as
 in ``bench/run.py``; so is the usage history, in a SQLite file, unless ``--no-usage``), with ``--base`` a second nvpair-tw running the code at that git ref, and
@@ -50,7 +51,10 @@ from run import (
 def nvpair(harness: Harness, up: int, options: argparse.Namespace, root: Path) -> Server:
     """nvpair-tw in front of the engine on ``up``, its code (and plugin) from ``root``."""
     port = free_port()
-    argv = [PY, "-m", "twisted", "nvpair", "--engine", "ollama", "--assemble", "off"]
+    # As the shipped unit runs it (docs/deploy/nvpair.service): twistd with the compact JSON log.
+    twistd = [PY, "-c", "from twisted.scripts.twistd import run; run()", "--nodaemon"]
+    twistd += ["--pidfile=", "--logger=nvpair_tw.logs.compactJson"]
+    argv = [*twistd, "nvpair", "--engine", "ollama", "--assemble", "off"]
     usage = str(harness.tmp / f"usage-{port}.sqlite3") if options.usage else "none"
     argv += ["--usage-db", usage, "--listen", f"tcp:{port}:interface=127.0.0.1:backlog=4096"]
     listener = f"tcp:{free_port()}:interface=127.0.0.1" if options.admin else "none"

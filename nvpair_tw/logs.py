@@ -96,11 +96,13 @@ _SKIP = {"format", "message", "time", "system", "isError", "printed", "why", "fa
 
 
 def _compact(event: dict[str, Any]) -> str:
+    text = event.get("log_format")
     record: dict[str, Any] = {
         "t": event.get("log_time"),
         "level": getattr(event.get("log_level"), "name", None),
         "ns": event.get("log_namespace"),
-        "msg": formatEvent(event),
+        # A format without a field is its own text (the event log's lines come rendered).
+        "msg": text if isinstance(text, str) and "{" not in text else formatEvent(event),
     }
     for key, value in event.items():
         if key.startswith("log_") or key in _SKIP or key in record:
