@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback
 from time import time
 from typing import IO, Any
 
@@ -15,6 +16,7 @@ from twisted.logger import (
     LogLevel,
     formatEvent,
 )
+from twisted.python.failure import Failure
 
 __all__ = [
     "LevelledLogger",
@@ -62,10 +64,20 @@ class LevelledLogger(Logger):
     a class's events keep ``nvpair_tw.inventory.InventoryBook``.
     """
 
-    def __get__(self, instance: object, owner: type | None = None) -> Logger:
+    def __get__(self, instance: object, owner: type | None = None) -> LevelledLogger:
         assert owner is not None
         source: Any = owner if instance is None else instance
         return self.__class__(f"{self.namespace}.{owner.__name__}", source, observer=self.observer)
+
+    def bug(
+        self, format: str, failure: Failure, level: LogLevel = LogLevel.warn, **kw: Any
+    ) -> None:
+        """A bug of the proxy's caught where it must not stop the rest: logged at ``level`` with
+        its exception type and stack (file, line, function of each frame), never its message,
+        which may hold what a request carried (a model name, a node's answer)."""
+        kind = failure.type.__name__ if failure.type is not None else "unknown"
+        stack = "".join(traceback.format_tb(failure.getTracebackObject())) + kind
+        self.emit(level, format + ": {error_type}", error_type=kind, stack=stack, **kw)
 
     def enabled(self, level: LogLevel) -> bool:
         """Whether an event at ``level`` would be emitted now."""

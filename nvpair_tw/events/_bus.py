@@ -14,6 +14,8 @@ from typing import Any
 
 from attrs import define, field, frozen, setters
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import LogLevel
+from twisted.python.failure import Failure
 
 from nvpair_tw.events._kinds import BusEvent
 from nvpair_tw.logs import LevelledLogger
@@ -118,7 +120,7 @@ class Subscription:
         try:
             self._sink(event)
         except Exception as e:
-            self._drop(f"sink raised {type(e).__name__}")
+            self._drop(f"sink raised {type(e).__name__}", Failure())
         finally:
             self._draining = False
 
@@ -132,26 +134,31 @@ class Subscription:
                 try:
                     self._sink(event)
                 except Exception as e:
-                    self._drop(f"sink raised {type(e).__name__}")
+                    self._drop(f"sink raised {type(e).__name__}", Failure())
         finally:
             self._draining = False
 
-    def _drop(self, reason: str) -> None:
+    def _drop(self, reason: str, failure: Failure | None = None) -> None:
+        """Stop handing events to this subscriber; a sink that raised (a bug of the proxy's) is
+        logged with its traceback."""
         if self._closed:
             return
         self.dropped = reason
         self.close()
-        self.log.warn(
-            "event subscriber {subscriber} dropped: {reason}", subscriber=self.name, reason=reason
-        )
+        message = "event subscriber {subscriber} dropped: {reason}"
+        if failure is not None:
+            self.log.bug(message, failure, subscriber=self.name, reason=reason)
+        else:
+            self.log.warn(message, subscriber=self.name, reason=reason)
         if self._on_dropped is not None:
             try:
                 self._on_dropped(reason)
-            except Exception as e:
-                self.log.error(
-                    "on_dropped of event subscriber {subscriber} raised {error_type}",
+            except Exception:
+                self.log.bug(
+                    "on_dropped of event subscriber {subscriber} raised",
+                    Failure(),
+                    LogLevel.error,
                     subscriber=self.name,
-                    error_type=type(e).__name__,
                 )
 
 

@@ -58,7 +58,7 @@ class SharedCounters:
         conn = self._connection()
         if conn is None:
             return fail(ConnectionError("the fleet store is away"))
-        keys = [self._codec.key(name) for name, _amount, _ttl in changes]
+        keys = [self._codec.counter(name) for name, _amount, _ttl in changes]
         args: list[str] = []
         for _name, amount, ttl in changes:
             args += [str(int(amount)), str(max(1, int(ttl * 1000)))]

@@ -18,7 +18,7 @@ from attrs import define, field, setters
 from twisted.internet.interfaces import IDelayedCall
 
 from nvpair_tw.core import IProxyReactor
-from nvpair_tw.fleet._wire import Codec, Command, Op, json_object
+from nvpair_tw.fleet._wire import Codec, Command, Kind, Op, json_object
 from nvpair_tw.selection import (
     AffinityKey,
     AffinityTable,
@@ -112,7 +112,7 @@ class SharedCooldowns(_Sharing):
         """
         if not self._up():
             return
-        key = self._codec.key("cool", engine, cooldown.node_id)
+        key = self._codec.key(Kind.COOL, engine, cooldown.node_id)
         value = json.dumps({"e": engine, "n": cooldown.node_id, "r": cooldown.reason})
 
         def send() -> list[Op]:
@@ -120,7 +120,7 @@ class SharedCooldowns(_Sharing):
             if left <= 0:
                 return []
             message = self._codec.message(
-                "cool", e=engine, n=cooldown.node_id, r=cooldown.reason, ttl=left
+                Kind.COOL, e=engine, n=cooldown.node_id, r=cooldown.reason, ttl=left
             )
             return [("set", key, value, left), ("pub", message)]
 
@@ -128,8 +128,8 @@ class SharedCooldowns(_Sharing):
 
     def share_clear(self, engine: str, node_id: str) -> None:
         """Delete and publish the end of a cooldown (a success on this proxy)."""
-        key = self._codec.key("cool", engine, node_id)
-        message = self._codec.message("clear", e=engine, n=node_id)
+        key = self._codec.key(Kind.COOL, engine, node_id)
+        message = self._codec.message(Kind.CLEAR, e=engine, n=node_id)
 
         def send() -> list[Op]:
             return [("del", key), ("pub", message)]
@@ -144,11 +144,11 @@ class SharedCooldowns(_Sharing):
                 if cooldown is not None and cooldown.origin == "local":
                     self.share_cooldown(engine, cooldown)
 
-    def apply(self, kind: str, engine: str, node: str, message: Mapping[str, Any]) -> bool:
+    def apply(self, kind: Kind, engine: str, node: str, message: Mapping[str, Any]) -> bool:
         stalls = self.trackers.get(engine)
         if stalls is None:
             return False
-        if kind == "clear":
+        if kind is Kind.CLEAR:
             stalls.end(node, "peer-success")
             return True
         ttl = message.get("ttl")
@@ -192,22 +192,22 @@ class SharedCordons(_Sharing):
     def _changed(self, engine: str, node: str, cordon: Cordon | None) -> None:
         if self._applying:
             return  # a peer's change being applied here: not ours to share
-        key = self._codec.key("cordon", engine, node)
+        key = self._codec.key(Kind.CORDON, engine, node)
         if cordon is None:
-            message = self._codec.message("uncordon", e=engine, n=node)
+            message = self._codec.message(Kind.UNCORDON, e=engine, n=node)
             self._write(lambda: [("del", key), ("pub", message)])
             return
         value = json.dumps({"e": engine, "n": node, "r": cordon.reason})
-        message = self._codec.message("cordon", e=engine, n=node, r=cordon.reason)
+        message = self._codec.message(Kind.CORDON, e=engine, n=node, r=cordon.reason)
         self._write(lambda: [("keep", key, value), ("pub", message)])
 
-    def apply(self, kind: str, engine: str, node: str, message: Mapping[str, Any]) -> bool:
+    def apply(self, kind: Kind, engine: str, node: str, message: Mapping[str, Any]) -> bool:
         book = self.books.get(engine)
         if book is None:
             return False
         self._applying = True
         try:
-            if kind == "uncordon":
+            if kind is Kind.UNCORDON:
                 return book.uncordon(node)
             book.cordon(node, str(message.get("r") or "cordoned by a peer"), origin="peer")
             return True
@@ -229,11 +229,11 @@ class SharedCordons(_Sharing):
             for node in book.ids() - {n for e, n in held if e == engine}:
                 cordon = book.of_id(node)
                 if cordon is not None and cordon.origin == "peer":
-                    self.apply("uncordon", engine, node, {})
+                    self.apply(Kind.UNCORDON, engine, node, {})
         for (engine, node), reason in held.items():
             known = self.books.get(engine)
             if known is not None and node not in known.ids():
-                self.apply("cordon", engine, node, {"r": reason})
+                self.apply(Kind.CORDON, engine, node, {"r": reason})
 
     def reshare(self) -> None:
         """The store is back: share this proxy's own cordons again (set while it was away)."""
@@ -276,9 +276,9 @@ class SharedAffinity(_Sharing):
         ttl = int((table.idle_ttl if table is not None else 300.0) * 1000)
         hexdigest = digest.hex()
         model_hash = hashlib.sha256(model.encode()).hexdigest()[:16]
-        key = self._codec.key("aff", engine, model_hash, hexdigest)
+        key = self._codec.key(Kind.AFFINITY, engine, model_hash, hexdigest)
         value = json.dumps({"e": engine, "m": model, "d": hexdigest, "n": node_id})
-        message = self._codec.message("aff", e=engine, m=model, d=hexdigest, n=node_id)
+        message = self._codec.message(Kind.AFFINITY, e=engine, m=model, d=hexdigest, n=node_id)
 
         def send() -> list[Op]:
             return [("set", key, value, ttl), ("pub", message)]
@@ -348,9 +348,9 @@ class SharedReservations(_Sharing):
 
     def _send(self, counts: dict[str, int]) -> None:
         self._published = counts
-        key = self._codec.key("res", self._codec.proxy_id)
+        key = self._codec.key(Kind.RESERVATIONS, self._codec.proxy_id)
         value = json.dumps(counts, separators=(",", ":"))
-        message = self._codec.message("res", c=counts)
+        message = self._codec.message(Kind.RESERVATIONS, c=counts)
         if not self._up():
             return  # resent whole on reconnect: a queued count would only be stale
 
@@ -421,7 +421,7 @@ class SharedProgress(_Sharing):
         if last is not None and now - last < PROGRESS_EVERY:
             return
         self._sent[(engine, node_id)] = now
-        message = self._codec.message("prog", e=engine, n=node_id)
+        message = self._codec.message(Kind.PROGRESS, e=engine, n=node_id)
         self._write(lambda: [("pub", message)])
 
     def peer(self, engine: str, node_id: str) -> float | None:
@@ -463,7 +463,7 @@ class SharedSpeeds(_Sharing):
             for short, name in _SAMPLE_FIELDS
             if getattr(sample, name) is not None
         }
-        message = self._codec.message("speed", e=engine, n=node, m=model, s=figures)
+        message = self._codec.message(Kind.SPEED, e=engine, n=node, m=model, s=figures)
         self._write(lambda: [("pub", message)])
 
     def apply(self, engine: str, node: str, message: Mapping[str, Any]) -> bool:
@@ -583,7 +583,7 @@ class SharedUsage(_Sharing):
         def ops() -> list[Op]:
             made: list[Op] = []
             for minute, key, model, node, *counts in rows:
-                hour = self._codec.key("usage", str(minute - minute % 60))
+                hour = self._codec.key(Kind.USAGE, str(minute - minute % 60))
                 # The hash lives for the retention after its last minute.
                 ttl_ms = int((ttl + (minute - minute % 60 + 60) * 60 - self._wall()) * 1000)
                 for metric, n in zip(USAGE_METRICS, counts, strict=True):
@@ -600,7 +600,7 @@ class SharedUsage(_Sharing):
     async def rows(self, dialer: Any, cmd: Any, since: int, until: int) -> list[UsageRow]:
         """Every minute from ``since`` to ``until`` the fleet summed; malformed fields ignored."""
         hours = range(since - since % 60, until + 1, 60)
-        asked = [dialer.timed(cmd.hgetall(self._codec.key("usage", str(h))), cmd) for h in hours]
+        asked = [dialer.timed(cmd.hgetall(self._codec.key(Kind.USAGE, str(h))), cmd) for h in hours]
         found: dict[tuple[int, str, str, str], list[int]] = {}
         for pending in asked:
             try:

@@ -8,10 +8,11 @@ wrong type, a missing or flushed key or a garbled message is ignored.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from attrs import define, field
+from twisted.python.failure import Failure
 
 from nvpair_tw.core import IProxyReactor
 from nvpair_tw.fleet._session import Dialer, read_all
@@ -25,7 +26,7 @@ from nvpair_tw.fleet._sharing import (
     SharedUsage,
     Write,
 )
-from nvpair_tw.fleet._wire import Codec, sealer
+from nvpair_tw.fleet._wire import Codec, Kind, Message, sealer
 from nvpair_tw.logs import LevelledLogger
 
 __all__ = ["FleetSharing"]
@@ -48,6 +49,9 @@ class FleetSharing:
     usage: SharedUsage
     applied: int = field(default=0, init=False)
     """How many peers' messages were applied here."""
+    ignored: int = field(default=0, init=False)
+    """How many were not: not JSON, of a kind or for a facade this proxy does not know, or
+    without what their kind needs."""
 
     @classmethod
     def made(
@@ -74,28 +78,37 @@ class FleetSharing:
         )
 
     def on_message(self, raw: bytes | str) -> None:
-        """A published change: apply it locally. Anything malformed is ignored."""
+        """A published change: apply it locally. A message that is not JSON, or not of a kind
+        this proxy knows, is ignored (and counted); a failure applying one is a bug of the
+        proxy's, logged with its traceback, and costs only that message."""
         try:
             messages = self._codec.decode(raw)
-        except Exception as error:  # a hand-written or foreign message must never hurt the proxy
-            log.debug("fleet store: ignored a message ({error})", error=type(error).__name__)
+        except (ValueError, RecursionError):  # not JSON (a hand-written or foreign message)
+            self.ignored += 1
             return
         for message in messages:
             try:
                 if self._apply(message):
                     self.applied += 1
-            except Exception as error:  # a peer's bad message costs only itself
-                log.debug("fleet store: ignored a message ({error})", error=type(error).__name__)
+                else:
+                    self.ignored += 1
+            except Exception:
+                log.bug(
+                    "fleet store: a peer's {kind} message could not be applied",
+                    Failure(),
+                    kind=message.kind.value,
+                )
 
     async def resync(self, dialer: Dialer, cmd: Any) -> None:
         """Read every shared key into local state (this proxy's own is written once up)."""
-        values, ttls = await read_all(dialer, cmd, self._codec.prefix("cool"))
+        values, ttls = await read_all(dialer, cmd, self._codec.prefix(Kind.COOL))
         now = self._reactor.seconds()
         for key, ttl in ttls.items():
             self.cooldowns.resync(values.get(key), ttl)
-        cordons = self._codec.prefix("cordon")
+        cordons = self._codec.prefix(Kind.CORDON)
         self.cordons.resync({k: v for k, v in values.items() if k.startswith(cordons)})
-        affinity, reservations = self._codec.prefix("aff"), self._codec.prefix("res")
+        affinity = self._codec.prefix(Kind.AFFINITY)
+        reservations = self._codec.prefix(Kind.RESERVATIONS)
         for key, value in values.items():
             if key.startswith(affinity):
                 self.affinity.resync(value)
@@ -108,19 +121,20 @@ class FleetSharing:
         self.cooldowns.reshare()
         self.cordons.reshare()
 
-    def _apply(self, message: Mapping[str, Any]) -> bool:
+    def _apply(self, message: Message) -> bool:
         """Apply one peer's message to the kind of state it changes; whether it was applied."""
-        kind, engine, node = message.get("t"), message.get("e"), message.get("n")
-        if kind == "res":
-            return self.reservations.apply(message)
-        if not isinstance(engine, str) or not isinstance(node, str):
+        kind, fields = message.kind, message.fields
+        if kind is Kind.RESERVATIONS:
+            return self.reservations.apply(fields)
+        engine, node = message.text("e"), message.text("n")
+        if engine is None or node is None:
             return False
-        if kind in ("cool", "clear"):
-            return self.cooldowns.apply(kind, engine, node, message)
-        if kind in ("cordon", "uncordon"):
-            return self.cordons.apply(kind, engine, node, message)
-        if kind == "aff":
-            return self.affinity.apply(engine, node, message)
-        if kind == "speed":
-            return self.speeds.apply(engine, node, message)
-        return kind == "prog" and self.progress.apply(engine, node)
+        if kind in (Kind.COOL, Kind.CLEAR):
+            return self.cooldowns.apply(kind, engine, node, fields)
+        if kind in (Kind.CORDON, Kind.UNCORDON):
+            return self.cordons.apply(kind, engine, node, fields)
+        if kind is Kind.AFFINITY:
+            return self.affinity.apply(engine, node, fields)
+        if kind is Kind.SPEED:
+            return self.speeds.apply(engine, node, fields)
+        return kind is Kind.PROGRESS and self.progress.apply(engine, node)

@@ -11,10 +11,61 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
 from typing import Any
 
-__all__ = ["WRITE_SCRIPT", "Codec", "Command", "Op", "json_object", "sealer", "text"]
+from attrs import frozen
+
+__all__ = [
+    "WRITE_SCRIPT",
+    "Codec",
+    "Command",
+    "Kind",
+    "Message",
+    "Op",
+    "json_object",
+    "sealer",
+    "text",
+]
+
+
+class Kind(Enum):
+    """What a key holds and what a published message changes (its ``t``)."""
+
+    COOL = "cool"
+    """A node stalled: its cooldown (a key, and a message)."""
+    CLEAR = "clear"
+    """A cooldown ended by a success (a message)."""
+    CORDON = "cordon"
+    UNCORDON = "uncordon"
+    AFFINITY = "aff"
+    """A conversation's prefix is warm on a node (a key, and a message)."""
+    RESERVATIONS = "res"
+    """One proxy's reservation counts (a key, and a message)."""
+    PROGRESS = "prog"
+    """A node delivered body bytes (a message)."""
+    SPEED = "speed"
+    """A node's measured rates for a model (a message)."""
+    USAGE = "usage"
+    """An hour's usage sums (a key)."""
+    BATCH = "batch"
+    """Several messages published as one."""
+
+
+@frozen
+class Message:
+    """A peer's published change: its kind, the proxy it came from and its fields."""
+
+    kind: Kind
+    origin: str | None
+    fields: Mapping[str, Any]
+
+    def text(self, name: str) -> str | None:
+        """The field ``name`` when it is a string."""
+        value = self.fields.get(name)
+        return value if isinstance(value, str) else None
+
 
 Op = tuple[Any, ...]
 """One store operation: ``("set", key, value, ttl_ms)``, ``("keep", key, value)`` (no TTL: a
@@ -56,15 +107,20 @@ class Codec:
         self.namespace = namespace
         self.channel = f"{namespace}:events"
 
-    def key(self, *parts: str) -> str:
-        return ":".join((self.namespace, *parts))
+    def key(self, kind: Kind, *parts: str) -> str:
+        """The key of ``kind`` named by ``parts``."""
+        return ":".join((self.namespace, kind.value, *parts))
 
-    def prefix(self, kind: str) -> str:
+    def counter(self, name: str) -> str:
+        """The key of a fleet-wide limit counter (docs/behaviour.md §12.1)."""
+        return f"{self.namespace}:{name}"
+
+    def prefix(self, kind: Kind) -> str:
         """What every key of ``kind`` starts with."""
         return self.key(kind, "")
 
-    def message(self, kind: str, **fields: object) -> dict[str, Any]:
-        return {"o": self.proxy_id, "t": kind, **fields}
+    def message(self, kind: Kind, **fields: object) -> dict[str, Any]:
+        return {"o": self.proxy_id, "t": kind.value, **fields}
 
     def script_args(self, ops: Sequence[Op]) -> tuple[list[str], list[Any]]:
         """:data:`WRITE_SCRIPT`'s keys and arguments for ``ops``: their messages go out as one."""
@@ -87,21 +143,32 @@ class Codec:
             else:
                 messages.append(op[1])
         if messages:
-            batch = messages[0] if len(messages) == 1 else self.message("batch", m=messages)
+            batch = messages[0] if len(messages) == 1 else self.message(Kind.BATCH, m=messages)
             args += ["p", self.channel, json.dumps(batch, separators=(",", ":"))]
         return keys, args
 
-    def decode(self, raw: bytes | str) -> list[dict[str, Any]]:
+    def decode(self, raw: bytes | str) -> list[Message]:
         """A published message as the peers' messages it carries (a batch unpacked, each part
-        with the batch's origin); none of this proxy's own. Raises on malformed JSON."""
-        message = json.loads(raw)
-        if not isinstance(message, dict) or message.get("o") == self.proxy_id:
+        with the batch's origin); none of this proxy's own, none of a kind it does not know.
+        Raises ``ValueError`` (``json.JSONDecodeError``) on malformed JSON."""
+        found = json.loads(raw)
+        return self._messages(found, None)
+
+    def _messages(self, found: Any, origin: str | None) -> list[Message]:
+        if not isinstance(found, dict):
             return []
-        if message.get("t") == "batch" and isinstance(message.get("m"), list):
-            origin = message.get("o")
-            parts = [{**inner, "o": origin} for inner in message["m"] if isinstance(inner, dict)]
-            return [part for inner in parts for part in self.decode(json.dumps(inner))]
-        return [message]
+        sender = found.get("o", origin)
+        if sender == self.proxy_id:
+            return []
+        try:
+            kind = Kind(found.get("t"))
+        except ValueError:
+            return []
+        if kind is not Kind.BATCH:
+            return [Message(kind, sender if isinstance(sender, str) else None, found)]
+        parts = found.get("m")
+        inner = parts if isinstance(parts, list) else []
+        return [m for part in inner for m in self._messages(part, sender)]
 
 
 def sealer(secret: bytes | None) -> Callable[[bytes], bytes]:

@@ -95,8 +95,9 @@ class BatchedWriter:
             return
         try:
             sent: Deferred[Any] = conn.eval(WRITE_SCRIPT, keys, args)
-        except Exception as error:  # a closed transport: the store is away, the batch is dropped
-            log.debug("fleet store write failed: {error}", error=type(error).__name__)
+        except Exception:  # the client failed to send it: the batch is dropped, and counted
+            self.dropped += len(keys) or 1
+            log.bug("fleet store: a batch could not be sent", Failure())
             return
         self._in_flight += 1
         sent.addBoth(self._written)
@@ -106,8 +107,9 @@ class BatchedWriter:
         while self._queue:
             try:
                 ops += self._queue.popleft()()
-            except Exception as error:  # a write's own bug must not stop the others
-                log.debug("fleet store write skipped: {error}", error=type(error).__name__)
+            except Exception:  # a write's own bug: logged, and it does not stop the others
+                self.dropped += 1
+                log.bug("fleet store: a write could not be made", Failure())
         return ops
 
     def _written(self, result: object) -> None:

@@ -149,8 +149,8 @@ class UsageRecorder:
             rows = self.buffer.take_unshared()
             try:
                 self._fleet.add_usage(rows, self.retention)
-            except Exception as error:  # the fleet is an optimisation: never fail a flush for it
-                log.debug("usage not shared: {error}", error=type(error).__name__)
+            except Exception:  # the fleet is an optimisation: a bug sharing never fails a flush
+                log.bug("usage could not be shared with the fleet", Failure())
         return self.storage.write()
 
     def stop(self) -> Deferred[None]:

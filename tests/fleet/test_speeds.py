@@ -158,7 +158,7 @@ def test_a_peers_sample_with_an_infinite_or_nan_figure_is_ignored() -> None:
         head = '{"t":"speed","o":"peer","e":"ollama","n":"n0","m":"m","s":{"d":'
         raw = head + figure + "}}"
         [message] = codec.decode(raw)  # the codec reads what a peer published
-        assert not speeds.apply("ollama", "n0", message)
+        assert not speeds.apply("ollama", "n0", message.fields)
     assert book.measured("n0", "m") is None
     assert speeds.apply("ollama", "n0", {"m": "m", "s": {"d": 10.0}})
     rates = book.measured("n0", "m")

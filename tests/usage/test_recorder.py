@@ -12,7 +12,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock, deferLater
-from twisted.logger import ILogObserver, LogEvent, LogLevel, globalLogPublisher
+from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from zope.interface import provider
 
 from nvpair_tw.events import (
@@ -22,7 +22,6 @@ from nvpair_tw.events import (
     WorkloadInfo,
     WorkloadState,
 )
-from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.usage._buffer import UsageBuffer
 from nvpair_tw.usage._database import SCHEMA_VERSION
 from nvpair_tw.usage._minutes import UsageKey, parse_report
@@ -438,24 +437,23 @@ def test_a_fleet_that_refuses_the_rows_never_fails_the_flush() -> None:
     bus = EventBus(clock)
     fleet = RecordingFleet()
 
+    said_rows: list[str] = []
+
     def refuse(rows: Any, ttl: float) -> None:
-        raise ConnectionError("store closed")
+        said_rows.append(repr(rows))
+        raise ConnectionError(said_rows[0])  # what a client's error might hold: the rows
 
     fleet.add_usage = refuse  # type: ignore[method-assign]
     recorder = UsageRecorder(clock, bus, path=None, fleet=fleet)  # type: ignore[arg-type]
     bus.publish(inference())
-    before = current_level()
-    set_level(LogLevel.debug)
-    try:
-        with Warnings("debug") as said:
-            assert fired(recorder.flush()) is None
-    finally:
-        set_level(before)
-    [event] = said.events  # the error's type only: never the rows
-    assert (event["log_format"], event["error"]) == (
-        "usage not shared: {error}",
+    with Warnings() as said:
+        assert fired(recorder.flush()) is None
+    [event] = said.events  # a warning with the error's type and stack: never the rows
+    assert (event["log_format"], event["error_type"]) == (
+        "usage could not be shared with the fleet: {error_type}",
         "ConnectionError",
     )
+    assert "in refuse" in event["stack"] and said_rows and said_rows[0] not in repr(event)
     assert recorder.buffer.unshared == {} and len(recorder.buffer.memory) == 1
 
 
