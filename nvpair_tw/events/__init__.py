@@ -9,6 +9,7 @@ is made only when one of them asks, once.
 
 from nvpair_tw.events._bus import Event, EventBus, Subscription
 from nvpair_tw.events._kinds import (
+    FAN_OUT_PROGRESS,
     NODE_COOLDOWN,
     NODE_COOLDOWN_ENDED,
     NODE_CORDON,
@@ -23,11 +24,14 @@ from nvpair_tw.events._kinds import (
     AttemptOutcome,
     BusEvent,
     Choice,
+    FanOutProgress,
     NodeCooldown,
     NodeCooldownEnded,
     NodeCordon,
     NodeUncordon,
     Outcome,
+    PartProgress,
+    PartState,
     Phase,
     ProxyRequest,
     RequestPhase,
@@ -43,6 +47,7 @@ from nvpair_tw.events._kinds import (
 from nvpair_tw.events._log import log_events
 
 __all__ = [
+    "FAN_OUT_PROGRESS",
     "NODE_COOLDOWN",
     "NODE_COOLDOWN_ENDED",
     "NODE_CORDON",
@@ -59,11 +64,14 @@ __all__ = [
     "Choice",
     "Event",
     "EventBus",
+    "FanOutProgress",
     "NodeCooldown",
     "NodeCooldownEnded",
     "NodeCordon",
     "NodeUncordon",
     "Outcome",
+    "PartProgress",
+    "PartState",
     "Phase",
     "ProxyRequest",
     "RequestPhase",
