@@ -271,6 +271,8 @@ FACES: dict[str, list[str]] = {
         "RuntimeService",
         "StallTrackerFactory",
         "build_runtime",
+        "client_url",
+        "openai_url",
         "own_urls",
         "owner_only",
         "steady_collector",
