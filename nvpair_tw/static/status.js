@@ -1,7 +1,8 @@
 // nvpair-tw live status page: a snapshot from /api/state, then every bus event from /events.
 // A node's state, the request counts and the recent requests are the snapshot's (the status board
 // computes them); phase and fan-out events update the requests in flight and the pulls at once,
-// and every request, workload or node event re-reads the snapshot (at most every 250 ms). The
+// and every phase, fan-out, request, workload or node event re-reads the snapshot (at most every
+// 250 ms). The
 // throughput chart is drawn from the snapshot's `throughput`; the last 24 hours come from
 // /api/usage. Only metadata is ever shown (events carry no prompts, usage only key names); all
 // text goes in through textContent.
@@ -563,7 +564,7 @@
       }
     },
   };
-  const REFRESHING = ["request/phase", "proxy/request", "workload:queued", "workload:started", "workload:completed",
+  const REFRESHING = ["request/phase", "fan-out/progress", "proxy/request", "workload:queued", "workload:started", "workload:completed",
     "workload:errored", "node/cooldown", "node/cooldown-ended", "node/cordon", "node/uncordon"];
 
   const events = new EventSource("events");

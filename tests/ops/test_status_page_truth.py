@@ -524,6 +524,8 @@ def _watch_pull(admin_url: str, proxy_url: str, shots: str) -> dict[str, Any]:
             )
             page.wait_for_function(running, timeout=WAIT_MS)
             seen["running"] = _row_cells(page, "#pulls tr[data-node]")
+            page.wait_for_selector('tr[data-node="ollama/gpu1"] td.state.ready', timeout=WAIT_MS)
+            seen["answering"] = {n: _state(page, n)["class"] for n in ("gpu0", "gpu1")}
             seen["title"] = page.inner_text("#pulls .fan-out-title")
             _shots(page, shots, seen, "pull")
             sender.join(30)
@@ -546,7 +548,8 @@ async def test_a_pull_fanned_out_to_every_node_shows_its_progress_per_node(
 ) -> None:
     """``X-NVPair-Node: *`` with ``/api/pull`` to two nodes that pull slowly: while it runs the
     page shows, per node, how far it is (bytes and a percentage, from the progress lines'
-    ``completed`` and ``total``); when it ends, each node's result."""
+    ``completed`` and ``total``) and the nodes, whose parts run, as ready; when it ends, each
+    node's result."""
     require_browser()
     engines = [SimulatedEngine(reactor, chunks=40, chunk_delay=0.1) for _ in range(2)]
     handles = [await start_engine(reactor, engine) for engine in engines]
@@ -564,6 +567,8 @@ async def test_a_pull_fanned_out_to_every_node_shows_its_progress_per_node(
     assert seen["status"] == 200
     assert "/api/pull llama3 on 2 nodes" in seen["title"]
     assert sorted(row[0] for row in seen["running"]) == ["gpu0", "gpu1"]
+    # static lists, never heard from before: their parts running say they answer
+    assert seen["answering"] == {"gpu0": "state ready", "gpu1": "state ready"}
     for row in seen["running"]:
         assert re.search(r"[\d.]+ kB of 40 kB \(\d+%\)", row[1]), row
     assert sorted(seen["done"]) == [
