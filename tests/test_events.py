@@ -28,10 +28,13 @@ from nvpair_tw.events import (
     BusEvent,
     Event,
     EventBus,
+    FanOutProgress,
     NodeCooldown,
     NodeCooldownEnded,
     NodeCordon,
     NodeUncordon,
+    PartProgress,
+    PartState,
     ProxyRequest,
     Subscription,
     WorkloadCompleted,
@@ -612,7 +615,29 @@ _WIRES: list[tuple[BusEvent, str, dict[str, Any]]] = [
         model_local="llama3:8b", translated=True, prompt_tokens=12, completion_tokens=34,
         ttft_ms=7, tokens_per_s=21.5, context_fit=False, predicted_ms=900, measured_ms=1000,
     ), "proxy/request", _INFERENCE_WIRE),
+    (FanOutProgress("fan-out-3", "ollama", "/api/pull", "llama3", 1500, (
+        PartProgress("a", PartState.RUNNING, 300, 1000),
+        PartProgress("b", PartState.FAILED, error="upstream answered 500"),
+    )), "fan-out/progress",
+     {"id": "fan-out-3", "engine": "ollama", "path": "/api/pull", "model": "llama3",
+      "since": 1500, "nodes": [
+          {"node_id": "a", "state": "running", "completed": 300, "total": 1000, "error": None},
+          {"node_id": "b", "state": "failed", "completed": 0, "total": 0,
+           "error": "upstream answered 500"}]}),
 ]  # fmt: skip
+
+
+def test_a_fan_out_has_ended_once_every_part_has_and_logs_at_debug() -> None:
+    """A fan-out's progress is its last once no part is asked or running; its line (debug, it
+    comes every half second) names the fan-out, facade and path."""
+    asked = PartProgress("a", PartState.ASKED)
+    running = FanOutProgress("f-1", "ollama", "/api/pull", None, 0, (asked,))
+    done = attrs.evolve(running, parts=(PartProgress("a", PartState.CANCELLED),))
+    assert not running.ended and done.ended
+    assert [s.ended for s in PartState] == [False, False, True, True, True]
+    [logged] = _log_all(running)
+    assert logged["log_level"] == LogLevel.debug
+    assert formatEvent(logged) == "fan-out/progress f-1 ollama /api/pull"
 
 
 @pytest.mark.parametrize(("value", "name", "wire"), _WIRES)

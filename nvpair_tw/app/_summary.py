@@ -14,45 +14,29 @@ from collections.abc import Iterator, Mapping
 
 from twisted.application import service
 from twisted.internet.defer import gatherResults
-from twisted.internet.interfaces import IAddress
 from twisted.python.failure import Failure
 
 from nvpair_tw._version import __version__
 from nvpair_tw.app._config import Config
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.runtime import ListenerService, Runtime
+from nvpair_tw.runtime import ListenerService, Runtime, client_url, openai_url
 
-__all__ = ["announce_when_listening", "client_url", "summary_lines"]
+__all__ = ["announce_when_listening", "summary_lines"]
 
 log = LevelledLogger(namespace=__name__)
 
-_EVERY_INTERFACE = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 _STATIC = {True: ", static list", False: ""}
 _CORDONED = {True: " [cordoned]", False: ""}
 _NO_KEYS = "keys: none (only local callers are served: docs/behaviour.md §14.2)"
 
 
-def client_url(address: IAddress, description: str) -> str:
-    """The URL a client on this machine uses to reach a listener at ``address`` (``description``:
-    its endpoint string, ``ssl:`` being HTTPS); a listener on every interface says so."""
-    host, port = getattr(address, "host", None), getattr(address, "port", None)
-    if not isinstance(host, str) or not isinstance(port, int):
-        name = getattr(address, "name", None)
-        return f"unix:{name.decode() if isinstance(name, bytes) else name}"
-    scheme = "https" if description.split(":", 1)[0] == "ssl" else "http"
-    shown = _EVERY_INTERFACE.get(host, host)
-    url = f"{scheme}://[{shown}]:{port}" if ":" in shown else f"{scheme}://{shown}:{port}"
-    return f"{url} (every interface)" if host in _EVERY_INTERFACE else url
-
-
 def summary_lines(config: Config, runtime: Runtime, urls: Mapping[str, str]) -> list[str]:
     """The summary, one line each; ``urls`` maps each listener's label (``ollama facade``,
-    ``admin``, ``control channel``) to its :func:`client_url`."""
+    ``admin``, ``control channel``) to its :func:`~nvpair_tw.runtime.client_url`."""
     lines = [f"nvpair-tw {__version__.public()} is ready"]
     for engine, facade in runtime.facades.items():
         url = urls.get(f"{engine} facade", config.listen.get(engine, "?"))
-        base = url.split(" ", 1)[0]
-        lines.append(f"{engine} facade: {url}; OpenAI SDKs: {base}/v1")
+        lines.append(f"{engine} facade: {url}; OpenAI SDKs: {openai_url(url)}")
         nodes = [
             f"{n.id} ({n.kind_of(facade.profile).name}{_STATIC[n.models is not None]}) "
             f"{n.public_url}{_CORDONED[n.cordon]}"

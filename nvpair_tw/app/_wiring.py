@@ -5,6 +5,7 @@ admin, and the start-up summary once they all listen (:mod:`~nvpair_tw.app._summ
 from __future__ import annotations
 
 from twisted.application import service
+from twisted.internet.interfaces import IListeningPort
 
 from nvpair_tw.app._config import Config
 from nvpair_tw.app._summary import announce_when_listening
@@ -12,7 +13,14 @@ from nvpair_tw.core import IProxyReactor, Priority, format_duration
 from nvpair_tw.inbound import ingress_warnings
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
-from nvpair_tw.runtime import ListenerService, Runtime, RuntimeService, build_runtime, own_urls
+from nvpair_tw.runtime import (
+    ListenerService,
+    Runtime,
+    RuntimeService,
+    build_runtime,
+    client_url,
+    own_urls,
+)
 from nvpair_tw.selection import priority_note
 
 __all__ = ["assemble"]
@@ -59,9 +67,11 @@ def assemble(reactor: IProxyReactor, config: Config) -> service.MultiService:
     for engine in engines:
         description = config.listen[engine]
         runtime.facades[engine].directory.exclude_urls(own)
-        ListenerService(
+        listener = ListenerService(
             reactor, description, runtime.site_for(engine), f"{engine} facade"
-        ).setServiceParent(top)
+        )
+        listener.ready.addCallback(_learn_url, runtime, engine, description)
+        listener.setServiceParent(top)
     _optional_services(reactor, runtime, config, top)
     _learn_ports(top, runtime, other_servers=demo)
     announce_when_listening(top, runtime, config)
@@ -103,6 +113,14 @@ def _priority_note(runtime: Runtime, config: Config) -> None:
     note = priority_note(batch, nodes, config.settings.default_slots)
     if note is not None:
         log.info("{note}", note=note)
+
+
+def _learn_url(
+    port: IListeningPort, runtime: Runtime, engine: str, description: str
+) -> IListeningPort:
+    """Keep where clients reach the ``engine`` facade now that it listens (the status page)."""
+    runtime.facade_urls[engine] = client_url(port.getHost(), description)
+    return port
 
 
 def _learn_ports(

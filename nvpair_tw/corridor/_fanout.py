@@ -18,7 +18,9 @@ end-to-end headers and its own credential (:func:`~nvpair_tw.corridor._attempts.
   succeeded, 207 when some did, 502 (with the proxy's ``error`` and ``code``) when none did.
 
 A client that leaves cancels every node's part. Nothing here logs or records a body: error texts
-are the engine's own ``error`` message (capped) or a transport reason.
+are the engine's own ``error`` message (capped) or a transport reason. A streamed fan-out's
+progress on each node (its lines' ``completed`` and ``total``, each part's end) is published as
+``fan-out/progress`` events (:mod:`~nvpair_tw.corridor._progress`), for the status page.
 """
 
 from __future__ import annotations
@@ -40,11 +42,12 @@ from zope.interface import implementer
 
 from nvpair_tw.core import FanOutRoute, Lines
 from nvpair_tw.corridor._attempts import CallerState, classify_failure, node_headers
+from nvpair_tw.corridor._progress import FanOutWatch
 from nvpair_tw.corridor._record import elapsed_ms
 from nvpair_tw.corridor._relay import CLIENT_STOPPED_READING, DROPPED_MID_STREAM, StallGuard
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._writer import Whole, Writer
-from nvpair_tw.events import Attempt, AttemptOutcome, Outcome, StatusOutcome
+from nvpair_tw.events import Attempt, AttemptOutcome, Outcome, PartState, StatusOutcome
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.upstream import Discard, describe_failure, node_url
@@ -91,8 +94,8 @@ def parse_targets(value: str, nodes: Sequence[Node]) -> tuple[list[Node], list[s
 @frozen
 class FanOutRequest:
     """One fan-out as the facade hands it on: the route, the nodes (at least one), the method,
-    the target as a node receives it (normalised path and query), the forwardable headers and the
-    checked body (docs/behaviour.md §14.1)."""
+    the target as a node receives it (normalised path and query), the forwardable headers, the
+    checked body (docs/behaviour.md §14.1) and the model it names (for its progress events)."""
 
     route: FanOutRoute
     nodes: list[Node]
@@ -100,6 +103,7 @@ class FanOutRequest:
     target: bytes
     headers: Headers
     body: bytes
+    model: str | None = None
 
 
 def _error_text(text: str) -> str:
@@ -165,10 +169,17 @@ class _Lines(_Body):
     longer than :data:`LINE_LIMIT` stops the body and fails the node.
     """
 
-    def __init__(self, node_id: str, emit: Callable[[bytes], None], paused: bool) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        emit: Callable[[bytes], None],
+        paused: bool,
+        seen: Callable[[dict[str, Any]], None],
+    ) -> None:
         super().__init__()
         self._node_id = node_id
         self._emit = emit
+        self._seen = seen
         self._lines = Lines(LINE_LIMIT)
         self._paused = paused
         self.error: str | None = None
@@ -220,6 +231,7 @@ class _Lines(_Body):
             self.error = _error_text(error if isinstance(error, str) else json.dumps(error))
         if parsed.get("status") == _SUCCESS:
             self.succeeded = True
+        self._seen(parsed)
         parsed["nvpair_node"] = self._node_id
         self._emit(json.dumps(parsed, separators=(",", ":")).encode() + b"\n")
 
@@ -289,6 +301,8 @@ class _Run:
     ended: list[Attempt] = field(factory=list)
     gone: str | None = None
     first_byte_at: float | None = None
+    watch: FanOutWatch | None = None
+    """A streamed fan-out's progress events."""
 
     def leave(self, reason: str) -> None:
         """The client left (or stopped reading): cancel every node's part."""
@@ -343,6 +357,9 @@ class _Run:
         part.result = _CANCELLED if self.gone is not None and result != _SUCCESS else result
         now = self.facade.shared.clock.seconds()
         self.ended.append(Attempt(part.node.id, outcome, elapsed_ms(part.since, now)))
+        if self.watch is not None:
+            state = _PART_STATES.get(part.result, PartState.FAILED)
+            self.watch.ended(part.node.id, state, part.result)
         if 200 <= part.status < 300 and outcome is AttemptOutcome.COMMITTED:
             self.facade.stalls.clear(part.node.id)
         if result != _SUCCESS and self.gone is None:
@@ -392,6 +409,10 @@ def _head(status: int, content_type: bytes, nodes: Sequence[Node]) -> Headers:
     )
 
 
+_PART_STATES = {_SUCCESS: PartState.SUCCEEDED, _CANCELLED: PartState.CANCELLED}
+"""A part's state in its progress events, by its result (any other is an error text)."""
+
+
 def _node_results(run: _Run) -> dict[str, str]:
     return {p.node.id: p.result or _CANCELLED for p in run.parts}
 
@@ -402,6 +423,11 @@ async def _stream(run: _Run) -> FanOutEnd:
     writer.head(200, None, _head(200, b"application/x-ndjson", run.fan.nodes), None)
     writer.first(b"")  # the head goes out now: the client sees the fan-out has begun
     run.began()
+    fan = run.fan
+    nodes = [n.id for n in fan.nodes]
+    run.watch = FanOutWatch.start(
+        shared.bus, shared.clock, run.facade.engine, fan.route.path, fan.model, nodes
+    )
 
     def emit(line: bytes) -> None:
         if run.gone is None:
@@ -452,7 +478,9 @@ async def _stream_part(
             emit(_error_line(part))
         return
     part.status = response.code
-    lines = _Lines(part.node.id, emit, merge.paused)
+    watch = run.watch
+    assert watch is not None
+    lines = _Lines(part.node.id, emit, merge.paused, lambda line: watch.line(part.node.id, line))
     merge.bodies.append(lines)
     part.cancel = lines.stop
     response.deliverBody(lines)

@@ -89,7 +89,8 @@ def fan_of(facade: FacadeState, inbound: Inbound) -> FanOutRequest | Rejection |
             return Rejection(404, "model-not-found", f"model '{model}' not found"[:300])
     else:
         return None
-    return FanOutRequest(route, nodes, head.method, head.target.wire, head.headers, inbound.body)
+    target, body = head.target.wire, inbound.body
+    return FanOutRequest(route, nodes, head.method, target, head.headers, body, inbound.model)
 
 
 def let_go_of(facade: FacadeState, inbound: Inbound) -> None:

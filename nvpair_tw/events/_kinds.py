@@ -17,6 +17,7 @@ from attrs import frozen
 
 __all__ = [
     "EVENT_KINDS",
+    "FAN_OUT_PROGRESS",
     "NODE_COOLDOWN",
     "NODE_COOLDOWN_ENDED",
     "NODE_CORDON",
@@ -31,11 +32,14 @@ __all__ = [
     "AttemptOutcome",
     "BusEvent",
     "Choice",
+    "FanOutProgress",
     "NodeCooldown",
     "NodeCooldownEnded",
     "NodeCordon",
     "NodeUncordon",
     "Outcome",
+    "PartProgress",
+    "PartState",
     "Phase",
     "ProxyRequest",
     "RequestPhase",
@@ -71,6 +75,8 @@ NODE_UNCORDON = "node/uncordon"
 """A node's cordon was lifted."""
 REQUEST_PHASE = "request/phase"
 """A request moved to another phase of its exchange (queued, waiting for headers, ...)."""
+FAN_OUT_PROGRESS = "fan-out/progress"
+"""A pull or create fanned out to several nodes moved on (§13.2): each node's part, how far."""
 
 Wire = dict[str, Any]
 _WIRE = "_wire"
@@ -471,6 +477,82 @@ class ProxyRequest(BusEvent):
         return wire
 
 
+class PartState(Enum):
+    """Where one node's part of a fan-out stands (docs/behaviour.md §13.2)."""
+
+    ASKED = "asked"
+    """Sent to the node, no progress line yet."""
+    RUNNING = "running"
+    """Its progress lines arrive."""
+    SUCCEEDED = "success"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    """The client left."""
+
+    @property
+    def ended(self) -> bool:
+        """Whether the part is over."""
+        return self not in _UNDER_WAY
+
+
+_UNDER_WAY = frozenset({PartState.ASKED, PartState.RUNNING})
+
+
+@frozen
+class PartProgress:
+    """One node's part of a fan-out: its state, the bytes done and to do over every layer its
+    progress lines named (``completed`` and ``total``; both 0 while none did) and, when it
+    failed, why (the engine's own ``error`` message, capped, or a transport reason)."""
+
+    node_id: str
+    state: PartState
+    completed: int = 0
+    total: int = 0
+    error: str | None = None
+
+    def to_json(self) -> Wire:
+        """The part in ``fan-out/progress``'s ``nodes``."""
+        return {
+            "node_id": self.node_id,
+            "state": self.state.value,
+            "completed": self.completed,
+            "total": self.total,
+            "error": self.error,
+        }
+
+
+@frozen(slots=False)
+class FanOutProgress(BusEvent):
+    """``fan-out/progress``: where a streamed fan-out (pull, create) stands on each of its nodes;
+    published when it starts, when a part ends and, while lines arrive, at most every half a
+    second. ``id`` is the fan-out's own (unique in the process); ``since`` in ms since the epoch;
+    ``model`` as the body named it (it passed the model rule, §14.1). The event whose parts have
+    all ended is its last."""
+
+    name: ClassVar[str] = FAN_OUT_PROGRESS
+    id: str
+    engine: str
+    path: str
+    model: str | None
+    since: int
+    parts: tuple[PartProgress, ...]
+
+    @property
+    def ended(self) -> bool:
+        """Whether every part is over (no further event follows)."""
+        return all(part.state.ended for part in self.parts)
+
+    def _build(self) -> Wire:
+        return {
+            "id": self.id,
+            "engine": self.engine,
+            "path": self.path,
+            "model": self.model,
+            "since": self.since,
+            "nodes": [part.to_json() for part in self.parts],
+        }
+
+
 EVENT_KINDS: tuple[type[BusEvent], ...] = (
     WorkloadQueued,
     WorkloadStarted,
@@ -482,5 +564,6 @@ EVENT_KINDS: tuple[type[BusEvent], ...] = (
     NodeCooldownEnded,
     NodeCordon,
     NodeUncordon,
+    FanOutProgress,
 )
 """Every kind of event the proxy publishes."""

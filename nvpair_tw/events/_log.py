@@ -11,6 +11,7 @@ from twisted.logger import Logger, LogLevel
 from nvpair_tw.core import format_duration
 from nvpair_tw.events._bus import Event, EventBus, Subscription
 from nvpair_tw.events._kinds import (
+    FAN_OUT_PROGRESS,
     NODE_COOLDOWN,
     NODE_COOLDOWN_ENDED,
     NODE_CORDON,
@@ -34,6 +35,7 @@ _LEVELS: Mapping[str, LogLevel] = {
     WORKLOAD_STARTED: LogLevel.debug,
     WORKLOAD_COMPLETED: LogLevel.debug,
     REQUEST_PHASE: LogLevel.debug,
+    FAN_OUT_PROGRESS: LogLevel.debug,
 }
 
 _FORMATS: Mapping[str, tuple[str, tuple[str, ...]]] = {
@@ -67,6 +69,7 @@ _FORMATS: Mapping[str, tuple[str, tuple[str, ...]]] = {
     ),
     NODE_CORDON: ("{event} {engine} {node_id}: {reason}", ("engine", "node_id", "reason")),
     NODE_UNCORDON: ("{event} {engine} {node_id}", ("engine", "node_id")),
+    FAN_OUT_PROGRESS: ("{event} {id} {engine} {path}", ("id", "engine", "path")),
 }
 
 # A renewed cooldown: the node still gave no answer when the last one ended (§6.3).

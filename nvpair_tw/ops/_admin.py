@@ -6,13 +6,14 @@ It serves ``local`` callers only (docs/behaviour.md §14.2, §14.4): every reque
 test as a facade's (loopback peer, a local ``Host``, no foreign ``Origin``), else 403
 ``host-not-allowed``, so a web page cannot read it through DNS rebinding. It has the facades' header
 timeout and a 1 MiB body cap (413). Everything it shows is derived from the runtime's state and the event bus, which carry metadata only:
-no prompt, body or credential can reach the page, the JSON or the event stream.
+no prompt, body or credential can reach the page, the JSON or the event stream. What the page
+shows beyond live state is the status board's (:mod:`~nvpair_tw.ops._board`; ``StatusBoard`` is
+named here too, where the admin listener's users have always found it).
 """
 
 from __future__ import annotations
 
 import json
-from collections import deque
 from collections.abc import Callable, Mapping
 from enum import Enum
 from importlib import resources
@@ -27,12 +28,11 @@ from twisted.web.server import NOT_DONE_YET, Request
 from zope.interface import implementer
 
 from nvpair_tw.core import IProxyReactor
-from nvpair_tw.events import Event, EventBus, ProxyRequest, Subscription
+from nvpair_tw.events import Event, EventBus, Subscription
 from nvpair_tw.inbound import LimitedSite, Locality, LocalNames, locality, make_site
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.ops._maintenance import in_flight
+from nvpair_tw.ops._board import Listening, StatusBoard
 from nvpair_tw.ops._metrics import ProxyMetrics
-from nvpair_tw.ops._queues import queue_json
 from nvpair_tw.ops._usage import read_report, report_of
 from nvpair_tw.runtime import ListenerService, Runtime
 
@@ -42,7 +42,6 @@ __all__ = [
     "LocalOnly",
     "StatusBoard",
     "StreamState",
-    "Throughput",
     "admin_resource",
     "admin_service",
     "admin_site",
@@ -54,21 +53,10 @@ log = LevelledLogger(namespace=__name__)
 
 KEEPALIVE_INTERVAL = 15.0
 SSE_MAX_PENDING = 256
-RECENT_FAILOVERS = 20
-THROUGHPUT_BUCKET = 10.0
-"""Seconds per throughput bucket on the status page's chart."""
-THROUGHPUT_BUCKETS = 90
-"""How many buckets the chart covers: 90 buckets of 10 s, the last 15 minutes."""
 MAX_BODY_SIZE = 1024 * 1024
 """The admin listener's body cap (§14.4): it reads no body, so anything larger is 413."""
 HEADER_TIMEOUT = 10.0
 """The facades' header timeout when the runtime has no facade site to read it from."""
-
-Listening = Callable[[str], bool]
-
-
-def _ms(seconds: float | None) -> int | None:
-    return None if seconds is None else int(seconds * 1000)
 
 
 def site_listening(runtime: Runtime) -> Listening:
@@ -90,173 +78,6 @@ def readiness(runtime: Runtime, listening: Listening) -> str | None:
         if any(facade.inventory.known(node.id) for node in facade.directory.nodes()):
             return None
     return "no node has a known inventory yet"
-
-
-def _tokens(value: int | None) -> int | None:
-    return None if value is None or value <= 0 else value
-
-
-class Throughput:
-    """Completion tokens per (engine, node) in fixed buckets over a short window (the chart's data).
-
-    A request's completion tokens all count in the bucket its record was published in, that is the
-    bucket of the request's *end* on the runtime's clock (the bus stamps events with it): a long
-    answer shows as one spike when it finishes, never spread over the time it streamed. A bucket
-    is ``bucket`` seconds (``int(t // bucket)``); only the last ``buckets`` of them are kept, older
-    ones are dropped whenever a request is counted or the series is read, so memory is bounded by
-    nodes times ``buckets``. The newest bucket is still filling, so its rate reads low until it ends.
-    """
-
-    def __init__(
-        self, bucket: float = THROUGHPUT_BUCKET, buckets: int = THROUGHPUT_BUCKETS
-    ) -> None:
-        self.bucket = bucket
-        self.buckets = buckets
-        self._counts: dict[tuple[str, str], dict[int, int]] = {}
-
-    def _index(self, time: float) -> int:
-        return int(time // self.bucket)
-
-    def add(self, time: float, engine: str, node: str, tokens: int) -> None:
-        """Count ``tokens`` completion tokens for ``(engine, node)`` in the bucket of ``time``."""
-        index = self._index(time)
-        counts = self._counts.setdefault((engine, node), {})
-        counts[index] = counts.get(index, 0) + tokens
-        self._prune(index)
-
-    def _prune(self, newest: int) -> None:
-        oldest = newest - self.buckets + 1
-        for series, counts in list(self._counts.items()):
-            for index in [i for i in counts if i < oldest]:
-                del counts[index]
-            if not counts:
-                del self._counts[series]
-
-    def kept(self) -> int:
-        """How many buckets are held in all (for the bound's tests)."""
-        return sum(len(counts) for counts in self._counts.values())
-
-    def to_json(self, now: float) -> dict[str, Any]:
-        """``{"bucketSeconds", "since" (ms, the oldest bucket's start), "series": [{"engine",
-        "node", "points": [[t_ms, tokens_per_second], ...]}]}``: one point per bucket of the
-        window, oldest first, zero where the node served no tokens, each at its bucket's start;
-        only nodes with tokens in the window have a series (ordered by engine, then node)."""
-        newest = self._index(now)
-        self._prune(newest)
-        oldest = newest - self.buckets + 1
-        series = []
-        for (engine, node), counts in sorted(self._counts.items()):
-            points = [
-                [int(i * self.bucket * 1000), round(counts.get(i, 0) / self.bucket, 2)]
-                for i in range(oldest, newest + 1)
-            ]
-            series.append({"engine": engine, "node": node, "points": points})
-        return {
-            "bucketSeconds": self.bucket,
-            "since": int(oldest * self.bucket * 1000),
-            "series": series,
-        }
-
-
-class StatusBoard:
-    """What the status page needs beyond live state: recent failovers, each node's last success and
-    the per-node throughput of the last 15 minutes."""
-
-    def __init__(self, runtime: Runtime, keep: int = RECENT_FAILOVERS) -> None:
-        self._runtime = runtime
-        self.failovers: deque[dict[str, Any]] = deque(maxlen=keep)
-        self.last_success: dict[tuple[str, str], int] = {}
-        self.throughput = Throughput()
-        self._subscription: Subscription | None = runtime.shared.bus.subscribe(
-            self._observe, name="status-board"
-        )
-
-    def close(self) -> None:
-        """Stop following the bus."""
-        if self._subscription is not None:
-            self._subscription.close()
-            self._subscription = None
-
-    def _observe(self, event: Event) -> None:
-        record = event.value
-        if not isinstance(record, ProxyRequest):
-            return
-        engine, node_id, status = record.engine, record.node_id, record.status
-        if status is not None and 200 <= status < 300 and node_id is not None:
-            self.last_success[(engine, node_id)] = int(event.time * 1000)
-        completion = _tokens(record.completion_tokens)
-        if completion is not None and node_id is not None:
-            # event.time is the publish time on the runtime's clock: the request's end
-            self.throughput.add(event.time, engine, node_id, completion)
-        if len(record.attempts) > 1:
-            self.failovers.appendleft(
-                {
-                    "at": int(event.time * 1000),
-                    "id": record.id,
-                    "engine": engine,
-                    "path": record.path,
-                    "node_id": node_id,
-                    "status": status,
-                    "attempts": [a.to_json() for a in record.attempts],
-                }
-            )
-
-    def state(self, listening: Listening) -> dict[str, Any]:
-        """The ``/api/state`` snapshot: facades (with their queue depth), nodes (with slots in use,
-        busy waits and the models loaded, ``None`` when unknown), live workloads, recent failovers
-        and ``throughput`` (:meth:`Throughput.to_json`)."""
-        runtime = self._runtime
-        live = runtime.shared.workloads.live()
-        facades = []
-        for engine, facade in runtime.facades.items():
-            nodes = []
-            for node in facade.directory.nodes():
-                cooldown = facade.stalls.cooldown(node.id)
-                cordon = facade.cordons.of(node)
-                loaded = facade.inventory.loaded(node.id)
-                nodes.append(
-                    {
-                        "id": node.id,
-                        "url": node.public_url,
-                        "source": node.source,
-                        "kind": node.kind_of(facade.profile).name,
-                        "models": sorted(facade.inventory.models(node.id)),
-                        "inventoryKnown": facade.inventory.known(node.id),
-                        "inventoryAt": _ms(facade.inventory.last_success(node.id)),
-                        "lastSuccess": self.last_success.get((engine, node.id)),
-                        "inFlight": in_flight(facade, node.id),
-                        "tunnels": runtime.shared.tunnels.count(engine, node.id),
-                        "reservations": runtime.shared.ledger.reservations(node.id),
-                        "slots": facade.admission.slots(node.id),
-                        "slotsInUse": facade.admission.slots_in_use(node.id),
-                        "busyWaits": facade.progress.busy_waits(node.id),
-                        "loaded": None if loaded is None else sorted(loaded),
-                        "cooling": None
-                        if cooldown is None
-                        else {"until": _ms(cooldown.until), "reason": cooldown.reason},
-                        "cordon": None if cordon is None else cordon.to_json(),
-                        "rates": facade.speeds.to_json(node.id),
-                    }
-                )
-            facades.append(
-                {
-                    "engine": engine,
-                    "listening": listening(engine),
-                    "pin": facade.pin,
-                    "queueDepth": facade.admission.queue_depth,
-                    "queue": queue_json(facade),
-                    "nodes": nodes,
-                }
-            )
-        return {
-            "now": _ms(runtime.reactor.seconds()),
-            "runId": runtime.shared.workloads.run_id,
-            "facades": facades,
-            "workloads": [w.info() for w in live],
-            "failovers": list(self.failovers),
-            "store": None if runtime.fleet is None else runtime.fleet.status(),
-            "throughput": self.throughput.to_json(runtime.reactor.seconds()),
-        }
 
 
 class StreamState(Enum):

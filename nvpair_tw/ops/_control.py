@@ -29,7 +29,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair_tw.core import IProxyReactor, abort
-from nvpair_tw.events import EVENT_KINDS, Event, RequestPhase, Subscription
+from nvpair_tw.events import EVENT_KINDS, Event, FanOutProgress, RequestPhase, Subscription
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.ops._answers import PendingAnswers
 from nvpair_tw.ops._dispatch import ControlMethods, InOrder
@@ -69,8 +69,9 @@ __all__ = [
     "forwarded",
 ]
 
-NOTIFIED = tuple(kind for kind in EVENT_KINDS if kind is not RequestPhase)
-"""What a control client is sent: every event but a request's phases (the status page's)."""
+NOTIFIED = tuple(kind for kind in EVENT_KINDS if kind not in (RequestPhase, FanOutProgress))
+"""What a control client is sent: every event but a request's phases and a fan-out's progress
+(the status page's)."""
 
 log = LevelledLogger(namespace=__name__)
 

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 from nvpair_tw.runtime._collector import steady_collector
-from nvpair_tw.runtime._endpoints import own_urls, owner_only, tcp_listener
+from nvpair_tw.runtime._endpoints import (
+    client_url,
+    openai_url,
+    own_urls,
+    owner_only,
+    tcp_listener,
+)
 from nvpair_tw.runtime._process import Runtime, StallTrackerFactory, build_runtime
 from nvpair_tw.runtime._service import CannotListen, ListenerService, RuntimeService
 
@@ -14,6 +20,8 @@ __all__ = [
     "RuntimeService",
     "StallTrackerFactory",
     "build_runtime",
+    "client_url",
+    "openai_url",
     "own_urls",
     "owner_only",
     "steady_collector",

@@ -1,10 +1,11 @@
 # -*- test-case-name: tests.runtime.test_endpoints -*-
 """The little we read out of Twisted server endpoint strings: a TCP listener's interface and port,
-and whether a unix socket was given a file mode.
+and whether a unix socket was given a file mode; and the URL a client uses to reach a listener.
 
 Used for the self-guard (a node whose URL is one of our own listeners is never a candidate), to
-refuse an impossible port at option time rather than with a traceback at bind time, and to create
-the control channel's socket owner-only unless its endpoint says otherwise.
+refuse an impossible port at option time rather than with a traceback at bind time, to create
+the control channel's socket owner-only unless its endpoint says otherwise, and to say where
+clients should point (the start-up summary and the status page, docs/operations.md).
 """
 
 from __future__ import annotations
@@ -12,11 +13,23 @@ from __future__ import annotations
 import re
 
 from attrs import frozen
+from twisted.internet.interfaces import IAddress
 
-__all__ = ["OWNER_ONLY", "TCPListener", "own_urls", "owner_only", "tcp_listener"]
+__all__ = [
+    "OWNER_ONLY",
+    "TCPListener",
+    "client_url",
+    "openai_url",
+    "own_urls",
+    "owner_only",
+    "tcp_listener",
+]
 
 _UNESCAPED_COLON = re.compile(r"(?<!\\):")
 _LOOPBACK_OR_ANY = ("0.0.0.0", "::", "127.0.0.1", "::1", "localhost")
+
+_EVERY_INTERFACE = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+_EVERY = " (every interface)"
 
 OWNER_ONLY = "600"
 """The mode of a unix socket whose endpoint gives none (Twisted's own default is 666)."""
@@ -80,3 +93,22 @@ def owner_only(description: str) -> str:
     if "mode" in named or not path or path.startswith(("\0", "@")):
         return description
     return f"{text}:mode={OWNER_ONLY}"
+
+
+def client_url(address: IAddress, description: str) -> str:
+    """The URL a client on this machine uses to reach a listener at ``address`` (``description``:
+    its endpoint string, ``ssl:`` being HTTPS); a listener on every interface says so."""
+    host, port = getattr(address, "host", None), getattr(address, "port", None)
+    if not isinstance(host, str) or not isinstance(port, int):
+        name = getattr(address, "name", None)
+        return f"unix:{name.decode() if isinstance(name, bytes) else name}"
+    scheme = "https" if description.split(":", 1)[0] == "ssl" else "http"
+    shown = _EVERY_INTERFACE.get(host, host)
+    url = f"{scheme}://[{shown}]:{port}" if ":" in shown else f"{scheme}://{shown}:{port}"
+    return f"{url}{_EVERY}" if host in _EVERY_INTERFACE else url
+
+
+def openai_url(url: str) -> str:
+    """Where OpenAI-style clients and SDKs point for a facade at ``url`` (a :func:`client_url`):
+    its ``/v1``."""
+    return url.removesuffix(_EVERY) + "/v1"

@@ -95,6 +95,9 @@ class Runtime:
         default=Factory(lambda runtime: SelfGuard(runtime.reactor), takes_self=True), kw_only=True
     )
     """This process's listening addresses, for the self-loop check (docs/behaviour.md §14.3)."""
+    facade_urls: dict[str, str] = field(factory=dict, kw_only=True)
+    """Where clients reach each facade (by engine), once it listens: its
+    :func:`~nvpair_tw.runtime._endpoints.client_url` (the status page shows it)."""
 
     def __attrs_post_init__(self) -> None:
         self.shared.self_guard = self.self_guard

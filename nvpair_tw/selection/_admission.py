@@ -107,6 +107,10 @@ class Admission:
             if w.patience is not None and w.patience.best == node_id
         )
 
+    def waiting_for(self, node_id: str) -> int:
+        """Requests in the queue that ``node_id`` would take (it is among their candidates)."""
+        return sum(1 for w in self._queue if node_id in w.candidates)
+
     def slots_in_use(self, node_id: str) -> int:
         """Requests of this facade holding a slot on the node now (counted when unlimited too)."""
         return self._counts.in_use(node_id)

@@ -1,12 +1,17 @@
 // nvpair-tw live status page: a snapshot from /api/state, then every bus event from /events.
-// The throughput chart is drawn from the snapshot's `throughput`; the last 24 hours come from
+// A node's state, the request counts and the recent requests are the snapshot's (the status board
+// computes them); phase and fan-out events update the requests in flight and the pulls at once,
+// and every phase, fan-out, request, workload or node event re-reads the snapshot (at most every
+// 250 ms). The
+// throughput chart is drawn from the snapshot's `throughput`; the last 24 hours come from
 // /api/usage. Only metadata is ever shown (events carry no prompts, usage only key names); all
 // text goes in through textContent.
 "use strict";
 (() => {
   const MAX_FAILOVERS = 20;
-  const state = { offset: 0, runId: null, facades: [], workloads: new Map(), failovers: [],
-    throughput: null };
+  const MAX_ENDED_FAN_OUTS = 5;
+  const state = { offset: 0, runId: null, version: null, facades: [], inFlight: new Map(),
+    recent: [], byKey: [], byModel: [], fanOuts: [], failovers: [], throughput: null };
 
   const now = () => Date.now() + state.offset;
 
@@ -23,6 +28,12 @@
     return tr;
   }
 
+  function emptyRow(body, columns, text) {
+    const cell = el("td", text, "muted");
+    cell.colSpan = columns;
+    body.appendChild(row([cell]));
+  }
+
   function ago(ms) {
     if (ms === null || ms === undefined) return "never";
     const s = Math.max(0, (now() - ms) / 1000);
@@ -31,8 +42,30 @@
     return (s / 3600).toFixed(1) + " h ago";
   }
 
+  function clock(ms) {
+    const at = new Date(ms - state.offset);
+    return [at.getHours(), at.getMinutes(), at.getSeconds()]
+      .map((n) => String(n).padStart(2, "0")).join(":");
+  }
+
   function seconds(ms) {
     return (Math.max(0, ms) / 1000).toFixed(1) + " s";
+  }
+
+  function duration(ms) {
+    if (ms === null || ms === undefined) return "—";
+    return ms < 1000 ? ms + " ms" : seconds(ms);
+  }
+
+  function bytes(n) {
+    const units = ["B", "kB", "MB", "GB", "TB"];
+    let value = n;
+    let unit = 0;
+    while (value >= 1000 && unit < units.length - 1) {
+      value /= 1000;
+      unit += 1;
+    }
+    return (unit ? String(Number(value.toFixed(1))) : String(value)) + " " + units[unit];
   }
 
   // The queue per priority (docs/behaviour.md §16.3): how many wait, and the oldest wait.
@@ -56,18 +89,80 @@
     }).join("; ");
   }
 
-  function findNode(engine, id) {
-    const facade = state.facades.find((f) => f.engine === engine);
-    return facade ? facade.nodes.find((n) => n.id === id) : undefined;
+  // --- the addresses and the nodes -------------------------------------------------------------
+
+  function renderAddresses() {
+    const list = document.getElementById("addresses");
+    list.replaceChildren();
+    for (const facade of state.facades) {
+      const item = el("li");
+      item.dataset.engine = facade.engine;
+      if (facade.address) {
+        item.appendChild(el("span", facade.engine + ": "));
+        item.appendChild(el("code", facade.address.url));
+        item.appendChild(el("span", " · OpenAI-style clients: "));
+        item.appendChild(el("code", facade.address.openai));
+      } else {
+        item.textContent = facade.engine + ": not listening yet";
+      }
+      list.appendChild(item);
+    }
   }
 
-  function render() {
-    document.getElementById("run-id").textContent = state.runId || "…";
-    const inflight = new Map();
-    for (const w of state.workloads.values()) {
-      const key = w.engine + "/" + w.scheduledOn;
-      inflight.set(key, (inflight.get(key) || 0) + 1);
+  // A node's state (the board's, in precedence: unreachable, cooling, cordoned, busy, unknown,
+  // ready) as one line of plain words.
+  function stateText(s) {
+    if (s.state === "ready") return "ready";
+    if (s.state === "unreachable") {
+      return "unreachable — " + s.why + " at " + s.url +
+        (s.since ? ", since " + clock(s.since) + " (" + ago(s.since) + ")" : "");
     }
+    if (s.state === "cooling") {
+      const left = s.until - now();
+      return "cooling, " + (left > 0 ? seconds(left) + " left" : "ending") + " — " + s.why;
+    }
+    return s.state + " — " + s.why;
+  }
+
+  function inventoryText(node) {
+    const reach = node.reach || { state: "unknown" };
+    const models = node.models.length + " model(s): " + node.models.join(", ");
+    if (reach.state === "not-polled") return "static list, " + models;
+    if (!node.inventoryKnown) return reach.state === "unreachable" ? "never answered" : "unknown";
+    const polled = "polled " + ago(node.inventoryAt);
+    return reach.state === "unreachable" ? "last known " + models + " (" + polled + ")"
+      : models + " (" + polled + ")";
+  }
+
+  function ttftText(ttft) {
+    if (!ttft) return "—";
+    return ttft.medianMs + " ms (median of " + ttft.samples + ")";
+  }
+
+  function nodeRow(facade, node) {
+    const s = node.state;
+    const cell = el("td", null, "state " + s.state);
+    cell.appendChild(el("div", stateText(s)));
+    const loaded = Array.isArray(node.loaded)
+      ? (node.loaded.length ? node.loaded.join(", ") : "none")
+      : "unknown";
+    const slots = (node.slotsInUse || 0) + " / " + (node.slots ? node.slots : "∞ unlimited");
+    const tr = row([el("td", node.id, "node"), cell, el("td", ttftText(node.ttft), "ttft n"),
+      el("td", slots, "slots"), el("td", node.inFlight || 0, "inflight n"),
+      el("td", node.busyWaits || 0, "busy-waits n"), el("td", node.reservations, "n"),
+      el("td", inventoryText(node), "inventory" + (node.inventoryKnown ? "" : " bad")),
+      el("td", loaded, Array.isArray(node.loaded) ? "loaded" : "loaded muted"),
+      el("td", node.kind || "", "kind"), el("td", node.url, "url muted"),
+      el("td", ago(node.lastSuccess), "last-success"),
+      el("td", measuredRates(node.rates), "rates")]);
+    tr.dataset.node = facade.engine + "/" + node.id;
+    return tr;
+  }
+
+  const NODE_COLUMNS = ["node", "state", "first token", "slots", "in flight", "busy waits",
+    "reservations", "inventory", "loaded", "kind", "url", "last success", "measured rates"];
+
+  function renderFacades() {
     const root = document.getElementById("facades");
     root.replaceChildren();
     for (const facade of state.facades) {
@@ -82,56 +177,163 @@
       const table = el("table");
       table.dataset.engine = facade.engine;
       const head = el("thead");
-      head.appendChild(row(["node", "kind", "url", "inventory", "loaded", "slots", "busy waits",
-        "in flight", "reservations", "state", "last success", "measured rates"]
-        .map((t) => el("th", t))));
+      head.appendChild(row(NODE_COLUMNS.map((t) => el("th", t))));
       table.appendChild(head);
       const body = el("tbody");
-      for (const node of facade.nodes) {
-        const models = node.inventoryKnown
-          ? node.models.length + " model(s): " + node.models.join(", ") +
-            (node.inventoryAt ? " (polled " + ago(node.inventoryAt) + ")" : " (static)")
-          : "unknown";
-        let cooldown;
-        if (node.cordon) {
-          cooldown = el("td", "cordoned — " + node.cordon.reason, "cooldown cordoned");
-        } else if (node.cooling) {
-          const left = node.cooling.until - now();
-          cooldown = el("td", "cooling, " + (left > 0 ? seconds(left) + " left" : "ending") +
-            " — " + node.cooling.reason, "cooldown cooling");
-        } else {
-          cooldown = el("td", "ready", "cooldown ready");
+      for (const node of facade.nodes) body.appendChild(nodeRow(facade, node));
+      table.appendChild(body);
+      const scroll = el("div", null, "scroll");
+      scroll.appendChild(table);
+      root.appendChild(scroll);
+    }
+  }
+
+  // --- requests: in flight (phase events), recent and counted (the board's) --------------------
+
+  const PHASES = {
+    "received": "received",
+    "answering": "answered by the proxy",
+    "queued": "queued",
+    "waiting-headers": "waiting for headers",
+    "reading-prompt": "reading the prompt",
+    "streaming": "streaming",
+  };
+
+  function renderInFlight() {
+    const body = document.querySelector("#inflight tbody");
+    body.replaceChildren();
+    const requests = Array.from(state.inFlight.values()).sort((a, b) => a.since - b.since);
+    if (!requests.length) emptyRow(body, 7, "no request in flight");
+    for (const p of requests) {
+      const tr = row([el("td", PHASES[p.phase] || p.phase, "phase " + p.phase),
+        el("td", p.node_id || "—"), el("td", p.model || "—"), el("td", p.key || "—"),
+        el("td", seconds(now() - p.since)), el("td", p.method + " " + p.path),
+        el("td", p.id, "muted")]);
+      tr.dataset.id = p.id;
+      body.appendChild(tr);
+    }
+  }
+
+  const CHOSEN = {
+    target: "named by X-NVPair-Node",
+    pin: "pinned by the operator",
+    affinity: "holds the conversation's prefix",
+    conversation: "holds the response it continues",
+    prediction: "predicted to answer first",
+    order: "first in the candidate order",
+    failover: "an earlier node failed",
+    fallback: "a fallback model",
+  };
+
+  function renderRecent() {
+    const body = document.querySelector("#recent tbody");
+    body.replaceChildren();
+    if (!state.recent.length) emptyRow(body, 11, "no request yet");
+    for (const r of state.recent) {
+      const tokens = r.tokensPerS === null || r.tokensPerS === undefined ? "—" : rate(r.tokensPerS);
+      const tr = row([el("td", r.status === null ? "none" : r.status, "status " + r.verdict),
+        el("td", r.node || "—"), el("td", r.chosenBy ? CHOSEN[r.chosenBy] || r.chosenBy : "—", "why"),
+        el("td", duration(r.ttftMs), "n"), el("td", tokens, "n"), el("td", r.model || "—"),
+        el("td", r.key || "—"), el("td", r.method + " " + r.path), el("td", duration(r.durationMs), "n"),
+        el("td", ago(r.at)), el("td", r.error || "", "error")]);
+      tr.dataset.id = r.id;
+      body.appendChild(tr);
+    }
+  }
+
+  const VERDICTS = ["answered", "refused", "failed", "cancelled"];
+  const NONE = { key: "no key", model: "no model" };
+
+  function renderCounts(id, column, rows) {
+    const body = document.querySelector("#" + id + " tbody");
+    body.replaceChildren();
+    if (!rows.length) emptyRow(body, 6, "no request yet");
+    for (const r of rows) {
+      const name = r.others ? "others" : r[column] === null ? NONE[column] : r[column];
+      const cells = [el("td", name), el("td", r.requests, "n")];
+      for (const v of VERDICTS) cells.push(el("td", r[v], "n" + (r[v] && v !== "answered" ? " " + v : "")));
+      const tr = row(cells);
+      tr.dataset[column] = r[column] === null ? "" : r[column];
+      body.appendChild(tr);
+    }
+  }
+
+  // --- pulls and creates fanned out to several nodes -------------------------------------------
+
+  function progressText(part) {
+    if (!part.total) return "—";
+    return bytes(part.completed) + " of " + bytes(part.total) + " (" +
+      Math.floor((100 * part.completed) / part.total) + "%)";
+  }
+
+  function resultText(part) {
+    if (part.state === "failed") return "failed: " + (part.error || "error");
+    return part.state;
+  }
+
+  function renderPulls() {
+    const root = document.getElementById("pulls");
+    root.replaceChildren();
+    if (!state.fanOuts.length) {
+      root.appendChild(el("div", "none running (X-NVPair-Node: * with /api/pull or /api/create)", "muted"));
+      return;
+    }
+    for (const f of state.fanOuts) {
+      const box = el("div");
+      box.dataset.fanout = f.id;
+      const title = f.path + (f.model ? " " + f.model : "") + " on " + f.nodes.length + " nodes · " +
+        (f.ended ? "ended" : "running for " + seconds(now() - f.since));
+      box.appendChild(el("h3", title, "fan-out-title"));
+      const table = el("table");
+      const body = el("tbody");
+      for (const part of f.nodes) {
+        const bar = el("progress");
+        if (part.total) {
+          bar.max = part.total;
+          bar.value = part.completed;
         }
-        const loaded = Array.isArray(node.loaded)
-          ? (node.loaded.length ? node.loaded.join(", ") : "none")
-          : "unknown";
-        const slots = (node.slotsInUse || 0) + " / " + (node.slots ? node.slots : "∞ unlimited");
-        const tr = row([el("td", node.id), el("td", node.kind || "", "kind"),
-          el("td", node.url, "muted"),
-          el("td", models, node.inventoryKnown ? "" : "bad"),
-          el("td", loaded, Array.isArray(node.loaded) ? "loaded" : "loaded muted"),
-          el("td", slots, "slots"), el("td", node.busyWaits || 0, "busy-waits"),
-          el("td", inflight.get(facade.engine + "/" + node.id) || 0, "inflight"),
-          el("td", node.reservations), cooldown, el("td", ago(node.lastSuccess), "last-success"),
-          el("td", measuredRates(node.rates), "rates")]);
-        tr.dataset.node = facade.engine + "/" + node.id;
+        const progress = el("td", null, "progress");
+        progress.appendChild(el("span", progressText(part)));
+        progress.appendChild(bar);
+        const tr = row([el("td", part.node_id), progress,
+          el("td", resultText(part), "result " + part.state)]);
+        tr.dataset.node = part.node_id;
         body.appendChild(tr);
       }
       table.appendChild(body);
-      root.appendChild(table);
+      const scroll = el("div", null, "scroll");
+      scroll.appendChild(table);
+      box.appendChild(scroll);
+      root.appendChild(box);
     }
-    const workloads = document.getElementById("workloads");
-    workloads.replaceChildren();
-    for (const w of state.workloads.values()) {
-      workloads.appendChild(row([w.id, w.engine, w.model, w.scheduledOn || "—",
-        w.startedAt ? seconds(now() - w.startedAt) : "—"]));
-    }
+  }
+
+  function fanOutSeen(p) {
+    const ended = p.nodes.every((n) => !["asked", "running"].includes(n.state));
+    const others = state.fanOuts.filter((f) => f.id !== p.id);
+    const running = others.filter((f) => !f.ended);
+    const done = others.filter((f) => f.ended);
+    const seen = Object.assign({}, p, { ended });
+    state.fanOuts = ended ? [...running, seen, ...done].slice(0, running.length + MAX_ENDED_FAN_OUTS)
+      : [seen, ...running, ...done];
+  }
+
+  function render() {
+    document.getElementById("run-id").textContent = state.runId || "…";
+    document.getElementById("version").textContent = state.version ? "nvpair-tw " + state.version : "…";
+    renderAddresses();
+    renderFacades();
+    renderInFlight();
+    renderPulls();
+    renderRecent();
+    renderCounts("requests-by-key", "key", state.byKey);
+    renderCounts("requests-by-model", "model", state.byModel);
     const failovers = document.getElementById("failovers");
     failovers.replaceChildren();
     for (const f of state.failovers) {
       const path = (f.attempts || []).map((a) => a.node_id + " " + a.outcome + " (" + a.ms + " ms)");
-      failovers.appendChild(row([ago(f.at), f.id, f.engine, f.path, path.join(" → "),
-        f.node_id || "—", f.status]));
+      failovers.appendChild(row([ago(f.at), path.join(" → "), f.node_id || "—", f.status, f.id,
+        f.engine, f.path]));
     }
   }
 
@@ -317,8 +519,14 @@
     // outside the try: a rendering bug is a page error, never "snapshot failed"
     state.offset = snapshot.now - Date.now();
     state.runId = snapshot.runId;
+    state.version = snapshot.version;
     state.facades = snapshot.facades;
-    state.workloads = new Map(snapshot.workloads.map((w) => [w.id, w]));
+    const requests = snapshot.requests;
+    state.inFlight = new Map(requests.inFlight.map((p) => [p.id, p]));
+    state.recent = requests.recent;
+    state.byKey = requests.byKey;
+    state.byModel = requests.byModel;
+    state.fanOuts = snapshot.fanOuts;
     state.failovers = snapshot.failovers;
     state.throughput = snapshot.throughput || null;
     const store = document.getElementById("store");
@@ -331,8 +539,8 @@
     renderChart();
   }
 
-  // Slots, queue depth and busy waits have no events of their own: a workload or request event
-  // (which is when they change) refreshes the snapshot, at most once per REFRESH_MS.
+  // Node states, slots, queue, counts and recent requests are the board's: a request, workload
+  // or node event (which is when they change) re-reads the snapshot, at most once per REFRESH_MS.
   const REFRESH_MS = 250;
   let refresh = null;
   function refreshSoon() {
@@ -345,29 +553,10 @@
   }
 
   const handlers = {
-    "workload:queued": (p) => state.workloads.set(p.workload.id, p.workload),
-    "workload:started": (p) => state.workloads.set(p.workload.id, p.workload),
-    "workload:completed": (p) => state.workloads.delete(p.workload.id),
-    "workload:errored": (p) => state.workloads.delete(p.workload.id),
-    "node/cooldown": (p) => {
-      const node = findNode(p.engine, p.node_id);
-      if (node) node.cooling = { until: p.coolingUntil, reason: p.reason };
-    },
-    "node/cooldown-ended": (p) => {
-      const node = findNode(p.engine, p.node_id);
-      if (node) node.cooling = null;
-    },
-    "node/cordon": (p) => {
-      const node = findNode(p.engine, p.node_id);
-      if (node) node.cordon = { reason: p.reason, since: p.since, origin: p.origin };
-    },
-    "node/uncordon": (p) => {
-      const node = findNode(p.engine, p.node_id);
-      if (node) node.cordon = null;
-    },
+    "request/phase": (p) => state.inFlight.set(p.id, p),
+    "fan-out/progress": fanOutSeen,
     "proxy/request": (p) => {
-      const node = p.node_id ? findNode(p.engine, p.node_id) : undefined;
-      if (node && p.status >= 200 && p.status < 300) node.lastSuccess = now();
+      state.inFlight.delete(p.id);
       if ((p.attempts || []).length > 1 && !state.failovers.some((f) => f.id === p.id)) {
         state.failovers.unshift({ at: now(), id: p.id, engine: p.engine, path: p.path,
           node_id: p.node_id, status: p.status, attempts: p.attempts });
@@ -375,6 +564,8 @@
       }
     },
   };
+  const REFRESHING = ["request/phase", "fan-out/progress", "proxy/request", "workload:queued", "workload:started", "workload:completed",
+    "workload:errored", "node/cooldown", "node/cooldown-ended", "node/cordon", "node/uncordon"];
 
   const events = new EventSource("events");
   const connection = document.getElementById("connection");
@@ -388,17 +579,20 @@
     connection.textContent = "reconnecting…";
     connection.className = "bad";
   };
-  for (const [name, handle] of Object.entries(handlers)) {
+  for (const name of new Set([...Object.keys(handlers), ...REFRESHING])) {
     events.addEventListener(name, (message) => {
       const payload = JSON.parse(message.data);
-      handle(payload);
-      render();
-      if (name.startsWith("workload:") || name === "proxy/request") refreshSoon();
+      if (handlers[name]) {
+        handlers[name](payload);
+        render();
+      }
+      if (REFRESHING.includes(name)) refreshSoon();
       if (name === "proxy/request" && payload.model) refreshUsageSoon();
     });
   }
   setInterval(render, 500);
   setInterval(load, 10000);
   setInterval(refreshUsageSoon, USAGE_REFRESH_MS);
+  render();
   renderChart();
 })();

@@ -19,7 +19,7 @@ from nvpair_tw.corridor import FacadeState
 from nvpair_tw.events import BusEvent, Event
 from nvpair_tw.fleet import StateConfig
 from nvpair_tw.nodes import Node
-from nvpair_tw.runtime import Runtime, StallTrackerFactory, build_runtime
+from nvpair_tw.runtime import Runtime, StallTrackerFactory, build_runtime, client_url
 from nvpair_tw.simulated import SimulatedEngine
 
 __all__ = [
@@ -106,6 +106,8 @@ async def start_proxy(
         )
         for engine in nodes
     }
+    for engine, port in ports.items():
+        runtime.facade_urls[engine] = client_url(port.getHost(), "tcp")
     return ProxyHandle(runtime, ports)
 
 

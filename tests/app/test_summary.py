@@ -18,10 +18,9 @@ from typing import cast
 import pytest
 from attrs import evolve
 from twisted.application.service import MultiService
-from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.testing import MemoryReactorClock
 
-from nvpair_tw.app._summary import client_url, summary_lines
+from nvpair_tw.app._summary import summary_lines
 from nvpair_tw.app._wiring import assemble
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.tap import Options
@@ -112,23 +111,6 @@ def test_the_lines_say_what_is_off_and_where_the_usage_is_kept() -> None:
         "state store: none (this proxy alone)",
         "usage database: /var/lib/nvpair/usage.sqlite3",
     ]
-
-
-@pytest.mark.parametrize(
-    ("address", "description", "url"),
-    [
-        (IPv4Address("TCP", "127.0.0.1", 11435), "tcp:11435", "http://127.0.0.1:11435"),
-        (IPv4Address("TCP", "0.0.0.0", 80), "tcp:80", "http://127.0.0.1:80 (every interface)"),
-        (IPv6Address("TCP", "::", 8080), "tcp6:8080", "http://[::1]:8080 (every interface)"),
-        (IPv6Address("TCP", "fe80::1", 443), "ssl:443", "https://[fe80::1]:443"),
-        (UNIXAddress(b"/run/nvpair/ctl.sock"), "unix:/run/nvpair/ctl.sock",
-         "unix:/run/nvpair/ctl.sock"),
-    ],
-)  # fmt: skip
-def test_a_listener_is_shown_as_the_url_a_client_uses(
-    address: IPv4Address, description: str, url: str
-) -> None:
-    assert client_url(address, description) == url
 
 
 @pytest.mark.timeout(60)

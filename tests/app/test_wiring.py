@@ -201,6 +201,20 @@ def test_the_demo_nodes_are_other_servers_to_the_self_loop_check() -> None:
     top.stopService()
 
 
+def test_each_facade_tells_the_runtime_where_clients_reach_it_once_it_listens() -> None:
+    """Before the listeners start the runtime knows no address; once they listen, each facade's
+    is the URL a client uses (the status page shows it), the admin listener's is not among them."""
+    _reactor, top = built("-e", "ollama", "-e", "openai", "--listen", "openai=tcp:1300")
+    runtime = runtime_of(top)
+    assert runtime.facade_urls == {}
+    top.startService()
+    assert runtime.facade_urls == {  # the fake reactor's ports are on every interface
+        "ollama": "http://127.0.0.1:11435 (every interface)",
+        "openai": "http://127.0.0.1:1300 (every interface)",
+    }
+    top.stopService()
+
+
 def test_the_assembled_tree_starts_and_stops_cleanly() -> None:
     """Started on a fake reactor every listener binds; stopping leaves no timer behind."""
     reactor, top = built("-e", "ollama", "-e", "lmstudio", "--listen", "lmstudio=tcp:1300")

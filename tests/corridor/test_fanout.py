@@ -4,6 +4,7 @@ facades over simulated engines in memory (``MemoryCluster``), every timer on one
 
 from __future__ import annotations
 
+import itertools
 import json
 import socket
 from collections.abc import Callable
@@ -217,6 +218,74 @@ def test_the_client_leaving_before_headers_cancels_every_pending_node(memory_clu
     assert record["status"] == 499
 
 
+def _progress(cluster: MemoryCluster) -> list[tuple[float, dict[str, Any]]]:
+    """Each ``fan-out/progress`` event: when (clock seconds) and its payload."""
+    return [(e.time, dict(e.payload)) for e in cluster.events if e.name == "fan-out/progress"]
+
+
+def _parts(payload: dict[str, Any]) -> dict[str, tuple[str, int, int, str | None]]:
+    return {
+        n["node_id"]: (n["state"], n["completed"], n["total"], n["error"]) for n in payload["nodes"]
+    }
+
+
+def test_a_pull_publishes_each_nodes_progress_at_most_every_half_second_and_its_end(
+    memory_cluster: Make,
+) -> None:
+    """A pull on two nodes sending ten progress lines a second: the first event names both nodes
+    as asked, the events in between say how far each node is (its lines' ``completed`` of
+    ``total``) no closer than half a second apart, each part's end is published at once, and the
+    last event has every part ended with all its bytes done."""
+    clock = Clock()
+    a = SimulatedEngine(clock, ("llama3:latest",), chunks=20, chunk_delay=0.1)
+    b = SimulatedEngine(clock, ("llama3:latest",), chunks=20, chunk_delay=0.1, header_delay=0.05)
+    cluster = memory_cluster(clock, {"a": a, "b": b})
+    pending = cluster.request("POST", "/api/pull", json=PULL, headers=EVERY)
+    for _ in range(40):
+        cluster.advance(0.1)
+    assert cluster.result(pending).complete
+    events = _progress(cluster)
+    first, *between, last = [payload for _, payload in events]
+    assert {k: first[k] for k in ("engine", "path", "model")} == {
+        "engine": "ollama",
+        "path": "/api/pull",
+        "model": "llama3",
+    }
+    assert _parts(first) == {"a": ("asked", 0, 0, None), "b": ("asked", 0, 0, None)}
+    assert len({payload["id"] for _, payload in events}) == 1
+    ends = [t for t, p in events if any(s in ("success",) for s, *_ in _parts(p).values())]
+    moving = [t for t, p in events[1:] if t < ends[0]]
+    assert len(moving) >= 3  # a two-second pull is seen moving
+    assert all(later - earlier >= 0.5 for earlier, later in itertools.pairwise(moving))
+    halfway = [_parts(p)["a"] for p in between if _parts(p)["a"][0] == "running"]
+    assert any(0 < done < total == 20000 for _, done, total, _ in halfway)
+    assert _parts(last) == {
+        "a": ("success", 20000, 20000, None),
+        "b": ("success", 20000, 20000, None),
+    }
+    assert len(ends) == 2  # one event as each part ended, the second is the last
+    assert events[-1][0] == ends[-1]
+
+
+def test_a_failed_and_a_cancelled_part_are_published_as_such(memory_cluster: Make) -> None:
+    """A node answering 503 is a failed part with its error text; the client leaving makes the
+    other part cancelled, in the last event; copy and delete publish no progress."""
+    clock = Clock()
+    slow = SimulatedEngine(clock, ("llama3:latest",), chunk_delay=1.0)
+    failing = SimulatedEngine(clock, ("llama3:latest",), policy=always(Behaviour.STATUS_503))
+    cluster = memory_cluster(clock, {"a": slow, "b": failing})
+    response = cluster.result(cluster.request("POST", "/api/pull", json=PULL, headers=EVERY))
+    cluster.advance(1.5)
+    failed = _parts(_progress(cluster)[-1][1])["b"]
+    assert failed == ("failed", 0, 0, "upstream answered 503: simulated 503")
+    response.hang_up()
+    cluster.flush()
+    assert _parts(_progress(cluster)[-1][1]) == {"a": ("cancelled", 1000, 3000, None), "b": failed}
+    before = len(_progress(cluster))
+    cluster.fetch("POST", "/api/copy", json={"source": "llama3", "destination": "x"}, headers=EVERY)
+    assert len(_progress(cluster)) == before
+
+
 def test_an_unknown_id_in_the_list_is_404_and_no_node_is_contacted(memory_cluster: Make) -> None:
     """``X-NVPair-Node: a,zz``: 404 ``unknown-node`` naming zz, and neither node got the pull."""
     clock = Clock()
@@ -392,12 +461,12 @@ def test_a_slow_client_pauses_every_node_body(memory_cluster: Make) -> None:
     merge = _Merge(lambda: None)
     bodies = []
     for name in "ab":
-        body = _Lines(name, lambda _line: None, merge.paused)
+        body = _Lines(name, lambda _line: None, merge.paused, lambda _seen: None)
         body.transport = RecordingProducer()  # type: ignore[assignment]
         merge.bodies.append(body)
         bodies.append(body)
     merge.pauseProducing()
-    late = _Lines("c", lambda _line: None, merge.paused)
+    late = _Lines("c", lambda _line: None, merge.paused, lambda _seen: None)
     late.makeConnection(RecordingProducer())  # type: ignore[arg-type]
     merge.resumeProducing()
     assert [b.transport.calls for b in bodies] == [["pause", "resume"]] * 2  # type: ignore[union-attr]

@@ -33,13 +33,13 @@ from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import (
     AdminService,
     EventStream,
-    StatusBoard,
     StreamState,
-    Throughput,
     admin_resource,
     readiness,
 )
+from nvpair_tw.ops._board import StatusBoard
 from nvpair_tw.ops._metrics import ProxyMetrics
+from nvpair_tw.ops._throughput import Throughput
 from nvpair_tw.runtime._process import Runtime, build_runtime
 from nvpair_tw.selection._admission import Slot, Waiter
 from nvpair_tw.selection._speed import Sample

@@ -1,13 +1,13 @@
 """The live status page in a real headless Chromium: cooldowns appear and clear live, prompts never show.
 
 Needs the Debian ``chromium`` package (``/usr/bin/chromium``) and the ``playwright`` Python package
-(its own browser download is never used). Missing either fails the test with the install commands.
+(its own browser download is never used). Missing either fails the test with the install commands
+(:mod:`tests.ops.browser`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import threading
 import urllib.request
 from collections.abc import Callable
@@ -25,17 +25,8 @@ from nvpair_tw.ops._admin import AdminService
 from nvpair_tw.selection._admission import Slot, Waiter
 from nvpair_tw.selection._speed import Sample
 from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine, start_proxy
+from tests.ops.browser import launch, require_browser
 
-CHROMIUM = os.environ.get("NVPAIR_CHROMIUM", "/usr/bin/chromium")
-FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 CANARY = "CANARY-PROMPT-7f3a9c-do-not-display"
 HEADER_TIMEOUT = 1.0
 
@@ -45,19 +36,6 @@ _Test = TypeVar("_Test", bound=Callable[..., Any])
 def on_reactor(test: _Test) -> _Test:
     """``pytest_twisted.ensureDeferred`` with the test's type kept (pytest-twisted is untyped)."""
     return cast(_Test, pytest_twisted.ensureDeferred(test))
-
-
-def _require_browser() -> None:
-    """Fail (never skip) with the install commands when Chromium or playwright is missing."""
-    missing = []
-    if not os.access(CHROMIUM, os.X_OK):
-        missing.append(f"Chromium at {CHROMIUM}: apt-get update && apt-get install -y chromium")
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        missing.append("the playwright package: pip install playwright (no `playwright install`)")
-    if missing:
-        pytest.fail("browser test prerequisites missing: " + "; ".join(missing), pytrace=False)
 
 
 def _chat(proxy_url: str) -> int:
@@ -78,24 +56,26 @@ def _drive_browser(admin_url: str, proxy_url: str) -> dict[str, Any]:
 
     seen: dict[str, Any] = {"errors": [], "status": None}
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        browser = launch(p)
         try:
             page = browser.new_page()
             page.on("pageerror", lambda error: seen["errors"].append(str(error)))
             page.goto(admin_url + "/")
             frozen = 'tr[data-node="ollama/a-frozen"]'
-            page.wait_for_selector(f"{frozen} td.cooldown.ready", timeout=10_000)
+            # a static list no request has reached yet: not "ready"
+            page.wait_for_selector(f"{frozen} td.state.unknown", timeout=10_000)
             page.wait_for_function(
                 "document.getElementById('connection').textContent === 'live'", timeout=10_000
             )
             result: dict[str, int] = {}
             sender = threading.Thread(target=lambda: result.update(status=_chat(proxy_url)))
             sender.start()
-            cooling = page.wait_for_selector(f"{frozen} td.cooldown.cooling", timeout=10_000)
+            cooling = page.wait_for_selector(f"{frozen} td.state.cooling", timeout=10_000)
             assert cooling is not None
             seen["cooling_text"] = cooling.text_content()
-            # well before the page's 10 s snapshot refresh: only the cooldown-ended event can do it
-            page.wait_for_selector(f"{frozen} td.cooldown.ready", timeout=HEADER_TIMEOUT * 4000)
+            # well before the page's 10 s snapshot refresh: only the cooldown-ended event (which
+            # re-reads the snapshot) can do it; it took the connection, so it is ready again
+            page.wait_for_selector(f"{frozen} td.state.ready", timeout=HEADER_TIMEOUT * 4000)
             sender.join(30)
             seen["status"] = result.get("status")
             page.wait_for_selector("#failovers tr", timeout=10_000)
@@ -110,9 +90,10 @@ def _drive_browser(admin_url: str, proxy_url: str) -> dict[str, Any]:
 @pytest.mark.browser
 @on_reactor
 async def test_status_page_shows_a_cooldown_come_and_go_and_never_a_prompt(reactor: Any) -> None:
-    """A frozen node cools (with time left and reason) then is ready again, live over /events; the
-    failover is listed; the canary prompt text never appears anywhere on the page."""
-    _require_browser()
+    """A frozen node (a static list, not heard from yet) cools (with time left and reason) then
+    is ready, live over /events; the failover is listed; the canary prompt text never appears
+    anywhere on the page."""
+    require_browser()
     frozen = await start_engine(reactor, SimulatedEngine(reactor, policy=always(Behaviour.FROZEN)))
     healthy = await start_engine(reactor, SimulatedEngine(reactor))
     proxy = await start_proxy(
@@ -152,7 +133,7 @@ def _read_busy_page(admin_url: str) -> dict[str, Any]:
 
     seen: dict[str, Any] = {"errors": []}
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        browser = launch(p)
         try:
             page = browser.new_page()
             page.on("pageerror", lambda error: seen["errors"].append(str(error)))
@@ -178,7 +159,7 @@ def _read_busy_page(admin_url: str) -> dict[str, Any]:
 async def test_status_page_shows_slots_queue_busy_waits_and_residency(reactor: Any) -> None:
     """Per node: slots in use / slots (unlimited when 0), busy waits and the loaded models (or
     "unknown"); per facade: the queue depth. A hostile model name is shown as text, never markup."""
-    _require_browser()
+    require_browser()
     resident = SimulatedEngine(reactor, loaded=("llama3:latest", HOSTILE))
     loaded = await start_engine(reactor, resident)
     proxy = await start_proxy(
@@ -251,23 +232,23 @@ def _watch_a_cordon(
 
     seen: dict[str, Any] = {"errors": []}
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        browser = launch(p)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 500})
             page.on("pageerror", lambda error: seen["errors"].append(str(error)))
             page.goto(admin_url + "/")
             row = 'tr[data-node="ollama/gpu2"]'
-            page.wait_for_selector(f"{row} td.cooldown.ready", timeout=10_000)
+            page.wait_for_selector(f"{row} td.state.unknown", timeout=10_000)
             page.wait_for_function(
                 "document.getElementById('connection').textContent === 'live'", timeout=10_000
             )
             cordon()
-            cell = page.wait_for_selector(f"{row} td.cooldown.cordoned", timeout=5_000)
+            cell = page.wait_for_selector(f"{row} td.state.cordoned", timeout=5_000)
             assert cell is not None
             seen["cordoned_text"] = cell.text_content()
             page.screenshot(path=shot, full_page=True)
             uncordon()
-            page.wait_for_selector(f"{row} td.cooldown.ready", timeout=5_000)
+            page.wait_for_selector(f"{row} td.state.unknown", timeout=5_000)
         finally:
             browser.close()
     return seen
@@ -277,8 +258,9 @@ def _watch_a_cordon(
 @on_reactor
 async def test_status_page_shows_a_cordon_come_and_go_live(reactor: Any, tmp_path: Any) -> None:
     """A node cordoned on the control side shows as ``cordoned — reason`` within moments (the
-    ``node/cordon`` event, well before the 10 s snapshot refresh), and ready again on uncordon."""
-    _require_browser()
+    ``node/cordon`` event, well before the 10 s snapshot refresh), and as before on uncordon
+    (a static list no request has reached: not heard from yet)."""
+    require_browser()
     engine = await start_engine(reactor, SimulatedEngine(reactor))
     proxy = await start_proxy(
         reactor,
@@ -354,7 +336,7 @@ def _watch_throughput(admin_url: str, proxy_url: str, shot: str) -> dict[str, An
 
     seen: dict[str, Any] = {"errors": [], "console": [], "statuses": []}
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        browser = launch(p)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
             page.on("pageerror", lambda error: seen["errors"].append(str(error)))
@@ -410,7 +392,7 @@ async def test_status_page_charts_tokens_per_node_and_lists_the_last_24_hours(
     """Inferences through the proxy to two simulated nodes (whose answers carry their token
     counts): the chart goes from "no tokens yet" to one polyline per node with a legend, and the
     24 hour tables list the key and each model with their requests and tokens."""
-    _require_browser()
+    require_browser()
     # kind="ollama": answers end with Ollama's prompt_eval_count / eval_count (one chunk a token)
     ollama = SimulatedEngine(reactor, chunks=4, kind="ollama")
     a = await start_engine(reactor, ollama)
@@ -464,7 +446,7 @@ def _usage_off(admin_url: str) -> dict[str, Any]:
 
     seen: dict[str, Any] = {"errors": []}
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        browser = launch(p)
         try:
             page = browser.new_page()
             page.on("pageerror", lambda error: seen["errors"].append(str(error)))
@@ -492,7 +474,7 @@ def _usage_off(admin_url: str) -> dict[str, Any]:
 async def test_status_page_says_when_usage_history_is_off(reactor: Any) -> None:
     """When the usage route is not there (404) the page says "usage history is off" instead of
     the tables; the chart still shows its empty state."""
-    _require_browser()
+    require_browser()
     proxy = await start_proxy(reactor, {"ollama": [Node("a", "http://127.0.0.1:1", ("m:1",))]})
     admin = AdminService(reactor, proxy.runtime, "tcp:0:interface=127.0.0.1")
     admin.startService()

@@ -1,12 +1,20 @@
-"""Endpoint strings: a TCP listener's interface and port, the URLs that reach it (self-guard), and
-the owner-only mode of a unix socket that names none."""
+"""Endpoint strings: a TCP listener's interface and port, the URLs that reach it (self-guard), the
+owner-only mode of a unix socket that names none; and the URL a client uses for a listener."""
 
 from __future__ import annotations
 
 import pytest
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 
 from nvpair_tw.nodes._directory import url_key
-from nvpair_tw.runtime._endpoints import TCPListener, own_urls, owner_only, tcp_listener
+from nvpair_tw.runtime._endpoints import (
+    TCPListener,
+    client_url,
+    openai_url,
+    own_urls,
+    owner_only,
+    tcp_listener,
+)
 
 LOOPBACK_11435 = ["http://127.0.0.1:11435", "http://[::1]:11435", "http://localhost:11435"]
 
@@ -103,3 +111,27 @@ def test_a_unix_socket_without_a_mode_is_made_owner_only(description: str, made:
 def test_a_given_mode_or_another_endpoint_is_kept(description: str) -> None:
     """A mode the operator gave, an abstract socket (no file) and other endpoints are unchanged."""
     assert owner_only(description) == description
+
+
+@pytest.mark.parametrize(
+    ("address", "description", "url", "sdk"),
+    [
+        (IPv4Address("TCP", "127.0.0.1", 11435), "tcp:11435", "http://127.0.0.1:11435",
+         "http://127.0.0.1:11435/v1"),
+        (IPv4Address("TCP", "0.0.0.0", 80), "tcp:80", "http://127.0.0.1:80 (every interface)",
+         "http://127.0.0.1:80/v1"),
+        (IPv6Address("TCP", "::", 8080), "tcp6:8080", "http://[::1]:8080 (every interface)",
+         "http://[::1]:8080/v1"),
+        (IPv6Address("TCP", "fe80::1", 443), "ssl:443", "https://[fe80::1]:443",
+         "https://[fe80::1]:443/v1"),
+        (UNIXAddress(b"/run/nvpair/ctl.sock"), "unix:/run/nvpair/ctl.sock",
+         "unix:/run/nvpair/ctl.sock", "unix:/run/nvpair/ctl.sock/v1"),
+    ],
+)  # fmt: skip
+def test_a_listener_is_shown_as_the_url_a_client_uses_and_its_v1(
+    address: IPv4Address, description: str, url: str, sdk: str
+) -> None:
+    """The URL a client on this machine uses (loopback for a listener on every interface, which
+    says so), and where OpenAI-style clients point: its ``/v1``."""
+    assert client_url(address, description) == url
+    assert openai_url(url) == sdk

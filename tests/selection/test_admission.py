@@ -129,6 +129,23 @@ def test_a_waiter_binds_to_the_node_that_frees_a_slot_in_fifo_order() -> None:
     assert clock.getDelayedCalls() == []  # every bound waiter's timeout was cancelled
 
 
+def test_waiting_for_counts_the_waiters_a_node_would_take() -> None:
+    """A waiter counts for each of its candidates (the status page's "waiting for it"), and no
+    longer once it is bound or gone."""
+    clock = Clock()
+    a, b, c = _node("a", 1), _node("b", 1), _node("c", 1)
+    admission = _admission(clock, [a, b, c])
+    on_a, _on_b = _slot(admission.admit([a])), _slot(admission.admit([b]))
+    only_a = _waiter(admission.admit([a]))
+    either = _waiter(admission.admit([a, b]))
+    assert [admission.waiting_for(n) for n in "abc"] == [2, 1, 0]
+    only_a.bound.addErrback(lambda f: f.trap(CancelledError))
+    only_a.bound.cancel()
+    assert [admission.waiting_for(n) for n in "abc"] == [1, 1, 0]
+    on_a.release()
+    assert _outcome(either) and [admission.waiting_for(n) for n in "abc"] == [0, 0, 0]
+
+
 def test_a_slot_freed_on_a_node_cordoned_meanwhile_binds_only_a_waiter_that_named_it() -> None:
     """docs/behaviour.md §13.1: a node cordoned while requests wait for it takes none of the ones
     the proxy placed there; the one the client named (``X-NVPair-Node``) still binds to it."""
