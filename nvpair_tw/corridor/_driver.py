@@ -30,6 +30,7 @@ from nvpair_tw.corridor._exchange import (
     Admit,
     Answer,
     Answered,
+    AttemptStarted,
     Begun,
     BodyRead,
     ClientGone,
@@ -126,11 +127,13 @@ class Driver:
         exchange = self._exchange
         step = exchange.feed(event)
         phase = exchange.phase
-        node = exchange.node or exchange.facts.attempts.current or self._shown[1]
-        where = (phase, node)
-        if where != self._shown and phase is not Phase.DONE:
-            self._shown = where
-            self._phase_changed(*where)
+        shown, node = self._shown
+        if phase is shown and type(event) is not AttemptStarted:
+            return step  # the phase and the node are as published
+        node = exchange.node or exchange.facts.attempts.current or node
+        if (phase, node) != self._shown and phase is not Phase.DONE:
+            self._shown = (phase, node)
+            self._phase_changed(phase, node)
         return step
 
     def gone(self, reason: str) -> None:

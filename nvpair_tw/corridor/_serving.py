@@ -18,7 +18,7 @@ from attrs import define, evolve, field
 from twisted.internet.defer import CancelledError
 
 from nvpair_tw.core import ProxyBug
-from nvpair_tw.corridor._attempts import AttemptObserver, run_attempts
+from nvpair_tw.corridor._attempts import AttemptObserver, AttemptPlan, run_attempts
 from nvpair_tw.corridor._caller import CallerState
 from nvpair_tw.corridor._exchange import (
     Admit,
@@ -79,16 +79,18 @@ Feed = Callable[[Event], Step]
 class _Observer(AttemptObserver):
     """The attempt loop's progress, fed to the exchange (and the workload and the trip)."""
 
-    def __init__(self, serving: Serving, feed: Feed) -> None:
+    def __init__(self, serving: Serving, feed: Feed, plan: AttemptPlan) -> None:
         self._serving = serving
         self._feed = feed
+        self._plan = plan
 
     def attempt_started(self, node: Node) -> None:
         self._serving.attempt_started(node)
         self._feed(AttemptStarted(node.id))
 
     def headers_arrived(self, node: Node) -> None:
-        self._feed(HeadersArrived(node.id))
+        if self._plan.gated:  # only a gated answer reads the prompt after its head (§6.2)
+            self._feed(HeadersArrived(node.id))
 
     def attempt_ended(self, node: Node, outcome: Any) -> None:
         self._feed(AttemptEnded(node.id, outcome))
@@ -202,7 +204,7 @@ class Serving:
                 facade.stalls,
                 self.caller,
                 self.booking,
-                _Observer(self, feed),
+                _Observer(self, feed, route.plan),
                 progress=facade.progress,
             )
         except ProxyBug as bug:
