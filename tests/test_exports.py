@@ -86,6 +86,7 @@ FACES: dict[str, list[str]] = {
         "dump",
         "error_body",
         "error_document",
+        "error_type",
         "event_end",
         "format_duration",
         "forward_headers",
@@ -143,7 +144,6 @@ FACES: dict[str, list[str]] = {
         "translate",
         "untranslatable_field",
         "MESSAGES_PATH",
-        "messages_refusal",
         "route_missing",
     ],
     "events": [

@@ -27,6 +27,7 @@ from nvpair_tw.core._errors import (
     ErrorShape,
     error_body,
     error_document,
+    error_type,
     raw_error_response,
     shape_of,
 )
@@ -127,6 +128,7 @@ __all__ = [
     "dump",
     "error_body",
     "error_document",
+    "error_type",
     "event_end",
     "format_duration",
     "forward_headers",

@@ -7,8 +7,7 @@ transducers, no reactor and no I/O.
   :class:`Transducer` turning the node's answer back into the client's dialect;
   :func:`untranslatable_field` says beforehand which field (if any) forbids it.
 - Anthropic Messages (``/v1/messages``, :data:`MESSAGES_PATH`) is one of the translated routes
-  (§17.3); :func:`messages_refusal` gives one of the proxy's refusals in its error shape, and
-  :func:`route_missing` tells a 404 about a missing route from one about an unknown model.
+  (§17.3); :func:`route_missing` tells a 404 about a missing route from one about an unknown model.
 - :func:`rename_request` and :func:`renamer` carry one model's many names on native routes.
 - :class:`ModelFacts`, :func:`facts_from`, :func:`record_for` and :func:`show_answer` synthesise
   model-list records in a facade's shape from what a node of another kind reports.
@@ -28,7 +27,6 @@ from nvpair_tw.dialects._common import (
     Untranslatable,
 )
 from nvpair_tw.dialects._json import rename_outlined, rename_request
-from nvpair_tw.dialects._messages_events import refusal_body as messages_refusal
 from nvpair_tw.dialects._messages_request import MESSAGES_PATH
 from nvpair_tw.dialects._missing_route import route_missing
 from nvpair_tw.dialects._models import (
@@ -66,7 +64,6 @@ __all__ = [
     "asks_usage",
     "client_fields",
     "facts_from",
-    "messages_refusal",
     "record_for",
     "rename_outlined",
     "rename_request",

@@ -7,11 +7,9 @@ stop reasons and the error object, built from what an OpenAI-compatible answer s
 - :func:`message_start`, :func:`block_start`, :func:`block_stop`, :func:`message_end`: the frame
   of a stream; :func:`text_delta_head` the bytes of a ``text_delta`` event before its text.
 - :func:`whole_message`: the one message object of a ``stream: false`` answer.
-- :func:`refusal_body`: one of the proxy's own refusals in that shape (with its ``code``).
 - :func:`error_object`: ``{"type": "error", "error": {"type", "message"}}``, its ``type`` from
-  the status (400 ``invalid_request_error``, 401 ``authentication_error``, 403
-  ``permission_error``, 404 ``not_found_error``, 413 ``request_too_large``, 429
-  ``rate_limit_error``, 503 and 529 ``overloaded_error``, else ``api_error``).
+  the status as ``core.error_type`` gives Anthropic's (the proxy's own refusals are shaped by
+  ``core.error_body``).
 
 Stop reasons: ``stop`` → ``end_turn``, ``length`` → ``max_tokens``, ``tool_calls`` (and the old
 ``function_call``) → ``tool_use``, ``content_filter`` → ``refusal``; none (a stream ended by
@@ -24,6 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nvpair_tw.core import ErrorShape, error_type
 from nvpair_tw.dialects._common import dump
 
 __all__ = [
@@ -34,7 +33,6 @@ __all__ = [
     "event",
     "message_end",
     "message_start",
-    "refusal_body",
     "stop_reason",
     "text_delta_head",
     "whole_message",
@@ -46,16 +44,6 @@ _STOP_REASONS = {
     "tool_calls": "tool_use",
     "function_call": "tool_use",
     "content_filter": "refusal",
-}
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    413: "request_too_large",
-    429: "rate_limit_error",
-    503: "overloaded_error",
-    529: "overloaded_error",
 }
 
 
@@ -157,14 +145,8 @@ def whole_message(
 
 
 def error_object(status: int, message: str) -> dict[str, Any]:
-    kind = _ERROR_TYPES.get(status, "api_error")
+    kind = error_type(ErrorShape.ANTHROPIC, status)
     return {"type": "error", "error": {"type": kind, "message": message}}
-
-
-def refusal_body(status: int, message: str, code: str) -> bytes:
-    """One of the proxy's own refusals (docs/behaviour.md §9) in Messages' error shape, its
-    ``code`` kept beside it: ``{"type": "error", "error": {"type", "message"}, "code"}``."""
-    return dump({**error_object(status, message), "code": code})
 
 
 def arguments_text(arguments: Any) -> str | None:

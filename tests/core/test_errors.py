@@ -5,39 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from twisted.internet.interfaces import IProtocol
-from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
-from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from nvpair_tw.core._errors import ErrorShape, error_body, raw_error_response, shape_of
-
-
-class _Holder(Resource):
-    """A leaf that keeps each request open so the test can answer it."""
-
-    isLeaf = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.requests: list[Request] = []
-
-    def render(self, request: Request) -> object:  # type: ignore[override]
-        self.requests.append(request)
-        return NOT_DONE_YET
-
-
-def _open_request(method: bytes = b"GET") -> tuple[Request, StringTransport, IProtocol]:
-    root = _Holder()
-    site = Site(root, reactor=Clock())
-    channel = site.buildProtocol(None)
-    assert channel is not None
-    transport = StringTransport()
-    channel.makeConnection(transport)
-    channel.dataReceived(method + b" /x HTTP/1.1\r\nHost: a\r\n\r\n")
-    [request] = root.requests
-    return request, transport, channel
 
 
 def _split(raw: bytes) -> tuple[bytes, dict[bytes, bytes], bytes]:
