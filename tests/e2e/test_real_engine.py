@@ -306,14 +306,24 @@ def test_proxy_names_the_serving_node(proxy: str) -> None:
     assert response.headers.get("X-NVPair-Node") == "a"
 
 
-def test_unadvertised_model_is_a_502_json_error(proxy: str) -> None:
-    """A model no node lists is refused with 502 and a JSON error, never forwarded."""
+def test_a_model_no_node_lists_is_the_real_ollamas_own_404(proxy: str, engine: str) -> None:
+    """A model no node lists is refused at once with the 404 the real Ollama itself answers (its
+    status and its words, docs/behaviour.md §4.2), naming the models the caller may use, never
+    forwarded; on `/v1` it is OpenAI's ``model_not_found``."""
     body = {"model": "no-such-model:latest", "messages": CHAT, "stream": False}
+    itself = httpx.post(f"{engine}/api/chat", json=body, timeout=30)
     response = httpx.post(f"{proxy}/api/chat", json=body, timeout=30)
-    assert response.status_code == 502, response.text
+    assert (itself.status_code, response.status_code) == (404, 404), response.text
     assert response.headers["Content-Type"].startswith("application/json")
-    assert response.json()["error"] == "no available node advertises the requested model"
+    said, ours = itself.json()["error"], response.json()["error"]
+    assert ours.startswith(said) and ours == f"{said} (models you may use: smollm2:latest)"
+    assert response.json()["code"] == "model-not-found"
     assert "X-NVPair-Node" not in response.headers
+    openai = {"model": "no-such-model:latest", "messages": CHAT}
+    v1 = httpx.post(f"{proxy}/v1/chat/completions", json=openai, timeout=30)
+    assert v1.status_code == 404
+    assert v1.json()["error"]["type"] == "invalid_request_error"
+    assert v1.json()["error"]["code"] == "model_not_found"
 
 
 # --- issue 14: routes that know their model or span every node (docs/behaviour.md §2.1) ---------

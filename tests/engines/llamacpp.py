@@ -50,6 +50,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,13 @@ BUILD_REQUIRES = ("setuptools>=77", "setuptools-scm>=8", "wheel")
 """What the sdist's metadata step imports: its ``build-system.requires`` without ``cmake``, which
 only the build itself runs."""
 ALIAS = "smollm2-llamacpp"
+AMX_OFF = (
+    "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+)
+"""The native build without AMX: ``-march=native`` on a processor that advertises AMX compiles
+ggml's AMX kernels, and a virtual machine may advertise AMX without serving it (seen here: the
+first ``tilezero`` of a Sapphire Rapids guest's model load was SIGILL, the server exited -4)."""
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -110,6 +118,7 @@ CMAKE_OPTIONS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_UI=OFF",
     "-DGGML_NATIVE=ON",
+    *(AMX_OFF if platform.machine() in ("x86_64", "AMD64") else ()),
 )
 READY = ".ready"
 TOOL_TEMPLATE = Path(__file__).with_name("chatml_tools.jinja")
