@@ -41,6 +41,7 @@ FACES: dict[str, list[str]] = {
     ],
     "core": [
         "AnswerTooLarge",
+        "CallOrder",
         "ENGINES",
         "ERROR_HEADERS",
         "EVENT_ENDS",
