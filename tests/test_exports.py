@@ -302,6 +302,7 @@ FACES: dict[str, list[str]] = {
         "QueueFull",
         "QueueTimeout",
         "ReservationLedger",
+        "RouteGaps",
         "Slot",
         "StallTracker",
         "Waited",
