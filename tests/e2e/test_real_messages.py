@@ -157,7 +157,7 @@ def test_the_anthropic_client_reads_the_translated_answers(
     missing: Callable[..., Any] = client.messages.create
     with pytest.raises(anthropic.APIStatusError) as refused:
         missing(model="no-such-model", max_tokens=4, messages=[{"role": "user", "content": "x"}])
-    assert refused.value.status_code == 502
+    assert refused.value.status_code == 404  # model-not-found, §4.2
 
 
 @pytest.mark.timeout(300, func_only=True)
