@@ -41,6 +41,7 @@ FACES: dict[str, list[str]] = {
     ],
     "core": [
         "AnswerTooLarge",
+        "CallOrder",
         "ENGINES",
         "ERROR_HEADERS",
         "EVENT_ENDS",
@@ -301,6 +302,7 @@ FACES: dict[str, list[str]] = {
         "QueueFull",
         "QueueTimeout",
         "ReservationLedger",
+        "RouteGaps",
         "Slot",
         "StallTracker",
         "Waited",

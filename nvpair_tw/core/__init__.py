@@ -79,7 +79,7 @@ from nvpair_tw.core._resolved import (
     resolve_response_header_timeout,
 )
 from nvpair_tw.core._states import IllegalCall
-from nvpair_tw.core._toolcalls import ToolCalls
+from nvpair_tw.core._toolcalls import CallOrder, ToolCalls
 
 __all__ = [
     "ENGINES",
@@ -93,6 +93,7 @@ __all__ = [
     "TARGET_HEADER",
     "UPSTREAM_CLIENTS",
     "AnswerTooLarge",
+    "CallOrder",
     "Edit",
     "EngineProfile",
     "ErrorShape",

@@ -13,6 +13,13 @@ body chunk is recorded per node, and a header deadline that expires on a node th
 bytes to another attempt within the last period is re-armed (a busy wait, reported through
 :meth:`AttemptObserver.busy_wait`) instead of stalling, up to ``AttemptPlan.busy_max_wait``.
 A node known to be cold gets ``AttemptPlan.first_extra[node]`` added to its first deadline.
+
+A node found to lack the route (§17.3): a native attempt whose wire may learn it
+(:attr:`~nvpair_tw.corridor._dialect.Wire.lacking`) and whose node answers 404 has the 404's body
+read first (:func:`~nvpair_tw.corridor._peek.peek`, within the header deadline); when it says the
+route itself is missing (``dialects.route_missing``) the node's gap is learnt and the same node is
+asked again at once with the translation, as one more attempt, before anything reaches the client.
+Any other 404 goes on as before.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from twisted.web.iweb import IResponse
 from nvpair_tw.assembly import Assembly, AssemblyGate
 from nvpair_tw.corridor._caller import CallerState
 from nvpair_tw.corridor._dialect import Sends, TranscodedResponse, Wire
+from nvpair_tw.corridor._peek import peek
+from nvpair_tw.dialects import route_missing
 from nvpair_tw.events import AttemptOutcome, Outcome, StatusOutcome
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
@@ -238,6 +247,17 @@ class _Failed:
 
 
 @frozen
+class _Lacks:
+    """One attempt's node answered that it lacks the route (§17.3); it was learnt, and the node
+    is asked again with the translation."""
+
+    @property
+    def outcome(self) -> StatusOutcome:
+        """The attempt's outcome: ``status-404``."""
+        return StatusOutcome(404)
+
+
+@frozen
 class _Retry:
     """One attempt answered a status that moves on (docs/behaviour.md §6.1) and was not the last: the
     next candidate is tried."""
@@ -258,7 +278,7 @@ async def _attempt(
     caller: CallerState,
     on_status: _OnStatus,
     watch: _Watch,
-) -> Committed | _Failed | _Retry:
+) -> Committed | _Failed | _Retry | _Lacks:
     """One node: a commit, a failure, or a retryable status to retry past."""
     wire = plan.wire(node)
     attempt = client.request(
@@ -277,6 +297,13 @@ async def _attempt(
         failure = Failure()
         caller.track(None)
         return _Failed(classify_failure(failure, caller.gone), failure)
+    if response.code == 404 and wire.lacking is not None:
+        body, response = await peek(response, clock, plan.header_timeout, caller)
+        if caller.gone is not None:
+            return _Failed(AttemptOutcome.CANCELLED, None)
+        if body is not None and route_missing(body):
+            wire.lacking(node)
+            return _Lacks()
     if retryable_status(response.code, plan.inference) and on_status is _OnStatus.RETRY:
         caller.track(None)
         response.deliverBody(Discard())
@@ -367,24 +394,27 @@ async def run_attempts(
         if caller.gone is not None:
             return Abandoned(caller.gone)
         booking.move(node.id)
-        observer.attempt_started(node)
-        step = await _attempt(
-            plan,
-            node,
-            client,
-            clock,
-            caller,
+        on_status = (
             _OnStatus.ANSWER
             if index == len(candidates) - 1 and plan.last_status is LastStatus.ANSWERS
-            else _OnStatus.RETRY,
-            _watch_for(plan, node, progress, observer),
+            else _OnStatus.RETRY
         )
+        observer.attempt_started(node)
+        watch = _watch_for(plan, node, progress, observer)
+        step = await _attempt(plan, node, client, clock, caller, on_status, watch)
+        if isinstance(step, _Lacks):  # learnt: the same node once more, translated (§17.3)
+            observer.attempt_ended(node, step.outcome)
+            if caller.gone is not None:
+                return Abandoned(caller.gone)
+            observer.attempt_started(node)
+            watch = _watch_for(plan, node, progress, observer)
+            step = await _attempt(plan, node, client, clock, caller, on_status, watch)
         if isinstance(step, Committed):
             observer.attempt_ended(node, AttemptOutcome.COMMITTED)
             if 200 <= step.response.code < 300:
                 stalls.clear(node.id)
             return step
-        if isinstance(step, _Retry):
+        if isinstance(step, _Retry | _Lacks):  # (a translated wire learns nothing: never _Lacks)
             observer.attempt_ended(node, step.outcome)
             last = None
             continue

@@ -6,11 +6,15 @@ attempt: :class:`AsIs` when every candidate speaks the route natively under the 
 the model (one :class:`Wire` for all), else a :class:`Speech`, whose :meth:`Speech.wire` gives
 each candidate its :class:`Wire`: the client's own request when the node's kind speaks the route
 natively (with only the ``model`` value replaced when the node knows the model by another name),
-or the request translated from the client's original body. A :class:`Speech` builds each distinct
-wire once (per node kind and local name), however many candidates share it. The node's
-answer reaches the attempt loop through a :class:`TranscodedResponse`, so the gates, the commit
-point and the relay see the client's dialect, and nothing else in the corridor changes: commit at
-the first translated byte, failover, deadlines, truncation.
+or the request translated from the client's original body. A node found to lack a route its kind
+speaks (it answered a missing-route 404, docs/behaviour.md §17.3: ``selection.RouteGaps``) is sent
+the translation, as a node of a kind without the route is; until then its native wire carries
+:attr:`Wire.lacking`, which the attempt calls to learn it. A :class:`Speech` builds each distinct
+wire once (per node kind, local name and whether the node speaks the route), however many
+candidates share it. The node's answer reaches the attempt loop through a
+:class:`TranscodedResponse`, so the gates, the commit point and the relay see the client's
+dialect, and nothing else in the corridor changes: commit at the first translated byte, failover,
+deadlines, truncation.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from zope.interface import implementer
 from nvpair_tw.assembly import Assembly, plan_assembly
 from nvpair_tw.core import EngineProfile, Outline, Outlined, ProxyBug, StreamCut, outline_body
 from nvpair_tw.dialects import (
+    MESSAGES_PATH,
     SYNTHESISED_ROUTES,
     TRANSLATED_ROUTES,
     Chain,
@@ -43,6 +48,7 @@ from nvpair_tw.dialects import (
     untranslatable_field,
 )
 from nvpair_tw.nodes import Node
+from nvpair_tw.selection import RouteGaps
 
 __all__ = [
     "Answer",
@@ -53,7 +59,9 @@ __all__ = [
     "TranscodedResponse",
     "UsageCell",
     "Wire",
+    "may_lack",
     "reach",
+    "speaks",
 ]
 
 Answer = Callable[[int, bytes | None], Transducer]
@@ -88,6 +96,10 @@ class Wire:
     answer: Answer | None = None
     translated: bool = False
     local_model: str | None = None
+    lacking: Callable[[Node], None] | None = None
+    """For a native wire of a route a node may be found to lack (:func:`may_lack`): learns that the
+    node lacks it (it answered a missing-route 404), after which the node's wire is the
+    translation; None: nothing to learn."""
 
 
 @frozen
@@ -104,9 +116,33 @@ class Reach:
         return self.native or self.translated
 
 
-def reach(facade: EngineProfile, node: Node, path: str, parsed: Mapping[str, Any] | None) -> Reach:
-    """How ``node`` can take a request for ``path`` behind ``facade`` (§11.3)."""
-    if node.speaks(facade, path):
+_MAY_LACK = frozenset({MESSAGES_PATH})
+"""The translated routes a node whose kind speaks them may still lack, its build deciding:
+Anthropic Messages, which vLLM and LocalAI answer with a 404, as llama.cpp and LM Studio builds
+older than theirs do (§17.3)."""
+
+
+def may_lack(path: str) -> bool:
+    """Whether a node whose kind speaks ``path`` may still be found to lack it, and be sent the
+    translation instead (§17.3)."""
+    return path in _MAY_LACK
+
+
+def speaks(facade: EngineProfile, node: Node, path: str, gaps: RouteGaps) -> bool:
+    """Whether ``node`` is sent ``path`` as it is behind ``facade``: its kind speaks the route
+    (§11.3) and the node was not found to lack it (§17.3)."""
+    return node.speaks(facade, path) and not gaps.lacks(node, path)
+
+
+def reach(
+    facade: EngineProfile,
+    node: Node,
+    path: str,
+    parsed: Mapping[str, Any] | None,
+    gaps: RouteGaps,
+) -> Reach:
+    """How ``node`` can take a request for ``path`` behind ``facade`` (§11.3, §17.3)."""
+    if speaks(facade, node, path, gaps):
         return Reach(native=True, translated=False)
     if path.startswith(SYNTHESISED_ROUTES):
         return Reach(native=False, translated=True)
@@ -182,28 +218,42 @@ class Speech:
     assembles: bool
     limit: int
     clock: Callable[[], float]
+    gaps: RouteGaps
+    """The routes each node was found to lack (§17.3), read at each attempt."""
     strip_usage: UsageNoted | None = None
-    _made: dict[tuple[str, str | None], Wire] = field(factory=dict, eq=False, repr=False)
-    """The wires built so far, per node kind and local name (each built once)."""
+    _made: dict[tuple[str, str | None, bool], Wire] = field(factory=dict, eq=False, repr=False)
+    """The wires built so far, per node kind, local name and whether the node speaks the route
+    (each built once)."""
 
     def wire(self, node: Node) -> Wire:
         """The request ``node``'s attempt sends (raises ``Untranslatable`` only for a node the
         gate let through by mistake)."""
         kind = node.kind_of(self.facade)
         local = self.local_name(node.id, self.model) if self.model else None
-        made = self._made.get((kind.name, local))
+        native = speaks(self.facade, node, self.path, self.gaps)
+        made = self._made.get((kind.name, local, native))
         if made is None:
-            made = self._made[kind.name, local] = _stripped(
-                self._build(node, kind, local), self.strip_usage
-            )
+            built = self._spoken(kind, local) if native else self._foreign(kind, local)
+            made = self._made[kind.name, local, native] = _stripped(built, self.strip_usage)
         return made
 
-    def _build(self, node: Node, kind: EngineProfile, local: str | None) -> Wire:
-        if node.speaks(self.facade, self.path):
-            return self._native(kind, local)
+    def _spoken(self, kind: EngineProfile, local: str | None) -> Wire:
+        """The route as the client sent it, to a node that speaks it; one that may yet be found
+        to lack it learns it through :attr:`Wire.lacking` (§17.3)."""
+        wire = self._native(kind, local)
+        if self.parsed is not None and may_lack(self.path):
+            wire = evolve(wire, lacking=self._lacking)
+        return wire
+
+    def _foreign(self, kind: EngineProfile, local: str | None) -> Wire:
+        """The route for a node that does not speak it: synthesised or translated."""
         if self.path.startswith(SYNTHESISED_ROUTES):
             return self._synthesised(kind, local)
         return self._translated(local)
+
+    def _lacking(self, node: Node) -> None:
+        """``node`` answered that it lacks the route (§17.3)."""
+        self.gaps.learn(node, self.path)
 
     def _synthesised(self, kind: EngineProfile, local: str | None) -> Wire:
         """A model-routed route answered from the node's own list (§11.3, last row)."""

@@ -17,7 +17,17 @@ from nvpair_tw.core import RESPONSES_PATH, Outlined, RouteKind
 from nvpair_tw.corridor._attempts import (
     AttemptPlan,
 )
-from nvpair_tw.corridor._dialect import AsIs, Reach, Sends, Speech, UsageCell, UsageNoted, reach
+from nvpair_tw.corridor._dialect import (
+    AsIs,
+    Reach,
+    Sends,
+    Speech,
+    UsageCell,
+    UsageNoted,
+    may_lack,
+    reach,
+    speaks,
+)
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._responses import conversation_first
 from nvpair_tw.corridor._scheduling import rank
@@ -302,13 +312,14 @@ def _speakable(
     """The eligible nodes that can take the route, natively or translated (§11.3), decided once
     per node kind; 400 ``untranslatable`` (no native candidate, and the request cannot be
     translated) or 502 ``no-route-owner`` (no candidate of a kind that serves the route)."""
-    by_kind: dict[str, Reach] = {}
+    by_kind: dict[tuple[str, bool], Reach] = {}
     able: list[Node] = []
+    gaps = facade.gaps
     for node in eligible:
-        kind = node.kind_of(facade.profile).name
+        kind = (node.kind_of(facade.profile).name, gaps.lacks(node, path))  # §17.3
         how = by_kind.get(kind)
         if how is None:
-            how = by_kind[kind] = reach(facade.profile, node, path, parsed)
+            how = by_kind[kind] = reach(facade.profile, node, path, parsed, gaps)
         if how.ok:
             able.append(node)
     if able or not eligible:
@@ -349,6 +360,7 @@ def _speech(
         assembles=inference and settings.assembles(facade.engine),
         limit=settings.max_body_size,
         clock=facade.shared.clock.seconds,
+        gaps=facade.gaps,
         strip_usage=strip_usage,
     )
 
@@ -431,10 +443,12 @@ def _asking_usage(
 
 
 def _needs_speech(facade: FacadeState, path: str, model: str | None, nodes: list[Node]) -> bool:
-    """Whether any candidate is of another kind, or the model has other names (§11.3, §11.4)."""
-    if model and facade.directory.catalogue.lookup(model).aliases:
+    """Whether any candidate is of another kind or lacks the route, whether a node may be found
+    to lack it during the request (§17.3), or the model has other names (§11.3, §11.4)."""
+    if may_lack(path) or (model and facade.directory.catalogue.lookup(model).aliases):
         return True
-    return any(not node.speaks(facade.profile, path) for node in nodes)
+    gaps = facade.gaps
+    return any(not speaks(facade.profile, node, path, gaps) for node in nodes)
 
 
 def _cold_allowances(facade: FacadeState, model: str | None, nodes: list[Node]) -> dict[str, float]:

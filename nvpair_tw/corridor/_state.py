@@ -37,6 +37,7 @@ from nvpair_tw.selection import (
     IStallTracker,
     ProgressBook,
     ReservationLedger,
+    RouteGaps,
     SpeedBook,
     order_candidates,
 )
@@ -114,6 +115,10 @@ class FacadeState:
     """What each node has shown it can do, per model (§15.1)."""
     flights: FlightBook = Factory(lambda self: FlightBook(self.shared.clock), takes_self=True)
     """The attempts in flight on each node and their predicted ends (§15.2)."""
+    gaps: RouteGaps = Factory(
+        lambda self: RouteGaps(self.profile.name, self.inventory.reach), takes_self=True
+    )
+    """The routes each node was found to lack, until its next restart is seen (§17.3)."""
 
     def _speed_seed(self, node_id: str) -> float | None:
         node = self.directory.get(node_id)

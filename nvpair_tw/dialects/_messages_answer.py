@@ -6,15 +6,19 @@
   ``id`` prefixed ``msg_``); each run of content of one kind is one content block, opened by
   ``content_block_start`` and closed by ``content_block_stop`` when another kind begins:
   ``reasoning_content`` (or ``reasoning``) → a ``thinking`` block of ``thinking_delta`` events,
-  ``content`` → a ``text`` block of ``text_delta`` events, each streamed tool call (by its
-  ``index``) → a ``tool_use`` block (``id``, ``name``, ``input: {}``) whose argument fragments
-  are ``input_json_delta`` events as they come (Messages streams them, so they are not joined);
+  ``content`` → a ``text`` block of ``text_delta`` events, each streamed tool call → a
+  ``tool_use`` block (``id``, ``name``, ``input: {}``) whose argument fragments are
+  ``input_json_delta`` events as they come (Messages streams them, so they are not joined). Which
+  call a fragment belongs to is the one rule of ``core.CallOrder`` (by ``index``; without one, an
+  id starts a call); a fragment of a call whose block another block already followed (fragments
+  of two calls interleaved) is a delta of that call's own block, by its index, which is how the
+  Anthropic SDKs gather a block's input;
   at ``[DONE]`` the open block is closed, then ``message_delta`` (stop reason, ``usage`` with
   ``input_tokens`` and ``output_tokens`` from the node's usage chunk, 0 when it sent none) and
   ``message_stop``. An error event becomes an ``error`` event and ends the answer.
 - :class:`MessagesWhole`: the same answer as one message object at the end; the text, thinking
   and tool calls are gathered by ``_ollama_fold``'s :class:`Gathered` (tool call fragments
-  joined by ``index``, arguments parsed).
+  folded by the same rule, ``core.ToolCalls``, arguments parsed).
 - :class:`MessagesError`: a non-2xx answer as ``{"type": "error", "error": {"type",
   "message"}}`` with the same status (the message of ``{"error": {"message"}}``, of
   ``{"error": "…"}``, else the body's text).
@@ -27,8 +31,9 @@ import secrets
 from enum import Enum
 from typing import Any
 
+from nvpair_tw.core import CallOrder
 from nvpair_tw.dialects._answers import Buffer, error_message
-from nvpair_tw.dialects._common import JSON_TYPE, SSE_TYPE, dump, media_type
+from nvpair_tw.dialects._common import JSON_TYPE, SSE_TYPE, MalformedAnswer, dump, media_type
 from nvpair_tw.dialects._messages_events import (
     arguments_text,
     block_start,
@@ -93,6 +98,8 @@ class MessagesStream(_Answer):
         super().__init__(client_model, Reader(self, limit, _whole_body(content_type, limit)))
         self._open: tuple[Block, int] | None = None  # the open block: kind, tool call index
         self._index = -1  # the open (or last) block's index
+        self._order = CallOrder()  # which call each tool call fragment belongs to (§17.4)
+        self._tool_blocks: dict[int, int] = {}  # each call's block index
         self._head = b""  # the open text or thinking block's delta bytes before the literal
 
     def start(self, ident: str | None) -> bytes:
@@ -128,14 +135,13 @@ class MessagesStream(_Answer):
 
     def calls(self, fragments: list[Any]) -> bytes:
         out: list[bytes] = []
-        for position, fragment in enumerate(fragments):
+        for fragment in fragments:
             if not isinstance(fragment, dict):
-                continue
-            key = fragment.get("index")
-            key = key if isinstance(key, int) else position
+                raise MalformedAnswer("a tool call is not an object")
+            key, starts = self._order.place(fragment)
             function = fragment.get("function")
             function = function if isinstance(function, dict) else {}
-            if self._open != (Block.TOOL, key):
+            if starts:
                 ident = fragment.get("id")
                 opening: dict[str, Any] = {
                     "type": "tool_use",
@@ -144,10 +150,16 @@ class MessagesStream(_Answer):
                     "input": {},
                 }
                 out.append(self._switch(Block.TOOL, key, opening))
+                self._tool_blocks[key] = self._index
             partial = arguments_text(function.get("arguments"))
             if partial is not None:
+                # a call's own block, even when another call's fragment came in between (§17.4)
                 delta = {"type": "input_json_delta", "partial_json": partial}
-                body = {"type": "content_block_delta", "index": self._index, "delta": delta}
+                body = {
+                    "type": "content_block_delta",
+                    "index": self._tool_blocks[key],
+                    "delta": delta,
+                }
                 out.append(event("content_block_delta", body))
         return b"".join(out)
 

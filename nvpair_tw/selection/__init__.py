@@ -26,6 +26,7 @@ from nvpair_tw.selection._affinity import (
 from nvpair_tw.selection._contexts import Fit, fit
 from nvpair_tw.selection._cordons import Cordon, CordonBook, CordonListener
 from nvpair_tw.selection._flights import FlightBook, Landing, Trip
+from nvpair_tw.selection._gaps import RouteGaps
 from nvpair_tw.selection._inventory import InventoryBook
 from nvpair_tw.selection._ordering import order_candidates
 from nvpair_tw.selection._patience import Patience, patience
@@ -77,6 +78,7 @@ __all__ = [
     "Reachability",
     "RequestSize",
     "ReservationLedger",
+    "RouteGaps",
     "Sample",
     "Slot",
     "SpeedBook",

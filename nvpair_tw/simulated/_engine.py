@@ -72,6 +72,8 @@ class Behaviour(Enum):
     SLOW_BODY = "slow-body"  # sends headers, then the body after ``body_delay``
     ERROR_LINE = "error-line"  # an NDJSON stream that ends with an ``{"error": ...}`` line (200)
     STUCK = "stuck"  # the whole engine freezes for ``stuck_for`` seconds (this request: for good)
+    NO_ROUTE = "no-route"  # 404 {"detail": "Not Found"}: a FastAPI server's build without the
+    # route (vLLM and LocalAI answer /v1/messages so, docs/behaviour.md §17.3)
 
 
 _SILENT = (Behaviour.FROZEN, Behaviour.STUCK)
@@ -288,17 +290,21 @@ def _path_is(request: Request, path: bytes) -> bool:
 
 
 def _refused(request: Request, behaviour: Behaviour, body: bytes, models: Sequence[str]) -> bool:
-    """Answer a failing status, or a delete of a model the engine lacks; whether it did."""
-    if behaviour in (Behaviour.STATUS_503, Behaviour.STATUS_404, Behaviour.STATUS_400):
+    """Answer a failing status, a route this build lacks, or a delete of a model the engine
+    lacks; whether it did."""
+    document: dict[str, str] = {"detail": "Not Found"}
+    if behaviour is Behaviour.NO_ROUTE:
+        code = 404
+    elif behaviour in (Behaviour.STATUS_503, Behaviour.STATUS_404, Behaviour.STATUS_400):
         code = int(behaviour.value.rsplit("-", 1)[1])
-        error = f"simulated {code}"
+        document = {"error": f"simulated {code}"}
     elif _path_is(request, b"/api/delete") and not _has_model(body, models):
-        code, error = 404, f"model '{_named(body)}' not found"
+        code, document = 404, {"error": f"model '{_named(body)}' not found"}
     else:
         return False
     request.setResponseCode(code)
     request.setHeader(b"content-type", b"application/json")
-    request.write(json.dumps({"error": error}).encode())
+    request.write(json.dumps(document).encode())
     request.finish()
     return True
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from nvpair_tw.core import MalformedStream, ToolCalls
+from nvpair_tw.core import CallOrder, MalformedStream, ToolCalls
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -140,3 +140,31 @@ def test_a_later_value_replaces_an_earlier_one_and_a_first_null_is_kept() -> Non
         [{"index": 0, "type": "b"}],
     )
     assert got == [(0, {"index": 0, "id": None, "type": "b"})]
+
+
+def test_call_order_places_each_fragment_and_says_which_start_a_call() -> None:
+    """The rule alone, as a Messages stream uses it to open one block per call."""
+    order = CallOrder()
+    placed = [
+        order.place(fragment)
+        for fragment in (
+            call("c1", "f", "{"),
+            call(arguments="}"),
+            call("c1", arguments=""),
+            call("c2", "g", "["),
+            {"index": 5, "id": "c3"},
+            {"index": 5, "id": "other"},  # an index wins over an id (ids that change per chunk)
+            call(arguments="]"),
+        )
+    ]
+    assert placed == [
+        (0, True),
+        (0, False),
+        (0, False),
+        (1, True),
+        (5, True),
+        (5, False),
+        (5, False),
+    ]
+    order.forget()
+    assert order.place(call("c9")) == (0, True)

@@ -425,6 +425,8 @@ def test_an_assembled_answers_first_token_is_when_its_stream_began(memory_cluste
 def _speech_over(parsed: dict[str, Any], names: dict[str, str]) -> Any:
     from nvpair_tw.core._engines import OLLAMA
     from nvpair_tw.corridor._dialect import Speech
+    from nvpair_tw.selection import RouteGaps
+    from nvpair_tw.selection._reachability import ReachabilityBook
 
     body = json.dumps(parsed).encode()
     return Speech(
@@ -441,6 +443,7 @@ def _speech_over(parsed: dict[str, Any], names: dict[str, str]) -> Any:
         assembles=False,
         limit=1 << 20,
         clock=lambda: 0.0,
+        gaps=RouteGaps("ollama", ReachabilityBook("ollama")),
     )
 
 

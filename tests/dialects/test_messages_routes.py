@@ -16,6 +16,8 @@ import pytest_twisted
 from twisted.internet.task import Clock
 
 from nvpair_tw.core import ENGINES, Settings
+from nvpair_tw.nodes import Node
+from nvpair_tw.selection import Reach
 from nvpair_tw.testing import (
     Behaviour,
     Clusters,
@@ -235,3 +237,153 @@ def test_a_frozen_node_fails_over_to_another_each_attempt_translated(
     assert sent(cluster, "a") == sent(cluster, "b")
     [(path, _)] = sent(cluster, "b")
     assert path == b"/v1/chat/completions"
+
+
+# --- a node whose build lacks /v1/messages (docs/behaviour.md §17.3) ---------------------------------
+
+
+def no_messages(_number: int, path: bytes) -> Behaviour:
+    """A build without ``/v1/messages``: vLLM and LocalAI answer it ``404 {"detail": "Not
+    Found"}``, FastAPI's words for a route it does not have."""
+    return Behaviour.NO_ROUTE if path == b"/v1/messages" else Behaviour.HEALTHY
+
+
+def vllm(clock: Any, **kw: Any) -> SimulatedEngine:
+    """An OpenAI-compatible node without ``/v1/messages``, as vLLM and LocalAI builds are."""
+    return SimulatedEngine(clock, (MODEL,), kind="openai", policy=no_messages, **kw)
+
+
+def content(body: bytes) -> list[Any]:
+    """A Messages answer (events or one message) without its id."""
+    got = events(body) if body.startswith(b"event:") else [json.loads(body)]
+    for answer in got:
+        answer.get("message", answer).pop("id", None)
+    return got
+
+
+def attempts(record: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(a["node_id"], a["outcome"]) for a in record["attempts"]]
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_node_that_lacks_messages_is_sent_the_translation_in_the_same_request(
+    memory_cluster: Make, stream: bool
+) -> None:
+    """Its missing-route 404 reaches no client: the same node is asked again with the
+    translation before anything is committed, and every later request is translated from the
+    start."""
+    clock = Clock()
+    cluster = memory_cluster(clock, {"v": vllm(clock)}, facades=("openai",))
+    first = cluster.fetch("POST", "/v1/messages", json=request(stream=stream))
+    assert first.status == 200 and first.header("x-nvpair-node") == "v"
+    if stream:
+        assert events(first.body)[-1] == {"type": "message_stop"}
+    else:
+        assert first.json()["content"] == [{"type": "text", "text": "hello0hello1hello2"}]
+    second = cluster.fetch("POST", "/v1/messages", json=request(stream=stream))
+    assert second.status == 200 and content(second.body) == content(first.body)
+    paths = [path for path, _ in sent(cluster, "v")]
+    assert paths == [b"/v1/messages", b"/v1/chat/completions", b"/v1/chat/completions"]
+    one, two = cluster.named("proxy/request")
+    assert attempts(one) == [("v", "status-404"), ("v", "committed")]
+    assert attempts(two) == [("v", "committed")]
+    assert one["translated"] and two["translated"] and one["status"] == 200
+
+
+def test_the_node_that_lacks_messages_keeps_the_request_it_was_chosen_for(
+    memory_cluster: Make,
+) -> None:
+    """Asked again at once, translated, rather than passed over for the next candidate."""
+    clock = Clock()
+    engines = {"v": vllm(clock), "l": SimulatedEngine(clock, (MODEL,), kind="openai")}
+    cluster = memory_cluster(clock, engines, facades=("openai",))
+    cluster.facade().pin = "v"
+    response = cluster.fetch("POST", "/v1/messages", json=request(stream=True))
+    assert response.status == 200 and response.header("x-nvpair-node") == "v"
+    assert sent(cluster, "l") == []
+    unpinned = cluster.facade()
+    unpinned.pin = None
+    cluster.fetch("POST", "/v1/messages", json=request(stream=True))
+    native = [path for path, _ in sent(cluster, "l")]
+    translated = [path for path, _ in sent(cluster, "v")][1:]
+    assert set(native) <= {b"/v1/messages"} and set(translated) == {b"/v1/chat/completions"}
+
+
+def test_a_404_about_the_model_is_not_a_missing_route(memory_cluster: Make) -> None:
+    """A 404 whose body is not a missing route's goes on as before (the last candidate's is the
+    answer, §6.1), and the node keeps being sent ``/v1/messages``."""
+    clock = Clock()
+    engine = SimulatedEngine(clock, (MODEL,), kind="openai", policy=always(Behaviour.STATUS_404))
+    cluster = memory_cluster(clock, {"v": engine}, facades=("openai",))
+    for _ in range(2):
+        response = cluster.fetch("POST", "/v1/messages", json=request(stream=True))
+        assert response.status == 404 and response.json() == {"error": "simulated 404"}
+    assert [path for path, _ in sent(cluster, "v")] == [b"/v1/messages"] * 2
+    assert not cluster.facade().gaps.of(cluster.node("v"))
+
+
+def test_count_tokens_is_not_sent_to_a_node_found_without_messages(memory_cluster: Make) -> None:
+    clock = Clock()
+    cluster = memory_cluster(clock, {"v": vllm(clock)}, facades=("openai",))
+    cluster.fetch("POST", "/v1/messages", json=request())
+    response = cluster.fetch("POST", "/v1/messages/count_tokens", json=COUNT)
+    assert response.status == 404 and response.json()["code"] == "no-route-owner"
+    assert b"/v1/messages/count_tokens" not in [path for path, _ in sent(cluster, "v")]
+
+
+def test_what_was_learnt_holds_until_the_nodes_restart_is_seen(memory_cluster: Make) -> None:
+    """A polled node: the gap holds while it keeps answering its poll (its build unchanged as far
+    as the proxy can tell); once its poll fails and it answers again, it is sent ``/v1/messages``
+    as it is again (here an upgrade that has it)."""
+    clock = Clock()
+    engine = vllm(clock)
+    polled = Node("v", "http://v.node.test:11434", kind="openai")
+    cluster = memory_cluster(clock, {"v": engine}, facades=("openai",), nodes={"openai": [polled]})
+    inventory = cluster.facade().inventory
+
+    def poll() -> None:
+        cluster.flush()
+        pending = inventory.poll_now()
+        for _ in range(60):
+            if pending.called:
+                return
+            cluster.advance(1.0)
+        raise AssertionError("the poll did not end within 60 s")
+
+    poll()
+    cluster.fetch("POST", "/v1/messages", json=request())
+    engine.policy = always(Behaviour.HEALTHY)  # upgraded; the proxy has not seen it restart
+    poll()
+    cluster.fetch("POST", "/v1/messages", json=request())
+    engine.frozen = True  # down for the upgrade: its poll goes unanswered
+    poll()
+    assert inventory.reach.of(polled).state is Reach.UNREACHABLE
+    assert cluster.facade().gaps.of(polled) == ()
+    engine.frozen = False
+    poll()
+    cluster.fetch("POST", "/v1/messages", json=request())
+    paths = [path for path, _ in sent(cluster, "v")]
+    assert paths == [b"/v1/messages", *[b"/v1/chat/completions"] * 2, b"/v1/messages"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_node_that_lacks_messages_over_loopback_sockets(
+    reactor: Any, clusters: Clusters
+) -> None:
+    """The same over real sockets: an OpenAI-compatible node answering ``/v1/messages`` as vLLM
+    does; the client reads Messages events both times, the node is asked for the route once."""
+    cluster = clusters(ProxyCluster)
+    cluster.engine_name = "openai"
+    engine = vllm(reactor)
+    await cluster.start({"v": engine})
+    for _ in range(2):
+        status, body, response = await cluster.post(
+            json.dumps(request(stream=True)).encode(), "/v1/messages"
+        )
+        assert status == 200 and events(body)[-1] == {"type": "message_stop"}
+        assert response.headers.getRawHeaders(b"x-nvpair-node") == [b"v"]
+    posted = [r.path for r in engine.received if r.method == b"POST"]
+    assert posted == [b"/v1/messages", b"/v1/chat/completions", b"/v1/chat/completions"]
+    records = cluster.named("proxy/request")
+    first, second = [("v", "status-404"), ("v", "committed")], [("v", "committed")]
+    assert [attempts(r) for r in records] == [first, second]

@@ -3,20 +3,26 @@
 ``/v1/chat/completions``, text only, with raw HTTP and with the official ``anthropic`` client.
 
 The engine's own ``/v1/chat/completions`` answer to the same request at temperature 0 is the
-reference. Engines that cannot be installed or started fail the tests, never skip them.
+reference. The same Ollama declared ``kind = "openai"`` stands for an OpenAI-compatible server
+without the route (vLLM, LocalAI): the proxy learns it from its 404, beside a real
+``llama-server`` whose build has the route. Engines that cannot be installed or started fail the
+tests, never skip them.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from tests.e2e.realnodes import ProxyProcess, RealOllama
+from tests.e2e.realnodes import ProxyProcess, RealLlamaServer, RealOllama
+from tests.engines import llamacpp
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
 
@@ -151,4 +157,66 @@ def test_the_anthropic_client_reads_the_translated_answers(
     missing: Callable[..., Any] = client.messages.create
     with pytest.raises(anthropic.APIStatusError) as refused:
         missing(model="no-such-model", max_tokens=4, messages=[{"role": "user", "content": "x"}])
-    assert refused.value.status_code == 502
+    assert refused.value.status_code == 404  # model-not-found, §4.2
+
+
+@pytest.mark.timeout(300, func_only=True)
+def test_a_node_that_lacks_messages_is_learnt_and_one_that_has_it_is_sent_it(
+    real_ollama: RealOllama, tmp_path: Path
+) -> None:
+    """docs/behaviour.md §17.3 on real servers behind the ``openai`` facade: the real Ollama
+    0.9.3 declared ``kind = "openai"`` has no ``/v1/messages`` (Gin's ``404 page not found``),
+    so its first Messages request is asked again, translated, within the same request and the
+    second is translated from the start; this llama-server build has ``/v1/messages``, so it is
+    sent the route as it is and nothing is learnt of it. The official client reads all three."""
+    llama = RealLlamaServer.start(slots=1)
+    nodes = tmp_path / "nodes.toml"
+    nodes.write_text(
+        f'[[node]]\nid = "o"\nurl = "{real_ollama.url}"\nkind = "openai"\n\n'
+        f'[[node]]\nid = "l"\nurl = "{llama.url}"\nkind = "openai"\n'
+    )
+    proxy = ProxyProcess(["--engine", "openai", "--nodes", str(nodes)], tmp_path)
+    try:
+        proxy.wait_ready(2)
+        assert _post(f"{llama.url}/v1/messages", _messages(False)).status_code == 200
+        client = anthropic.Anthropic(base_url=proxy.url, api_key="unused", max_retries=0)
+        asked = [("o", "smollm2:latest"), ("o", "smollm2:latest"), ("l", llamacpp.ALIAS)]
+        for node, model in asked:
+            answer = client.messages.create(
+                model=model,
+                max_tokens=TOKENS,
+                messages=[{"role": "user", "content": QUESTION}],
+                extra_body={"temperature": 0},
+                extra_headers={"X-NVPair-Node": node},
+            )
+            assert answer.content and answer.content[0].type == "text"
+        deadline = time.monotonic() + 10  # a record is published once its answer is written
+        while len(records := proxy.events("proxy/request")) < len(asked):
+            assert time.monotonic() < deadline, records
+            time.sleep(0.05)
+        seen = [([a["outcome"] for a in r["attempts"]], r["translated"]) for r in records]
+        assert seen == [
+            (["status-404", "committed"], True),
+            (["committed"], True),
+            (["committed"], False),
+        ]
+        assert [r["node_id"] for r in records] == ["o", "o", "l"]
+    finally:
+        output = proxy.stop()
+        llama.stop()
+    assert "Traceback" not in output and QUESTION not in output
+    learnt = [e for e in _log_entries(output) if e.get("log_namespace", "").endswith("._gaps")]
+    assert [(e["node"], e["route"]) for e in learnt] == [("o", "/v1/messages")]
+
+
+def _log_entries(output: str) -> list[dict[str, Any]]:
+    """The JSON log's entries."""
+    found = []
+    for line in output.replace("\x1e", "\n").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            found.append(entry)
+    return found

@@ -361,7 +361,10 @@ def server_command(
     directory: Path, port: int, model: Path, *, slots: int = 4, chat_template: Path | None = None
 ) -> list[str]:
     """The ``llama-server`` command line; ``chat_template`` replaces the model's own template
-    (``--jinja --chat-template-file``, e.g. :data:`TOOL_TEMPLATE`)."""
+    (``--jinja --chat-template-file``, e.g. :data:`TOOL_TEMPLATE`). ``--no-repack`` keeps the
+    weights as the GGUF lays them out: this native build's repacking of them for the CPU stopped
+    the server with an illegal instruction (SIGILL, exit 132) while it loaded the model on the
+    test machine (AVX-512 and AMX); repacking only speeds up matrix products."""
     template = (
         [] if chat_template is None else ["--jinja", "--chat-template-file", str(chat_template)]
     )
@@ -386,6 +389,7 @@ def server_command(
         "--seed",
         "42",
         "--no-webui",
+        "--no-repack",
         *template,
     ]
 

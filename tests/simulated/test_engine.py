@@ -17,6 +17,7 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseNeverReceived
 
+from nvpair_tw.dialects import route_missing
 from nvpair_tw.simulated._engine import (
     Behaviour,
     Policy,
@@ -128,6 +129,15 @@ def test_status_behaviours_answer_that_status_in_json(
     assert response.status == code
     assert response.json() == {"error": f"simulated {code}"}
     assert response.complete
+
+
+def test_no_route_answers_as_a_fastapi_server_without_the_route(memory_cluster: Make) -> None:
+    """NO_ROUTE answers 404 ``{"detail": "Not Found"}``, as vLLM and LocalAI answer a route their
+    build lacks, which the proxy reads as a missing route (docs/behaviour.md §17.3)."""
+    response = post(serve(memory_cluster, Behaviour.NO_ROUTE))
+    assert response.status == 404 and response.complete
+    assert response.json() == {"detail": "Not Found"}
+    assert route_missing(response.body)
 
 
 def test_empty_200_has_content_length_zero(memory_cluster: Make) -> None:
