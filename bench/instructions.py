@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import BENCH, PY, REPO, free_port, wait_ready  # noqa: E402
+from run import BENCH, PY, REPO, free_port, wait_ready
 
 CHAT = json.dumps(
     {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hello"}]}
