@@ -19,6 +19,7 @@ import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, UNIXClientEndpoint, connectProtocol
+from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from nvpair_tw.events import NodeCooldown
@@ -382,3 +383,44 @@ def test_a_named_url_resolving_elsewhere_is_added() -> None:
     resolving.nameResolver.answer("192.0.2.5")
     assert results == [{"jsonrpc": "2.0", "id": 1, "result": {"added": True}}]
     assert runtime.facades["ollama"].directory.get("gpu") is not None
+
+
+# --- guessing the token (docs/behaviour.md §14.3) ----------------------------------------------
+
+
+async def _auth_once(reactor: Any, port: int, token: str) -> dict[str, Any]:
+    """One connection, one ``auth``: its one answer (the connection then closes, or stays open
+    when the token was right and is closed here)."""
+    client = await _tcp_client(reactor, port)
+    client.send({**AUTH, "params": {"token": token}})
+    answer = await client.wait_for(lambda m: m.get("id") == 0)
+    if client.transport is not None:
+        client.transport.loseConnection()
+    await client.lost
+    return answer
+
+
+@ensure_deferred
+async def test_failed_auth_slows_down_per_source_and_is_logged(
+    reactor: Any, listen: Any, log_lines: list[str]
+) -> None:
+    """Guessing from one source: after a few wrong tokens every further ``auth`` from it is
+    refused without being compared — the right token too — until the pace allows another (a
+    few a second at most); each failure is logged, with the source, never the token."""
+    runtime = _runtime()
+    clock = cast(Clock, runtime.shared.clock)
+    port = listen(ControlFactory(runtime, token=TOKEN))
+    answers = [await _auth_once(reactor, port, f"guess-{n}") for n in range(20)]
+    assert all(a["error"]["code"] == UNAUTHORIZED for a in answers)
+    checked = [a for a in answers if "too many failed" not in a["error"]["message"]]
+    assert 1 <= len(checked) <= 5
+    throttled = await _auth_once(reactor, port, "s3cret-token")
+    assert "too many failed" in throttled["error"]["message"]
+    clock.advance(1.0)
+    second = [await _auth_once(reactor, port, f"again-{n}") for n in range(10)]
+    assert len([a for a in second if "too many failed" not in a["error"]["message"]]) <= 3
+    clock.advance(10.0)
+    assert (await _auth_once(reactor, port, "s3cret-token"))["result"] == {"authenticated": True}
+    failures = [line for line in log_lines if "failed auth" in line]
+    assert failures and all("127.0.0.1" in line for line in failures)
+    assert not any("guess-" in line or "s3cret" in line for line in log_lines)
