@@ -139,8 +139,11 @@ async def test_the_node_answers_and_records_what_it_read(reactor: Any) -> None:
             | {"prompt_eval_duration", "eval_count", "eval_duration"},
         ),
         (b"DELETE", b"/api/delete", set()),
-        (b"POST", b"/v1/responses", {"id", "object", "created_at", "status", "model"}
-         | {"output", "usage"}),  # fmt: skip
+        (
+            b"POST",
+            b"/v1/responses",
+            {"id", "object", "created_at", "status", "model"} | {"output", "usage"},
+        ),
         (b"GET", b"/v1/responses/resp_7", {"id", "object", "status"}),
     ],
 )
@@ -173,8 +176,11 @@ def test_a_stored_response_gets_a_new_id_and_is_read_back_by_its_id() -> None:
     [
         ("/api/chat", b'{"model":"a","name":"b"}', (("model", "a"),)),
         ("/api/show", b'{"model":"a","NAME":"b"}', (("model", "a"), ("name", "b"))),
-        ("/api/copy", b'{"Source":"a","destination":"b","model":"c"}',
-         (("source", "a"), ("destination", "b"))),  # fmt: skip
+        (
+            "/api/copy",
+            b'{"Source":"a","destination":"b","model":"c"}',
+            (("source", "a"), ("destination", "b")),
+        ),
         ("/api/create", b'{"model":"a","from":"b","FROM":null}', (("model", "a"), ("from", "b"))),
         ("/completion", b'{"model":"a"} {"model":"b"}', (("model", "a"),)),
         ("/api/pull", b'{"model":5,"name":""}', ()),

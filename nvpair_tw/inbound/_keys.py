@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any
 
-from attrs import field, frozen
+from attrs import Factory, field, frozen
 
 from nvpair_tw.core import Priority, did_you_mean
 
@@ -161,6 +161,12 @@ class KeyBook:
     entries: tuple[NamedKey, ...] = ()
     warnings: tuple[str, ...] = ()
     """What the file's reader should hear about (a name starting ``key-``); never a key."""
+    _digests: frozenset[bytes] = field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=Factory(lambda self: frozenset(e.digest for e in self.entries), takes_self=True),
+    )
 
     def __bool__(self) -> bool:
         return bool(self.entries)
@@ -179,6 +185,12 @@ class KeyBook:
             if hmac.compare_digest(digest, entry.digest) and found is None:
                 found = entry
         return found
+
+    def holds(self, text: bytes) -> bool:
+        """Whether ``text`` is one of the keys: a lookup of its digest in a set, for searching a
+        request for keys where they do not belong (docs/behaviour.md §14.2). A digest's timing
+        tells nothing about a key (finding one from it is SHA-256's preimage problem)."""
+        return hashlib.sha256(text).digest() in self._digests
 
     def first_of(self, keys: Iterable[bytes]) -> NamedKey | None:
         """The entry of the first of ``keys`` that is known (every key is looked up)."""

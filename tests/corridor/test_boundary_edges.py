@@ -202,9 +202,9 @@ async def test_a_get_with_any_transfer_encoding_is_refused_and_an_empty_length_p
     )
     assert (chunked.status, refusal_code(chunked.body)) == (400, "body-not-allowed")
     assert boundary.inference() == []
-    empty = await boundary.send(b"GET", b"/api/ps", key=SCOPED)
+    empty = await boundary.send(b"GET", b"/props", key=SCOPED)
     assert empty.status == 200
-    assert [s.path for s in boundary.inference()] == ["/api/ps"]
+    assert [s.path for s in boundary.inference()] == ["/props"]
 
 
 # -- 3. every place a key can be carried ---------------------------------------------------------
@@ -314,7 +314,7 @@ async def test_at_most_seven_marks_are_kept_and_the_other_proxy_headers_go(
     boundary: Boundary,
 ) -> None:
     marks = [b"%032x" % n for n in range(1, 11)]
-    headers = tuple(b"X-NVPair-Via: " + m for m in marks) + (b"X-NVPair-Anything: 1",)
+    headers = (*tuple(b"X-NVPair-Via: " + m for m in marks), b"X-NVPair-Anything: 1")
     await boundary.send(b"POST", b"/api/chat", chat("llama3"), headers=headers)
     assert _marks(boundary) == [*marks[-7:], PROCESS_NONCE]
     [seen] = boundary.inference()
@@ -388,8 +388,10 @@ async def test_loopback_cannot_take_the_share_kept_for_remote_callers(crowded: B
         answer = await crowded.connect()
         await eventually(
             crowded.reactor,
-            lambda answer=answer, before=before: site.open_connections > before  # type: ignore[misc]
-            or answer.done.called,
+            lambda answer=answer, before=before: (
+                site.open_connections > before  # type: ignore[misc]
+                or answer.done.called
+            ),
             5.0,
             "the connection admitted or refused",
         )
