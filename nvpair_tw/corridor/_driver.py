@@ -256,6 +256,12 @@ class Driver:
         return BodyRead(Understood(inbound, Stage.FORWARD))
 
     async def _answer(self, step: Answer) -> Event:
+        if step.stage is not Stage.PROBE:  # a stage that asks a node counts once (§12.1)
+            head = self._head
+            admitted = self._facade.shared.limiter.admit(head.caller, head.kind)
+            if isinstance(admitted, Refusal):
+                return Answered(admitted.rejection)
+            self._held.permit = admitted
         return Answered(await _STAGES[step.stage](self))
 
     async def _route(self, step: Route) -> Event:
@@ -269,7 +275,8 @@ class Driver:
     async def _permit(self, _: Permit) -> Event:
         served = self._exchange.served
         assert served is not None
-        admitted = self._facade.shared.limiter.admit(served.inbound.caller)
+        inbound = served.inbound
+        admitted = self._facade.shared.limiter.admit(inbound.caller, inbound.kind)
         if isinstance(admitted, Refusal):
             return Permitted(admitted.rejection)
         self._held.permit = admitted
@@ -389,11 +396,12 @@ class Driver:
         usage: Usage | None,
         first_at: float | None,
     ) -> tuple[int, int | None] | None:
-        """A complete answer teaches its node's rates (§15.1); the prediction made for the node
-        that served and the time it took (§15.2), in ms."""
+        """A complete answer teaches its node's rates (§15.1), under a model name the gate
+        resolved only (§14.6: a targeted node's unlisted model is ``other``, never a label); the
+        prediction made for the node that served and the time it took (§15.2), in ms."""
         trip = self._held.trip
         landing = trip.land() if trip is not None else None
-        if usage is None or landing is None or route.model is None:
+        if usage is None or landing is None or route.model is None or route.label != route.model:
             return None
         if outcome.end is not RelayEnd.FINISHED or outcome.status != 200:
             return None

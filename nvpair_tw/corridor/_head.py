@@ -141,11 +141,8 @@ def _checked(facade: FacadeState, arrival: Arrival, caller: Caller) -> Head | Re
     if isinstance(target, Rejection):
         return target
     kind = facade.profile.classify(method, target.path)
-    if (
-        kind is RouteKind.PASS_THROUGH
-        and not facade.profile.passes_through
-        and probe_of(facade.engine, method, target.path) is None  # §17.6
-    ):
+    answered_here = probe_of(facade.engine, method, target.path) is not None  # §17.6
+    if kind is RouteKind.PASS_THROUGH and not facade.profile.passes_through and not answered_here:
         return _NOT_SERVED
     channel = (
         Channel.TUNNEL
@@ -164,8 +161,8 @@ def _checked(facade: FacadeState, arrival: Arrival, caller: Caller) -> Head | Re
     priority = priority_of(caller.rules.priority, headers.getRawHeaders(PRIORITY_HEADER))
     if priority is None:
         return _BAD_PRIORITY
-    if kind is RouteKind.INFERENCE:
-        over = facade.shared.limiter.check(caller)
+    if not answered_here:  # every request that reaches a node meets the key's limits (§12.1)
+        over = facade.shared.limiter.check(caller, kind)
         if over is not None:
             return over.rejection
     host = getattr(arrival.peer, "host", None)
