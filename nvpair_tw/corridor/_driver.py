@@ -370,7 +370,7 @@ class Driver:
         route = self._held.route or served.route
         if served.serving is not None:
             self._writer.mark(MODEL_HEADER, served.serving.encode())
-        remember_response(facade, served.inbound.path, committed)
+        remember_response(facade, served.inbound, committed)
         clock = shared.clock
         meter = (lambda framing: UsageMeter(framing, clock.seconds)) if route.model else None
         outcome = await relay(
