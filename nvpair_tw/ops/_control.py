@@ -10,7 +10,9 @@ pauses: a client that stops reading is dropped and never slows the proxy.
 No web page can drive it (docs/behaviour.md §14.3): on a channel with a token a connection's first
 call must be ``auth`` with it, and nothing (not one notification) is sent before; a line that is
 not JSON-RPC (an HTTP request line or header included) is answered -32700 and the connection closes
-at once, with nothing after it in the same read acted on.
+at once, with nothing after it in the same read acted on. A source that keeps failing ``auth`` is
+slowed down (:class:`~nvpair_tw.ops._token.AuthThrottle`): each compared failure is logged, the
+calls refused unchecked are counted and told once.
 """
 
 from __future__ import annotations
@@ -49,7 +51,14 @@ from nvpair_tw.ops._rpc import (
     read_request,
 )
 from nvpair_tw.ops._rpc import error as rpc_error
-from nvpair_tw.ops._token import ControlToken, authenticate, needs_token
+from nvpair_tw.ops._token import (
+    AuthThrottle,
+    ControlToken,
+    auth_source,
+    authenticate,
+    needs_token,
+    throttled,
+)
 from nvpair_tw.runtime import ListenerService, Runtime
 
 __all__ = [
@@ -119,9 +128,11 @@ class ControlProtocol(Protocol):
     While an :class:`~nvpair_tw.ops._dispatch.InOrder` answer is pending, later lines wait.
     """
 
-    def __init__(self, control: ControlFactory, peer: str) -> None:
+    def __init__(self, control: ControlFactory, peer: str, source: str = "local") -> None:
         self._control = control
         self.peer = peer
+        self.source = source
+        """Whose failed ``auth`` calls this connection's count with (docs/behaviour.md §14.3)."""
         self.state = _Flow.OPENING
         self._lines = LineBuffer(MAX_LINE_BYTES)
         self._answers = PendingAnswers(self._send)  # cancelled if the client leaves
@@ -203,9 +214,31 @@ class ControlProtocol(Protocol):
         else is -32001 and closes it (docs/behaviour.md §14.3)."""
         token = self._control.token
         assert token is not None
+        throttle = self._control.throttle
+        wait = throttle.wait(self.source)
+        if wait:
+            self._send(throttled(request, wait))  # not compared: the source failed too often
+            log.debug("control client {peer} closed: auth throttled", peer=self.peer)
+            self._close()
+            return
+        unchecked = throttle.checked(self.source)
+        if unchecked:
+            log.warn(
+                "control: {count} auth calls from {source} were refused unchecked (throttled)",
+                count=unchecked,
+                source=self.source,
+            )
         admitted = authenticate(request, token)
         if not isinstance(admitted, Request):
-            self._refuse(admitted, "not authenticated")
+            slowed = throttle.failed(self.source)
+            log.warn(
+                "control client {peer} closed: failed auth from {source}{slowed}",
+                peer=self.peer,
+                source=self.source,
+                slowed="; slowed down: at most 2 a second are compared" if slowed else "",
+            )
+            self._send(admitted)
+            self._close()
             return
         self._open()
         log.info("control client {peer} authenticated", peer=self.peer)
@@ -286,6 +319,8 @@ class ControlFactory(Factory):
         self.methods = ControlMethods(runtime)
         self.max_pending = max_pending
         self.token = token
+        self.throttle = AuthThrottle(runtime.shared.clock)
+        """Failed ``auth`` calls per source (docs/behaviour.md §14.3)."""
         self.connections: set[ControlProtocol] = set()
         self._serial = 0
 
@@ -296,7 +331,7 @@ class ControlFactory(Factory):
             peer = f"#{self._serial} {host}:{getattr(addr, 'port', '')}"
         else:
             peer = f"#{self._serial} {'stdio' if isinstance(addr, PipeAddress) else 'unix'}"
-        protocol = ControlProtocol(self, peer)
+        protocol = ControlProtocol(self, peer, auth_source(addr))
         protocol.factory = self
         return protocol
 
