@@ -256,13 +256,8 @@ class Driver:
         return BodyRead(Understood(inbound, Stage.FORWARD))
 
     async def _answer(self, step: Answer) -> Event:
-        if step.stage is not Stage.PROBE:  # a stage that asks a node counts once (§12.1)
-            head = self._head
-            admitted = self._facade.shared.limiter.admit(head.caller, head.kind)
-            if isinstance(admitted, Refusal):
-                return Answered(admitted.rejection)
-            self._held.permit = admitted
-        return Answered(await _STAGES[step.stage](self))
+        refused = _counted(self, step.stage)
+        return Answered(refused if refused is not None else await _STAGES[step.stage](self))
 
     async def _route(self, step: Route) -> Event:
         self._end_workload(step.ends)
@@ -477,6 +472,19 @@ class Driver:
         facts = self._exchange.facts
         now = self._facade.shared.clock.seconds()
         publish(self._facade.shared.bus, facts.record(now, 500, None, "internal-error"))
+
+
+def _counted(driver: Driver, stage: Stage) -> Rejection | None:
+    """A stage that asks a node counts once against the key's limits (§12.1): its refusal, or
+    None with the permit held."""
+    if stage is Stage.PROBE:
+        return None
+    head = driver._head
+    admitted = driver._facade.shared.limiter.admit(head.caller, head.kind)
+    if isinstance(admitted, Refusal):
+        return admitted.rejection
+    driver._held.permit = admitted
+    return None
 
 
 async def _probe(driver: Driver) -> Ended | Rejection:

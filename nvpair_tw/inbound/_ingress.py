@@ -281,6 +281,24 @@ def _keys_file_watch(path: str, signature: Signature | None) -> KeyFileWatch[Key
     )
 
 
+def _outside(networks: tuple[_IPNetwork, ...], peer: IAddress, where: Locality) -> Rejection | None:
+    """403 for a remote peer outside ``NVPAIR_PROXY_ALLOWED_CIDRS`` (when set)."""
+    if where is not Locality.REMOTE or not networks:
+        return None
+    ip = ip_of(peer)
+    if ip is None or not any(ip in net for net in networks):
+        return _NOT_ALLOWED
+    return None
+
+
+def _carries_key(book: KeyBook, name: bytes, value: bytes) -> bool:
+    """Whether header ``name``'s ``value`` is one of ``book``'s keys where the proxy reads it."""
+    if name == b"x-api-key":
+        return book.holds(value.strip())
+    token = bearer_token(value)
+    return token is not None and book.holds(token)
+
+
 @define
 class IngressPolicy:
     """The live gate in front of every facade and the admin listener; build it with
@@ -358,7 +376,7 @@ class IngressPolicy:
         book = self.keys.book
         if book:
             # the source first: outsiders learn nothing about keys, not even where they go
-            refused = self._outside(peer, where) or misplaced(headers, query, book.holds)
+            refused = _outside(self.networks, peer, where) or misplaced(headers, query, book.holds)
             if refused is not None:
                 return refused
         presented = credential(headers) if book else None
@@ -372,15 +390,6 @@ class IngressPolicy:
         ):
             return _PROBE
         return caller
-
-    def _outside(self, peer: IAddress, where: Locality) -> Rejection | None:
-        """403 for a remote peer outside ``NVPAIR_PROXY_ALLOWED_CIDRS`` (when set)."""
-        if where is not Locality.REMOTE or not self.networks:
-            return None
-        ip = ip_of(peer)
-        if ip is None or not any(ip in net for net in self.networks):
-            return _NOT_ALLOWED
-        return None
 
     def _remote(
         self, where: Locality, presented: bool, entry: NamedKey | None
@@ -403,17 +412,11 @@ class IngressPolicy:
             values = headers.getRawHeaders(name)
             if values is None:
                 continue
-            kept = [v for v in values if not self._carries_key(name, v)]
+            kept = [v for v in values if not _carries_key(self.keys.book, name, v)]
             if not kept:
                 headers.removeHeader(name)
             elif len(kept) != len(values):
                 headers.setRawHeaders(name, kept)
-
-    def _carries_key(self, name: bytes, value: bytes) -> bool:
-        if name == b"x-api-key":
-            return self.keys.book.holds(value.strip())
-        token = bearer_token(value)
-        return token is not None and self.keys.book.holds(token)
 
     def check(self, peer: IAddress, headers: Headers) -> Rejection | None:
         """:meth:`admit`'s refusal, or ``None`` (for callers not yet moved to :meth:`admit`)."""

@@ -368,6 +368,22 @@ class _Answering(_HandOver):
         elif not self._handlingRequest and self._sink is None:
             self._idle()
 
+    def _expect_head(self) -> None:
+        """A next request's head is due within the head deadline from now (at accept, and at
+        the end of each response): the one timer of the input, moved, not made again."""
+        self._deadline.start(self.limits.header_timeout, self._deadline_passed)
+
+    def requestDone(self, request: http.Request) -> None:
+        super().requestDone(request)
+        if (
+            self.persistent
+            and not self._lost
+            and not self._handlingRequest
+            and self._sink is None
+            and self._phase in (_Phase.OUTSIDE_HEAD, _Phase.IN_HEAD)
+        ):
+            self._expect_head()  # from the end of each response (§14.4)
+
     def _idle(self) -> None:
         _log.debug("closing a connection that sent no request within the head deadline")
         self._phase = _Phase.REJECTED
@@ -430,22 +446,6 @@ class LimitedChannel(_Answering):
             self.refuse(refused)
             return
         self._expect_head()  # the head deadline runs from accept (§14.4)
-
-    def _expect_head(self) -> None:
-        """A next request's head is due within the head deadline from now (at accept, and at
-        the end of each response): the one timer of the input, moved, not made again."""
-        self._deadline.start(self.limits.header_timeout, self._deadline_passed)
-
-    def requestDone(self, request: http.Request) -> None:
-        super().requestDone(request)
-        if (
-            self.persistent
-            and not self._lost
-            and not self._handlingRequest
-            and self._sink is None
-            and self._phase in (_Phase.OUTSIDE_HEAD, _Phase.IN_HEAD)
-        ):
-            self._expect_head()  # from the end of each response (§14.4)
 
     def _handed_over(self) -> None:
         self._deadline.stop()

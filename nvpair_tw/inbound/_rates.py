@@ -221,12 +221,7 @@ class RateLimiter:
         if not _limited(caller.rules, kind):
             return NOT_COUNTED
         refusal = self._over(caller, kind)
-        if refusal is not None:
-            return refusal
-        if kind is RouteKind.INFERENCE:
-            return self._count(caller)
-        self._count_request(caller)
-        return NOT_COUNTED
+        return refusal if refusal is not None else self._count(caller, kind)
 
     def _over(self, caller: Caller, kind: RouteKind) -> Refusal | None:
         """The refusal of the limit ``caller`` is over now (the longest wait), or None; beyond
@@ -247,14 +242,19 @@ class RateLimiter:
         left = max(1, math.ceil((window + 1) * WINDOW - now))
         return _longest(_refusals(caller, counts, left))
 
-    def _count(self, caller: Caller) -> Permit:
-        """Count one admitted request of ``caller`` (here, and in the fleet's store if shared)."""
+    def _count(self, caller: Caller, kind: RouteKind) -> Permit:
+        """Count one admitted request of ``caller`` (here, and in the fleet's store if shared);
+        beyond inference against the request limit alone (no concurrency slot, no tokens)."""
         window = int(self.clock.seconds() // WINDOW)
         shared = self._shared()
-        concurrent = self._tally(caller.name, Tally.CONCURRENT, None)
         requests = self._tally(caller.name, Tally.REQUESTS, window)
-        tokens = self._tally(caller.name, Tally.TOKENS, window)
         requests.local += 1
+        if kind is not RouteKind.INFERENCE:
+            if shared:
+                self._send(caller.name, [(requests, 1, 2 * WINDOW)])
+            return NOT_COUNTED
+        concurrent = self._tally(caller.name, Tally.CONCURRENT, None)
+        tokens = self._tally(caller.name, Tally.TOKENS, window)
         concurrent.local += 1
         if not shared:
             return Permit(self, caller, None)
@@ -268,14 +268,6 @@ class RateLimiter:
         if owed:
             acquired.addCallback(self._settled, caller.name, owed)
         return Permit(self, caller, acquired)
-
-    def _count_request(self, caller: Caller) -> None:
-        """Count one admitted request of ``caller`` against its request limit alone (a route
-        other than inference: no concurrency slot, no tokens)."""
-        requests = self._tally(caller.name, Tally.REQUESTS, int(self.clock.seconds() // WINDOW))
-        requests.local += 1
-        if self._shared():
-            self._send(caller.name, [(requests, 1, 2 * WINDOW)])
 
     def in_flight(self, name: str) -> int:
         """This proxy's requests of key ``name`` admitted and not done."""

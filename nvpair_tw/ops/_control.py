@@ -51,14 +51,7 @@ from nvpair_tw.ops._rpc import (
     read_request,
 )
 from nvpair_tw.ops._rpc import error as rpc_error
-from nvpair_tw.ops._token import (
-    AuthThrottle,
-    ControlToken,
-    auth_source,
-    authenticate,
-    needs_token,
-    throttled,
-)
+from nvpair_tw.ops._token import AuthThrottle, ControlToken, admit_auth, auth_source, needs_token
 from nvpair_tw.runtime import ListenerService, Runtime
 
 __all__ = [
@@ -214,29 +207,8 @@ class ControlProtocol(Protocol):
         else is -32001 and closes it (docs/behaviour.md §14.3)."""
         token = self._control.token
         assert token is not None
-        throttle = self._control.throttle
-        wait = throttle.wait(self.source)
-        if wait:
-            self._send(throttled(request, wait))  # not compared: the source failed too often
-            log.debug("control client {peer} closed: auth throttled", peer=self.peer)
-            self._close()
-            return
-        unchecked = throttle.checked(self.source)
-        if unchecked:
-            log.warn(
-                "control: {count} auth calls from {source} were refused unchecked (throttled)",
-                count=unchecked,
-                source=self.source,
-            )
-        admitted = authenticate(request, token)
+        admitted = admit_auth(request, token, self._control.throttle, self.source, self.peer)
         if not isinstance(admitted, Request):
-            slowed = throttle.failed(self.source)
-            log.warn(
-                "control client {peer} closed: failed auth from {source}{slowed}",
-                peer=self.peer,
-                source=self.source,
-                slowed="; slowed down: at most 2 a second are compared" if slowed else "",
-            )
             self._send(admitted)
             self._close()
             return

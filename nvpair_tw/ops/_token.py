@@ -23,6 +23,7 @@ from attrs import define, field, frozen
 from twisted.internet.interfaces import IAddress, IReactorTime
 
 from nvpair_tw.inbound import read_private_file
+from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.ops._rpc import UNAUTHORIZED, BadRequest, Request, Result, error
 
 __all__ = [
@@ -32,6 +33,7 @@ __all__ = [
     "MAX_TOKEN_FILE_BYTES",
     "AuthThrottle",
     "ControlToken",
+    "admit_auth",
     "auth_source",
     "authenticate",
     "needs_token",
@@ -41,6 +43,8 @@ __all__ = [
 
 AUTH_METHOD = "auth"
 MAX_TOKEN_FILE_BYTES = 64 << 10
+
+log = LevelledLogger(namespace=__name__)
 
 _UNESCAPED_COLON = re.compile(r"(?<!\\):")
 
@@ -205,3 +209,37 @@ def throttled(request: Request | BadRequest, wait: float) -> Result:
         UNAUTHORIZED,
         f"unauthorized: too many failed auth attempts from this source; retry in {seconds} s",
     )
+
+
+def admit_auth(
+    request: Request | BadRequest,
+    token: ControlToken,
+    throttle: AuthThrottle,
+    source: str,
+    peer: str,
+) -> Request | Result:
+    """A connection's first call on a channel with a token, from ``source`` (``peer`` names the
+    connection in logs): the request itself when it is ``auth`` with the right token, else the
+    -32001 answer to send before the connection closes — without comparing the token while the
+    source is slowed down. Each compared failure is logged, never the token."""
+    wait = throttle.wait(source)
+    if wait:
+        log.debug("control client {peer} closed: auth throttled", peer=peer)
+        return throttled(request, wait)
+    unchecked = throttle.checked(source)
+    if unchecked:
+        log.warn(
+            "control: {count} auth calls from {source} were refused unchecked (throttled)",
+            count=unchecked,
+            source=source,
+        )
+    admitted = authenticate(request, token)
+    if not isinstance(admitted, Request):
+        slowed = throttle.failed(source)
+        log.warn(
+            "control client {peer} closed: failed auth from {source}{slowed}",
+            peer=peer,
+            source=source,
+            slowed="; slowed down: at most 2 a second are compared" if slowed else "",
+        )
+    return admitted
