@@ -299,6 +299,24 @@ def test_an_answered_request_leaves_the_next_heads_deadline_and_a_silent_close()
     _closed(transport, clock)
 
 
+@pytest.mark.parametrize(
+    "request_",
+    [b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", b"GET / HTTP/1.0\r\n\r\n"],
+    ids=["close", "http/1.0"],
+)
+def test_a_connection_closed_after_its_answer_is_not_given_another_deadline(
+    request_: bytes,
+) -> None:
+    """Only a kept-alive connection waits for a next head: one closed after its answer keeps no
+    timer of ours."""
+    clock = Clock()
+    site, root = _site(clock)
+    _, transport = connect_limited(site)
+    transport.protocol.dataReceived(request_)
+    assert root.bodies == [b""] and not transport.connected
+    assert clock.getDelayedCalls() == []
+
+
 def test_a_connection_that_sends_nothing_is_closed_silently_from_accept() -> None:
     clock = Clock()
     site, _ = _site(clock, header_timeout=4.0)
