@@ -13,7 +13,10 @@ proxy and a node could read different ones.
 A key is found wherever it stands as a value of its own: a whole header value or query value, an
 item between commas, semicolons or spaces, what follows an item's first ``=`` or ``:``, with quotes
 removed, and each half of a decoded ``Basic`` credential. Keys are looked up by digest
-(:meth:`~nvpair_tw.inbound._keys.KeyBook.holds`); nothing found is kept or shown.
+(:meth:`~nvpair_tw.inbound._keys.KeyBook.holds`); nothing found is kept or shown. A header value
+found to hold no key is remembered by its hash (:attr:`~nvpair_tw.inbound._keys.KeyBook.clean`),
+so the values every request repeats (``User-Agent``, ``Accept``, an SDK's own headers) are
+searched once per key set.
 """
 
 from __future__ import annotations
@@ -21,11 +24,12 @@ from __future__ import annotations
 import binascii
 import re
 from base64 import b64decode
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from urllib.parse import parse_qsl
 
 from twisted.web.http_headers import Headers
 
+from nvpair_tw.inbound._keys import CLEAN_VALUES, KeyBook
 from nvpair_tw.inbound._rejection import Rejection
 
 __all__ = ["MISPLACED", "SEVERAL", "bearer_token", "credential", "misplaced"]
@@ -68,28 +72,41 @@ def credential(headers: Headers) -> bytes | None:
     return None
 
 
-def _basic(token: bytes) -> Iterator[bytes]:
+def _basic(token: bytes) -> tuple[bytes, ...]:
     """The halves of a ``Basic`` credential (``user:password``), when ``token`` decodes as one."""
     try:
         decoded = b64decode(token, validate=True)
     except (binascii.Error, ValueError):
-        return
+        return ()
     user, _, password = decoded.partition(b":")
-    yield from (decoded, user, password)
+    return (decoded, user, password)
 
 
-def _candidates(value: bytes) -> Iterator[bytes]:
-    """Every piece of ``value`` a key could be (see the module docstring)."""
-    yield value.strip()
+def _candidates(value: bytes) -> set[bytes]:
+    """Every piece of ``value`` a key could be (see the module docstring), each once."""
+    found = {value.strip()}
     items = [item for item in _ITEMS.split(value) if item]
     for index, item in enumerate(items):
-        yield item.strip(_QUOTES)
+        found.add(item.strip(_QUOTES))
         for mark in (b"=", b":"):
-            _, found, rest = item.partition(mark)
-            if found:
-                yield rest.strip(_QUOTES)
+            _, sign, rest = item.partition(mark)
+            if sign:
+                found.add(rest.strip(_QUOTES))
         if item.lower() == b"basic" and index + 1 < len(items):
-            yield from _basic(items[index + 1])
+            found.update(_basic(items[index + 1]))
+    found.discard(b"")
+    return found
+
+
+def _holds_key(value: bytes, book: KeyBook) -> bool:
+    """Whether any piece of ``value`` is one of ``book``'s keys; a value that holds none is
+    remembered as clean (by its hash)."""
+    if any(book.holds(piece) for piece in _candidates(value)):
+        return True
+    if len(book.clean) >= CLEAN_VALUES:
+        book.clean.clear()
+    book.clean.add(hash(value))
+    return False
 
 
 def _in_place(name: bytes, value: bytes, is_key: Callable[[bytes], bool]) -> bool:
@@ -114,19 +131,19 @@ def _several(headers: Headers) -> bool:
     return scheme.lower() in _SINGLE and bool(_ITEMS.search(rest.strip()))
 
 
-def misplaced(headers: Headers, query: bytes, is_key: Callable[[bytes], bool]) -> Rejection | None:
-    """:data:`MISPLACED` when one of the proxy's keys (``is_key``) is anywhere but where the
-    proxy reads it, :data:`SEVERAL` for more than one credential, else None."""
-    for raw_name, values in headers.getAllRawHeaders():
-        name = raw_name.lower()
+def misplaced(headers: Headers, query: bytes, book: KeyBook) -> Rejection | None:
+    """:data:`MISPLACED` when one of ``book``'s keys is anywhere but where the proxy reads it,
+    :data:`SEVERAL` for more than one credential, else None."""
+    clean = book.clean
+    for name, values in headers.getAllRawHeaders():
         for value in values:
-            if _in_place(name, value, is_key):
-                continue
-            if any(is_key(piece) for piece in _candidates(value) if piece):
+            if hash(value) in clean:
+                continue  # searched before: it holds no key, so none in place either
+            if not _in_place(name.lower(), value, book.holds) and _holds_key(value, book):
                 return MISPLACED
-    pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, encoding="latin-1")
-    for pair in pairs:
-        for text in pair:
-            if any(is_key(p) for p in _candidates(text.encode("latin-1")) if p):
-                return MISPLACED
+    if query:
+        pairs = parse_qsl(query.decode("latin-1"), keep_blank_values=True, encoding="latin-1")
+        texts = (text.encode("latin-1") for pair in pairs for text in pair)
+        if any(book.holds(piece) for text in texts for piece in _candidates(text)):
+            return MISPLACED
     return SEVERAL if _several(headers) else None

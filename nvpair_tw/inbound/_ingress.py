@@ -376,7 +376,7 @@ class IngressPolicy:
         book = self.keys.book
         if book:
             # the source first: outsiders learn nothing about keys, not even where they go
-            refused = _outside(self.networks, peer, where) or misplaced(headers, query, book.holds)
+            refused = _outside(self.networks, peer, where) or misplaced(headers, query, book)
             if refused is not None:
                 return refused
         presented = credential(headers) if book else None

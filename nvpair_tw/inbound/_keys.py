@@ -55,6 +55,8 @@ _FIELDS = frozenset(
 RESERVED_NAMES = frozenset({"local", "anonymous", "other"})
 """Names the records use for callers without a key or models without a name (§14.2, §14.6)."""
 DEFAULT_MAX_TUNNELS = 4
+CLEAN_VALUES = 4096
+"""Header values a :class:`KeyBook` remembers as holding none of its keys."""
 
 
 class KeysFileError(Exception):
@@ -167,6 +169,10 @@ class KeyBook:
         repr=False,
         default=Factory(lambda self: frozenset(e.digest for e in self.entries), takes_self=True),
     )
+    clean: set[int] = field(init=False, eq=False, repr=False, factory=set)
+    """Hashes (Python's, seeded per process) of header values found to hold none of these keys,
+    so a value seen before is not searched again; at most :data:`CLEAN_VALUES`, then forgotten.
+    The values themselves are not kept."""
 
     def __bool__(self) -> bool:
         return bool(self.entries)

@@ -137,4 +137,10 @@ def test_a_scoped_refusal_names_neither_the_path_nor_the_model() -> None:
     other = refusal(SCOPED_ADMIN, b"POST", "/<x>", RouteKind.PASS_THROUGH, NONE, HTTP)
     assert blob is not None and other is not None
     assert "<x>" not in blob.message + other.message
-    assert "model scope" in blob.message and "model scope" in other.message
+    assert blob.message == (
+        "this key may not use /api/blobs/* (blobs name no model: a key with a model scope may not)"
+    )
+    assert other.message == (
+        "this key may not send POST to this route: a key with a model scope may only send"
+        " requests whose models the proxy reads"
+    )

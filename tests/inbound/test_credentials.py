@@ -4,23 +4,27 @@ keys anywhere else refused (``nvpair_tw.inbound._credentials``); pure, on header
 from __future__ import annotations
 
 import base64
+import hashlib
 from pathlib import Path
 
 import pytest
 from twisted.internet.address import IPv4Address
 from twisted.web.http_headers import Headers
 
-from nvpair_tw.inbound import LOCAL, IngressPolicy, Rejection, parse_ingress
+from nvpair_tw.inbound import LOCAL, IngressPolicy, Rejection, _credentials, parse_ingress
 from nvpair_tw.inbound._credentials import MISPLACED, SEVERAL, credential, misplaced
-from nvpair_tw.inbound._keys import KeyBook, NamedKey
+from nvpair_tw.inbound._keys import CLEAN_VALUES, KeyBook, NamedKey
 
 KEY = b"sk-proxy-key-0123"
 PADDED = b"c2stcGFkZGVk="
 """A key ending in ``=`` (base64 padding), found after an item's first ``=``."""
 
 
-def _is_key(text: bytes) -> bool:
-    return text in (KEY, PADDED)
+def _book() -> KeyBook:
+    """The proxy's keys: :data:`KEY` and :data:`PADDED` (built per use: a fresh clean cache)."""
+    return KeyBook(
+        tuple(NamedKey(hashlib.sha256(k).digest(), n) for n, k in (("a", KEY), ("b", PADDED)))
+    )
 
 
 def head(*pairs: tuple[str, str | bytes]) -> Headers:
@@ -58,7 +62,7 @@ def basic(user: bytes, password: bytes) -> str:
 def test_a_key_anywhere_but_where_the_proxy_reads_it_is_misplaced(
     headers: tuple[tuple[str, bytes | str], ...], query: bytes
 ) -> None:
-    assert misplaced(head(*headers), query, _is_key) is MISPLACED
+    assert misplaced(head(*headers), query, _book()) is MISPLACED
 
 
 @pytest.mark.parametrize(
@@ -78,7 +82,7 @@ def test_a_key_anywhere_but_where_the_proxy_reads_it_is_misplaced(
 def test_a_key_where_the_proxy_reads_it_and_everything_else_pass(
     headers: tuple[tuple[str, bytes | str], ...], query: bytes
 ) -> None:
-    assert misplaced(head(*headers), query, _is_key) is None
+    assert misplaced(head(*headers), query, _book()) is None
 
 
 @pytest.mark.parametrize(
@@ -93,7 +97,7 @@ def test_a_key_where_the_proxy_reads_it_and_everything_else_pass(
 )
 def test_more_than_one_credential_is_refused(headers: tuple[tuple[str, str], ...]) -> None:
     """The proxy reads one credential; a node might read another (§14.2)."""
-    assert misplaced(head(*headers), b"", _is_key) is SEVERAL
+    assert misplaced(head(*headers), b"", _book()) is SEVERAL
     assert SEVERAL.status == MISPLACED.status == 400
 
 
@@ -105,8 +109,6 @@ def test_the_credential_read_is_x_api_key_then_the_first_bearer() -> None:
 
 
 def test_key_book_holds_its_keys_by_digest() -> None:
-    import hashlib
-
     book = KeyBook((NamedKey(hashlib.sha256(KEY).digest(), "a"),))
     assert book.holds(KEY) and not book.holds(KEY + b"x") and not KeyBook().holds(KEY)
     assert book.with_defaults([hashlib.sha256(PADDED).digest()]).holds(PADDED)
@@ -140,3 +142,29 @@ def test_a_local_caller_may_send_its_own_credential_in_any_form(tmp_path: Path) 
     policy = gate(NVPAIR_PROXY_API_KEYS=KEY.decode())
     own = head(("Authorization", basic(b"me", b"node-secret")), ("Api-Key", "azure-own"))
     assert policy.admit(LOOP, own, b"key=mine") is LOCAL
+
+
+def test_a_value_found_clean_is_not_searched_again_and_the_memory_is_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Values every request repeats are searched once per key set; the values are not kept."""
+    book = _book()
+    searched: list[bytes] = []
+    candidates = _credentials._candidates
+
+    def counting(value: bytes) -> set[bytes]:
+        searched.append(value)
+        return candidates(value)
+
+    monkeypatch.setattr(_credentials, "_candidates", counting)
+    headers = head(("User-Agent", "OpenAI/Python 1.40.0"), ("Accept", "*/*"))
+    assert misplaced(headers, b"", book) is None
+    first = len(searched)
+    assert first > 0 and misplaced(headers, b"", book) is None
+    assert len(searched) == first
+    assert all(isinstance(marker, int) for marker in book.clean)
+    for n in range(CLEAN_VALUES + 5):
+        misplaced(head(("X-Request-Id", f"r{n}")), b"", book)
+    assert len(book.clean) <= CLEAN_VALUES
+    assert misplaced(head(("Api-Key", KEY)), b"", book) is MISPLACED
+    assert misplaced(head(("Api-Key", KEY)), b"", book) is MISPLACED  # never cached as clean
