@@ -569,3 +569,14 @@ def test_every_model_a_route_names_is_read_by_the_rule() -> None:
     refused = read_models({"source": "a", "destination": 7}, ("source", "destination"))
     assert isinstance(refused, Rejection) and refused.code == "bad-model"
     assert read_models({}, ("model",)) == ()
+
+
+def test_the_model_rule_says_which_part_failed_and_never_repeats_the_name() -> None:
+    messages = [
+        getattr(model_rule(value), "message", None) for value in (5, "a" * 257, "a\x00<b>")
+    ]
+    assert messages == [
+        "bad model: not a string",
+        "bad model: longer than 256 bytes",
+        "bad model: a control character",
+    ]
