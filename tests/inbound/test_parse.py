@@ -572,9 +572,7 @@ def test_every_model_a_route_names_is_read_by_the_rule() -> None:
 
 
 def test_the_model_rule_says_which_part_failed_and_never_repeats_the_name() -> None:
-    messages = [
-        getattr(model_rule(value), "message", None) for value in (5, "a" * 257, "a\x00<b>")
-    ]
+    messages = [getattr(model_rule(value), "message", None) for value in (5, "a" * 257, "a\x00<b>")]
     assert messages == [
         "bad model: not a string",
         "bad model: longer than 256 bytes",
