@@ -23,7 +23,17 @@ from twisted.internet.interfaces import IListeningPort, IReactorTCP
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
-__all__ = ["GoLikeNode", "Seen", "go_clean", "go_fold", "go_model", "go_path", "listen_golike"]
+__all__ = [
+    "NAMED_BY",
+    "GoLikeNode",
+    "Seen",
+    "go_clean",
+    "go_fold",
+    "go_model",
+    "go_names",
+    "go_path",
+    "listen_golike",
+]
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
 
@@ -36,6 +46,9 @@ class Seen:
     path: str
     model: str | None
     headers: tuple[tuple[bytes, bytes], ...]
+    names: tuple[tuple[str, str], ...] = ()
+    """Every model the route's request struct names (field, value), as Go decodes them."""
+    query: bytes = b""
 
 
 def go_clean(path: str) -> str:
@@ -73,13 +86,20 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def go_model(body: bytes) -> str | None:
-    """What ``json.NewDecoder(body).Decode(&struct{ Model string })`` leaves in ``Model``.
+NAMED_BY: dict[str, tuple[str, ...]] = {
+    "/api/show": ("model", "name"),
+    "/api/pull": ("model", "name"),
+    "/api/push": ("model", "name"),
+    "/api/delete": ("model", "name"),
+    "/api/create": ("model", "name", "from"),
+    "/api/copy": ("source", "destination"),
+}
+"""The fields of Ollama's request structs that name a model, per route; every other route's
+struct names its model by ``model`` alone (chat, generate, llama.cpp's own routes)."""
 
-    The first JSON value only; invalid UTF-8 and lone surrogates become U+FFFD; the last key that
-    folds to ``model`` wins, a ``null`` leaves the field as it was; a body that is not an object,
-    does not parse, or gives a non-string model has none.
-    """
+
+def _pairs(body: bytes) -> list[tuple[str, Any]] | None:
+    """The top-level members of the first JSON value, as ``encoding/json`` sees them."""
     text = body.decode("utf-8", "replace")
     decoder = json.JSONDecoder(object_pairs_hook=list, parse_constant=_refuse_constant)
     try:
@@ -88,13 +108,41 @@ def go_model(body: bytes) -> str | None:
         return None
     if not isinstance(pairs, list) or (pairs and not isinstance(pairs[0], tuple)):
         return None  # an array, or a scalar: not an object
-    model: Any = None
+    return pairs
+
+
+def _field(pairs: list[tuple[str, Any]], name: str) -> str | None:
+    """The string a struct field ``name`` ends with: the last key folding to it wins, a ``null``
+    leaves it as it was, anything but a string leaves none."""
+    found: Any = None
     for key, value in pairs:
-        if go_fold(key) == "model" and value is not None:
-            model = value
-    if not isinstance(model, str):
+        if go_fold(key) == name and value is not None:
+            found = value
+    if not isinstance(found, str):
         return None
-    return _SURROGATES.sub("\ufffd", model)
+    return _SURROGATES.sub("\ufffd", found)
+
+
+def go_model(body: bytes) -> str | None:
+    """What ``json.NewDecoder(body).Decode(&struct{ Model string })`` leaves in ``Model``.
+
+    The first JSON value only; invalid UTF-8 and lone surrogates become U+FFFD; the last key that
+    folds to ``model`` wins, a ``null`` leaves the field as it was; a body that is not an object,
+    does not parse, or gives a non-string model has none.
+    """
+    pairs = _pairs(body)
+    return None if pairs is None else _field(pairs, "model")
+
+
+def go_names(path: str, body: bytes) -> tuple[tuple[str, str], ...]:
+    """Every non-empty model name the struct of route ``path`` decodes from ``body`` (field,
+    value), read as :func:`go_model` reads ``model``."""
+    pairs = _pairs(body)
+    if pairs is None:
+        return ()
+    fields = NAMED_BY.get(path, ("model",))
+    found = ((name, _field(pairs, name)) for name in fields)
+    return tuple((name, value) for name, value in found if value)
 
 
 class GoLikeNode(Resource):
@@ -106,6 +154,7 @@ class GoLikeNode(Resource):
         super().__init__()
         self.models = models
         self.seen: list[Seen] = []
+        self._responses = 0
 
     def render(self, request: Request) -> bytes:
         body = request.content.read() if request.content is not None else b""
@@ -121,11 +170,16 @@ class GoLikeNode(Resource):
         self, method: bytes, target: bytes, body: bytes, headers: tuple[tuple[bytes, bytes], ...]
     ) -> dict[str, Any]:
         """Record the request as a Go engine reads it; the JSON answer to send."""
-        seen = Seen(method.decode("ascii"), go_path(target), go_model(body), headers)
+        path = go_path(target)
+        query = target.partition(b"?")[2]
+        names = go_names(path, body)
+        seen = Seen(method.decode("ascii"), path, go_model(body), headers, names, query)
         self.seen.append(seen)
         return self._answer(seen.method, seen.path, seen.model)
 
     def _answer(self, method: str, path: str, model: str | None) -> dict[str, Any]:
+        if path.startswith("/v1/responses"):
+            return self._response(method, path, model)
         if (method, path) == ("GET", "/api/tags"):
             return {
                 "models": [{"name": m, "model": m, "size": 0, "details": {}} for m in self.models]
@@ -138,7 +192,9 @@ class GoLikeNode(Resource):
             return {"object": "list", "data": listed}
         if (method, path) == ("POST", "/api/chat"):
             message = {"role": "assistant", "content": "ok"}
-            return {"model": model, "message": message, "done": True, "done_reason": "stop"}
+            return {"model": model, "message": message, "done": True, "done_reason": "stop",
+                    "prompt_eval_count": 4, "prompt_eval_duration": 2_000_000,
+                    "eval_count": 8, "eval_duration": 40_000_000}  # fmt: skip
         if (method, path) == ("POST", "/api/show"):
             return {
                 "modelfile": "",
@@ -157,6 +213,16 @@ class GoLikeNode(Resource):
             return {"id": "chatcmpl-golike", "object": "chat.completion", "created": 0,
                     "model": model, "choices": [choice], "usage": usage}  # fmt: skip
         return {}
+
+    def _response(self, method: str, path: str, model: str | None) -> dict[str, Any]:
+        """``/v1/responses``: a new stored response (``resp_1``, ``resp_2``, ...) for a POST,
+        the one the path names for anything else."""
+        if method == "POST" and path == "/v1/responses":
+            self._responses += 1
+            return {"id": f"resp_{self._responses}", "object": "response", "created_at": 0,
+                    "status": "completed", "model": model, "output": [],
+                    "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2}}  # fmt: skip
+        return {"id": path.rsplit("/", 1)[-1], "object": "response", "status": "completed"}
 
 
 def listen_golike(reactor: IReactorTCP, node: GoLikeNode) -> IListeningPort:

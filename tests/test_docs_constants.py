@@ -118,7 +118,7 @@ QUOTED: list[Row] = [
     ),
     (
         "behaviour.md",
-        _limit("header read, from the first byte of a request to its last header"),
+        _limit("a request's head, from accept and from the end of each response (§14.4)"),
         _seconds,
         LIMITS.header_timeout,
     ),
@@ -142,7 +142,12 @@ QUOTED: list[Row] = [
         _seconds,
         LIMITS.body_timeout,
     ),
-    ("behaviour.md", _limit("idle keep-alive between requests"), _seconds, LIMITS.idle_timeout),
+    (
+        "behaviour.md",
+        _limit("no bytes at all while a request or body is received (Twisted's idle timeout)"),
+        _seconds,
+        LIMITS.idle_timeout,
+    ),
     # docs/behaviour.md §12.2: what the usage meter keeps of a stream
     ("behaviour.md", r"keeps the last (\d+) chunks", int, TAIL_CHUNKS),
     ("behaviour.md", r"reads the counts from the last (\d+) KiB", _kib, END_BYTES),

@@ -13,7 +13,16 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.defer import maybeDeferred
 from twisted.internet.threads import deferToThread
 
-from tests.golike import GoLikeNode, Seen, go_clean, go_fold, go_model, go_path, listen_golike
+from tests.golike import (
+    GoLikeNode,
+    Seen,
+    go_clean,
+    go_fold,
+    go_model,
+    go_names,
+    go_path,
+    listen_golike,
+)
 
 
 @pytest.mark.parametrize(
@@ -106,6 +115,7 @@ async def test_the_node_answers_and_records_what_it_read(reactor: Any) -> None:
         "/api/chat",
         "secret",
         ((b"host", b"a"), (b"connection", b"close"), (b"content-length", b"%d" % len(body))),
+        (("model", "secret"),),
     )
     assert [(s.method, s.path, s.model) for s in node.seen[1:]] == [
         ("GET", "/api/tags", None),
@@ -122,8 +132,19 @@ async def test_the_node_answers_and_records_what_it_read(reactor: Any) -> None:
             b"/v1/chat/completions",
             {"id", "object", "created", "model", "choices", "usage"},
         ),
-        (b"POST", b"/api/chat", {"model", "message", "done", "done_reason"}),
+        (
+            b"POST",
+            b"/api/chat",
+            {"model", "message", "done", "done_reason", "prompt_eval_count"}
+            | {"prompt_eval_duration", "eval_count", "eval_duration"},
+        ),
         (b"DELETE", b"/api/delete", set()),
+        (
+            b"POST",
+            b"/v1/responses",
+            {"id", "object", "created_at", "status", "model"} | {"output", "usage"},
+        ),
+        (b"GET", b"/v1/responses/resp_7", {"id", "object", "status"}),
     ],
 )
 def test_each_route_answers_in_its_engine_shape(
@@ -132,4 +153,41 @@ def test_each_route_answers_in_its_engine_shape(
     node = GoLikeNode()
     answer = node.serve(method, target, b'{"model":"llama3"}', ((b"x-a", b"1"),))
     assert set(answer) == keys
-    assert node.seen == [Seen(method.decode(), target.decode(), "llama3", ((b"x-a", b"1"),))]
+    [seen] = node.seen
+    assert (seen.method, seen.path, seen.model, seen.headers) == (
+        method.decode(),
+        target.decode(),
+        "llama3",
+        ((b"x-a", b"1"),),
+    )
+
+
+def test_a_stored_response_gets_a_new_id_and_is_read_back_by_its_id() -> None:
+    node = GoLikeNode()
+    first = node.serve(b"POST", b"/v1/responses", b'{"model":"llama3"}', ())
+    second = node.serve(b"POST", b"/v1/responses", b'{"model":"llama3"}', ())
+    read = node.serve(b"GET", b"/v1/responses/resp_1?include=x", b"", ())
+    assert (first["id"], second["id"], read["id"]) == ("resp_1", "resp_2", "resp_1")
+    assert node.seen[-1].query == b"include=x"
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "names"),
+    [
+        ("/api/chat", b'{"model":"a","name":"b"}', (("model", "a"),)),
+        ("/api/show", b'{"model":"a","NAME":"b"}', (("model", "a"), ("name", "b"))),
+        (
+            "/api/copy",
+            b'{"Source":"a","destination":"b","model":"c"}',
+            (("source", "a"), ("destination", "b")),
+        ),
+        ("/api/create", b'{"model":"a","from":"b","FROM":null}', (("model", "a"), ("from", "b"))),
+        ("/completion", b'{"model":"a"} {"model":"b"}', (("model", "a"),)),
+        ("/api/pull", b'{"model":5,"name":""}', ()),
+        ("/api/pull", b"[1]", ()),
+    ],
+)
+def test_every_model_a_routes_struct_names_is_read_as_go_reads_it(
+    path: str, body: bytes, names: tuple[tuple[str, str], ...]
+) -> None:
+    assert go_names(path, body) == names

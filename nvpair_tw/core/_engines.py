@@ -20,6 +20,7 @@ __all__ = [
     "LMSTUDIO_LOADED",
     "LMSTUDIO_MODELS",
     "LMSTUDIO_V1_MODELS",
+    "MODEL_NAMES",
     "OLLAMA",
     "OLLAMA_PS",
     "OMLX",
@@ -33,6 +34,7 @@ __all__ = [
     "ModelChange",
     "ModelControl",
     "ModelListFormat",
+    "ModelNames",
     "ModelRoute",
     "ResidencyFormat",
     "RouteKind",
@@ -361,6 +363,60 @@ OPENAI_MODELS = ModelListFormat(
     record_key=_openai_key,
     envelope=lambda records: {"object": "list", "data": records},
 )
+
+
+@frozen
+class ModelNames:
+    """The members of a route's JSON body that name models (docs/behaviour.md §14.2): read, each by
+    the model rule, for a key with a model scope, which may name only its own models in each.
+
+    ``opaque`` members name what the proxy cannot read as a model (blob digests, a Modelfile's
+    text): a key with a model scope may not send them."""
+
+    fields: tuple[str, ...]
+    opaque: tuple[str, ...] = ()
+
+
+_BY_MODEL = ModelNames(("model",))
+_BY_MODEL_OR_NAME = ModelNames(("model", "name"))
+
+MODEL_NAMES: Mapping[str, ModelNames] = {
+    # Ollama's own request structs (api/types.go)
+    "/api/show": _BY_MODEL_OR_NAME,
+    "/api/pull": _BY_MODEL_OR_NAME,
+    "/api/push": _BY_MODEL_OR_NAME,
+    "/api/delete": _BY_MODEL_OR_NAME,
+    "/api/create": ModelNames(
+        ("model", "name", "from"), opaque=("files", "adapters", "modelfile", "path")
+    ),
+    "/api/copy": ModelNames(("source", "destination")),
+    # LM Studio's REST API (0.3 under /api/v0, 0.4 under /api/v1)
+    "/api/v0/models/load": _BY_MODEL,
+    "/api/v0/models/unload": ModelNames(("model", "instance_id")),
+    "/api/v0/models/download": _BY_MODEL,
+    "/api/v1/models/load": _BY_MODEL,
+    "/api/v1/models/unload": ModelNames(("model", "instance_id")),
+    "/api/v1/models/download": _BY_MODEL,
+    # llama.cpp's llama-server: its router loads and runs the body's model on each of these
+    "/models/load": _BY_MODEL,
+    "/models/unload": _BY_MODEL,
+    "/completion": _BY_MODEL,
+    "/completions": _BY_MODEL,
+    "/chat/completions": _BY_MODEL,
+    "/infill": _BY_MODEL,
+    "/embedding": _BY_MODEL,
+    "/embeddings": _BY_MODEL,
+    "/rerank": _BY_MODEL,
+    "/reranking": _BY_MODEL,
+    "/v1/rerank": _BY_MODEL,
+    "/v1/reranking": _BY_MODEL,
+    "/tokenize": _BY_MODEL,
+    "/detokenize": _BY_MODEL,
+    "/apply-template": _BY_MODEL,
+}
+"""The routes beyond inference whose bodies name models, by normalised path (the same on every
+facade: a route another engine's node serves is passed through to it). Inference routes name
+theirs by ``model`` alone."""
 
 RESPONSES_PATH = "/v1/responses"
 _OPENAI_INFERENCE = frozenset(

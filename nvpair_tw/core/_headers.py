@@ -5,6 +5,7 @@ request to a node carries (docs/behaviour.md §14.2, §14.3)."""
 
 from __future__ import annotations
 
+import re
 import secrets
 
 from twisted.web.http_headers import Headers
@@ -50,10 +51,24 @@ _MAX_MARKS = 8
 """Loop marks a request keeps: the proxies it passed through add theirs, so a loop through
 several proxies (A → B → A) comes back to A with A's mark."""
 
+_MARK = re.compile(rb"[0-9a-f]{32}")
+"""A proxy's loop mark: 32 lower-case hex digits, as :data:`PROCESS_NONCE` is made."""
+
+
+def _marks(headers: Headers) -> list[bytes]:
+    """The loop marks a request carries in their own form, in order (one per ``X-NVPair-Via``
+    line or comma-separated item); anything else a client wrote there is not a mark."""
+    return [
+        token.strip()
+        for value in headers.getRawHeaders(LOOP_HEADER, [])
+        for token in value.split(b",")
+        if _MARK.fullmatch(token.strip())
+    ]
+
 
 def loop_marks(headers: Headers) -> bool:
     """Whether a request came back to the process that sent it (it carries this process's mark)."""
-    return PROCESS_NONCE in headers.getRawHeaders(LOOP_HEADER, [])
+    return PROCESS_NONCE in _marks(headers)
 
 
 def header_tokens(headers: Headers, name: bytes) -> list[bytes]:
@@ -90,8 +105,9 @@ def _without_proxy_headers(source: Headers) -> Headers:
 def upstream_request_headers(source: Headers, client_host: str | None) -> Headers:
     """Headers for an upstream attempt: end-to-end ones without the proxy's own ``X-NVPair-*``,
     ``Host`` left to the agent, XFF appended, and the loop marks: those of the proxies the
-    request passed (the last seven) and this process's own (§14.3)."""
-    marks = source.getRawHeaders(LOOP_HEADER, [])[-_MAX_MARKS + 1 :]
+    request passed (the last seven in a proxy's form; any other value is dropped) and this
+    process's own (§14.3)."""
+    marks = _marks(source)[-_MAX_MARKS + 1 :]
     out = _without_proxy_headers(source)
     out.setRawHeaders(LOOP_HEADER, [*marks, PROCESS_NONCE])
     if client_host:

@@ -183,6 +183,11 @@ class Driver:
         return BodyRead(Understood(inbound, Stage.FORWARD))
 
     async def _answer(self, step: Answer) -> Event:
+        """A stage that asks a node counts against the key's limits first (§12.1)."""
+        if step.stage is not Stage.PROBE:  # a probe is the proxy's own answer
+            refused = self._serving.counted(self._head.caller, self._head.kind)
+            if refused is not None:
+                return Answered(refused)
         return Answered(await answer(self._asked, step))
 
     async def _route(self, step: Route) -> Event:

@@ -25,7 +25,7 @@ from typing import Any, TypeAlias
 
 from attrs import define, frozen
 
-from nvpair_tw.core import IllegalCall, ProxyBug, RouteKind
+from nvpair_tw.core import IllegalCall, ProxyBug
 from nvpair_tw.corridor._attempts import Abandoned, Committed, Exhausted
 from nvpair_tw.corridor._fallback import Served
 from nvpair_tw.corridor._fanout import FanOutRequest
@@ -436,7 +436,7 @@ def _routed(ex: Exchange, event: Routed) -> Step:
     facts.context_fit = result.route.context_fit
     if result.fallback_from is not None:
         facts.fallback_from = result.fallback_from
-    if not ex.permitted and result.inbound.kind is RouteKind.INFERENCE:
+    if not ex.permitted:  # every request that reaches a node counts once (§12.1)
         return Permit()
     return Admit(result)
 

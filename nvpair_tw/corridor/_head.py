@@ -3,11 +3,12 @@
 
 :func:`read_head` runs when the head is complete (the site's head gate, before any ``100 Continue``
 and before a body byte is read, docs/behaviour.md §14.1) and gives a :class:`Head` or a refusal:
-the loop mark (508), the source and the key (401/403, §14.2), the drain (503), the normalised path
-(400 ``bad-path``), the route, the node ``X-NVPair-Node`` names, the role (403
+the loop mark (508), the source and the key (401/403, §14.2), the drain (503), a body on ``GET``
+or ``HEAD`` (400 ``body-not-allowed``), the normalised path (400 ``bad-path``), the route, the node
+``X-NVPair-Node`` names (an unknown name is never repeated back), the role and the scope (403
 ``route-not-allowed``), the priority (``X-NVPair-Priority`` under the key's, 400 ``bad-priority``,
-§16.3) and the limits that need no body (429). Every later stage reads the
-:class:`Head`, never the request's raw target or headers again.
+§16.3) and the limits that need no body (429). Every later stage reads the :class:`Head`, never
+the request's raw target or headers again.
 """
 
 from __future__ import annotations
@@ -43,7 +44,13 @@ _SHUTTING_DOWN = Rejection(
     503, "shutting-down", "the proxy is shutting down", ((b"Connection", b"close"),)
 )
 _NOT_SERVED = Rejection(404, "not-found", "this facade does not serve this route")
-_UNKNOWN = Rejection(404, "unknown-node", "unknown node")
+_UNKNOWN = Rejection(404, "unknown-node", "X-NVPair-Node names a node this facade does not know")
+_BODY_NOT_ALLOWED = Rejection(
+    400,
+    "body-not-allowed",
+    "a GET or HEAD request carries no body (no Content-Length, no Transfer-Encoding)",
+)
+_READING = (b"GET", b"HEAD")
 _BAD_PRIORITY = Rejection(
     400, "bad-priority", "X-NVPair-Priority must be one value: interactive or batch"
 )
@@ -127,16 +134,15 @@ def _checked(facade: FacadeState, arrival: Arrival, caller: Caller) -> Head | Re
     headers = arrival.headers
     if facade.shared.draining:
         return _SHUTTING_DOWN
+    method = arrival.method
+    if method in _READING and _has_body(headers):
+        return _BODY_NOT_ALLOWED
     target = parse_target(arrival.uri)
     if isinstance(target, Rejection):
         return target
-    method = arrival.method
     kind = facade.profile.classify(method, target.path)
-    if (
-        kind is RouteKind.PASS_THROUGH
-        and not facade.profile.passes_through
-        and probe_of(facade.engine, method, target.path) is None  # §17.6
-    ):
+    answered_here = probe_of(facade.engine, method, target.path) is not None  # §17.6
+    if kind is RouteKind.PASS_THROUGH and not facade.profile.passes_through and not answered_here:
         return _NOT_SERVED
     channel = (
         Channel.TUNNEL
@@ -155,8 +161,8 @@ def _checked(facade: FacadeState, arrival: Arrival, caller: Caller) -> Head | Re
     priority = priority_of(caller.rules.priority, headers.getRawHeaders(PRIORITY_HEADER))
     if priority is None:
         return _BAD_PRIORITY
-    if kind is RouteKind.INFERENCE:
-        over = facade.shared.limiter.check(caller)
+    if not answered_here:  # every request that reaches a node meets the key's limits (§12.1)
+        over = facade.shared.limiter.check(caller, kind)
         if over is not None:
             return over.rejection
     host = getattr(arrival.peer, "host", None)
@@ -175,7 +181,16 @@ def _caller(facade: FacadeState, arrival: Arrival) -> Caller | Rejection:
     ingress = facade.shared.ingress
     if ingress is None:
         return LOCAL
-    return ingress.admit(arrival.peer, arrival.headers)
+    query = arrival.uri.partition(b"?")[2].partition(b"#")[0]
+    return ingress.admit(arrival.peer, arrival.headers, query)
+
+
+def _has_body(headers: Headers) -> bool:
+    """Whether a request's framing says a body follows: any ``Transfer-Encoding``, or a
+    ``Content-Length`` other than 0 (docs/behaviour.md §14.1)."""
+    if headers.hasHeader(b"transfer-encoding"):
+        return True
+    return any(v.strip() != b"0" for v in headers.getRawHeaders(b"content-length", ()))
 
 
 def _targeting(wanted: Sequence[bytes] | None) -> Targeting:
@@ -204,8 +219,7 @@ def _named(
     value = wanted[0].decode("latin-1")
     nodes, unknown = parse_targets(value, list(facade.directory.nodes()))
     if unknown or not nodes:
-        message = f"unknown node: {', '.join(unknown)}" if unknown else "unknown node"
-        return Rejection(404, "unknown-node", message[:300])
+        return _UNKNOWN  # the names a caller sent are never repeated back (§14.2)
     # Only nodes whose kind serves the route take part (§11.1): ``*`` means every such node,
     # a list naming another kind's node is refused.
     speaking = [n for n in nodes if n.speaks(facade.profile, path)]

@@ -2,10 +2,13 @@
 """A request understood once (docs/behaviour.md §14.1): the checked head, then the body.
 
 :func:`read_body` parses the body of every route the proxy reads a model from (inference,
-model-routed, model management, fan-out) once and strictly, reads the one model the engine would
-run, and checks it against the key's scope. The :class:`Inbound` it gives is what every later stage
-uses (gate, catalogue, affinity, translation, usage, records): none of them reads the body again,
-and what a node receives is what was checked.
+model-routed, model management, fan-out, and for a key with a model scope every route of
+:data:`~nvpair_tw.core.MODEL_NAMES`) once and strictly, reads the one model the engine would run,
+and checks it against the key's scope — for a scoped key every model the body names (``source``,
+``destination``, ``from``, ``name``, ...), docs/behaviour.md §14.2. A model id in the path is a
+model name too: it passes the model rule or is 400 ``bad-model``. The :class:`Inbound` it gives is
+what every later stage uses (gate, catalogue, affinity, translation, usage, records): none of them
+reads the body again, and what a node receives is what was checked.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from urllib.parse import parse_qsl
 from attrs import frozen
 from twisted.internet.interfaces import IReactorTime
 
-from nvpair_tw.core import Outline, Priority, RouteKind
+from nvpair_tw.core import MODEL_NAMES, Outline, Priority, RouteKind
 from nvpair_tw.corridor._decoding import decode_body
 from nvpair_tw.corridor._head import Head
 from nvpair_tw.corridor._roles import MANAGEMENT_PATHS, Targeting
@@ -27,9 +30,11 @@ from nvpair_tw.inbound import (
     Parsed,
     Rejection,
     model_not_allowed,
+    model_rule,
     parse_document,
     parse_document_large,
     read_model,
+    read_models,
 )
 from nvpair_tw.nodes import Node
 
@@ -43,6 +48,7 @@ _QUERY_NOT_ALLOWED = Rejection(
 _NAMES_NONE = Rejection(
     403, "model-not-allowed", "this key may only use its own models, and the request names none"
 )
+_READING = (b"GET", b"HEAD")
 
 
 @frozen
@@ -84,12 +90,16 @@ class Inbound:
 
 
 def _reads_body(head: Head) -> bool:
-    """Whether the route names its model in a JSON body (so the body is parsed, §14.1)."""
+    """Whether the route names its model in a JSON body (so the body is parsed, §14.1): for a key
+    with a model scope, every route whose body names models (§14.2)."""
     if head.kind is RouteKind.INFERENCE:
         return True
     if head.kind is RouteKind.MODEL_ROUTED:
         return head.method == b"POST"
-    return head.fan is not None or head.path in MANAGEMENT_PATHS
+    if head.fan is not None or head.path in MANAGEMENT_PATHS:
+        return True
+    scoped = head.caller.rules.models is not None
+    return scoped and head.method not in _READING and head.path in MODEL_NAMES
 
 
 async def read_body(
@@ -107,6 +117,8 @@ async def read_body(
     head, body = decoded
     if not _reads_body(head):
         model = _unbodied_model(facade, head)
+        if isinstance(model, Rejection):
+            return model
         refused = _out_of_scope(facade, head, model)
         if refused is not None and head.kind is RouteKind.PASS_THROUGH:
             return _QUERY_NOT_ALLOWED  # a pass-through GET naming a model outside the scope
@@ -120,7 +132,7 @@ async def read_body(
     named = read_model(doc, names)
     if isinstance(named, Rejection):
         return named
-    refused = _out_of_scope(facade, head, named)
+    refused = _out_of_scope(facade, head, named) or _names_out_of_scope(facade, head, doc)
     if refused is not None:
         if large:
             facade.shared.collector.released()
@@ -141,19 +153,45 @@ async def _parse_large(facade: FacadeState, body: bytes, clock: IReactorTime) ->
     return doc
 
 
-def _unbodied_model(facade: FacadeState, head: Head) -> str | None:
-    """The model a route names outside a body: the id of ``/v1/models/{id}`` and its twins, or
-    a ``model`` query parameter of a pass-through ``GET`` (§14.2)."""
+def _unbodied_model(facade: FacadeState, head: Head) -> str | Rejection | None:
+    """The model a route names outside a body: the id of ``/v1/models/{id}`` and its twins (by
+    the model rule, §14.1), or a ``model`` query parameter of a pass-through ``GET`` (§14.2)."""
     if head.target.model_id is not None:
-        return head.target.model_id
+        return model_rule(head.target.model_id)
     route = facade.profile.model_route(head.method, head.path)
     if route is not None:
-        return route.model(head.path, None)
+        return model_rule(route.model(head.path, None))
     query = head.target.query.decode("latin-1")
     for name, value in parse_qsl(query, keep_blank_values=True):
         if name.casefold() in _ROUTED_NAMES and value.strip():
             return value
     return None
+
+
+def _names_out_of_scope(facade: FacadeState, head: Head, doc: dict[str, Any]) -> Rejection | None:
+    """For a key with a model scope, every other model the body names (``source``,
+    ``destination``, ``from``, ``name``, ... of :data:`~nvpair_tw.core.MODEL_NAMES`) must be in
+    scope too, and a member that names models the proxy cannot read (blob digests) is refused
+    (docs/behaviour.md §14.2)."""
+    rules = head.caller.rules
+    names = MODEL_NAMES.get(head.path)
+    if rules.models is None or names is None:
+        return None
+    sent = {key.casefold() for key, value in doc.items() if value is not None}
+    opaque = next((member for member in names.opaque if member in sent), None)
+    if opaque is not None:
+        return Rejection(
+            403,
+            "route-not-allowed",
+            f"this key may not send '{opaque}' here: it names models the proxy cannot read"
+            " (a key with a model scope may not)",
+        )
+    models = read_models(doc, names.fields)
+    if isinstance(models, Rejection):
+        return models
+    public = facade.directory.catalogue.public
+    outside = next((public(m) for m in models if not rules.allows(public(m))), None)
+    return None if outside is None else model_not_allowed(outside)
 
 
 def _out_of_scope(facade: FacadeState, head: Head, model: str | None) -> Rejection | None:

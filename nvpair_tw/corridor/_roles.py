@@ -1,20 +1,24 @@
 # -*- test-case-name: tests.corridor.test_roles -*-
-"""What a key's role may do (docs/behaviour.md §14.2), as one table read at the end of the head.
+"""What a key's role and scope may do (docs/behaviour.md §14.2), as one table read at the end of
+the head.
 
 An ``admin`` key and the ``local`` caller may do everything. A ``user`` key may run inference and
 the model-routed routes within its scope, read the model lists and any ``GET``/``HEAD`` route, and
 name one node with ``X-NVPair-Node``; it may not manage models, fan out to several nodes, send any
 other method to a route the proxy does not know, or open the LM Studio channel unless its key has no
-model scope and says ``tunnels = true``. Every refusal is 403 ``route-not-allowed``, decided before
-any other 4xx and before the body is read, with no node contacted.
+model scope and says ``tunnels = true``. A key with a model scope, ``admin`` too, may send only
+requests whose models the proxy reads (inference, the model-routed routes, reads, and the routes of
+:data:`~nvpair_tw.core.MODEL_NAMES`): never Ollama's blobs, nor another method to a route whose
+body the proxy does not read. Every refusal is 403 ``route-not-allowed``, decided before any other
+4xx and before the body is read, with no node contacted.
 """
 
 from __future__ import annotations
 
 from enum import Enum
 
-from nvpair_tw.core import RouteKind
-from nvpair_tw.inbound import Caller, Rejection, Role
+from nvpair_tw.core import MODEL_NAMES, RouteKind
+from nvpair_tw.inbound import Caller, KeyRules, Rejection, Role
 
 __all__ = ["MANAGEMENT_PATHS", "MANAGEMENT_PREFIXES", "Channel", "Targeting", "refusal"]
 
@@ -77,7 +81,8 @@ def refusal(
     targeting: Targeting,
     channel: Channel,
 ) -> Rejection | None:
-    """Why ``caller``'s role may not send ``method path`` here (403 ``route-not-allowed``), or None.
+    """Why ``caller``'s role or scope may not send ``method path`` here (403
+    ``route-not-allowed``), or None.
 
     ``path`` is the normalised path (docs/behaviour.md §14.1)."""
     rules = caller.rules
@@ -86,8 +91,17 @@ def refusal(
         if rules.may_tunnel:
             return None
         return _denied("open the LM Studio channel (needs tunnels = true and no model scope)")
-    if rules.role is Role.ADMIN:
-        return None
+    if rules.role is not Role.ADMIN:
+        denied = _user_refusal(method, path, kind, targeting)
+        if denied is not None:
+            return denied
+    return _scope_refusal(rules, method, path, kind)
+
+
+def _user_refusal(
+    method: bytes, path: str, kind: RouteKind, targeting: Targeting
+) -> Rejection | None:
+    """What a ``user`` key may not do, whatever its scope."""
     if targeting is Targeting.MANY:
         return _denied("run a call on several nodes (X-NVPair-Node: * or a list)")
     if _management(path):
@@ -95,3 +109,18 @@ def refusal(
     if kind is not RouteKind.PASS_THROUGH or method in _READING:
         return None
     return _denied(f"send {method.decode('latin-1')} to a route the proxy does not know")
+
+
+def _scope_refusal(rules: KeyRules, method: bytes, path: str, kind: RouteKind) -> Rejection | None:
+    """What a key with a model scope may not send, whatever its role: a request whose models the
+    proxy cannot read (docs/behaviour.md §14.2)."""
+    if rules.models is None:
+        return None
+    if path.startswith(MANAGEMENT_PREFIXES):
+        return _denied("use /api/blobs/* (blobs name no model: a key with a model scope may not)")
+    if kind is RouteKind.PASS_THROUGH and method not in _READING and path not in MODEL_NAMES:
+        return _denied(
+            f"send {method.decode('latin-1')} to this route: a key with a model scope may only"
+            " send requests whose models the proxy reads"
+        )
+    return None

@@ -13,7 +13,7 @@ from typing import Any
 from attrs import evolve, field, frozen
 
 from nvpair_tw.assembly import Assembly, Dialect, plan_assembly, rewrite_outlined
-from nvpair_tw.core import RESPONSES_PATH, Outlined, RouteKind
+from nvpair_tw.core import Outlined, RouteKind
 from nvpair_tw.corridor._attempts import (
     AttemptPlan,
 )
@@ -29,7 +29,7 @@ from nvpair_tw.corridor._dialect import (
     speaks,
 )
 from nvpair_tw.corridor._inbound import Inbound
-from nvpair_tw.corridor._responses import conversation_first
+from nvpair_tw.corridor._responses import conversation_first, stored_response
 from nvpair_tw.corridor._scheduling import rank
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import Workload
@@ -90,6 +90,9 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     inference = inbound.kind is RouteKind.INFERENCE
     gated = inbound.model if inbound.kind in _GATED else None
     parsed = inbound.doc if inference else None
+    stored = stored_response(facade, inbound)  # §2.1: a stored response is its owner's
+    if isinstance(stored, Rejection):
+        return stored
     eligible = _eligible(facade, inbound, gated)
     if isinstance(eligible, Rejection):
         return eligible
@@ -109,7 +112,7 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     if model and parsed is not None and target is None and _affine(inbound.body, parsed):
         key = affinity_key(inbound.path, facade.profile.normalise(model.strip()), parsed)
         hint = facade.affinity.lookup(key) if key is not None else None
-    ordered = _ordered(facade, inbound, eligible, model, parsed, hint)
+    ordered = _ordered(facade, inbound, eligible, model, parsed, hint, stored)
     candidates = ordered.nodes
     usage = UsageCell() if inference else None
     plan = _plan(facade, inbound, usage, gated, candidates)
@@ -154,9 +157,10 @@ def _ordered(
     model: str | None,
     parsed: dict[str, Any] | None,
     hint: str | None,
+    stored: str | None = None,
 ) -> _Ordered:
     """The order of §5 and §15.2: the targeted node alone; by prediction for a model; else the
-    base order; a stored response's node first (§2.1)."""
+    base order; the node of the stored response the request names first (§2.1)."""
     target = inbound.node
     if target is not None:
         return _Ordered([target], Choice.TARGET)
@@ -180,10 +184,9 @@ def _ordered(
         ordered = _Ordered(nodes, Choice.AFFINITY if promoted else Choice.ORDER, promoted)
     if facade.pin and ordered.nodes and ordered.nodes[0].id == facade.pin:
         ordered = evolve(ordered, chosen=Choice.PIN)
-    if model and parsed is not None and inbound.path == RESPONSES_PATH:
-        nodes = conversation_first(facade, parsed, ordered.nodes)
-        if nodes[0] is not ordered.nodes[0]:
-            ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION)
+    nodes = conversation_first(facade, stored, ordered.nodes)
+    if nodes and nodes[0] is not ordered.nodes[0]:
+        ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION)
     return ordered
 
 

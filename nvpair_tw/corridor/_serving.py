@@ -17,7 +17,7 @@ from typing import Any
 from attrs import define, evolve, field
 from twisted.internet.defer import CancelledError
 
-from nvpair_tw.core import ProxyBug
+from nvpair_tw.core import ProxyBug, RouteKind
 from nvpair_tw.corridor._attempts import AttemptObserver, AttemptPlan, run_attempts
 from nvpair_tw.corridor._caller import CallerState
 from nvpair_tw.corridor._exchange import (
@@ -53,7 +53,7 @@ from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import Workload
 from nvpair_tw.corridor._writer import Writer
 from nvpair_tw.dialects import Usage, UsageMeter
-from nvpair_tw.inbound import LOCAL, NOT_COUNTED, Permit, Refusal
+from nvpair_tw.inbound import LOCAL, NOT_COUNTED, Caller, Permit, Refusal, Rejection
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.nodes import Node
 from nvpair_tw.selection import (
@@ -129,11 +129,17 @@ class Serving:
         return Routed(self.fallbacks.next() if self.fallbacks is not None else None)
 
     async def permitted(self, served: Served) -> Event:
-        admitted = self.facade.shared.limiter.admit(served.inbound.caller)
+        inbound = served.inbound
+        return Permitted(self.counted(inbound.caller, inbound.kind))
+
+    def counted(self, caller: Caller, kind: RouteKind) -> Rejection | None:
+        """The request counted once against its key's limits (§12.1): the refusal, or None
+        with the permit held."""
+        admitted = self.facade.shared.limiter.admit(caller, kind)
         if isinstance(admitted, Refusal):
-            return Permitted(admitted.rejection)
+            return admitted.rejection
         self.permit = admitted
-        return Permitted(None)
+        return None
 
     async def admitted(self, step: Admit, gone: Callable[[str], None]) -> Event:
         """Admission's answer; the workload made for it, whose cancellation (``workload/cancel``,
@@ -228,7 +234,7 @@ class Serving:
         route = self.route or served.route
         if served.serving is not None:
             self.writer.mark(MODEL_HEADER, served.serving.encode())
-        remember_response(facade, served.inbound.path, committed)
+        remember_response(facade, served.inbound, committed)
         clock = shared.clock
         meter = (lambda framing: UsageMeter(framing, clock.seconds)) if route.model else None
         budget = shared.settings.write_stall_timeout
@@ -297,9 +303,10 @@ def _learnt(
     answer: Answer | None,
     started: float,
 ) -> tuple[int, int | None] | None:
-    """A complete answer teaches its node's rates (§15.1); the prediction made for the node that
-    served and the time it took (§15.2), in ms."""
-    if answer is None or landing is None or route.model is None:
+    """A complete answer teaches its node's rates (§15.1), under a model name the gate resolved
+    only (§14.6: a targeted node's unlisted model is ``other``, never a label); the prediction
+    made for the node that served and the time it took (§15.2), in ms."""
+    if answer is None or landing is None or route.model is None or route.label != route.model:
         return None
     if outcome.status != 200 or not (outcome.end is RelayEnd.FINISHED or outcome.complete):
         return None  # a whole answer its client closed on at once still teaches (§15.1)

@@ -552,6 +552,9 @@ class SharedAffinityTable(AffinityTable):
     def lookup(self, key: AffinityKey) -> str | None:
         return super().lookup(self._sealed(key))
 
+    def holds(self, key: AffinityKey) -> bool:
+        return super().holds(self._sealed(key))
+
     def record(self, key: AffinityKey, node_id: str) -> None:
         sealed = self._sealed(key)
         super().record(sealed, node_id)

@@ -36,11 +36,13 @@ from nvpair_tw.inbound._local import Locality, LocalNames, locality
 from nvpair_tw.inbound._parse import (
     LARGE_BODY,
     Parsed,
+    model_rule,
     parse_body,
     parse_document,
     parse_document_large,
     parse_large,
     read_model,
+    read_models,
 )
 from nvpair_tw.inbound._rates import (
     NOT_COUNTED,
@@ -84,6 +86,7 @@ __all__ = [
     "locality",
     "make_site",
     "model_not_allowed",
+    "model_rule",
     "parse_body",
     "parse_document",
     "parse_document_large",
@@ -93,5 +96,6 @@ __all__ = [
     "parse_target",
     "read_keys_file",
     "read_model",
+    "read_models",
     "read_private_file",
 ]

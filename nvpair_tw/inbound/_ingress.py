@@ -7,8 +7,11 @@ A caller that passes the ``local`` test (:mod:`~nvpair_tw.inbound._local`: loopb
 of the proxy's keys, which makes it that key's caller. Any other caller is remote: without keys it
 is refused (403 ``loopback-only``, or ``host-not-allowed`` for a loopback peer that failed the
 test), outside ``NVPAIR_PROXY_ALLOWED_CIDRS`` 403, and without a right key 401. The credential
-read is ``X-Api-Key`` when present, else ``Authorization: Bearer``. The proxy's keys never reach a
-node: :meth:`IngressPolicy.strip` removes every header value carrying one, from every caller.
+read is ``X-Api-Key`` when present, else ``Authorization: Bearer``; one of the proxy's keys
+anywhere else (another header, the query, a ``Basic`` credential) is 400 ``credential-misplaced``
+and more than one credential 400, from any caller, after the source check
+(:mod:`~nvpair_tw.inbound._credentials`). The proxy's keys never reach a node:
+:meth:`IngressPolicy.strip` removes every header value carrying one, from every caller.
 
 Keys are kept only as SHA-256 digests and compared in constant time; the key files are re-read
 when they change (:mod:`~nvpair_tw.inbound._reload`: the file is the truth), and
@@ -28,6 +31,7 @@ from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
 
+from nvpair_tw.inbound._credentials import bearer_token, credential, misplaced
 from nvpair_tw.inbound._keys import (
     LOCAL,
     Caller,
@@ -48,6 +52,7 @@ from nvpair_tw.inbound._local import (
     is_loopback,
     locality,
 )
+from nvpair_tw.inbound._rejection import Rejection
 from nvpair_tw.inbound._reload import KeyFileWatch, LiveKeys
 from nvpair_tw.logs import LevelledLogger
 
@@ -80,16 +85,6 @@ class IngressConfigError(Exception):
 
 class KeyFileEmpty(IngressConfigError):
     """``NVPAIR_PROXY_API_KEYS_FILE`` holds no key (two such reads in a row revoke its keys)."""
-
-
-@frozen
-class Rejection:
-    """Why a request is refused: the status, error code, message and extra response headers."""
-
-    status: int
-    code: str
-    message: str
-    headers: tuple[tuple[bytes, bytes], ...] = ()
 
 
 _LOOPBACK_ONLY = Rejection(403, "loopback-only", "only loopback clients are allowed")
@@ -175,25 +170,6 @@ def _read_key_file(path: str) -> frozenset[bytes]:
     if not digests:
         raise KeyFileEmpty(f"{KEYS_FILE_VAR} {path} contains no keys")
     return frozenset(digests)
-
-
-def _bearer_token(value: bytes) -> bytes | None:
-    scheme, _, token = value.strip().partition(b" ")
-    token = token.strip()
-    return token if scheme.lower() == b"bearer" and token else None
-
-
-def credential(headers: Headers) -> bytes | None:
-    """The credential the proxy reads (§14.2): the first non-empty ``X-Api-Key`` when there is
-    one, else the first ``Authorization: Bearer`` token; ``None`` when neither is sent."""
-    for value in headers.getRawHeaders(b"x-api-key", []):
-        if value.strip():
-            return value.strip()
-    for value in headers.getRawHeaders(b"authorization", []):
-        token = _bearer_token(value)
-        if token is not None:
-            return token
-    return None
 
 
 def _parse_allow_hosts(hosts: Iterable[str]) -> tuple[str, ...]:
@@ -305,6 +281,24 @@ def _keys_file_watch(path: str, signature: Signature | None) -> KeyFileWatch[Key
     )
 
 
+def _outside(networks: tuple[_IPNetwork, ...], peer: IAddress, where: Locality) -> Rejection | None:
+    """403 for a remote peer outside ``NVPAIR_PROXY_ALLOWED_CIDRS`` (when set)."""
+    if where is not Locality.REMOTE or not networks:
+        return None
+    ip = ip_of(peer)
+    if ip is None or not any(ip in net for net in networks):
+        return _NOT_ALLOWED
+    return None
+
+
+def _carries_key(book: KeyBook, name: bytes, value: bytes) -> bool:
+    """Whether header ``name``'s ``value`` is one of ``book``'s keys where the proxy reads it."""
+    if name == b"x-api-key":
+        return book.holds(value.strip())
+    token = bearer_token(value)
+    return token is not None and book.holds(token)
+
+
 @define
 class IngressPolicy:
     """The live gate in front of every facade and the admin listener; build it with
@@ -372,18 +366,25 @@ class IngressPolicy:
     def keys_file(self) -> str | None:
         return self.keys.keys_watch.path if self.keys.keys_watch is not None else None
 
-    def admit(self, peer: IAddress, headers: Headers) -> Caller | Rejection:
+    def admit(self, peer: IAddress, headers: Headers, query: bytes = b"") -> Caller | Rejection:
         """Who is calling, or why the request is refused (docs/behaviour.md §9, §14.2): decided
-        once, from the peer and the head, before any body byte is read."""
+        once, from the peer, the head and the target's ``query``, before any body byte is
+        read."""
         where = locality(peer, headers, self.names)
         if where is Locality.AMBIGUOUS:
             return _TWO_HOSTS
-        presented = credential(headers) if self.keys.book else None
-        entry = self.keys.book.lookup(presented) if presented is not None else None
+        book = self.keys.book
+        if book:
+            # the source first: outsiders learn nothing about keys, not even where they go
+            refused = _outside(self.networks, peer, where) or misplaced(headers, query, book)
+            if refused is not None:
+                return refused
+        presented = credential(headers) if book else None
+        entry = book.lookup(presented) if presented is not None else None
         if where is Locality.LOCAL:
             caller: Caller | Rejection = LOCAL if entry is None else entry.caller
         else:
-            caller = self._remote(peer, where, presented is not None, entry)
+            caller = self._remote(where, presented is not None, entry)
         if isinstance(caller, Caller) and any(
             v.strip() == b"1" for v in headers.getRawHeaders(PROBE_HEADER, [])
         ):
@@ -391,15 +392,11 @@ class IngressPolicy:
         return caller
 
     def _remote(
-        self, peer: IAddress, where: Locality, presented: bool, entry: NamedKey | None
+        self, where: Locality, presented: bool, entry: NamedKey | None
     ) -> Caller | Rejection:
-        """A caller that is not ``local``: source, then key."""
+        """A caller that is not ``local``, inside the allowed sources: its key."""
         if not self.keys.book:
             return _HOST_NOT_ALLOWED if where is Locality.LOOPBACK_FOREIGN else _LOOPBACK_ONLY
-        if where is Locality.REMOTE and self.networks:
-            ip = ip_of(peer)
-            if ip is None or not any(ip in net for net in self.networks):
-                return _NOT_ALLOWED
         if not presented:
             return _KEY_MISSING
         if entry is None:
@@ -415,15 +412,11 @@ class IngressPolicy:
             values = headers.getRawHeaders(name)
             if values is None:
                 continue
-            kept = [v for v in values if not self._carries_key(name, v)]
+            kept = [v for v in values if not _carries_key(self.keys.book, name, v)]
             if not kept:
                 headers.removeHeader(name)
             elif len(kept) != len(values):
                 headers.setRawHeaders(name, kept)
-
-    def _carries_key(self, name: bytes, value: bytes) -> bool:
-        token = value.strip() if name == b"x-api-key" else _bearer_token(value)
-        return bool(token) and self.keys.book.lookup(token or b"") is not None
 
     def check(self, peer: IAddress, headers: Headers) -> Rejection | None:
         """:meth:`admit`'s refusal, or ``None`` (for callers not yet moved to :meth:`admit`)."""

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Any
 
-from attrs import field, frozen
+from attrs import Factory, field, frozen
 
 from nvpair_tw.core import Priority, did_you_mean
 
@@ -55,6 +55,8 @@ _FIELDS = frozenset(
 RESERVED_NAMES = frozenset({"local", "anonymous", "other"})
 """Names the records use for callers without a key or models without a name (§14.2, §14.6)."""
 DEFAULT_MAX_TUNNELS = 4
+CLEAN_VALUES = 4096
+"""Header values a :class:`KeyBook` remembers as holding none of its keys."""
 
 
 class KeysFileError(Exception):
@@ -161,6 +163,16 @@ class KeyBook:
     entries: tuple[NamedKey, ...] = ()
     warnings: tuple[str, ...] = ()
     """What the file's reader should hear about (a name starting ``key-``); never a key."""
+    _digests: frozenset[bytes] = field(
+        init=False,
+        eq=False,
+        repr=False,
+        default=Factory(lambda self: frozenset(e.digest for e in self.entries), takes_self=True),
+    )
+    clean: set[int] = field(init=False, eq=False, repr=False, factory=set)
+    """Hashes (Python's, seeded per process) of header values found to hold none of these keys,
+    so a value seen before is not searched again; at most :data:`CLEAN_VALUES`, then forgotten.
+    The values themselves are not kept."""
 
     def __bool__(self) -> bool:
         return bool(self.entries)
@@ -179,6 +191,12 @@ class KeyBook:
             if hmac.compare_digest(digest, entry.digest) and found is None:
                 found = entry
         return found
+
+    def holds(self, text: bytes) -> bool:
+        """Whether ``text`` is one of the keys: a lookup of its digest in a set, for searching a
+        request for keys where they do not belong (docs/behaviour.md §14.2). A digest's timing
+        tells nothing about a key (finding one from it is SHA-256's preimage problem)."""
+        return hashlib.sha256(text).digest() in self._digests
 
     def first_of(self, keys: Iterable[bytes]) -> NamedKey | None:
         """The entry of the first of ``keys`` that is known (every key is looked up)."""

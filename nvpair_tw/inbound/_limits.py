@@ -4,12 +4,15 @@ TWISTED.md §3.1 and §3.6).
 
 Twisted has no request-body cap, answers header-limit violations with a bare 400 and drops an
 over-long line silently. ``make_site`` builds a ``Site`` whose channel and request enforce a body
-cap (413), header count and size (431), request-line length (414), a header-read deadline (408),
-a body that stops arriving (408), an idle keep-alive timeout, a per-site connection cap and a
-per-source one (503), each answered with JSON. When a request's head is complete, before any
-``100 Continue`` and before any body byte is read, the site's ``head_gate`` decides whether it
-goes on (§14.1's order of checks); a refused request is answered and its connection closed, its
-body never read. Everything here speaks HTTP/1.1 only: an HTTP/2 channel would bypass these limits.
+cap (413), header count and size (431), request-line length (414), a head deadline that runs
+from accept and from the end of each response (408 for a head begun and not finished; a
+connection that sent nothing of a next request is closed silently), a body that stops arriving
+(408), an idle keep-alive timeout, a per-site connection cap, a per-source one, and a share of the
+per-site cap that loopback cannot take (503), each answered with JSON. When a request's head is
+complete, before any ``100 Continue`` and before any body byte is read, the site's ``head_gate``
+decides whether it goes on (§14.1's order of checks); a refused request is answered and its
+connection closed, its body never read. Everything here speaks HTTP/1.1 only: an HTTP/2 channel
+would bypass these limits.
 """
 
 from __future__ import annotations
@@ -53,6 +56,11 @@ _TOO_MANY = Rejection(503, "too-many-connections", "too many connections")
 _TOO_MANY_FROM_SOURCE = Rejection(
     503, "too-many-connections", "too many connections from this source"
 )
+_TOO_MANY_LOCAL = Rejection(
+    503,
+    "too-many-connections",
+    "too many connections from this machine (the rest are kept for remote callers)",
+)
 _GATE_FAILED = Rejection(500, "internal-error", "internal proxy error")
 _log = LevelledLogger(namespace=__name__)
 
@@ -93,6 +101,19 @@ class Limits:
     """Seconds a request body may deliver nothing before it is dropped with 408 (§14.4)."""
     max_connections_per_source: int = field(default=64, validator=gt(0))
     """Open connections per remote source address (IPv6: per /64); loopback is not counted."""
+    remote_share: int = field(default=0)
+    """Of ``max_connections``, how many loopback and unix-socket peers may not take: kept for
+    remote callers (docs/behaviour.md §14.4); 0 = none kept."""
+
+    @remote_share.validator
+    def _within(self, _attribute: object, value: int) -> None:
+        if not 0 <= value < self.max_connections:
+            raise ValueError(f"remote_share must be from 0 to max_connections - 1, not {value}")
+
+    @property
+    def local_cap(self) -> int:
+        """Open connections loopback and unix-socket peers may hold together."""
+        return self.max_connections - self.remote_share
 
 
 class RawSink(Protocol):
@@ -336,10 +357,37 @@ class _Answering(_HandOver):
         return policy.raw_grants(current.requestHeaders if current is not None else None)
 
     def _deadline_passed(self) -> None:
+        """The input's deadline is due: a body or a head begun and not finished is 408; a
+        connection that sent nothing of a next request closes without an answer (it asked
+        nothing); while a request is being answered nothing happens (its end starts the next
+        head's deadline)."""
         if self._phase is _Phase.IN_BODY:
             self._body_stalled()
-        else:
+        elif self._phase is _Phase.IN_HEAD or self._buffer:
             self._header_timed_out()
+        elif not self._handlingRequest and self._sink is None:
+            self._idle()
+
+    def _expect_head(self) -> None:
+        """A next request's head is due within the head deadline from now (at accept, and at
+        the end of each response): the one timer of the input, moved, not made again."""
+        self._deadline.start(self.limits.header_timeout, self._deadline_passed)
+
+    def requestDone(self, request: http.Request) -> None:
+        super().requestDone(request)
+        if (
+            self.persistent
+            and not self._lost
+            and not self._handlingRequest
+            and self._sink is None
+            and self._phase in (_Phase.OUTSIDE_HEAD, _Phase.IN_HEAD)
+        ):
+            self._expect_head()  # from the end of each response (§14.4)
+
+    def _idle(self) -> None:
+        _log.debug("closing a connection that sent no request within the head deadline")
+        self._phase = _Phase.REJECTED
+        self.loseConnection()
 
     def _header_timed_out(self) -> None:
         message = f"request headers not received within {self.limits.header_timeout:g} seconds"
@@ -361,11 +409,13 @@ class _Answering(_HandOver):
 class LimitedChannel(_Answering):
     """An ``HTTPChannel`` that answers limit violations with JSON errors and then closes.
 
-    States (``_phase``, a :class:`_Phase`): between requests (the idle timeout runs), reading a
-    request head (the header-read deadline runs as well, from the first read that leaves it
-    unfinished), reading a body (the body deadline runs, moved by each read), handling a request
-    (no timer of ours), and rejected (everything further is ignored until the connection is
-    gone). At the end of a head the site's ``head_gate`` runs, before Twisted's ``gotLength``.
+    States (``_phase``, a :class:`_Phase`): between requests and reading a request head (the head
+    deadline runs, from accept or from the end of the last response, whatever bytes arrive; due,
+    it is 408 for a head begun, a silent close for none), reading a body (the body deadline, moved
+    by each read), handling a request (the deadline may still be pending: due then, it does
+    nothing), and rejected (everything further is ignored until the connection is gone). Twisted's
+    idle timeout runs beside it. At the end of a head the site's ``head_gate`` runs, before
+    Twisted's ``gotLength``.
 
     Twisted has no public hook for two of the answers: it overrides ``HTTPChannel``'s private
     ``_send100Continue`` and ``_respondToBadRequestAndDisconnect``, and reads its header count and
@@ -394,6 +444,8 @@ class LimitedChannel(_Answering):
         self._counted = refused is None
         if refused is not None:
             self.refuse(refused)
+            return
+        self._expect_head()  # the head deadline runs from accept (§14.4)
 
     def _handed_over(self) -> None:
         self._deadline.stop()
@@ -419,24 +471,13 @@ class LimitedChannel(_Answering):
         self._arm()
 
     def _arm(self) -> None:
-        """The input's deadline, once a read is taken in: while a body is arriving the body's
-        (moved: it must keep arriving), while a head is the head's (from its first read, not
-        moved), none otherwise. Armed after the read rather than before it, so a request whose
-        head and body came in one read never schedules a timer (the clock does not move inside
-        a read)."""
-        phase = self._phase
-        if self._lost:
-            return
-        if phase is _Phase.IN_BODY:
+        """Once a read is taken in: while a body is arriving, the deadline is the body's, moved
+        (it must keep arriving). A head's deadline is not moved by its bytes: it runs from
+        accept or from the end of the last response. Moved after the read rather than before it,
+        so a request whose head and body came in one read moves nothing (the clock does not move
+        inside a read)."""
+        if not self._lost and self._phase is _Phase.IN_BODY:
             self._deadline.start(self.limits.body_timeout, self._deadline_passed)
-        elif (
-            not self._deadline.running
-            and (phase is _Phase.IN_HEAD or (phase is _Phase.OUTSIDE_HEAD and self._buffer))
-            and self.line_mode
-            and not self._handlingRequest
-            and self._sink is None
-        ):
-            self._deadline.start(self.limits.header_timeout, self._deadline_passed)
 
     def lineReceived(self, line: bytes) -> None:
         if self._phase is _Phase.REJECTED:
@@ -481,8 +522,8 @@ class LimitedChannel(_Answering):
         super().allHeadersReceived()
         if self._phase is _Phase.OUTSIDE_HEAD and self.length != 0:
             self._phase = _Phase.IN_BODY  # the read's end moves the head's deadline to the body's
-        elif self._phase is _Phase.OUTSIDE_HEAD:
-            self._deadline.stop()
+        # A bodiless request keeps the deadline pending: due while it is answered, it does
+        # nothing; the answer's end moves it to the next head's.
 
     def _passes_gate(self, request: server.Request) -> bool:
         site = self._limited_site()
@@ -507,8 +548,7 @@ class LimitedChannel(_Answering):
         if self._phase is _Phase.REJECTED:
             return
         if self._phase is _Phase.IN_BODY:
-            self._deadline.stop()
-            self._phase = _Phase.OUTSIDE_HEAD
+            self._phase = _Phase.OUTSIDE_HEAD  # the deadline stays pending, as for no body
         super().allContentReceived()
 
     def _request_line_too_long(self) -> None:
@@ -553,6 +593,8 @@ class LimitedSite(server.Site):
         self.limits = limits
         self.max_body_size = limits.max_body_size
         self.open_connections = 0
+        self.local_connections = 0
+        """Of :attr:`open_connections`, those of loopback and unix-socket peers."""
         self.sources = SourceCounts(limits.max_connections_per_source)
         self.cors = cors
         self.head_gate: HeadGate | None = None
@@ -568,6 +610,15 @@ class LimitedSite(server.Site):
                 cap=self.limits.max_connections,
             )
             return _TOO_MANY
+        if source is None and self.local_connections >= self.limits.local_cap:
+            _log.warn(
+                "refusing a local connection: {open} open from this machine, cap {cap} ({kept}"
+                " kept for remote callers)",
+                open=self.local_connections,
+                cap=self.limits.local_cap,
+                kept=self.limits.remote_share,
+            )
+            return _TOO_MANY_LOCAL
         if source is not None and not self.sources.admit(source):
             _log.warn(
                 "refusing a connection: {cap} open from one source",
@@ -575,12 +626,16 @@ class LimitedSite(server.Site):
             )
             return _TOO_MANY_FROM_SOURCE
         self.open_connections += 1
+        if source is None:
+            self.local_connections += 1
         return None
 
     def release(self, source: str | None) -> None:
         """An admitted connection from ``source`` closed."""
         self.open_connections -= 1
-        if source is not None:
+        if source is None:
+            self.local_connections -= 1
+        else:
             self.sources.release(source)
 
     def rejected(self, status: int, code: str, request: server.Request | None) -> None:
@@ -616,6 +671,7 @@ def make_site(
     max_request_line: int = 8192,
     body_timeout: float = 30.0,
     max_connections_per_source: int = 64,
+    remote_share: int = 0,
     cors: CorsPolicy | None = None,
 ) -> LimitedSite:
     """Build the facade's ``Site`` with every inbound limit enforced; see ``Limits``. ``cors``
@@ -631,5 +687,6 @@ def make_site(
         max_request_line=max_request_line,
         body_timeout=body_timeout,
         max_connections_per_source=max_connections_per_source,
+        remote_share=remote_share,
     )
     return LimitedSite(root, limits, clock, cors)

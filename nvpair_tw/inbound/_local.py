@@ -7,9 +7,12 @@ A caller is ``local`` when all three hold: it connects from loopback (or a UNIX 
 sends one, is a loopback origin (``http(s)://`` ``127.x.x.x``, ``[::1]``, ``localhost`` or
 ``*.localhost``, any port) or one allowed by ``--cors-origin``. A page whose name resolves to
 127.0.0.1 (DNS rebinding) fails the ``Host`` test, and any page's simple POST the ``Origin`` one.
+A browser's cross-site ``GET`` (an ``<img>``, a link) sends no ``Origin`` but says where it came
+from in ``Sec-Fetch-Site``: a request whose ``Sec-Fetch-Site`` is anything but ``none`` or
+``same-origin`` (``cross-site``, ``same-site``) is ``local`` only with an ``Origin`` that passes.
 A request without ``Host`` passes that test (no browser omits it); two ``Host`` headers are
-:attr:`Locality.AMBIGUOUS` (400). Decided from the TCP peer and these two headers only, never from
-forwarding headers.
+:attr:`Locality.AMBIGUOUS` (400). Decided from the TCP peer and these three headers only, never
+from forwarding headers.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import functools
 import ipaddress
 import re
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import Enum
 
 from attrs import frozen
@@ -39,6 +42,8 @@ _IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 _HOST_NAME = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
 _PORT = re.compile(r"[0-9]{0,5}")
+_OWN_SITE = frozenset({b"none", b"same-origin"})
+"""``Sec-Fetch-Site`` values of a request a browser's user or the page's own origin made."""
 
 
 class Locality(Enum):
@@ -184,4 +189,14 @@ def locality(peer: IAddress, headers: Headers, names: LocalNames) -> Locality:
     origins = headers.getRawHeaders(b"origin")
     if origins is not None and (len(origins) > 1 or not names.origin_allowed(origins[0])):
         return Locality.LOOPBACK_FOREIGN
+    if origins is None and not _own_site(headers.getRawHeaders(b"sec-fetch-site")):
+        return Locality.LOOPBACK_FOREIGN  # another site's page, which sent no Origin
     return Locality.LOCAL
+
+
+def _own_site(values: Sequence[bytes] | None) -> bool:
+    """Whether ``Sec-Fetch-Site`` is absent, or one value saying the request is the user's own
+    or its page's origin's (``none``, ``same-origin``)."""
+    if values is None:
+        return True
+    return len(values) == 1 and values[0].strip().lower() in _OWN_SITE

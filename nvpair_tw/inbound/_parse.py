@@ -6,7 +6,9 @@ Engines written in Go read the first JSON value of a body, replace bad UTF-8 and
 names case-insensitively (the last match wins). Whatever the proxy reads must therefore be what
 the node will read: a body is accepted only when every reader agrees on it — one JSON object per
 RFC 8259, nothing after it, no top-level keys equal under ``casefold()``
-(:func:`parse_document`). :func:`read_model` takes the model from that one document.
+(:func:`parse_document`). :func:`read_model` takes the model from that one document,
+:func:`read_models` every model a route names in it, each by :func:`model_rule`, the one rule for
+a model name wherever a caller writes it (a body, a path).
 
 The parse also gives where each top-level member's value lies in the body's bytes (a
 :class:`Parsed` is a :class:`~nvpair_tw.core.Outline` with its document), so the rewrites that
@@ -40,11 +42,13 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_MODEL_BYTES",
     "Parsed",
+    "model_rule",
     "parse_body",
     "parse_document",
     "parse_document_large",
     "parse_large",
     "read_model",
+    "read_models",
 ]
 
 MAX_DEPTH: Final = 128
@@ -63,6 +67,21 @@ def _bad_model(why: str) -> Rejection:
     return Rejection(400, "bad-model", f"bad model: {why}")
 
 
+def model_rule(value: object) -> str | Rejection | None:
+    """A caller's model name as the model rule reads it (docs/behaviour.md §14.1): ``None`` for
+    null, absent or blank (none named); the name itself when it is a string of at most 256
+    UTF-8 bytes without control characters; else 400 ``bad-model``, which never repeats it."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if not isinstance(value, str):
+        return _bad_model("not a string")
+    if len(value) * 4 > MAX_MODEL_BYTES and len(value.encode("utf-8")) > MAX_MODEL_BYTES:
+        return _bad_model(f"longer than {MAX_MODEL_BYTES} bytes")
+    if _CONTROL_CHARS.search(value):
+        return _bad_model("a control character")
+    return value
+
+
 def read_model(doc: dict[str, Any], names: tuple[str, ...]) -> str | Rejection | None:
     """The model of ``doc``: the first of ``names`` (casefolded keys) that holds a non-blank string.
 
@@ -71,17 +90,24 @@ def read_model(doc: dict[str, Any], names: tuple[str, ...]) -> str | Rejection |
     """
     folded = {key.casefold(): value for key, value in doc.items()}
     for name in names:
-        value = folded.get(name)
-        if value is None or (isinstance(value, str) and not value.strip()):
-            continue
-        if not isinstance(value, str):
-            return _bad_model("not a string")
-        if len(value) * 4 > MAX_MODEL_BYTES and len(value.encode("utf-8")) > MAX_MODEL_BYTES:
-            return _bad_model(f"longer than {MAX_MODEL_BYTES} bytes")
-        if _CONTROL_CHARS.search(value):
-            return _bad_model("a control character")
-        return value
+        model = model_rule(folded.get(name))
+        if model is not None:
+            return model
     return None
+
+
+def read_models(doc: dict[str, Any], names: tuple[str, ...]) -> tuple[str, ...] | Rejection:
+    """Every model ``doc`` names under ``names`` (casefolded keys), each by :func:`model_rule`:
+    what a key's scope is checked against (docs/behaviour.md §14.2)."""
+    folded = {key.casefold(): value for key, value in doc.items()}
+    found: list[str] = []
+    for name in names:
+        model = model_rule(folded.get(name))
+        if isinstance(model, Rejection):
+            return model
+        if model is not None:
+            found.append(model)
+    return tuple(found)
 
 
 # --- the body: faults -------------------------------------------------------------------------

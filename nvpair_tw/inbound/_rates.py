@@ -26,8 +26,9 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
+from nvpair_tw.core import RouteKind
 from nvpair_tw.inbound._ingress import Rejection
-from nvpair_tw.inbound._keys import Caller
+from nvpair_tw.inbound._keys import Caller, KeyRules
 from nvpair_tw.logs import LevelledLogger
 
 __all__ = [
@@ -166,6 +167,14 @@ def _refusals(caller: Caller, counts: tuple[int, int, int], left: int) -> list[R
     return refusals
 
 
+def _limited(rules: KeyRules, kind: RouteKind) -> bool:
+    """Whether a request of route ``kind`` meets any of ``rules``' limits: inference every one,
+    any other route the request limit alone."""
+    if kind is RouteKind.INFERENCE:
+        return rules.limited
+    return rules.requests_per_minute is not None
+
+
 def _longest(refusals: list[Refusal]) -> Refusal | None:
     return max(refusals, key=lambda r: r.retry_after) if refusals else None
 
@@ -197,25 +206,26 @@ class RateLimiter:
     _said: set[str] = field(factory=set, init=False)
     """The types of the store's errors logged so far (each is logged once)."""
 
-    def check(self, caller: Caller) -> Refusal | None:
-        """Whether ``caller`` is over a limit now, counting nothing (docs/behaviour.md §14.1: the
-        limits that need no body are checked before the body is read; the request is counted
-        only by :meth:`admit`, once it is admitted)."""
-        if not caller.rules.limited:
+    def check(self, caller: Caller, kind: RouteKind = RouteKind.INFERENCE) -> Refusal | None:
+        """Whether ``caller`` is over a limit a request of route ``kind`` meets, counting nothing
+        (docs/behaviour.md §14.1: the limits that need no body are checked before the body is
+        read; the request is counted only by :meth:`admit`, once it is admitted)."""
+        if not _limited(caller.rules, kind):
             return None
-        return self._over(caller)
+        return self._over(caller, kind)
 
-    def admit(self, caller: Caller) -> Permit | Refusal:
-        """Admit one request of ``caller``, or say why not (nothing is counted then)."""
-        if not caller.rules.limited:
+    def admit(self, caller: Caller, kind: RouteKind = RouteKind.INFERENCE) -> Permit | Refusal:
+        """Admit one request of ``caller`` on a route of ``kind`` that goes to a node, or say why
+        not (nothing is counted then). Inference holds a concurrency slot until its permit is
+        done; any other route is counted once against the request limit (§12.1)."""
+        if not _limited(caller.rules, kind):
             return NOT_COUNTED
-        refusal = self._over(caller)
-        if refusal is not None:
-            return refusal
-        return self._count(caller)
+        refusal = self._over(caller, kind)
+        return refusal if refusal is not None else self._count(caller, kind)
 
-    def _over(self, caller: Caller) -> Refusal | None:
-        """The refusal of the limit ``caller`` is over now (the longest wait), or None."""
+    def _over(self, caller: Caller, kind: RouteKind) -> Refusal | None:
+        """The refusal of the limit ``caller`` is over now (the longest wait), or None; beyond
+        inference, only the request limit applies."""
         now = self.clock.seconds()
         window = int(now // WINDOW)
         shared = self._shared()
@@ -228,18 +238,23 @@ class RateLimiter:
             self._tally(caller.name, Tally.TOKENS, window),
         )
         in_flight, requests, tokens = (t.fleet_count() if shared else t.local for t in tallies)
-        counts = (in_flight, requests, tokens)
+        counts = (in_flight, requests, tokens) if kind is RouteKind.INFERENCE else (0, requests, 0)
         left = max(1, math.ceil((window + 1) * WINDOW - now))
         return _longest(_refusals(caller, counts, left))
 
-    def _count(self, caller: Caller) -> Permit:
-        """Count one admitted request of ``caller`` (here, and in the fleet's store if shared)."""
+    def _count(self, caller: Caller, kind: RouteKind) -> Permit:
+        """Count one admitted request of ``caller`` (here, and in the fleet's store if shared);
+        beyond inference against the request limit alone (no concurrency slot, no tokens)."""
         window = int(self.clock.seconds() // WINDOW)
         shared = self._shared()
-        concurrent = self._tally(caller.name, Tally.CONCURRENT, None)
         requests = self._tally(caller.name, Tally.REQUESTS, window)
-        tokens = self._tally(caller.name, Tally.TOKENS, window)
         requests.local += 1
+        if kind is not RouteKind.INFERENCE:
+            if shared:
+                self._send(caller.name, [(requests, 1, 2 * WINDOW)])
+            return NOT_COUNTED
+        concurrent = self._tally(caller.name, Tally.CONCURRENT, None)
+        tokens = self._tally(caller.name, Tally.TOKENS, window)
         concurrent.local += 1
         if not shared:
             return Permit(self, caller, None)

@@ -10,7 +10,9 @@ pauses: a client that stops reading is dropped and never slows the proxy.
 No web page can drive it (docs/behaviour.md §14.3): on a channel with a token a connection's first
 call must be ``auth`` with it, and nothing (not one notification) is sent before; a line that is
 not JSON-RPC (an HTTP request line or header included) is answered -32700 and the connection closes
-at once, with nothing after it in the same read acted on.
+at once, with nothing after it in the same read acted on. A source that keeps failing ``auth`` is
+slowed down (:class:`~nvpair_tw.ops._token.AuthThrottle`): each compared failure is logged, the
+calls refused unchecked are counted and told once.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from nvpair_tw.ops._rpc import (
     read_request,
 )
 from nvpair_tw.ops._rpc import error as rpc_error
-from nvpair_tw.ops._token import ControlToken, authenticate, needs_token
+from nvpair_tw.ops._token import AuthThrottle, ControlToken, admit_auth, auth_source, needs_token
 from nvpair_tw.runtime import ListenerService, Runtime
 
 __all__ = [
@@ -123,9 +125,11 @@ class ControlProtocol(Protocol):
     While an :class:`~nvpair_tw.ops._dispatch.InOrder` answer is pending, later lines wait.
     """
 
-    def __init__(self, control: ControlFactory, peer: str) -> None:
+    def __init__(self, control: ControlFactory, peer: str, source: str = "local") -> None:
         self._control = control
         self.peer = peer
+        self.source = source
+        """Whose failed ``auth`` calls this connection's count with (docs/behaviour.md §14.3)."""
         self.state = _Flow.OPENING
         self._lines = LineBuffer(MAX_LINE_BYTES)
         self._answers = PendingAnswers(self._send)  # cancelled if the client leaves
@@ -208,9 +212,10 @@ class ControlProtocol(Protocol):
         else is -32001 and closes it (docs/behaviour.md §14.3)."""
         token = self._control.token
         assert token is not None
-        admitted = authenticate(request, token)
+        admitted = admit_auth(request, token, self._control.throttle, self.source, self.peer)
         if not isinstance(admitted, Request):
-            self._refuse(admitted, "not authenticated")
+            self._send(admitted)
+            self._close()
             return
         self._open()
         log.info("control client {peer} authenticated", peer=self.peer)
@@ -289,6 +294,8 @@ class ControlFactory(Factory):
         self.methods = ControlMethods(runtime)
         self.max_pending = max_pending
         self.token = token
+        self.throttle = AuthThrottle(runtime.shared.clock)
+        """Failed ``auth`` calls per source (docs/behaviour.md §14.3)."""
         self.connections: set[ControlProtocol] = set()
         self._serial = 0
 
@@ -299,7 +306,7 @@ class ControlFactory(Factory):
             peer = f"#{self._serial} {host}:{getattr(addr, 'port', '')}"
         else:
             peer = f"#{self._serial} {'stdio' if isinstance(addr, PipeAddress) else 'unix'}"
-        protocol = ControlProtocol(self, peer)
+        protocol = ControlProtocol(self, peer, auth_source(addr))
         protocol.factory = self
         return protocol
 

@@ -68,6 +68,9 @@ __all__ = ["Runtime", "StallTrackerFactory", "build_runtime", "upstream_agent"]
 
 log = LevelledLogger(namespace=__name__)
 
+REMOTE_SHARE_DIVISOR = 4
+"""With keys, 1/4 of each facade's ``--max-connections`` is kept for remote callers: loopback
+and unix-socket peers together hold at most the other three quarters (docs/behaviour.md §14.4)."""
 SELF_CHECK_INTERVAL = 10.0
 """Seconds between two resolutions of the node names that could be this process (§14.3)."""
 
@@ -155,6 +158,14 @@ class Runtime:
             closing.append(self.native.close())
         return gatherResults(closing).addCallback(lambda _: None)
 
+    def _remote_share(self) -> int:
+        """The connections of a facade loopback may not take (docs/behaviour.md §14.4): a
+        quarter of ``--max-connections`` when keys let remote callers in, else none."""
+        ingress = self.shared.ingress
+        if ingress is None or not ingress.keys_configured:
+            return 0
+        return self.settings.max_connections // REMOTE_SHARE_DIVISOR
+
     def site_for(self, engine: str) -> LimitedSite:
         """The limited Site of one facade (built once)."""
         if engine not in self.sites:
@@ -164,6 +175,7 @@ class Runtime:
                 max_body_size=settings.max_body_size,
                 max_connections=settings.max_connections,
                 max_connections_per_source=settings.max_connections_per_source,
+                remote_share=self._remote_share(),
             )
         return self.sites[engine]
 

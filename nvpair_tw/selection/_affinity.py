@@ -175,6 +175,12 @@ class AffinityTable:
             return node_id
         return None
 
+    def holds(self, key: AffinityKey) -> bool:
+        """Whether an entry for ``key``'s own digest is remembered, without refreshing it (a
+        look that must not keep an entry alive, docs/behaviour.md §2.1)."""
+        entry = self._entries.get((key.model, key.key))
+        return entry is not None and self._clock.seconds() - entry[1] < self.idle_ttl
+
     def record(self, key: AffinityKey, node_id: str) -> None:
         """Remember that ``node_id`` served ``key`` (call only after a complete success)."""
         now = self._clock.seconds()

@@ -122,28 +122,55 @@ def test_the_proxys_own_headers_never_reach_a_node() -> None:
             b"X-NVPair-Node": [b"a"],
             b"x-nvpair-anything": [b"1"],
             b"X-NVPAIR-Engine-Identity-Probe": [b"1"],
-            b"X-NVPair-Via": [b"other-proxy"],
+            b"X-NVPair-Via": [OTHER_PROXY],
             b"Content-Type": [b"application/json"],
         }
     )
     out = upstream_request_headers(source, None)
     assert names(out) == {b"content-type", LOOP_HEADER}
-    assert out.getRawHeaders(LOOP_HEADER) == [b"other-proxy", PROCESS_NONCE]
+    assert out.getRawHeaders(LOOP_HEADER) == [OTHER_PROXY, PROCESS_NONCE]
+
+
+OTHER_PROXY = b"0123456789abcdef0123456789abcdef"
+"""Another proxy's loop mark: the form of :data:`PROCESS_NONCE`."""
 
 
 def test_a_request_that_passed_this_process_is_marked_as_a_loop() -> None:
-    """The mark this process puts on what it sends is what it refuses to take back (§14.3)."""
-    sent = upstream_request_headers(headers({b"X-NVPair-Via": [b"other-proxy"]}), None)
+    """The mark this process puts on what it sends is what it refuses to take back (§14.3),
+    whether it came alone, among others in one line, or as another header line."""
+    sent = upstream_request_headers(headers({b"X-NVPair-Via": [OTHER_PROXY]}), None)
     assert loop_marks(sent)
-    assert not loop_marks(headers({b"X-NVPair-Via": [b"other-proxy"]}))
+    assert loop_marks(headers({b"X-NVPair-Via": [OTHER_PROXY + b", " + PROCESS_NONCE]}))
+    assert not loop_marks(headers({b"X-NVPair-Via": [OTHER_PROXY]}))
+    assert not loop_marks(headers({b"X-NVPair-Via": [PROCESS_NONCE + b"x"]}))
     assert not loop_marks(headers({}))
 
 
 def test_loop_marks_kept_are_bounded() -> None:
     """A client cannot grow the header without bound: the last seven marks and this process's."""
-    source = headers({b"X-NVPair-Via": [b"m%d" % i for i in range(20)]})
+    marks = [b"%032x" % i for i in range(20)]
+    source = headers({b"X-NVPair-Via": marks})
     kept = upstream_request_headers(source, None).getRawHeaders(LOOP_HEADER)
-    assert kept == [b"m%d" % i for i in range(13, 20)] + [PROCESS_NONCE]
+    assert kept == [*marks[13:], PROCESS_NONCE]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"deadbeef",
+        b"<script>",
+        OTHER_PROXY.upper(),
+        OTHER_PROXY + b"0",
+        b"",
+        b" , ",
+    ],
+)
+def test_a_value_that_is_not_a_proxys_mark_is_dropped(value: bytes) -> None:
+    """``X-NVPair-Via`` passes only in its own form (32 lower-case hex digits, docs/behaviour.md
+    §14.3): anything else a client wrote there is removed, the marks beside it kept."""
+    source = headers({b"X-NVPair-Via": [value, OTHER_PROXY + b"," + value]})
+    kept = upstream_request_headers(source, None).getRawHeaders(LOOP_HEADER)
+    assert kept == [OTHER_PROXY, PROCESS_NONCE]
 
 
 @pytest.mark.parametrize(

@@ -15,133 +15,27 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from attrs import define, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet.defer import Deferred, maybeDeferred
-from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.internet.interfaces import IListeningPort
-from twisted.internet.protocol import Protocol, connectionDone
 from twisted.internet.threads import deferToThread
-from twisted.python.failure import Failure
 
 from nvpair_tw.core import LOOP_HEADER, PROCESS_NONCE
-from nvpair_tw.nodes import Node
-from nvpair_tw.testing import ProxyHandle, start_proxy
-from tests.golike import GoLikeNode, Seen, listen_golike
+from tests.corridor.boundary_kit import (
+    ADMIN,
+    EMPTY,
+    SCOPED,
+    SCOPED_ADMIN,
+    Boundary,
+    open_boundary,
+)
 
 pytestmark = pytest.mark.timeout(30)
-
-SCOPED = "sk-scoped-0123456789"
-ADMIN = "sk-admin-0123456789"
-EMPTY = "sk-empty-0123456789"
-KEYS = f"""
-[[key]]
-name = "scoped"
-key = "{SCOPED}"
-models = ["llama3*"]
-
-[[key]]
-name = "nothing"
-key = "{EMPTY}"
-models = []
-
-[[key]]
-name = "ops"
-key = "{ADMIN}"
-role = "admin"
-"""
-
-
-@define
-class _Answer(Protocol):
-    """Collects one raw HTTP exchange until the server closes."""
-
-    data: list[bytes] = field(factory=list)
-    done: Deferred[bytes] = field(factory=Deferred)
-
-    def dataReceived(self, data: bytes) -> None:
-        self.data.append(data)
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.done.callback(b"".join(self.data))
-
-
-@define
-class Reply:
-    status: int
-    head: bytes
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-@define
-class Boundary:
-    """A proxy with a keys file in front of one Go-like node that has ``llama3`` and ``secret``."""
-
-    reactor: Any
-    node: GoLikeNode
-    port: IListeningPort
-    proxy: ProxyHandle
-
-    async def send(
-        self,
-        method: bytes,
-        target: bytes,
-        body: bytes = b"",
-        key: str | None = None,
-        headers: tuple[bytes, ...] = (),
-    ) -> Reply:
-        """Send one request as raw bytes (the target exactly as given) and read the answer."""
-        lines = [method + b" " + target + b" HTTP/1.1", b"Host: localhost", b"Connection: close"]
-        if key is not None:
-            lines.append(b"Authorization: Bearer " + key.encode())
-        lines.extend(headers)
-        lines.append(b"Content-Length: %d" % len(body))
-        raw = b"\r\n".join(lines) + b"\r\n\r\n" + body
-        port = self.proxy.ports["ollama"].getHost().port  # type: ignore[attr-defined]
-        answer = _Answer()
-        await connectProtocol(TCP4ClientEndpoint(self.reactor, "127.0.0.1", port), answer)
-        assert answer.transport is not None
-        answer.transport.write(raw)
-        data = await answer.done
-        head, _, rest = data.partition(b"\r\n\r\n")
-        return Reply(int(head.split(b" ", 2)[1]), head, _unchunked(head, rest))
-
-    def inference(self) -> list[Seen]:
-        """What reached the node besides the proxy's own inventory polls."""
-        return [s for s in self.node.seen if not (s.method == "GET" and s.path == "/api/tags")]
-
-
-def _unchunked(head: bytes, rest: bytes) -> bytes:
-    if b"transfer-encoding: chunked" not in head.lower():
-        return rest
-    out, data = [], rest
-    while data:
-        size_line, _, data = data.partition(b"\r\n")
-        size = int(size_line, 16)
-        if size == 0:
-            break
-        out.append(data[:size])
-        data = data[size + 2 :]
-    return b"".join(out)
 
 
 @pytest_twisted.async_yield_fixture()
 async def boundary(reactor: Any, tmp_path: Path) -> AsyncIterator[Boundary]:
-    keys = tmp_path / "keys.toml"
-    keys.write_text(KEYS)
-    keys.chmod(0o600)
-    node = GoLikeNode(models=("llama3:latest", "secret:latest"))
-    port = listen_golike(reactor, node)
-    url = f"http://127.0.0.1:{port.getHost().port}"  # type: ignore[attr-defined]
-    nodes = [Node("g", url, models=("llama3:latest", "secret:latest"))]
-    proxy = await start_proxy(reactor, {"ollama": nodes}, keys_file=str(keys))
-    yield Boundary(reactor, node, port, proxy)
-    await proxy.stop()
-    await maybeDeferred(port.stopListening)
+    async for opened in open_boundary(reactor, tmp_path):
+        yield opened
 
 
 def chat(model: str, **extra: Any) -> bytes:
@@ -295,19 +189,24 @@ _PATHS = st.sampled_from(
     [
         *(b"/api/chat", b"/api/%63hat", b"/api/./chat", b"//api/chat", b"/api/x/../chat"),
         *(b"/API/chat", b"/api/ch%61t", b"/api/chat%2F", b"/api/chat/", b"/v1/chat/completions"),
-        b"/api/show",
+        *(b"/api/show", b"/api/copy", b"/api/c%6Fpy", b"/api/create", b"/api/pull"),
+        *(b"/completion", b"/v1/rerank", b"/tokenize", b"/api/blobs/sha256:00"),
     ]
 )
-_KEYS = st.sampled_from(["model", "MODEL", "Model", "mode\u212a", "modeL", "name"])
+_NAMES = st.sampled_from(
+    ["model", "MODEL", "Model", "mode\u212a", "modeL", "name", "source", "Destination", "from"]
+)
 _MODELS = st.sampled_from(["llama3", "secret", "llama3:latest", "secret:latest", "", "LLAMA3"])
 _TAILS = st.sampled_from([b""] * 8 + [b" ", b"\n", b" x", b"{}", b"\xff", b'"', b"\x00"])
+_CALLERS = st.sampled_from([SCOPED, SCOPED_ADMIN])
+_METHODS = st.sampled_from([b"POST", b"POST", b"POST", b"GET", b"HEAD"])
 
 
 @st.composite
 def _bodies(draw: st.DrawFn) -> bytes:
     """A JSON object of one to three model-ish members (some repeated under case variants),
     maybe followed by trailing bytes or carrying an invalid UTF-8 byte."""
-    members = draw(st.lists(st.tuples(_KEYS, _MODELS), min_size=1, max_size=2))
+    members = draw(st.lists(st.tuples(_NAMES, _MODELS), min_size=1, max_size=3))
     inner = ", ".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in members)
     body = ("{" + inner + ', "messages": []}').encode()
     if draw(st.integers(0, 7)) == 0:
@@ -315,37 +214,49 @@ def _bodies(draw: st.DrawFn) -> bytes:
     return body + draw(_TAILS)
 
 
-def _blocking_send(port: int, target: bytes, body: bytes) -> int:
-    """One request over a blocking socket (a worker thread): the status."""
+def _blocking_send(port: int, method: bytes, target: bytes, body: bytes, key: str) -> bytes:
+    """One request over a blocking socket (a worker thread): the whole answer."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
         sock.sendall(
-            b"POST " + target + b" HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
-            b"Authorization: Bearer " + SCOPED.encode() + b"\r\n"
+            method + b" " + target + b" HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n"
+            b"Authorization: Bearer " + key.encode() + b"\r\n"
             b"Content-Length: %d\r\n\r\n" % len(body) + body
         )
         data = b""
         while chunk := sock.recv(65536):
             data += chunk
-    return int(data.split(b" ", 2)[1])
+    return data
 
 
-@pytest.mark.timeout(120)
+def _allowed(name: str) -> bool:
+    return name.lower().startswith("llama3")
+
+
+@pytest.mark.timeout(180)
 @pytest_twisted.ensureDeferred
 async def test_what_a_node_runs_is_what_the_proxy_checked(boundary: Boundary) -> None:
-    """Property (Hypothesis, over the socket): for any path and body, either the proxy refuses
-    and the node sees nothing, or the model the Go-like node runs is one the scoped key allows."""
-    port = boundary.proxy.ports["ollama"].getHost().port  # type: ignore[attr-defined]
+    """Property (Hypothesis, over the socket): for any scoped key (role user or admin), method,
+    path and body, either the proxy refuses and the node sees nothing, or every model the Go-like
+    node reads — ``model``, and ``name``, ``source``, ``destination`` and ``from`` where the
+    route's struct has them — is one the key allows. A ``GET`` or ``HEAD`` with a body is 400
+    ``body-not-allowed`` whatever it names."""
+    port = boundary.facade_port()
 
-    @settings(max_examples=300, deadline=None, derandomize=True, database=None)
-    @given(_PATHS, _bodies())
-    def example(target: bytes, body: bytes) -> None:
+    @settings(max_examples=400, deadline=None, derandomize=True, database=None)
+    @given(_CALLERS, _METHODS, _PATHS, _bodies())
+    def example(key: str, method: bytes, target: bytes, body: bytes) -> None:
         before = len(boundary.inference())
-        status = _blocking_send(port, target, body)
+        answer = _blocking_send(port, method, target, body, key)
+        status = int(answer.split(b" ", 2)[1])
         reached = boundary.inference()[before:]
+        context = (key, method, target, body, status)
+        if method != b"POST":
+            assert status == 400 and b"body-not-allowed" in answer, context
         if status >= 400 and status != 502:
-            assert reached == [], (status, target, body)
+            assert reached == [], context
         for seen in reached:
-            assert seen.model is None or seen.model.lower().startswith("llama3"), (target, body)
+            assert all(_allowed(name) for _, name in seen.names), (context, seen.names)
+            assert not seen.model or _allowed(seen.model), context  # "" names none
 
     await deferToThread(example)
 

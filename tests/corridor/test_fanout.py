@@ -287,12 +287,16 @@ def test_a_failed_and_a_cancelled_part_are_published_as_such(memory_cluster: Mak
 
 
 def test_an_unknown_id_in_the_list_is_404_and_no_node_is_contacted(memory_cluster: Make) -> None:
-    """``X-NVPair-Node: a,zz``: 404 ``unknown-node`` naming zz, and neither node got the pull."""
+    """``X-NVPair-Node: a,zz``: 404 ``unknown-node`` (the name a caller sent is never repeated,
+    docs/behaviour.md §14.2), and neither node got the pull."""
     clock = Clock()
     cluster, a, b = two_nodes(memory_cluster, clock)
     response = cluster.fetch("POST", "/api/pull", json=PULL, headers={"x-nvpair-node": "a,zz"})
     assert response.status == 404
-    assert response.json() == {"error": "unknown node: zz", "code": "unknown-node"}
+    assert response.json() == {
+        "error": "X-NVPair-Node names a node this facade does not know",
+        "code": "unknown-node",
+    }
     assert posts_to(a, b"/api/pull") == posts_to(b, b"/api/pull") == 0
 
 
@@ -301,8 +305,11 @@ def test_every_node_on_another_route_is_400_and_no_node_is_contacted(memory_clus
     clock = Clock()
     cluster, a, b = two_nodes(memory_cluster, clock)
     chat = {"model": "llama3", "messages": []}
-    for method, path, header in (("POST", "/api/chat", "*"), ("GET", "/api/tags", "a,b")):
-        response = cluster.fetch(method, path, json=chat, headers={"x-nvpair-node": header})
+    for method, path, header, body in (
+        ("POST", "/api/chat", "*", chat),
+        ("GET", "/api/tags", "a,b", None),
+    ):
+        response = cluster.fetch(method, path, json=body, headers={"x-nvpair-node": header})
         assert response.status == 400
         assert response.json()["code"] == "fan-out-not-supported"
     assert a.received == [] and b.received == []

@@ -100,3 +100,47 @@ def test_a_refusal_says_what_was_refused(
 ) -> None:
     refused = refusal(caller, method, path, RouteKind.PASS_THROUGH, targeting, channel)
     assert refused is not None and says in refused.message
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "kind", "allowed"),
+    [
+        (b"POST", "/api/chat", RouteKind.INFERENCE, True),
+        (b"POST", "/api/show", RouteKind.MODEL_ROUTED, True),
+        (b"GET", "/api/tags", RouteKind.MODEL_LIST, True),
+        (b"GET", "/props", RouteKind.PASS_THROUGH, True),
+        (b"POST", "/api/copy", RouteKind.PASS_THROUGH, True),
+        (b"POST", "/completion", RouteKind.PASS_THROUGH, True),
+        (b"POST", "/v1/rerank", RouteKind.PASS_THROUGH, True),
+        (b"POST", "/models/load", RouteKind.PASS_THROUGH, True),
+        (b"POST", "/api/blobs/sha256:0", RouteKind.PASS_THROUGH, False),
+        (b"HEAD", "/api/blobs/sha256:0", RouteKind.PASS_THROUGH, False),
+        (b"GET", "/api/blobs/sha256:0", RouteKind.PASS_THROUGH, False),
+        (b"POST", "/v1/images/generations", RouteKind.PASS_THROUGH, False),
+        (b"PUT", "/completion", RouteKind.PASS_THROUGH, True),
+        (b"DELETE", "/anything", RouteKind.PASS_THROUGH, False),
+    ],
+)
+def test_a_scoped_admin_sends_only_what_the_proxy_reads_the_models_of(
+    method: bytes, path: str, kind: RouteKind, allowed: bool
+) -> None:
+    """A model scope binds an admin key too (docs/behaviour.md §14.2): blobs, and any other method
+    to a route whose body the proxy does not read, are refused; an unscoped admin sends them."""
+    expected = None if allowed else "403 route-not-allowed"
+    assert code(SCOPED_ADMIN, method, path, kind) == expected
+    assert code(ADMIN, method, path, kind) is None
+    assert code(LOCAL, method, path, kind) is None
+
+
+def test_a_scoped_refusal_names_neither_the_path_nor_the_model() -> None:
+    blob = refusal(SCOPED_ADMIN, b"POST", "/api/blobs/<x>", RouteKind.PASS_THROUGH, NONE, HTTP)
+    other = refusal(SCOPED_ADMIN, b"POST", "/<x>", RouteKind.PASS_THROUGH, NONE, HTTP)
+    assert blob is not None and other is not None
+    assert "<x>" not in blob.message + other.message
+    assert blob.message == (
+        "this key may not use /api/blobs/* (blobs name no model: a key with a model scope may not)"
+    )
+    assert other.message == (
+        "this key may not send POST to this route: a key with a model scope may only send"
+        " requests whose models the proxy reads"
+    )

@@ -432,7 +432,10 @@ def test_x_nvpair_node_naming_no_node_is_404_unknown_node(
     cluster = memory_cluster(clock, {"a": SimulatedEngine(clock), "b": SimulatedEngine(clock)})
     response = cluster.fetch("POST", "/api/chat", json=CHAT, headers={"x-nvpair-node": wanted})
     assert response.status == 404
-    assert response.json() == {"error": "unknown node", "code": "unknown-node"}
+    assert response.json() == {
+        "error": "X-NVPair-Node names a node this facade does not know",
+        "code": "unknown-node",
+    }
     assert paths(cluster, "a") == paths(cluster, "b") == []
 
 

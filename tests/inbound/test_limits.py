@@ -279,18 +279,52 @@ def test_headers_not_complete_within_the_header_timeout_get_408() -> None:
     _closed(transport, clock)
 
 
-def test_header_timer_is_cancelled_once_headers_are_in() -> None:
-    """A request whose headers arrive in time leaves only the idle timer behind."""
+def test_an_answered_request_leaves_the_next_heads_deadline_and_a_silent_close() -> None:
+    """Once a request is answered the head deadline runs again from the answer's end: a
+    kept-alive connection that sends nothing is closed at 10 s, without a 408 (docs/behaviour.md
+    §14.4)."""
     clock = Clock()
     site, root = _site(clock)
     _, transport = connect_limited(site)
+    clock.advance(3)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
     assert root.bodies == [b""]
-    [idle] = clock.getDelayedCalls()
-    assert idle.getTime() == 90.0
-    clock.advance(10)
-    assert b"408" not in transport.value()
+    assert sorted(call.getTime() for call in clock.getDelayedCalls()) == [13.0, 93.0]
+    clock.advance(9.9)
     assert transport.connected
+    clock.advance(0.1)
+    assert not transport.connected
+    assert transport.value().count(b"HTTP/1.1 ") == 1 and b"408" not in transport.value()
+    assert site.open_connections == 0
+    _closed(transport, clock)
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", b"GET / HTTP/1.0\r\n\r\n"],
+    ids=["close", "http/1.0"],
+)
+def test_a_connection_closed_after_its_answer_is_not_given_another_deadline(
+    request_: bytes,
+) -> None:
+    """Only a kept-alive connection waits for a next head: one closed after its answer keeps no
+    timer of ours."""
+    clock = Clock()
+    site, root = _site(clock)
+    _, transport = connect_limited(site)
+    transport.protocol.dataReceived(request_)
+    assert root.bodies == [b""] and not transport.connected
+    assert clock.getDelayedCalls() == []
+
+
+def test_a_connection_that_sends_nothing_is_closed_silently_from_accept() -> None:
+    clock = Clock()
+    site, _ = _site(clock, header_timeout=4.0)
+    _, transport = connect_limited(site)
+    clock.advance(3.9)
+    assert transport.connected
+    clock.advance(0.1)
+    assert not transport.connected and transport.value() == b""
     _closed(transport, clock)
 
 
@@ -307,17 +341,18 @@ def test_slow_body_after_headers_is_not_cut_by_the_header_timer() -> None:
     _closed(transport, clock)
 
 
-def test_each_keep_alive_request_gets_its_own_header_deadline() -> None:
-    """A second request on a kept-alive connection is timed from its own first byte."""
+def test_a_keep_alive_requests_head_is_timed_from_the_previous_answer() -> None:
+    """A second request on a kept-alive connection has 10 s from the end of the first answer for
+    its whole head, however late its first byte comes."""
     clock = Clock()
     site, root = _site(clock)
     _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-    clock.advance(50)
+    clock.advance(5)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\n")
-    clock.advance(9)
+    clock.advance(4.9)
     assert b"408" not in transport.value()
-    clock.advance(1)
+    clock.advance(0.1)
     assert b"HTTP/1.1 408 Request Timeout" in transport.value()
     assert root.bodies == [b""]
     _closed(transport, clock)
@@ -333,18 +368,21 @@ class _CountingClock(Clock):
         return super().callLater(delay, callable, *args, **kw)
 
 
-def test_a_request_read_whole_in_one_read_schedules_no_deadline() -> None:
-    """The head and body deadlines are armed at the end of a read that leaves part of a request
-    unread: a request whose head and body came together costs no timer (only the idle one)."""
+def test_a_connection_holds_one_deadline_moved_from_request_to_request() -> None:
+    """The input's deadline is made at accept and moved after that, never made again: requests
+    read whole in one read schedule only Twisted's own keep-alive timer each."""
     clock = _CountingClock()
     site, root = _site(clock)
     _, transport = connect_limited(site)
     before = clock.scheduled
-    transport.protocol.dataReceived(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok")
-    assert root.bodies == [b"ok"]
-    assert clock.scheduled - before == 1  # the keep-alive idle timer, moved by Twisted
-    [idle] = clock.getDelayedCalls()
-    assert idle.getTime() == 90.0
+    for _ in range(3):
+        transport.protocol.dataReceived(
+            b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok"
+        )
+        clock.advance(1)
+    assert root.bodies == [b"ok"] * 3
+    assert clock.scheduled - before == 3  # the keep-alive idle timer, moved by Twisted
+    assert sorted(call.getTime() for call in clock.getDelayedCalls()) == [12.0, 92.0]
     _closed(transport, clock)
 
 
@@ -360,13 +398,13 @@ def test_client_leaving_mid_headers_leaves_no_timer() -> None:
     assert site.open_connections == 0
 
 
-def test_idle_keep_alive_closes_after_idle_timeout() -> None:
-    """An idle kept-alive connection is closed after idle_timeout and leaves no timer."""
+def test_idle_keep_alive_closes_after_an_idle_timeout_shorter_than_the_head_deadline() -> None:
+    """An idle kept-alive connection is closed by whichever comes first, and leaves no timer."""
     clock = Clock()
-    site, _ = _site(clock, idle_timeout=90.0)
+    site, _ = _site(clock, idle_timeout=5.0)
     _, transport = connect_limited(site)
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
-    clock.advance(89.9)
+    clock.advance(4.9)
     assert transport.connected
     clock.advance(0.1)
     assert not transport.connected
@@ -526,7 +564,8 @@ def test_a_head_dribbled_while_a_request_is_handled_is_timed_from_that_requests_
 _POST = b"POST / HTTP/1.1\r\nHost: a\r\n"
 _STALLS: dict[str, tuple[list[bytes | float], float]] = {
     "a request line cut short": ([b"GET / HT"], 10.0),
-    "a head after a bare CRLF, from its first byte": ([b"\r\n", 5.0, b"G", 9.0, b"E"], 15.0),
+    "a head after a bare CRLF, from accept": ([b"\r\n", 5.0, b"G", 4.0, b"E"], 10.0),
+    "a head begun late, from accept": ([8.0, b"GET / HTTP/1.1\r\n"], 10.0),
     "a pipelined head cut short after an answered request": (
         [b"GET / HTTP/1.1\r\nHost: a\r\n\r\nGET /2 HT"],
         10.0,
@@ -545,7 +584,8 @@ _STALLS: dict[str, tuple[list[bytes | float], float]] = {
     ),
 }
 """Playbooks of requests that stop arriving: reads (bytes) and waits (seconds), then the time
-their 408 is due: the head's 10 s from its first byte, the body's 30 s from its last read."""
+their 408 is due: the head's 10 s from accept or from the last answer, the body's 30 s from its
+last read."""
 
 
 @pytest.mark.parametrize(("steps", "due"), list(_STALLS.values()), ids=list(_STALLS))

@@ -217,19 +217,20 @@ def test_a_one_byte_body_that_never_comes_gets_the_body_deadline() -> None:
     assert json.loads(transport.value().partition(b"\r\n\r\n")[2])["code"] == "body-timeout"
 
 
-def test_a_bodiless_head_split_over_reads_leaves_only_the_idle_timer_once_answered() -> None:
+def test_a_bodiless_head_split_over_reads_leaves_the_next_heads_deadline_once_answered() -> None:
     clock = Clock()
     _, transport = connect_limited(make_site(Ok(), clock=clock))
     transport.protocol.dataReceived(b"GET / HTTP/1.1\r\n")
     clock.advance(5)
     transport.protocol.dataReceived(b"Host: a\r\n\r\n")
     assert transport.value().startswith(b"HTTP/1.1 200 OK")
-    [idle] = clock.getDelayedCalls()
-    assert idle.getTime() == 5 + 90
-    clock.advance(10)
-    assert transport.value().count(b"HTTP/1.1 ") == 1
+    assert sorted(call.getTime() for call in clock.getDelayedCalls()) == [5 + 10, 5 + 90]
+    clock.advance(9.9)
     assert transport.connected
-    transport.loseConnection()
+    clock.advance(0.1)
+    assert transport.value().count(b"HTTP/1.1 ") == 1
+    assert not transport.connected
+    assert clock.getDelayedCalls() == []
 
 
 def test_make_site_hands_every_setting_to_its_limits_and_defaults_to_limits_defaults() -> None:
@@ -244,6 +245,7 @@ def test_make_site_hands_every_setting_to_its_limits_and_defaults_to_limits_defa
         max_request_line=7,
         body_timeout=8.0,
         max_connections_per_source=9,
+        remote_share=1,
     )
     assert make_site(Ok(), clock=Clock(), **attrs.asdict(chosen)).limits == chosen
 

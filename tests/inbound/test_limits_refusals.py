@@ -12,7 +12,7 @@ import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransportWithDisconnection
-from twisted.logger import LogEvent
+from twisted.logger import LogEvent, LogLevel
 from twisted.web import http, server
 from twisted.web.resource import Resource
 from twisted.web.server import Request
@@ -24,6 +24,7 @@ from nvpair_tw.inbound._limits import (
     _valid_request_line,
     make_site,
 )
+from nvpair_tw.logs import current_level, set_level
 from tests.helpers import refusal_code
 from tests.inbound.channel_kit import Ok, connect, split_answer
 
@@ -228,6 +229,56 @@ def test_a_refused_connection_is_logged_with_the_count_and_the_cap(
         if transport.connected:
             transport.loseConnection()
     assert site.open_connections == 0
+
+
+def test_a_local_connection_over_its_share_is_logged_with_the_count_and_the_share(
+    log_events: list[LogEvent],
+) -> None:
+    site, _ = _reporting_site(Clock(), max_connections=4, remote_share=1)
+    local = IPv4Address("TCP", "127.0.0.1", 40000)
+    held = [connect(site, local) for _ in range(4)]
+    assert [t.connected for t in held] == [True, True, True, False]
+    warnings = [
+        (e["log_format"], e.get("open"), e.get("cap"), e.get("kept"))
+        for e in log_events
+        if e.get("log_namespace") == "nvpair_tw.inbound._limits"
+    ]
+    assert warnings == [
+        (
+            "refusing a local connection: {open} open from this machine, cap {cap} ({kept}"
+            " kept for remote callers)",
+            3,
+            3,
+            1,
+        )
+    ]
+    for transport in held[:3]:
+        transport.loseConnection()
+    assert (site.open_connections, site.local_connections) == (0, 0)
+
+
+def test_a_connection_closed_for_sending_nothing_is_logged_quietly_and_reads_no_more(
+    log_events: list[LogEvent],
+) -> None:
+    """The head deadline's silent close: one debug line, no record, and bytes that arrive after
+    it are never read as a request."""
+    clock = Clock()
+    site, reported = _reporting_site(clock, header_timeout=2.0)
+    transport = connect(site)
+    level = current_level()
+    set_level(LogLevel.debug)
+    try:
+        clock.advance(2)
+    finally:
+        set_level(level)
+    assert not transport.connected
+    transport.protocol.dataReceived(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+    assert transport.value() == b"" and reported == []
+    [event] = [e for e in log_events if e.get("log_namespace") == "nvpair_tw.inbound._limits"]
+    assert event["log_format"] == (
+        "closing a connection that sent no request within the head deadline"
+    )
+    assert event["log_level"] == LogLevel.debug
 
 
 def test_a_gate_that_raises_is_logged_with_its_failure(log_events: list[LogEvent]) -> None:

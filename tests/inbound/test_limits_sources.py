@@ -17,6 +17,7 @@ from twisted.internet.testing import MemoryReactorClock, StringTransportWithDisc
 from twisted.internet.threads import deferToThread
 from twisted.python.usage import UsageError
 
+from nvpair_tw.core import Settings
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.inbound._limits import make_site
 from nvpair_tw.inbound._sources import SourceCounts, source_of
@@ -100,6 +101,7 @@ def test_a_remote_source_beyond_its_cap_gets_503_and_only_that_source() -> None:
 
 
 def test_loopback_and_unix_peers_share_only_the_overall_cap() -> None:
+    """Without a share kept for remote callers (no keys), local peers may fill the site."""
     site = make_site(Ok(), clock=Clock(), max_connections_per_source=1, max_connections=4)
     local = [connect(site, _v4("127.0.0.1")) for _ in range(3)]
     local.append(connect(site, UNIXAddress(b"/run/nvpair.sock")))
@@ -111,7 +113,49 @@ def test_loopback_and_unix_peers_share_only_the_overall_cap() -> None:
     }
     for transport in local:
         transport.loseConnection()
-    assert site.open_connections == 0
+    assert (site.open_connections, site.local_connections) == (0, 0)
+
+
+def test_loopback_cannot_take_the_share_kept_for_remote_callers() -> None:
+    """With ``remote_share`` 2 of 8, loopback and unix peers together hold at most 6; remote
+    sources still get in, up to the overall cap (docs/behaviour.md §14.4)."""
+    site = make_site(Ok(), clock=Clock(), max_connections=8, remote_share=2)
+    local = [connect(site, _v4("127.0.0.1")) for _ in range(5)]
+    local.append(connect(site, UNIXAddress(b"/run/nvpair.sock")))
+    assert all(t.connected for t in local) and site.local_connections == 6
+    refused = _refused(connect(site, _v4("127.0.0.2")))
+    assert refused["code"] == "too-many-connections" and "remote callers" in refused["error"]
+    remote = [connect(site, _v4("203.0.113.7")), connect(site, _v6("2001:db8::1"))]
+    assert all(t.connected for t in remote) and site.open_connections == 8
+    assert _refused(connect(site, _v4("203.0.113.8")))["error"] == "too many connections"
+    local.pop().loseConnection()
+    again = connect(site, _v4("127.0.0.1"))
+    assert again.connected and site.local_connections == 6
+    for transport in (*local, *remote, again):
+        transport.loseConnection()
+    assert (site.open_connections, site.local_connections, len(site.sources)) == (0, 0, 0)
+
+
+@pytest.mark.parametrize("share", [-1, 8, 9])
+def test_the_share_is_less_than_the_cap(share: int) -> None:
+    with pytest.raises(ValueError, match="remote_share"):
+        make_site(Ok(), clock=Clock(), max_connections=8, remote_share=share)
+
+
+def test_with_keys_each_facade_keeps_a_quarter_for_remote_callers(tmp_path: Any) -> None:
+    clock = cast(IProxyReactor, MemoryReactorClock())
+    settings = Settings(max_connections=10)
+    plain = build_runtime(clock, settings, ["ollama"], nodes={"ollama": []})
+    keyed = build_runtime(
+        clock,
+        settings,
+        ["ollama"],
+        nodes={"ollama": []},
+        environ={"NVPAIR_PROXY_API_KEYS": "sk-0123456789"},
+    )
+    assert plain.site_for("ollama").limits.remote_share == 0
+    assert keyed.site_for("ollama").limits.remote_share == 2
+    assert keyed.site_for("ollama").limits.local_cap == 8
 
 
 def test_the_option_reaches_each_facades_site() -> None:

@@ -185,3 +185,40 @@ def test_a_host_name_is_at_most_253_characters() -> None:
     assert check_host_name(longest) == longest
     with pytest.raises(ValueError):
         check_host_name(longest + "a")
+
+
+def fetched(site: bytes | list[bytes], origin: str | None = None) -> Headers:
+    headers = head("127.0.0.1:11435", origin)
+    headers.setRawHeaders(b"sec-fetch-site", site if isinstance(site, list) else [site])
+    return headers
+
+
+@pytest.mark.parametrize(
+    "site", [b"cross-site", b"same-site", b"CROSS-SITE ", b"anything-else", [b"none", b"none"]]
+)
+def test_another_sites_request_without_an_origin_is_foreign(site: bytes | list[bytes]) -> None:
+    """A page's cross-site ``GET`` sends no ``Origin``; its ``Sec-Fetch-Site`` says it is not the
+    user's own: from loopback it is not ``local`` (docs/behaviour.md §14.2)."""
+    assert locality(LOOP, fetched(site), names()) is Locality.LOOPBACK_FOREIGN
+
+
+@pytest.mark.parametrize(
+    ("site", "origin"),
+    [
+        (b"none", None),
+        (b"same-origin", None),
+        (b" Same-Origin", None),
+        (b"cross-site", "http://localhost:5173"),
+        (b"same-site", "https://chat.example:8080"),
+    ],
+)
+def test_the_users_own_request_or_a_local_origins_stays_local(
+    site: bytes, origin: str | None
+) -> None:
+    assert locality(LOOP, fetched(site, origin), names()) is Locality.LOCAL
+
+
+def test_a_cross_site_request_with_a_foreign_origin_stays_foreign() -> None:
+    headers = fetched(b"cross-site", "https://evil.example")
+    assert locality(LOOP, headers, names()) is Locality.LOOPBACK_FOREIGN
+    assert locality(LAN, fetched(b"none"), names()) is Locality.REMOTE

@@ -19,12 +19,14 @@ from nvpair_tw.inbound import (
     Rejection,
     Target,
     _parse,
+    model_rule,
     parse_body,
     parse_document,
     parse_document_large,
     parse_large,
     parse_target,
     read_model,
+    read_models,
 )
 from tests.golike import go_model, go_path
 from tests.jsonbodies import bodies
@@ -535,3 +537,44 @@ def test_the_slice_reader_spans_a_body_of_many_slices_in_bytes(wide: str) -> Non
     parsed = results[0]
     assert isinstance(parsed, Parsed)
     _check_outline(body, parsed)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, None),
+        ("", None),
+        ("  ", None),
+        ("llama3", "llama3"),
+        ("<img src=x>", "<img src=x>"),
+        ("é" * 128, "é" * 128),
+        ("é" * 129, "bad-model"),
+        ("a" * 257, "bad-model"),
+        ("a\x00", "bad-model"),
+        ("a\x85", "bad-model"),
+        (5, "bad-model"),
+        (["a"], "bad-model"),
+    ],
+)
+def test_the_model_rule_is_one_rule_wherever_a_name_is_written(
+    value: object, expected: str | None
+) -> None:
+    read = model_rule(value)
+    assert (read.code if isinstance(read, Rejection) else read) == expected
+
+
+def test_every_model_a_route_names_is_read_by_the_rule() -> None:
+    doc = {"Source": "a", "destination": "b", "from": None, "name": " "}
+    assert read_models(doc, ("source", "destination", "from", "name")) == ("a", "b")
+    refused = read_models({"source": "a", "destination": 7}, ("source", "destination"))
+    assert isinstance(refused, Rejection) and refused.code == "bad-model"
+    assert read_models({}, ("model",)) == ()
+
+
+def test_the_model_rule_says_which_part_failed_and_never_repeats_the_name() -> None:
+    messages = [getattr(model_rule(value), "message", None) for value in (5, "a" * 257, "a\x00<b>")]
+    assert messages == [
+        "bad model: not a string",
+        "bad model: longer than 256 bytes",
+        "bad model: a control character",
+    ]

@@ -13,8 +13,10 @@ from twisted.internet.task import Clock
 from twisted.logger import ILogObserver, LogEvent, globalLogPublisher
 from zope.interface import provider
 
+from nvpair_tw.core import RouteKind
 from nvpair_tw.inbound import (
     LOCAL,
+    NOT_COUNTED,
     Caller,
     Change,
     KeyRules,
@@ -411,3 +413,50 @@ def test_the_tallies_name_their_counters_by_kind_and_only_minutes_carry_a_window
     permit(limiter, caller(max_concurrent=3, tokens_per_minute=10)).done(4)
     store.answer_all()
     assert set(store.totals) == {"limit:rpm:alice:0", "limit:conc:alice", "limit:tpm:alice:0"}
+
+
+# --- beyond inference: every request that reaches a node (docs/behaviour.md §12.1) -----------
+
+OTHER_ROUTES = (RouteKind.MODEL_ROUTED, RouteKind.MODEL_LIST, RouteKind.PASS_THROUGH)
+
+
+@pytest.mark.parametrize("kind", OTHER_ROUTES)
+def test_any_other_route_counts_once_against_the_request_limit(kind: RouteKind) -> None:
+    limiter = RateLimiter(Clock())
+    alice = caller(requests_per_minute=3, max_concurrent=1, tokens_per_minute=10)
+    held = permit(limiter, alice)  # an inference in flight: max_concurrent reached
+    assert limiter.check(alice) is not None
+    assert limiter.check(alice, kind) is None  # concurrency is inference's
+    assert limiter.admit(alice, kind) is NOT_COUNTED  # the second request of the minute
+    assert limiter.in_flight("alice") == 1
+    held.done(50)  # over the token limit: inference is refused, the other routes are not
+    assert limiter.check(alice) is not None
+    assert limiter.admit(alice, kind) is NOT_COUNTED  # the third
+    refused = limiter.admit(alice, kind)
+    assert isinstance(refused, Refusal) and "3 requests per minute" in refused.message
+    assert limiter.check(alice, kind) is not None
+    assert limiter.in_flight("alice") == 0
+
+
+def test_other_routes_without_a_request_limit_are_not_counted() -> None:
+    limiter = RateLimiter(Clock())
+    bob = caller("bob", max_concurrent=1, tokens_per_minute=1)
+    for kind in OTHER_ROUTES:
+        assert limiter.check(bob, kind) is None
+        assert limiter.admit(bob, kind) is NOT_COUNTED
+    permit(limiter, bob)
+    assert limiter.in_flight("bob") == 1
+
+
+def test_another_routes_request_reaches_the_store_as_a_request_alone() -> None:
+    store = Counters()
+    limiter = RateLimiter(Clock(), store)
+    alice = caller(requests_per_minute=5, max_concurrent=3)
+    assert limiter.admit(alice, RouteKind.MODEL_LIST) is NOT_COUNTED
+    [(changes, _)] = store.waiting
+    assert changes == [("limit:rpm:alice:0", 1, 120.0)]
+    store.answer_all()
+    store.totals["limit:rpm:alice:0"] += 4  # peers
+    limiter.admit(alice, RouteKind.MODEL_ROUTED)
+    store.answer_all()
+    assert isinstance(limiter.admit(alice, RouteKind.PASS_THROUGH), Refusal)

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from twisted.internet.address import IPv4Address
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import TCP4ClientEndpoint, UNIXClientEndpoint, connectProtocol
+from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from nvpair_tw.events import NodeCooldown
@@ -32,7 +33,17 @@ from nvpair_tw.ops._control import (
     control_service,
 )
 from nvpair_tw.ops._dispatch import InOrder
-from nvpair_tw.ops._token import ControlToken, needs_token, read_control_token
+from nvpair_tw.ops._rpc import Request
+from nvpair_tw.ops._token import (
+    FAILURE_BURST,
+    FAILURE_INTERVAL,
+    AuthThrottle,
+    ControlToken,
+    auth_source,
+    needs_token,
+    read_control_token,
+    throttled,
+)
 from nvpair_tw.runtime._process import Runtime
 from nvpair_tw.runtime._service import ListenerService
 from tests.nodes.test_self import ResolvingReactor
@@ -382,3 +393,92 @@ def test_a_named_url_resolving_elsewhere_is_added() -> None:
     resolving.nameResolver.answer("192.0.2.5")
     assert results == [{"jsonrpc": "2.0", "id": 1, "result": {"added": True}}]
     assert runtime.facades["ollama"].directory.get("gpu") is not None
+
+
+# --- guessing the token (docs/behaviour.md §14.3) ----------------------------------------------
+
+
+async def _auth_once(reactor: Any, port: int, token: str) -> dict[str, Any]:
+    """One connection, one ``auth``: its one answer (the connection then closes, or stays open
+    when the token was right and is closed here)."""
+    client = await _tcp_client(reactor, port)
+    client.send({**AUTH, "params": {"token": token}})
+    answer = await client.wait_for(lambda m: m.get("id") == 0)
+    if client.transport is not None:
+        client.transport.loseConnection()
+    await client.lost
+    return answer
+
+
+@ensure_deferred
+async def test_failed_auth_slows_down_per_source_and_is_logged(
+    reactor: Any, listen: Any, log_lines: list[str]
+) -> None:
+    """Guessing from one source: after a few wrong tokens every further ``auth`` from it is
+    refused without being compared — the right token too — until the pace allows another (a
+    few a second at most); each failure is logged, with the source, never the token."""
+    runtime = _runtime()
+    clock = cast(Clock, runtime.shared.clock)
+    port = listen(ControlFactory(runtime, token=TOKEN))
+    answers = [await _auth_once(reactor, port, f"guess-{n}") for n in range(20)]
+    assert all(a["error"]["code"] == UNAUTHORIZED for a in answers)
+    checked = [a for a in answers if "too many failed" not in a["error"]["message"]]
+    assert 1 <= len(checked) <= 5
+    throttled = await _auth_once(reactor, port, "s3cret-token")
+    assert "too many failed" in throttled["error"]["message"]
+    clock.advance(1.0)
+    second = [await _auth_once(reactor, port, f"again-{n}") for n in range(10)]
+    assert len([a for a in second if "too many failed" not in a["error"]["message"]]) <= 3
+    clock.advance(10.0)
+    assert (await _auth_once(reactor, port, "s3cret-token"))["result"] == {"authenticated": True}
+    failures = [line for line in log_lines if "failed auth" in line]
+    assert failures and all("127.0.0.1" in line for line in failures)
+    assert not any("guess-" in line or "s3cret" in line for line in log_lines)
+
+
+def test_a_source_fails_five_times_then_once_every_half_second() -> None:
+    clock = Clock()
+    throttle = AuthThrottle(clock)
+    slowed = [throttle.failed("a") for _ in range(FAILURE_BURST)]
+    assert slowed == [False] * (FAILURE_BURST - 1) + [True]
+    assert throttle.wait("a") == pytest.approx(FAILURE_INTERVAL)
+    assert throttle.wait("b") == 0  # sources count apart
+    clock.advance(0.2)
+    assert throttle.wait("a") == pytest.approx(0.3)
+    clock.advance(0.3)
+    assert throttle.wait("a") == 0
+    assert throttle.checked("a") == 2 and throttle.checked("a") == 0  # told once
+    assert throttle.failed("a")  # one compared, slowed again
+    clock.advance(100)
+    assert [throttle.failed("a") for _ in range(FAILURE_BURST)][-1]  # rested: a burst, no more
+
+
+def test_a_throttled_answer_is_32001_with_the_wait_and_no_token() -> None:
+    answer = throttled(Request(4, "auth", {"token": "guess"}, False), 0.2)
+    assert answer["id"] == 4 and answer["error"]["code"] == UNAUTHORIZED
+    assert "retry in 1 s" in answer["error"]["message"] and "guess" not in json.dumps(answer)
+
+
+@pytest.mark.parametrize(
+    ("address", "source"),
+    [
+        (IPv4Address("TCP", "192.0.2.7", 5000), "192.0.2.7"),
+        (IPv6Address("TCP", "2001:db8:1:2:3:4:5:6", 5000), "2001:db8:1:2::/64"),
+        (IPv6Address("TCP", "2001:db8:1:2:ffff::1", 5000), "2001:db8:1:2::/64"),
+        (IPv6Address("TCP", "::ffff:192.0.2.7", 5000), "192.0.2.7"),
+        (UNIXAddress(b"/run/ctl.sock"), "local"),
+        (None, "local"),
+    ],
+)
+def test_failures_count_per_address_per_ipv6_64_and_local_peers_together(
+    address: Any, source: str
+) -> None:
+    assert auth_source(address) == source
+
+
+def test_the_sources_remembered_are_bounded() -> None:
+    throttle = AuthThrottle(Clock())
+    for n in range(5000):
+        throttle.failed(f"s{n}")
+    assert len(throttle._sources) == 4096
+    assert throttle.wait("s0") == 0 and "s4999" in throttle._sources

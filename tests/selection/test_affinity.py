@@ -363,3 +363,19 @@ def test_a_digest_is_of_the_canonical_json_of_the_request() -> None:
     encoded = canonical(message)
     key = hashlib.sha256(base + len(encoded).to_bytes(8, "big") + encoded).digest()
     assert affinity_key("/api/chat", "m", body) == AffinityKey("m", key, (key,))
+
+
+def test_holds_looks_without_refreshing() -> None:
+    """``holds`` says whether a key's own entry is remembered and keeps nothing alive: only a
+    lookup refreshes (the owner check of docs/behaviour.md §2.1 relies on it)."""
+    clock = Clock()
+    table = AffinityTable(clock, idle_ttl=10.0)
+    key = AffinityKey("m", b"k", (b"other", b"k"))
+    assert not table.holds(key)
+    table.record(key, "n1")
+    clock.advance(6)
+    assert table.holds(key)
+    clock.advance(4)
+    assert not table.holds(key)  # 10 s idle: the holds at 6 s refreshed nothing
+    table.record(key, "n1")
+    assert not table.holds(AffinityKey("m", b"other", (b"k",)))  # its own digest only
