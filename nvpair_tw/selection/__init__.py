@@ -21,8 +21,10 @@ from nvpair_tw.selection._affinity import (
     COMPLETION_PATHS,
     AffinityKey,
     AffinityTable,
+    Match,
     affinity_key,
 )
+from nvpair_tw.selection._canonical import BILLING_PREFIX, is_billing_block
 from nvpair_tw.selection._contexts import Fit, fit
 from nvpair_tw.selection._cordons import Cordon, CordonBook, CordonListener
 from nvpair_tw.selection._flights import FlightBook, Landing, Trip
@@ -35,6 +37,15 @@ from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reachability import Reach, Reachability
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
 from nvpair_tw.selection._routers import spare_busy_routers, would_evict_busy_work
+from nvpair_tw.selection._sessions import (
+    SESSION_HEADERS,
+    Home,
+    Session,
+    SessionTable,
+    Warm,
+    session_name,
+    warm_node,
+)
 from nvpair_tw.selection._slots import priority_note
 from nvpair_tw.selection._speed import Answer, Rates, Sample, SpeedBook, Start, sample_of
 from nvpair_tw.selection._stalls import (
@@ -46,10 +57,12 @@ from nvpair_tw.selection._stalls import (
 )
 
 __all__ = [
+    "BILLING_PREFIX",
     "CHAT_PATHS",
     "COMPLETION_PATHS",
     "PROBE_BOUND",
     "RETRY_AFTER_SECONDS",
+    "SESSION_HEADERS",
     "Admission",
     "AffinityKey",
     "AffinityTable",
@@ -63,10 +76,12 @@ __all__ = [
     "Cordons",
     "Fit",
     "FlightBook",
+    "Home",
     "IStallTracker",
     "InventoryBook",
     "Landing",
     "Load",
+    "Match",
     "Patience",
     "Probe",
     "ProgressBook",
@@ -78,6 +93,8 @@ __all__ = [
     "RequestSize",
     "ReservationLedger",
     "Sample",
+    "Session",
+    "SessionTable",
     "Slot",
     "SpeedBook",
     "StallTracker",
@@ -85,9 +102,11 @@ __all__ = [
     "Trip",
     "Waited",
     "Waiter",
+    "Warm",
     "affinity_key",
     "expiry_probe",
     "fit",
+    "is_billing_block",
     "make_rank",
     "order_candidates",
     "patience",
@@ -95,8 +114,10 @@ __all__ = [
     "priority_note",
     "request_size",
     "sample_of",
+    "session_name",
     "slot_limit",
     "slot_wait",
     "spare_busy_routers",
+    "warm_node",
     "would_evict_busy_work",
 ]
