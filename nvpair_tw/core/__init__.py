@@ -71,6 +71,7 @@ from nvpair_tw.core._json import (
 from nvpair_tw.core._priority import PRIORITY_HEADER, Priority, priority_of
 from nvpair_tw.core._reactor import IProxyReactor, IWriteHolding, abort, close, one_send
 from nvpair_tw.core._resolved import (
+    BILLING_BLOCKS,
     UPSTREAM_CLIENTS,
     Resolved,
     Settings,
@@ -81,6 +82,7 @@ from nvpair_tw.core._states import IllegalCall
 from nvpair_tw.core._toolcalls import ToolCalls
 
 __all__ = [
+    "BILLING_BLOCKS",
     "ENGINES",
     "ERROR_HEADERS",
     "EVENT_ENDS",

@@ -37,6 +37,7 @@ from nvpair_tw.selection import (
     IStallTracker,
     ProgressBook,
     ReservationLedger,
+    SessionTable,
     SpeedBook,
     order_candidates,
 )
@@ -114,6 +115,12 @@ class FacadeState:
     """What each node has shown it can do, per model (§15.1)."""
     flights: FlightBook = Factory(lambda self: FlightBook(self.shared.clock), takes_self=True)
     """The attempts in flight on each node and their predicted ends (§15.2)."""
+    sessions: SessionTable = Factory(lambda self: self._session_table(), takes_self=True)
+    """Where each caller's named sessions were last served (§5.3)."""
+
+    def _session_table(self) -> SessionTable:
+        settings = self.shared.settings
+        return SessionTable(self.shared.clock, settings.affinity_max_entries, settings.session_ttl)
 
     def _speed_seed(self, node_id: str) -> float | None:
         node = self.directory.get(node_id)

@@ -92,7 +92,7 @@ def _text_bytes(value: Any) -> tuple[int, int]:
                 if isinstance(kind, str) and ("image" in kind):
                     images += 1
                     continue
-                part = part.get("text", part.get("content"))
+                part = part.get("text", part.get("content", part.get("output")))
             more, pictures = _text_bytes(part)
             size, images = size + more, images + pictures
         return size, images
