@@ -11,9 +11,11 @@ from these figures):
   tool result of 4 KiB, as chat completions (both versions), Anthropic Messages and Responses
   input items (the working tree; the base gives those no digest);
 - many small messages (2,048 of a few words): the cost per atom;
-- one long message (a 4 MiB string): the cost per byte of text.
+- one long message (a 4 MiB string): the cost per byte of text (the working tree stops before a
+  string past its bound, docs/affinity.md "Size bound": it gives no chain).
 
-The base is only timed on the chat completions shape it knows.
+The base is only timed on the chat completions shape it knows; the 4 MiB turn is digested whole
+there, to the bound here. docs/performance.md, "Conversation digests", holds a run.
 """
 
 from __future__ import annotations

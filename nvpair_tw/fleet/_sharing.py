@@ -315,8 +315,9 @@ class SharedAffinity(_Sharing):
 
 class SharedSessions(_Sharing):
     """Sessions' homes (docs/behaviour.md §5.3): sealed (key name, model, name) digest → node and
-    depth, with the session idle time as the key's TTL. Only made when the fleet has a secret:
-    a session name never leaves a proxy but as a keyed hash."""
+    depth, with the session idle time as the key's TTL. Only with a ``seal`` (the fleet's
+    secret): a session name never leaves a proxy but as a keyed hash, and without one each
+    proxy keeps its sessions to itself."""
 
     def __init__(
         self,
@@ -325,13 +326,15 @@ class SharedSessions(_Sharing):
         write: Write,
         up: Callable[[], bool],
         *,
-        seal: Callable[[bytes], bytes],
+        seal: Callable[[bytes], bytes] | None,
     ) -> None:
         super().__init__(reactor, codec, write, up)
         self._seal = seal
         self.tables: dict[str, SharedSessionTable] = {}
 
-    def table(self, engine: str, per_key: int, idle_ttl: float) -> SharedSessionTable:
+    def table(self, engine: str, per_key: int, idle_ttl: float) -> SessionTable:
+        if self._seal is None:
+            return SessionTable(self._reactor, per_key, idle_ttl)
         table = SharedSessionTable(
             self._reactor,
             per_key,

@@ -82,7 +82,6 @@ class FleetStore:
         self, reactor: IProxyReactor, config: StateConfig, *, proxy_id: str | None = None
     ) -> None:
         self.config = config
-        self._reactor = reactor
         self.proxy_id = proxy_id or uuid.uuid4().hex
         codec = Codec(self.proxy_id, config.namespace)
         self._session = Session(reactor, config, channel=codec.channel, hooks=self)
@@ -118,11 +117,7 @@ class FleetStore:
         return self._sharing.affinity.table(engine, max_entries, idle_ttl)
 
     def session_table(self, engine: str, per_key: int, idle_ttl: float) -> SessionTable:
-        """The session table of ``engine``'s facade: its homes shared with the fleet when the
-        store has a secret (a session name leaves only as a keyed hash), else this proxy's own
-        (docs/behaviour.md §5.3, §6.6)."""
-        if self.config.secret is None:
-            return SessionTable(self._reactor, per_key, idle_ttl)
+        """The session table of ``engine``'s facade, shared with a secret only (§5.3, §6.6)."""
         return self._sharing.sessions.table(engine, per_key, idle_ttl)
 
     def bind_ledger(self, ledger: ReservationLedger) -> None:

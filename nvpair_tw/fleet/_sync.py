@@ -74,7 +74,7 @@ class FleetSharing:
             SharedCooldowns(*parts),
             SharedCordons(*parts),
             SharedAffinity(*parts, seal=sealer(secret)),
-            SharedSessions(*parts, seal=sealer(secret)),
+            SharedSessions(*parts, seal=None if secret is None else sealer(secret)),
             SharedReservations(*parts),
             SharedProgress(*parts),
             SharedSpeeds(*parts),

@@ -389,3 +389,16 @@ def test_a_conversation_past_the_digest_bound_still_goes_home(memory_cluster: Ma
     pinned(cluster, "b", "/v1/chat/completions", chat_completions(big))
     more = [*big, ("assistant", "Read."), ("user", "Now fix them.")]
     assert send(cluster, "/v1/chat/completions", chat_completions(more)) == "b"
+
+
+def test_a_session_leads_a_conversation_too_long_for_a_chain(memory_cluster: Make) -> None:
+    """A first message past the digest bound gives no chain: the session alone is remembered,
+    and leads the next turn home."""
+    cluster = two_nodes(memory_cluster, "openai", kind="openai")
+    session = {"X-Claude-Code-Session-Id": UUID}
+    huge: Turns = [("user", "x" * (3 << 20))]
+    pinned(cluster, "b", "/v1/messages", messages(huge), headers=session)
+    assert len(cluster.facade().affinity) == 0
+    later = messages([*huge, ("assistant", "Done."), ("user", "Next?")])
+    assert send(cluster, "/v1/messages", later, headers=session) == "b"
+    assert chosen(cluster)[-1] == "session"
