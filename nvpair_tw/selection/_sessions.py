@@ -102,8 +102,11 @@ def session_name(headers: Headers, doc: Mapping[str, Any], named: bytes | None) 
 
 def _claude_session(user: str) -> str | None:
     """The session in Claude Code's ``metadata.user_id``: ``user_…_session_<uuid>`` (older
-    releases) or a JSON object with ``session_id`` (newer ones); any other value is a user."""
-    if user.startswith("{") and len(user) <= 4 * MAX_NAME:
+    releases) or a JSON object with ``session_id`` (newer ones); any other value is a user. A
+    value over 1 KiB is not read (Claude Code's are about 160 bytes)."""
+    if len(user) > 4 * MAX_NAME:
+        return None
+    if user.startswith("{"):
         try:
             found = json.loads(user)
         except ValueError:

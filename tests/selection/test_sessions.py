@@ -53,6 +53,7 @@ def test_codex_names_its_session_in_prompt_cache_key_too() -> None:
         ('{"device_id": "x"}', None),
         ("{not json", None),
         (json.dumps({"session_id": 7}), None),
+        ("user_" + "_session_" * 200_000 + UUID, None),  # too long to be read: no backtracking
     ],
 )
 def test_claude_codes_user_id_names_a_session_only_when_it_holds_one(
