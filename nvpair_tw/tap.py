@@ -28,6 +28,7 @@ from twisted.python import usage
 from nvpair_tw import __version__
 from nvpair_tw.app import Config, assemble
 from nvpair_tw.core import (
+    BILLING_BLOCKS,
     ENGINES,
     UPSTREAM_CLIENTS,
     IProxyReactor,
@@ -195,8 +196,28 @@ _PARAMETERS: list[list[str | None]] = [
     ],
     ["max-body-size", None, "32MiB", "Largest request body accepted (413 beyond)."],
     ["inventory-interval", None, "10s", "How often each node's model list is polled."],
-    ["affinity-max-entries", None, "10000", "Prefix-affinity table size per facade."],
+    [
+        "affinity-max-entries",
+        None,
+        "10000",
+        "Prefix-affinity table size per facade, and sessions kept per key.",
+    ],
     ["affinity-ttl", None, "5m", "Idle time after which an affinity entry is forgotten."],
+    ["session-ttl", None, "1h", "Idle time after which a client's session is forgotten."],
+    [
+        "session-header",
+        None,
+        None,
+        "A header of your own that names a session, read before X-Session-Id and the agents' "
+        "own (docs/affinity.md).",
+    ],
+    [
+        "billing-block",
+        None,
+        "remove",
+        "Claude Code's x-anthropic-billing-header system block: remove it from what nodes "
+        "receive (it defeats their prefix cache), or keep it.",
+    ],
     ["write-stall-timeout", None, "30s", "Drop a client that accepts no bytes this long."],
     ["max-connections", None, "256", "Open client connections per facade (503 beyond)."],
     [
@@ -576,6 +597,9 @@ def _settings(options: Options, engines: list[str], header: float, first: float)
         inventory_interval=_duration(options, "inventory-interval"),
         affinity_max_entries=_count(options, "affinity-max-entries", int),
         affinity_ttl=_duration(options, "affinity-ttl"),
+        session_ttl=_duration(options, "session-ttl"),
+        session_header=_session_header(options["session-header"]),
+        billing_block=_billing_block(options["billing-block"]),
         max_connections=_count(options, "max-connections", int),
         max_connections_per_source=_count(options, "max-connections-per-source", int),
         max_tunnels=_count(options, "max-tunnels", int),
@@ -611,6 +635,27 @@ def _otlp_endpoint(text: str | None) -> str | None:
     except ValueError as error:
         raise ValueError(f"--otlp-endpoint: {error}") from None
     return text.strip()
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+"""An HTTP header name (RFC 9110 §5.1)."""
+
+
+def _session_header(name: str | None) -> bytes | None:
+    """``--session-header``: a header name, kept in lower case."""
+    if name is None:
+        return None
+    if not _TOKEN.fullmatch(name.strip()):
+        raise ValueError(f"--session-header: {name!r} is not a header name (e.g. X-My-Session)")
+    return name.strip().lower().encode("ascii")
+
+
+def _billing_block(value: str) -> str:
+    if value not in BILLING_BLOCKS:
+        raise ValueError(
+            f"--billing-block must be one of {', '.join(BILLING_BLOCKS)}, not {value!r}"
+        )
+    return value
 
 
 def _upstream_client(name: str) -> str:
@@ -782,6 +827,7 @@ _GROUPS = (
             "engine",
             "listen",
             "assemble",
+            "billing-block",
             "max-body-size",
             "max-connections",
             "max-connections-per-source",
@@ -816,6 +862,8 @@ _GROUPS = (
             "batch-max-wait",
             "affinity-max-entries",
             "affinity-ttl",
+            "session-ttl",
+            "session-header",
         ),
     ),
     ("Keys", ("keys", "allow-host", "cors-origin")),

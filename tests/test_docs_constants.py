@@ -92,6 +92,8 @@ QUOTED: list[Row] = [
         SETTINGS.affinity_max_entries,
     ),
     ("configuration.md", _default("--affinity-ttl"), parse_duration, SETTINGS.affinity_ttl),
+    ("configuration.md", _default("--session-ttl"), parse_duration, SETTINGS.session_ttl),
+    ("configuration.md", _default("--billing-block"), str, SETTINGS.billing_block),
     (
         "configuration.md",
         _default("--write-stall-timeout"),

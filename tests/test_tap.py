@@ -399,6 +399,7 @@ DURATION_OPTIONS = [
     "--first-body-timeout",
     "--inventory-interval",
     "--affinity-ttl",
+    "--session-ttl",
     "--write-stall-timeout",
     "--shutdown-grace",
     "--queue-timeout",
@@ -952,6 +953,40 @@ def test_control_token_mistakes_are_usage_errors(
     paths = {"TOKEN": _token_file(tmp_path), "LOOSE": _token_file(tmp_path, 0o644)}
     with pytest.raises(usage.UsageError, match=re.escape(needle)):
         parse("-e", "ollama", *(paths.get(a, a) for a in args))
+
+
+def test_sessions_and_the_billing_block_have_their_options() -> None:
+    """``--session-ttl`` (1 h), ``--session-header`` (a header name, kept in lower case) and
+    ``--billing-block`` (``remove`` by default, or ``keep``), docs/behaviour.md §5.3."""
+    default = settings_of()
+    assert (default.session_ttl, default.session_header, default.billing_block) == (
+        3600.0,
+        None,
+        "remove",
+    )
+    chosen = settings_of(
+        "--session-ttl", "2h", "--session-header", "X-Team-Thread", "--billing-block", "keep"
+    )
+    assert (chosen.session_ttl, chosen.session_header, chosen.billing_block) == (
+        7200.0,
+        b"x-team-thread",
+        "keep",
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "line"),
+    [
+        ("--session-header", "X Session", "--session-header: 'X Session' is not a header name"),
+        ("--session-header", "", "--session-header: '' is not a header name"),
+        ("--billing-block", "drop", "--billing-block must be one of remove, keep, not 'drop'"),
+    ],
+)
+def test_a_bad_session_header_or_billing_block_stops_the_start(
+    flag: str, value: str, line: str
+) -> None:
+    with pytest.raises(usage.UsageError, match=line):
+        parse("-e", "ollama", flag, value)
 
 
 def test_every_option_is_in_exactly_one_help_group() -> None:

@@ -74,6 +74,7 @@ from nvpair_tw.core._json import (
 from nvpair_tw.core._priority import PRIORITY_HEADER, Priority, priority_of
 from nvpair_tw.core._reactor import IProxyReactor, IWriteHolding, abort, close, one_send
 from nvpair_tw.core._resolved import (
+    BILLING_BLOCKS,
     UPSTREAM_CLIENTS,
     Resolved,
     Settings,
@@ -84,6 +85,7 @@ from nvpair_tw.core._states import IllegalCall
 from nvpair_tw.core._toolcalls import CallOrder, ToolCalls
 
 __all__ = [
+    "BILLING_BLOCKS",
     "ENGINES",
     "ERROR_HEADERS",
     "EVENT_ENDS",

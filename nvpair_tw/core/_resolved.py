@@ -12,6 +12,7 @@ from nvpair_tw.core._durations import Least, read_duration
 
 __all__ = [
     "ASSEMBLE_BY_DEFAULT",
+    "BILLING_BLOCKS",
     "FIRST_BODY_ENV",
     "RESPONSE_HEADER_ENV",
     "UPSTREAM_CLIENTS",
@@ -26,6 +27,8 @@ DEFAULT_FIRST_BODY_TIMEOUT = 0.0
 ASSEMBLE_BY_DEFAULT = frozenset({"ollama"})
 UPSTREAM_CLIENTS = ("native", "twisted")
 """What ``--upstream-client`` accepts; the first is the default."""
+BILLING_BLOCKS = ("remove", "keep")
+"""What ``--billing-block`` accepts; the first is the default (docs/behaviour.md §5.3)."""
 RESPONSE_HEADER_ENV = "NVPAIR_PROXY_RESPONSE_HEADER_TIMEOUT"
 FIRST_BODY_ENV = "NVPAIR_PROXY_FIRST_BODY_TIMEOUT"
 
@@ -91,7 +94,16 @@ class Settings:
     inventory_interval: float = 10.0
     inventory_timeout: float = 10.0
     affinity_max_entries: int = 10_000
+    """Prefix-affinity entries per facade, and sessions per key per facade (§5.3)."""
     affinity_ttl: float = 300.0
+    session_ttl: float = 3600.0
+    """Idle time after which a session's home is forgotten (§5.3)."""
+    session_header: bytes | None = None
+    """The operator's own header naming a session (``--session-header``, lower case), read
+    before the ones clients send (§5.3); None: only those."""
+    billing_block: str = "remove"
+    """Claude Code's ``x-anthropic-billing-header`` system block: ``remove`` it from what nodes
+    receive, or ``keep`` it (``--billing-block``, §5.3)."""
     max_connections: int = 256
     max_connections_per_source: int = 64
     """Open connections per remote source on each facade (docs/behaviour.md §14.4)."""

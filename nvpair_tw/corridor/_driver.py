@@ -26,6 +26,7 @@ from twisted.python.failure import Failure
 from nvpair_tw.core import RouteKind
 from nvpair_tw.corridor._answering import Asked, answer
 from nvpair_tw.corridor._caller import CallerState
+from nvpair_tw.corridor._conversation import remember
 from nvpair_tw.corridor._exchange import (
     Admit,
     Answer,
@@ -225,8 +226,8 @@ class Driver:
             self._writer.cut(shared.clock, shared.settings.write_stall_timeout)
         serving.end_workload(step.workload)
         route, record = serving.route, step.record
-        if step.warm and route is not None and route.key is not None and record.node_id:
-            self._facade.affinity.record(route.key, record.node_id)
+        if step.warm and route is not None and record.node_id:
+            remember(self._facade, route.key, route.session, record.node_id)
         serving.let_go()
         publish(shared.bus, record)
         serving.permit.done(_tokens(record))

@@ -572,7 +572,7 @@ def _relayed(ex: Exchange, event: Relayed) -> Step:
     warm = (
         outcome.end is RelayEnd.FINISHED
         and outcome.status == 200
-        and route.key is not None
+        and (route.key is not None or route.session is not None)
         and (outcome.terminal_seen or not outcome.streaming)
     )
     workload = _relay_ending(outcome, event.gone or ex.gone)

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.corridor.test_exchange, tests.corridor.test_affinity_bounds -*-
+# -*- test-case-name: tests.corridor.test_exchange, tests.corridor.test_conversations -*-
 """The route of one request (docs/behaviour.md §4, §5, §11.3, §14.6): the capability gate, the
 nodes that can take the route (decided once per node kind), affinity, the candidate order, and the
 :class:`~nvpair_tw.corridor._attempts.AttemptPlan` every attempt sends — from the
@@ -17,6 +17,8 @@ from nvpair_tw.core import Outlined, RouteKind
 from nvpair_tw.corridor._attempts import (
     AttemptPlan,
 )
+from nvpair_tw.corridor._billing import without_billing
+from nvpair_tw.corridor._conversation import Conversation, conversation
 from nvpair_tw.corridor._dialect import (
     AsIs,
     Reach,
@@ -42,12 +44,13 @@ from nvpair_tw.selection import (
     AffinityKey,
     Patience,
     RequestSize,
-    affinity_key,
+    Session,
+    Warm,
     request_size,
     spare_busy_routers,
 )
 
-__all__ = ["AFFINITY_MAX_BODY", "AFFINITY_MAX_MESSAGES", "OTHER_MODEL", "Route", "route"]
+__all__ = ["OTHER_MODEL", "Route", "route"]
 
 
 @frozen
@@ -77,6 +80,9 @@ class Route:
     """Why the first candidate is first."""
     usage: UsageCell | None = None
     """Where the usage chunk asked for on the client's behalf is kept once removed (§12.2)."""
+    session: Session | None = None
+    """The session the client named (§5.3): with ``key`` (the conversation's chain), what is
+    recorded on the node that answers it whole."""
 
 
 def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
@@ -107,12 +113,10 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     label = model
     if model and target is not None and target not in facade.eligible(gated):
         label = OTHER_MODEL  # a targeted node that does not list it (§14.6)
-    key: AffinityKey | None = None
-    hint: str | None = None
-    if model and parsed is not None and target is None and _affine(inbound.body, parsed):
-        key = affinity_key(inbound.path, facade.profile.normalise(model.strip()), parsed)
-        hint = facade.affinity.lookup(key) if key is not None else None
-    ordered = _ordered(facade, inbound, eligible, model, parsed, hint, stored)
+    known = Conversation()
+    if model and parsed is not None and target is None:
+        known = conversation(facade, inbound, model, parsed)
+    ordered = _ordered(facade, inbound, eligible, model, parsed, known.warm, stored)
     candidates = ordered.nodes
     usage = UsageCell() if inference else None
     plan = _plan(facade, inbound, usage, gated, candidates)
@@ -123,7 +127,7 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
         plan,
         model,
         candidates,
-        key,
+        known.key,
         warm,
         label,
         ordered.predicted,
@@ -133,6 +137,7 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
         ordered.context_fit,
         ordered.chosen,
         usage,
+        known.session,
     )
 
 
@@ -156,7 +161,7 @@ def _ordered(
     eligible: list[Node],
     model: str | None,
     parsed: dict[str, Any] | None,
-    hint: str | None,
+    warm: Warm | None,
     stored: str | None = None,
 ) -> _Ordered:
     """The order of §5 and §15.2: the targeted node alone; by prediction for a model; else the
@@ -164,11 +169,12 @@ def _ordered(
     target = inbound.node
     if target is not None:
         return _Ordered([target], Choice.TARGET)
+    hint = None if warm is None else warm.node
     if model:
         ratio = facade.speeds.bytes_per_token(model)  # learnt per model, §15.1
         size = request_size(parsed, len(inbound.body), ratio)
         ranked = rank(facade, eligible, model, size, hint)
-        chosen = Choice.AFFINITY if ranked.affinity else Choice.PREDICTION
+        chosen = warm.by if ranked.affinity and warm is not None else Choice.PREDICTION
         ordered = _Ordered(
             ranked.nodes,
             chosen,
@@ -181,30 +187,14 @@ def _ordered(
         )
     else:
         nodes, promoted = facade.order(eligible, head_selection=False, affinity_hint=hint)
-        ordered = _Ordered(nodes, Choice.AFFINITY if promoted else Choice.ORDER, promoted)
+        chosen = warm.by if promoted and warm is not None else Choice.ORDER
+        ordered = _Ordered(nodes, chosen, promoted)
     if facade.pin and ordered.nodes and ordered.nodes[0].id == facade.pin:
         ordered = evolve(ordered, chosen=Choice.PIN)
     nodes = conversation_first(facade, stored, ordered.nodes)
     if nodes and nodes[0] is not ordered.nodes[0]:
         ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION)
     return ordered
-
-
-AFFINITY_MAX_BODY = 2 << 20
-"""Bytes: a larger body gets no prefix affinity (its digests would hold the reactor, §14.1)."""
-
-
-AFFINITY_MAX_MESSAGES = 2048
-"""Messages: a longer conversation gets no prefix affinity (one digest per message)."""
-
-
-def _affine(body: bytes, parsed: dict[str, Any]) -> bool:
-    """Whether a request is small enough to have its prefix digests made on the reactor: a few
-    milliseconds at these bounds, where a 32 MiB body of a million messages took 5.8 s."""
-    if len(body) > AFFINITY_MAX_BODY:
-        return False
-    messages = parsed.get("messages")
-    return not isinstance(messages, list) or len(messages) <= AFFINITY_MAX_MESSAGES
 
 
 _GATED = (RouteKind.INFERENCE, RouteKind.MODEL_ROUTED)
@@ -340,12 +330,13 @@ def _speech(
     facade: FacadeState,
     inbound: Inbound,
     sent: Outlined | bytes,
+    parsed: dict[str, Any] | None,
     model: str | None,
     assembly: Assembly | None,
     strip_usage: UsageNoted | None,
 ) -> Speech:
     """How each candidate is spoken to (§11.3, §11.4), from the body every attempt starts from
-    (with where its members are, when known) and the assembly planned for it."""
+    (with where its members are, when known), its parsed value and the assembly planned for it."""
     settings = facade.shared.settings
     body, outline = (sent.body, sent.outline) if isinstance(sent, Outlined) else (sent, None)
     inference = inbound.kind is RouteKind.INFERENCE
@@ -356,7 +347,7 @@ def _speech(
         path=inbound.path,
         body=body,
         outline=outline,
-        parsed=inbound.doc if inference else None,
+        parsed=parsed if inference else None,
         model=model,
         assembly=assembly,
         local_name=facade.inventory.local_name,
@@ -405,18 +396,22 @@ def _sends(
     inference = inbound.kind is RouteKind.INFERENCE
     body = inbound.body
     parsed = inbound.doc if inference else None
-    outline = inbound.outline
+    sent = Outlined(body, inbound.outline) if inbound.outline is not None else None
+    if inference and settings.billing_block == "remove":  # §5.3, edited where checked (§14.1)
+        sent, parsed = without_billing(sent, parsed)
+    if sent is not None:
+        body = sent.body
     assembly = None
     if inference and settings.assembles(facade.engine):
+        outline = sent.outline if sent is not None else None
         assembly = plan_assembly(path, body, parsed, settings.max_body_size, outline)
-    sent = Outlined(body, outline) if outline is not None else None
     strip_usage = None
     if inference:
         sent, asked = _asking_usage(path, sent, parsed, assembly)
         strip_usage = usage if asked else None
     if _needs_speech(facade, path, model, candidates):
         known = sent if sent is not None else body
-        return _speech(facade, inbound, known, model, assembly, strip_usage)
+        return _speech(facade, inbound, known, parsed, model, assembly, strip_usage)
     body = sent.body if sent is not None else body
     target = inbound.head.target.wire
     return AsIs.of(inbound.head.method, target, body, assembly, strip_usage, local_model=model)

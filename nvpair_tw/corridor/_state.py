@@ -38,6 +38,7 @@ from nvpair_tw.selection import (
     ProgressBook,
     ReservationLedger,
     RouteGaps,
+    SessionTable,
     SpeedBook,
     order_candidates,
 )
@@ -119,6 +120,12 @@ class FacadeState:
         lambda self: RouteGaps(self.profile.name, self.inventory.reach), takes_self=True
     )
     """The routes each node was found to lack, until its next restart is seen (§17.3)."""
+    sessions: SessionTable = Factory(lambda self: self._session_table(), takes_self=True)
+    """Where each caller's named sessions were last served (§5.3)."""
+
+    def _session_table(self) -> SessionTable:
+        settings = self.shared.settings
+        return SessionTable(self.shared.clock, settings.affinity_max_entries, settings.session_ttl)
 
     def _speed_seed(self, node_id: str) -> float | None:
         node = self.directory.get(node_id)

@@ -3,7 +3,8 @@
 
 Prefix affinity is recorded only when a stream really finished (docs/behaviour.md §5.3): an SSE ``data: [DONE]``
 (OpenAI-style), an Anthropic ``message_stop`` event, an OpenAI Responses API
-``response.completed`` / ``response.failed`` / ``response.incomplete`` event, or an Ollama NDJSON
+``response.completed`` / ``response.failed`` / ``response.incomplete`` event, LM Studio's
+``/api/v1/chat`` ``chat.end`` event, or an Ollama NDJSON
 line whose object has ``"done": true``. The detector sits on the hot path of every relayed chunk, so it examines only
 complete lines that pass a cheap substring pre-check, and keeps just the unfinished tail line,
 capped in size.
@@ -27,13 +28,15 @@ BATCH = 8 << 10
 chunk)."""
 
 # A complete line is parsed only if it matches one of these.
-_SSE_HINT = re.compile(rb"\[DONE\]|message_stop|response\.(?:completed|failed|incomplete)")
-# The terminal event types: Anthropic's, and the OpenAI Responses API's three endings.
+_SSE_HINT = re.compile(
+    rb"\[DONE\]|message_stop|response\.(?:completed|failed|incomplete)|chat\.end"
+)
+# The terminal event types: Anthropic's, the OpenAI Responses API's three endings, LM Studio's.
 _TERMINAL_TYPES = frozenset(
-    {"message_stop", "response.completed", "response.failed", "response.incomplete"}
+    {"message_stop", "response.completed", "response.failed", "response.incomplete", "chat.end"}
 )
 _NDJSON_HINT = re.compile(rb'"done"\s*:\s*true')
-_SSE_MARKERS = (b"[DONE]", b"message_stop", b"response.")
+_SSE_MARKERS = (b"[DONE]", b"message_stop", b"response.", b"chat.end")
 _NDJSON_MARKERS = (b"true",)
 """What a batch is searched for; only the lines holding one are matched against the hint."""
 # For a line longer than the cap only its head is kept; these find a top-level ``"done": true`` in
@@ -79,7 +82,8 @@ class TerminalFrameDetector:
     A chunk costs one call of the framer, which hands the chunk's complete lines back as one run
     (the chunk itself when it ends a line). The runs are examined in batches of about
     :data:`BATCH` bytes, and whenever ``seen`` is read: a batch is joined and searched for the
-    markers in C (SSE: ``[DONE]``, ``message_stop``, ``response.``; NDJSON: ``true``), so a stream
+    markers in C (SSE: ``[DONE]``, ``message_stop``, ``response.``, ``chat.end``; NDJSON:
+    ``true``), so a stream
     of small chunks pays for a few substring searches per batch, not per chunk; only the lines that
     hold a marker are cut out of the batch, and only those that match the pattern are parsed.
     """

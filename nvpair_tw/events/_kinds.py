@@ -355,6 +355,8 @@ class Choice(Enum):
     """The operator's manual selection (``node/select``)."""
     AFFINITY = "affinity"
     """It holds the conversation's prefix (§5.3)."""
+    SESSION = "session"
+    """It is the home of the session the client named (§5.3)."""
     CONVERSATION = "conversation"
     """It holds the stored response the request continues (``previous_response_id``)."""
     PREDICTION = "prediction"

@@ -26,9 +26,13 @@ from nvpair_tw.selection import (
     CooldownListener,
     Cordon,
     CordonBook,
+    Home,
+    Match,
     Probe,
     ReservationLedger,
     Sample,
+    Session,
+    SessionTable,
     SpeedBook,
     StallTracker,
 )
@@ -44,6 +48,8 @@ __all__ = [
     "SharedCordons",
     "SharedProgress",
     "SharedReservations",
+    "SharedSessionTable",
+    "SharedSessions",
     "SharedSpeeds",
     "SharedStallTracker",
     "SharedUsage",
@@ -307,6 +313,75 @@ class SharedAffinity(_Sharing):
             return
 
 
+class SharedSessions(_Sharing):
+    """Sessions' homes (docs/behaviour.md §5.3): sealed (key name, model, name) digest → node and
+    depth, with the session idle time as the key's TTL. Only with a ``seal`` (the fleet's
+    secret): a session name never leaves a proxy but as a keyed hash, and without one each
+    proxy keeps its sessions to itself."""
+
+    def __init__(
+        self,
+        reactor: IProxyReactor,
+        codec: Codec,
+        write: Write,
+        up: Callable[[], bool],
+        *,
+        seal: Callable[[bytes], bytes] | None,
+    ) -> None:
+        super().__init__(reactor, codec, write, up)
+        self._seal = seal
+        self.tables: dict[str, SharedSessionTable] = {}
+
+    def table(self, engine: str, per_key: int, idle_ttl: float) -> SessionTable:
+        if self._seal is None:
+            return SessionTable(self._reactor, per_key, idle_ttl)
+        table = SharedSessionTable(
+            self._reactor,
+            per_key,
+            idle_ttl,
+            seal=self._seal,
+            share=lambda session, home: self.share(engine, session, home),
+        )
+        self.tables[engine] = table
+        return table
+
+    def share(self, engine: str, session: Session, home: Home) -> None:
+        table = self.tables.get(engine)
+        ttl = int((table.idle_ttl if table is not None else 3600.0) * 1000)
+        digest = session.digest.hex()
+        fields = {"e": engine, "k": session.key, "m": session.model, "d": digest}
+        key = self._codec.key(Kind.SESSION, engine, digest)
+        value = json.dumps({**fields, "n": home.node, "l": home.depth})
+        message = self._codec.message(Kind.SESSION, **fields, n=home.node, l=home.depth)
+        self._write(lambda: [("set", key, value, ttl), ("pub", message)])
+
+    def apply(self, engine: str, node: str, message: Mapping[str, Any]) -> bool:
+        table = self.tables.get(engine)
+        found = _sealed_session(message)
+        depth = message.get("l")
+        if table is None or found is None or isinstance(depth, bool) or not isinstance(depth, int):
+            return False
+        table.learn(found, node, max(depth, 0))
+        return True
+
+    def resync(self, value: Any) -> None:
+        entry = json_object(value)
+        engine, node = (entry.get("e"), entry.get("n")) if entry is not None else (None, None)
+        if entry is not None and isinstance(engine, str) and isinstance(node, str):
+            self.apply(engine, node, entry)
+
+
+def _sealed_session(message: Mapping[str, Any]) -> Session | None:
+    """The sealed session a peer's message names, or None."""
+    key, model, digest = (message.get(k) for k in ("k", "m", "d"))
+    if not (isinstance(key, str) and isinstance(model, str) and isinstance(digest, str)):
+        return None
+    try:
+        return Session(key, model, bytes.fromhex(digest))
+    except ValueError:
+        return None
+
+
 class SharedReservations(_Sharing):
     """Reservation counts: each proxy publishes its own (a key refreshed by the heartbeat, with
     :data:`RESERVATION_TTL`), and the ledger adds the peers' to its own."""
@@ -549,8 +624,8 @@ class SharedAffinityTable(AffinityTable):
         seal = self._seal
         return AffinityKey(key.model, seal(key.key), tuple(seal(d) for d in key.lookups))
 
-    def lookup(self, key: AffinityKey) -> str | None:
-        return super().lookup(self._sealed(key))
+    def match(self, key: AffinityKey) -> Match | None:
+        return super().match(self._sealed(key))
 
     def holds(self, key: AffinityKey) -> bool:
         return super().holds(self._sealed(key))
@@ -564,6 +639,31 @@ class SharedAffinityTable(AffinityTable):
     def learn(self, model: str, sealed_digest: bytes, node_id: str) -> None:
         """A peer's entry (already sealed): remember it here without sharing it again."""
         super().record(AffinityKey(model, sealed_digest, (sealed_digest,)), node_id)
+
+
+@define(on_setattr=setters.NO_OP)
+class SharedSessionTable(SessionTable):
+    """A facade's session table whose homes the fleet shares, keyed by *sealed* session
+    digests (HMAC-SHA-256 under the fleet secret), so a peer's home and a local lookup meet."""
+
+    _seal: Callable[[bytes], bytes] = field(kw_only=True)
+    _share: Callable[[Session, Home], None] | None = field(kw_only=True, default=None)
+
+    def _sealed(self, session: Session) -> Session:
+        return Session(session.key, session.model, self._seal(session.digest))
+
+    def home(self, session: Session) -> Home | None:
+        return super().home(self._sealed(session))
+
+    def record(self, session: Session, node_id: str, depth: int) -> None:
+        sealed = self._sealed(session)
+        super().record(sealed, node_id, depth)
+        if self._share is not None:
+            self._share(sealed, Home(node_id, depth))
+
+    def learn(self, sealed: Session, node_id: str, depth: int) -> None:
+        """A peer's home (its session already sealed): kept here without sharing it again."""
+        super().record(sealed, node_id, depth)
 
 
 UsageRow = tuple[int, str, str, str, int, int, int, int, int]

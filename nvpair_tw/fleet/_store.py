@@ -9,6 +9,8 @@ names the same store:
   cooldown, published so peers cool the node too; a success anywhere ends it everywhere;
 - affinity entries (:class:`SharedAffinityTable`): docs/behaviour.md §5.3 digests (HMAC-SHA-256 under
   ``--state-secret-file`` when given) → node id, with the idle TTL as the key's TTL;
+- sessions' homes (:class:`SharedSessionTable`), only with ``--state-secret-file``: the sealed
+  (key name, model, session name) → node and depth, with the session idle time as the TTL;
 - reservation counts (through :class:`~nvpair_tw.selection._reservations.ReservationLedger`): each proxy
   publishes its own counts, the ledger adds the peers' to its own;
 - the keys' rate-limit counters (:meth:`FleetStore.limit_counters`, docs/behaviour.md §12.1);
@@ -49,7 +51,14 @@ from nvpair_tw.fleet._sync import FleetSharing
 from nvpair_tw.fleet._wire import Codec
 from nvpair_tw.fleet._writer import MAX_PENDING_WRITES, BatchedWriter
 from nvpair_tw.logs import LevelledLogger
-from nvpair_tw.selection import CooldownListener, CordonBook, Probe, ReservationLedger, SpeedBook
+from nvpair_tw.selection import (
+    CooldownListener,
+    CordonBook,
+    Probe,
+    ReservationLedger,
+    SessionTable,
+    SpeedBook,
+)
 
 __all__ = [
     "BACKOFF_CAP",
@@ -106,6 +115,10 @@ class FleetStore:
     def affinity_table(self, engine: str, max_entries: int, idle_ttl: float) -> SharedAffinityTable:
         """The affinity table of ``engine``'s facade, sharing its entries."""
         return self._sharing.affinity.table(engine, max_entries, idle_ttl)
+
+    def session_table(self, engine: str, per_key: int, idle_ttl: float) -> SessionTable:
+        """The session table of ``engine``'s facade, shared with a secret only (§5.3, §6.6)."""
+        return self._sharing.sessions.table(engine, per_key, idle_ttl)
 
     def bind_ledger(self, ledger: ReservationLedger) -> None:
         """Share this process's reservation counts and add the peers' to ``ledger``."""

@@ -22,6 +22,7 @@ from nvpair_tw.fleet._sharing import (
     SharedCordons,
     SharedProgress,
     SharedReservations,
+    SharedSessions,
     SharedSpeeds,
     SharedUsage,
     Write,
@@ -43,6 +44,7 @@ class FleetSharing:
     cooldowns: SharedCooldowns
     cordons: SharedCordons
     affinity: SharedAffinity
+    sessions: SharedSessions
     reservations: SharedReservations
     progress: SharedProgress
     speeds: SharedSpeeds
@@ -63,7 +65,8 @@ class FleetSharing:
         secret: bytes | None,
     ) -> FleetSharing:
         """Each kind given the clock, the codec, the writer and whether the store is up now;
-        affinity digests sealed under ``secret`` (HMAC-SHA-256) when there is one."""
+        affinity digests and session names sealed under ``secret`` (HMAC-SHA-256) when there is
+        one (sessions are shared only then)."""
         parts = (reactor, codec, write, up)
         return cls(
             reactor,
@@ -71,6 +74,7 @@ class FleetSharing:
             SharedCooldowns(*parts),
             SharedCordons(*parts),
             SharedAffinity(*parts, seal=sealer(secret)),
+            SharedSessions(*parts, seal=None if secret is None else sealer(secret)),
             SharedReservations(*parts),
             SharedProgress(*parts),
             SharedSpeeds(*parts),
@@ -108,10 +112,13 @@ class FleetSharing:
         cordons = self._codec.prefix(Kind.CORDON)
         self.cordons.resync({k: v for k, v in values.items() if k.startswith(cordons)})
         affinity = self._codec.prefix(Kind.AFFINITY)
+        sessions = self._codec.prefix(Kind.SESSION)
         reservations = self._codec.prefix(Kind.RESERVATIONS)
         for key, value in values.items():
             if key.startswith(affinity):
                 self.affinity.resync(value)
+            elif key.startswith(sessions):
+                self.sessions.resync(value)
             elif key.startswith(reservations):
                 self.reservations.resync(key[len(reservations) :], value, now)
         self.reservations.settle()
@@ -135,6 +142,8 @@ class FleetSharing:
             return self.cordons.apply(kind, engine, node, fields)
         if kind is Kind.AFFINITY:
             return self.affinity.apply(engine, node, fields)
+        if kind is Kind.SESSION:
+            return self.sessions.apply(engine, node, fields)
         if kind is Kind.SPEED:
             return self.speeds.apply(engine, node, fields)
         return kind is Kind.PROGRESS and self.progress.apply(engine, node)

@@ -41,6 +41,9 @@ class Kind(Enum):
     UNCORDON = "uncordon"
     AFFINITY = "aff"
     """A conversation's prefix is warm on a node (a key, and a message)."""
+    SESSION = "sess"
+    """A client's session was served on a node: its home (a key, and a message; only with a
+    secret, its name sealed under it)."""
     RESERVATIONS = "res"
     """One proxy's reservation counts (a key, and a message)."""
     PROGRESS = "prog"

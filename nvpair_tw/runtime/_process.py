@@ -340,7 +340,8 @@ def _facade(
     stall_tracker: StallTrackerFactory | None,
     fleet: FleetStore | None,
 ) -> FacadeState:
-    """One engine's facade: its nodes, inventory, admission, stall tracker and affinity table."""
+    """One engine's facade: its nodes, inventory, admission, stall tracker, affinity and session
+    tables."""
     settings = shared.settings
     profile = ENGINES[engine]
     directory = NodeDirectory(profile, reactor, flag_nodes=flag_nodes, nodes_file=nodes_file)
@@ -379,6 +380,8 @@ def _facade(
         cordons=cordons,
     )
     if fleet is not None:
+        n, ttl = settings.affinity_max_entries, settings.session_ttl
+        facade.sessions = fleet.session_table(engine, n, ttl)
         _share_progress(facade, fleet, engine)
         fleet.bind_cordons(engine, cordons)
         fleet.bind_speeds(engine, facade.speeds)

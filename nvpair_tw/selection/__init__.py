@@ -21,8 +21,10 @@ from nvpair_tw.selection._affinity import (
     COMPLETION_PATHS,
     AffinityKey,
     AffinityTable,
+    Match,
     affinity_key,
 )
+from nvpair_tw.selection._canonical import BILLING_PREFIX, is_billing_block
 from nvpair_tw.selection._contexts import Fit, fit
 from nvpair_tw.selection._cordons import Cordon, CordonBook, CordonListener
 from nvpair_tw.selection._flights import FlightBook, Landing, Trip
@@ -36,6 +38,15 @@ from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reachability import Reach, Reachability
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
 from nvpair_tw.selection._routers import spare_busy_routers, would_evict_busy_work
+from nvpair_tw.selection._sessions import (
+    SESSION_HEADERS,
+    Home,
+    Session,
+    SessionTable,
+    Warm,
+    session_name,
+    warm_node,
+)
 from nvpair_tw.selection._slots import priority_note
 from nvpair_tw.selection._speed import Answer, Rates, Sample, SpeedBook, Start, sample_of
 from nvpair_tw.selection._stalls import (
@@ -47,10 +58,12 @@ from nvpair_tw.selection._stalls import (
 )
 
 __all__ = [
+    "BILLING_PREFIX",
     "CHAT_PATHS",
     "COMPLETION_PATHS",
     "PROBE_BOUND",
     "RETRY_AFTER_SECONDS",
+    "SESSION_HEADERS",
     "Admission",
     "AffinityKey",
     "AffinityTable",
@@ -64,10 +77,12 @@ __all__ = [
     "Cordons",
     "Fit",
     "FlightBook",
+    "Home",
     "IStallTracker",
     "InventoryBook",
     "Landing",
     "Load",
+    "Match",
     "Patience",
     "Probe",
     "ProgressBook",
@@ -80,6 +95,8 @@ __all__ = [
     "ReservationLedger",
     "RouteGaps",
     "Sample",
+    "Session",
+    "SessionTable",
     "Slot",
     "SpeedBook",
     "StallTracker",
@@ -87,9 +104,11 @@ __all__ = [
     "Trip",
     "Waited",
     "Waiter",
+    "Warm",
     "affinity_key",
     "expiry_probe",
     "fit",
+    "is_billing_block",
     "make_rank",
     "order_candidates",
     "patience",
@@ -97,8 +116,10 @@ __all__ = [
     "priority_note",
     "request_size",
     "sample_of",
+    "session_name",
     "slot_limit",
     "slot_wait",
     "spare_busy_routers",
+    "warm_node",
     "would_evict_busy_work",
 ]

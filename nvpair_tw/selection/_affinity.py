@@ -19,60 +19,55 @@ from typing import Any
 from attrs import define, field, frozen, setters
 from twisted.internet.interfaces import IReactorTime
 
-__all__ = ["CHAT_PATHS", "COMPLETION_PATHS", "AffinityKey", "AffinityTable", "affinity_key"]
+from nvpair_tw.selection._canonical import Bound, canonical
 
-CHAT_PATHS = frozenset({"/v1/chat/completions", "/api/chat", "/api/v0/chat/completions"})
-COMPLETION_PATHS = frozenset({"/v1/completions", "/api/generate", "/api/v0/completions"})
-PROMPT_PREFIX_BYTES = 1024
+__all__ = [
+    "CHAT_PATHS",
+    "COMPLETION_PATHS",
+    "AffinityKey",
+    "AffinityTable",
+    "Match",
+    "affinity_key",
+]
 
-# Generation settings: they change the answer, not the prefix the engine caches.
-GENERATION_SETTINGS = frozenset(
+CHAT_PATHS = frozenset(
     {
-        "model",
-        "messages",
-        "prompt",
-        "context",
-        "stream",
-        "stream_options",
-        "max_tokens",
-        "max_completion_tokens",
-        "temperature",
-        "top_p",
-        "top_k",
-        "min_p",
-        "seed",
-        "stop",
-        "n",
-        "frequency_penalty",
-        "presence_penalty",
-        "repetition_penalty",
-        "logprobs",
-        "top_logprobs",
-        "logit_bias",
-        "user",
-        "metadata",
-        "store",
-        "keep_alive",
+        "/v1/chat/completions",
+        "/api/chat",
+        "/api/v0/chat/completions",
+        "/v1/messages",
+        "/v1/responses",
+        "/api/v1/chat",
     }
 )
+"""The conversation routes of every facade: chat completions, Ollama's chat, LM Studio's v0 and
+v1 chat, Anthropic Messages and the Responses API. The route says whether a request is a
+conversation; it is not part of the digest, so one conversation has one chain on all of them."""
+COMPLETION_PATHS = frozenset({"/v1/completions", "/api/generate", "/api/v0/completions"})
+PROMPT_PREFIX_BYTES = 1024
+BOUND = Bound(text=2 << 20, steps=16_384, atoms=2048)
+"""How much of a conversation is digested: 2 MiB of its text, 16,384 steps of the walk, 2,048
+atoms. A longer one is known by its beginning, which its later turns share (docs/affinity.md,
+"Size bound", measured by ``bench/digests.py``)."""
 
 
 @frozen
 class AffinityKey:
-    """One request's digests: ``key`` is recorded after success, ``lookups`` are tried in order."""
+    """One request's digests: ``key`` is recorded after success, ``lookups`` are tried in order
+    (the key first, then each earlier boundary, longest first)."""
 
     model: str
     key: bytes
     lookups: tuple[bytes, ...]
 
 
-# What json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False) would build
-# for every call (an encoder holds no state between calls).
-_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+@frozen
+class Match:
+    """Where a request's longest known prefix is warm: the node, and how many boundaries of the
+    request that prefix covers (its depth: 1 for the first atom)."""
 
-
-def _canonical(value: Any) -> bytes:
-    return _ENCODER.encode(value).encode()
+    node: str
+    depth: int
 
 
 def _sha256(*parts: bytes) -> bytes:
@@ -85,52 +80,60 @@ def _sha256(*parts: bytes) -> bytes:
 def affinity_key(path: str, model: str, body: Mapping[str, Any]) -> AffinityKey | None:
     """The affinity digests of a POST inference request, or None when it has no affinity.
 
-    ``path`` is the request path (a query is ignored), ``model`` the normalised model name and
-    ``body`` the parsed JSON body. Malformed shapes give None, never an exception.
+    ``path`` is the request path (a query is ignored): a conversation route (:data:`CHAT_PATHS`)
+    chains the canonical form of its conversation (:mod:`~nvpair_tw.selection._canonical`), the
+    same on every route; a completion route digests its prompt's beginning. ``model`` is the
+    normalised model name and ``body`` the parsed JSON body. Malformed shapes give None, never
+    an exception.
     """
     path = path.partition("?")[0]
-    if path not in CHAT_PATHS and path not in COMPLETION_PATHS:
-        return None
     try:
-        envelope = {k: v for k, v in body.items() if k not in GENERATION_SETTINGS}
-        base = _sha256(_canonical([path, envelope]))
         if path in CHAT_PATHS:
-            return _chat_key(model, base, body.get("messages"))
-        return _completion_key(path, model, base, body)
+            return _chat_key(model, body)
+        if path in COMPLETION_PATHS:
+            return _completion_key(path, model, body)
     except (TypeError, ValueError, RecursionError, AttributeError):
         return None
+    return None
 
 
-def _chat_key(model: str, base: bytes, messages: Any) -> AffinityKey | None:
-    if not isinstance(messages, list) or not messages:
+def _chat_key(model: str, body: Mapping[str, Any]) -> AffinityKey | None:
+    found = canonical(body, BOUND)
+    if found is None:
         return None
-    if not all(isinstance(message, dict) for message in messages):
-        return None
+    # One running SHA-256 over the preamble and the atoms; its value after each atom is a
+    # boundary. Each atom is prefix-free, so nothing is needed between them.
+    running = hashlib.sha256(found.preamble)
     boundaries = []
-    digest = base
-    for message in messages:
-        encoded = _canonical(message)
-        digest = _sha256(digest, len(encoded).to_bytes(8, "big"), encoded)
-        boundaries.append(digest)
+    for atom in found.atoms:
+        running.update(atom)
+        boundaries.append(running.copy().digest())
+    digest = boundaries[-1]
     # The key itself comes first, so an exact resend goes back where it went.
     return AffinityKey(model, digest, tuple(reversed(boundaries)))
 
 
-def _completion_key(
-    path: str, model: str, base: bytes, body: Mapping[str, Any]
-) -> AffinityKey | None:
+def _completion_key(path: str, model: str, body: Mapping[str, Any]) -> AffinityKey | None:
+    base = _sha256(b"completion", _preamble(body))
     context = body.get("context")
     if path == "/api/generate" and isinstance(context, list) and context:
-        digest = _sha256(base, b"context", _canonical(context))
+        digest = _sha256(base, b"context", json.dumps(context, separators=(",", ":")).encode())
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             return None
-        encoded = prompt.encode()
+        encoded = prompt.encode("utf-8")
         if len(encoded) < PROMPT_PREFIX_BYTES:
             return None
         digest = _sha256(base, b"prompt", encoded[:PROMPT_PREFIX_BYTES])
     return AffinityKey(model, digest, (digest,))
+
+
+def _preamble(body: Mapping[str, Any]) -> bytes:
+    """A completion's system prompt and suffix (Ollama's ``system``, ``suffix``), as JSON."""
+    return json.dumps(
+        [body.get("system"), body.get("suffix")], separators=(",", ":"), ensure_ascii=False
+    ).encode("utf-8")
 
 
 def _positive_entries(_instance: object, _attribute: object, value: int) -> None:
@@ -160,19 +163,25 @@ class AffinityTable:
 
     def lookup(self, key: AffinityKey) -> str | None:
         """The warm node for the longest known prefix, or None; a hit refreshes its idle time."""
+        found = self.match(key)
+        return None if found is None else found.node
+
+    def match(self, key: AffinityKey) -> Match | None:
+        """The warm node for the longest known prefix and that prefix's depth, or None; a hit
+        refreshes its idle time."""
         now = self._clock.seconds()
+        depth = len(key.lookups)
         for digest in key.lookups:
             slot = (key.model, digest)
             entry = self._entries.get(slot)
-            if entry is None:
-                continue
-            node_id, last_used = entry
-            if now - last_used >= self.idle_ttl:
+            if entry is not None:
+                node_id, last_used = entry
+                if now - last_used < self.idle_ttl:
+                    self._entries[slot] = (node_id, now)
+                    self._entries.move_to_end(slot)
+                    return Match(node_id, depth)
                 del self._entries[slot]
-                continue
-            self._entries[slot] = (node_id, now)
-            self._entries.move_to_end(slot)
-            return node_id
+            depth -= 1
         return None
 
     def holds(self, key: AffinityKey) -> bool:

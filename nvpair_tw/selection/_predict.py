@@ -43,7 +43,7 @@ node that set the median goes to the unmeasured one (else a new node would never
 REFRESH_WITHIN = 2.0
 """A stale estimate is refreshed by a request predicted there within this factor of the best."""
 _LIMIT_NAMES = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
-_TEXT_NAMES = ("prompt", "system", "instructions", "input", "suffix")
+_TEXT_NAMES = ("prompt", "system", "system_prompt", "instructions", "input", "suffix")
 
 
 @frozen
@@ -92,7 +92,7 @@ def _text_bytes(value: Any) -> tuple[int, int]:
                 if isinstance(kind, str) and ("image" in kind):
                     images += 1
                     continue
-                part = part.get("text", part.get("content"))
+                part = part.get("text", part.get("content", part.get("output")))
             more, pictures = _text_bytes(part)
             size, images = size + more, images + pictures
         return size, images
@@ -153,11 +153,26 @@ def request_size(
         images += len(attached)
     tokens = int(text / ratio) + images * IMAGE_TOKENS
     if not isinstance(messages, list):
-        tail = tokens  # a completion's cached prefix is not known: all of it counts
+        tail = _input_tail(doc.get("input"), ratio, tokens)
     options = doc.get("options")
     asked = _positive(options.get("num_ctx")) if isinstance(options, dict) else None
     measured = text if images == 0 and not _carries_earlier(doc) else None
     return RequestSize(tokens, min(tail, tokens), _limit(doc), asked, measured)
+
+
+def _input_tail(given: Any, ratio: float, tokens: int) -> int:
+    """The tokens of a request's new message when it has no ``messages``: the last Responses input
+    item (a tool's result: its output), a string input (Responses, LM Studio's ``/api/v1/chat``);
+    a completion's prompt (no input) has no known cached prefix: all of it counts."""
+    if isinstance(given, list) and given:
+        given = given[-1]
+        if isinstance(given, dict) and "output" in given:
+            given = given["output"]
+        given = [given]
+    elif not isinstance(given, str):
+        return tokens
+    size, pictures = _text_bytes(given)
+    return int(size / ratio) + pictures * IMAGE_TOKENS
 
 
 def _carries_earlier(doc: Mapping[str, Any]) -> bool:

@@ -127,6 +127,20 @@ def test_responses_stream_ends_at_any_of_its_three_terminal_events() -> None:
         assert feed_all(TerminalFrameDetector(SSE), byte_by_byte(head + data)).seen
 
 
+def test_lm_studio_chat_stream_ends_at_chat_end() -> None:
+    """LM Studio's ``/api/v1/chat`` stream ends with its ``chat.end`` event (docs/behaviour.md
+    §5.3: a conversation is recorded only then); ``message.end`` and a delta mentioning it do not."""
+    head = (
+        b'event: chat.start\ndata: {"type":"chat.start","model_instance_id":"m"}\n\n'
+        b'event: message.delta\ndata: {"type":"message.delta","content":"chat.end"}\n\n'
+        b'event: message.end\ndata: {"type":"message.end"}\n\n'
+    )
+    assert not feed_all(TerminalFrameDetector(SSE), byte_by_byte(head)).seen
+    end = b'event: chat.end\ndata: {"type":"chat.end","result":{"output":[]}}\n\n'
+    assert feed_all(TerminalFrameDetector(SSE), byte_by_byte(head + end)).seen
+    assert feed_all(TerminalFrameDetector(SSE), [head, b"event: chat.end\n\n"]).seen
+
+
 @pytest.mark.parametrize(
     "line",
     [

@@ -7,14 +7,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
-from nvpair_tw.fleet._sharing import RESERVATION_BATCH, RESERVATION_TTL, SharedReservations
+from nvpair_tw.fleet._sharing import (
+    RESERVATION_BATCH,
+    RESERVATION_TTL,
+    SharedReservations,
+    SharedSessions,
+    SharedSessionTable,
+)
 from nvpair_tw.fleet._store import FleetStore, StateConfig
 from nvpair_tw.fleet._wire import Codec, Command
 from nvpair_tw.selection._affinity import AffinityKey
 from nvpair_tw.selection._reservations import ReservationLedger
+from nvpair_tw.selection._sessions import Home, Session, SessionTable
 
 DIGEST = "ab" * 32
 
@@ -116,3 +124,73 @@ def test_a_burst_that_ends_where_it_began_publishes_nothing() -> None:
     ledger.release(ledger.reserve("n0"))
     clock.advance(RESERVATION_BATCH)
     assert writes == []
+
+
+def secret_store() -> FleetStore:
+    config = StateConfig("127.0.0.1", secret=b"fleet secret")
+    return FleetStore(Clock(), config, proxy_id="me")  # type: ignore[arg-type]
+
+
+def test_resync_and_a_peers_message_give_a_session_its_home() -> None:
+    """A session's home comes from the store (after a reconnection) or from a peer's message,
+    sealed: the table finds it by the session's own digest sealed the same way."""
+    fleet = secret_store()
+    table = fleet.session_table("ollama", 10, 3600.0)
+    assert isinstance(table, SharedSessionTable)
+    mine, theirs = Session.of("alice", "m", "s1"), Session.of("alice", "m", "s2")
+    sealed = [table._sealed(s).digest.hex() for s in (mine, theirs)]
+    entry = {"e": "ollama", "k": "alice", "m": "m", "d": sealed[0], "n": "n1", "l": 4}
+    keys = StoredKeys({f"nvpair:sess:ollama:{sealed[0]}": (json.dumps(entry), 60000)})
+    Deferred.fromCoroutine(fleet.resync(keys))
+    assert table.home(mine) == Home("n1", 4)
+    message = {**entry, "o": "peer", "t": "sess", "d": sealed[1], "n": "n0", "l": 2}
+    fleet.on_message(json.dumps(message))
+    assert table.home(theirs) == Home("n0", 2)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"d": "not hex"}, {"k": None}, {"l": "4"}, {"l": True}, {"m": 7}, {"n": None}, {"e": "x"}],
+)
+def test_a_malformed_session_message_is_ignored(change: dict[str, Any]) -> None:
+    fleet = secret_store()
+    fleet.session_table("ollama", 10, 3600.0)
+    message = {"o": "peer", "t": "sess", "e": "ollama", "k": "a", "m": "m", "d": DIGEST, "n": "n1"}
+    fleet.on_message(json.dumps({**message, "l": 1, **change}))
+    assert (fleet.applied, fleet._sharing.ignored) == (0, 1)
+
+
+def test_without_a_secret_sessions_are_not_shared() -> None:
+    """No secret, no session leaves the proxy: its table is its own, and a peer's is ignored."""
+    fleet, _clock, _ledger = store()
+    table = fleet.session_table("ollama", 10, 3600.0)
+    assert type(table) is SessionTable
+    message = {"o": "peer", "t": "sess", "e": "ollama", "k": "a", "m": "m", "d": DIGEST, "n": "n1"}
+    fleet.on_message(json.dumps({**message, "l": 1}))
+    assert (fleet.applied, fleet._sharing.ignored) == (0, 1)
+
+
+def test_a_shared_session_goes_out_sealed_with_its_callers_key_and_model() -> None:
+    clock, writes = Clock(), list[Command]()
+    shared = SharedSessions(
+        clock,  # type: ignore[arg-type]
+        Codec("me", "ns"),
+        writes.append,
+        lambda: True,
+        seal=lambda d: b"sealed" + d[:2],
+    )
+    table = shared.table("ollama", 10, 600.0)
+    session = Session.of("alice", "m", "the name")
+    table.record(session, "n1", 3)
+    [(op, key, value, ttl), (_pub, message)] = writes[0]()
+    sealed = (b"sealed" + session.digest[:2]).hex()
+    assert (op, key, ttl) == ("set", f"ns:sess:ollama:{sealed}", 600_000)
+    assert json.loads(value) == {
+        "e": "ollama",
+        "k": "alice",
+        "m": "m",
+        "d": sealed,
+        "n": "n1",
+        "l": 3,
+    }
+    assert "the name" not in value and "the name" not in json.dumps(message)

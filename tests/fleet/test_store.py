@@ -806,3 +806,81 @@ async def test_the_proxy_that_saw_the_stall_probes_and_its_renewal_holds_on_the_
     await eventually(
         reactor, lambda: "n0" not in facade_of(p2).stalls.cooling(), 10 * period, "P2 follows"
     )
+
+
+async def post_as(
+    reactor: Any, proxy: ProxyHandle, payload: dict[str, Any], headers: dict[str, str]
+) -> str | None:
+    """POST ``payload`` to ``/api/chat`` with ``headers``: the node that answered."""
+    sent: dict[bytes | str, bytes | str] = {k: v for k, v in headers.items()}
+    response = await http_client(reactor).post(
+        proxy.url() + "/api/chat", data=json.dumps(payload).encode(), headers=sent
+    )
+    await treq.content(response)
+    assert response.code == 200
+    node = response.headers.getRawHeaders(b"x-nvpair-node")
+    return node[0].decode() if node else None
+
+
+SYSTEM = {"role": "system", "content": "You are a careful coding agent. " * 80}
+
+
+def conversation(*said: str) -> dict[str, Any]:
+    messages = [SYSTEM, *({"role": "user", "content": text} for text in said)]
+    return {"model": "llama3", "stream": False, "messages": messages}
+
+
+async def session_fleet(
+    reactor: Any, fleet: Fleet, config: StateConfig
+) -> tuple[ProxyHandle, ProxyHandle]:
+    """Two proxies over n0 and n1; a session named on P1 is served by n1 (P1's pin)."""
+    engines = [await fleet.engine(healthy(reactor)) for _ in range(2)]
+    nodes = [Node(f"n{i}", e.url, MODEL) for i, e in enumerate(engines)]
+    p1 = await fleet.proxy(nodes, Settings(), config)
+    p2 = await fleet.proxy(nodes, Settings(), config)
+    await fleet.up()
+    facade_of(p1).pin = "n1"
+    session = {"X-Session-Id": CANARY}
+    assert await post_as(reactor, p1, conversation("turn one"), session) == "n1"
+    await eventually(reactor, lambda: len(facade_of(p2).affinity) == 1, PEER_BOUND, "peer entry")
+    # P1 says its counts now (none), so P2 has heard the release, not only seen no reservation yet.
+    assert p1.runtime.fleet is not None and p2.runtime.fleet is not None
+    p1.runtime.fleet._sharing.reservations.refresh()
+    heard = p2.runtime.fleet._sharing.reservations._peers
+    origin = p1.runtime.fleet.proxy_id
+    await eventually(
+        reactor, lambda: heard.get(origin, ({"?": 1},))[0] == {}, PEER_BOUND, "release"
+    )
+    return p1, p2
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_session_named_on_one_proxy_goes_home_through_another(
+    reactor: Any, fleet: Fleet, redis: RedisServer, tmp_path: Path
+) -> None:
+    """With a secret, a session's home is the fleet's: its compacted next turn (no prefix in
+    common) reaches n1 through P2; the same turn without the session goes where P2's order puts
+    it; the store holds the session sealed, never its name."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"fleet secret\n")
+    config = parse_state_url(redis.url(), secret=read_secret(str(secret)))
+    _p1, p2 = await session_fleet(reactor, fleet, config)
+    await eventually(reactor, lambda: len(facade_of(p2).sessions) == 1, PEER_BOUND, "peer home")
+    session = {"X-Session-Id": CANARY}
+    assert await post_as(reactor, p2, conversation("compacted"), session) == "n1"
+    assert await post_as(reactor, p2, conversation("another"), {}) == "n0"
+    stored = redis.everything()
+    assert "nvpair:sess:ollama:" in stored and CANARY not in stored
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_a_secret_a_session_stays_on_its_proxy(
+    reactor: Any, fleet: Fleet, redis: RedisServer
+) -> None:
+    """No secret: conversations' prefixes are shared, sessions are not (a name would leave the
+    proxy unkeyed)."""
+    _p1, p2 = await session_fleet(reactor, fleet, redis.config())
+    assert len(facade_of(p2).sessions) == 0
+    session = {"X-Session-Id": CANARY}
+    assert await post_as(reactor, p2, conversation("compacted"), session) == "n0"
+    assert "nvpair:sess:" not in redis.everything()

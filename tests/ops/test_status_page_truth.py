@@ -215,6 +215,7 @@ CHOSEN = {
     "target": "named by X-NVPair-Node",
     "pin": "pinned by the operator",
     "affinity": "holds the conversation's prefix",
+    "session": "home of the client's session",
     "conversation": "holds the response it continues",
     "prediction": "predicted to answer first",
     "order": "first in the candidate order",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
 import pytest
@@ -59,10 +58,11 @@ def test_longest_known_prefix_wins() -> None:
 
 
 def test_exact_resend_is_looked_up_first() -> None:
-    """The key itself is the first lookup, then earlier boundaries longest first."""
+    """The key itself is the first lookup, then earlier boundaries longest first (one per message
+    after the system prompt, which is the preamble's)."""
     key = chat_key(turn(2))
     assert key.lookups[0] == key.key
-    assert len(key.lookups) == len(turn(2))
+    assert len(key.lookups) == len(turn(2)) - 1
     assert chat_key(turn(1)).key in key.lookups[1:]
     table = AffinityTable(Clock())
     table.record(chat_key(turn(1)), "node-a")
@@ -107,9 +107,12 @@ def test_key_ignores_field_order() -> None:
     assert chat_key(a, tools=[{"x": 1, "y": 2}]) == chat_key(b, tools=[{"y": 2, "x": 1}])
 
 
-def test_path_is_part_of_the_key() -> None:
-    """The same messages on another chat path are another prefix."""
-    assert chat_key(turn(1)).key != chat_key(turn(1), path="/api/chat").key
+@pytest.mark.parametrize(
+    "path", ["/api/chat", "/api/v0/chat/completions", "/v1/messages", "/v1/responses"]
+)
+def test_the_route_is_not_part_of_the_key(path: str) -> None:
+    """The same messages on another conversation route are the same conversation."""
+    assert chat_key(turn(2), path=path) == chat_key(turn(2))
 
 
 def test_different_model_misses() -> None:
@@ -125,15 +128,14 @@ def test_different_model_misses() -> None:
     [
         "/v1/embeddings",
         "/api/embed",
-        "/v1/messages",
         "/api/tags",
         "/v1/chat",
-        "/v1/responses",
         "/api/v0/embeddings",
+        "/v1/messages/count_tokens",
     ],
 )
 def test_other_paths_have_no_affinity(path: str) -> None:
-    """Only chat and completion paths have affinity."""
+    """Only conversation and completion paths have affinity (embeddings keep nothing warm)."""
     assert (
         affinity_key(path, "m", {"model": "m", "messages": turn(1), "prompt": "x" * 2000}) is None
     )
@@ -188,7 +190,7 @@ def test_missing_messages_give_none() -> None:
     [
         {"messages": [{"content": "\ud800"}]},
         {"messages": turn(1), "tools": {1: "x", "a": "y"}},
-        {"messages": turn(1), "extra": object()},
+        {"messages": turn(1), "tools": [object()]},
         {"prompt": "\ud800" * 2000},
     ],
 )
@@ -349,19 +351,24 @@ def test_table_repr_reveals_no_entries() -> None:
     assert "secret-node" not in repr(table)
 
 
-def test_a_digest_is_of_the_canonical_json_of_the_request() -> None:
-    """A one-message chat's key is SHA-256 over the envelope's canonical JSON (sorted keys, no
-    spaces, non-ASCII kept), then the message's length and canonical JSON: digests stay the same
-    bytes whatever encoder builds them."""
-    message = {"role": "user", "content": "héllo", "name": {"z": 1, "a": [1, 2]}}
-    body = {"model": "m", "tools": [{"b": 1, "a": "é"}], "messages": [message]}
-
-    def canonical(value: Any) -> bytes:
-        return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-    base = hashlib.sha256(canonical(["/api/chat", {"tools": body["tools"]}])).digest()
-    encoded = canonical(message)
-    key = hashlib.sha256(base + len(encoded).to_bytes(8, "big") + encoded).digest()
+def test_a_digest_is_of_the_canonical_form_of_the_conversation() -> None:
+    """A one-message chat's key is SHA-256 over the preamble (the system prompt and the tools)
+    and the message, each in the prefix-free form: a string as its UTF-8 length and bytes, a
+    list and an object with their counts (an object by sorted key). Digests stay the same bytes
+    from one release to the next, so a fleet's proxies meet in one table."""
+    body = {
+        "model": "m",
+        "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {"b": 1, "a": "é"}}}
+        ],
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "héllo"},
+        ],
+    }
+    preamble = b"l3:s1:s" + b"l1:s9:Be brief." + b"l1:l4:s1:fs1:fnd2:s1:as2:\xc3\xa9s1:bi1;"
+    atom = b"l3:s1:ts4:userl1:s6:h\xc3\xa9llo"
+    key = hashlib.sha256(preamble + atom).digest()
     assert affinity_key("/api/chat", "m", body) == AffinityKey("m", key, (key,))
 
 

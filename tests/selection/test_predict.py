@@ -62,6 +62,23 @@ def test_ollama_prompt_images_and_num_predict_count() -> None:
     assert request_size(doc) == RequestSize(20 + IMAGE_TOKENS, 20 + IMAGE_TOKENS, 12)
 
 
+def test_responses_and_lm_studio_chat_count_their_new_input_as_the_tail() -> None:
+    """Without ``messages`` the new message is the last Responses input item (a tool result: its
+    output), or the string ``input`` (Responses, LM Studio's ``/api/v1/chat``, whose
+    ``system_prompt`` is prompt text): a warm node reads only that (§5.3)."""
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "q" * 400}]},
+        {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c", "output": "r" * 40},
+    ]
+    responses = request_size({"instructions": "s" * 400, "input": items})
+    assert (responses.prompt_tokens, responses.tail_tokens) == (100 + 100 + 10, 10)
+    lmstudio = request_size({"system_prompt": "s" * 400, "input": "hi" * 20})
+    assert (lmstudio.prompt_tokens, lmstudio.tail_tokens) == (110, 10)
+    completion = request_size({"prompt": "p" * 400})
+    assert completion.tail_tokens == completion.prompt_tokens == 100
+
+
 def test_a_request_with_no_document_has_no_size() -> None:
     assert request_size(None) == RequestSize()
 
