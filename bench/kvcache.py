@@ -9,7 +9,8 @@ tokens, the one whose tokens share the longest prefix with the prompt, if that p
 (the last on a tie). So a conversation that shares only the agent's system prompt with an idle
 slot (two thirds of a first turn) takes that slot, and the conversation it held is gone from it.
 What the slot shares with the prompt is read from the cache; the rest, and at least the last
-token, is read again.
+token, is read again. A request naming a slot (llama-server's ``id_slot``) takes that slot,
+whatever it holds, or waits for it while other requests go ahead.
 
 **llama-server's host-memory prompt cache** (``--cache-ram``, 8 GiB by default in current builds)
 is imitated when a :class:`HostCache` is given: when a slot chosen for a request is taken by
@@ -123,24 +124,19 @@ class PrefixCache:
         """``count`` empty slots (and ``host``, a host-memory prompt cache, or none)."""
         return cls([Slot() for _ in range(count)], host)
 
-    def take(self, prompt: Sequence[str], now: float) -> Taken | None:
+    def take(self, prompt: Sequence[str], now: float, wanted: int | None = None) -> Taken | None:
         """Take an idle slot for ``prompt`` (see the module docstring), or None when every slot
-        is busy. The slot is busy until :meth:`release`."""
-        idle = [i for i, s in enumerate(self.slots) if not s.busy]
-        if not idle:
-            return None
-        chosen, best = None, 0
-        for i in idle:
-            held = self.slots[i].tokens
-            shared = common_prefix(held, prompt) if held else 0
-            if shared > best and shared > SIMILARITY * len(prompt):
-                chosen, best = i, shared
-        if chosen is None:
-            chosen = max(idle, key=lambda i: (-self.slots[i].used, i))
-            best = common_prefix(self.slots[chosen].tokens, prompt)
-            save = True
+        is busy (or the ``wanted`` one is: a request naming llama-server's ``id_slot`` gets that
+        slot, with what it holds, or waits for it). The slot is busy until :meth:`release`."""
+        if wanted is not None:
+            if self.slots[wanted].busy:
+                return None
+            chosen, best, save = wanted, common_prefix(self.slots[wanted].tokens, prompt), False
         else:
-            save = best < KEEP * len(self.slots[chosen].tokens)
+            choice = self._choose(prompt)
+            if choice is None:
+                return None
+            chosen, best, save = choice
         slot = self.slots[chosen]
         slot.busy, slot.used = True, now
         restored = 0
@@ -152,6 +148,23 @@ class PrefixCache:
                 slot.tokens, restored = found, len(found)
                 best = common_prefix(found, prompt)
         return Taken(chosen, min(best, len(prompt) - 1), restored)
+
+    def _choose(self, prompt: Sequence[str]) -> tuple[int, int, bool] | None:
+        """llama-server's ``get_available_slot``: (the slot, the tokens it shares with the
+        prompt, whether what it holds is saved to host memory first), or None: all are busy."""
+        idle = [i for i, s in enumerate(self.slots) if not s.busy]
+        if not idle:
+            return None
+        chosen, best = None, 0
+        for i in idle:
+            held = self.slots[i].tokens
+            shared = common_prefix(held, prompt) if held else 0
+            if shared > best and shared > SIMILARITY * len(prompt):
+                chosen, best = i, shared
+        if chosen is None:
+            chosen = max(idle, key=lambda i: (-self.slots[i].used, i))
+            return chosen, common_prefix(self.slots[chosen].tokens, prompt), True
+        return chosen, best, best < KEEP * len(self.slots[chosen].tokens)
 
     def release(self, index: int, tokens: list[str], now: float) -> None:
         """The request in slot ``index`` ended: the slot now holds ``tokens``."""

@@ -166,13 +166,17 @@ class CachingEngine(Resource):
         return NOT_DONE_YET
 
     def _start_waiting(self) -> None:
-        while self._waiting:
-            job = self._waiting[0]
-            taken = self.cache.take(job.prompt, self.clock.seconds())
-            if taken is None:
+        """Start the waiting requests that can start, first come first served; one that names
+        a busy slot lets the others pass (llama-server defers it)."""
+        for job in list(self._waiting):
+            if not any(not s.busy for s in self.cache.slots):
                 return
-            self._waiting.popleft()
-            self._run(job, taken)
+            taken = self.cache.take(
+                job.prompt, self.clock.seconds(), _slot_named(job.body, self.slots)
+            )
+            if taken is not None:
+                self._waiting.remove(job)
+                self._run(job, taken)
 
     def _run(self, job: _Job, taken: Taken) -> None:
         now = self.clock.seconds()
@@ -208,6 +212,15 @@ class CachingEngine(Resource):
         self.served.append(done)
         self.cache.release(slot, job.prompt + reply_tokens(job.reply), self.clock.seconds())
         self._start_waiting()
+
+
+def _slot_named(body: dict[str, Any], slots: int) -> int | None:
+    """llama-server's ``id_slot``: the slot a request asks for (modulo the slots, as
+    ``get_slot_by_id`` wraps it), or None (-1, or none given)."""
+    wanted = body.get("id_slot")
+    if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted >= 0:
+        return wanted % slots
+    return None
 
 
 _SSE = b"text/event-stream"

@@ -191,6 +191,26 @@ def test_a_request_waits_while_every_slot_is_busy(memory_cluster: Make) -> None:
     assert second.arrived == pytest.approx(0.0)
 
 
+def test_a_request_naming_a_slot_takes_it_or_waits_for_it(memory_cluster: Make) -> None:
+    """llama-server's ``id_slot``: a's next turn names the slot b took, so it reads its prompt
+    there from scratch, and c, naming a busy slot, waits while d goes ahead."""
+    clock = Clock()
+    engine = _engine(clock)
+    cluster = _cluster(memory_cluster, engine)
+    _answer(cluster, _chat("a", 1, system="asys"))
+    _answer(cluster, _chat("b", 1, system="bsys"))
+    _answer(cluster, {**_chat("a", 2, system="asys"), "id_slot": 2})  # 2 wraps to slot 0: b's
+    assert (engine.served[-1].slot, engine.served[-1].cached) == (0, 1)  # the system marker
+    _send(cluster, {**_chat("c", 1, system="csys"), "id_slot": 1})
+    _send(cluster, {**_chat("d", 1, system="dsys"), "id_slot": 1})
+    _send(cluster, _chat("e", 1, system="esys"))
+    cluster.advance(60)
+    c, e, d = engine.served[3:]
+    assert (c.slot, e.slot, d.slot) == (1, 0, 1)
+    assert e.started == c.started == c.arrived
+    assert d.started == pytest.approx(c.ended)
+
+
 def _sse(response: MemoryResponse) -> list[dict[str, Any]]:
     lines = response.body.decode().splitlines()
     return [json.loads(x[6:]) for x in lines if x.startswith("data: {")]
