@@ -3,22 +3,23 @@
 that holds its prefix, whatever API it speaks?
 
 ``python bench/agents.py [--quick] [--facades ollama,lmstudio,omlx,openai] [--turns 8]
-[--seeds 7] [--json PATH]`` prints Markdown tables (docs/performance.md, "Coding agents and the
-prefix cache") and writes every figure to ``bench/results/agents-<UTC timestamp>.json``.
+[--think 0.5,2] [--spread 2] [--seeds 7,8,9] [--json PATH]`` prints Markdown tables
+(docs/performance.md, "Coding agents and the prefix cache") and writes every figure to
+``bench/results/agents-<UTC timestamp>.json``.
 
-**Set-up.** Two engine doubles (``bench/kvcache.py``: llama-server with 2 slots, 2,000 prompt
+**Set-up.** Two engine doubles (``bench/kvengine.py``: llama-server with 2 slots, 2,000 prompt
 tokens/s and 100 answer tokens/s per slot, a prefix cache per slot; an Ollama double of the same
 speed for ``/api/chat``) and S agent sessions running at once, each T turns; every turn resends
 the whole conversation plus about 1,000 new tokens on a 2,000-token system prompt
-(``bench/agentclients.py``: each agent's own request shape). Sessions start within the first 2 s
-and think 0.5-2 s between turns (seeded: every contender is sent the same words at the same
-moments).
+(``bench/agentclients.py``: each agent's own request shape). Sessions start within the first
+``--spread`` seconds and think ``--think`` seconds between turns (seeded: every contender is sent
+the same words at the same moments).
 
 **Contenders, side by side in one run, each over its own fresh engines:**
 
 - **nvpair-tw**: the real proxy (``nvpair_tw.testing.MemoryCluster``: the facades as built by
   ``build_runtime``, every connection in memory) with the two engines as its nodes, one facade
-  at a time;
+  at a time (facades that measure the same figures are reported as one row);
 - **oracle**: each session pinned to one node (session i to node i mod 2), straight to the
   engines; for Claude Code 2.1.37 it sends the request without the billing block (what a proxy
   that knew better could forward);
@@ -30,9 +31,10 @@ the figures repeat exactly for a seed, and the shared machine's load cannot move
 leaves out is the proxy's own CPU time per request (about a millisecond, against turns of about a
 second; bench/run.py measures it).
 
-**Reported**, per load (no more sessions than slots; twice as many), per route: mean seconds per
-turn (request sent to last byte), the share of prompt tokens the engines found cached, the share
-of turns served on another node than the session's previous turn, each against the oracle.
+**Reported**, per load (:data:`LOADS`: as many sessions as slots; twice as many; twice as many on
+engines with llama-server's host-memory prompt cache), per route: mean seconds per turn (request
+sent to last byte), the share of prompt tokens the engines found cached, the share of turns
+served on another node than the session's previous turn, each against the oracle.
 """
 
 from __future__ import annotations
@@ -316,8 +318,21 @@ class Row:
     outcomes: dict[str, Outcome]
 
 
+@frozen
+class Pacing:
+    """How the agents pace their sessions (see :class:`Scenario`)."""
+
+    turns: int = 8
+    think: tuple[float, float] = (0.5, 2.0)
+    spread: float = 2.0
+
+
 def measure(
-    clients: Sequence[Client], facades: Sequence[str], load: Load, turns: int, seeds: Sequence[int]
+    clients: Sequence[Client],
+    facades: Sequence[str],
+    load: Load,
+    pacing: Pacing,
+    seeds: Sequence[int],
 ) -> list[Row]:
     """Every contender on every route at one load."""
     rows = []
@@ -330,8 +345,8 @@ def measure(
             total = outcomes[label] = Outcome()
             for seed in seeds:
                 scenario = Scenario(
-                    client, placement, facade, load.sessions, turns, seed,
-                    host_tokens=load.host_tokens,
+                    client, placement, facade, load.sessions, pacing.turns, seed,
+                    pacing.think, pacing.spread, load.host_tokens,
                 )  # fmt: skip
                 _pool(total, run(scenario))
         rows.append(Row(client, outcomes))
@@ -395,34 +410,35 @@ def _ratio(value: float, base: float) -> str:
     return f"{value / base:.2f}" if base else "-"
 
 
+def _pair(text: str) -> tuple[float, float]:
+    low, high = (float(x) for x in text.split(","))
+    return low, high
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="the Ollama facade only, one seed")
     parser.add_argument("--facades", default=",".join(FACADES), help="comma-separated")
     parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--think", type=_pair, default=(0.5, 2.0), help="MIN,MAX seconds")
+    parser.add_argument("--spread", type=float, default=2.0, help="sessions start within it")
     parser.add_argument("--seeds", default="7,8,9", help="comma-separated; outcomes are pooled")
     parser.add_argument("--json", type=Path, help="where to write the figures")
     args = parser.parse_args(argv)
     facades = ["ollama"] if args.quick else args.facades.split(",")
     seeds = [int(s) for s in args.seeds.split(",")][: 1 if args.quick else None]
+    pacing = Pacing(args.turns, args.think, args.spread)
     started = time.monotonic()
-    report: dict[str, Any] = {"facades": facades, "seeds": seeds, "turns": args.turns, "loads": []}
+    report: dict[str, Any] = {"facades": facades, "seeds": seeds, **asdict(pacing), "loads": []}
     for load in LOADS:
-        rows = measure(CLIENTS, facades, load, args.turns, seeds)
-        print(f"\n#### {load.title}, {args.turns} turns each\n", flush=True)
+        rows = measure(CLIENTS, facades, load, pacing, seeds)
+        print(f"\n#### {load.title}, {pacing.turns} turns each\n", flush=True)
         print(table(rows), flush=True)
-        report["loads"].append(
-            {
-                **asdict(load),
-                "rows": [
-                    {
-                        "client": r.client.name,
-                        "outcomes": {k: _figures(v) for k, v in r.outcomes.items()},
-                    }
-                    for r in rows
-                ],
-            }
-        )
+        figures = [
+            {"client": r.client.name, "outcomes": {k: _figures(v) for k, v in r.outcomes.items()}}
+            for r in rows
+        ]
+        report["loads"].append({**asdict(load), "rows": figures})
     report["wall_seconds"] = time.monotonic() - started
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = args.json or Path(__file__).parent / "results" / f"agents-{stamp}.json"
