@@ -249,7 +249,10 @@ class Driver:
 
 
 def _nodes(kind: str) -> list[Node]:
-    return [Node(n, f"http://{n}.node.test:11434", (MODEL,), kind=kind) for n in NODES]
+    """The engines as nodes given by URL alone, as ``--node a=URL`` gives them: the proxy polls
+    each one's model list and, for llama-server, ``/props`` (so it knows the 2 slots; a node with
+    a static model list is never polled and would run unlimited)."""
+    return [Node(n, f"http://{n}.node.test:11434", None, kind=kind) for n in NODES]
 
 
 def run(scenario: Scenario) -> Outcome:
