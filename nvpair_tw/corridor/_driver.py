@@ -41,6 +41,7 @@ from nvpair_tw.corridor._exchange import (
     Exchange,
     Finish,
     Permit,
+    Permitted,
     ReadBody,
     Relay,
     Route,
@@ -197,7 +198,7 @@ class Driver:
     async def _permit(self, _: Permit) -> Event:
         served = self._exchange.served
         assert served is not None
-        return await self._serving.permitted(served)
+        return Permitted(self._serving.counted(served.inbound.caller, served.inbound.kind))
 
     async def _admit(self, step: Admit) -> Event:
         return await self._serving.admitted(step, self.gone)
@@ -216,24 +217,26 @@ class Driver:
     # -- the end ----------------------------------------------------------------------------------
 
     def _finish(self, step: Finish) -> None:
-        """Write what is left, end the workload, mark the prefix warm, publish the record once,
-        and let go of what the request held."""
-        shared, serving = self._facade.shared, self._serving
-        answer = step.answer
+        """Write what is left, then settle (the prefix marked warm where it was answered whole)."""
+        shared = self._facade.shared
+        answer, record = step.answer, step.record
         if isinstance(answer, Rejection):
             self._writer.refuse(answer)
         elif isinstance(answer, Cut):
             self._writer.cut(shared.clock, shared.settings.write_stall_timeout)
-        serving.end_workload(step.workload)
-        route, record = serving.route, step.record
-        if step.warm and route is not None and record.node_id:
-            remember(self._facade, route.key, route.session, record.node_id)
-        serving.let_go()
-        publish(shared.bus, record)
-        serving.permit.done(_tokens(record))
-        self._let_go_of_body()
+        self._settle(record, step.workload, record.node_id if step.warm else None)
 
-    def _let_go_of_body(self) -> None:
+    def _settle(self, record: ProxyRequest, ending: WorkloadEnd | None, warm: str | None) -> None:
+        """End the workload, mark the prefix warm on ``warm``, publish the record once, and let
+        go of what the request held."""
+        serving = self._serving
+        serving.end_workload(ending)
+        route = serving.route
+        if warm and route is not None:
+            remember(self._facade, route.key, route.session, warm)
+        serving.let_go()
+        publish(self._facade.shared.bus, record)
+        serving.permit.done(_tokens(record))
         inbound = self._inbound
         if inbound is not None and inbound.large:
             let_go_of(self._facade, inbound)
@@ -247,12 +250,9 @@ class Driver:
             return
         exchange.phase = Phase.DONE
         self._writer.refuse(Rejection(500, "internal-error", "internal proxy error"))
-        self._serving.end_workload(WorkloadEnd(Ending.FAIL, "internal-error"))
-        self._serving.let_go()
-        self._serving.permit.done(None)
         now = self._facade.shared.clock.seconds()
-        publish(self._facade.shared.bus, exchange.facts.record(now, 500, None, "internal-error"))
-        self._let_go_of_body()
+        record = exchange.facts.record(now, 500, None, "internal-error")
+        self._settle(record, WorkloadEnd(Ending.FAIL, "internal-error"), None)
 
 
 _STEPS: dict[type[Any], Callable[[Driver, Any], Awaitable[Event]]] = {

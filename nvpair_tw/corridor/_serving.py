@@ -30,7 +30,6 @@ from nvpair_tw.corridor._exchange import (
     Ending,
     Event,
     HeadersArrived,
-    Permitted,
     Relay,
     Relayed,
     Route,
@@ -127,10 +126,6 @@ class Serving:
             self.fallbacks = Fallbacks.of(self.facade, step.inbound, choose_route)
             return Routed(self.fallbacks.first())
         return Routed(self.fallbacks.next() if self.fallbacks is not None else None)
-
-    async def permitted(self, served: Served) -> Event:
-        inbound = served.inbound
-        return Permitted(self.counted(inbound.caller, inbound.kind))
 
     def counted(self, caller: Caller, kind: RouteKind) -> Rejection | None:
         """The request counted once against its key's limits (§12.1): the refusal, or None
@@ -250,21 +245,9 @@ class Serving:
         return Relayed(outcome, usage, first_at, predicted, self.caller.gone)
 
     def end_workload(self, ending: WorkloadEnd | None) -> None:
-        """End the workload as ``ending`` says (None: as it is); once ended it lets go of the
-        request (its cancel hook)."""
-        workload = self.workload
-        if workload is None:
-            return
-        if ending is None:
-            pass
-        elif ending.how is Ending.COMPLETE:
-            workload.complete()
-        elif ending.how is Ending.FAIL:
-            workload.fail(ending.reason or "failed")
-        else:
-            workload.cancel(ending.reason or "cancelled")
-        if workload.terminal:
-            workload.cancel_hook = None
+        """End the workload as ``ending`` says (None: as it is)."""
+        if self.workload is not None:
+            _end(self.workload, ending)
 
     def let_go(self) -> None:
         """The booking (and its slot) and the trip end: the request is done with its node."""
@@ -273,6 +256,21 @@ class Serving:
         if self.trip is not None:
             self.trip.land()
             self.trip = None
+
+
+def _end(workload: Workload, ending: WorkloadEnd | None) -> None:
+    """End ``workload`` as ``ending`` says (None: as it is); once ended it lets go of the request
+    (its cancel hook)."""
+    if ending is None:
+        pass
+    elif ending.how is Ending.COMPLETE:
+        workload.complete()
+    elif ending.how is Ending.FAIL:
+        workload.fail(ending.reason or "failed")
+    else:
+        workload.cancel(ending.reason or "cancelled")
+    if workload.terminal:
+        workload.cancel_hook = None
 
 
 def _answer_of(
