@@ -9,11 +9,22 @@ test with the install commands; it is never skipped.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
 
-__all__ = ["CHROMIUM", "DESKTOP", "FLAGS", "PHONE", "collect_errors", "launch", "require_browser"]
+__all__ = [
+    "CHROMIUM",
+    "DESKTOP",
+    "FLAGS",
+    "PHONE",
+    "collect_errors",
+    "launch",
+    "opened",
+    "require_browser",
+]
 
 CHROMIUM = os.environ.get("NVPAIR_CHROMIUM", "/usr/bin/chromium")
 FLAGS = [
@@ -55,3 +66,20 @@ def collect_errors(page: Any, seen: dict[str, Any]) -> None:
     seen.setdefault("console", [])
     page.on("pageerror", lambda error: seen["errors"].append(str(error)))
     page.on("console", lambda m: seen["console"].append(m.text) if m.type == "error" else None)
+
+
+@contextmanager
+def opened(admin_url: str, seen: dict[str, Any]) -> Iterator[Any]:
+    """The status page at ``admin_url`` in the Debian Chromium at desktop width, its errors
+    collected in ``seen``; the browser closed after."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = launch(p)
+        try:
+            page = browser.new_page(viewport=DESKTOP)
+            collect_errors(page, seen)
+            page.goto(admin_url + "/")
+            yield page
+        finally:
+            browser.close()

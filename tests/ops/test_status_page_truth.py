@@ -34,7 +34,7 @@ from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import AdminService
 from nvpair_tw.runtime import Runtime
 from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine, start_proxy
-from tests.ops.browser import DESKTOP, PHONE, collect_errors, launch, require_browser
+from tests.ops.browser import DESKTOP, PHONE, opened, require_browser
 
 SECRET = "s3cret-userinfo-9d2b"
 CANARY = "CANARY-PROMPT-51c0e7-do-not-display"
@@ -138,30 +138,17 @@ def _shots(page: Any, path: str, seen: dict[str, Any], name: str) -> None:
 
 
 def _watch_unreachable(admin_url: str, proxy_url: str, shots: str) -> dict[str, Any]:
-    from playwright.sync_api import sync_playwright
-
     seen: dict[str, Any] = {}
-    with sync_playwright() as p:
-        browser = launch(p)
-        try:
-            page = browser.new_page(viewport=DESKTOP)
-            collect_errors(page, seen)
-            page.goto(admin_url + "/")
-            _live(page)
-            page.wait_for_selector(
-                'tr[data-node="ollama/gone"] td.state.unreachable', timeout=WAIT_MS
-            )
-            seen["before"] = {n: _state(page, n) for n in ("gone", "spare", "up")}
-            _shots(page, shots, seen, "unreachable")
-            body = _chat("llama3")
-            seen["targeted"] = _post(proxy_url + "/api/chat", body, {"X-NVPair-Node": "spare"})
-            page.wait_for_selector(
-                'tr[data-node="ollama/spare"] td.state.unreachable', timeout=WAIT_MS
-            )
-            seen["after"] = _state(page, "spare")
-            seen["html"] = page.content()
-        finally:
-            browser.close()
+    with opened(admin_url, seen) as page:
+        _live(page)
+        page.wait_for_selector('tr[data-node="ollama/gone"] td.state.unreachable', timeout=WAIT_MS)
+        seen["before"] = {n: _state(page, n) for n in ("gone", "spare", "up")}
+        _shots(page, shots, seen, "unreachable")
+        body = _chat("llama3")
+        seen["targeted"] = _post(proxy_url + "/api/chat", body, {"X-NVPair-Node": "spare"})
+        page.wait_for_selector('tr[data-node="ollama/spare"] td.state.unreachable', timeout=WAIT_MS)
+        seen["after"] = _state(page, "spare")
+        seen["html"] = page.content()
     return seen
 
 
@@ -225,38 +212,29 @@ CHOSEN = {
 
 
 def _count_requests(admin_url: str, proxy_url: str, shots: str) -> dict[str, Any]:
-    from playwright.sync_api import sync_playwright
-
     seen: dict[str, Any] = {"statuses": []}
-    with sync_playwright() as p:
-        browser = launch(p)
-        try:
-            page = browser.new_page(viewport=DESKTOP)
-            collect_errors(page, seen)
-            page.goto(admin_url + "/")
-            _live(page)
-            for body in (_chat("qwen2"), _chat("qwen2"), _chat("qwen2"), b"{not json"):
-                seen["statuses"].append(_post(proxy_url + "/api/chat", body))
-            seen["statuses"].append(_post(proxy_url + "/api/chat", _chat("llama3")))
-            page.wait_for_function(
-                "() => document.querySelectorAll('#recent tbody tr[data-id]').length === 5",
-                timeout=WAIT_MS,
-            )
-            page.wait_for_function(
-                "() => / ms /.test(document.querySelector("
-                "'tr[data-node=\"ollama/ok\"] td.ttft').textContent)",
-                timeout=WAIT_MS,
-            )
-            seen["by_key"] = _row_cells(page, "#requests-by-key tbody tr[data-key]")
-            seen["by_model"] = _row_cells(page, "#requests-by-model tbody tr[data-model]")
-            seen["recent"] = _row_cells(page, "#recent tbody tr[data-id]")
-            seen["recent_head"] = _row_cells(page, "#recent thead tr")
-            seen["ttft"] = page.inner_text('tr[data-node="ollama/ok"] td.ttft')
-            seen["failed_words"] = page.inner_text("#requests-explained")
-            _shots(page, shots, seen, "requests")
-            seen["html"] = page.content()
-        finally:
-            browser.close()
+    with opened(admin_url, seen) as page:
+        _live(page)
+        for body in (_chat("qwen2"), _chat("qwen2"), _chat("qwen2"), b"{not json"):
+            seen["statuses"].append(_post(proxy_url + "/api/chat", body))
+        seen["statuses"].append(_post(proxy_url + "/api/chat", _chat("llama3")))
+        page.wait_for_function(
+            "() => document.querySelectorAll('#recent tbody tr[data-id]').length === 5",
+            timeout=WAIT_MS,
+        )
+        page.wait_for_function(
+            "() => / ms /.test(document.querySelector("
+            "'tr[data-node=\"ollama/ok\"] td.ttft').textContent)",
+            timeout=WAIT_MS,
+        )
+        seen["by_key"] = _row_cells(page, "#requests-by-key tbody tr[data-key]")
+        seen["by_model"] = _row_cells(page, "#requests-by-model tbody tr[data-model]")
+        seen["recent"] = _row_cells(page, "#recent tbody tr[data-id]")
+        seen["recent_head"] = _row_cells(page, "#recent thead tr")
+        seen["ttft"] = page.inner_text('tr[data-node="ollama/ok"] td.ttft')
+        seen["failed_words"] = page.inner_text("#requests-explained")
+        _shots(page, shots, seen, "requests")
+        seen["html"] = page.content()
     return seen
 
 
@@ -383,8 +361,6 @@ def _phases(page: Any) -> dict[str, list[str]]:
 def _watch_phases(
     admin_url: str, start: Callable[[], None], drop: Callable[[], None], shots: str
 ) -> dict[str, Any]:
-    from playwright.sync_api import sync_playwright
-
     seen: dict[str, Any] = {}
     wanted = [f"{label}|{node}" for node, label in PHASES.items()] + ["queued|—"]
     ready = (
@@ -392,37 +368,30 @@ def _watch_phases(
         " r => r.cells[0].textContent.trim() + '|' + r.cells[1].textContent.trim());"
         f" return {json.dumps(wanted)}.every(w => rows.includes(w)); }}"
     )
-    with sync_playwright() as p:
-        browser = launch(p)
-        try:
-            page = browser.new_page(viewport=DESKTOP)
-            collect_errors(page, seen)
-            page.goto(admin_url + "/")
-            _live(page)
-            seen["empty"] = page.inner_text("#inflight tbody")
-            start()
-            page.wait_for_function(ready, timeout=WAIT_MS)  # live, from the phase events
-            seen["live"] = _phases(page)
-            page.reload()
-            _live(page)
-            page.wait_for_function(ready, timeout=WAIT_MS)  # from the snapshot
-            seen["snapshot"] = _phases(page)
-            seen["in_flight"] = {
-                n: page.inner_text(f'tr[data-node="ollama/{n}"] td.inflight') for n in PHASES
-            }
-            seen["states"] = {node: _state(page, node) for node in PHASES}
-            seen["version"] = page.inner_text("#version")
-            seen["addresses"] = page.inner_text("#addresses")
-            seen["labels"] = page.inner_text("#nodes-explained")
-            _shots(page, shots, seen, "phases")
-            drop()
-            page.wait_for_function(
-                "() => document.querySelectorAll('#inflight tbody tr[data-id]').length === 0",
-                timeout=WAIT_MS,
-            )
-            seen["html"] = page.content()
-        finally:
-            browser.close()
+    with opened(admin_url, seen) as page:
+        _live(page)
+        seen["empty"] = page.inner_text("#inflight tbody")
+        start()
+        page.wait_for_function(ready, timeout=WAIT_MS)  # live, from the phase events
+        seen["live"] = _phases(page)
+        page.reload()
+        _live(page)
+        page.wait_for_function(ready, timeout=WAIT_MS)  # from the snapshot
+        seen["snapshot"] = _phases(page)
+        seen["in_flight"] = {
+            n: page.inner_text(f'tr[data-node="ollama/{n}"] td.inflight') for n in PHASES
+        }
+        seen["states"] = {node: _state(page, node) for node in PHASES}
+        seen["version"] = page.inner_text("#version")
+        seen["addresses"] = page.inner_text("#addresses")
+        seen["labels"] = page.inner_text("#nodes-explained")
+        _shots(page, shots, seen, "phases")
+        drop()
+        page.wait_for_function(
+            "() => document.querySelectorAll('#inflight tbody tr[data-id]').length === 0",
+            timeout=WAIT_MS,
+        )
+        seen["html"] = page.content()
     return seen
 
 
@@ -501,44 +470,35 @@ async def test_each_request_in_flight_shows_the_phase_its_exchange_publishes(
 
 
 def _watch_pull(admin_url: str, proxy_url: str, shots: str) -> dict[str, Any]:
-    from playwright.sync_api import sync_playwright
-
     seen: dict[str, Any] = {}
-    with sync_playwright() as p:
-        browser = launch(p)
-        try:
-            page = browser.new_page(viewport=DESKTOP)
-            collect_errors(page, seen)
-            page.goto(admin_url + "/")
-            _live(page)
-            body = json.dumps({"model": "llama3"}).encode()
-            headers = {"X-NVPair-Node": "*"}
-            result: dict[str, int] = {}
-            sender = threading.Thread(
-                target=lambda: result.update(status=_post(proxy_url + "/api/pull", body, headers))
-            )
-            sender.start()
-            running = (
-                "() => Array.from(document.querySelectorAll('#pulls tr[data-node] td.progress'))"
-                ".filter(c => /\\d+%/.test(c.textContent) && !/100%/.test(c.textContent))"
-                ".length === 2"
-            )
-            page.wait_for_function(running, timeout=WAIT_MS)
-            seen["running"] = _row_cells(page, "#pulls tr[data-node]")
-            page.wait_for_selector('tr[data-node="ollama/gpu1"] td.state.ready', timeout=WAIT_MS)
-            seen["answering"] = {n: _state(page, n)["class"] for n in ("gpu0", "gpu1")}
-            seen["title"] = page.inner_text("#pulls .fan-out-title")
-            _shots(page, shots, seen, "pull")
-            sender.join(30)
-            seen["status"] = result.get("status")
-            page.wait_for_function(
-                "() => Array.from(document.querySelectorAll('#pulls tr[data-node] td.result'))"
-                ".filter(c => c.textContent === 'success').length === 2",
-                timeout=WAIT_MS,
-            )
-            seen["done"] = _row_cells(page, "#pulls tr[data-node]")
-        finally:
-            browser.close()
+    with opened(admin_url, seen) as page:
+        _live(page)
+        body = json.dumps({"model": "llama3"}).encode()
+        headers = {"X-NVPair-Node": "*"}
+        result: dict[str, int] = {}
+        sender = threading.Thread(
+            target=lambda: result.update(status=_post(proxy_url + "/api/pull", body, headers))
+        )
+        sender.start()
+        running = (
+            "() => Array.from(document.querySelectorAll('#pulls tr[data-node] td.progress'))"
+            ".filter(c => /\\d+%/.test(c.textContent) && !/100%/.test(c.textContent))"
+            ".length === 2"
+        )
+        page.wait_for_function(running, timeout=WAIT_MS)
+        seen["running"] = _row_cells(page, "#pulls tr[data-node]")
+        page.wait_for_selector('tr[data-node="ollama/gpu1"] td.state.ready', timeout=WAIT_MS)
+        seen["answering"] = {n: _state(page, n)["class"] for n in ("gpu0", "gpu1")}
+        seen["title"] = page.inner_text("#pulls .fan-out-title")
+        _shots(page, shots, seen, "pull")
+        sender.join(30)
+        seen["status"] = result.get("status")
+        page.wait_for_function(
+            "() => Array.from(document.querySelectorAll('#pulls tr[data-node] td.result'))"
+            ".filter(c => c.textContent === 'success').length === 2",
+            timeout=WAIT_MS,
+        )
+        seen["done"] = _row_cells(page, "#pulls tr[data-node]")
     return seen
 
 
