@@ -64,6 +64,7 @@ README = (REPO / "README.md").read_text()
 SHOWN = shown_commands(README)
 
 TOX = "the tox test command itself: it is what runs this module"
+CTL = "tests/ctl/test_against_proxy.py::test_the_documented_commands_run_as_written"
 COVERED: dict[str, str] = {
     "pip install . && twistd -n --pidfile= nvpair --engine ollama": "test_the_first_command_installs_and_fronts_the_local_ollama",
     "python3 -m pip install tox && tox": TOX,
@@ -76,6 +77,8 @@ COVERED: dict[str, str] = {
     "tox -e bench-streams": TOX,
     "pip install 'nvpair-tw[traces]'": "test_the_traces_extra_installs_as_the_readme_says",
     ".ci/run": TOX,
+    "nvpair-ctl nodes": CTL,
+    "nvpair-ctl drain gpu2": CTL,
 }  # fmt: skip
 """Every command the README shows → the test that runs it, or why it is set aside."""
 
