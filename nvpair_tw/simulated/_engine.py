@@ -31,6 +31,7 @@ from typing import Any
 
 from attrs import define, evolve, field, frozen, validators
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.web import http
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
@@ -170,8 +171,9 @@ class SimulatedEngine(Resource):
         Resource.__init__(self)
 
     def site(self) -> Site:
-        """A quiet Site serving this engine."""
-        site = Site(self)
+        """A quiet Site serving this engine: no factory lines, no access log (in ``--demo`` its
+        lines would fill the proxy's own log with every poll)."""
+        site = _QuietSite(self)
         site.noisy = False
         return site
 
@@ -477,3 +479,10 @@ def _shelf(engine: SimulatedEngine) -> Shelf:
         busy,
         engine.clock.seconds(),
     )
+
+
+class _QuietSite(Site):
+    """A Site that writes no access log."""
+
+    def log(self, request: http.Request) -> None:
+        """Nothing: what a simulated engine was asked is in :attr:`SimulatedEngine.received`."""
