@@ -171,8 +171,7 @@ class SimulatedEngine(Resource):
         Resource.__init__(self)
 
     def site(self) -> Site:
-        """A quiet Site serving this engine: no factory lines, no access log (in ``--demo`` its
-        lines would fill the proxy's own log with every poll)."""
+        """A quiet Site serving this engine: no factory lines, no access log (``--demo``)."""
         site = _QuietSite(self)
         site.noisy = False
         return site
