@@ -17,9 +17,10 @@ from typing import Any
 from attrs import define, evolve, field
 from twisted.internet.defer import CancelledError
 
-from nvpair_tw.core import ProxyBug
+from nvpair_tw.core import EngineProfile, ProxyBug
 from nvpair_tw.corridor._attempts import AttemptObserver, run_attempts
 from nvpair_tw.corridor._caller import CallerState
+from nvpair_tw.corridor._dialect import UsageCell
 from nvpair_tw.corridor._exchange import (
     Admit,
     Admitted,
@@ -231,12 +232,7 @@ class Serving:
         meter = (lambda framing: UsageMeter(framing, clock.seconds)) if route.model else None
         budget = shared.settings.write_stall_timeout
         outcome = await relay(self.writer, committed, self.caller, clock, budget, meter)
-        usage = outcome.usage
-        cell = route.usage
-        if usage is not None and cell is not None and cell.frame is not None:
-            usage = usage.noted(cell.frame)
-        if usage is not None and not committed.node.kind_of(facade.profile).counts_cache:
-            usage = evolve(usage, cached_tokens=None)  # a kind whose cached count is none (§12.2)
+        usage = _said(outcome.usage, route.usage, committed.node.kind_of(facade.profile))
         first_at = getattr(committed.gate, "first_at", None)
         landing = self.trip.land() if self.trip is not None else None
         answer = _answer_of(usage, self.dispatched_at, first_at)
@@ -267,6 +263,16 @@ class Serving:
         if self.trip is not None:
             self.trip.land()
             self.trip = None
+
+
+def _said(usage: Usage | None, cell: UsageCell | None, kind: EngineProfile) -> Usage | None:
+    """The answer's counts, completed by the usage chunk removed on the way (§12.2), without the
+    cached count of a node kind whose cached count is none (Ollama's, §12.2)."""
+    if usage is None:
+        return None
+    if cell is not None and cell.frame is not None:
+        usage = usage.noted(cell.frame)
+    return usage if kind.counts_cache else evolve(usage, cached_tokens=None)
 
 
 def _answer_of(
