@@ -50,6 +50,7 @@ import argparse
 import hashlib
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -99,6 +100,13 @@ BUILD_REQUIRES = ("setuptools>=77", "setuptools-scm>=8", "wheel")
 """What the sdist's metadata step imports: its ``build-system.requires`` without ``cmake``, which
 only the build itself runs."""
 ALIAS = "smollm2-llamacpp"
+AMX_OFF = (
+    "-DCMAKE_C_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+    "-DCMAKE_CXX_FLAGS=-mno-amx-tile -mno-amx-int8 -mno-amx-bf16",
+)
+"""The native build without AMX: ``-march=native`` on a processor that advertises AMX compiles
+ggml's AMX kernels, and a virtual machine may advertise AMX without serving it (seen here: the
+first ``tilezero`` of a Sapphire Rapids guest's model load was SIGILL, the server exited -4)."""
 CMAKE_OPTIONS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DBUILD_SHARED_LIBS=OFF",
@@ -110,6 +118,7 @@ CMAKE_OPTIONS = (
     "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_UI=OFF",
     "-DGGML_NATIVE=ON",
+    *(AMX_OFF if platform.machine() in ("x86_64", "AMD64") else ()),
 )
 READY = ".ready"
 TOOL_TEMPLATE = Path(__file__).with_name("chatml_tools.jinja")
@@ -352,7 +361,10 @@ def server_command(
     directory: Path, port: int, model: Path, *, slots: int = 4, chat_template: Path | None = None
 ) -> list[str]:
     """The ``llama-server`` command line; ``chat_template`` replaces the model's own template
-    (``--jinja --chat-template-file``, e.g. :data:`TOOL_TEMPLATE`)."""
+    (``--jinja --chat-template-file``, e.g. :data:`TOOL_TEMPLATE`). ``--no-repack`` keeps the
+    weights as the GGUF lays them out: this native build's repacking of them for the CPU stopped
+    the server with an illegal instruction (SIGILL, exit 132) while it loaded the model on the
+    test machine (AVX-512 and AMX); repacking only speeds up matrix products."""
     template = (
         [] if chat_template is None else ["--jinja", "--chat-template-file", str(chat_template)]
     )
@@ -377,6 +389,7 @@ def server_command(
         "--seed",
         "42",
         "--no-webui",
+        "--no-repack",
         *template,
     ]
 

