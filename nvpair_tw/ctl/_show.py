@@ -27,7 +27,15 @@ __all__ = [
     "usage_table",
 ]
 
-USAGE_COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens", "unknown_tokens")
+USAGE_COUNTS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "unknown_tokens",
+    "cached_tokens",
+    "unknown_cached",
+)
 """The counts every ``usage/report`` row has, after the columns it was grouped by."""
 
 

@@ -60,8 +60,10 @@ RESERVATION_TTL = 10.0
 RESERVATION_BATCH = 0.01
 """Seconds: reservation changes within this window go out as one publish."""
 PROGRESS_EVERY = 1.0
-USAGE_METRICS = ("r", "e", "p", "c", "u")
-"""A usage row's counts as hash fields: requests, errors, prompt, completion, unknown counts."""
+USAGE_METRICS = ("r", "e", "p", "c", "u", "k", "n")
+"""A usage row's counts as hash fields: requests, errors, prompt, completion, unknown counts,
+cached prompt tokens and requests whose cached count is unknown (a peer of an older version
+writes none of the last two: a report counts its requests as neither)."""
 
 Write = Callable[[Command], None]
 
@@ -666,9 +668,9 @@ class SharedSessionTable(SessionTable):
         super().record(sealed, node_id, depth)
 
 
-UsageRow = tuple[int, str, str, str, int, int, int, int, int]
-"""``(minute, key, model, node, requests, errors, prompt, completion, unknown)``, as
-:mod:`nvpair_tw.usage` counts them."""
+UsageRow = tuple[int, str, str, str, int, int, int, int, int, int, int]
+"""``(minute, key, model, node, requests, errors, prompt, completion, unknown, cached,
+unknown_cached)``, as :mod:`nvpair_tw.usage` counts them."""
 
 
 class SharedUsage(_Sharing):

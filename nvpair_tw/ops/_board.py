@@ -174,6 +174,7 @@ class StatusBoard:
             "inventoryAt": _ms(inventory.last_success(node.id)),
             "lastSuccess": self.last_success.get((engine, node.id)),
             "ttft": self.requests.ttft(engine, node.id),
+            "cache": self.requests.cache(engine, node.id),
             "inFlight": in_flight(facade, node.id),
             "tunnels": shared.tunnels.count(engine, node.id),
             "reservations": shared.ledger.reservations(node.id),

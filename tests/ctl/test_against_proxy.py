@@ -191,8 +191,11 @@ async def test_usage_log_level_and_load_show_their_answers(reactor: Any, tmp_pat
         "PROMPT TOKENS",
         "COMPLETION TOKENS",
         "UNKNOWN TOKENS",
+        "CACHED TOKENS",
+        "UNKNOWN CACHED",
     ]
     assert _columns(row)[:4] == ["llama3", "sim", "1", "0"]
+    assert _columns(row)[-2:] == ["0", "1"]  # the simulated engine states no cached count
     assert scope == "scope: local"
     assert level == type(level)(0, "log level: debug\n", "")
     assert loaded.status == 0, loaded

@@ -88,12 +88,20 @@ def test_what_the_proxy_sends_cannot_drive_the_terminal() -> None:
 def test_usage_table_has_the_grouping_columns_then_the_counts() -> None:
     rows = [
         {"key": "team-a", "model": "llama3:latest", "requests": 42, "errors": 1}
-        | {"prompt_tokens": 5120, "completion_tokens": 9800, "unknown_tokens": 0},
+        | {"prompt_tokens": 5120, "completion_tokens": 9800, "unknown_tokens": 0}
+        | {"cached_tokens": 4096, "unknown_cached": 2},
+        # a proxy of an earlier version reports no cached counts
+        {"key": "team-b", "model": "qwen2", "requests": 1, "errors": 0}
+        | {"prompt_tokens": 10, "completion_tokens": 20, "unknown_tokens": 0},
     ]
     shown = usage_table({"rows": rows, "scope": "fleet"}, ["key", "model"]).splitlines()
     assert shown == [
-        "KEY     MODEL          REQUESTS  ERRORS  PROMPT TOKENS  COMPLETION TOKENS  UNKNOWN TOKENS",
-        "team-a  llama3:latest        42       1           5120               9800               0",
+        "KEY     MODEL          REQUESTS  ERRORS  PROMPT TOKENS  COMPLETION TOKENS  UNKNOWN TOKENS"
+        "  CACHED TOKENS  UNKNOWN CACHED",
+        "team-a  llama3:latest        42       1           5120               9800               0"
+        "           4096               2",
+        "team-b  qwen2                 1       0             10                 20               0"
+        "              -               -",
         "scope: fleet",
     ]
     empty = usage_table({"rows": [], "scope": "local"}, ["key"])

@@ -429,12 +429,13 @@ async def test_status_page_charts_tokens_per_node_and_lists_the_last_24_hours(
     assert seen["lines"] == [["ollama/gpu-a", 90], ["ollama/gpu-b", 90]]
     assert "no tokens yet" not in seen["chart_text"]
     assert "now" in seen["chart_text"] and "tokens / s" in seen["chart_text"]
-    # key, requests, errors, prompt tokens, completion tokens (one chunk is one token)
+    # key, requests, errors, prompt tokens, completion tokens (one chunk is one token), cached
+    # tokens ("—": Ollama says nothing of its cache, which is not 0)
     prompt = str(len(CANARY.split()))
-    assert seen["by_key"] == [["local", "3", "0", str(3 * int(prompt)), str(4 + 4 + 6)]]
+    assert seen["by_key"] == [["local", "3", "0", str(3 * int(prompt)), str(4 + 4 + 6), "—"]]
     assert seen["by_model"] == [
-        ["llama3", "2", "0", str(2 * int(prompt)), "8"],
-        ["qwen2", "1", "0", prompt, "6"],
+        ["llama3", "2", "0", str(2 * int(prompt)), "8", "—"],
+        ["qwen2", "1", "0", prompt, "6", "—"],
     ]
     assert seen["off_hidden"] is True
     assert CANARY not in seen["html"] and CANARY not in seen["text"]
