@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.corridor.test_driver, tests.corridor.test_exchange -*-
+# -*- test-case-name: tests.corridor.test_driver, tests.corridor.test_exchange, tests.corridor.test_cached_tokens -*-
 """The forward path's steps for one request (docs/behaviour.md §5, §6, §15, §16): route the model
 or a fallback, count the key's limits, ask admission for a slot, wait in the queue, run the
 attempts, relay the committed answer and learn from it.
@@ -243,6 +243,8 @@ class Serving:
         cell = route.usage
         if usage is not None and cell is not None and cell.frame is not None:
             usage = usage.noted(cell.frame)
+        if usage is not None and not committed.node.kind_of(facade.profile).counts_cache:
+            usage = evolve(usage, cached_tokens=None)  # a kind whose cached count is none (§12.2)
         first_at = getattr(committed.gate, "first_at", None)
         landing = self.trip.land() if self.trip is not None else None
         answer = _answer_of(usage, self.dispatched_at, first_at)
