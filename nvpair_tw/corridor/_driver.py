@@ -92,6 +92,13 @@ def _tokens(record: ProxyRequest) -> int | None:
     return sum(counts) if counts else None
 
 
+def _held(record: ProxyRequest) -> int | None:
+    """What the engine holds of the conversation after its answer (§5.3.1): its prompt and
+    completion tokens, None when it stated no prompt count."""
+    prompt = record.prompt_tokens
+    return None if prompt is None else prompt + (record.completion_tokens or 0)
+
+
 class Driver:
     """One request's driver (see the module docstring)."""
 
@@ -227,7 +234,7 @@ class Driver:
         serving.end_workload(step.workload)
         route, record = serving.route, step.record
         if step.warm and route is not None and record.node_id:
-            remember(self._facade, route.key, route.session, record.node_id)
+            remember(self._facade, route.key, route.session, record.node_id, _held(record))
         serving.let_go()
         publish(shared.bus, record)
         serving.permit.done(_tokens(record))
