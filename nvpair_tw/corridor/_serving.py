@@ -300,6 +300,7 @@ def _answer_of(
         usage.engine_prefill,
         usage.engine_load,
         usage.paced or first_at is not None,  # a stream, or one the proxy assembled (§6.5)
+        usage.cached_tokens,
     )
 
 
