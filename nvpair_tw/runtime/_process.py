@@ -385,6 +385,7 @@ def _facade(
         _share_progress(facade, fleet, engine)
         fleet.bind_cordons(engine, cordons)
         fleet.bind_speeds(engine, facade.speeds)
+        fleet.bind_caches(engine, facade.caches)
     return facade
 
 

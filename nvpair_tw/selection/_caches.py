@@ -79,6 +79,8 @@ class _Held:
 
 
 Book = OrderedDict[bytes, _Held]
+Noted = Callable[[str, str, bytes, int | None], None]
+"""Told ``(node, model, sealed root, tokens)`` of each conversation this proxy notes."""
 
 
 @define
@@ -98,6 +100,14 @@ class CacheBook:
     _learnt: dict[tuple[str, str], tuple[int | None, int]] = field(init=False, factory=dict)
     """Per (node, model): the nodes file's figure a correction was made under, and the corrected
     capacity (a changed figure in the file starts again from it)."""
+    _seal: Callable[[bytes], bytes] = field(init=False, default=lambda root: root)
+    _listeners: list[Noted] = field(init=False, factory=list)
+
+    def shared(self, seal: Callable[[bytes], bytes], listener: Noted) -> None:
+        """Keep roots sealed by ``seal`` (a fleet's HMAC, so a peer's note and a local lookup
+        meet) and tell ``listener`` of every conversation this proxy notes (§6.6)."""
+        self._seal = seal
+        self._listeners.append(listener)
 
     def capacity(self, node_id: str, model: str) -> Capacity:
         """The (node, model)'s capacity now: corrected by the engine's reports, from the nodes
@@ -119,6 +129,7 @@ class CacheBook:
 
     def place(self, node_id: str, model: str, root: bytes) -> Place | None:
         """Where the conversation ``root`` stands on ``node_id`` (None: not sent there lately)."""
+        root = self._seal(root)
         book = self._books.get((node_id, model))
         if book is None or root not in book:
             return None
@@ -133,6 +144,15 @@ class CacheBook:
     def note(self, node_id: str, model: str, root: bytes, tokens: int | None) -> None:
         """The conversation ``root`` was just served whole by ``node_id``; the engine holds
         ``tokens`` for it now (its prompt and completion, None: not stated)."""
+        sealed = self._seal(root)
+        self.fold(node_id, model, sealed, tokens)
+        for listener in self._listeners:
+            listener(node_id, model, sealed, tokens)
+
+    def fold(self, node_id: str, model: str, sealed: bytes, tokens: int | None) -> None:
+        """A conversation (its root already sealed) was served whole by ``node_id``: by this
+        proxy, or by a peer (nobody is told)."""
+        root = sealed
         book = self._books.setdefault((node_id, model), OrderedDict())
         book[root] = _Held(self._clock.seconds(), tokens)
         book.move_to_end(root)
