@@ -77,9 +77,7 @@ def rank(
     """The order of an inference request for ``model`` (§15.2): only the nodes it fits
     (§15.3), an eligible pin first, then the least predicted time to the last token, cooling
     nodes last. A node that would reload the model for the asked context is predicted cold.
-    ``pushing`` adds, per node, the seconds it would cost an active conversation pushed out of
-    its prompt cache (§5.3.1) to the time the candidates are ordered and wait by (not to the
-    prediction recorded)."""
+    ``pushing``: per node, seconds added where ordering and waiting compare (§5.3.1)."""
     ledger = facade.shared.ledger
     loads: dict[str, Load] = {}
     reloads = reloading(facade, nodes, model, size)

@@ -127,14 +127,10 @@ class FleetStore:
         """Share this process's reservation counts and add the peers' to ``ledger``."""
         self._sharing.reservations.bind(ledger)
 
-    def bind_speeds(self, engine: str, book: SpeedBook) -> None:
-        """Share the samples of ``engine``'s learnt speeds and fold in the peers' (§15.1)."""
-        self._sharing.speeds.bind(engine, book)
-
-    def bind_caches(self, engine: str, book: CacheBook) -> None:
-        """Share the conversations ``engine``'s facade sends to each node's prompt cache and fold
-        in the peers' (§5.3.1)."""
-        self._sharing.caches.bind(engine, book)
+    def bind_books(self, engine: str, speeds: SpeedBook, caches: CacheBook) -> None:
+        """Share ``engine``'s learnt speeds (§15.1) and caches' conversations (§5.3.1)."""
+        self._sharing.speeds.bind(engine, speeds)
+        self._sharing.caches.bind(engine, caches)
 
     def limit_counters(self) -> SharedCounters:
         """The fleet-wide counters of the keys' rate limits (docs/behaviour.md §12.1)."""

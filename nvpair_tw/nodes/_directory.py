@@ -271,9 +271,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         models_max = _parse_models_max(where, entry.get("models_max"))
         reserved = _parse_reserved(where, entry.get("slots_reserved"), slots)
         cache = _parse_cache(where, entry.get("cache_conversations"))
-        cordon = entry.get("cordon", False)
-        if not isinstance(cordon, bool):
-            raise NodesFileError(f"{where}: cordon: must be true or false")
+        cordon = _parse_cordon(where, entry.get("cordon", False))
         kind, facades = _parse_kind(where, entry, urls)
         url = urls.get(engine, urls.get("*"))
         if url is not None and (facades is None or engine in facades):
@@ -443,6 +441,12 @@ def _parse_speed(where: str, value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise NodesFileError(f"{where}: speed: must be a number > 0 (relative to 1.0)")
     return float(value)
+
+
+def _parse_cordon(where: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise NodesFileError(f"{where}: cordon: must be true or false")
+    return value
 
 
 def _parse_cache(where: str, value: object) -> int | None:

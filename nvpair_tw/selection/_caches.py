@@ -118,6 +118,15 @@ class CacheBook:
             return given
         return Capacity(max(learnt[1], given.floor), given.floor, CapacitySource.LEARNT)
 
+    def _limit(self, node_id: str, model: str) -> int | None:
+        """:meth:`capacity`'s conversations, without making it (asked on every request)."""
+        configured = self._configured(node_id)
+        learnt = self._learnt.get((node_id, model))
+        if learnt is not None and learnt[0] == configured:
+            floor = 0 if configured is not None else self._stated(node_id) or 0
+            return max(learnt[1], floor)
+        return configured
+
     def _given(self, node_id: str) -> Capacity:
         configured = self._configured(node_id)
         if configured is not None:
@@ -138,7 +147,7 @@ class CacheBook:
             if key == root:
                 break
             position += 1
-        limit = self.capacity(node_id, model).conversations
+        limit = self._limit(node_id, model)
         return Place(position, book[root].tokens, limit is None or position <= limit)
 
     def note(self, node_id: str, model: str, root: bytes, tokens: int | None) -> None:
@@ -152,10 +161,9 @@ class CacheBook:
     def fold(self, node_id: str, model: str, sealed: bytes, tokens: int | None) -> None:
         """A conversation (its root already sealed) was served whole by ``node_id``: by this
         proxy, or by a peer (nobody is told)."""
-        root = sealed
         book = self._books.setdefault((node_id, model), OrderedDict())
-        book[root] = _Held(self._clock.seconds(), tokens)
-        book.move_to_end(root)
+        book[sealed] = _Held(self._clock.seconds(), tokens)
+        book.move_to_end(sealed)
         while len(book) > TRACKED:
             book.popitem(last=False)
 
@@ -163,9 +171,11 @@ class CacheBook:
         """The tokens of the active conversation a new one sent to ``node_id`` would push out of
         its cache (0 when their count is unknown), or None: none would be (room left, an unknown
         capacity, or the one at its edge idle longer than :attr:`active_within`)."""
-        limit = self.capacity(node_id, model).conversations
         book = self._books.get((node_id, model))
-        if limit is None or book is None or len(book) < limit or limit == 0:
+        if book is None:
+            return None
+        limit = self._limit(node_id, model)
+        if limit is None or len(book) < limit or limit == 0:
             return None
         edge = None
         for index, held in enumerate(reversed(book.values()), start=1):
@@ -194,6 +204,16 @@ class CacheBook:
             return
         self._learnt[node_id, model] = (self._configured(node_id), corrected)
 
-    def known(self) -> list[tuple[str, str, Capacity]]:
-        """Every (node, model) served lately and its capacity now, for ``nodes/list``."""
-        return [(n, m, self.capacity(n, m)) for n, m in sorted(self._books)]
+    def to_json(self, node_id: str) -> dict[str, dict[str, int | str | None]]:
+        """Per model served on ``node_id`` lately, as ``nodes/list`` shows it: the capacity in
+        conversations (None: unbounded), where it came from, and how many conversations this
+        book holds for it (at most :data:`TRACKED`)."""
+        return {
+            model: {
+                "conversations": (capacity := self.capacity(node, model)).conversations,
+                "source": capacity.source.value,
+                "recent": len(book),
+            }
+            for (node, model), book in sorted(self._books.items())
+            if node == node_id
+        }

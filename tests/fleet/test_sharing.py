@@ -25,6 +25,7 @@ from nvpair_tw.selection._affinity import AffinityKey
 from nvpair_tw.selection._caches import CacheBook, Place
 from nvpair_tw.selection._reservations import ReservationLedger
 from nvpair_tw.selection._sessions import Home, Session, SessionTable
+from nvpair_tw.selection._speed import SpeedBook
 
 DIGEST = "ab" * 32
 
@@ -232,7 +233,7 @@ def test_a_peers_conversation_counts_in_a_nodes_cache_here() -> None:
     with ``n1`` keeping one it can no longer be warm."""
     fleet = secret_store()
     book = CacheBook(Clock(), lambda _node: 1)
-    fleet.bind_caches("openai", book)
+    fleet.bind_books("openai", SpeedBook(Clock()), book)
     mine = b"\x07" * 32
     book.note("n1", "qwen3", mine, 5000)
     theirs = {"o": "peer", "t": "cache", "e": "openai", "n": "n1", "m": "qwen3", "r": DIGEST}
@@ -247,7 +248,7 @@ def test_a_peers_conversation_counts_in_a_nodes_cache_here() -> None:
 )
 def test_a_malformed_cache_message_is_ignored(change: dict[str, Any]) -> None:
     fleet, _clock, _ledger = store()
-    fleet.bind_caches("openai", CacheBook(Clock()))
+    fleet.bind_books("openai", SpeedBook(Clock()), CacheBook(Clock()))
     message = {"o": "peer", "t": "cache", "e": "openai", "n": "n1", "m": "qwen3", "r": DIGEST}
     fleet.on_message(json.dumps({**message, "h": 1, **change}))
     assert (fleet._sharing.applied, fleet._sharing.ignored) == (0, 1)

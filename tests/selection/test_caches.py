@@ -175,7 +175,10 @@ def test_the_book_remembers_a_bounded_number_of_conversations() -> None:
     served(caches, *(i.to_bytes(2, "big") for i in range(TRACKED + 5)))
     assert caches.place("a", MODEL, (0).to_bytes(2, "big")) is None
     assert caches.place("a", MODEL, (5).to_bytes(2, "big")) == Place(TRACKED, 5000, True)
-    assert caches.known() == [("a", MODEL, Capacity(None))]
+    assert caches.to_json("a") == {
+        MODEL: {"conversations": None, "source": "unknown", "recent": TRACKED}
+    }
+    assert caches.to_json("b") == {}
 
 
 def test_more_stated_slots_raise_a_learnt_capacity_below_them() -> None:
