@@ -22,6 +22,8 @@ import pytest
 from tests.e2e.realnodes import ProxyProcess, RealLlamaServer
 from tests.engines import llamacpp
 
+pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
+
 SYSTEM = "You are a terse assistant for a small repository."
 
 
