@@ -350,6 +350,10 @@ FACES: dict[str, list[str]] = {
         "is_billing_block",
         "session_name",
         "warm_node",
+        "CacheBook",
+        "Capacity",
+        "CapacitySource",
+        "Place",
     ],
     "simulated": [
         "Behaviour",

@@ -5,6 +5,8 @@ teaches — over one facade's books (:class:`~nvpair_tw.corridor._state.FacadeSt
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from attrs import frozen
 
 from nvpair_tw.corridor._state import FacadeState
@@ -65,11 +67,17 @@ def reloading(
 
 
 def rank(
-    facade: FacadeState, nodes: list[Node], model: str, size: RequestSize, affinity_hint: str | None
+    facade: FacadeState,
+    nodes: list[Node],
+    model: str,
+    size: RequestSize,
+    affinity_hint: str | None,
+    pushing: Mapping[str, float] | None = None,
 ) -> Ranked:
     """The order of an inference request for ``model`` (§15.2): only the nodes it fits
     (§15.3), an eligible pin first, then the least predicted time to the last token, cooling
-    nodes last. A node that would reload the model for the asked context is predicted cold."""
+    nodes last. A node that would reload the model for the asked context is predicted cold.
+    ``pushing``: per node, seconds added where ordering and waiting compare (§5.3.1)."""
     ledger = facade.shared.ledger
     loads: dict[str, Load] = {}
     reloads = reloading(facade, nodes, model, size)
@@ -99,6 +107,7 @@ def rank(
     ids = fitted.nodes
     warm = None if affinity_hint in reloads else affinity_hint  # a reload drops the cache
     predicted = predict_all(ids, model, size, facade.speeds, load, warm)
+    costs = {n: t + (pushing or {}).get(n, 0.0) for n, t in predicted.items()}
     ordering = order_candidates(
         ids,
         pin=facade.pin or None,
@@ -107,14 +116,14 @@ def rank(
         affinity_hint=affinity_hint,
         head_selection=True,
         cooling=facade.stalls.cooling(),
-        predicted=predicted,
+        predicted=costs,
     )
     by_id = {n.id: n for n in nodes}
     nodes = [by_id[i] for i in ordering.nodes]
     waiting = None
     if len(ids) > 1:  # with one candidate there is no better node to wait for
         waits = {n: slot_wait(load(n)) for n in ids}
-        waiting = patience(list(ordering.nodes), predicted, waits, facade.shared.clock.seconds())
+        waiting = patience(list(ordering.nodes), costs, waits, facade.shared.clock.seconds())
     return Ranked(nodes, ordering.affinity, predicted, fitted.fits, waiting, reloads)
 
 

@@ -20,6 +20,7 @@ from twisted.internet.defer import CancelledError
 from nvpair_tw.core import EngineProfile, ProxyBug, RouteKind
 from nvpair_tw.corridor._attempts import AttemptObserver, AttemptPlan, run_attempts
 from nvpair_tw.corridor._caller import CallerState
+from nvpair_tw.corridor._conversation import judge, place
 from nvpair_tw.corridor._dialect import UsageCell
 from nvpair_tw.corridor._exchange import (
     Admit,
@@ -61,6 +62,7 @@ from nvpair_tw.selection import (
     Booking,
     Cordons,
     Landing,
+    Place,
     QueueTimeout,
     Slot,
     Trip,
@@ -120,6 +122,8 @@ class Serving:
     booking: Booking = field(factory=Booking.nothing)
     trip: Trip | None = None
     dispatched_at: float | None = None
+    cached_at: Place | None = None
+    """Where the conversation stood in the prompt cache of the node last attempted (§5.3.1)."""
 
     async def routed(self, step: Route) -> Event:
         self.end_workload(step.ends)
@@ -219,6 +223,7 @@ class Serving:
 
     def attempt_started(self, node: Node) -> None:
         self.dispatched_at = self.facade.shared.clock.seconds()
+        self.cached_at = place(self.facade, self.route.key if self.route else None, node.id)
         if self.trip is not None:
             self.trip.attempt(node.id)
         if self.workload is not None:
@@ -236,6 +241,7 @@ class Serving:
         budget = shared.settings.write_stall_timeout
         outcome = await relay(self.writer, committed, self.caller, clock, budget, meter)
         usage = _said(outcome.usage, route.usage, committed.node.kind_of(facade.profile))
+        judge(facade, route.key, committed.node.id, self.cached_at, usage)  # §5.3.1
         first_at = getattr(committed.gate, "first_at", None)
         landing = self.trip.land() if self.trip is not None else None
         answer = _answer_of(usage, self.dispatched_at, first_at)
@@ -298,6 +304,7 @@ def _answer_of(
         usage.engine_prefill,
         usage.engine_load,
         usage.paced or first_at is not None,  # a stream, or one the proxy assembled (§6.5)
+        usage.cached_tokens,
     )
 
 

@@ -31,6 +31,7 @@ from nvpair_tw.nodes import Node, NodeDirectory, SelfGuard
 from nvpair_tw.selection import (
     Admission,
     AffinityTable,
+    CacheBook,
     CordonBook,
     FlightBook,
     InventoryBook,
@@ -122,6 +123,16 @@ class FacadeState:
     """The routes each node was found to lack, until its next restart is seen (§17.3)."""
     sessions: SessionTable = Factory(lambda self: self._session_table(), takes_self=True)
     """Where each caller's named sessions were last served (§5.3)."""
+    caches: CacheBook = Factory(lambda self: self._cache_book(), takes_self=True)
+    """The conversations each node's prompt cache can still hold, and how many (§5.3.1)."""
+
+    def _cache_book(self) -> CacheBook:
+        def configured(node_id: str) -> int | None:
+            node = self.directory.get(node_id)
+            return None if node is None else node.cache_conversations
+
+        clock, ttl = self.shared.clock, self.shared.settings.affinity_ttl
+        return CacheBook(clock, configured, self.inventory.reported_slots, ttl)
 
     def _session_table(self) -> SessionTable:
         settings = self.shared.settings

@@ -22,6 +22,7 @@ from nvpair_tw.fleet._wire import Codec, Command, Kind, Op, json_object
 from nvpair_tw.selection import (
     AffinityKey,
     AffinityTable,
+    CacheBook,
     Cooldown,
     CooldownListener,
     Cordon,
@@ -44,6 +45,7 @@ __all__ = [
     "USAGE_METRICS",
     "SharedAffinity",
     "SharedAffinityTable",
+    "SharedCaches",
     "SharedCooldowns",
     "SharedCordons",
     "SharedProgress",
@@ -566,6 +568,53 @@ class SharedSpeeds(_Sharing):
             values.get("bytes_per_token"),
         )
         book.fold(node, model, sample)
+        return True
+
+
+class SharedCaches(_Sharing):
+    """Which conversations each node's prompt cache was sent last (docs/behaviour.md §5.3.1,
+    §6.6): each proxy publishes every conversation it notes — the node, the model, its root
+    sealed as affinity digests are (HMAC-SHA-256 under the fleet secret, else the digest itself)
+    and the tokens the engine holds for it — and folds in its peers', so every proxy counts the
+    whole fleet's conversations on a node. Published, not stored; a capacity each proxy corrects
+    from the answers it relays is not shared."""
+
+    def __init__(
+        self,
+        reactor: IProxyReactor,
+        codec: Codec,
+        write: Write,
+        up: Callable[[], bool],
+        *,
+        seal: Callable[[bytes], bytes],
+    ) -> None:
+        super().__init__(reactor, codec, write, up)
+        self._seal = seal
+        self._books: dict[str, CacheBook] = {}
+
+    def bind(self, engine: str, book: CacheBook) -> None:
+        self._books[engine] = book
+        book.shared(self._seal, lambda *noted: self._share(engine, *noted))
+
+    def _share(self, engine: str, node: str, model: str, root: bytes, tokens: int | None) -> None:
+        held = {} if tokens is None else {"h": tokens}
+        message = self._codec.message(Kind.CACHE, e=engine, n=node, m=model, r=root.hex(), **held)
+        self._write(lambda: [("pub", message)])
+
+    def apply(self, engine: str, node: str, message: Mapping[str, Any]) -> bool:
+        book, model, root = self._books.get(engine), message.get("m"), message.get("r")
+        tokens = message.get("h")
+        if book is None or not isinstance(model, str) or not isinstance(root, str):
+            return False
+        if tokens is not None and (
+            isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0
+        ):
+            return False
+        try:
+            sealed = bytes.fromhex(root)
+        except ValueError:
+            return False
+        book.fold(node, model, sealed, tokens)
         return True
 
 

@@ -384,7 +384,7 @@ def _facade(
         facade.sessions = fleet.session_table(engine, n, ttl)
         _share_progress(facade, fleet, engine)
         fleet.bind_cordons(engine, cordons)
-        fleet.bind_speeds(engine, facade.speeds)
+        fleet.bind_books(engine, facade.speeds, facade.caches)
     return facade
 
 

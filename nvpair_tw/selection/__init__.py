@@ -24,6 +24,7 @@ from nvpair_tw.selection._affinity import (
     Match,
     affinity_key,
 )
+from nvpair_tw.selection._caches import CacheBook, Capacity, CapacitySource, Place
 from nvpair_tw.selection._canonical import BILLING_PREFIX, is_billing_block
 from nvpair_tw.selection._contexts import Fit, fit
 from nvpair_tw.selection._cordons import Cordon, CordonBook, CordonListener
@@ -69,6 +70,9 @@ __all__ = [
     "AffinityTable",
     "Answer",
     "Booking",
+    "CacheBook",
+    "Capacity",
+    "CapacitySource",
     "Cooldown",
     "CooldownListener",
     "Cordon",
@@ -84,6 +88,7 @@ __all__ = [
     "Load",
     "Match",
     "Patience",
+    "Place",
     "Probe",
     "ProgressBook",
     "QueueFull",

@@ -382,6 +382,37 @@ async def test_turn_two_through_the_other_proxy_lands_on_turn_ones_node(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_conversation_a_peers_pushed_out_of_a_nodes_cache_is_not_expected_warm(
+    reactor: Any, fleet: Fleet, redis: RedisServer
+) -> None:
+    """Each node keeps one conversation (docs/behaviour.md §5.3.1). P1 serves a conversation on
+    n1, then P2 another one there: P1 counts it (the fleet shares which conversations each node
+    was sent), so P1's next turn of the first is not expected warm on n1 and goes to n0, where
+    it pushes no active conversation out."""
+    engines = [await fleet.engine(healthy(reactor)) for _ in range(2)]
+    nodes = [Node(f"n{i}", e.url, MODEL, cache_conversations=1) for i, e in enumerate(engines)]
+    p1 = await fleet.proxy(nodes, Settings(), redis.config())
+    p2 = await fleet.proxy(nodes, Settings(), redis.config())
+    await fleet.up()
+    facade_of(p1).pin = facade_of(p2).pin = "n1"
+    status, _, first = await fleet.post(p1, chat("llama3", "turn one", stream=True))
+    assert (status, first) == (200, "n1")
+    status, _, other = await fleet.post(p2, chat("llama3", "another one", stream=True))
+    assert (status, other) == (200, "n1")
+    books = facade_of(p1).caches._books
+    await eventually(
+        reactor, lambda: len(books.get(("n1", "llama3:latest"), ())) == 2, PEER_BOUND, "note"
+    )
+    ledger = p1.runtime.shared.ledger
+    await eventually(reactor, lambda: ledger.reservations("n1") == 0, PEER_BOUND, "release seen")
+    facade_of(p1).pin = None
+    status, _, second = await fleet.post(
+        p1, chat("llama3", "turn one", "answer", "turn two", stream=True)
+    )
+    assert (status, second) == (200, "n0")
+
+
+@pytest_twisted.ensureDeferred
 async def test_reservations_are_fleet_wide(reactor: Any, fleet: Fleet, redis: RedisServer) -> None:
     """20 requests held open, 7 through P1 and 13 through P2: equal nodes get 10 each (±1).
     Each proxy alone would split its own share: 4/3 and 7/6, 11/9 in all."""

@@ -187,8 +187,9 @@ def test_several_facades_need_the_engine_prefix_for_engine_scoped_methods() -> N
 
 def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
     """nodes/list gives id, url, sorted models, loaded (null: unknown), source, coolingUntil
-    (ms epoch or null), slots, the node's busy-wait count, its cordon (null: none) and its
-    learnt rates per model (docs/behaviour.md §15.1)."""
+    (ms epoch or null), slots, the node's busy-wait count, its cordon (null: none), its
+    learnt rates per model (docs/behaviour.md §15.1) and its prompt caches' capacity per model
+    (§5.3.1)."""
     runtime = _runtime(
         {
             "ollama": [
@@ -202,6 +203,11 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
     facade.progress.busy_waited("b")
     facade.progress.busy_waited("b")
     facade.speeds.learn("b", "alpha", Sample(decode_rate=57.7, prefill_rate=900.0, load_seconds=2))
+    for root in (b"A", b"B", b"C", b"D"):
+        facade.caches.note("b", "alpha", root, 5000)
+    oldest = facade.caches.place("b", "alpha", b"A")
+    assert oldest is not None
+    facade.caches.judge("b", "alpha", oldest, 0, 6000)  # found cold: b keeps 3
     result = _ask(ControlMethods(runtime), "nodes/list")["result"]
     until = 1000 * (1_700_000_000 + runtime.settings.cooldown)
     assert result == {
@@ -219,6 +225,7 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "busyWaits": 0,
                 "cordon": None,
                 "rates": {},
+                "caches": {},
             },
             {
                 "id": "b",
@@ -240,6 +247,7 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                         "samples": 1,
                     }
                 },
+                "caches": {"alpha": {"conversations": 3, "source": "learnt", "recent": 4}},
             },
         ],
         "queueDepth": 0,
