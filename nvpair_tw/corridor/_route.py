@@ -195,7 +195,8 @@ def _ordered(
         ordered = evolve(ordered, chosen=Choice.PIN)
     nodes = conversation_first(facade, stored, ordered.nodes)
     if nodes and nodes[0] is not ordered.nodes[0]:
-        ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION)
+        # only its node holds the stored response: no patience passes it over for a faster one
+        ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION, patience=None)
     return ordered
 
 

@@ -125,6 +125,10 @@ class FacadeState:
     """Where each caller's named sessions were last served (§5.3)."""
     caches: CacheBook = Factory(lambda self: self._cache_book(), takes_self=True)
     """The conversations each node's prompt cache can still hold, and how many (§5.3.1)."""
+    responses: AffinityTable = Factory(lambda self: self._response_table(), takes_self=True)
+    """Which node holds each stored ``/v1/responses`` answer, and whose it is (§2.1): kept as long
+    as a session (``--session-ttl``), since a conversation continued from a stored response comes
+    back after the agent's pauses like a session does."""
 
     def _cache_book(self) -> CacheBook:
         def configured(node_id: str) -> int | None:
@@ -133,6 +137,10 @@ class FacadeState:
 
         clock, ttl = self.shared.clock, self.shared.settings.affinity_ttl
         return CacheBook(clock, configured, self.inventory.reported_slots, ttl)
+
+    def _response_table(self) -> AffinityTable:
+        settings = self.shared.settings
+        return AffinityTable(self.shared.clock, settings.affinity_max_entries, settings.session_ttl)
 
     def _session_table(self) -> SessionTable:
         settings = self.shared.settings

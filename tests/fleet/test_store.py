@@ -874,7 +874,13 @@ async def session_fleet(
     session = {"X-Session-Id": CANARY}
     assert await post_as(reactor, p1, conversation("turn one"), session) == "n1"
     await eventually(reactor, lambda: len(facade_of(p2).affinity) == 1, PEER_BOUND, "peer entry")
-    # P1 says its counts now (none), so P2 has heard the release, not only seen no reservation yet.
+    await _release_heard(reactor, p1, p2)
+    return p1, p2
+
+
+async def _release_heard(reactor: Any, p1: ProxyHandle, p2: ProxyHandle) -> None:
+    """P1 says its counts now (none), so P2 has heard the release, not only seen no reservation
+    yet."""
     assert p1.runtime.fleet is not None and p2.runtime.fleet is not None
     p1.runtime.fleet._sharing.reservations.refresh()
     heard = p2.runtime.fleet._sharing.reservations._peers
@@ -882,7 +888,6 @@ async def session_fleet(
     await eventually(
         reactor, lambda: heard.get(origin, ({"?": 1},))[0] == {}, PEER_BOUND, "release"
     )
-    return p1, p2
 
 
 @pytest_twisted.ensureDeferred
@@ -915,3 +920,34 @@ async def test_without_a_secret_a_session_stays_on_its_proxy(
     session = {"X-Session-Id": CANARY}
     assert await post_as(reactor, p2, conversation("compacted"), session) == "n0"
     assert "nvpair:sess:" not in redis.everything()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stored_response_made_through_one_proxy_is_continued_through_another(
+    reactor: Any, fleet: Fleet, redis: RedisServer
+) -> None:
+    """A ``/v1/responses`` answer made on n1 through P1: P2 learns its placement and owner (as
+    digests, kept for the session time, docs/behaviour.md §2.1) and sends its continuation to n1."""
+    engines = [await fleet.engine(healthy(reactor)) for _ in range(2)]
+    nodes = [Node(f"n{i}", e.url, MODEL) for i, e in enumerate(engines)]
+    p1 = await fleet.proxy(nodes, Settings(), redis.config())
+    p2 = await fleet.proxy(nodes, Settings(), redis.config())
+    await fleet.up()
+    facade_of(p1).pin = "n1"
+    client = http_client(reactor)
+    made = await client.post(
+        p1.url() + "/v1/responses", data=json.dumps({"model": "llama3", "input": "hi"}).encode()
+    )
+    stored = json.loads(await treq.content(made))["id"]
+    assert made.code == 200
+    await eventually(reactor, lambda: len(facade_of(p2).responses) == 2, PEER_BOUND, "peer")
+    follow = {"model": "llama3", "input": "more", "previous_response_id": stored}
+    await _release_heard(reactor, p1, p2)
+    continued = await client.post(p2.url() + "/v1/responses", data=json.dumps(follow).encode())
+    await treq.content(continued)
+    assert continued.code == 200
+    assert continued.headers.getRawHeaders(b"x-nvpair-node") == [b"n1"]
+    keys = [k for k in redis.cli("--scan").split() if ":ollama/responses:" in k]
+    assert len(keys) == 2 and stored not in redis.everything()
+    ttl = int(redis.cli("PTTL", keys[0]).strip())
+    assert Settings().affinity_ttl * 1000 < ttl <= Settings().session_ttl * 1000
