@@ -385,7 +385,9 @@ def test_previous_response_id_goes_back_to_the_node_that_produced_it(
     assert other.header("x-nvpair-node") == "b"
 
 
-def test_previous_response_id_is_forgotten_after_the_affinity_ttl(memory_cluster: Make) -> None:
+def test_previous_response_id_is_forgotten_after_the_session_ttl(memory_cluster: Make) -> None:
+    """A stored response is kept as long as a session (docs/behaviour.md §2.1): past the affinity
+    TTL it still binds, past the session TTL it is forgotten."""
     clock = Clock()
     cluster = responses_cluster(memory_cluster, clock)
     facade = cluster.facade()
@@ -394,6 +396,9 @@ def test_previous_response_id_is_forgotten_after_the_affinity_ttl(memory_cluster
     cluster.fetch("POST", "/v1/responses", json=body)
     facade.pin = "b"
     cluster.advance(Settings().affinity_ttl)
+    kept = cluster.fetch("POST", "/v1/responses", json={**body, "previous_response_id": "resp_a_1"})
+    assert kept.header("x-nvpair-node") == "a"
+    cluster.advance(Settings().session_ttl)
     later = cluster.fetch(
         "POST", "/v1/responses", json={**body, "previous_response_id": "resp_a_1"}
     )
