@@ -187,4 +187,5 @@ class StatusBoard:
             else {"until": _ms(cooldown.until), "reason": cooldown.reason},
             "cordon": None if cordon is None else cordon.to_json(),
             "rates": facade.speeds.to_json(node.id),
+            "contexts": inventory.contexts(node.id),
         }

@@ -84,6 +84,7 @@ def nodes_list(facade: FacadeState, params: Params) -> Result:
                 "busyWaits": facade.progress.busy_waits(node.id),
                 "cordon": None if cordon is None else cordon.to_json(),
                 "rates": facade.speeds.to_json(node.id),
+                "contexts": facade.inventory.contexts(node.id),
             }
         )
     return {"nodes": nodes, "queueDepth": facade.admission.queue_depth}
