@@ -335,6 +335,7 @@ FACES: dict[str, list[str]] = {
         "sample_of",
         "Fit",
         "fit",
+        "shown_contexts",
         "Patience",
         "patience",
         "slot_wait",

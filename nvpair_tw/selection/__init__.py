@@ -25,7 +25,7 @@ from nvpair_tw.selection._affinity import (
     affinity_key,
 )
 from nvpair_tw.selection._canonical import BILLING_PREFIX, is_billing_block
-from nvpair_tw.selection._contexts import Fit, fit
+from nvpair_tw.selection._contexts import Fit, fit, shown_contexts
 from nvpair_tw.selection._cordons import Cordon, CordonBook, CordonListener
 from nvpair_tw.selection._flights import FlightBook, Landing, Trip
 from nvpair_tw.selection._gaps import RouteGaps
@@ -117,6 +117,7 @@ __all__ = [
     "request_size",
     "sample_of",
     "session_name",
+    "shown_contexts",
     "slot_limit",
     "slot_wait",
     "spare_busy_routers",

@@ -190,15 +190,6 @@ class InventoryBook:
         local = self._names.among(node, frozenset(contexts), model)
         return None if local is None else contexts[local]
 
-    def contexts(self, node_id: str) -> dict[str, int]:
-        """Per model, as the node names it, the context it serves the model with (§15.3), for
-        ``nodes/list`` and the status page: a context stated for whatever the node serves
-        (llama.cpp's ``/props``) is each listed model's; {} when the node says none."""
-        said = self.facts.contexts(node_id)
-        if ANY_MODEL not in said:
-            return dict(sorted(said.items()))
-        return {name: said[ANY_MODEL] for name in sorted(self.models(node_id))}
-
     def control(self, node: Node) -> ModelControl | None:
         """How ``model/load`` and ``model/unload`` reach the node (§13.3): a router's own API
         (§17.2) where it answered as one, else its kind's."""
