@@ -354,6 +354,7 @@ FACES: dict[str, list[str]] = {
     ],
     "simulated": [
         "Behaviour",
+        "Machine",
         "Pace",
         "Policy",
         "Received",
