@@ -62,11 +62,19 @@ class Waiter:
     """:attr:`Cordons.WAIVED` when chosen by ``X-NVPair-Node``: it may bind to a cordoned node
     (maintenance, §13.1)."""
     patience: Patience | None = None
-    """Which freed nodes it declines while its best one may still be worth the wait (§15.2)."""
+    """How it chooses its node when slots free (§15.2); None: the first free candidate."""
     priority: Priority = Priority.INTERACTIVE
     bound: Deferred[Slot] = field(init=False)
     timers: list[IDelayedCall] = field(init=False, factory=list)
-    """Its queue timeout, and the wake-ups of its patience and its aging."""
+    """Its queue timeout and the wake-up of its aging."""
+    choice: str | None = None
+    """The node it waits for (its patience's last choice), whose work ahead it counts as."""
+    service: float = 0.0
+    """Its predicted seconds from dispatch to its last token on :attr:`choice`."""
+    recheck: IDelayedCall | None = None
+    """When its patience looks again while no slot frees."""
+    pending_recheck: float | None = None
+    """Seconds from its last look to its next one (its patience's :attr:`Choice.recheck`)."""
 
 
 @frozen

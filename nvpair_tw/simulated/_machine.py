@@ -65,6 +65,16 @@ class Machine:
         """Requests being worked on now."""
         return len(self._running)
 
+    def work_left(self) -> list[float]:
+        """Seconds of the whole machine each request it holds still needs: those it runs, then
+        those waiting their turn, in order (what an oracle that knows every length weighs)."""
+        self._advance()
+        decode = 1 / self.pace.decode
+        return [
+            job.left + (job.tokens - job.made - (0 if job.decoding is None else 1)) * decode
+            for job in (*self._running, *self._waiting)
+        ]
+
     def run(self, prompt_tokens: int, tokens: int, tick: Tick) -> Job:
         """Take a request of ``prompt_tokens`` whose answer is ``tokens`` tokens (at least one)."""
         self._advance()

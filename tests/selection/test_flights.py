@@ -32,15 +32,22 @@ def test_concurrency_is_the_mean_over_the_flights_life() -> None:
     assert second.land() == pytest.approx(1.5)
 
 
-def test_remaining_work_is_each_flights_predicted_end_less_now() -> None:
+def test_remaining_work_is_each_flights_predicted_end_less_now_or_as_long_again_as_it_has_run() -> (
+    None
+):
+    """Until its predicted end, that end less now; past it, a flight is predicted to run as long
+    again as it has run (answers' lengths have a long tail: the later it is, the less it is worth
+    waiting for); one without a prediction is past it from its start."""
     clock = Clock()
     book = FlightBook(clock)
     book.take_off("a", 4.0)
     book.take_off("a", 10.0)
     book.take_off("b", 1.0)
+    book.take_off("d", 0.0)
     clock.advance(3)
     assert book.remaining("a") == pytest.approx(1.0 + 7.0)
-    assert book.remaining("b") == 0.0  # past its prediction: nothing left to wait for
+    assert book.remaining("b") == pytest.approx(3.0)
+    assert book.remaining("d") == pytest.approx(3.0)
     assert book.remaining("c") == 0.0
 
 

@@ -86,6 +86,26 @@ def test_a_short_answer_ends_first_and_the_long_one_goes_on_alone(memory_cluster
     assert ends == [pytest.approx(2 * alone[0]), pytest.approx(sum(alone))]
 
 
+def test_the_work_left_is_each_requests_machine_time_still_needed(memory_cluster: Make) -> None:
+    """Two requests at once: 2.6 machine-seconds each at first (load, prompt and the 34 tokens);
+    after 1 s both have had half a second of it; a request waiting its turn counts whole."""
+    cluster, machine = _on(memory_cluster)
+    cluster.request("POST", "/api/chat", json=CHAT, node="e")
+    cluster.request("POST", "/api/chat", json=CHAT, node="e")
+    cluster.flush()
+    alone = 0.1 + 5 / 50 + TOKENS * 0.1
+    assert machine.work_left() == [pytest.approx(alone)] * 2
+    cluster.advance(1.0)
+    assert machine.work_left() == [pytest.approx(alone - 0.5)] * 2
+    turns, turn = _on(memory_cluster, parallel=1)
+    for _ in range(2):
+        turns.request("POST", "/api/chat", json=CHAT, node="e")
+    turns.advance(1.0)
+    assert turn.work_left() == [pytest.approx(alone - 1.0), pytest.approx(alone)]
+    cluster.advance(60)
+    turns.advance(60)
+
+
 def test_one_at_a_time_the_second_waits_its_turn(memory_cluster: Make) -> None:
     """``parallel`` 1: the second starts when the first ends, then goes at the full pace."""
     cluster, _ = _on(memory_cluster, parallel=1)
