@@ -33,7 +33,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from nvpair_tw.core import Priority
 from nvpair_tw.nodes import Node
-from nvpair_tw.selection._patience import Patience, choose
+from nvpair_tw.selection._patience import Choice, Patience, choose
 from nvpair_tw.selection._queue import (
     QUEUE_FULL,
     RETRY_AFTER_SECONDS,
@@ -107,7 +107,7 @@ class Admission:
     def queued_for(self, node_id: str) -> float:
         """The predicted seconds of work queued for ``node_id``: the service time there of the
         waiters that chose it (§15.2)."""
-        return sum(w.service for w in self._queue if w.choice == node_id)
+        return self._queue.chosen(node_id)
 
     def waiting_for(self, node_id: str) -> int:
         """Requests in the queue that ``node_id`` would take (it is among their candidates)."""
@@ -174,13 +174,10 @@ class Admission:
                 bindings.append((waiter, self._bind(free)))
             elif waiter.choice is not None:  # cordoned, declined (§15.2), reserved (§16.3)
                 ahead[waiter.choice] = ahead.get(waiter.choice, 0.0) + waiter.service
-        self._dispatch(bindings)
-        for waiter in looked:
-            _recheck(waiter, self._clock, self.wake)
-
-    def _dispatch(self, bindings: list[tuple[Waiter, Slot]]) -> None:
         for waiter, _ in bindings:
             self._leave(waiter)
+        for waiter in looked:
+            _recheck(waiter, self._clock, self.wake)
         # Fired after the scan: a woken request runs at once and may release or admit in turn.
         for waiter, slot in bindings:
             waiter.bound.callback(slot)
@@ -189,13 +186,16 @@ class Admission:
         """The node the waiter takes now: its first candidate with a slot free for it, or with
         a patience the node it chooses (:func:`choose`, ``ahead``: the work queued before it per
         node), if that one can take it now."""
-        now = self._clock.seconds()
-        priority = self._queue.served_as(waiter, now)
-        if waiter.patience is None:
-            return self._counts.free(waiter.candidates, priority, waiter.cordons)
         counts, cordons = self._counts, waiter.cordons
+        priority = self._queue.served_as(waiter, self._clock.seconds())
+        if waiter.patience is None:
+            return counts.free(waiter.candidates, priority, cordons)
         free = [n for n in waiter.candidates if counts.free((n,), priority, cordons) is not None]
-        return _chosen(waiter, waiter.patience, free, ahead, self.slots)
+        choice = _chosen(waiter, waiter.patience, free, ahead, self.slots)
+        if choice is None:
+            return free[0] if free else None
+        self._queue.choose(waiter, choice.node, waiter.patience.last[choice.node].service)
+        return choice.node if choice.bind else None
 
     def _bind(self, node_id: str) -> Slot:
         self._counts.take(node_id)
@@ -230,17 +230,13 @@ def _chosen(
     free: list[str],
     ahead: Mapping[str, float],
     slots: Callable[[str], int],
-) -> str | None:
-    """The node ``waiter`` takes now by its patience's choice (§15.2) among its candidates
-    (``free``: those with a slot free for it; ``ahead``: the work queued before it per node),
-    or None to keep waiting; the choice and when to look again are kept on the waiter."""
-    views = patience.read()
-    choice = choose(waiter.candidates, views, free, ahead, slots)
-    if choice is None:
-        return free[0] if free else None
-    waiter.choice, waiter.service = choice.node, views[choice.node].service
-    waiter.pending_recheck = choice.recheck
-    return choice.node if choice.bind else None
+) -> Choice | None:
+    """``waiter``'s patience's choice now (§15.2) among its candidates (``free``: those with a
+    slot free for it; ``ahead``: the work queued before it per node); when to look again is
+    kept on the waiter."""
+    choice = choose(waiter.candidates, patience.read(), free, ahead, slots)
+    waiter.pending_recheck = None if choice is None else choice.recheck
+    return choice
 
 
 def _recheck(waiter: Waiter, clock: IReactorTime, wake: Callable[[], None]) -> None:

@@ -184,10 +184,15 @@ def test_work_queued_for_a_node_counts_the_service_of_the_waiters_that_chose_it(
     admission.admit(NODES[:1])
     admission.admit(NODES[1:])
     views = {FAST: Outlook(0.7, wait=0.7), SLOW: Outlook(3.9, wait=3.0)}
-    for _ in range(2):
-        admission.admit(NODES, patience=_fixed(views))
+    waiters = [admission.admit(NODES, patience=_fixed(views)) for _ in range(2)]
     assert admission.queued_for(FAST) == 1.4
     assert admission.queued_for(SLOW) == 0.0
+    for waiter in waiters:  # leaving takes its work away
+        assert isinstance(waiter, Waiter)
+        waiter.bound.addErrback(lambda failure: None)
+        waiter.bound.cancel()
+        assert admission.queued_for(FAST) == pytest.approx(0.7 * (1 - waiters.index(waiter)))
+    assert admission.queued_for(FAST) == 0.0
 
 
 def test_a_full_queue_binds_a_request_to_the_free_node_it_declined_rather_than_refuse_it() -> None:
