@@ -193,7 +193,8 @@ def _ordered(
         ordered = evolve(ordered, chosen=Choice.PIN)
     nodes = conversation_first(facade, stored, ordered.nodes)
     if nodes and nodes[0] is not ordered.nodes[0]:
-        ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION)
+        # The response's node goes first, free or not: no choice by prediction (§2.1, §15.2).
+        ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION, patience=None)
     return ordered
 
 
