@@ -195,7 +195,7 @@ def _ordered(
         ordered = evolve(ordered, chosen=Choice.PIN)
     nodes = conversation_first(facade, stored, ordered.nodes)
     if nodes and nodes[0] is not ordered.nodes[0]:
-        # only its node holds the stored response: no patience passes it over for a faster one
+        # The response's node goes first, free or not: no choice by prediction (§2.1, §15.2).
         ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION, patience=None)
     return ordered
 
@@ -281,24 +281,26 @@ def closest_models(facade: FacadeState, inbound: Inbound, model: str, most: int 
 
 
 def _spare_busy_routers(facade: FacadeState, eligible: list[Node], model: str) -> list[Node]:
-    """Without the llama.cpp routers that would have to evict a model whose requests are still
+    """Without the llama.cpp routers that could have to evict a model whose requests are still
     running to load ``model``, while another candidate exists (docs/behaviour.md §17.2)."""
     inventory = facade.inventory
-    profile = facade.profile
     live: list[Workload] | None = None
 
-    def in_flight(node_id: str, name: str) -> int:
+    def name_of(node_id: str) -> str:
+        return inventory.local_name(node_id, model) or model
+
+    def running(node_id: str) -> frozenset[str]:
         nonlocal live
         if live is None:
             live = [w for w in facade.shared.workloads.live() if w.engine == facade.engine]
-        return sum(
-            1
+        return frozenset(
+            inventory.local_name(node_id, w.model) or w.model
             for w in live
-            if w.scheduled_on == node_id and profile.matches(w.model, name) and not w.terminal
+            if w.scheduled_on == node_id and not w.terminal
         )
 
     ids = [node.id for node in eligible]
-    kept = set(spare_busy_routers(ids, model, inventory, inventory.facts, in_flight))
+    kept = set(spare_busy_routers(ids, name_of, inventory, inventory.facts, running))
     return eligible if len(kept) == len(ids) else [n for n in eligible if n.id in kept]
 
 

@@ -115,7 +115,9 @@ class FacadeState:
         lambda self: SpeedBook(self.shared.clock, self._speed_seed), takes_self=True
     )
     """What each node has shown it can do, per model (§15.1)."""
-    flights: FlightBook = Factory(lambda self: FlightBook(self.shared.clock), takes_self=True)
+    flights: FlightBook = Factory(
+        lambda self: FlightBook(self.shared.clock, self.progress), takes_self=True
+    )
     """The attempts in flight on each node and their predicted ends (§15.2)."""
     gaps: RouteGaps = Factory(
         lambda self: RouteGaps(self.profile.name, self.inventory.reach), takes_self=True

@@ -317,6 +317,10 @@ class SpeedBook:
             load or DEFAULT_LOAD,
         )
 
+    def answered(self, node_id: str, model: str) -> bool:
+        """Whether the node has answered for ``model`` (in full) since this proxy started."""
+        return (node_id, model) in self._entries
+
     def stale(self, node_id: str, model: str) -> bool:
         """Whether the node's estimate for ``model`` is older than :data:`STALE_AFTER`."""
         entry = self._entries.get((node_id, model))

@@ -89,6 +89,13 @@
     }).join("; ");
   }
 
+  // The context each model is served with on a node (docs/behaviour.md §15.3), as text.
+  function contextsText(contexts) {
+    const models = Object.keys(contexts || {}).sort();
+    if (!models.length) return "not stated";
+    return models.map((m) => m + ": " + contexts[m] + " tokens").join(", ");
+  }
+
   // --- the addresses and the nodes -------------------------------------------------------------
 
   function renderAddresses() {
@@ -169,6 +176,7 @@
       el("td", node.busyWaits || 0, "busy-waits n"), el("td", node.reservations, "n"),
       el("td", inventoryText(node), "inventory" + (node.inventoryKnown ? "" : " bad")),
       el("td", loaded, Array.isArray(node.loaded) ? "loaded" : "loaded muted"),
+      el("td", contextsText(node.contexts), "contexts"),
       el("td", node.kind || "", "kind"), el("td", node.url, "url muted"),
       el("td", ago(node.lastSuccess), "last-success"),
       el("td", measuredRates(node.rates), "rates")]);
@@ -177,8 +185,8 @@
   }
 
   const NODE_COLUMNS = ["node", "state", "first token", "prompt cache", "slots", "in flight",
-    "busy waits",
-    "reservations", "inventory", "loaded", "kind", "url", "last success", "measured rates"];
+    "busy waits", "reservations", "inventory", "loaded", "context", "kind", "url", "last success",
+    "measured rates"];
 
   function renderFacades() {
     const root = document.getElementById("facades");
