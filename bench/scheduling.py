@@ -30,6 +30,9 @@ fleet, with one slot per node and with unlimited slots.
 Reported: mean and p95 time to last token (arrival to last token), their ratio to the oracle's
 mean, and, of the requests that arrived while the fastest node was idle, the share that went to
 it (the light-load target is 90 %).
+
+Then the same question black box (``bench/placement.py``): the real proxy over two simulated
+machines whose requests share them, from a start with nothing measured, against an oracle.
 """
 
 from __future__ import annotations
@@ -37,8 +40,13 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+import sys
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: the repository root is not on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from attrs import define, field, frozen
 from twisted.internet.task import Clock
@@ -47,8 +55,16 @@ from nvpair_tw.nodes import Node
 from nvpair_tw.selection._admission import Admission, Slot, Waiter
 from nvpair_tw.selection._flights import Flight, FlightBook
 from nvpair_tw.selection._ordering import order_candidates
-from nvpair_tw.selection._patience import Patience, patience
-from nvpair_tw.selection._predict import Load, RequestSize, predict_all, slot_wait
+from nvpair_tw.selection._patience import Outlook, Patience
+from nvpair_tw.selection._predict import (
+    EXPLORE,
+    Load,
+    RequestSize,
+    expected_completion,
+    predict,
+    predict_all,
+    slot_wait,
+)
 from nvpair_tw.selection._speed import Answer, SpeedBook, Start, sample_of
 
 MODEL = "llama3"
@@ -165,17 +181,19 @@ class Sim:
             return
         nodes = [_NODES[n] for n in decision.order]
         ticket = self.admission.admit(nodes, patience=decision.patience)
-        # A flight counts as work ahead its prediction from dispatch (as the corridor's Trip).
-        ahead = decision.patience.service if decision.patience else decision.predicted
         if isinstance(ticket, Slot):
-            self._bound(ask, ahead, ticket)
+            self._bound(ask, decision, ticket)
         else:
             assert isinstance(ticket, Waiter)
-            ticket.bound.addCallback(lambda slot: self._bound(ask, ahead, slot))
+            ticket.bound.addCallback(lambda slot: self._bound(ask, decision, slot))
 
-    def _bound(self, ask: Ask, predicted: Mapping[str, float], slot: Slot) -> None:
+    def _bound(self, ask: Ask, decision: Bind, slot: Slot) -> None:
+        # A flight counts as work ahead its prediction from dispatch (as the corridor's Trip).
         assert slot.node_id is not None
-        self.dispatch(ask, slot.node_id, predicted.get(slot.node_id, 0.0), slot)
+        seen = decision.patience.last if decision.patience is not None else {}
+        ahead = seen[slot.node_id].service if slot.node_id in seen else None
+        predicted = decision.predicted.get(slot.node_id, 0.0) if ahead is None else ahead
+        self.dispatch(ask, slot.node_id, predicted, slot)
 
     def _serve_held(self, node_id: str) -> None:
         node = self.nodes[node_id]
@@ -290,9 +308,30 @@ def predicted_rule(sim: Sim, ask: Ask) -> Bind:
         cooling=(),
         predicted=predicted,
     )
-    order = list(ordering.nodes)
-    waits = {n: slot_wait(load(n)) for n in ids}
-    return Bind(order, patience(order, predicted, waits, sim.now), predicted)
+    return Bind(list(ordering.nodes), Patience(_outlook(sim, ids, size)), predicted)
+
+
+def _outlook(sim: Sim, ids: list[str], size: RequestSize) -> Callable[[], dict[str, Outlook]]:
+    """The corridor's outlook (``nvpair_tw.corridor._scheduling.outlook``) over the simulated
+    fleet, read again at every look: the service with the rates and loads of that moment, the
+    wait for a slot. The fluid simulation streams no tokens, so no node is held for its first
+    answer (the black-box tables of ``bench/placement.py`` measure that)."""
+
+    def read() -> dict[str, Outlook]:
+        completion = expected_completion(size, sim.speeds.completion_mean(MODEL))
+        views = {}
+        for node_id in ids:
+            busy = max(sim.flights.in_flight(node_id), sim.admission.slots_in_use(node_id))
+            slots = sim.admission.slots(node_id)
+            load = Load(busy, slots, sim.flights.remaining(node_id), sim.resident(node_id))
+            rates = sim.speeds.rates(node_id, MODEL)
+            service = predict(
+                rates, Load(busy, slots, 0.0, load.resident), size.prompt_tokens, completion
+            )
+            views[node_id] = Outlook(service * (1 if rates.measured else EXPLORE), slot_wait(load))
+        return views
+
+    return read
 
 
 @define
@@ -549,6 +588,9 @@ def main() -> None:
                     f"{mean / best:.2f}x | {hit:.0%} |"
                 )
     burst_tables(args.seed)
+    from bench.placement import main as through_the_proxy
+
+    through_the_proxy([])
 
 
 BURST_SIZE, BURST_COUNT = 8, 10

@@ -596,8 +596,10 @@ _INFERENCE_WIRE: dict[str, Any] = {
     "translated": True,
     "prompt_tokens": 12,
     "completion_tokens": 34,
+    "cached_tokens": 10,
     "ttft_ms": 7,
     "tokens_per_s": 21.5,
+    "warm_node": "a",
     "context_fit": False,
     "predicted_ms": 900,
     "measured_ms": 1000,
@@ -629,6 +631,7 @@ _WIRES: list[tuple[BusEvent, str, dict[str, Any]]] = [
         _REQUEST, fan_out=("a", "b"), fallback_from="big", key="alice", model="llama3",
         model_local="llama3:8b", translated=True, prompt_tokens=12, completion_tokens=34,
         ttft_ms=7, tokens_per_s=21.5, context_fit=False, predicted_ms=900, measured_ms=1000,
+        cached_tokens=10, warm_node="a",
     ), "proxy/request", _INFERENCE_WIRE),
     (FanOutProgress("fan-out-3", "ollama", "/api/pull", "llama3", 1500, (
         PartProgress("a", PartState.RUNNING, 300, 1000),
@@ -697,7 +700,7 @@ def test_the_publishers_build_the_wire_objects_they_always_sent() -> None:
         "attempts": [{"node_id": "a", "outcome": "committed", "ms": 10, "busy_waits": 0}],
         "cache_affinity": False, "queued_ms": 0, "key": "alice", "model": "llama3",
         "model_local": "llama3:8b", "translated": False, "prompt_tokens": None,
-        "completion_tokens": None, "ttft_ms": None, "tokens_per_s": None,
+        "completion_tokens": None, "cached_tokens": None, "ttft_ms": None, "tokens_per_s": None,
     }  # fmt: skip
     assert [(e.name, json.dumps(e.payload)) for e in got] == [
         ("workload:started", json.dumps({"workload": started})),

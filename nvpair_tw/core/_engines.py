@@ -483,6 +483,11 @@ class EngineProfile:
     default_kinds: tuple[str, ...] = field(default=(), kw_only=True)
     """When not empty, the facade's default nodes (no node given) are one per kind named here, at
     that kind's default URL (the ``openai`` facade, §11.2); else one ``default`` node."""
+    counts_cache: bool = field(default=True, kw_only=True)
+    """Whether what a node of this kind says of the prompt tokens it found cached is a count
+    (docs/behaviour.md §12.2). Ollama's only such field is ``/v1/responses``'
+    ``input_tokens_details.cached_tokens``, which its source writes as a constant 0 (to v0.33):
+    an Ollama node's cached count is unknown."""
 
     def classify(self, method: bytes, path: str) -> RouteKind:
         """Classify by method and exact path (the query is not part of ``path``)."""
@@ -545,6 +550,7 @@ OLLAMA = EngineProfile(
     foreign_prefixes=("/api/v0/", "/api/v1/"),
     unserved_prefixes=("/v1/messages",),
     context_reloads=True,
+    counts_cache=False,
 )
 LMSTUDIO = EngineProfile(
     name="lmstudio",

@@ -93,6 +93,13 @@ def _tokens(record: ProxyRequest) -> int | None:
     return sum(counts) if counts else None
 
 
+def _held(record: ProxyRequest) -> int | None:
+    """What the engine holds of the conversation after its answer (§5.3.1): its prompt and
+    completion tokens, None when it stated no prompt count."""
+    prompt = record.prompt_tokens
+    return None if prompt is None else prompt + (record.completion_tokens or 0)
+
+
 class Driver:
     """One request's driver (see the module docstring)."""
 
@@ -233,7 +240,7 @@ class Driver:
         serving.end_workload(ending)
         route = serving.route
         if warm and route is not None:
-            remember(self._facade, route.key, route.session, warm)
+            remember(self._facade, route.key, route.session, warm, _held(record))
         serving.let_go()
         publish(self._facade.shared.bus, record)
         serving.permit.done(_tokens(record))

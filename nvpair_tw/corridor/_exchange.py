@@ -568,6 +568,7 @@ def _relayed(ex: Exchange, event: Relayed) -> Step:
         facts.predicted_ms, facts.measured_ms = event.predicted
     node_id = ex.node
     route = served.route
+    facts.warm_node = route.warm
     facts.cache_affinity = route.warm is not None and node_id == route.warm
     warm = (
         outcome.end is RelayEnd.FINISHED
@@ -596,12 +597,14 @@ def _relay_ending(outcome: RelayOutcome, gone: str | None) -> WorkloadEnd:
 
 
 def _measured(facts: Facts, usage: Usage, first_token_at: float | None) -> None:
-    """The engine's counts, the time to first token and the rate of §12.2 and §12.3.
+    """The engine's counts (its cached ones too), the time to first token and the rate of §12.2
+    and §12.3.
 
     An assembled answer's first token is when its stream began (``first_token_at``), not when the
     whole answer was relayed."""
     facts.prompt_tokens = usage.prompt_tokens
     facts.completion_tokens = usage.completion_tokens
+    facts.cached_tokens = usage.cached_tokens
     first = first_token_at if first_token_at is not None else usage.first_content_at
     if first is not None and facts.dispatched_at is not None:
         facts.ttft_ms = max(0, round((first - facts.dispatched_at) * 1000))

@@ -87,6 +87,7 @@ class Facts:
     first_byte_at: float | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None
     ttft_ms: int | None = None
     tokens_per_s: float | None = None
     predicted_ms: int | None = None
@@ -95,6 +96,7 @@ class Facts:
     workload_id: int | None = None
     chosen_by: Choice | None = None
     cache_affinity: bool = False
+    warm_node: str | None = None
     attempts: AttemptLog = field(factory=AttemptLog)
 
     def record(
@@ -132,4 +134,6 @@ class Facts:
             self.measured_ms,
             self.chosen_by if node_id is not None else None,
             self.workload_id,
+            self.cached_tokens,
+            self.warm_node,
         )

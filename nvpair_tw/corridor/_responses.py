@@ -2,9 +2,10 @@
 """``/v1/responses``: the conversation's stored state lives on the node that produced it, and
 belongs to the key that made it (docs/behaviour.md §2.1, §14.2).
 
-Two entries of the affinity table remember each response a node produced: its placement (the
+Two entries of the facade's response table (an affinity table kept as long as a session, §5.3)
+remember each response a node produced: its placement (the
 response id's digest → the node) and its owner (the digest of the caller's name and the id → the
-node). Both are digests, so they travel through the fleet store like any affinity entry, sealed
+node). Both are digests, so they travel through the fleet store like affinity entries, sealed
 under its secret when it has one. A request that names a stored response — ``previous_response_id``
 of a ``POST /v1/responses``, or the id of ``/v1/responses/{id}`` and what is below it — goes to its
 node first when the caller is its owner; when the proxy knows the response and the caller is not
@@ -39,7 +40,7 @@ _NOT_FOUND = Rejection(
 
 
 def _placement(response_id: str) -> AffinityKey:
-    """The affinity-table slot of a response id (same LRU and TTL as prefix affinity)."""
+    """The response-table slot of a response id."""
     digest = hashlib.sha256(response_id.encode()).digest()
     return AffinityKey(_RESPONSES_SLOT, digest, (digest,))
 
@@ -62,8 +63,8 @@ def remember_response(facade: FacadeState, inbound: Inbound, committed: Committe
     response_id = found.group(1).decode("utf-8", "replace")
     # the placement first, so the owner's entry is the newer: an LRU that evicts one of the two
     # evicts the placement, and the owner is never refused its own response
-    facade.affinity.record(_placement(response_id), committed.node.id)
-    facade.affinity.record(_owned(response_id, inbound.caller.name), committed.node.id)
+    facade.responses.record(_placement(response_id), committed.node.id)
+    facade.responses.record(_owned(response_id, inbound.caller.name), committed.node.id)
 
 
 def _named(inbound: Inbound) -> str | None:
@@ -84,13 +85,13 @@ def stored_response(facade: FacadeState, inbound: Inbound) -> str | Rejection | 
     response_id = _named(inbound)
     if response_id is None:
         return None
-    affinity = facade.affinity
+    table = facade.responses
     owned = _owned(response_id, inbound.caller.name)
     placement = _placement(response_id)
-    if affinity.holds(owned):
-        affinity.lookup(placement)  # refreshed with the owner's, never by anyone else's look
-        return affinity.lookup(owned)
-    return _NOT_FOUND if affinity.holds(placement) else None
+    if table.holds(owned):
+        table.lookup(placement)  # refreshed with the owner's, never by anyone else's look
+        return table.lookup(owned)
+    return _NOT_FOUND if table.holds(placement) else None
 
 
 def conversation_first(facade: FacadeState, node_id: str | None, nodes: list[Node]) -> list[Node]:

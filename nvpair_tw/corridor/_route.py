@@ -18,7 +18,7 @@ from nvpair_tw.corridor._attempts import (
     AttemptPlan,
 )
 from nvpair_tw.corridor._billing import without_billing
-from nvpair_tw.corridor._conversation import Conversation, conversation
+from nvpair_tw.corridor._conversation import Conversation, conversation, pushing_out
 from nvpair_tw.corridor._dialect import (
     AsIs,
     Reach,
@@ -45,7 +45,6 @@ from nvpair_tw.selection import (
     Patience,
     RequestSize,
     Session,
-    Warm,
     request_size,
     spare_busy_routers,
 )
@@ -116,7 +115,7 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     known = Conversation()
     if model and parsed is not None and target is None:
         known = conversation(facade, inbound, model, parsed)
-    ordered = _ordered(facade, inbound, eligible, model, parsed, known.warm, stored)
+    ordered = _ordered(facade, inbound, eligible, model, parsed, known, stored)
     candidates = ordered.nodes
     usage = UsageCell() if inference else None
     plan = _plan(facade, inbound, usage, gated, candidates)
@@ -161,19 +160,22 @@ def _ordered(
     eligible: list[Node],
     model: str | None,
     parsed: dict[str, Any] | None,
-    warm: Warm | None,
+    known: Conversation,
     stored: str | None = None,
 ) -> _Ordered:
-    """The order of §5 and §15.2: the targeted node alone; by prediction for a model; else the
-    base order; the node of the stored response the request names first (§2.1)."""
+    """The order of §5 and §15.2: the targeted node alone; by prediction for a model (and the
+    active conversations it would push out of a node's prompt cache, §5.3.1); else the base
+    order; the node of the stored response the request names first (§2.1)."""
     target = inbound.node
     if target is not None:
         return _Ordered([target], Choice.TARGET)
+    warm = known.warm
     hint = None if warm is None else warm.node
     if model:
         ratio = facade.speeds.bytes_per_token(model)  # learnt per model, §15.1
         size = request_size(parsed, len(inbound.body), ratio)
-        ranked = rank(facade, eligible, model, size, hint)
+        pushing = pushing_out(facade, known, eligible, model, size)
+        ranked = rank(facade, eligible, model, size, hint, pushing)
         chosen = warm.by if ranked.affinity and warm is not None else Choice.PREDICTION
         ordered = _Ordered(
             ranked.nodes,
@@ -193,7 +195,8 @@ def _ordered(
         ordered = evolve(ordered, chosen=Choice.PIN)
     nodes = conversation_first(facade, stored, ordered.nodes)
     if nodes and nodes[0] is not ordered.nodes[0]:
-        ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION)
+        # The response's node goes first, free or not: no choice by prediction (§2.1, §15.2).
+        ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION, patience=None)
     return ordered
 
 
@@ -278,24 +281,26 @@ def closest_models(facade: FacadeState, inbound: Inbound, model: str, most: int 
 
 
 def _spare_busy_routers(facade: FacadeState, eligible: list[Node], model: str) -> list[Node]:
-    """Without the llama.cpp routers that would have to evict a model whose requests are still
+    """Without the llama.cpp routers that could have to evict a model whose requests are still
     running to load ``model``, while another candidate exists (docs/behaviour.md §17.2)."""
     inventory = facade.inventory
-    profile = facade.profile
     live: list[Workload] | None = None
 
-    def in_flight(node_id: str, name: str) -> int:
+    def name_of(node_id: str) -> str:
+        return inventory.local_name(node_id, model) or model
+
+    def running(node_id: str) -> frozenset[str]:
         nonlocal live
         if live is None:
             live = [w for w in facade.shared.workloads.live() if w.engine == facade.engine]
-        return sum(
-            1
+        return frozenset(
+            inventory.local_name(node_id, w.model) or w.model
             for w in live
-            if w.scheduled_on == node_id and profile.matches(w.model, name) and not w.terminal
+            if w.scheduled_on == node_id and not w.terminal
         )
 
     ids = [node.id for node in eligible]
-    kept = set(spare_busy_routers(ids, model, inventory, inventory.facts, in_flight))
+    kept = set(spare_busy_routers(ids, name_of, inventory, inventory.facts, running))
     return eligible if len(kept) == len(ids) else [n for n in eligible if n.id in kept]
 
 

@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.corridor.test_driver, tests.corridor.test_exchange -*-
+# -*- test-case-name: tests.corridor.test_driver, tests.corridor.test_exchange, tests.corridor.test_cached_tokens -*-
 """The forward path's steps for one request (docs/behaviour.md §5, §6, §15, §16): route the model
 or a fallback, count the key's limits, ask admission for a slot, wait in the queue, run the
 attempts, relay the committed answer and learn from it.
@@ -17,9 +17,11 @@ from typing import Any
 from attrs import define, evolve, field
 from twisted.internet.defer import CancelledError
 
-from nvpair_tw.core import ProxyBug, RouteKind
+from nvpair_tw.core import EngineProfile, ProxyBug, RouteKind
 from nvpair_tw.corridor._attempts import AttemptObserver, AttemptPlan, run_attempts
 from nvpair_tw.corridor._caller import CallerState
+from nvpair_tw.corridor._conversation import judge, place
+from nvpair_tw.corridor._dialect import UsageCell
 from nvpair_tw.corridor._exchange import (
     Admit,
     Admitted,
@@ -60,6 +62,7 @@ from nvpair_tw.selection import (
     Booking,
     Cordons,
     Landing,
+    Place,
     QueueTimeout,
     Slot,
     Trip,
@@ -119,6 +122,8 @@ class Serving:
     booking: Booking = field(factory=Booking.nothing)
     trip: Trip | None = None
     dispatched_at: float | None = None
+    cached_at: Place | None = None
+    """Where the conversation stood in the prompt cache of the node last attempted (§5.3.1)."""
 
     async def routed(self, step: Route) -> Event:
         self.end_workload(step.ends)
@@ -218,6 +223,7 @@ class Serving:
 
     def attempt_started(self, node: Node) -> None:
         self.dispatched_at = self.facade.shared.clock.seconds()
+        self.cached_at = place(self.facade, self.route.key if self.route else None, node.id)
         if self.trip is not None:
             self.trip.attempt(node.id)
         if self.workload is not None:
@@ -234,10 +240,8 @@ class Serving:
         meter = (lambda framing: UsageMeter(framing, clock.seconds)) if route.model else None
         budget = shared.settings.write_stall_timeout
         outcome = await relay(self.writer, committed, self.caller, clock, budget, meter)
-        usage = outcome.usage
-        cell = route.usage
-        if usage is not None and cell is not None and cell.frame is not None:
-            usage = usage.noted(cell.frame)
+        usage = _said(outcome.usage, route.usage, committed.node.kind_of(facade.profile))
+        judge(facade, route.key, committed.node.id, self.cached_at, usage)  # §5.3.1
         first_at = getattr(committed.gate, "first_at", None)
         landing = self.trip.land() if self.trip is not None else None
         answer = _answer_of(usage, self.dispatched_at, first_at)
@@ -273,6 +277,16 @@ def _end(workload: Workload, ending: WorkloadEnd | None) -> None:
         workload.cancel_hook = None
 
 
+def _said(usage: Usage | None, cell: UsageCell | None, kind: EngineProfile) -> Usage | None:
+    """The answer's counts, completed by the usage chunk removed on the way (§12.2), without the
+    cached count of a node kind whose cached count is none (Ollama's, §12.2)."""
+    if usage is None:
+        return None
+    if cell is not None and cell.frame is not None:
+        usage = usage.noted(cell.frame)
+    return usage if kind.counts_cache else evolve(usage, cached_tokens=None)
+
+
 def _answer_of(
     usage: Usage | None, dispatched_at: float | None, first_at: float | None
 ) -> Answer | None:
@@ -290,6 +304,7 @@ def _answer_of(
         usage.engine_prefill,
         usage.engine_load,
         usage.paced or first_at is not None,  # a stream, or one the proxy assembled (§6.5)
+        usage.cached_tokens,
     )
 
 

@@ -31,6 +31,7 @@ from nvpair_tw.nodes import Node, NodeDirectory, SelfGuard
 from nvpair_tw.selection import (
     Admission,
     AffinityTable,
+    CacheBook,
     CordonBook,
     FlightBook,
     InventoryBook,
@@ -114,7 +115,9 @@ class FacadeState:
         lambda self: SpeedBook(self.shared.clock, self._speed_seed), takes_self=True
     )
     """What each node has shown it can do, per model (§15.1)."""
-    flights: FlightBook = Factory(lambda self: FlightBook(self.shared.clock), takes_self=True)
+    flights: FlightBook = Factory(
+        lambda self: FlightBook(self.shared.clock, self.progress), takes_self=True
+    )
     """The attempts in flight on each node and their predicted ends (§15.2)."""
     gaps: RouteGaps = Factory(
         lambda self: RouteGaps(self.profile.name, self.inventory.reach), takes_self=True
@@ -122,6 +125,24 @@ class FacadeState:
     """The routes each node was found to lack, until its next restart is seen (§17.3)."""
     sessions: SessionTable = Factory(lambda self: self._session_table(), takes_self=True)
     """Where each caller's named sessions were last served (§5.3)."""
+    caches: CacheBook = Factory(lambda self: self._cache_book(), takes_self=True)
+    """The conversations each node's prompt cache can still hold, and how many (§5.3.1)."""
+    responses: AffinityTable = Factory(lambda self: self._response_table(), takes_self=True)
+    """Which node holds each stored ``/v1/responses`` answer, and whose it is (§2.1): kept as long
+    as a session (``--session-ttl``), since a conversation continued from a stored response comes
+    back after the agent's pauses like a session does."""
+
+    def _cache_book(self) -> CacheBook:
+        def configured(node_id: str) -> int | None:
+            node = self.directory.get(node_id)
+            return None if node is None else node.cache_conversations
+
+        clock, ttl = self.shared.clock, self.shared.settings.affinity_ttl
+        return CacheBook(clock, configured, self.inventory.reported_slots, ttl)
+
+    def _response_table(self) -> AffinityTable:
+        settings = self.shared.settings
+        return AffinityTable(self.shared.clock, settings.affinity_max_entries, settings.session_ttl)
 
     def _session_table(self) -> SessionTable:
         settings = self.shared.settings

@@ -27,7 +27,15 @@ __all__ = [
     "usage_table",
 ]
 
-USAGE_COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens", "unknown_tokens")
+USAGE_COUNTS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "unknown_tokens",
+    "cached_tokens",
+    "unknown_cached",
+)
 """The counts every ``usage/report`` row has, after the columns it was grouped by."""
 
 
@@ -72,6 +80,14 @@ def _names(value: object) -> str:
     return printable(value)
 
 
+def _contexts(value: object) -> str:
+    """Each model's context as ``name tokens``, comma-joined; ``-`` for none, ``?`` when the
+    proxy does not say."""
+    if not isinstance(value, Mapping):
+        return "?"
+    return ", ".join(f"{printable(k)} {printable(v)}" for k, v in value.items()) or "-"
+
+
 def _state(node: Mapping[str, Any], now: float) -> str:
     cordon = node.get("cordon")
     if isinstance(cordon, Mapping):
@@ -100,6 +116,7 @@ def node_table(result: Mapping[str, Any], now: float) -> str:
             _slots(node),
             _names(node.get("models")),
             _names(node.get("loaded")),
+            _contexts(node.get("contexts")),
             node.get("url"),
         ]
         for node in (nodes if isinstance(nodes, list) else [])
@@ -107,7 +124,7 @@ def node_table(result: Mapping[str, Any], now: float) -> str:
     ]
     if not rows:
         return f"no nodes\nqueue: {printable(result.get('queueDepth'))} waiting"
-    head = ["ID", "KIND", "STATE", "IN USE", "MODELS", "LOADED", "URL"]
+    head = ["ID", "KIND", "STATE", "IN USE", "MODELS", "LOADED", "CONTEXT", "URL"]
     return f"{table(head, rows)}\nqueue: {printable(result.get('queueDepth'))} waiting"
 
 

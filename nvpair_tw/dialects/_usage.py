@@ -11,14 +11,25 @@ route family                       where the counts are
 Ollama ``/api/chat``, ``generate``  the final object: ``prompt_eval_count``, ``eval_count``
                                     (and ``eval_duration`` for the engine's own rate)
 Ollama ``/api/embed``               ``prompt_eval_count``
-OpenAI chat / completions, v0       ``usage`` (a stream's usage chunk); llama.cpp's
-                                    ``timings.predicted_per_second`` for the rate
+OpenAI chat / completions, v0       ``usage`` (a stream's usage chunk), cached:
+                                    ``prompt_tokens_details.cached_tokens``; llama.cpp's
+                                    ``timings``: ``predicted_per_second`` for the rate, and in
+                                    a stream without a usage chunk the counts (``cache_n``
+                                    cached plus ``prompt_n`` read, ``predicted_n``)
 OpenAI / v0 embeddings              ``usage.prompt_tokens``
 ``/v1/responses``                   ``response.completed``'s ``response.usage`` (whole: ``usage``)
-                                    ``input_tokens`` / ``output_tokens``
+                                    ``input_tokens`` / ``output_tokens``, cached:
+                                    ``input_tokens_details.cached_tokens``
 ``/v1/messages``                    ``message_start``'s ``input_tokens``, ``message_delta``'s
-                                    ``output_tokens`` (whole: ``usage``)
+                                    ``output_tokens`` (whole: ``usage``); cached:
+                                    ``cache_read_input_tokens``, which Anthropic's
+                                    ``input_tokens`` leaves out (the prompt is the sum, with
+                                    ``cache_creation_input_tokens``)
 =================================  ==========================================================
+
+The prompt tokens the engine found in its cache (``cached_tokens``) are read only where it says
+so: Ollama (0.9.3, and its source to v0.33) and LM Studio state none, so theirs stay unknown
+(None), never 0.
 
 The cost is at the stream's ends: the first lines are parsed until one carries content (its time
 is the first token), then only the last 64 chunks are kept, and the counts are read from them when
@@ -79,6 +90,8 @@ class Counts:
     rate: float | None = None
     prefill: float | None = None
     load: float | None = None
+    cached: int | None = None
+    """The prompt tokens the engine says it found cached (part of ``prompt``)."""
 
     @property
     def stated(self) -> bool:
@@ -107,6 +120,9 @@ class Usage:
     paced: bool = False
     """Whether the answer came as a stream, token by token: only then do its first and last
     content times measure a rate (a whole JSON answer's arrive together)."""
+    cached_tokens: int | None = None
+    """The prompt tokens the engine says it found in its cache (part of ``prompt_tokens``);
+    None when it said nothing of a cache."""
 
     def noted(self, frame: dict[str, Any]) -> Usage:
         """These counts completed by a usage frame removed on the way (:class:`UsageStripper`)."""
@@ -120,6 +136,7 @@ class Usage:
             self.engine_prefill if said.prefill is None else said.prefill,
             self.engine_load if said.load is None else said.load,
             self.paced,
+            self.cached_tokens if said.cached is None else said.cached,
         )
 
     def tokens_per_second(self) -> float | None:
@@ -180,18 +197,48 @@ def _counts(event: dict[str, Any]) -> Counts:
     member = _ANSWER_IN.get(kind) if isinstance(kind, str) else None
     inner = event.get(member) if member is not None else None
     event = inner if isinstance(inner, dict) else event
-    usage, stats = event.get("usage"), event.get("stats")
+    usage, stats, timings = event.get("usage"), event.get("stats"), event.get("timings")
     stats = stats if isinstance(stats, dict) else {}
-    if not isinstance(usage, dict):
-        return _lmstudio_counts(stats) if stats else _SILENT
-    timings = event.get("timings")
     timings = timings if isinstance(timings, dict) else {}
+    if not isinstance(usage, dict):
+        if stats:
+            return _lmstudio_counts(stats)
+        return _timings_counts(timings) if timings else _SILENT
     prompt = _int(usage.get("prompt_tokens", usage.get("input_tokens")))
+    cached = _cached(usage, timings)
+    if "cache_read_input_tokens" in usage and prompt is not None:
+        # Anthropic's input_tokens is the part read after the cache (and written to it)
+        prompt += (cached or 0) + (_int(usage.get("cache_creation_input_tokens")) or 0)
     return Counts(
         prompt,
         _int(usage.get("completion_tokens", usage.get("output_tokens"))),
         _rate(timings.get("predicted_per_second")) or _rate(stats.get("tokens_per_second")),
         _rate(timings.get("prompt_per_second")) or _prefill(prompt, stats),
+        cached=cached,
+    )
+
+
+def _cached(usage: dict[str, Any], timings: dict[str, Any]) -> int | None:
+    """The prompt tokens found cached, as an answer's ``usage`` says (OpenAI chat and
+    completions, Responses, Anthropic), else as llama.cpp's ``timings`` do; None when silent."""
+    details = usage.get("prompt_tokens_details", usage.get("input_tokens_details"))
+    if isinstance(details, dict) and "cached_tokens" in details:
+        return _int(details["cached_tokens"])
+    if "cache_read_input_tokens" in usage:
+        return _int(usage["cache_read_input_tokens"])
+    return _int(timings.get("cache_n"))
+
+
+def _timings_counts(timings: dict[str, Any]) -> Counts:
+    """llama.cpp's ``timings`` alone (a stream without its usage chunk): ``cache_n`` prompt tokens
+    found cached and ``prompt_n`` read, ``predicted_n`` generated."""
+    cached, read = _int(timings.get("cache_n")), _int(timings.get("prompt_n"))
+    return Counts(
+        None if cached is None or read is None else cached + read,
+        _int(timings.get("predicted_n")),
+        _rate(timings.get("predicted_per_second")),
+        _rate(timings.get("prompt_per_second")),
+        cached=cached,
     )
 
 
@@ -231,6 +278,10 @@ def _rate(value: Any) -> float | None:
 
 _COUNT_MARKS = (b"usage", b"eval_count", b"stats")
 """A frame stating counts holds one of these (the others are never parsed at the end)."""
+_NEAR_MARKS = (*_COUNT_MARKS, b"timings")
+"""Near the end, also llama.cpp's ``timings`` alone: a stream without its usage chunk states its
+counts there, in its finish chunk, the last event before ``[DONE]`` (looked for only near the
+end, so a stream stating no count costs no more to end than before)."""
 
 
 def _last_counts(text: bytes, floor: int = 0) -> Counts:
@@ -255,7 +306,7 @@ def _last_mark(text: bytes, floor: int, end: int) -> int:
     last :data:`NEAR_END` bytes first, where the counts are, so the names a dialect never writes
     are not searched for through the whole tail."""
     near = max(floor, end - NEAR_END)
-    mark = max(text.rfind(name, near, end) for name in _COUNT_MARKS)
+    mark = max(text.rfind(name, near, end) for name in _NEAR_MARKS)
     if mark < 0 and near > floor:
         mark = max(text.rfind(name, floor, end) for name in _COUNT_MARKS)
     return mark
@@ -296,6 +347,7 @@ class UsageMeter:
         self._looking = True
         self._first: float | None = None
         self._prompt: int | None = None  # a count stated at the stream's start (message_start)
+        self._cached: int | None = None  # and the cached part of it
         self._whole: list[bytes] = []
         self._whole_size = 0
 
@@ -318,9 +370,9 @@ class UsageMeter:
         run = self._head.complete(data)
         for line in chain.from_iterable(_windows(run)):  # usually the first line has it
             for frame in _frames(line):
-                prompt = _counts(frame).prompt
-                if prompt is not None:
-                    self._prompt = prompt
+                said = _counts(frame)
+                if said.prompt is not None:
+                    self._prompt, self._cached = said.prompt, said.cached
                 if _has_content(frame):
                     self._first = self._clock()
                     self._looking = False
@@ -342,6 +394,7 @@ class UsageMeter:
         else:
             said = _SILENT
         prompt = self._prompt if said.prompt is None else said.prompt
+        cached = self._cached if said.prompt is None else said.cached
         # The answer ends as its last chunk is relayed: that is its last token's time.
         return Usage(
             prompt,
@@ -352,6 +405,7 @@ class UsageMeter:
             said.prefill,
             said.load,
             self._streaming,
+            cached,
         )
 
 

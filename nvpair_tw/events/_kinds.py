@@ -406,9 +406,9 @@ class ProxyRequest(BusEvent):
     """``proxy/request``: the record of one request (docs/behaviour.md §7, §12.3).
 
     Durations are in ms. ``model`` is None for a request naming no model: the fields after it are
-    then not sent. ``fan_out``, ``fallback_from`` and ``key`` are sent only when set,
-    ``context_fit`` only when False, ``predicted_ms`` and ``measured_ms`` only with a prediction.
-    ``status`` None: the record has none (usage counts it as an error).
+    then not sent. ``fan_out``, ``fallback_from``, ``key`` and ``warm_node`` are sent only when
+    set, ``context_fit`` only when False, ``predicted_ms`` and ``measured_ms`` only with a
+    prediction. ``status`` None: the record has none (usage counts it as an error).
     """
 
     name: ClassVar[str] = PROXY_REQUEST
@@ -441,6 +441,11 @@ class ProxyRequest(BusEvent):
     """Why the node that served was asked (docs/behaviour.md §7); None when no node was."""
     workload_id: int | None = None
     """The request's workload (§7), for traces (§12.5); not in the wire object."""
+    cached_tokens: int | None = None
+    """The prompt tokens the serving engine said it found in its cache (§12.2; part of
+    ``prompt_tokens``); None when it said nothing of a cache."""
+    warm_node: str | None = None
+    """The node the proxy expected to hold the prompt's prefix (§5.3); None: none expected."""
 
     def _build(self) -> Wire:
         wire: Wire = {
@@ -471,8 +476,11 @@ class ProxyRequest(BusEvent):
             wire["translated"] = self.translated
             wire["prompt_tokens"] = self.prompt_tokens
             wire["completion_tokens"] = self.completion_tokens
+            wire["cached_tokens"] = self.cached_tokens
             wire["ttft_ms"] = self.ttft_ms
             wire["tokens_per_s"] = self.tokens_per_s
+            if self.warm_node is not None:
+                wire["warm_node"] = self.warm_node
             if not self.context_fit:
                 wire["context_fit"] = False
             if self.predicted_ms is not None:

@@ -22,6 +22,7 @@ from nvpair_tw.fleet._wire import Codec, Command, Kind, Op, json_object
 from nvpair_tw.selection import (
     AffinityKey,
     AffinityTable,
+    CacheBook,
     Cooldown,
     CooldownListener,
     Cordon,
@@ -44,6 +45,7 @@ __all__ = [
     "USAGE_METRICS",
     "SharedAffinity",
     "SharedAffinityTable",
+    "SharedCaches",
     "SharedCooldowns",
     "SharedCordons",
     "SharedProgress",
@@ -60,8 +62,10 @@ RESERVATION_TTL = 10.0
 RESERVATION_BATCH = 0.01
 """Seconds: reservation changes within this window go out as one publish."""
 PROGRESS_EVERY = 1.0
-USAGE_METRICS = ("r", "e", "p", "c", "u")
-"""A usage row's counts as hash fields: requests, errors, prompt, completion, unknown counts."""
+USAGE_METRICS = ("r", "e", "p", "c", "u", "k", "n")
+"""A usage row's counts as hash fields: requests, errors, prompt, completion, unknown counts,
+cached prompt tokens and requests whose cached count is unknown (a peer of an older version
+writes none of the last two: a report counts its requests as neither)."""
 
 Write = Callable[[Command], None]
 
@@ -567,6 +571,53 @@ class SharedSpeeds(_Sharing):
         return True
 
 
+class SharedCaches(_Sharing):
+    """Which conversations each node's prompt cache was sent last (docs/behaviour.md §5.3.1,
+    §6.6): each proxy publishes every conversation it notes — the node, the model, its root
+    sealed as affinity digests are (HMAC-SHA-256 under the fleet secret, else the digest itself)
+    and the tokens the engine holds for it — and folds in its peers', so every proxy counts the
+    whole fleet's conversations on a node. Published, not stored; a capacity each proxy corrects
+    from the answers it relays is not shared."""
+
+    def __init__(
+        self,
+        reactor: IProxyReactor,
+        codec: Codec,
+        write: Write,
+        up: Callable[[], bool],
+        *,
+        seal: Callable[[bytes], bytes],
+    ) -> None:
+        super().__init__(reactor, codec, write, up)
+        self._seal = seal
+        self._books: dict[str, CacheBook] = {}
+
+    def bind(self, engine: str, book: CacheBook) -> None:
+        self._books[engine] = book
+        book.shared(self._seal, lambda *noted: self._share(engine, *noted))
+
+    def _share(self, engine: str, node: str, model: str, root: bytes, tokens: int | None) -> None:
+        held = {} if tokens is None else {"h": tokens}
+        message = self._codec.message(Kind.CACHE, e=engine, n=node, m=model, r=root.hex(), **held)
+        self._write(lambda: [("pub", message)])
+
+    def apply(self, engine: str, node: str, message: Mapping[str, Any]) -> bool:
+        book, model, root = self._books.get(engine), message.get("m"), message.get("r")
+        tokens = message.get("h")
+        if book is None or not isinstance(model, str) or not isinstance(root, str):
+            return False
+        if tokens is not None and (
+            isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0
+        ):
+            return False
+        try:
+            sealed = bytes.fromhex(root)
+        except ValueError:
+            return False
+        book.fold(node, model, sealed, tokens)
+        return True
+
+
 class SharedStallTracker(StallTracker):
     """A facade's cooldowns, shared with the fleet: a local stall is stored and published, a
     peer's is applied with ``origin="peer"``, and a success here ends the cooldown everywhere.
@@ -666,9 +717,9 @@ class SharedSessionTable(SessionTable):
         super().record(sealed, node_id, depth)
 
 
-UsageRow = tuple[int, str, str, str, int, int, int, int, int]
-"""``(minute, key, model, node, requests, errors, prompt, completion, unknown)``, as
-:mod:`nvpair_tw.usage` counts them."""
+UsageRow = tuple[int, str, str, str, int, int, int, int, int, int, int]
+"""``(minute, key, model, node, requests, errors, prompt, completion, unknown, cached,
+unknown_cached)``, as :mod:`nvpair_tw.usage` counts them."""
 
 
 class SharedUsage(_Sharing):

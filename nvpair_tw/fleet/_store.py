@@ -16,6 +16,8 @@ names the same store:
 - the keys' rate-limit counters (:meth:`FleetStore.limit_counters`, docs/behaviour.md §12.1);
 - the time each node last sent body bytes (:meth:`FleetStore.note_progress`, at most once per node
   per second), readable with :meth:`FleetStore.peer_progress`;
+- the conversations each proxy sends to each node's prompt cache (:class:`SharedCaches`,
+  docs/behaviour.md §5.3.1): published, their roots sealed as affinity digests are;
 - usage sums per minute (:meth:`FleetStore.add_usage`, :meth:`FleetStore.usage_rows`;
   docs/behaviour.md §12.4), so a usage report covers the fleet.
 
@@ -52,6 +54,7 @@ from nvpair_tw.fleet._wire import Codec
 from nvpair_tw.fleet._writer import MAX_PENDING_WRITES, BatchedWriter
 from nvpair_tw.logs import LevelledLogger
 from nvpair_tw.selection import (
+    CacheBook,
     CooldownListener,
     CordonBook,
     Probe,
@@ -124,9 +127,10 @@ class FleetStore:
         """Share this process's reservation counts and add the peers' to ``ledger``."""
         self._sharing.reservations.bind(ledger)
 
-    def bind_speeds(self, engine: str, book: SpeedBook) -> None:
-        """Share the samples of ``engine``'s learnt speeds and fold in the peers' (§15.1)."""
-        self._sharing.speeds.bind(engine, book)
+    def bind_books(self, engine: str, speeds: SpeedBook, caches: CacheBook) -> None:
+        """Share ``engine``'s learnt speeds (§15.1) and caches' conversations (§5.3.1)."""
+        self._sharing.speeds.bind(engine, speeds)
+        self._sharing.caches.bind(engine, caches)
 
     def limit_counters(self) -> SharedCounters:
         """The fleet-wide counters of the keys' rate limits (docs/behaviour.md §12.1)."""

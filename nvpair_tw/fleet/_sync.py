@@ -18,6 +18,7 @@ from nvpair_tw.core import IProxyReactor
 from nvpair_tw.fleet._session import Dialer, read_all
 from nvpair_tw.fleet._sharing import (
     SharedAffinity,
+    SharedCaches,
     SharedCooldowns,
     SharedCordons,
     SharedProgress,
@@ -49,6 +50,7 @@ class FleetSharing:
     progress: SharedProgress
     speeds: SharedSpeeds
     usage: SharedUsage
+    caches: SharedCaches
     applied: int = field(default=0, init=False)
     """How many peers' messages were applied here."""
     ignored: int = field(default=0, init=False)
@@ -79,6 +81,7 @@ class FleetSharing:
             SharedProgress(*parts),
             SharedSpeeds(*parts),
             SharedUsage(*parts),
+            SharedCaches(*parts, seal=sealer(secret)),
         )
 
     def on_message(self, raw: bytes | str) -> None:
@@ -146,4 +149,6 @@ class FleetSharing:
             return self.sessions.apply(engine, node, fields)
         if kind is Kind.SPEED:
             return self.speeds.apply(engine, node, fields)
+        if kind is Kind.CACHE:
+            return self.caches.apply(engine, node, fields)
         return kind is Kind.PROGRESS and self.progress.apply(engine, node)

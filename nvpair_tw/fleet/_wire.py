@@ -50,6 +50,9 @@ class Kind(Enum):
     """A node delivered body bytes (a message)."""
     SPEED = "speed"
     """A node's measured rates for a model (a message)."""
+    CACHE = "cache"
+    """A conversation was served whole on a node: it is the most recent in that node's prompt
+    cache (a message; its root sealed as affinity digests are)."""
     USAGE = "usage"
     """An hour's usage sums (a key)."""
     BATCH = "batch"

@@ -14,6 +14,7 @@ The nodes file is TOML, one ``[[node]]`` table per machine::
     slots = 2                          # optional: requests run on it at once; 0 = no limit
     slots_reserved = 1                 # optional: of its slots, kept for interactive work (§16.3)
     speed = 5.0                        # optional: relative speed, seeds its learnt rates (§15.1)
+    cache_conversations = 6            # optional: conversations its prompt cache keeps per model (§5.3.1)
     models_max = 2                     # optional, llama.cpp router: models loaded at once (§17.2)
     cordon = true                      # optional: takes no new work (maintenance; docs/behaviour.md §13.1)
     kind = "lmstudio"                  # optional: ollama | lmstudio | omlx | openai (§11.1); with a
@@ -108,6 +109,10 @@ class Node:
     limit), or ``None``: what the router says (docs/behaviour.md §17.2)."""
     slots_reserved: int = field(default=0, kw_only=True)
     """``slots_reserved = N``: N of its ``slots`` a batch request does not take (§16.3)."""
+    cache_conversations: int | None = field(default=None, kw_only=True)
+    """``cache_conversations = N``: how many conversations the engine keeps a prompt cache of for
+    a model at once, its slots and any host-memory cache together (docs/behaviour.md §5.3.1);
+    ``None``: what the engine states, else learnt."""
 
     def kind_of(self, facade: EngineProfile) -> EngineProfile:
         """The profile this node is spoken to with behind ``facade``."""
@@ -183,6 +188,7 @@ _NODE_KEYS = (
             "speed",
             "slots_reserved",
             "models_max",
+            "cache_conversations",
         }
     )
     | TLS_KEYS
@@ -264,9 +270,8 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
         speed = _parse_speed(where, entry.get("speed"))
         models_max = _parse_models_max(where, entry.get("models_max"))
         reserved = _parse_reserved(where, entry.get("slots_reserved"), slots)
-        cordon = entry.get("cordon", False)
-        if not isinstance(cordon, bool):
-            raise NodesFileError(f"{where}: cordon: must be true or false")
+        cache = _parse_cache(where, entry.get("cache_conversations"))
+        cordon = _parse_cordon(where, entry.get("cordon", False))
         kind, facades = _parse_kind(where, entry, urls)
         url = urls.get(engine, urls.get("*"))
         if url is not None and (facades is None or engine in facades):
@@ -284,6 +289,7 @@ def _parse_document(path: str, document: dict[str, Any], engine: str) -> list[No
                     speed=speed,
                     models_max=models_max,
                     slots_reserved=reserved,
+                    cache_conversations=cache,
                 )
             )
     return nodes
@@ -435,6 +441,24 @@ def _parse_speed(where: str, value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
         raise NodesFileError(f"{where}: speed: must be a number > 0 (relative to 1.0)")
     return float(value)
+
+
+def _parse_cordon(where: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise NodesFileError(f"{where}: cordon: must be true or false")
+    return value
+
+
+def _parse_cache(where: str, value: object) -> int | None:
+    """``cache_conversations``: a whole number >= 0 (§5.3.1)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise NodesFileError(
+            f"{where}: cache_conversations: must be a whole number >= 0"
+            " (0 = the engine keeps no prompt cache)"
+        )
+    return value
 
 
 def _parse_models_max(where: str, value: object) -> int | None:

@@ -28,6 +28,7 @@ from nvpair_tw.ops._queues import queue_json
 from nvpair_tw.ops._recent import RequestBook
 from nvpair_tw.ops._throughput import Throughput, completion_tokens
 from nvpair_tw.runtime import Runtime, openai_url
+from nvpair_tw.selection import shown_contexts
 
 __all__ = ["FAN_OUTS_ENDED", "FAN_OUTS_RUNNING", "FanOuts", "Listening", "StatusBoard"]
 
@@ -174,6 +175,7 @@ class StatusBoard:
             "inventoryAt": _ms(inventory.last_success(node.id)),
             "lastSuccess": self.last_success.get((engine, node.id)),
             "ttft": self.requests.ttft(engine, node.id),
+            "cache": self.requests.cache(engine, node.id),
             "inFlight": in_flight(facade, node.id),
             "tunnels": shared.tunnels.count(engine, node.id),
             "reservations": shared.ledger.reservations(node.id),
@@ -187,4 +189,7 @@ class StatusBoard:
             else {"until": _ms(cooldown.until), "reason": cooldown.reason},
             "cordon": None if cordon is None else cordon.to_json(),
             "rates": facade.speeds.to_json(node.id),
+            "contexts": shown_contexts(
+                inventory.facts.contexts(node.id), inventory.models(node.id)
+            ),
         }

@@ -126,6 +126,12 @@ class LlmCounters:
             "Tokens the engines counted, by key and type (prompt or completion).",
             ["engine", "node", "model", "key", "type"],
         )
+        self.cached = PlainCounter(
+            registry,
+            "nvpair_cached_tokens",
+            "Prompt tokens the engines said they found in their cache (part of the prompt tokens).",
+            ["engine", "node", "model", "key"],
+        )
         per_model = ["engine", "node", "model"]
         self.ttft = PlainHistogram(
             registry,
@@ -171,6 +177,8 @@ class LlmCounters:
         ):
             if count is not None and count > 0:
                 self.tokens.inc(engine, node, label, key, kind, amount=count)
+        if record.cached_tokens is not None:  # a stated 0 too: the engine states them
+            self.cached.inc(engine, node, label, key, amount=record.cached_tokens)
         if record.ttft_ms is not None:
             self.ttft.observe(engine, node, label, amount=record.ttft_ms / 1000)
         if record.tokens_per_s is not None:

@@ -13,6 +13,9 @@
 - Per node: the last :data:`TTFT_SAMPLES` times to first token (of answers below 400), and how its last attempt went
   (:class:`Contact`: from the records' attempts, and from a phase event or a fan-out's progress
   saying the node answered), which is all the proxy knows of a node it does not poll.
+- Per node, its prompt cache over its last :data:`CACHE_SAMPLES` answers (:class:`Cached`): the
+  prompt tokens of those whose engine said what it found cached, the cached ones, and how many
+  answers went to it because the proxy expected it to hold the prompt's prefix.
 
 Nothing of a body, a prompt or a key is here: records and phase events carry none.
 """
@@ -36,7 +39,16 @@ from nvpair_tw.events import (
 )
 from nvpair_tw.ops._tally import Tally, Verdict, verdict_of
 
-__all__ = ["MAX_IN_FLIGHT", "RECENT", "TTFT_SAMPLES", "Contact", "LastContact", "RequestBook"]
+__all__ = [
+    "CACHE_SAMPLES",
+    "MAX_IN_FLIGHT",
+    "RECENT",
+    "TTFT_SAMPLES",
+    "Cached",
+    "Contact",
+    "LastContact",
+    "RequestBook",
+]
 
 RECENT = 50
 """Records in the recent-requests panel."""
@@ -44,6 +56,8 @@ MAX_IN_FLIGHT = 4096
 """Requests in flight followed at once (more than the facades' connection limit)."""
 TTFT_SAMPLES = 20
 """Times to first token kept per node for its median."""
+CACHE_SAMPLES = 20
+"""Answers per node its prompt cache is shown over."""
 
 NodeKey = tuple[str, str]
 """``(engine, node_id)``."""
@@ -69,6 +83,33 @@ class LastContact:
 
     contact: Contact
     since: float
+
+
+@frozen
+class Cached:
+    """What one answer said of the node's prompt cache: its prompt tokens and the cached ones
+    (None: the engine did not say), and whether the proxy expected the node to hold its prefix."""
+
+    prompt: int | None
+    cached: int | None
+    expected: bool
+
+    @classmethod
+    def of(cls, record: ProxyRequest) -> Cached:
+        return cls(record.prompt_tokens, record.cached_tokens, record.cache_affinity)
+
+
+def _cache_json(answers: deque[Cached]) -> dict[str, int]:
+    """``{"answers", "stated", "promptTokens", "cachedTokens", "expectedWarm"}``: the prompt and
+    cached tokens summed over the answers whose engine said both."""
+    stated = [a for a in answers if a.prompt is not None and a.cached is not None]
+    return {
+        "answers": len(answers),
+        "stated": len(stated),
+        "promptTokens": sum(a.prompt or 0 for a in stated),
+        "cachedTokens": sum(a.cached or 0 for a in stated),
+        "expectedWarm": sum(a.expected for a in answers),
+    }
 
 
 def _ms(seconds: float) -> int:
@@ -108,6 +149,9 @@ class _Recent:
             "chosenBy": None if chosen is None else chosen.value,
             "ttftMs": _ttft(record),
             "tokensPerS": record.tokens_per_s,
+            "promptTokens": record.prompt_tokens,
+            "cachedTokens": record.cached_tokens,
+            "expectedWarm": record.cache_affinity,
             "model": self.model,
             "key": record.key,
             "method": record.method,
@@ -127,6 +171,7 @@ class RequestBook:
         self.by_key = Tally("key")
         self.by_model = Tally("model")
         self._ttft: dict[NodeKey, deque[int]] = {}
+        self._cache: dict[NodeKey, deque[Cached]] = {}
         self._contacts: dict[NodeKey, LastContact] = {}
 
     def phase(self, event: RequestPhase) -> None:
@@ -167,6 +212,10 @@ class RequestBook:
         if ttft is not None and node_id is not None:
             samples = self._ttft.setdefault((record.engine, node_id), deque(maxlen=TTFT_SAMPLES))
             samples.append(ttft)
+        status = record.status
+        if node_id is not None and record.model is not None and status is not None and status < 400:
+            answers = self._cache.setdefault((record.engine, node_id), deque(maxlen=CACHE_SAMPLES))
+            answers.append(Cached.of(record))
 
     def _contact(self, key: NodeKey, contact: Contact, at: float) -> None:
         before = self._contacts.get(key)
@@ -184,9 +233,14 @@ class RequestBook:
             return None
         return {"medianMs": round(median(samples)), "lastMs": samples[-1], "samples": len(samples)}
 
+    def cache(self, engine: str, node_id: str) -> dict[str, int] | None:
+        """The node's prompt cache over its last answers (:func:`_cache_json`), None before any."""
+        answers = self._cache.get((engine, node_id))
+        return _cache_json(answers) if answers else None
+
     def forget(self, known: set[NodeKey]) -> None:
         """Drop what is kept of nodes no longer in any directory (bounds it by the nodes)."""
-        for book in (self._ttft, self._contacts):
+        for book in (self._ttft, self._cache, self._contacts):
             for key in [k for k in book if k not in known]:
                 del book[key]
 

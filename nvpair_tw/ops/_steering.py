@@ -31,7 +31,7 @@ from nvpair_tw.ops._rpc import (
 )
 from nvpair_tw.ops._usage import USAGE
 from nvpair_tw.runtime import Runtime
-from nvpair_tw.selection import make_rank
+from nvpair_tw.selection import make_rank, shown_contexts
 
 __all__ = ["CANCEL_REASON", "PROCESS", "SCOPED", "node_param"]
 
@@ -84,6 +84,10 @@ def nodes_list(facade: FacadeState, params: Params) -> Result:
                 "busyWaits": facade.progress.busy_waits(node.id),
                 "cordon": None if cordon is None else cordon.to_json(),
                 "rates": facade.speeds.to_json(node.id),
+                "caches": facade.caches.to_json(node.id),
+                "contexts": shown_contexts(
+                    facade.inventory.facts.contexts(node.id), facade.inventory.models(node.id)
+                ),
             }
         )
     return {"nodes": nodes, "queueDepth": facade.admission.queue_depth}

@@ -71,6 +71,9 @@ log = LevelledLogger(namespace=__name__)
 REMOTE_SHARE_DIVISOR = 4
 """With keys, 1/4 of each facade's ``--max-connections`` is kept for remote callers: loopback
 and unix-socket peers together hold at most the other three quarters (docs/behaviour.md §14.4)."""
+RESPONSES_TABLE = "/responses"
+"""Appended to an engine's name, the fleet's name for its response table (docs/behaviour.md
+§2.1): its entries travel as affinity entries of that name, kept for the session time."""
 SELF_CHECK_INTERVAL = 10.0
 """Seconds between two resolutions of the node names that could be this process (§14.3)."""
 
@@ -382,9 +385,10 @@ def _facade(
     if fleet is not None:
         n, ttl = settings.affinity_max_entries, settings.session_ttl
         facade.sessions = fleet.session_table(engine, n, ttl)
+        facade.responses = fleet.affinity_table(engine + RESPONSES_TABLE, n, ttl)
         _share_progress(facade, fleet, engine)
         fleet.bind_cordons(engine, cordons)
-        fleet.bind_speeds(engine, facade.speeds)
+        fleet.bind_books(engine, facade.speeds, facade.caches)
     return facade
 
 

@@ -24,16 +24,26 @@ from nvpair_tw.selection._affinity import (
     Match,
     affinity_key,
 )
+from nvpair_tw.selection._caches import CacheBook, Capacity, CapacitySource, Place
 from nvpair_tw.selection._canonical import BILLING_PREFIX, is_billing_block
-from nvpair_tw.selection._contexts import Fit, fit
+from nvpair_tw.selection._contexts import Fit, fit, shown_contexts
 from nvpair_tw.selection._cordons import Cordon, CordonBook, CordonListener
-from nvpair_tw.selection._flights import FlightBook, Landing, Trip
+from nvpair_tw.selection._flights import FirstRun, FlightBook, Landing, Trip
 from nvpair_tw.selection._gaps import RouteGaps
 from nvpair_tw.selection._inventory import InventoryBook
 from nvpair_tw.selection._ordering import order_candidates
-from nvpair_tw.selection._patience import Patience, patience
+from nvpair_tw.selection._patience import HOLD_MAX, Outlook, Patience
 from nvpair_tw.selection._polling import PROBE_BOUND, expiry_probe
-from nvpair_tw.selection._predict import Load, RequestSize, predict_all, request_size, slot_wait
+from nvpair_tw.selection._predict import (
+    EXPLORE,
+    Load,
+    RequestSize,
+    expected_completion,
+    predict,
+    predict_all,
+    request_size,
+    slot_wait,
+)
 from nvpair_tw.selection._progress import ProgressBook
 from nvpair_tw.selection._reachability import Reach, Reachability
 from nvpair_tw.selection._reservations import Booking, ReservationLedger, make_rank
@@ -61,6 +71,8 @@ __all__ = [
     "BILLING_PREFIX",
     "CHAT_PATHS",
     "COMPLETION_PATHS",
+    "EXPLORE",
+    "HOLD_MAX",
     "PROBE_BOUND",
     "RETRY_AFTER_SECONDS",
     "SESSION_HEADERS",
@@ -69,12 +81,16 @@ __all__ = [
     "AffinityTable",
     "Answer",
     "Booking",
+    "CacheBook",
+    "Capacity",
+    "CapacitySource",
     "Cooldown",
     "CooldownListener",
     "Cordon",
     "CordonBook",
     "CordonListener",
     "Cordons",
+    "FirstRun",
     "Fit",
     "FlightBook",
     "Home",
@@ -83,7 +99,9 @@ __all__ = [
     "Landing",
     "Load",
     "Match",
+    "Outlook",
     "Patience",
+    "Place",
     "Probe",
     "ProgressBook",
     "QueueFull",
@@ -106,17 +124,19 @@ __all__ = [
     "Waiter",
     "Warm",
     "affinity_key",
+    "expected_completion",
     "expiry_probe",
     "fit",
     "is_billing_block",
     "make_rank",
     "order_candidates",
-    "patience",
+    "predict",
     "predict_all",
     "priority_note",
     "request_size",
     "sample_of",
     "session_name",
+    "shown_contexts",
     "slot_limit",
     "slot_wait",
     "spare_busy_routers",

@@ -10,7 +10,13 @@ by ``queue_size``, each waiter by ``queue_timeout``); a slot freed on a node is 
 waiters in turn (interactive oldest first, then batch oldest first; a batch request that has
 waited ``batch_max_wait`` counts as interactive), and :meth:`Admission.wake` (after the facade's
 nodes change) binds every waiter that has a free node, each to the first free node of its own
-candidates. A queue that is full answers :data:`QUEUE_FULL` at once and keeps nothing.
+candidates. A queue that is full answers :data:`QUEUE_FULL` at once and keeps nothing — unless a
+free candidate was declined by the request's patience: it then takes the first free one.
+
+A request with a :class:`~nvpair_tw.selection._patience.Patience` (§15.2) binds instead to the
+node its patience chooses (:func:`~nvpair_tw.selection._patience.choose`) each time it is looked
+at: on arrival, whenever a slot frees that it could take, and at its patience's own re-checks;
+the work of the waiters ahead of it (in turn) counts against the nodes they chose.
 
 A :class:`Slot` moves with the attempt on failover (:meth:`Slot.move`) and is released once
 (:meth:`Slot.release`). A move goes over the next node's slots rather than waiting: see
@@ -19,7 +25,7 @@ docs/behaviour.md §6.4 for why.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from attrs import define, field
 from twisted.internet.defer import Deferred
@@ -27,7 +33,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from nvpair_tw.core import Priority
 from nvpair_tw.nodes import Node
-from nvpair_tw.selection._patience import Patience
+from nvpair_tw.selection._patience import Choice, Patience, choose
 from nvpair_tw.selection._queue import (
     QUEUE_FULL,
     RETRY_AFTER_SECONDS,
@@ -99,13 +105,9 @@ class Admission:
         return self._counts.slots(node_id)
 
     def queued_for(self, node_id: str) -> float:
-        """The predicted seconds of work queued for ``node_id``: its waiters' service time there,
-        of the waiters whose best node it is (§15.2)."""
-        return sum(
-            w.patience.service.get(node_id, 0.0)
-            for w in self._queue
-            if w.patience is not None and w.patience.best == node_id
-        )
+        """The predicted seconds of work queued for ``node_id``: the service time there of the
+        waiters that chose it (§15.2)."""
+        return self._queue.chosen(node_id)
 
     def waiting_for(self, node_id: str) -> int:
         """Requests in the queue that ``node_id`` would take (it is among their candidates)."""
@@ -133,60 +135,67 @@ class Admission:
         interactive one until it has waited ``batch_max_wait``."""
         ids = tuple(node.id for node in candidates)
         waiter = Waiter(ids, self._clock.seconds(), cordons, patience, priority)
-        free = self._first_free_for(waiter)
+        ahead = {n: self.queued_for(n) for n in ids} if patience is not None else {}
+        free = self._first_free_for(waiter, ahead)
         if free is not None:
             return self._bind(free)
         if len(self._queue) >= self.queue_size:
-            return QUEUE_FULL
+            declined = self._counts.free(ids, priority, cordons)
+            return QUEUE_FULL if declined is None else self._bind(declined)
         waiter.bound = Deferred(lambda _: self._leave(waiter))
         waiter.timers.append(self._clock.callLater(self.queue_timeout, self._expire, waiter))
-        if patience is not None:
-            late = max(0.0, patience.best_finish - waiter.since)
-            waiter.timers.append(self._clock.callLater(late, self.wake))
         if priority is Priority.BATCH:
             waiter.timers.append(self._clock.callLater(self.batch_max_wait, self.wake))
         self._queue.append(waiter)
+        _recheck(waiter, self._clock, self.wake)
         return waiter
 
     def wake(self) -> None:
-        """Bind waiters to every slot free now, in turn (after any change of slots)."""
+        """Bind waiters to every slot free now, in turn (after any change of slots, and at a
+        patience's re-check)."""
+        self._scan(None)
+
+    def _scan(self, freed: str | None) -> None:
+        """Look at the waiters in turn: when a slot ``freed`` on a node, those that could take it,
+        while it has room (a waiter may choose another free node meanwhile); else all of them.
+        Each counts the work of those ahead of it that keep waiting."""
         bindings: list[tuple[Waiter, Slot]] = []
+        ahead: dict[str, float] = {}
+        looked: list[Waiter] = []
         for waiter in self._queue.in_turn(self._clock.seconds()):
-            free = self._first_free_for(waiter)
+            if freed is not None:
+                if self._counts.free((freed,), Priority.INTERACTIVE, Cordons.WAIVED) is None:
+                    break
+                if freed not in waiter.candidates:
+                    continue
+            free = self._first_free_for(waiter, ahead)
+            looked.append(waiter)
             if free is not None:
                 bindings.append((waiter, self._bind(free)))
-        self._dispatch(bindings)
-
-    def _wake_for(self, node_id: str) -> None:
-        """A slot freed on ``node_id``: bind the waiters that can use it, in turn, while it has
-        room."""
-        bindings: list[tuple[Waiter, Slot]] = []
-        for waiter in self._queue.in_turn(self._clock.seconds()):
-            if self._counts.free((node_id,), Priority.INTERACTIVE, Cordons.WAIVED) is None:
-                break
-            if node_id in waiter.candidates:
-                free = self._first_free_for(waiter)
-                if free is None:
-                    continue  # cordoned and not named, declined (§15.2), reserved (§16.3)
-                bindings.append((waiter, self._bind(free)))
-        self._dispatch(bindings)
-
-    def _dispatch(self, bindings: list[tuple[Waiter, Slot]]) -> None:
+            elif waiter.choice is not None:  # cordoned, declined (§15.2), reserved (§16.3)
+                ahead[waiter.choice] = ahead.get(waiter.choice, 0.0) + waiter.service
         for waiter, _ in bindings:
             self._leave(waiter)
+        for waiter in looked:
+            _recheck(waiter, self._clock, self.wake)
         # Fired after the scan: a woken request runs at once and may release or admit in turn.
         for waiter, slot in bindings:
             waiter.bound.callback(slot)
 
-    def _first_free_for(self, waiter: Waiter) -> str | None:
-        """The waiter's first candidate with a slot free for it that its patience accepts now."""
-        now = self._clock.seconds()
-        priority = self._queue.served_as(waiter, now)
-        patience = waiter.patience
-        if patience is None:
-            return self._counts.free(waiter.candidates, priority, waiter.cordons)
-        taken = [n for n in waiter.candidates if patience.accepts(n, now)]
-        return self._counts.free(taken, priority, waiter.cordons)
+    def _first_free_for(self, waiter: Waiter, ahead: Mapping[str, float]) -> str | None:
+        """The node the waiter takes now: its first candidate with a slot free for it, or with
+        a patience the node it chooses (:func:`choose`, ``ahead``: the work queued before it per
+        node), if that one can take it now."""
+        counts, cordons = self._counts, waiter.cordons
+        priority = self._queue.served_as(waiter, self._clock.seconds())
+        if waiter.patience is None:
+            return counts.free(waiter.candidates, priority, cordons)
+        free = [n for n in waiter.candidates if counts.free((n,), priority, cordons) is not None]
+        choice = _chosen(waiter, waiter.patience, free, ahead, self.slots)
+        if choice is None:
+            return free[0] if free else None
+        self._queue.choose(waiter, choice.node, waiter.patience.last[choice.node].service)
+        return choice.node if choice.bind else None
 
     def _bind(self, node_id: str) -> Slot:
         self._counts.take(node_id)
@@ -195,12 +204,14 @@ class Admission:
     def _give_back(self, node_id: str) -> None:
         self._counts.give_back(node_id)
         if self._queue:
-            self._wake_for(node_id)
+            self._scan(node_id)
 
     def _leave(self, waiter: Waiter) -> None:
         """Take ``waiter`` out of the queue (bound, gone or expired) and stop its timers."""
         if waiter in self._queue:
             self._queue.remove(waiter, self._clock.seconds())
+        waiter.pending_recheck = None
+        _recheck(waiter, self._clock, self.wake)
         for timer in waiter.timers:
             if timer.active():
                 timer.cancel()
@@ -211,3 +222,28 @@ class Admission:
         self._leave(waiter)
         if queued:
             waiter.bound.errback(QueueTimeout(f"no slot freed within {self.queue_timeout:g}s"))
+
+
+def _chosen(
+    waiter: Waiter,
+    patience: Patience,
+    free: list[str],
+    ahead: Mapping[str, float],
+    slots: Callable[[str], int],
+) -> Choice | None:
+    """``waiter``'s patience's choice now (§15.2) among its candidates (``free``: those with a
+    slot free for it; ``ahead``: the work queued before it per node); when to look again is
+    kept on the waiter."""
+    choice = choose(waiter.candidates, patience.read(), free, ahead, slots)
+    waiter.pending_recheck = None if choice is None else choice.recheck
+    return choice
+
+
+def _recheck(waiter: Waiter, clock: IReactorTime, wake: Callable[[], None]) -> None:
+    """Set the waiting request's next look (its patience's re-check), replacing the last one;
+    none once it has left (its ``pending_recheck`` cleared)."""
+    if waiter.recheck is not None and waiter.recheck.active():
+        waiter.recheck.cancel()
+    waiter.recheck = None
+    if waiter.pending_recheck is not None:
+        waiter.recheck = clock.callLater(waiter.pending_recheck, wake)

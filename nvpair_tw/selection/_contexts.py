@@ -11,12 +11,12 @@ the node serves.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from attrs import frozen
 
-__all__ = ["ANY_MODEL", "Fit", "fit", "props_context", "ps_contexts"]
+__all__ = ["ANY_MODEL", "Fit", "fit", "props_context", "ps_contexts", "shown_contexts"]
 
 ANY_MODEL = "*"
 
@@ -70,3 +70,13 @@ def fit(nodes: Sequence[str], needed: int, context: Callable[[str], int | None])
     if fitting or not nodes:
         return Fit(fitting, True)
     return Fit([max(nodes, key=lambda n: lengths[n] or 0)], False)
+
+
+def shown_contexts(said: Mapping[str, int], models: Iterable[str]) -> dict[str, int]:
+    """Per model, as the node names it, the context it serves the model with, for ``nodes/list``
+    and the status page: what the node ``said`` (``NodeFacts.contexts``), a context stated for
+    whatever it serves (:data:`ANY_MODEL`, llama.cpp's ``/props``) being each of its ``models``'s;
+    {} when the node says none."""
+    if ANY_MODEL not in said:
+        return dict(sorted(said.items()))
+    return {name: said[ANY_MODEL] for name in sorted(models)}

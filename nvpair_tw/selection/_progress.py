@@ -1,5 +1,7 @@
 # -*- test-case-name: tests.selection.test_progress -*-
-"""When each node last delivered response body bytes to this process (docs/behaviour.md §6.4).
+"""When each node last delivered response body bytes to this process (docs/behaviour.md §6.4),
+and how many pieces of body it has delivered (§15.2: the first tokens of a node's first answer
+for a model show its speed before the answer ends).
 
 A :class:`ProgressBook` is kept per facade. Every inference attempt's body gate touches it for
 every chunk it receives, before and after commit, through the plain callback :meth:`toucher`
@@ -28,6 +30,7 @@ class ProgressBook:
     def __init__(self, clock: IReactorTime) -> None:
         self._clock = clock
         self._last: dict[str, float] = {}
+        self._chunks: dict[str, int] = {}
         self._busy_waits: dict[str, int] = {}
         self._tell: Callable[[str], None] | None = None
         self._peer: Callable[[str], float | None] | None = None
@@ -41,16 +44,18 @@ class ProgressBook:
         return self
 
     def toucher(self, node_id: str) -> Callable[[], None]:
-        """The per-chunk callback for ``node_id``: records "bytes arrived now"."""
-        last = self._last
+        """The per-chunk callback for ``node_id``: records "bytes arrived now", and counts them."""
+        last, chunks = self._last, self._chunks
         seconds = self._clock.seconds
         tell = self._tell
 
         def touch() -> None:
             last[node_id] = seconds()
+            chunks[node_id] = chunks.get(node_id, 0) + 1
 
         def touch_and_tell() -> None:
             last[node_id] = seconds()
+            chunks[node_id] = chunks.get(node_id, 0) + 1
             tell(node_id)  # type: ignore[misc]
 
         return touch if tell is None else touch_and_tell
@@ -58,6 +63,11 @@ class ProgressBook:
     def last(self, node_id: str) -> float | None:
         """When ``node_id`` last delivered body bytes (clock seconds), or None if never."""
         return self._last.get(node_id)
+
+    def chunks(self, node_id: str) -> int:
+        """How many pieces of response body ``node_id`` delivered to this process so far (a
+        streamed token is usually one)."""
+        return self._chunks.get(node_id, 0)
 
     def delivered_within(self, node_id: str, period: float) -> bool:
         """Whether ``node_id`` delivered body bytes within the last ``period`` seconds (inclusive),

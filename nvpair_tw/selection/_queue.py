@@ -62,11 +62,19 @@ class Waiter:
     """:attr:`Cordons.WAIVED` when chosen by ``X-NVPair-Node``: it may bind to a cordoned node
     (maintenance, §13.1)."""
     patience: Patience | None = None
-    """Which freed nodes it declines while its best one may still be worth the wait (§15.2)."""
+    """How it chooses its node when slots free (§15.2); None: the first free candidate."""
     priority: Priority = Priority.INTERACTIVE
     bound: Deferred[Slot] = field(init=False)
     timers: list[IDelayedCall] = field(init=False, factory=list)
-    """Its queue timeout, and the wake-ups of its patience and its aging."""
+    """Its queue timeout and the wake-up of its aging."""
+    choice: str | None = None
+    """The node it waits for (its patience's last choice), whose work ahead it counts as."""
+    service: float = 0.0
+    """Its predicted seconds from dispatch to its last token on :attr:`choice`."""
+    recheck: IDelayedCall | None = None
+    """When its patience looks again while no slot frees."""
+    pending_recheck: float | None = None
+    """Seconds from its last look to its next one (its patience's :attr:`Choice.recheck`)."""
 
 
 @frozen
@@ -89,6 +97,8 @@ class WaitQueue:
         init=False, factory=lambda: {p: [] for p in Priority}
     )
     _waited: dict[Priority, Waited] = field(init=False, factory=dict)
+    _chosen: dict[str, float] = field(init=False, factory=dict)
+    """Per node, the service time there of the waiters that chose it (§15.2)."""
 
     def __len__(self) -> int:
         return sum(len(waiting) for waiting in self._waiters.values())
@@ -123,10 +133,32 @@ class WaitQueue:
 
     def append(self, waiter: Waiter) -> None:
         self._waiters[waiter.priority].append(waiter)
+        self._tally(waiter, 1.0)
+
+    def choose(self, waiter: Waiter, node_id: str, service: float) -> None:
+        """``waiter`` chose to wait for ``node_id``, where it takes ``service`` seconds."""
+        queued = waiter in self
+        if queued:
+            self._tally(waiter, -1.0)
+        waiter.choice, waiter.service = node_id, service
+        if queued:
+            self._tally(waiter, 1.0)
+
+    def chosen(self, node_id: str) -> float:
+        """The service time on ``node_id`` of the waiters that chose it."""
+        return max(0.0, self._chosen.get(node_id, 0.0))
+
+    def _tally(self, waiter: Waiter, sign: float) -> None:
+        if waiter.choice is not None:
+            total = self._chosen.get(waiter.choice, 0.0) + sign * waiter.service
+            self._chosen[waiter.choice] = total
+        if not len(self):
+            self._chosen.clear()  # no rounding left over once the queue is empty
 
     def remove(self, waiter: Waiter, now: float) -> None:
         """Take ``waiter`` out (bound, timed out or gone), counting its wait."""
         self._waiters[waiter.priority].remove(waiter)
+        self._tally(waiter, -1.0)
         seen = self._waited.get(waiter.priority, Waited())
         self._waited[waiter.priority] = Waited(seen.count + 1, seen.seconds + now - waiter.since)
 

@@ -112,6 +112,17 @@ class Answer:
     paced: bool = True
     """Whether its tokens came one after another (a stream, or a stream assembled by the proxy):
     only then is first-to-last content a decode rate."""
+    cached_tokens: int | None = None
+    """The prompt tokens the engine says it found cached (part of ``prompt_tokens``); None: it
+    did not say (Ollama, LM Studio)."""
+
+    @property
+    def read_tokens(self) -> int:
+        """The prompt tokens the engine read: those it did not find cached, where it says so,
+        else the whole prompt."""
+        prompt = self.prompt_tokens or 0
+        cached = self.cached_tokens
+        return prompt if cached is None else max(0, prompt - cached)
 
 
 def bytes_per_token(prompt_bytes: int | None, prompt_tokens: int | None) -> float | None:
@@ -134,9 +145,11 @@ def sample_of(
 ) -> Sample:
     """The :class:`Sample` of one answer (§15.1): the engine's own figures where it reports them
     (decode and prefill rates, load time), else what was measured — the decode rate as completion
-    tokens over first to last content; the prefill rate from dispatch to first content
-    (:attr:`Start.PLAIN` only); the load time (:attr:`Start.LOADED`) as that time less the
-    prompt at the node's current ``prefill`` estimate; the model's bytes per token from the
+    tokens over first to last content; the prefill rate as the prompt tokens the engine read
+    (:attr:`Answer.read_tokens`: without those it says it found cached) over dispatch to first
+    content, from an answer that started :attr:`Start.PLAIN`, or :attr:`Start.CACHED` when the
+    engine says what it found cached; the load time (:attr:`Start.LOADED`) as that time less the
+    prompt read at the node's current ``prefill`` estimate; the model's bytes per token from the
     request's ``prompt_bytes`` (:attr:`RequestSize.prompt_bytes`) and the stated prompt tokens."""
     decode = answer.engine_rate
     first, last = answer.first_at, answer.last_at
@@ -146,18 +159,19 @@ def sample_of(
     ttft = None
     if first is not None and answer.dispatched_at is not None:
         ttft = max(0.0, first - answer.dispatched_at)
-    prompt = answer.prompt_tokens or 0
+    read = answer.read_tokens
     rate = load = None
-    if start is Start.PLAIN and prompt >= MIN_PREFILL_TOKENS:
+    counted = start is Start.CACHED and answer.cached_tokens is not None
+    if (start is Start.PLAIN or counted) and read >= MIN_PREFILL_TOKENS:
         if answer.engine_prefill is not None:
             rate = answer.engine_prefill
         elif ttft is not None and ttft > 0:
-            rate = prompt / ttft
+            rate = read / ttft
     if start is Start.LOADED:
         if answer.engine_load is not None:
             load = answer.engine_load
         elif ttft is not None:
-            load = max(0.0, ttft - prompt / prefill)
+            load = max(0.0, ttft - read / prefill)
     ratio = bytes_per_token(prompt_bytes, answer.prompt_tokens)
     return Sample(decode, rate, load, tokens, concurrency, ratio)
 
@@ -302,6 +316,10 @@ class SpeedBook:
             prefill or DEFAULT_PREFILL,
             load or DEFAULT_LOAD,
         )
+
+    def answered(self, node_id: str, model: str) -> bool:
+        """Whether the node has answered for ``model`` (in full) since this proxy started."""
+        return (node_id, model) in self._entries
 
     def stale(self, node_id: str, model: str) -> bool:
         """Whether the node's estimate for ``model`` is older than :data:`STALE_AFTER`."""

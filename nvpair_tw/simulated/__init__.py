@@ -11,11 +11,13 @@ from nvpair_tw.simulated._engine import (
     always,
     once,
 )
+from nvpair_tw.simulated._machine import Machine
 from nvpair_tw.simulated._pace import Pace
 from nvpair_tw.simulated._replies import reply_frames, stream_kind
 
 __all__ = [
     "Behaviour",
+    "Machine",
     "Pace",
     "Policy",
     "Received",

@@ -31,6 +31,7 @@ from typing import Any
 
 from attrs import define, evolve, field, frozen, validators
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.web import http
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
@@ -40,7 +41,8 @@ from nvpair_tw.simulated._dialects import kind_frames
 from nvpair_tw.simulated._inventory import Shelf, kind_listing, ollama_show
 from nvpair_tw.simulated._kinds import KINDS, Raw, not_found, serves
 from nvpair_tw.simulated._lmstudio import CHAT_PATH, chat_frames
-from nvpair_tw.simulated._pace import Pace, answer_tokens, token_limit
+from nvpair_tw.simulated._machine import Machine
+from nvpair_tw.simulated._pace import Pace, Timing, answer_tokens, token_limit
 from nvpair_tw.simulated._replies import control_answer, reply_frames, route_answer, stream_kind
 from nvpair_tw.simulated._router import Answer, Step, load, router_get, router_post
 
@@ -153,10 +155,10 @@ class SimulatedEngine(Resource):
     loaded_context: int | None = field(default=None, kw_only=True)
     """The context a loaded model is loaded with (LM Studio's loaded instance, a router's
     ``/props?model=``); None: ``context_length``."""
-    pace: Pace | None = field(default=None, kw_only=True)
+    pace: Pace | Machine | None = field(default=None, kw_only=True)
     """A machine's speed (:mod:`~nvpair_tw.simulated._pace`; a kind's engine only): answers in
-    words at that pace, stating its counts and durations; None: ``chunks`` numbered chunks,
-    ``header_delay`` and ``chunk_delay`` apart."""
+    words at that pace, stating its counts and durations; a :class:`Machine`, its pace shared by
+    the requests it runs at once; None: ``chunks`` numbered chunks, ``header_delay`` apart."""
     stuck_for: float = field(default=0.0, kw_only=True)
     """How long :attr:`Behaviour.STUCK` freezes the whole engine (:attr:`frozen`), in seconds."""
     received: list[Received] = field(factory=list)
@@ -170,8 +172,8 @@ class SimulatedEngine(Resource):
         Resource.__init__(self)
 
     def site(self) -> Site:
-        """A quiet Site serving this engine."""
-        site = Site(self)
+        """A quiet Site serving this engine: no factory lines, no access log (``--demo``)."""
+        site = _QuietSite(self)
         site.noisy = False
         return site
 
@@ -192,7 +194,7 @@ class SimulatedEngine(Resource):
         self.received.append(Received.of(request, body))
         if self.frozen:
             self._open.append(request)
-            request.notifyFinish().addBoth(self._closed, request)
+            request.notifyFinish().addBoth(_closed, self._open, request)
             return NOT_DONE_YET
         answer = _answered_at_once(self, request, body)
         if answer is not None:
@@ -203,7 +205,7 @@ class SimulatedEngine(Resource):
         behaviour = self.policy(self.inference_count, path)
         _use_model(self, path, body)
         self._open.append(request)
-        request.notifyFinish().addBoth(self._closed, request)
+        request.notifyFinish().addBoth(_closed, self._open, request)
         head = _head(self, path, body)
         if head > 0 and behaviour not in _SILENT:
             self._later(head, self._act, request, behaviour, body)
@@ -215,10 +217,6 @@ class SimulatedEngine(Resource):
     def open_requests(self) -> list[Request]:
         """The requests taken and not yet answered in full."""
         return self._open
-
-    def _closed(self, _result: object, request: Request) -> None:
-        if request in self._open:
-            self._open.remove(request)
 
     def _later(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
         self._timers = [t for t in self._timers if t.active()]
@@ -245,6 +243,8 @@ class SimulatedEngine(Resource):
             request.write(b"")
             self._later(0, _hang_up, request)
             return
+        if isinstance(self.pace, Machine) and behaviour is Behaviour.HEALTHY:
+            return _on_machine(self, self.pace, request, streaming, body)
         frames = _healthy_frames(self, request.path, streaming, body)
         if behaviour is Behaviour.SLOW_BODY:
             request.write(b"")
@@ -270,11 +270,47 @@ class SimulatedEngine(Resource):
             _hang_up(request)
             return
         request.write(frame)
-        gap = self.chunk_delay if self.pace is None else 1 / self.pace.decode
+        pace = _pace_of(self)
+        gap = self.chunk_delay if pace is None else 1 / pace.decode
         if gap > 0:
             self._later(gap, self._send, request, frames, index + 1)
         else:
             self._send(request, frames, index + 1)
+
+
+def _closed(_result: object, still_open: list[Request], request: Request) -> None:
+    if request in still_open:
+        still_open.remove(request)
+
+
+def _pace_of(engine: SimulatedEngine) -> Pace | None:
+    """The engine's pace (its machine's), or None."""
+    return engine.pace.pace if isinstance(engine.pace, Machine) else engine.pace
+
+
+def _on_machine(
+    engine: SimulatedEngine, machine: Machine, request: Request, streaming: bool, body: bytes
+) -> None:
+    """A healthy answer made on the engine's shared machine: each token is written as the
+    machine makes it; the closing frame states the durations it was served at."""
+    now, number = engine.clock.seconds(), engine.inference_count
+    asked = Asked.of(request.path, body, streaming, engine.chunks, engine.reply_text, now, number)
+    asked = _paced(asked, machine.pace)
+    planned = _frames_of(engine, asked)
+
+    def tick(index: int, timing: Timing | None) -> None:
+        if request.channel is None:
+            return
+        if timing is None:
+            if streaming:
+                request.write(planned[index])
+            return
+        frames = _frames_of(engine, evolve(asked, timing=timing))
+        request.write(b"".join(frames[index:] if streaming else frames))
+        request.finish()
+
+    job = machine.run(asked.prompt_tokens, len(asked.tokens), tick)
+    request.notifyFinish().addErrback(lambda _: machine.drop(job))
 
 
 def _json(request: Request, document: Any) -> bytes:
@@ -435,13 +471,20 @@ def _healthy_frames(
         )
     now, number = engine.clock.seconds(), engine.inference_count
     asked = Asked.of(path, body, streaming, engine.chunks, engine.reply_text, now, number)
-    if engine.pace is not None:
-        asked = _paced(asked, engine.pace)
-    if engine.kind == "lmstudio" and path == CHAT_PATH:
+    pace = _pace_of(engine)
+    return _frames_of(engine, asked if pace is None else _paced(asked, pace))
+
+
+def _frames_of(engine: SimulatedEngine, asked: Asked) -> list[bytes]:
+    """The frames of ``engine``'s kind for ``asked``; a paced answer's end goes with its last
+    token."""
+    assert engine.kind is not None
+    if engine.kind == "lmstudio" and asked.path == CHAT_PATH:
         return chat_frames(asked)
+    response_id = f"{engine.response_prefix}_{engine.inference_count}"
     frames = kind_frames(engine.kind, asked, engine.context_length, response_id)
-    last = asked.completion_tokens - 1  # a paced answer's end goes with its last token
-    if engine.pace is None or len(frames) <= last + 1:
+    last = asked.completion_tokens - 1
+    if asked.timing is None or len(frames) <= last + 1:
         return frames
     return [*frames[:last], b"".join(frames[last:])]
 
@@ -459,6 +502,8 @@ def _head(engine: SimulatedEngine, path: bytes, body: bytes) -> float:
     ``chunk_delay``) apart."""
     if engine.pace is None:
         return engine.header_delay
+    if isinstance(engine.pace, Machine):
+        return 0.0  # the machine says when each token comes
     streaming, _ = stream_kind(path, body)
     timing = _paced(Asked.of(path, body, streaming, 1, "", 0.0, 0), engine.pace).timing
     assert timing is not None
@@ -477,3 +522,10 @@ def _shelf(engine: SimulatedEngine) -> Shelf:
         busy,
         engine.clock.seconds(),
     )
+
+
+class _QuietSite(Site):
+    """A Site that writes no access log."""
+
+    def log(self, request: http.Request) -> None:
+        """Nothing: what a simulated engine was asked is in :attr:`SimulatedEngine.received`."""

@@ -89,6 +89,13 @@
     }).join("; ");
   }
 
+  // The context each model is served with on a node (docs/behaviour.md §15.3), as text.
+  function contextsText(contexts) {
+    const models = Object.keys(contexts || {}).sort();
+    if (!models.length) return "not stated";
+    return models.map((m) => m + ": " + contexts[m] + " tokens").join(", ");
+  }
+
   // --- the addresses and the nodes -------------------------------------------------------------
 
   function renderAddresses() {
@@ -139,6 +146,23 @@
     return ttft.medianMs + " ms (median of " + ttft.samples + ")";
   }
 
+  function answers(n) {
+    return n + (n === 1 ? " answer" : " answers");
+  }
+
+  // A node's prompt cache over its last answers, as its engine said it (never 0 % when it
+  // says nothing: llama.cpp says, Ollama and LM Studio do not).
+  function cacheText(cache) {
+    if (!cache) return "—";
+    if (!cache.stated) return "not said by its engine (" + answers(cache.answers) + ")";
+    const share = cache.promptTokens ? Math.round((100 * cache.cachedTokens) / cache.promptTokens) : 0;
+    const said = cache.stated === cache.answers ? answers(cache.answers)
+      : cache.stated + " of " + answers(cache.answers);
+    const text = share + " % cached: " + cache.cachedTokens + " of " + cache.promptTokens +
+      " prompt tokens (" + said + ")";
+    return cache.expectedWarm ? text + " · " + cache.expectedWarm + " sent there expected warm" : text;
+  }
+
   function nodeRow(facade, node) {
     const s = node.state;
     const cell = el("td", null, "state " + s.state);
@@ -148,10 +172,11 @@
       : "unknown";
     const slots = (node.slotsInUse || 0) + " / " + (node.slots ? node.slots : "∞ unlimited");
     const tr = row([el("td", node.id, "node"), cell, el("td", ttftText(node.ttft), "ttft n"),
-      el("td", slots, "slots"), el("td", node.inFlight || 0, "inflight n"),
+      el("td", cacheText(node.cache), "cache"), el("td", slots, "slots"), el("td", node.inFlight || 0, "inflight n"),
       el("td", node.busyWaits || 0, "busy-waits n"), el("td", node.reservations, "n"),
       el("td", inventoryText(node), "inventory" + (node.inventoryKnown ? "" : " bad")),
       el("td", loaded, Array.isArray(node.loaded) ? "loaded" : "loaded muted"),
+      el("td", contextsText(node.contexts), "contexts"),
       el("td", node.kind || "", "kind"), el("td", node.url, "url muted"),
       el("td", ago(node.lastSuccess), "last-success"),
       el("td", measuredRates(node.rates), "rates")]);
@@ -159,8 +184,9 @@
     return tr;
   }
 
-  const NODE_COLUMNS = ["node", "state", "first token", "slots", "in flight", "busy waits",
-    "reservations", "inventory", "loaded", "kind", "url", "last success", "measured rates"];
+  const NODE_COLUMNS = ["node", "state", "first token", "prompt cache", "slots", "in flight",
+    "busy waits", "reservations", "inventory", "loaded", "context", "kind", "url", "last success",
+    "measured rates"];
 
   function renderFacades() {
     const root = document.getElementById("facades");
@@ -229,12 +255,15 @@
   function renderRecent() {
     const body = document.querySelector("#recent tbody");
     body.replaceChildren();
-    if (!state.recent.length) emptyRow(body, 11, "no request yet");
+    if (!state.recent.length) emptyRow(body, 12, "no request yet");
     for (const r of state.recent) {
       const tokens = r.tokensPerS === null || r.tokensPerS === undefined ? "—" : rate(r.tokensPerS);
+      const cached = r.cachedTokens === null || r.cachedTokens === undefined ? "—"
+        : r.cachedTokens + " of " + (r.promptTokens === null ? "?" : r.promptTokens);
       const tr = row([el("td", r.status === null ? "none" : r.status, "status " + r.verdict),
         el("td", r.node || "—"), el("td", r.chosenBy ? CHOSEN[r.chosenBy] || r.chosenBy : "—", "why"),
-        el("td", duration(r.ttftMs), "n"), el("td", tokens, "n"), el("td", r.model || "—"),
+        el("td", duration(r.ttftMs), "n"), el("td", tokens, "n"), el("td", cached, "cached n"),
+        el("td", r.model || "—"),
         el("td", r.key || "—"), el("td", r.method + " " + r.path), el("td", duration(r.durationMs), "n"),
         el("td", ago(r.at)), el("td", r.error || "", "error")]);
       tr.dataset.id = r.id;
@@ -446,17 +475,26 @@
     body.replaceChildren();
     if (!rows.length) {
       const empty = el("td", "no requests in the last 24 hours", "muted");
-      empty.colSpan = 5;
+      empty.colSpan = 6;
       body.appendChild(row([empty]));
       return;
     }
     for (const r of rows) {
       const name = r[column] === null || r[column] === undefined ? "—" : r[column];
       const tr = row([el("td", name), el("td", r.requests, "n"), el("td", r.errors, "n"),
-        el("td", r.prompt_tokens, "n"), el("td", r.completion_tokens, "n")]);
+        el("td", r.prompt_tokens, "n"), el("td", r.completion_tokens, "n"),
+        el("td", cachedTokens(r), "n")]);
       tr.dataset[column] = String(name);
       body.appendChild(tr);
     }
+  }
+
+  // The cached prompt tokens of a usage row: "—" when no engine said (or the proxy that kept
+  // it is older), and how many requests' engines did not say.
+  function cachedTokens(r) {
+    const unsaid = r.unknown_cached === undefined ? r.requests : r.unknown_cached;
+    if (r.cached_tokens === undefined || unsaid >= r.requests) return "—";
+    return r.cached_tokens + (unsaid ? " (" + unsaid + " not said)" : "");
   }
 
   async function usageOf(by) {

@@ -8,7 +8,9 @@ error (a corrupt file, a path that cannot be opened, a full disk) arrives as a f
 the caller decides what that means.
 
 The file holds ``meta`` (``schema_version``) and ``usage``: one row per (minute, key, model,
-node) with the counts of :data:`~nvpair_tw.usage._minutes.COUNTS`, and nothing else.
+node) with the counts of :data:`~nvpair_tw.usage._minutes.COUNTS`, and nothing else. A file of
+an older schema is brought to this one when opened, in the same transaction that reads its
+version (:data:`MIGRATIONS`); a newer one is refused (:class:`SchemaError`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from twisted.internet.interfaces import IReactorFromThreads
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 
-from nvpair_tw.usage._minutes import Report, Row
+from nvpair_tw.usage._minutes import COUNTS, Report, Row
 
-__all__ = ["SCHEMA_VERSION", "SchemaError", "UsageDatabase"]
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "SchemaError", "UsageDatabase"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -41,20 +43,34 @@ CREATE TABLE IF NOT EXISTS usage (
     prompt_tokens INTEGER NOT NULL,
     completion_tokens INTEGER NOT NULL,
     unknown_tokens INTEGER NOT NULL,
+    cached_tokens INTEGER NOT NULL DEFAULT 0,
+    unknown_cached INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (minute, key, model, node)
 ) WITHOUT ROWID;
 """
 
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        "ALTER TABLE usage ADD COLUMN cached_tokens INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE usage ADD COLUMN unknown_cached INTEGER NOT NULL DEFAULT 0",
+        # no cached count was kept then: every request of those minutes is unknown
+        "UPDATE usage SET unknown_cached = requests",
+    ),
+}
+"""From each older schema version to the next: the statements that bring a file up."""
+
 _UPSERT = """
 INSERT INTO usage (minute, key, model, node, requests, errors, prompt_tokens, completion_tokens,
-                   unknown_tokens)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   unknown_tokens, cached_tokens, unknown_cached)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT (minute, key, model, node) DO UPDATE SET
     requests = requests + excluded.requests,
     errors = errors + excluded.errors,
     prompt_tokens = prompt_tokens + excluded.prompt_tokens,
     completion_tokens = completion_tokens + excluded.completion_tokens,
-    unknown_tokens = unknown_tokens + excluded.unknown_tokens
+    unknown_tokens = unknown_tokens + excluded.unknown_tokens,
+    cached_tokens = cached_tokens + excluded.cached_tokens,
+    unknown_cached = unknown_cached + excluded.unknown_cached
 """
 
 _COLUMN = {
@@ -133,21 +149,7 @@ class UsageDatabase:
     def query(self, report: Report) -> Deferred[list[tuple[tuple[Any, ...], tuple[int, ...]]]]:
         """The report's groups as (columns, counts), summed by SQLite."""
         columns = [_COLUMN[name] for name in report.by]
-        select = ", ".join(
-            [
-                *columns,
-                *(
-                    f"sum({c})"
-                    for c in (
-                        "requests",
-                        "errors",
-                        "prompt_tokens",
-                        "completion_tokens",
-                        "unknown_tokens",
-                    )
-                ),
-            ]
-        )
+        select = ", ".join([*columns, *(f"sum({c})" for c in COUNTS)])
         sql = f"SELECT {select} FROM usage WHERE minute BETWEEN ? AND ?"
         if columns:
             sql += " GROUP BY " + ", ".join(str(i + 1) for i in range(len(columns)))
@@ -196,7 +198,8 @@ def _transaction(db: sqlite3.Connection) -> Iterator[None]:
 
 
 def _prepare(db: sqlite3.Connection) -> int:
-    """WAL (a report never blocks the writer), the schema, its version; the version found."""
+    """WAL (a report never blocks the writer), the schema, its version, an older one brought up
+    to this one (:data:`MIGRATIONS`); the version found, or reached."""
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=NORMAL")
     with _transaction(db):
@@ -210,7 +213,21 @@ def _prepare(db: sqlite3.Connection) -> int:
                 (str(SCHEMA_VERSION),),
             )
             return SCHEMA_VERSION
-    try:
-        return int(found[0])
-    except ValueError:
-        raise SchemaError(f"schema version {found[0]!r} is not a number") from None
+        try:
+            version = int(found[0])
+        except ValueError:
+            raise SchemaError(f"schema version {found[0]!r} is not a number") from None
+        return _migrated(db, version)
+
+
+def _migrated(db: sqlite3.Connection, version: int) -> int:
+    """The file of schema ``version`` brought up to :data:`SCHEMA_VERSION` (in the caller's
+    transaction); the version it is at (a newer one is left as it is, for the caller to refuse)."""
+    found = version
+    while version in MIGRATIONS:
+        for statement in MIGRATIONS[version]:
+            db.execute(statement)
+        version += 1
+    if version != found:
+        db.execute("UPDATE meta SET value = ? WHERE name = 'schema_version'", (str(version),))
+    return version

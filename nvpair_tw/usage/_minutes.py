@@ -40,15 +40,26 @@ MINUTE = 60.0
 ANONYMOUS = "anonymous"
 """The key of a request that named none (the record has no ``key``)."""
 
-COUNTS = ("requests", "errors", "prompt_tokens", "completion_tokens", "unknown_tokens")
-"""What each row counts: ``unknown_tokens`` is how many requests had no (or partial) counts."""
+COUNTS = (
+    "requests",
+    "errors",
+    "prompt_tokens",
+    "completion_tokens",
+    "unknown_tokens",
+    "cached_tokens",
+    "unknown_cached",
+)
+"""What each row counts: ``unknown_tokens`` is how many requests had no (or partial) counts;
+``cached_tokens`` the prompt tokens the engines said they found cached (part of
+``prompt_tokens``), ``unknown_cached`` how many requests' engines said nothing of a cache."""
 DIMENSIONS = ("key", "model", "node", "minute", "hour", "day")
 """What a report may group by."""
 _GRAIN = {"minute": 1, "hour": 60, "day": 1440}
 
 Counts = list[int]
-Row = tuple[int, str, str, str, int, int, int, int, int]
-"""``(minute, key, model, node, requests, errors, prompt, completion, unknown)``."""
+Row = tuple[int, str, str, str, int, int, int, int, int, int, int]
+"""``(minute, key, model, node, requests, errors, prompt, completion, unknown, cached,
+unknown_cached)``."""
 
 
 @frozen
@@ -67,8 +78,9 @@ def _count(value: int | None) -> int | None:
 
 
 def counts_of(time: float, record: ProxyRequest) -> tuple[UsageKey, Counts] | None:
-    """The bucket and counts of one ``proxy/request`` record; ``None`` for a record that is not an
-    inference (it names no model). Only these fields are read: no body can reach usage."""
+    """The bucket and counts of one ``proxy/request`` record (:data:`COUNTS`); ``None`` for a
+    record that is not an inference (it names no model). Only these fields are read: no body can
+    reach usage."""
     model = record.model
     if model is None:
         return None
@@ -76,9 +88,18 @@ def counts_of(time: float, record: ProxyRequest) -> tuple[UsageKey, Counts] | No
     errored = status is None or status >= 400
     prompt = _count(record.prompt_tokens)
     completion = _count(record.completion_tokens)
+    cached = _count(record.cached_tokens)
     bucket = UsageKey(int(time // MINUTE), record.key or ANONYMOUS, model, record.node_id or "")
     unknown = prompt is None or completion is None
-    return bucket, [1, int(errored), prompt or 0, completion or 0, int(unknown)]
+    return bucket, [
+        1,
+        int(errored),
+        prompt or 0,
+        completion or 0,
+        int(unknown),
+        cached or 0,
+        int(cached is None),
+    ]
 
 
 def add(into: Counts, counts: Sequence[int]) -> None:

@@ -14,6 +14,7 @@ from nvpair_tw.app._demo import DEMO_MODELS, DEMO_NODES, DEMO_PORTS, STUCK_FOR, 
 from nvpair_tw.core._reactor import IProxyReactor
 from nvpair_tw.core._resolved import Settings
 from nvpair_tw.nodes._directory import Node
+from nvpair_tw.simulated import Pace
 from nvpair_tw.simulated._engine import SimulatedEngine
 from nvpair_tw.testing import MemoryCluster
 
@@ -62,7 +63,7 @@ def test_demo_engines_are_ollama_machines_of_unequal_speed_on_loopback() -> None
         assert all(
             tuple(e.loaded or ()) == tuple(e.models) == DEMO_MODELS for e in engines.values()
         )
-        speeds = {i: e.pace.decode for i, e in engines.items() if e.pace is not None}
+        speeds = {i: e.pace.decode for i, e in engines.items() if isinstance(e.pace, Pace)}
         assert speeds == {"demo-fast": 50.0, "demo-slow": 12.0}
         assert [n.id for n in DEMO_NODES] == ["demo-fast", "demo-slow"]
     finally:

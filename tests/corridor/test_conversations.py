@@ -402,3 +402,23 @@ def test_a_session_leads_a_conversation_too_long_for_a_chain(memory_cluster: Mak
     later = messages([*huge, ("assistant", "Done."), ("user", "Next?")])
     assert send(cluster, "/v1/messages", later, headers=session) == "b"
     assert chosen(cluster)[-1] == "session"
+
+
+def test_a_stored_response_outlives_the_affinity_idle_time(memory_cluster: Make) -> None:
+    """A conversation continued from a stored response (``previous_response_id``) comes back after
+    an agent's pause like a session does: its node is remembered for the session time, not the
+    affinity idle time (§2.1)."""
+    cluster = two_nodes(memory_cluster, "openai")
+    facade = cluster.facade()
+    facade.pin = "b"
+    made = cluster.fetch("POST", "/v1/responses", json={"model": MODEL, "input": "hi"})
+    facade.pin = None
+    assert made.status == 200 and made.header("x-nvpair-node") == "b"
+    stored = json.loads(made.body)["id"]
+    follow = {"model": MODEL, "input": "more", "previous_response_id": stored}
+    cluster.advance(Settings().affinity_ttl + 60)
+    assert send(cluster, "/v1/responses", follow) == "b"
+    assert chosen(cluster)[-1] == "conversation"
+    cluster.advance(Settings().session_ttl + 60)
+    send(cluster, "/v1/responses", follow)
+    assert chosen(cluster)[-1] != "conversation"

@@ -391,6 +391,32 @@ def test_only_a_clean_complete_200_makes_the_prefix_warm(relay: Relayed, warm: b
     assert finish.record.cache_affinity is True
 
 
+@pytest.mark.parametrize(
+    ("warm", "node", "cached", "affinity"),
+    [
+        ("a", A, 9, True),  # expected warm where it served; the engine found 9 tokens cached
+        ("b", A, 0, False),  # expected warm at b, served by a: the engine said 0, a count
+        (None, A, None, False),  # no warm node expected; the engine said nothing of a cache
+    ],
+)
+def test_the_record_says_where_a_warm_prefix_was_expected_and_what_the_engine_found_cached(
+    warm: str | None, node: Node, cached: int | None, affinity: bool
+) -> None:
+    """docs/behaviour.md §7: ``warm_node`` is the node the proxy expected to hold the prompt's
+    prefix, ``cache_affinity`` whether that node served, ``cached_tokens`` the prompt tokens
+    the serving engine said it found cached (None when it said nothing: unknown, never 0)."""
+    book = Playbook()
+    route = served([A, B], warm=warm, chosen=Choice.AFFINITY if warm else Choice.PREDICTION)
+    start(book, route)
+    book(Admitted(book.slot(), 1))
+    book(AttemptsEnded(committed(node)))
+    outcome = RelayOutcome(200, RelayEnd.FINISHED, None, True, True, True, 42)
+    finish = book(Relayed(outcome, Usage(12, 30, cached_tokens=cached), None, None, None))
+    record = finish.record
+    assert (record.warm_node, record.cache_affinity) == (warm, affinity)
+    assert (record.prompt_tokens, record.cached_tokens) == (12, cached)
+
+
 def test_a_stage_that_answers_by_itself_ends_with_its_own_facts() -> None:
     book = Playbook()
     assert book(Begun(Stage.MODEL_LIST)) == Answer(Stage.MODEL_LIST)

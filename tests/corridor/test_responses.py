@@ -31,9 +31,9 @@ class _Stalls:
 
 @define
 class _Facade:
-    """What :func:`stored_response` reads of a facade: its affinity table."""
+    """What :func:`stored_response` reads of a facade: its response table."""
 
-    affinity: AffinityTable
+    responses: AffinityTable
     stalls: _Stalls = field(factory=_Stalls)
 
 
@@ -82,7 +82,7 @@ def made(table: AffinityTable, response_id: str, owner: Caller, node: str = "n1"
 def test_another_caller_naming_a_known_response_is_refused(inbound: Inbound) -> None:
     clock = Clock()
     facade = _Facade(AffinityTable(clock))
-    made(facade.affinity, "resp_1", ALICE)
+    made(facade.responses, "resp_1", ALICE)
     refused = stored(facade, inbound)
     assert isinstance(refused, Rejection)
     assert (refused.status, refused.code) == (404, "response-not-found")
@@ -99,7 +99,7 @@ def test_another_caller_naming_a_known_response_is_refused(inbound: Inbound) -> 
 )
 def test_its_owner_is_sent_to_its_node(inbound: Inbound) -> None:
     facade = _Facade(AffinityTable(Clock()))
-    made(facade.affinity, "resp_1", ALICE, "n7")
+    made(facade.responses, "resp_1", ALICE, "n7")
     assert stored(facade, inbound) == "n7"
 
 
@@ -116,13 +116,13 @@ def test_its_owner_is_sent_to_its_node(inbound: Inbound) -> None:
 )
 def test_a_request_naming_no_known_response_goes_its_usual_way(inbound: Inbound) -> None:
     facade = _Facade(AffinityTable(Clock()))
-    made(facade.affinity, "resp_1", ALICE)
+    made(facade.responses, "resp_1", ALICE)
     assert stored(facade, inbound) is None
 
 
 def test_local_callers_are_one_principal() -> None:
     facade = _Facade(AffinityTable(Clock()))
-    made(facade.affinity, "resp_1", LOCAL)
+    made(facade.responses, "resp_1", LOCAL)
     assert stored(facade, asked(LOCAL, "/v1/responses/resp_1")) == "n1"
     assert isinstance(stored(facade, asked(ALICE, "/v1/responses/resp_1")), Rejection)
 
@@ -132,7 +132,7 @@ def test_only_the_owners_use_keeps_a_response_remembered() -> None:
     keep the placement alive past the owner's entry."""
     clock = Clock()
     facade = _Facade(AffinityTable(clock, idle_ttl=300.0))
-    made(facade.affinity, "resp_1", ALICE)
+    made(facade.responses, "resp_1", ALICE)
     clock.advance(200)
     assert stored(facade, asked(ALICE, "/v1/responses/resp_1")) == "n1"
     clock.advance(200)  # 400 s after it was made, 200 after its owner's use
@@ -145,8 +145,8 @@ def test_only_the_owners_use_keeps_a_response_remembered() -> None:
 def test_an_lru_that_evicts_one_entry_never_refuses_the_owner() -> None:
     """The placement is recorded first, so it is the one an LRU bound evicts first."""
     facade = _Facade(AffinityTable(Clock(), max_entries=3))
-    made(facade.affinity, "resp_1", ALICE, "n1")
-    made(facade.affinity, "resp_2", BOB, "n2")  # 4 entries: resp_1's placement goes
+    made(facade.responses, "resp_1", ALICE, "n1")
+    made(facade.responses, "resp_2", BOB, "n2")  # 4 entries: resp_1's placement goes
     assert stored(facade, asked(ALICE, "/v1/responses/resp_1")) == "n1"
     assert stored(facade, asked(BOB, "/v1/responses/resp_1")) is None
 

@@ -115,6 +115,32 @@ async def test_a_router_whose_loaded_models_are_all_busy_is_spared_a_swap(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_router_busy_with_a_model_it_loaded_for_the_proxy_is_spared_a_swap(
+    reactor: Any, clusters: Clusters
+) -> None:
+    """The router had nothing loaded at its last poll; the proxy's request for ``a`` made it load
+    ``a`` and is still running there. Until the next poll the proxy's residency says nothing is
+    loaded, but a model with a request in flight on a router is loaded there: a request for ``b``
+    goes to the slower plain node that has it, and ``a``'s request is not aborted."""
+    busy_router = SimulatedEngine(
+        reactor, ("a", "b"), policy=held_first, loaded=[], kind="openai", models_max=1, slots=4
+    )
+    other = SimulatedEngine(reactor, ("b",), kind="openai", slots=1)
+    speeds = {"r": 10.0, "o": 1.0}
+    cluster = await polled(clusters, "openai", {"r": busy_router, "o": other}, speeds)
+    held = hold(reactor, cluster, busy_router)
+    await eventually(reactor, lambda: len(busy_router.open_requests) == 1, what="a in flight")
+    assert busy_router.loaded == ["a"] and cluster.facade.inventory.loaded("r") == frozenset()
+    status, _, response = await cluster.post(chat("b"), "/v1/chat/completions")
+    assert status == 200
+    assert response.headers.getRawHeaders(b"x-nvpair-node") == [b"o"]
+    assert [model["model"] for _, model in posted(busy_router)] == ["a"]
+    assert busy_router.loaded == ["a"] and len(busy_router.open_requests) == 1
+    busy_router.stop()
+    await held
+
+
+@pytest_twisted.ensureDeferred
 async def test_the_only_owner_is_a_busy_router_and_it_still_serves(
     reactor: Any, clusters: Clusters
 ) -> None:

@@ -156,3 +156,47 @@ def test_only_a_kind_whose_profile_reloads_on_a_context_change_is_predicted_cold
     assert reloading(facade, nodes, "llama3", asked) == reloads
     assert reloading(facade, nodes, "llama3", RequestSize(num_ctx=2048)) == at_loaded
     assert reloading(facade, nodes, "llama3", RequestSize()) == set()
+
+
+def _responses_stream(prompt: int, cached: int) -> Callable[..., list[bytes]]:
+    """A llama.cpp Responses stream: three text deltas, then ``response.completed`` whose
+    ``input_tokens`` counts the cached tokens too (``input_tokens_details.cached_tokens``)."""
+
+    def frames(path: bytes, streaming: bool, body: bytes) -> list[bytes]:
+        delta = {"type": "response.output_text.delta", "delta": "tok "}
+        usage = {
+            "input_tokens": prompt,
+            "output_tokens": 3,
+            "total_tokens": prompt + 3,
+            "input_tokens_details": {"cached_tokens": cached},
+        }
+        done = {"type": "response.completed", "response": {"status": "completed", "usage": usage}}
+        events = [delta, delta, delta, done]
+        return [b"data: " + json.dumps(event).encode() + b"\n\n" for event in events]
+
+    return frames
+
+
+def test_a_prompt_found_cached_teaches_the_prefill_rate_of_the_part_read(
+    memory_cluster: Make,
+) -> None:
+    """9,000 input tokens of which the engine found 8,000 cached, first text 0.5 s after
+    dispatch: the node reads 2,000 tokens/s, not the 18,000 the whole prompt would make it
+    (docs/behaviour.md §15.1)."""
+    clock = Clock()
+    engine = SimulatedEngine(
+        clock,
+        ("qwen3-coder",),
+        kind="openai",
+        script=_responses_stream(9000, 8000),
+        header_delay=0.5,
+        chunk_delay=0.1,
+    )
+    cluster = memory_cluster(clock, {"a": engine}, facades=("openai",))
+    pending = cluster.request(
+        "POST", "/v1/responses", json={"model": "qwen3-coder", "input": "go", "stream": True}
+    )
+    cluster.advance(2)
+    assert cluster.result(pending).status == 200
+    rates = cluster.facade().speeds.measured("a", "qwen3-coder")
+    assert rates is not None and rates.prefill == 2000.0

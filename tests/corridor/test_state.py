@@ -13,8 +13,9 @@ from twisted.internet.task import Clock
 
 from nvpair_tw.corridor._scheduling import trip as trip_of
 from nvpair_tw.nodes._directory import Node
+from nvpair_tw.selection._patience import HOLD_MAX
 from nvpair_tw.selection._reservations import make_rank
-from nvpair_tw.simulated._engine import SimulatedEngine
+from nvpair_tw.simulated import Machine, Pace, SimulatedEngine
 from nvpair_tw.testing import MemoryCluster, MemoryResponse
 
 Make = Callable[..., MemoryCluster]
@@ -35,11 +36,12 @@ def engines(clock: Clock, loaded: dict[str, Sequence[str] | None]) -> dict[str, 
     }
 
 
-def burst(cluster: MemoryCluster, count: int) -> list[MemoryResponse]:
+def burst(cluster: MemoryCluster, count: int, settle: float = 0.0) -> list[MemoryResponse]:
     """``count`` overlapping chats, all sent before any finishes (after the inventory polls have
-    landed); their responses, headers in."""
+    landed); their responses, headers in after ``settle`` seconds."""
     cluster.flush()
     pending = [cluster.request("POST", "/api/chat", json=CHAT) for _ in range(count)]
+    cluster.advance(settle)
     return [cluster.result(p) for p in pending]
 
 
@@ -51,10 +53,12 @@ def test_six_concurrent_requests_without_a_scheduler_split_three_and_three(
     memory_cluster: Make,
 ) -> None:
     """No scheduler snapshot: 6 overlapping requests over two equal nodes go 3 to each (the seed
-    sent all 6 to the lowest id), every one is answered, and every reservation is released."""
+    sent all 6 to the lowest id), every one is answered, and every reservation is released.
+    Neither node has answered yet: one request goes to each, the others wait for their first
+    tokens, here at most 0.5 s (§15.2)."""
     clock = Clock()
     cluster = memory_cluster(clock, engines(clock, {"a": None, "b": None}))
-    responses = burst(cluster, 6)
+    responses = burst(cluster, 6, settle=HOLD_MAX)
     assert {n: len(cluster.received(n)) for n in "ab"} == {"a": 3, "b": 3}
     assert served(responses) == Counter({"a": 3, "b": 3})
     ledger = cluster.facade().shared.ledger
@@ -309,6 +313,91 @@ def test_a_queued_request_waits_for_the_fast_node_while_the_slow_one_is_free(
     order = [cluster.result(p).header("x-nvpair-node") for p in burst_of]
     assert order == ["b-fast"] * 5 + ["a-slow"]
     assert cluster.facade().admission.queue_depth == 0
+
+
+def _machines(make: Make, clock: Clock) -> MemoryCluster:
+    """PAIR #7's two machines as Ollama nodes whose requests share their machine (10.3 and 57.7
+    tokens/s), the slow one's id first; nothing measured yet."""
+    shared = {
+        "a-slow": SimulatedEngine(clock, kind="ollama", pace=Machine(clock, SLOW_PACE)),
+        "b-fast": SimulatedEngine(clock, kind="ollama", pace=Machine(clock, FAST_PACE)),
+    }
+    nodes = [Node(i, f"http://{i}.node.test:11434", ("llama3",)) for i in shared]
+    return make(clock, shared, nodes={"ollama": nodes})
+
+
+SLOW_PACE, FAST_PACE = Pace(decode=10.3, prefill=300.0), Pace(decode=57.7, prefill=1500.0)
+
+
+def _sent_at_once(cluster: MemoryCluster, bodies: Sequence[dict[str, object]]) -> list[Answered]:
+    """``bodies`` sent together (each to the node it names, if any); each answer's node and
+    seconds to its last byte, once all have ended."""
+    start = cluster.clock.seconds()
+    boxes = [_send(cluster, body) for body in bodies]
+    cluster.advance(120)
+    answers = [r for box in boxes for r in box]
+    assert len(answers) == len(bodies) and all(r.complete for r in answers)
+    return [(r.header("x-nvpair-node"), r.arrivals[-1] - start) for r in answers]
+
+
+Answered = tuple[str | None, float]
+STREAMED = {**CHAT, "stream": True}
+
+
+def test_a_cold_burst_on_unequal_machines_is_placed_as_if_both_rates_were_known(
+    memory_cluster: Make,
+) -> None:
+    """Nothing measured yet; six requests at once on PAIR #7's two machines (each request's
+    tokens shared with the others on its machine). An oracle that knows both rates sends one to
+    the slow node and five to the fast one (the sixth on the fast node would finish later than
+    alone on the slow one). The proxy sends one request to each node and holds the others until
+    the first tokens of each have shown its rate, then places them by prediction: five and one,
+    and no answer later than the slow node's alone (it split 3/3 before: 11.9 s on the slow one)."""
+    clock = Clock()
+    cluster = _machines(memory_cluster, clock)
+    answered = _sent_at_once(cluster, [STREAMED] * 6)
+    assert Counter(node for node, _ in answered) == Counter({"b-fast": 5, "a-slow": 1})
+    slow_alone = 0.02 + 1 / 300 + 34 / 10.3
+    assert max(seconds for _, seconds in answered) <= slow_alone + 0.05
+
+
+def test_a_waiter_keeps_waiting_for_a_late_fast_node_while_that_pays(memory_cluster: Make) -> None:
+    """§15.2: one slot each, both rates known, answers so far 12 tokens long. The fast node runs a
+    whole answer (34 tokens, predicted 12: it is late); the slow node a 3-token one for a client
+    that named it. A request of 12 tokens arrives: the slow node frees first and the fast node's
+    predicted finish for it passes (it took the slow node then, finishing about 0.75 s later),
+    but waiting for the fast node still pays (it frees about 0.2 s after that), so it waits."""
+    clock = Clock()
+    paced = {
+        "a-slow": SimulatedEngine(clock, kind="ollama", pace=Pace(decode=10.3, prefill=300.0)),
+        "b-fast": SimulatedEngine(clock, kind="ollama", pace=Pace(decode=51.5, prefill=1500.0)),
+    }
+    nodes = [Node(i, f"http://{i}.node.test:11434", ("llama3",), slots=1) for i in paced]
+    cluster = memory_cluster(clock, paced, nodes={"ollama": nodes})
+    twelve = {**STREAMED, "options": {"num_predict": 12}}
+    for node in ("a-slow", "b-fast", "a-slow", "b-fast"):  # both measured, 12 tokens the mean
+        _sent_at_once(cluster, [{**twelve, "node": node}])
+    long, named = dict(STREAMED), {**STREAMED, "options": {"num_predict": 3}, "node": "a-slow"}
+    start = clock.seconds()
+    sent = [_send(cluster, long), _send(cluster, named)]
+    cluster.advance(0.01)
+    sent.append(_send(cluster, twelve))
+    cluster.advance(30)
+    [_, _, [waiter]] = sent
+    assert waiter.header("x-nvpair-node") == "b-fast"
+    after_the_long_one = 2 * 0.02 + (34 + 12) / 51.5  # each answer's load, then its tokens
+    assert waiter.arrivals[-1] - start == pytest.approx(after_the_long_one, abs=0.05)
+
+
+def _send(cluster: MemoryCluster, body: dict[str, object]) -> list[MemoryResponse]:
+    """Send ``body`` (to the node it names, if any); the list holds its answer once its headers
+    are in."""
+    target = body.get("node")
+    headers = {"X-NVPair-Node": str(target)} if target else {}
+    chat = {k: v for k, v in body.items() if k != "node"}
+    box: list[MemoryResponse] = []
+    cluster.request("POST", "/api/chat", json=chat, headers=headers).addCallback(box.append)
+    return box
 
 
 def test_only_requests_for_a_model_count_as_work_in_flight(memory_cluster: Make) -> None:

@@ -25,7 +25,7 @@ from tests.ctl.running import REPO, Proxy, environment, free_port, running_proxy
 
 _Test = TypeVar("_Test", bound=Callable[..., Any])
 CHAT = {"model": "llama3", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-COLUMNS = ["ID", "KIND", "STATE", "IN USE", "MODELS", "LOADED", "URL"]
+COLUMNS = ["ID", "KIND", "STATE", "IN USE", "MODELS", "LOADED", "CONTEXT", "URL"]
 
 
 def on_reactor(test: _Test) -> _Test:
@@ -67,7 +67,7 @@ def _columns(header: str) -> list[str]:
 async def test_nodes_is_a_table_with_its_columns_and_json_on_request(
     reactor: Any, tmp_path: Path
 ) -> None:
-    """``nodes``: a header of the seven columns, a row for the node, the queue; ``--json`` is
+    """``nodes``: a header of the eight columns, a row for the node, the queue; ``--json`` is
     the channel's own answer. The channel comes from ``NVPAIR_CONTROL`` when not given."""
     engine = await start_engine(reactor, SimulatedEngine(reactor))
     url = engine.url
@@ -80,7 +80,16 @@ async def test_nodes_is_a_table_with_its_columns_and_json_on_request(
     assert (shown.status, shown.err) == (0, "")
     header, row, queue = shown.out.splitlines()
     assert _columns(header) == COLUMNS
-    assert _columns(row) == ["sim", "ollama", "in service", "0/no limit", "llama3:latest", "?", url]
+    assert _columns(row) == [
+        "sim",
+        "ollama",
+        "in service",
+        "0/no limit",
+        "llama3:latest",
+        "?",
+        "-",
+        url,
+    ]
     assert queue == "queue: 0 waiting"
     assert as_json.status == 0
     answer = json.loads(as_json.out)
@@ -191,8 +200,11 @@ async def test_usage_log_level_and_load_show_their_answers(reactor: Any, tmp_pat
         "PROMPT TOKENS",
         "COMPLETION TOKENS",
         "UNKNOWN TOKENS",
+        "CACHED TOKENS",
+        "UNKNOWN CACHED",
     ]
     assert _columns(row)[:4] == ["llama3", "sim", "1", "0"]
+    assert _columns(row)[-2:] == ["0", "1"]  # the simulated engine states no cached count
     assert scope == "scope: local"
     assert level == type(level)(0, "log level: debug\n", "")
     assert loaded.status == 0, loaded

@@ -39,6 +39,7 @@ def _node(**fields: Any) -> dict[str, Any]:
         "slots": 4,
         "slotsInUse": 1,
         "cordon": None,
+        "contexts": {"llama3:latest": 8192},
     }
     node.update(fields)
     return node
@@ -49,25 +50,32 @@ def test_a_table_pads_columns_and_right_aligns_the_counts() -> None:
     assert shown.splitlines() == ["NAME      N", "a         5", "longer  123"]
 
 
-def test_node_table_rows_say_state_slots_models_and_residency() -> None:
+def test_node_table_rows_say_state_slots_models_residency_and_contexts() -> None:
+    """A row per node: its state, slots in use, models, what is loaded and the context each
+    model is served with (``-``: none said; ``?``: a proxy that does not say)."""
     nodes = [
         _node(),
         _node(id="gpu2", cordon={"reason": "driver upgrade", "since": 1, "origin": "control"}),
         _node(id="gpu3", coolingUntil=int((NOW + 41.2) * 1000), slots=0, slotsInUse=2),
-        _node(id="gpu4", coolingUntil=int((NOW - 1) * 1000), loaded=None, models=[]),
-        _node(id="mac", kind="omlx", loaded=[]),
+        _node(id="gpu4", coolingUntil=int((NOW - 1) * 1000), loaded=None, models=[], contexts={}),
+        _node(id="mac", kind="omlx", loaded=[], contexts=None),
+        _node(id="r", kind="openai", contexts={"a": 8192, "b": 4096}),
     ]
     shown = node_table({"nodes": nodes, "queueDepth": 3}, NOW).splitlines()
-    assert _cells(shown[0]) == ["ID", "KIND", "STATE", "IN USE", "MODELS", "LOADED", "URL"]
+    assert _cells(shown[0]) == [
+        "ID", "KIND", "STATE", "IN USE", "MODELS", "LOADED", "CONTEXT", "URL"
+    ]  # fmt: skip
     rows = [_cells(line) for line in shown[1:-1]]
     url = "http://10.0.0.11:11434"
     both = "llama3:latest, qwen2:7b"
+    llama = ["llama3:latest", "llama3:latest 8192"]
     assert rows == [
-        ["gpu1", "ollama", "in service", "1/4", both, "llama3:latest", url],
-        ["gpu2", "ollama", "cordoned: driver upgrade", "1/4", both, "llama3:latest", url],
-        ["gpu3", "ollama", "cooling, 42s left", "2/no limit", both, "llama3:latest", url],
-        ["gpu4", "ollama", "cooling, being re-checked", "1/4", "-", "?", url],
-        ["mac", "omlx", "in service", "1/4", both, "-", url],
+        ["gpu1", "ollama", "in service", "1/4", both, *llama, url],
+        ["gpu2", "ollama", "cordoned: driver upgrade", "1/4", both, *llama, url],
+        ["gpu3", "ollama", "cooling, 42s left", "2/no limit", both, *llama, url],
+        ["gpu4", "ollama", "cooling, being re-checked", "1/4", "-", "?", "-", url],
+        ["mac", "omlx", "in service", "1/4", both, "-", "?", url],
+        ["r", "openai", "in service", "1/4", both, "llama3:latest", "a 8192, b 4096", url],
     ]
     assert shown[-1] == "queue: 3 waiting"
 
@@ -88,12 +96,20 @@ def test_what_the_proxy_sends_cannot_drive_the_terminal() -> None:
 def test_usage_table_has_the_grouping_columns_then_the_counts() -> None:
     rows = [
         {"key": "team-a", "model": "llama3:latest", "requests": 42, "errors": 1}
-        | {"prompt_tokens": 5120, "completion_tokens": 9800, "unknown_tokens": 0},
+        | {"prompt_tokens": 5120, "completion_tokens": 9800, "unknown_tokens": 0}
+        | {"cached_tokens": 4096, "unknown_cached": 2},
+        # a proxy of an earlier version reports no cached counts
+        {"key": "team-b", "model": "qwen2", "requests": 1, "errors": 0}
+        | {"prompt_tokens": 10, "completion_tokens": 20, "unknown_tokens": 0},
     ]
     shown = usage_table({"rows": rows, "scope": "fleet"}, ["key", "model"]).splitlines()
     assert shown == [
-        "KEY     MODEL          REQUESTS  ERRORS  PROMPT TOKENS  COMPLETION TOKENS  UNKNOWN TOKENS",
-        "team-a  llama3:latest        42       1           5120               9800               0",
+        "KEY     MODEL          REQUESTS  ERRORS  PROMPT TOKENS  COMPLETION TOKENS  UNKNOWN TOKENS"
+        "  CACHED TOKENS  UNKNOWN CACHED",
+        "team-a  llama3:latest        42       1           5120               9800               0"
+        "           4096               2",
+        "team-b  qwen2                 1       0             10                 20               0"
+        "              -               -",
         "scope: fleet",
     ]
     empty = usage_table({"rows": [], "scope": "local"}, ["key"])

@@ -18,6 +18,7 @@ from nvpair_tw.dialects._usage import (
     _last_counts,
     _windows,
 )
+from tests.dialects import engine_answers as real
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -175,6 +176,77 @@ def test_lmstudio_v1_chat_states_its_counts_only_in_stats() -> None:
 def test_every_api_family_states_its_counts(frames: list[dict[str, Any]], counts: Any) -> None:
     usage = metered(sse(*frames))
     assert (usage.prompt_tokens, usage.completion_tokens) == counts
+
+
+def events_of(stream: bytes) -> list[bytes]:
+    """A captured SSE stream as the reads an engine writes: one event a read."""
+    return [event + b"\n\n" for event in stream.split(b"\n\n") if event]
+
+
+@pytest.mark.parametrize(
+    ("answer", "framing", "said"),
+    [
+        (real.LLAMA_CHAT_COLD, None, (48, 8, 0)),
+        (real.LLAMA_CHAT_WARM, None, (48, 8, 47)),
+        (real.LLAMA_CHAT_STREAM_WARM, Framing.SSE, (48, 4, 47)),
+        (real.LLAMA_COMPLETIONS_WARM, None, (12, 3, 11)),
+        (real.LLAMA_RESPONSES_STREAM_WARM, Framing.SSE, (47, 3, 46)),
+        # Anthropic's input_tokens leaves the cached tokens out: the prompt is both together
+        (real.LLAMA_MESSAGES_WARM, None, (48, 4, 47)),
+        (real.LLAMA_MESSAGES_STREAM_WARM, Framing.SSE, (48, 4, 47)),
+    ],
+)
+def test_llama_cpp_states_the_prompt_tokens_it_found_cached_in_every_dialect(
+    answer: bytes, framing: Framing | None, said: tuple[int, int, int]
+) -> None:
+    """docs/behaviour.md §12.2: what the real llama-server said of a prompt sent twice, read as
+    it said it: the whole prompt, the completion and the part of the prompt it found cached (a
+    cold prompt's stated 0 is a count, not unknown)."""
+    chunks = events_of(answer) if framing is not None else [answer]
+    usage = metered(chunks, framing)
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == said
+
+
+def test_a_llama_cpp_stream_without_its_usage_chunk_states_its_counts_in_timings() -> None:
+    """Without ``include_usage`` llama-server sends no usage chunk: its finish chunk's
+    ``timings`` say how many prompt tokens it found cached (``cache_n``) and how many it read
+    (``prompt_n``), so the prompt is both together, and how many it generated."""
+    usage = metered(events_of(real.LLAMA_CHAT_STREAM_TIMINGS_ONLY))
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens) == (48, 3, 47)
+    assert usage.engine_rate == pytest.approx(20.0176155)
+
+
+def test_ollama_states_no_cached_count_so_it_stays_unknown() -> None:
+    """Ollama 0.9.3 found the prompt cached (its prompt took 0.14 s, not 3.7) but says so
+    nowhere: its ``prompt_eval_count`` is still the whole prompt, and the cached count is
+    unknown, never 0."""
+    usage = metered([real.OLLAMA_CHAT_WARM], None)
+    assert (usage.prompt_tokens, usage.completion_tokens) == (48, 4)
+    assert usage.cached_tokens is None
+
+
+def test_a_removed_usage_chunk_keeps_its_cached_count() -> None:
+    """The usage chunk the proxy asked for on the client's behalf is removed on the way
+    (§12.2), and its cached count is kept with the others."""
+    chunks = events_of(real.LLAMA_CHAT_STREAM_WARM)
+    out, noted = strip(chunks)
+    usage = metered(events_of(out))
+    assert (usage.prompt_tokens, usage.cached_tokens) == (None, None)
+    completed = usage.noted(noted[0])
+    assert (completed.prompt_tokens, completed.cached_tokens) == (48, 47)
+
+
+def test_counts_without_a_cached_count_leave_it_unknown() -> None:
+    """An answer stating its prompt and nothing of a cache (an OpenAI stream's usage without
+    details, the proxy's own Messages translation) has an unknown cached count."""
+    translated = [
+        {"type": "message_start", "message": {"usage": {"input_tokens": 0, "output_tokens": 0}}},
+        {"type": "content_block_delta", "delta": {"text": "x"}},
+        {"type": "message_delta", "usage": {"input_tokens": 30, "output_tokens": 4}},
+    ]
+    for usage in (metered(OPENAI_STREAM), metered(sse(*translated))):
+        assert usage.prompt_tokens is not None and usage.cached_tokens is None
+    assert metered(OPENAI_STREAM[:3]).cached_tokens is None
 
 
 def test_whole_answers_and_embeddings() -> None:

@@ -115,11 +115,16 @@ class RealLlamaServer(_Group):
 
     @classmethod
     def start(
-        cls, slots: int = 2, ready_timeout: float = 60.0, chat_template: Path | None = None
+        cls,
+        slots: int = 2,
+        ready_timeout: float = 60.0,
+        chat_template: Path | None = None,
+        extra: Sequence[str] = (),
     ) -> RealLlamaServer:
         """Build if needed (a missing engine fails the test, never skips), start, wait for
         ``/health`` to answer 200 (the model loaded) within ``ready_timeout`` seconds;
-        ``chat_template`` replaces the model's own (:data:`tests.engines.llamacpp.TOOL_TEMPLATE`)."""
+        ``chat_template`` replaces the model's own (:data:`tests.engines.llamacpp.TOOL_TEMPLATE`);
+        ``extra`` options follow the others."""
         try:
             directory = llamacpp.install(log=lambda line: print(line, file=sys.stderr))
             model = llamacpp.model_path()
@@ -132,7 +137,7 @@ class RealLlamaServer(_Group):
         with log.open("wb") as out:
             process = subprocess.Popen(
                 llamacpp.server_command(
-                    directory, port, model, slots=slots, chat_template=chat_template
+                    directory, port, model, slots=slots, chat_template=chat_template, extra=extra
                 ),
                 stdin=subprocess.DEVNULL,
                 stdout=out,

@@ -10,6 +10,7 @@ engine alike. The slow node's id sorts first, so the rule this one replaced woul
 from __future__ import annotations
 
 import contextlib
+import statistics
 import subprocess
 import sys
 import time
@@ -114,26 +115,31 @@ def test_sequential_requests_go_to_the_fast_node_and_the_rates_are_learnt(
     proxy_for: Callable[[Sequence[tuple[str, RealOllama]]], ProxyProcess],
 ) -> None:
     """After five warm-up answers at least 80 % of sequential requests go to the fast node; the
-    learnt decode rates are within 30 % of what each engine states when asked directly."""
+    learnt decode rates are within 30 % of what each engine stated in the answers it served (the
+    same moments, so the shared machine's load moves both alike; asked directly when the proxy
+    sent it none)."""
     slow, fast = pair
     proxy = proxy_for([("a-slow", slow), ("b-fast", fast)])
+    stated: dict[str, list[float]] = {"a-slow": [], "b-fast": []}
     with duty_cycle(slow):
         served: list[str | None] = []
         for _ in range(15):
-            status, _, name = post(f"{proxy.url}/api/chat", chat(24))
-            assert status == 200
+            status, answer, name = post(f"{proxy.url}/api/chat", chat(24))
+            assert status == 200 and name in stated
             served.append(name)
+            stated[name].append(engine_rate(answer))
         listed = {n["id"]: n["rates"] for n in proxy.call("nodes/list")["nodes"]}
-        direct_slow = engine_rate(post(f"{slow.url}/api/chat", chat(24))[1])
-    direct_fast = engine_rate(post(f"{fast.url}/api/chat", chat(24))[1])
+        if not stated["a-slow"]:
+            stated["a-slow"].append(engine_rate(post(f"{slow.url}/api/chat", chat(24))[1]))
     after = served[5:]
     assert after.count("b-fast") >= 0.8 * len(after), served
     [learnt_slow] = [r["decodeTokensPerSecond"] for r in listed["a-slow"].values()]
     [learnt_fast] = [r["decodeTokensPerSecond"] for r in listed["b-fast"].values()]
     # Not a fixed ratio: on a shared machine the fast node does not get a whole core either.
     assert learnt_fast > learnt_slow, (learnt_fast, learnt_slow)
-    assert abs(learnt_fast - direct_fast) <= 0.3 * direct_fast, (learnt_fast, direct_fast)
-    assert abs(learnt_slow - direct_slow) <= 0.3 * direct_slow, (learnt_slow, direct_slow)
+    for learnt, name in ((learnt_fast, "b-fast"), (learnt_slow, "a-slow")):
+        told = statistics.median(stated[name][-5:])
+        assert abs(learnt - told) <= 0.3 * told, (name, learnt, stated[name])
 
 
 BURST = 3

@@ -19,7 +19,8 @@ What runs, as a newcomer runs it, over real sockets on the README's own ports:
 - ``pip install 'nvpair-tw[traces]'`` in that venv, and ``python -m tests.engines.ollama install``.
 
 The quickstart of ``docs/engines/ollama.md`` runs against the real Ollama (its node URLs replaced by
-the real engine's); the option names every other engine and deploy document gives ``nvpair`` are
+the real engine's), and ``docs/engines/openai.md``'s against a real ``llama-server`` started from the
+page's own line; the option names every other engine and deploy document gives ``nvpair`` are
 checked against ``nvpair_tw.tap.Options``.
 
 The README's ports (11435, 9180, the demo's 11501 and 11502, the local Ollama's 11434) are fixed:
@@ -48,13 +49,14 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.realnodes import RealOllama, gone
+from tests.e2e.realnodes import RealOllama, free_ports, gone
 from tests.e2e.shown import (
     nvpair_options,
     option_mentions,
     shown_commands,
     tox_environments,
 )
+from tests.engines import llamacpp
 from tests.engines import ollama as ollama_engine
 
 pytestmark = [pytest.mark.e2e, pytest.mark.real_engine]
@@ -64,6 +66,7 @@ README = (REPO / "README.md").read_text()
 SHOWN = shown_commands(README)
 
 TOX = "the tox test command itself: it is what runs this module"
+CTL = "tests/ctl/test_against_proxy.py::test_the_documented_commands_run_as_written"
 COVERED: dict[str, str] = {
     "pip install . && twistd -n --pidfile= nvpair --engine ollama": "test_the_first_command_installs_and_fronts_the_local_ollama",
     "python3 -m pip install tox && tox": TOX,
@@ -76,6 +79,8 @@ COVERED: dict[str, str] = {
     "tox -e bench-streams": TOX,
     "pip install 'nvpair-tw[traces]'": "test_the_traces_extra_installs_as_the_readme_says",
     ".ci/run": TOX,
+    "nvpair-ctl nodes": CTL,
+    "nvpair-ctl drain gpu2": CTL,
 }  # fmt: skip
 """Every command the README shows → the test that runs it, or why it is set aside."""
 
@@ -703,6 +708,78 @@ def test_the_ollama_quickstart_runs_against_the_real_engine(
         env,
     )
     assert said.strip() == "True"
+
+
+def _this_machines_llama_server(line: str, port: int) -> str:
+    """docs/engines/openai.md's ``llama-server`` line on this machine: the built binary, the
+    tests' GGUF, loopback and a free port, and the flags the shared test machine needs appended
+    (one thread, no weight repacking: ``tests.engines.llamacpp.server_command``)."""
+    words = shlex.split(line)
+    assert words[0] == "llama-server", line
+    swap = {"model.gguf": str(llamacpp.model_path()), "0.0.0.0": "127.0.0.1", "8080": str(port)}
+    words = [str(llamacpp.binary(llamacpp.install_dir())), *(swap.get(w, w) for w in words[1:])]
+    words += ["--threads", "1", "--threads-batch", "1", "--no-repack", "--no-webui"]
+    return shlex.join(words)
+
+
+def _healthy(url: str, running: Running, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        except (OSError, urllib.error.URLError):
+            pass
+        if running.process.poll() is not None or time.monotonic() > deadline:
+            pytest.fail(f"`{running.command}` never became healthy:\n{running.tail()}")
+        time.sleep(0.2)
+
+
+@pytest.mark.timeout(1800)  # a fresh machine builds llama-server first (10-20 minutes)
+def test_the_llamacpp_quickstart_runs_against_the_real_engine(
+    stage: Stage, demo: Running, venv: Path, workdir: Path
+) -> None:
+    """docs/engines/openai.md's two commands: its ``llama-server`` line on this machine, and its
+    ``twistd`` command with both node URLs replaced by that server's (two spellings of it); the
+    ``openai`` SDK with ``OPENAI_BASE_URL`` as the page gives it chats with the page's model."""
+    llamacpp.install(log=lambda line: print(line, file=sys.stderr))
+    text = (DOCS / "engines" / "openai.md").read_text()
+    [server_line] = [c for c in shown_commands(text) if c.startswith("llama-server ")]
+    [command] = [c for c in shown_commands(text) if c.startswith("twistd ")]
+    (port,) = free_ports(1)
+    server = Running(
+        _this_machines_llama_server(server_line, port), workdir, dict(os.environ),
+        workdir / "llama-server.log",
+    )  # fmt: skip
+    try:
+        _healthy(f"http://127.0.0.1:{port}", server, timeout=120)
+        urls = re.findall(r"=(http://[\d.]+:\d+)", command)
+        assert len(urls) == 2, command
+        local = command
+        for url, spelling in zip(urls, ("127.0.0.1", "localhost"), strict=True):
+            local = local.replace(url, f"http://{spelling}:{port}")
+        base = re.search(r"`OPENAI_BASE_URL=([^`]+)`", text)
+        model = re.search(r"--alias (\S+)", server_line)
+        assert base is not None and model is not None
+        facade = int(base.group(1).split(":")[2].split("/")[0])
+        running = stage.run(local, workdir, _activated(venv), workdir / "openai-md.log")
+        running.wait_listening({facade: "the openai facade"}, timeout=60)
+        env = {**os.environ, "OPENAI_BASE_URL": base.group(1), "OPENAI_API_KEY": "any"}
+        said = _sh(
+            f"{shlex.quote(sys.executable)} -c "
+            + shlex.quote(
+                "import openai; a = openai.OpenAI(max_retries=0).chat.completions.create("
+                f"model={model.group(1)!r}, max_tokens=3, "
+                "messages=[{'role': 'user', 'content': 'hi'}]); "
+                "print(a.choices[0].finish_reason, a.usage.completion_tokens)"
+            ),
+            workdir,
+            env,
+        )
+        assert said.split() == ["length", "3"], said
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize(

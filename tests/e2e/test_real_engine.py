@@ -376,8 +376,13 @@ def test_ollama_show_reaches_the_second_node_that_has_the_model(
     assert raw.headers.get("X-NVPair-Node") == "b"
     with pytest.raises(ollama.ResponseError) as missing:
         ollama.Client(host=split_proxy).show("no-such-model")
-    assert missing.value.status_code == 404
-    assert missing.value.error == "model 'no-such-model' not found"
+    with pytest.raises(ollama.ResponseError) as engines_own:
+        ollama.Client(host=engine).show("no-such-model")
+    # The engine's own words, then the models the caller may use (docs/behaviour.md §4.2).
+    assert missing.value.status_code == engines_own.value.status_code == 404
+    assert missing.value.error == (
+        f"{engines_own.value.error} (models you may use: llama3:latest, {MODEL}:latest)"
+    )
 
 
 def test_ollama_ps_lists_the_loaded_model_with_its_node(split_proxy: str) -> None:

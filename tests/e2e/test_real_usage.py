@@ -63,6 +63,7 @@ def test_ollama_counts_recorded_are_the_engines_own(proxy: ProxyProcess) -> None
         final["prompt_eval_count"],
         final["eval_count"],
     )
+    assert record["cached_tokens"] is None  # Ollama says nothing of its cache: unknown, not 0
     expected_rate = final["eval_count"] / (final["eval_duration"] / 1e9)
     assert record["tokens_per_s"] == pytest.approx(expected_rate, rel=0.01)
     assert 0 <= record["ttft_ms"] <= record["duration_ms"]

@@ -19,6 +19,7 @@ from nvpair_tw.core._resolved import Settings
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import StatusBoard
 from nvpair_tw.ops._control import ControlMethods
+from nvpair_tw.selection._speed import Sample
 from nvpair_tw.simulated._engine import Behaviour, SimulatedEngine, always
 from nvpair_tw.testing import Clusters, MemoryCluster, ProxyCluster
 from tests.helpers import refusal_code
@@ -385,7 +386,32 @@ def test_previous_response_id_goes_back_to_the_node_that_produced_it(
     assert other.header("x-nvpair-node") == "b"
 
 
-def test_previous_response_id_is_forgotten_after_the_affinity_ttl(memory_cluster: Make) -> None:
+def test_previous_response_id_goes_to_its_node_even_when_another_is_predicted_faster(
+    memory_cluster: Make,
+) -> None:
+    """§2.1 over §15.2: ``a`` has measured ten times slower than ``b``, but the follow-up naming
+    ``a``'s response goes to ``a`` (its choice among the candidates is not made by prediction)."""
+    clock = Clock()
+    cluster = responses_cluster(memory_cluster, clock)
+    facade = cluster.facade()
+    facade.speeds.learn("a", "gpt-oss", Sample(decode_rate=10.0, completion_tokens=3))
+    facade.speeds.learn("b", "gpt-oss", Sample(decode_rate=100.0, completion_tokens=3))
+    body = {"model": "gpt-oss", "input": "hi"}
+    facade.pin = "a"
+    first = cluster.fetch("POST", "/v1/responses", json=body)
+    assert first.header("x-nvpair-node") == "a" and b"resp_a_1" in first.body
+    facade.pin = ""
+    fresh = cluster.fetch("POST", "/v1/responses", json=body)
+    assert fresh.header("x-nvpair-node") == "b"
+    again = cluster.fetch(
+        "POST", "/v1/responses", json={**body, "previous_response_id": "resp_a_1"}
+    )
+    assert again.header("x-nvpair-node") == "a"
+
+
+def test_previous_response_id_is_forgotten_after_the_session_ttl(memory_cluster: Make) -> None:
+    """A stored response is kept as long as a session (docs/behaviour.md §2.1): past the affinity
+    TTL it still binds, past the session TTL it is forgotten."""
     clock = Clock()
     cluster = responses_cluster(memory_cluster, clock)
     facade = cluster.facade()
@@ -394,6 +420,9 @@ def test_previous_response_id_is_forgotten_after_the_affinity_ttl(memory_cluster
     cluster.fetch("POST", "/v1/responses", json=body)
     facade.pin = "b"
     cluster.advance(Settings().affinity_ttl)
+    kept = cluster.fetch("POST", "/v1/responses", json={**body, "previous_response_id": "resp_a_1"})
+    assert kept.header("x-nvpair-node") == "a"
+    cluster.advance(Settings().session_ttl)
     later = cluster.fetch(
         "POST", "/v1/responses", json={**body, "previous_response_id": "resp_a_1"}
     )

@@ -358,10 +358,17 @@ def tool_prompt() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
 
 
 def server_command(
-    directory: Path, port: int, model: Path, *, slots: int = 4, chat_template: Path | None = None
+    directory: Path,
+    port: int,
+    model: Path,
+    *,
+    slots: int = 4,
+    chat_template: Path | None = None,
+    extra: Sequence[str] = (),
 ) -> list[str]:
     """The ``llama-server`` command line; ``chat_template`` replaces the model's own template
-    (``--jinja --chat-template-file``, e.g. :data:`TOOL_TEMPLATE`). ``--no-repack`` keeps the
+    (``--jinja --chat-template-file``, e.g. :data:`TOOL_TEMPLATE`); ``extra`` options follow
+    (``--cache-ram 0``: no host-memory prompt cache). ``--no-repack`` keeps the
     weights as the GGUF lays them out: this native build's repacking of them for the CPU stopped
     the server with an illegal instruction (SIGILL, exit 132) while it loaded the model on the
     test machine (AVX-512 and AMX); repacking only speeds up matrix products."""
@@ -391,6 +398,7 @@ def server_command(
         "--no-webui",
         "--no-repack",
         *template,
+        *extra,
     ]
 
 

@@ -14,6 +14,7 @@ from twisted.internet.task import Clock
 from nvpair_tw.fleet._sharing import (
     RESERVATION_BATCH,
     RESERVATION_TTL,
+    SharedCaches,
     SharedReservations,
     SharedSessions,
     SharedSessionTable,
@@ -21,8 +22,10 @@ from nvpair_tw.fleet._sharing import (
 from nvpair_tw.fleet._store import FleetStore, StateConfig
 from nvpair_tw.fleet._wire import Codec, Command
 from nvpair_tw.selection._affinity import AffinityKey
+from nvpair_tw.selection._caches import CacheBook, Place
 from nvpair_tw.selection._reservations import ReservationLedger
 from nvpair_tw.selection._sessions import Home, Session, SessionTable
+from nvpair_tw.selection._speed import SpeedBook
 
 DIGEST = "ab" * 32
 
@@ -194,3 +197,58 @@ def test_a_shared_session_goes_out_sealed_with_its_callers_key_and_model() -> No
         "l": 3,
     }
     assert "the name" not in value and "the name" not in json.dumps(message)
+
+
+# --- the conversations each node's prompt cache was sent (docs/behaviour.md §5.3.1) ----------------
+
+
+def test_a_noted_conversation_goes_out_sealed_with_its_node_model_and_tokens() -> None:
+    clock, writes = Clock(), list[Command]()
+    shared = SharedCaches(
+        clock,  # type: ignore[arg-type]
+        Codec("me", "ns"),
+        writes.append,
+        lambda: True,
+        seal=lambda d: b"sealed" + d[:2],
+    )
+    book = CacheBook(clock)
+    shared.bind("openai", book)
+    book.note("n1", "qwen3", b"\x01\x02" * 16, 9000)
+    [(op, message)] = writes[0]()
+    assert op == "pub"
+    fields = json.loads(message) if isinstance(message, str) else message
+    assert {k: fields[k] for k in ("t", "e", "n", "m", "r", "h")} == {
+        "t": "cache",
+        "e": "openai",
+        "n": "n1",
+        "m": "qwen3",
+        "r": (b"sealed\x01\x02").hex(),
+        "h": 9000,
+    }
+    assert book.place("n1", "qwen3", b"\x01\x02" * 16) == Place(1, 9000, resident=True)
+
+
+def test_a_peers_conversation_counts_in_a_nodes_cache_here() -> None:
+    """A peer sent another conversation to ``n1`` since: this proxy's own is second there, and
+    with ``n1`` keeping one it can no longer be warm."""
+    fleet = secret_store()
+    book = CacheBook(Clock(), lambda _node: 1)
+    fleet.bind_books("openai", SpeedBook(Clock()), book)
+    mine = b"\x07" * 32
+    book.note("n1", "qwen3", mine, 5000)
+    theirs = {"o": "peer", "t": "cache", "e": "openai", "n": "n1", "m": "qwen3", "r": DIGEST}
+    fleet.on_message(json.dumps({**theirs, "h": 4000}))
+    assert fleet._sharing.applied == 1
+    assert book.place("n1", "qwen3", mine) == Place(2, 5000, resident=False)
+    assert book.pushed_out("n1", "qwen3") == 4000
+
+
+@pytest.mark.parametrize(
+    "change", [{"r": "not hex"}, {"h": "9"}, {"h": True}, {"h": -1}, {"m": 7}, {"e": "ollama"}]
+)
+def test_a_malformed_cache_message_is_ignored(change: dict[str, Any]) -> None:
+    fleet, _clock, _ledger = store()
+    fleet.bind_books("openai", SpeedBook(Clock()), CacheBook(Clock()))
+    message = {"o": "peer", "t": "cache", "e": "openai", "n": "n1", "m": "qwen3", "r": DIGEST}
+    fleet.on_message(json.dumps({**message, "h": 1, **change}))
+    assert (fleet._sharing.applied, fleet._sharing.ignored) == (0, 1)

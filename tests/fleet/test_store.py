@@ -382,6 +382,37 @@ async def test_turn_two_through_the_other_proxy_lands_on_turn_ones_node(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_conversation_a_peers_pushed_out_of_a_nodes_cache_is_not_expected_warm(
+    reactor: Any, fleet: Fleet, redis: RedisServer
+) -> None:
+    """Each node keeps one conversation (docs/behaviour.md §5.3.1). P1 serves a conversation on
+    n1, then P2 another one there: P1 counts it (the fleet shares which conversations each node
+    was sent), so P1's next turn of the first is not expected warm on n1 and goes to n0, where
+    it pushes no active conversation out."""
+    engines = [await fleet.engine(healthy(reactor)) for _ in range(2)]
+    nodes = [Node(f"n{i}", e.url, MODEL, cache_conversations=1) for i, e in enumerate(engines)]
+    p1 = await fleet.proxy(nodes, Settings(), redis.config())
+    p2 = await fleet.proxy(nodes, Settings(), redis.config())
+    await fleet.up()
+    facade_of(p1).pin = facade_of(p2).pin = "n1"
+    status, _, first = await fleet.post(p1, chat("llama3", "turn one", stream=True))
+    assert (status, first) == (200, "n1")
+    status, _, other = await fleet.post(p2, chat("llama3", "another one", stream=True))
+    assert (status, other) == (200, "n1")
+    books = facade_of(p1).caches._books
+    await eventually(
+        reactor, lambda: len(books.get(("n1", "llama3:latest"), ())) == 2, PEER_BOUND, "note"
+    )
+    ledger = p1.runtime.shared.ledger
+    await eventually(reactor, lambda: ledger.reservations("n1") == 0, PEER_BOUND, "release seen")
+    facade_of(p1).pin = None
+    status, _, second = await fleet.post(
+        p1, chat("llama3", "turn one", "answer", "turn two", stream=True)
+    )
+    assert (status, second) == (200, "n0")
+
+
+@pytest_twisted.ensureDeferred
 async def test_reservations_are_fleet_wide(reactor: Any, fleet: Fleet, redis: RedisServer) -> None:
     """20 requests held open, 7 through P1 and 13 through P2: equal nodes get 10 each (±1).
     Each proxy alone would split its own share: 4/3 and 7/6, 11/9 in all."""
@@ -843,7 +874,13 @@ async def session_fleet(
     session = {"X-Session-Id": CANARY}
     assert await post_as(reactor, p1, conversation("turn one"), session) == "n1"
     await eventually(reactor, lambda: len(facade_of(p2).affinity) == 1, PEER_BOUND, "peer entry")
-    # P1 says its counts now (none), so P2 has heard the release, not only seen no reservation yet.
+    await _release_heard(reactor, p1, p2)
+    return p1, p2
+
+
+async def _release_heard(reactor: Any, p1: ProxyHandle, p2: ProxyHandle) -> None:
+    """P1 says its counts now (none), so P2 has heard the release, not only seen no reservation
+    yet."""
     assert p1.runtime.fleet is not None and p2.runtime.fleet is not None
     p1.runtime.fleet._sharing.reservations.refresh()
     heard = p2.runtime.fleet._sharing.reservations._peers
@@ -851,7 +888,6 @@ async def session_fleet(
     await eventually(
         reactor, lambda: heard.get(origin, ({"?": 1},))[0] == {}, PEER_BOUND, "release"
     )
-    return p1, p2
 
 
 @pytest_twisted.ensureDeferred
@@ -884,3 +920,34 @@ async def test_without_a_secret_a_session_stays_on_its_proxy(
     session = {"X-Session-Id": CANARY}
     assert await post_as(reactor, p2, conversation("compacted"), session) == "n0"
     assert "nvpair:sess:" not in redis.everything()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stored_response_made_through_one_proxy_is_continued_through_another(
+    reactor: Any, fleet: Fleet, redis: RedisServer
+) -> None:
+    """A ``/v1/responses`` answer made on n1 through P1: P2 learns its placement and owner (as
+    digests, kept for the session time, docs/behaviour.md §2.1) and sends its continuation to n1."""
+    engines = [await fleet.engine(healthy(reactor)) for _ in range(2)]
+    nodes = [Node(f"n{i}", e.url, MODEL) for i, e in enumerate(engines)]
+    p1 = await fleet.proxy(nodes, Settings(), redis.config())
+    p2 = await fleet.proxy(nodes, Settings(), redis.config())
+    await fleet.up()
+    facade_of(p1).pin = "n1"
+    client = http_client(reactor)
+    made = await client.post(
+        p1.url() + "/v1/responses", data=json.dumps({"model": "llama3", "input": "hi"}).encode()
+    )
+    stored = json.loads(await treq.content(made))["id"]
+    assert made.code == 200
+    await eventually(reactor, lambda: len(facade_of(p2).responses) == 2, PEER_BOUND, "peer")
+    follow = {"model": "llama3", "input": "more", "previous_response_id": stored}
+    await _release_heard(reactor, p1, p2)
+    continued = await client.post(p2.url() + "/v1/responses", data=json.dumps(follow).encode())
+    await treq.content(continued)
+    assert continued.code == 200
+    assert continued.headers.getRawHeaders(b"x-nvpair-node") == [b"n1"]
+    keys = [k for k in redis.cli("--scan").split() if ":ollama/responses:" in k]
+    assert len(keys) == 2 and stored not in redis.everything()
+    ttl = int(redis.cli("PTTL", keys[0]).strip())
+    assert Settings().affinity_ttl * 1000 < ttl <= Settings().session_ttl * 1000

@@ -28,9 +28,15 @@ def redis() -> Iterator[RedisServer]:
     server.kill()
 
 
-def inference(node: str) -> ProxyRequest:
+def inference(node: str, cached: int | None = None) -> ProxyRequest:
     return proxy_request(
-        model="llama3", key="team-a", node_id=node, status=200, prompt_tokens=2, completion_tokens=3
+        model="llama3",
+        key="team-a",
+        node_id=node,
+        status=200,
+        prompt_tokens=2,
+        completion_tokens=3,
+        cached_tokens=cached,
     )
 
 
@@ -51,9 +57,9 @@ async def test_a_report_covers_the_fleet_and_falls_back_to_local(
     try:
         for fleet in stores:
             await eventually(reactor, store_up(fleet), 5.0, "store connected")
-        buses[0].publish(inference("n1"))
-        buses[1].publish(inference("n2"))
-        buses[1].publish(inference("n2"))
+        buses[0].publish(inference("n1"))  # its engine said nothing of a cache
+        buses[1].publish(inference("n2", cached=1))
+        buses[1].publish(inference("n2", cached=1))
         for recorder in recorders:
             await recorder.flush()
         report = parse_report("1h", None, ["node"], reactor.seconds())
@@ -70,9 +76,10 @@ async def test_a_report_covers_the_fleet_and_falls_back_to_local(
             await settled()
             if sum(r["requests"] for r in seen) == 3:
                 break
-        assert [(r["node"], r["requests"], r["prompt_tokens"]) for r in seen] == [
-            ("n1", 1, 2),
-            ("n2", 2, 4),
+        counts = ("requests", "prompt_tokens", "cached_tokens", "unknown_cached")
+        assert [(r["node"], *(r[c] for c in counts)) for r in seen] == [
+            ("n1", 1, 2, 0, 1),
+            ("n2", 2, 4, 2, 0),
         ]
         assert "usage" in redis.cli("--scan")
         redis.kill()

@@ -518,6 +518,49 @@ def test_a_speed_that_is_not_a_positive_number_is_refused(tmp_path: Path, value:
         load_nodes_file(path, "ollama")
 
 
+def test_cache_conversations_in_the_file_sets_a_nodes_cache_capacity(tmp_path: Path) -> None:
+    """``cache_conversations = N`` (docs/behaviour.md §5.3.1): a whole number >= 0; unset is None."""
+    text = (
+        "[[node]]\nid = 'a'\nurl = 'http://a:1'\ncache_conversations = 6\n"
+        "[[node]]\nid = 'b'\nurl = 'http://b:1'\ncache_conversations = 0\n"
+        "[[node]]\nid = 'c'\nurl = 'http://c:1'\n"
+    )
+    path = write(tmp_path / "nodes.toml", text)
+    assert [(n.id, n.cache_conversations) for n in load_nodes_file(path, "ollama")] == [
+        ("a", 6),
+        ("b", 0),
+        ("c", None),
+    ]
+
+
+@pytest.mark.parametrize("value", ["-1", "2.5", "true", "'6'", "[6]"])
+def test_a_cache_capacity_that_is_not_a_whole_number_is_refused_in_one_line(
+    tmp_path: Path, value: str
+) -> None:
+    """The error names the file, the node and the field, with what it must be."""
+    path = write(
+        tmp_path / "nodes.toml",
+        f"[[node]]\nid = 'a'\nurl = 'http://a:1'\ncache_conversations = {value}\n",
+    )
+    with pytest.raises(NodesFileError) as raised:
+        load_nodes_file(path, "ollama")
+    assert str(raised.value) == (
+        f"nodes file {path}: node 1 (id 'a'): cache_conversations: must be a whole number >= 0"
+        " (0 = the engine keeps no prompt cache)"
+    )
+
+
+def test_a_misspelt_cache_field_is_named_with_a_hint(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "nodes.toml",
+        "[[node]]\nid = 'a'\nurl = 'http://a:1'\ncache_conversation = 6\n",
+    )
+    with pytest.raises(
+        NodesFileError, match=r"unknown field 'cache_conversation'.*cache_conversations"
+    ):
+        load_nodes_file(path, "ollama")
+
+
 def test_slots_reserved_is_read_below_the_nodes_slots(tmp_path: Path) -> None:
     """``slots_reserved = N`` (docs/behaviour.md §16.3); unset is 0."""
     text = (

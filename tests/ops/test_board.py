@@ -188,6 +188,49 @@ def test_a_recent_row_says_why_that_node_and_its_times_and_never_a_body() -> Non
     assert book.ttft("ollama", "b") is None
 
 
+def test_a_nodes_prompt_cache_is_what_its_engine_said_of_its_last_answers() -> None:
+    """docs/operations.md, "The status page": per node, over its last answers, the prompt tokens
+    of those whose engine said what it found cached, the cached ones among them, and how many
+    answers went to the node expected to hold the prefix; an engine that says nothing is not
+    counted as 0 cached, a 503 is no answer, and the window is bounded."""
+    book = RequestBook()
+    warm = _record(
+        200,
+        node_id="a",
+        model="llama3",
+        prompt_tokens=48,
+        cached_tokens=47,
+        cache_affinity=True,
+        warm_node="a",
+    )
+    cold = evolve(warm, cached_tokens=0, cache_affinity=False, warm_node=None)
+    silent = evolve(warm, node_id="b", cached_tokens=None, cache_affinity=False)
+    for record in (cold, warm, warm, silent, evolve(warm, status=503)):
+        book.record(record, NOW)
+    assert book.cache("ollama", "a") == {
+        "answers": 3,
+        "stated": 3,
+        "promptTokens": 144,
+        "cachedTokens": 94,
+        "expectedWarm": 2,
+    }
+    assert book.cache("ollama", "b") == {
+        "answers": 1,
+        "stated": 0,
+        "promptTokens": 0,
+        "cachedTokens": 0,
+        "expectedWarm": 0,
+    }
+    assert book.cache("ollama", "c") is None
+    row = book.to_json()["recent"][2]
+    assert (row["promptTokens"], row["cachedTokens"], row["expectedWarm"]) == (48, 47, True)
+    for _ in range(_recent.CACHE_SAMPLES + 5):
+        book.record(warm, NOW)
+    assert book.cache("ollama", "a")["answers"] == _recent.CACHE_SAMPLES  # type: ignore[index]
+    book.forget({("ollama", "b")})
+    assert book.cache("ollama", "a") is None
+
+
 def test_a_nodes_contact_comes_from_attempts_answered_phases_and_running_fan_out_parts() -> None:
     """A connect error makes the node's last contact "no connection" since the first one in a
     row; a phase saying it answered (reading the prompt), a running fan-out part or any other
@@ -356,7 +399,7 @@ def test_the_snapshot_names_the_version_and_where_clients_point_and_no_userinfo(
         "since": int(NOW * 1000),
         "error": "connection refused",
     }
-    assert a["ttft"] is None and a["waiting"] == 0
+    assert a["ttft"] is None and a["cache"] is None and a["waiting"] == 0
     assert [p["id"] for p in state["requests"]["inFlight"]] == ["r-1"]
     assert [f["id"] for f in state["fanOuts"]] == ["f-1"]
     assert SECRET not in json.dumps(state) and "ops:" not in json.dumps(state)

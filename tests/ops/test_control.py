@@ -36,6 +36,7 @@ from nvpair_tw.core._resolved import Settings
 from nvpair_tw.events import NodeCooldown, NodeCordon, NodeUncordon
 from nvpair_tw.logs import current_level, set_level
 from nvpair_tw.nodes._directory import Node
+from nvpair_tw.ops._board import StatusBoard
 from nvpair_tw.ops._control import (
     INVALID_PARAMS,
     INVALID_REQUEST,
@@ -187,8 +188,9 @@ def test_several_facades_need_the_engine_prefix_for_engine_scoped_methods() -> N
 
 def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
     """nodes/list gives id, url, sorted models, loaded (null: unknown), source, coolingUntil
-    (ms epoch or null), slots, the node's busy-wait count, its cordon (null: none) and its
-    learnt rates per model (docs/behaviour.md §15.1)."""
+    (ms epoch or null), slots, the node's busy-wait count, its cordon (null: none), its
+    learnt rates per model (docs/behaviour.md §15.1) and its prompt caches' capacity per model
+    (§5.3.1)."""
     runtime = _runtime(
         {
             "ollama": [
@@ -202,6 +204,11 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
     facade.progress.busy_waited("b")
     facade.progress.busy_waited("b")
     facade.speeds.learn("b", "alpha", Sample(decode_rate=57.7, prefill_rate=900.0, load_seconds=2))
+    for root in (b"A", b"B", b"C", b"D"):
+        facade.caches.note("b", "alpha", root, 5000)
+    oldest = facade.caches.place("b", "alpha", b"A")
+    assert oldest is not None
+    facade.caches.judge("b", "alpha", oldest, 0, 6000)  # found cold: b keeps 3
     result = _ask(ControlMethods(runtime), "nodes/list")["result"]
     until = 1000 * (1_700_000_000 + runtime.settings.cooldown)
     assert result == {
@@ -219,6 +226,8 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                 "busyWaits": 0,
                 "cordon": None,
                 "rates": {},
+                "caches": {},
+                "contexts": {},
             },
             {
                 "id": "b",
@@ -240,6 +249,8 @@ def test_nodes_list_reports_inventory_source_and_cooldown() -> None:
                         "samples": 1,
                     }
                 },
+                "caches": {"alpha": {"conversations": 3, "source": "learnt", "recent": 4}},
+                "contexts": {},
             },
         ],
         "queueDepth": 0,
@@ -276,6 +287,48 @@ def test_nodes_list_reports_loaded_models_or_null_when_unknown() -> None:
             "c": None,
             "d": None,
         }
+    finally:
+        cluster.stop()
+
+
+def test_nodes_list_and_the_status_data_show_the_context_each_model_is_served_with() -> None:
+    """``contexts``: per model the node has loaded, the context it serves it with, as the node
+    names the model (docs/behaviour.md §15.3): a llama.cpp router's from ``/props?model=``, an
+    LM Studio 0.4 node's loaded instance's, a one-model llama-server's for what it lists; {} when
+    the node says none (a static list is never polled)."""
+    clock = Clock()
+    engines = {
+        "r": SimulatedEngine(
+            clock, ("a", "b"), loaded=["a"], kind="openai", models_max=1, loaded_context=8192
+        ),
+        "s": SimulatedEngine(clock, ("smol",), kind="openai", context_length=4096, slots=2),
+        "l": SimulatedEngine(
+            clock, ("qwen", "phi"), loaded=["qwen"], kind="lmstudio", loaded_context=16384
+        ),
+        "t": SimulatedEngine(clock, ("fixed",), kind="openai"),
+    }
+    polled = [Node(i, f"http://{i}.node.test:11434", kind="openai") for i in ("r", "s")]
+    cluster = MemoryCluster(
+        clock,
+        engines,
+        facades=["openai", "lmstudio"],
+        nodes={
+            "openai": [*polled, "t"],
+            "lmstudio": [Node("l", "http://l.node.test:11434", kind="lmstudio")],
+        },
+    )
+    try:
+        cluster.flush()
+        methods = ControlMethods(cluster.runtime)
+        listed = {
+            n["id"]: n["contexts"]
+            for engine in ("openai", "lmstudio")
+            for n in _ask(methods, f"{engine}:nodes/list")["result"]["nodes"]
+        }
+        assert listed == {"r": {"a": 8192}, "s": {"smol": 4096}, "t": {}, "l": {"qwen": 16384}}
+        board = StatusBoard(cluster.runtime).state(lambda _engine: True)
+        shown = {n["id"]: n["contexts"] for f in board["facades"] for n in f["nodes"]}
+        assert shown == listed
     finally:
         cluster.stop()
 

@@ -456,6 +456,28 @@ def test_tokens_first_token_rate_and_queue_are_observed_with_bounded_labels() ->
     assert "made-up-123" not in models
 
 
+def test_cached_prompt_tokens_are_counted_where_the_engine_stated_them() -> None:
+    """§12.3: ``nvpair_cached_tokens_total`` sums the prompt tokens the engines said they found
+    cached (part of the prompt tokens), by the same bounded labels; a stated 0 makes the series
+    (the engine states cached counts), an unknown count adds nothing."""
+    _, runtime = _runtime()
+    metrics = ProxyMetrics(runtime)
+    llm = {"model": "llama3:latest", "key": "alice", "prompt_tokens": 48, "cached_tokens": 47}
+    runtime.shared.bus.publish(_request(**llm))
+    runtime.shared.bus.publish(_request(**{**llm, "model": "made-up-123"}))
+    runtime.shared.bus.publish(_request(**{**llm, "node_id": "a", "cached_tokens": 0}))
+    runtime.shared.bus.publish(_request(**{**llm, "node_id": "c", "cached_tokens": None}))
+    scraped = samples(metrics.exposition().decode())
+    where = {"engine": "ollama", "key": "alice"}
+    cached = "nvpair_cached_tokens_total"
+    assert value(scraped, cached, node="b", model="llama3:latest", **where) == 47
+    assert value(scraped, cached, node="b", model="other", **where) == 47
+    assert value(scraped, cached, node="a", model="llama3:latest", **where) == 0
+    assert value(scraped, cached, node="c", model="llama3:latest", **where) is None
+    prompt = value(scraped, "nvpair_tokens_total", node="b", type="prompt", model="other", **where)
+    assert prompt == 48  # the cached tokens are part of these, not another type of them
+
+
 def test_learnt_rates_and_the_prediction_error_are_exposed() -> None:
     """§15.1, §15.2: the decode and prefill gauges per (engine, node, model), and the measured
     over predicted ratio of each record that carries both."""

@@ -143,7 +143,7 @@ def _read_busy_page(admin_url: str) -> dict[str, Any]:
                 row = f'tr[data-node="ollama/{node_id}"]'
                 seen[node_id] = {
                     cls: page.inner_text(f"{row} td.{cls}")
-                    for cls in ("slots", "busy-waits", "loaded", "rates")
+                    for cls in ("slots", "busy-waits", "loaded", "contexts", "rates")
                 }
             seen["queue"] = page.inner_text("h2 .queue-depth")
             seen["priorities"] = page.inner_text("h2 .queue-priorities")
@@ -157,10 +157,11 @@ def _read_busy_page(admin_url: str) -> dict[str, Any]:
 @pytest.mark.browser
 @on_reactor
 async def test_status_page_shows_slots_queue_busy_waits_and_residency(reactor: Any) -> None:
-    """Per node: slots in use / slots (unlimited when 0), busy waits and the loaded models (or
-    "unknown"); per facade: the queue depth. A hostile model name is shown as text, never markup."""
+    """Per node: slots in use / slots (unlimited when 0), busy waits, the loaded models (or
+    "unknown") and the context each is served with; per facade: the queue depth. A hostile model
+    name is shown as text, never markup."""
     require_browser()
-    resident = SimulatedEngine(reactor, loaded=("llama3:latest", HOSTILE))
+    resident = SimulatedEngine(reactor, loaded=("llama3:latest", HOSTILE), kind="ollama")
     loaded = await start_engine(reactor, resident)
     proxy = await start_proxy(
         reactor,
@@ -205,6 +206,7 @@ async def test_status_page_shows_slots_queue_busy_waits_and_residency(reactor: A
         "slots": "1 / 1",
         "busy-waits": "3",
         "loaded": "unknown",
+        "contexts": "not stated",
         "rates": "not measured",
     }
     assert seen["queue"] == "2"
@@ -214,6 +216,7 @@ async def test_status_page_shows_slots_queue_busy_waits_and_residency(reactor: A
         "slots": "0 / 2",
         "busy-waits": "0",
         "loaded": f"{HOSTILE}, llama3:latest",
+        "contexts": f"{HOSTILE}: 4096 tokens, llama3:latest: 4096 tokens",
         "rates": f"{HOSTILE}: 10 tok/s decode, 120 tok/s prefill (1 samples);"
         " llama3:latest: 58 tok/s decode, 900 tok/s prefill (1 samples)",
     }
@@ -429,12 +432,13 @@ async def test_status_page_charts_tokens_per_node_and_lists_the_last_24_hours(
     assert seen["lines"] == [["ollama/gpu-a", 90], ["ollama/gpu-b", 90]]
     assert "no tokens yet" not in seen["chart_text"]
     assert "now" in seen["chart_text"] and "tokens / s" in seen["chart_text"]
-    # key, requests, errors, prompt tokens, completion tokens (one chunk is one token)
+    # key, requests, errors, prompt tokens, completion tokens (one chunk is one token), cached
+    # tokens ("—": Ollama says nothing of its cache, which is not 0)
     prompt = str(len(CANARY.split()))
-    assert seen["by_key"] == [["local", "3", "0", str(3 * int(prompt)), str(4 + 4 + 6)]]
+    assert seen["by_key"] == [["local", "3", "0", str(3 * int(prompt)), str(4 + 4 + 6), "—"]]
     assert seen["by_model"] == [
-        ["llama3", "2", "0", str(2 * int(prompt)), "8"],
-        ["qwen2", "1", "0", prompt, "6"],
+        ["llama3", "2", "0", str(2 * int(prompt)), "8", "—"],
+        ["qwen2", "1", "0", prompt, "6", "—"],
     ]
     assert seen["off_hidden"] is True
     assert CANARY not in seen["html"] and CANARY not in seen["text"]

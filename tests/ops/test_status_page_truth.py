@@ -34,6 +34,7 @@ from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import AdminService
 from nvpair_tw.runtime import Runtime
 from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine, start_proxy
+from tests.dialects import engine_answers as real
 from tests.ops.browser import DESKTOP, PHONE, opened, require_browser
 
 SECRET = "s3cret-userinfo-9d2b"
@@ -119,6 +120,20 @@ def _layout(page: Any) -> dict[str, Any]:
                 body: document.body.scrollWidth,
                 states: Array.from(document.querySelectorAll('td.state'),
                     c => Math.round(c.getBoundingClientRect().right)),
+            })"""
+        ),
+    )
+
+
+def _boxes(page: Any) -> list[list[Any]]:
+    """Each scrolling box: its table's id (or its facade's engine), the table's width and the
+    box's: a table wider than its box scrolls sideways."""
+    return cast(
+        list[list[Any]],
+        page.evaluate(
+            """() => Array.from(document.querySelectorAll('.scroll'), b => {
+                const t = b.querySelector('table');
+                return [t.id || t.dataset.engine || '', t.scrollWidth, b.clientWidth];
             })"""
         ),
     )
@@ -538,3 +553,96 @@ async def test_a_pull_fanned_out_to_every_node_shows_its_progress_per_node(
     ]
     for width, layout in ((1280, seen["pull_desktop"]), (390, seen["pull_phone"])):
         assert layout["page"] <= width, layout
+
+
+# -- each node's prompt cache, as its engine said it --------------------------------------------
+
+
+def _llama_answers() -> Callable[[bytes, bool, bytes], list[bytes]]:
+    """The real llama-server's streams (the facade asks a whole answer as a stream, §6.5): a
+    new question after a system prompt it had read (40 of 48 prompt tokens cached), then the
+    same request again (47 of 48), one event a write (tests/dialects/engine_answers.py)."""
+    streams = [real.LLAMA_CHAT_STREAM_PREFIX, real.LLAMA_CHAT_STREAM_WARM]
+
+    def script(path: bytes, streaming: bool, body: bytes) -> list[bytes]:
+        stream = streams.pop(0) if len(streams) > 1 else streams[0]
+        return [event + b"\n\n" for event in stream.split(b"\n\n") if event]
+
+    return script
+
+
+def _watch_cache(admin_url: str, proxy_url: str, shots: str) -> dict[str, Any]:
+    seen: dict[str, Any] = {"statuses": []}
+    with opened(admin_url, seen) as page:
+        _live(page)
+        seen["before"] = page.inner_text('tr[data-node="ollama/llama"] td.cache')
+        for node, path in (("llama", "/v1/chat/completions"),) * 2 + (("ollama", "/api/chat"),):
+            seen["statuses"].append(
+                _post(proxy_url + path, _chat("llama3:latest"), {"X-NVPair-Node": node})
+            )
+        page.wait_for_function(
+            "() => document.querySelectorAll('#recent tbody tr[data-id]').length === 3"
+            " && /%/.test(document.querySelector("
+            "'tr[data-node=\"ollama/llama\"] td.cache').textContent)"
+            " && document.querySelector('#usage-by-model tbody tr[data-model]') !== null",
+            timeout=WAIT_MS,
+        )
+        seen["cache"] = {
+            n: page.inner_text(f'tr[data-node="ollama/{n}"] td.cache') for n in ("llama", "ollama")
+        }
+        seen["head"] = _row_cells(page, "#facades thead tr")[0]
+        seen["recent_head"] = _row_cells(page, "#recent thead tr")[0]
+        seen["recent"] = _row_cells(page, "#recent tbody tr[data-id]")
+        seen["usage_head"] = _row_cells(page, "#usage-by-model thead tr")[0]
+        seen["usage"] = _row_cells(page, "#usage-by-model tbody tr[data-model]")
+        seen["explained"] = page.inner_text("#nodes-explained")
+        seen["boxes"] = _boxes(page)
+        _shots(page, shots, seen, "cache")
+        seen["html"] = page.content()
+    return seen
+
+
+@pytest.mark.browser
+@on_reactor
+async def test_each_nodes_prompt_cache_is_shown_as_its_engine_said_it(
+    reactor: Any, tmp_path: Any
+) -> None:
+    """A llama.cpp node answering as the real llama-server did (40, then 47 of 48 prompt tokens
+    cached) and an Ollama node, which says nothing of its cache: the llama.cpp
+    node's row shows the share of its prompt tokens its engine found cached, the Ollama node's
+    that its engine does not say (never 0 %); each recent request shows its cached tokens, and
+    the last 24 hours the cached tokens per model."""
+    require_browser()
+    llama = SimulatedEngine(reactor, kind="openai", script=_llama_answers())
+    ollama = SimulatedEngine(reactor, kind="ollama")
+    a, b = await start_engine(reactor, llama), await start_engine(reactor, ollama)
+    nodes = [
+        Node("llama", a.url, ("llama3:latest",), kind="openai"),
+        Node("ollama", b.url, ("llama3:latest",)),
+    ]
+    proxy = await start_proxy(reactor, {"ollama": nodes})
+    admin, url = await _admin(reactor, proxy.runtime)
+    try:
+        seen = await deferToThread(_watch_cache, url, proxy.url(), str(tmp_path))
+    finally:
+        await admin.stopService()
+        await proxy.stop()
+        await a.stop()
+        await b.stop()
+    assert seen["errors"] == [] and seen["console"] == []
+    assert seen["statuses"] == [200, 200, 200]
+    assert seen["before"] == "—"
+    assert "prompt cache" in seen["head"] and "prompt cache" in seen["explained"]
+    assert seen["cache"]["llama"] == "91 % cached: 87 of 96 prompt tokens (2 answers)"
+    assert seen["cache"]["ollama"] == "not said by its engine (1 answer)"
+    cached = seen["recent_head"].index("cached")
+    assert [row[cached] for row in seen["recent"]] == ["—", "47 of 48", "40 of 48"]  # newest first
+    column = seen["usage_head"].index("cached tokens")
+    [(model, *_), *others] = seen["usage"]
+    assert (model, others) == ("llama3:latest", [])
+    assert seen["usage"][0][column] == "87 (1 not said)"
+    assert CANARY not in seen["html"]
+    assert [box for box in seen["boxes"] if box[1] > box[2]] == []  # every table fits at 1280 px
+    for width, layout in ((1280, seen["cache_desktop"]), (390, seen["cache_phone"])):
+        assert layout["page"] <= width, layout
+        assert all(right <= width for right in layout["states"]), layout

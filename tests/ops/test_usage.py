@@ -142,6 +142,8 @@ async def test_admin_api_usage_is_json_with_json_errors(reactor: Any, tmp_path: 
                     k: document["rows"][0][k]
                     for k in ("prompt_tokens", "completion_tokens", "unknown_tokens")
                 },
+                "cached_tokens": 0,  # the engine said nothing of a cache:
+                "unknown_cached": 1,  # one request whose cached count is unknown
             }
         ]
         response = await client.get(base + "/api/usage?by=week")

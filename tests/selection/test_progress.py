@@ -68,3 +68,15 @@ def test_a_shared_book_tells_every_touch_and_counts_a_peers_bytes() -> None:
     assert not book.delivered_within("a", 5.0)
     peers["a"] = 9.5
     assert book.delivered_within("a", 0.5)
+
+
+def test_each_piece_of_body_a_node_delivers_is_counted() -> None:
+    """What a node's first answer shows of its speed (§15.2): its pieces, per node, shared or not."""
+    clock = Clock()
+    book = ProgressBook(clock)
+    shared = ProgressBook(clock).shared(lambda _node: None, lambda _node: None)
+    for each in (book, shared):
+        touch = each.toucher("a")
+        for _ in range(3):
+            touch()
+        assert (each.chunks("a"), each.chunks("b")) == (3, 0)

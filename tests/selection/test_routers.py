@@ -11,15 +11,13 @@ from nvpair_tw.selection._holdings import ROUTER_CONTROL
 
 @define
 class View:
-    """Nodes as the rule sees them: what each has loaded, routers, ``models_max`` per node."""
+    """Nodes as the rule sees them: what each last said it has loaded (None: unknown), routers,
+    ``models_max`` per node, and the models with requests in flight on each."""
 
     held: dict[str, frozenset[str] | None]
     routers: set[str] = field(factory=set)
     limits: dict[str, int | None] = field(factory=dict)
-
-    def resident(self, node_id: str, model: str) -> bool | None:
-        loaded = self.held.get(node_id)
-        return None if loaded is None else model in loaded
+    busy: dict[str, frozenset[str]] = field(factory=dict)
 
     def loaded(self, node_id: str) -> frozenset[str] | None:
         return self.held.get(node_id)
@@ -30,46 +28,64 @@ class View:
     def models_max(self, node_id: str) -> int | None:
         return self.limits.get(node_id)
 
-
-BUSY = {("r", "a"): 1, ("r", "b"): 2}
-
-
-def _evicts(view: View, model: str) -> bool:
-    return would_evict_busy_work(view, view, "r", model, _in_flight)
+    def running(self, node_id: str) -> frozenset[str]:
+        return self.busy.get(node_id, frozenset())
 
 
-def _in_flight(node_id: str, name: str) -> int:
-    return BUSY.get((node_id, name), 0)
+def _router(
+    limit: int | None = 2,
+    loaded: frozenset[str] | None = frozenset({"a", "b"}),
+    busy: frozenset[str] = frozenset({"a", "b"}),
+) -> View:
+    """Router ``r`` (and a plain node ``o``): ``loaded`` at its last poll, ``busy`` in flight."""
+    return View({"r": loaded, "o": frozenset()}, {"r"}, {"r": limit}, {"r": busy})
 
 
-def _full_router(limit: int | None = 2, loaded: frozenset[str] = frozenset({"a", "b"})) -> View:
-    return View({"r": loaded, "o": frozenset()}, {"r"}, {"r": limit})
+def _evicts(view: View, name: str) -> bool:
+    return would_evict_busy_work(view, view, "r", name, view.running)
+
+
+def _spared(view: View, name: str, candidates: list[str]) -> list[str]:
+    return spare_busy_routers(candidates, lambda _node: name, view, view, view.running)
 
 
 def test_a_full_router_whose_loaded_models_are_all_busy_is_spared_while_another_can_serve() -> None:
-    book = _full_router()
-    assert would_evict_busy_work(book, book, "r", "c", _in_flight)
-    assert spare_busy_routers(["r", "o"], "c", book, book, _in_flight) == ["o"]
+    assert _evicts(_router(), "c")
+    assert _spared(_router(), "c", ["r", "o"]) == ["o"]
 
 
 def test_it_still_goes_there_when_no_other_candidate_exists() -> None:
-    assert spare_busy_routers(["r"], "c", (full := _full_router()), full, _in_flight) == ["r"]
+    assert _spared(_router(), "c", ["r"]) == ["r"]
 
 
-def test_a_model_already_loaded_there_evicts_nothing() -> None:
-    assert not _evicts(_full_router(), "a")
+def test_one_busy_model_is_enough_the_router_evicts_by_its_own_last_use() -> None:
+    """llama.cpp evicts the model it last used longest ago (its ``last_used``, set by every
+    client's request): a running stream's model goes before an idle one used since. The proxy
+    does not see that order, so any busy model spares the router."""
+    assert _evicts(_router(loaded=frozenset({"a", "z"}), busy=frozenset({"a"})), "c")
 
 
-def test_a_router_with_room_or_an_idle_loaded_model_is_not_spared() -> None:
-    assert not _evicts(_full_router(limit=3), "c")
-    assert not _evicts(_full_router(limit=0), "c")
-    idle = _full_router(loaded=frozenset({"a", "z"}))
-    assert not would_evict_busy_work(idle, idle, "r", "c", _in_flight)
+def test_a_model_it_loaded_for_a_request_in_flight_counts_as_loaded_whatever_the_poll_said() -> (
+    None
+):
+    """The last poll said nothing loaded (or ``c`` loaded), but the router loaded ``a`` for the
+    request still running there: with ``models_max`` 1, serving ``c`` evicts ``a``."""
+    assert _evicts(_router(limit=1, loaded=frozenset(), busy=frozenset({"a"})), "c")
+    assert _evicts(_router(limit=1, loaded=frozenset({"c"}), busy=frozenset({"a"})), "c")
+    assert _evicts(_router(limit=1, loaded=None, busy=frozenset({"a"})), "c")
 
 
-def test_unknown_models_max_residency_or_a_non_router_is_not_spared() -> None:
-    assert not _evicts(_full_router(limit=None), "c")
-    unknown = View({"r": None}, {"r"}, {"r": 2})
-    assert not would_evict_busy_work(unknown, unknown, "r", "c", _in_flight)
-    plain = View({"r": frozenset({"a", "b"})}, set(), {"r": 2})
-    assert not would_evict_busy_work(plain, plain, "r", "c", _in_flight)
+def test_a_model_loaded_or_in_flight_there_or_a_router_with_room_evicts_nothing() -> None:
+    assert not _evicts(_router(), "a")
+    assert not _evicts(_router(limit=1, loaded=frozenset(), busy=frozenset({"a"})), "a")
+    assert not _evicts(_router(loaded=frozenset({"a", "c"}), busy=frozenset({"a"})), "c")
+    assert not _evicts(_router(limit=3), "c")
+    assert not _evicts(_router(limit=2, loaded=None, busy=frozenset({"a"})), "c")
+
+
+def test_an_idle_router_an_unknown_or_no_models_max_or_a_non_router_is_not_spared() -> None:
+    assert not _evicts(_router(busy=frozenset()), "c")
+    assert not _evicts(_router(limit=None), "c")
+    assert not _evicts(_router(limit=0), "c")
+    plain = View({"r": frozenset({"a", "b"})}, set(), {"r": 2}, {"r": frozenset({"a", "b"})})
+    assert not _evicts(plain, "c")

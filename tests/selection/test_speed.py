@@ -119,6 +119,32 @@ def test_a_warm_prefix_teaches_no_prefill_rate() -> None:
     assert sample_of(answer, Start.CACHED, 1.0, 400.0).prefill_rate is None
 
 
+def test_a_warm_prefix_the_engine_counted_teaches_the_rate_of_what_it_read() -> None:
+    """9,000 prompt tokens, 8,000 found cached (§12.2): the 1,000 read in 0.5 s are 2,000
+    tokens/s, not the 18,000 the whole prompt would say (docs/behaviour.md §15.1)."""
+    answer = Answer(9000, 40, 10.0, 10.5, 12.0, cached_tokens=8000)
+    assert sample_of(answer, Start.CACHED, 1.0, 400.0).prefill_rate == 2000.0
+
+
+def test_a_plain_start_that_found_its_prefix_cached_learns_only_what_was_read() -> None:
+    """Not expected warm, yet the engine found 2,000 of 3,000 cached (another conversation's
+    system prompt in its slot)."""
+    answer = Answer(3000, 40, 10.0, 10.5, 12.0, cached_tokens=2000)
+    assert sample_of(answer, Start.PLAIN, 1.0, 400.0).prefill_rate == 2000.0
+
+
+def test_a_prompt_read_almost_whole_from_the_cache_teaches_no_prefill_rate() -> None:
+    """llama.cpp's answer to a prompt sent twice: 47 of 48 tokens cached, its own rate over the
+    one it read (21 tokens/s) says nothing of the node's prefill."""
+    answer = Answer(48, 8, 10.0, 10.1, 10.4, engine_prefill=21.06, cached_tokens=47)
+    assert sample_of(answer, Start.PLAIN, 1.0, 400.0).prefill_rate is None
+
+
+def test_a_cold_load_subtracts_only_the_prompt_read() -> None:
+    answer = Answer(4400, 40, 10.0, 14.0, 18.0, cached_tokens=4000)
+    assert sample_of(answer, Start.LOADED, 1.0, 400.0).load_seconds == 3.0
+
+
 def test_a_short_prompt_teaches_no_prefill_rate() -> None:
     """A few tokens say more of the round trip than of the prefill rate."""
     answer = Answer(8, 40, 10.0, 10.2, 12.0)

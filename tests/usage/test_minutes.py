@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import attrs
 import pytest
 
 from nvpair_tw.usage._minutes import (
@@ -36,7 +37,18 @@ def test_an_inference_counts_in_its_utc_minute_with_known_tokens() -> None:
     bucket, counts = counts_of(NOW, proxy_request(**payload))  # type: ignore[misc]
     assert bucket == UsageKey(int(NOW // 60), "team-a", "llama3", "n1")
     assert minute_iso(bucket.minute) == "2026-12-01T13:17:00Z"
-    assert counts == [1, 0, 7, 11, 0]
+    assert counts == [1, 0, 7, 11, 0, 0, 1]
+
+
+@pytest.mark.parametrize(("cached", "counted"), [(40, [40, 0]), (0, [0, 0]), (None, [0, 1])])
+def test_the_cached_prompt_tokens_add_up_and_an_unknown_cached_count_is_counted_not_zero(
+    cached: int | None, counted: list[int]
+) -> None:
+    """docs/behaviour.md §12.4: ``cached_tokens`` sums the cached counts the engines stated (a
+    stated 0 among them); ``unknown_cached`` counts the requests whose engine stated none."""
+    record = proxy_request(model="m", status=200, prompt_tokens=48, completion_tokens=4)
+    _, counts = counts_of(NOW, attrs.evolve(record, cached_tokens=cached))  # type: ignore[misc]
+    assert counts == [1, 0, 48, 4, 0, *counted]
 
 
 def test_unknown_counts_are_not_zero_and_errors_are_4xx_5xx_499() -> None:
@@ -45,7 +57,7 @@ def test_unknown_counts_are_not_zero_and_errors_are_4xx_5xx_499() -> None:
         payload = {"model": "m", "status": status, "prompt_tokens": 3, "completion_tokens": None}
         bucket, counts = counts_of(NOW, proxy_request(**payload))  # type: ignore[misc]
         assert bucket.key == ANONYMOUS and bucket.node == ""
-        assert counts == [1, errored, 3, 0, 1]
+        assert counts == [1, errored, 3, 0, 1, 0, 1]
 
 
 def test_a_record_without_a_model_is_not_usage() -> None:
@@ -82,13 +94,14 @@ def test_rollup_sums_groups_from_every_source_in_order() -> None:
     """The same group from the database, memory and the fleet is one row; hour and day are UTC."""
     minute = int(NOW // 60)
     rows = [
-        (minute, "a", "m1", "n1", 1, 0, 5, 5, 0),
-        (minute - 1, "a", "m2", "n2", 2, 1, 1, 1, 1),
-        (minute, "b", "m1", "", 1, 0, 0, 0, 1),
-        (minute - 5000, "a", "m1", "n1", 9, 9, 9, 9, 9),  # outside the window
+        (minute, "a", "m1", "n1", 1, 0, 5, 5, 0, 4, 0),
+        (minute - 1, "a", "m2", "n2", 2, 1, 1, 1, 1, 0, 2),
+        (minute, "b", "m1", "", 1, 0, 0, 0, 1, 0, 1),
+        (minute - 5000, "a", "m1", "n1", 9, 9, 9, 9, 9, 9, 9),  # outside the window
     ]
     report = parse_report("1h", None, ["key", "hour"], NOW)
-    result = rollup(report, [*grouped(report, rows), (("a", minute - 17), (1, 0, 0, 0, 0))])
+    extra = (("a", minute - 17), (1, 0, 0, 0, 0, 0, 1))
+    result = rollup(report, [*grouped(report, rows), extra])
     assert result == [
         {
             "key": "a",
@@ -98,6 +111,8 @@ def test_rollup_sums_groups_from_every_source_in_order() -> None:
             "prompt_tokens": 6,
             "completion_tokens": 6,
             "unknown_tokens": 1,
+            "cached_tokens": 4,
+            "unknown_cached": 3,
         },
         {
             "key": "b",
@@ -107,6 +122,8 @@ def test_rollup_sums_groups_from_every_source_in_order() -> None:
             "prompt_tokens": 0,
             "completion_tokens": 0,
             "unknown_tokens": 1,
+            "cached_tokens": 0,
+            "unknown_cached": 1,
         },
     ]
     by_node = parse_report("1h", None, ["node"], NOW)

@@ -81,8 +81,28 @@ def stored(path: Path) -> list[tuple[Any, ...]]:
     with sqlite3.connect(path) as db:
         return db.execute(
             "SELECT key, model, node, requests, errors, prompt_tokens, "
-            "completion_tokens, unknown_tokens FROM usage ORDER BY key"
+            "completion_tokens, unknown_tokens, cached_tokens, unknown_cached FROM usage "
+            "ORDER BY key"
         ).fetchall()
+
+
+VERSION_1 = """
+CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE usage (
+    minute INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    model TEXT NOT NULL,
+    node TEXT NOT NULL,
+    requests INTEGER NOT NULL,
+    errors INTEGER NOT NULL,
+    prompt_tokens INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    unknown_tokens INTEGER NOT NULL,
+    PRIMARY KEY (minute, key, model, node)
+) WITHOUT ROWID;
+INSERT INTO meta VALUES ('schema_version', '1');
+"""
+"""A usage file as nvpair-tw wrote it before cached counts were kept (schema version 1)."""
 
 
 @pytest_twisted.ensureDeferred
@@ -102,7 +122,7 @@ async def test_minutes_are_written_in_one_batch_and_survive_a_restart(
     first_bus.publish(inference(status=502, prompt_tokens=None, completion_tokens=None))
     first_bus.publish(proxy_request(status=200, path="/api/tags"))  # not an inference
     await first.stop()
-    assert stored(path) == [("team-a", "llama3", "n1", 4, 1, 9, 15, 1)]
+    assert stored(path) == [("team-a", "llama3", "n1", 4, 1, 9, 15, 1, 0, 4)]
 
     second = UsageRecorder(reactor, second_bus, path=str(path))
     await second.start()
@@ -117,6 +137,39 @@ async def test_minutes_are_written_in_one_batch_and_survive_a_restart(
         assert db.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone() == (
             str(SCHEMA_VERSION),
         )
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_file_of_the_first_schema_gains_the_cached_counts_and_keeps_its_minutes(
+    reactor: Any, tmp_path: Path
+) -> None:
+    """A version 1 file is upgraded when opened (one transaction): its minutes stay, each
+    request in them counted as having an unknown cached count (none was kept then), and new
+    minutes add their cached counts."""
+    path = tmp_path / "usage.sqlite3"
+    minute = int(reactor.seconds() // 60)
+    with sqlite3.connect(path) as db:
+        db.executescript(VERSION_1)
+        db.execute(
+            "INSERT INTO usage VALUES (?, 'team-a', 'llama3', 'n1', 4, 1, 9, 15, 1)", (minute,)
+        )
+    recorder = UsageRecorder(reactor, EventBus(reactor), path=str(path))
+    try:
+        await recorder.start()
+        assert recorder.state is Storage.DATABASE
+        bus = recorder._subscription._bus  # type: ignore[union-attr]
+        bus.publish(inference(node_id="n2", cached_tokens=2))
+        [row] = await totals(recorder, reactor)
+    finally:
+        await recorder.stop()  # its thread would outlive a failed assertion, and pytest with it
+    assert (row["requests"], row["cached_tokens"], row["unknown_cached"]) == (5, 2, 4)
+    assert stored(path) == [
+        ("team-a", "llama3", "n1", 4, 1, 9, 15, 1, 0, 4),
+        ("team-a", "llama3", "n2", 1, 0, 3, 5, 0, 2, 0),
+    ]
+    with sqlite3.connect(path) as db:
+        version = db.execute("SELECT value FROM meta WHERE name='schema_version'").fetchone()
+    assert version == (str(SCHEMA_VERSION),) == ("2",)
 
 
 @pytest_twisted.ensureDeferred
@@ -148,8 +201,8 @@ async def test_retention_deletes_old_minutes_at_start(reactor: Any, tmp_path: Pa
     await first.start()
     now_minute = int(reactor.seconds() // 60)
     first.buffer.unsaved.clear()
-    old = (now_minute - 200, "k", "m", "n", 1, 0, 0, 0, 0)
-    new = (now_minute - 10, "k", "m", "n", 1, 0, 0, 0, 0)
+    old = (now_minute - 200, "k", "m", "n", 1, 0, 0, 0, 0, 0, 1)
+    new = (now_minute - 10, "k", "m", "n", 1, 0, 0, 0, 0, 0, 1)
     await first.storage.db.write([old, new])  # type: ignore[union-attr]
     await first.stop()
     second = UsageRecorder(reactor, EventBus(reactor), path=str(path), retention=3600)
@@ -404,7 +457,7 @@ def test_a_flush_hands_the_unshared_minutes_to_the_fleet_with_the_retention_as_t
     [timer] = clock.getDelayedCalls()
     assert timer.getTime() == FLUSH_INTERVAL
     clock.advance(FLUSH_INTERVAL)
-    assert fleet.added == [([(0, "team-a", "llama3", "n1", 2, 0, 6, 10, 0)], 7200.0)]
+    assert fleet.added == [([(0, "team-a", "llama3", "n1", 2, 0, 6, 10, 0, 0, 2)], 7200.0)]
     assert clock.getDelayedCalls() == [] and recorder.buffer.unshared == {}
     assert sum(c[0] for c in recorder.buffer.memory.values()) == 2  # kept here too
     fired(recorder.flush())
@@ -532,7 +585,7 @@ def test_the_recorder_reads_the_typed_record_never_its_wire_object() -> None:
     assert subscription.dropped is None
     [(bucket, counts)] = recorder.buffer.memory.items()
     assert (bucket.key, bucket.model, bucket.node) == ("team-a", "llama3", "n1")
-    assert counts == [1, 0, 3, 5, 0]
+    assert counts == [1, 0, 3, 5, 0, 0, 1]
     recorder.stop()
 
 
@@ -550,21 +603,21 @@ def test_memory_keeps_the_minutes_of_its_window_and_forgets_older_ones() -> None
     first) and forgets minute 939; a minute later, 940 goes too."""
     buffer = UsageBuffer(3600.0)
     for minute in (939, 940, 999):
-        buffer.keep(UsageKey(minute, "k", "m", "n"), [1, 0, 0, 0, 0])
-    buffer.keep(UsageKey(1000, "k", "m", "n"), [1, 0, 0, 0, 0])
+        buffer.keep(UsageKey(minute, "k", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
+    buffer.keep(UsageKey(1000, "k", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
     assert sorted(b.minute for b in buffer.memory) == [940, 999, 1000]
-    buffer.keep(UsageKey(1001, "k", "m", "n"), [1, 0, 0, 0, 0])
+    buffer.keep(UsageKey(1001, "k", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
     assert sorted(b.minute for b in buffer.memory) == [999, 1000, 1001]
 
 
 def test_a_batch_moved_to_memory_counts_no_row_as_written() -> None:
     buffer = UsageBuffer(3600.0)
-    buffer.hold(UsageKey(1000, "k", "m", "n"), [1, 0, 0, 0, 0])
+    buffer.hold(UsageKey(1000, "k", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
     batch = buffer.send()
     buffer.keep_in_flight()
     assert buffer.written(batch) == 0
-    assert buffer.memory == {UsageKey(1000, "k", "m", "n"): [1, 0, 0, 0, 0]}
-    buffer.hold(UsageKey(1000, "k", "m", "n"), [1, 0, 0, 0, 0])
-    buffer.hold(UsageKey(1000, "k2", "m", "n"), [1, 0, 0, 0, 0])
+    assert buffer.memory == {UsageKey(1000, "k", "m", "n"): [1, 0, 0, 0, 0, 0, 1]}
+    buffer.hold(UsageKey(1000, "k", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
+    buffer.hold(UsageKey(1000, "k2", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
     batch = buffer.send()
     assert buffer.written(batch) == 2 and buffer.in_flight == []

@@ -141,7 +141,7 @@ def minutes(path: Path) -> list[int]:
 
 
 def row(minute: int) -> Row:
-    return (minute, "k", "m", "n", 1, 0, 0, 0, 0)
+    return (minute, "k", "m", "n", 1, 0, 0, 0, 0, 0, 1)
 
 
 def test_the_hourly_prune_deletes_the_minutes_past_the_retention_and_is_armed_again(
@@ -312,12 +312,12 @@ def test_a_write_keeps_unsaved_minutes_and_counts_the_rows_written(
     buffer = UsageBuffer(3600.0)
     held = opened(clock, path, buffer)
     now = int(NOW // MINUTE)
-    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0])
-    buffer.hold(UsageKey(now, "k2", "m", "n"), [1, 0, 0, 0, 0])
+    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
+    buffer.hold(UsageKey(now, "k2", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
     clock.settle(held.write())
     clock.settle(held.write())  # nothing unsaved: nothing written again
     assert held.written == 2 and buffer.in_flight == [] and buffer.unsaved == {}
-    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0])
+    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
     clock.settle(held.write())
     assert held.written == 3
     with sqlite3.connect(path) as db:
@@ -339,15 +339,15 @@ def test_batches_queued_behind_a_failed_write_go_to_memory_once(
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE usage")
     now = int(NOW // MINUTE)
-    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0])
+    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
     held.write()
-    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0])
+    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
     with Warnings() as warnings:
         clock.settle(held.write())
     assert held.state is Storage.MEMORY and len(warnings.events) == 1
     assert held.written == 0 and buffer.in_flight == [] and buffer.unsaved == {}
-    assert buffer.memory == {UsageKey(now, "k", "m", "n"): [2, 0, 0, 0, 0]}
-    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0])
+    assert buffer.memory == {UsageKey(now, "k", "m", "n"): [2, 0, 0, 0, 0, 0, 2]}
+    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
     assert fired(held.write())  # given up: nothing is sent
     assert buffer.in_flight == []
 
@@ -362,11 +362,11 @@ def test_close_keeps_a_batch_in_flight_in_memory_and_stops_queries(
     asked = held.query(report)
     assert asked is not None and clock.settle(asked) == []
     now = int(NOW // MINUTE)
-    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0])
+    buffer.hold(UsageKey(now, "k", "m", "n"), [1, 0, 0, 0, 0, 0, 1])
     writing = held.write()
     closing = held.close()
     assert held.state is Storage.MEMORY and held.db is None and buffer.in_flight == []
-    assert buffer.memory == {UsageKey(now, "k", "m", "n"): [1, 0, 0, 0, 0]}
+    assert buffer.memory == {UsageKey(now, "k", "m", "n"): [1, 0, 0, 0, 0, 0, 1]}
     assert held.query(report) is None
     clock.settle(writing)
     clock.settle(closing)
