@@ -25,6 +25,7 @@ __all__ = [
     "current_level",
     "parse_level",
     "set_level",
+    "starts_log",
 ]
 
 _ORDER = [LogLevel.debug, LogLevel.info, LogLevel.warn, LogLevel.error, LogLevel.critical]
@@ -89,9 +90,17 @@ class LevelledLogger(Logger):
         if level not in _RANK:
             super().emit(level, format, **kwargs)  # Twisted reports the invalid level
             return
+        self.emit_fields(level, format, kwargs)
+
+    def emit_fields(self, level: LogLevel, format: str | None, fields: dict[str, Any]) -> None:
+        """:meth:`emit` with the event's fields given as a dict, which becomes the log event
+        itself (the caller gives it up): the event log's line per request is made without
+        copying its fields once more. ``level`` is a valid level."""
+        if _RANK[level] < _threshold[0]:
+            return
         # What Twisted's Logger.emit does for a valid level, without its validity check (a sort
         # of every LogLevel constant per event): the request path logs a line per request.
-        kwargs.update(
+        fields.update(
             log_logger=self,
             log_level=level,
             log_namespace=self.namespace,
@@ -99,12 +108,17 @@ class LevelledLogger(Logger):
             log_format=format,
             log_time=time(),
         )
-        if "log_trace" in kwargs:
-            kwargs["log_trace"].append((self, self.observer))
-        self.observer(kwargs)
+        if "log_trace" in fields:
+            fields["log_trace"].append((self, self.observer))
+        self.observer(fields)
 
 
 _SKIP = {"format", "message", "time", "system", "isError", "printed", "why", "failure"}
+
+
+_HEAD = frozenset({"t", "level", "ns", "msg"})
+_LEFT_OUT = _SKIP | _HEAD
+"""The fields a line leaves out (besides ``log_*``): Twisted's legacy ones, and its own four."""
 
 
 def _compact(event: dict[str, Any]) -> str:
@@ -116,10 +130,15 @@ def _compact(event: dict[str, Any]) -> str:
         # A format without a field is its own text (the event log's lines come rendered).
         "msg": text if isinstance(text, str) and "{" not in text else formatEvent(event),
     }
-    for key, value in event.items():
-        if key.startswith("log_") or key in _SKIP or key in record:
-            continue
-        record[key] = value
+    if _fields_then_logger(event):
+        record.update(event)  # the fields in their order, then the logger's keys, dropped
+        for key in _LOGGER_ORDER:
+            del record[key]
+    else:
+        for key, value in event.items():
+            if key.startswith("log_") or key in _LEFT_OUT:
+                continue
+            record[key] = value
     failure = event.get("log_failure")
     if failure is not None:
         record["traceback"] = failure.getTraceback()
@@ -128,6 +147,26 @@ def _compact(event: dict[str, Any]) -> str:
     except ValueError:  # a value that holds itself
         return _ENCODE({k: _plain(v) for k, v in record.items()}) + "\n"
 
+
+def _fields_then_logger(event: dict[str, Any]) -> bool:
+    """Whether ``event`` is a logger's fields followed by the six ``log_*`` keys ``emit`` adds,
+    in its order, with no field a ``log_*`` key or one a line leaves out: then a line's fields
+    are the event's but for those six, and are taken whole, not one by one."""
+    keys = list(event)
+    if keys[-_LOGGER_KEYS:] != _LOGGER_ORDER or not _LEFT_OUT.isdisjoint(keys):
+        return False
+    return not starts_log(keys[:-_LOGGER_KEYS])
+
+
+def starts_log(keys: list[str]) -> bool:
+    """Whether a key of ``keys`` starts with ``log_`` (searched in them joined, in one pass: a
+    key holding ``\0log_`` inside is counted too, which only sends it the longer way)."""
+    return "\0log_" in "\0" + "\0".join(keys)
+
+
+_LOGGER_ORDER = ["log_logger", "log_level", "log_namespace", "log_source", "log_format", "log_time"]
+"""The keys Twisted's ``Logger.emit`` (and :meth:`LevelledLogger.emit_fields`) end an event with."""
+_LOGGER_KEYS = len(_LOGGER_ORDER)
 
 _ENCODE = json.JSONEncoder(separators=(",", ":"), default=repr).encode
 

@@ -512,6 +512,21 @@ def test_log_events_leaves_out_payload_keys_that_clash_with_the_logger() -> None
     assert formatEvent(logged) == "node/added"
 
 
+@pytest.mark.parametrize(
+    "clashing", [{"log_trace": "x"}, {"format": "{y}"}, {"event": "z"}, {"log_failure": "w"}]
+)
+def test_one_clashing_payload_key_is_left_out_alone(clashing: dict[str, Any]) -> None:
+    """Each kind of clash alone (a ``log_*`` key, ``format``, ``event``) is left out, and the
+    payload's other fields are kept."""
+    [logged] = _log_all(_raw("node/added", {**clashing, "id": "n"}))
+    assert logged["id"] == "n"
+    assert logged["event"] == "node/added"
+    assert logged["log_level"] is LogLevel.info
+    assert "format" not in logged
+    assert "log_trace" not in logged
+    assert "log_failure" not in logged
+
+
 def test_log_events_skips_events_below_a_levelled_loggers_level() -> None:
     """With a LevelledLogger at warn, request records are not logged and cooldowns are."""
     _, bus = _bus()

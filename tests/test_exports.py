@@ -55,6 +55,7 @@ FACES: dict[str, list[str]] = {
         "HOP_BY_HOP",
         "IProxyReactor",
         "IWriteHolding",
+        "IdentityEnum",
         "IllegalCall",
         "LOOP_HEADER",
         "MODEL_NAMES",

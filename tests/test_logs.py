@@ -19,6 +19,7 @@ from nvpair_tw.logs import (
     current_level,
     parse_level,
     set_level,
+    starts_log,
 )
 
 
@@ -156,6 +157,46 @@ def test_event_fields_do_not_override_the_stable_keys() -> None:
     (line,) = _lines(buffer)
     assert line["msg"] == "hello"
     assert line["ns"] == "n"
+
+
+def _line_of(event: dict[str, Any]) -> str:
+    buffer = io.StringIO()
+    compact_json_observer(buffer)(event)
+    return buffer.getvalue()
+
+
+def test_a_line_is_the_same_whether_its_fields_are_taken_whole_or_one_by_one() -> None:
+    """A logger's event (its fields, then the six ``log_*`` keys ``emit`` adds) has its fields
+    taken whole; any other order is read key by key. The line is the same, byte for byte: the
+    fields in their order, and never a ``log_*`` key or one a line leaves out."""
+    events: list[dict[str, Any]] = []
+    logger = LevelledLogger(namespace="n", observer=cast(ILogObserver, events.append))
+    logger.info("hello", event="proxy/request", id="r-1", status=200, ms=1.5, attempts=[{"a": 1}])
+    logger.info("hello", why="x", t=1, id="r-2")  # a field a line leaves out
+    logger.info("hello", log_extra=3, id="r-3")  # a field of the logger's own kind
+    for event in events:
+        reordered = {"log_time": event["log_time"]}  # the logger's keys not at the end
+        reordered.update((k, v) for k, v in event.items() if k != "log_time")
+        assert _line_of(event) == _line_of(reordered)
+    first, second, third = (json.loads(_line_of(e)) for e in events)
+    assert list(first) == ["t", "level", "ns", "msg", "event", "id", "status", "ms", "attempts"]
+    assert list(second) == ["t", "level", "ns", "msg", "id"]
+    assert list(third) == ["t", "level", "ns", "msg", "id"]
+
+
+@pytest.mark.parametrize(
+    ("keys", "found"),
+    [
+        (["id", "status"], False),
+        (["backlog_size", "catalog"], False),
+        (["id", "log_level"], True),
+        (["log_"], True),
+        ([], False),
+    ],
+)
+def test_starts_log_finds_a_key_that_starts_with_log_(keys: list[str], found: bool) -> None:
+    """Only a key that begins with ``log_`` counts, wherever it is in the list."""
+    assert starts_log(keys) is found
 
 
 def test_failures_carry_a_traceback() -> None:

@@ -81,7 +81,7 @@ from nvpair_tw.core._resolved import (
     resolve_first_body_timeout,
     resolve_response_header_timeout,
 )
-from nvpair_tw.core._states import IllegalCall
+from nvpair_tw.core._states import IdentityEnum, IllegalCall
 from nvpair_tw.core._toolcalls import CallOrder, ToolCalls
 
 __all__ = [
@@ -107,6 +107,7 @@ __all__ = [
     "Framing",
     "IProxyReactor",
     "IWriteHolding",
+    "IdentityEnum",
     "IllegalCall",
     "Least",
     "Lines",

@@ -105,24 +105,22 @@ class Subscription:
         if self._closed:
             return
         if not (self._queue or self._paused or self._draining):
-            self._deliver(event)  # nothing waits before it: no queueing needed
+            # Nothing waits before it: handed to the sink as `_drain` would (nothing can queue
+            # meanwhile: the bus holds back a publish made from inside a sink until this
+            # delivery is over).
+            self._draining = True
+            try:
+                self._sink(event)
+            except Exception as e:
+                self._drop(f"sink raised {type(e).__name__}", Failure())
+            finally:
+                self._draining = False
             return
         if len(self._queue) >= self._max_pending and (self._paused or self._draining):
             self._drop(f"more than {self._max_pending} events pending")
             return
         self._queue.append(event)
         self._drain()
-
-    def _deliver(self, event: Event) -> None:
-        """Hand one event to the sink as `_drain` would (nothing can queue meanwhile: the bus
-        holds back a publish made from inside a sink until this delivery is over)."""
-        self._draining = True
-        try:
-            self._sink(event)
-        except Exception as e:
-            self._drop(f"sink raised {type(e).__name__}", Failure())
-        finally:
-            self._draining = False
 
     def _drain(self) -> None:
         if self._draining:
@@ -190,24 +188,31 @@ class EventBus:
         so every subscriber sees the same order.
         """
         event = Event(value.name, value, self._clock.seconds())
-        self._outbox.append(event)
+        outbox = self._outbox
         if self._dispatching:
+            outbox.append(event)
             return event
         self._dispatching = True
         try:
-            while self._outbox:
-                current = self._outbox.popleft()
-                kind = type(current.value)
-                routes = self._routes.get(kind)
-                if routes is None:
-                    routes = self._routes[kind] = tuple(
-                        s for s in self._subscriptions if s.takes(kind)
-                    )
-                for subscription in routes:
-                    subscription._offer(current)
+            if outbox:  # left behind by a publish that failed part-way: they go first
+                outbox.append(event)
+            else:
+                self._dispatch(event)
+            while outbox:
+                self._dispatch(outbox.popleft())
         finally:
             self._dispatching = False
         return event
+
+    def _dispatch(self, event: Event) -> None:
+        """Offer ``event`` to the subscriptions that take its kind, in subscription order (the
+        list is kept per kind until a subscription comes or goes)."""
+        kind = type(event.value)
+        routes = self._routes.get(kind)
+        if routes is None:
+            routes = self._routes[kind] = tuple(s for s in self._subscriptions if s.takes(kind))
+        for subscription in routes:
+            subscription._offer(event)
 
     def subscribe(
         self,

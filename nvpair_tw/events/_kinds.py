@@ -15,6 +15,8 @@ from typing import Any, ClassVar
 
 from attrs import frozen
 
+from nvpair_tw.core import IdentityEnum
+
 __all__ = [
     "EVENT_KINDS",
     "FAN_OUT_PROGRESS",
@@ -103,7 +105,7 @@ class BusEvent:
         raise NotImplementedError
 
 
-class WorkloadState(Enum):
+class WorkloadState(IdentityEnum):
     """The ``state`` of a workload once queued or dispatched."""
 
     QUEUED = "queued"
@@ -256,7 +258,7 @@ class NodeUncordon(BusEvent):
         return {"engine": self.engine, "node_id": self.node_id}
 
 
-class AttemptOutcome(Enum):
+class AttemptOutcome(IdentityEnum):
     """How one attempt ended, when not with a status (docs/behaviour.md §6.1, §7)."""
 
     CONNECT_ERROR = "connect-error"
@@ -327,7 +329,7 @@ class Attempt:
         }
 
 
-class Phase(Enum):
+class Phase(IdentityEnum):
     """Where a request is in its exchange (the exchange's states, docs/behaviour.md §7)."""
 
     RECEIVED = "received"

@@ -23,6 +23,7 @@ from nvpair_tw.events._kinds import (
     WORKLOAD_QUEUED,
     WORKLOAD_STARTED,
 )
+from nvpair_tw.logs import starts_log
 
 __all__ = ["log_events"]
 
@@ -102,7 +103,7 @@ def _format(name: str, fields: Mapping[str, Any]) -> str:
         fmt, needed = _RENEWED_COOLDOWN
     else:
         fmt, needed = _FORMATS.get(name, ("{event}", ()))
-    if not all(k in fields for k in needed):
+    if not all(map(fields.__contains__, needed)):
         return "{event}"
     return fmt + _FROM_PEER if name == NODE_COOLDOWN and fields.get("origin") else fmt
 
@@ -120,19 +121,30 @@ _RESERVED = frozenset({"format", "event"})
 
 
 def _preformatted(name: str, fields: Mapping[str, Any], time: float) -> str:
-    """The event's line, already rendered, as a format with no fields (braces doubled).
+    """The event's line, already rendered, as a format with no fields (braces doubled), from its
+    ``fields`` (``event`` among them).
 
     Twisted would parse the format and flatten its fields again for every event; rendered here
     once, the line is the same and the observers find nothing to parse. A payload the format
     cannot render keeps the format itself, for Twisted to report as it always has.
     """
-    known = {**fields, **_derived(name, fields, time), "event": name}
+    derived = _derived(name, fields, time)
+    known = {**fields, **derived} if derived else fields
     fmt = _format(name, known)
     try:
         text = fmt.format_map(known)
     except Exception:
         return fmt
     return text.replace("{", "{{").replace("}", "}}")
+
+
+def _fields(name: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """A log event's fields: ``event``, then the payload's but those whose name would clash
+    with the logger's own (``log_*``, ``format``, ``event``)."""
+    if _RESERVED.isdisjoint(payload) and not starts_log(list(payload)):
+        return {"event": name, **payload}
+    kept = {k: v for k, v in payload.items() if k not in _RESERVED and not k.startswith("log_")}
+    return {"event": name, **kept}
 
 
 def log_events(bus: EventBus, log: Logger) -> Subscription:
@@ -142,21 +154,23 @@ def log_events(bus: EventBus, log: Logger) -> Subscription:
     would clash with the logger's own, ``log_*`` and ``format``, are left out); the message is
     rendered once, here (`_preformatted`); every node event's line names its facade and node.
     ``node/cooldown`` logs at warn, a workload's queueing, start and completion at debug, everything else at info. With a
-    :class:`~nvpair_tw.logs.LevelledLogger`, events below its level are skipped before any work.
+    :class:`~nvpair_tw.logs.LevelledLogger`, events below its level are skipped before any work,
+    and the event's fields become the log event without another copy.
     """
 
     enabled = getattr(log, "enabled", None)
+    emit_fields = getattr(log, "emit_fields", None)
 
     def sink(event: Event) -> None:
-        level = _LEVELS.get(event.name, LogLevel.info)
+        name = event.name
+        level = _LEVELS.get(name, LogLevel.info)
         if enabled is not None and not enabled(level):
             return
-        fields = {
-            k: v
-            for k, v in event.payload.items()
-            if k not in _RESERVED and not k.startswith("log_")
-        }
-        line = _preformatted(event.name, fields, event.time)
-        log.emit(level, line, event=event.name, **fields)
+        fields = _fields(name, event.payload)
+        line = _preformatted(name, fields, event.time)
+        if emit_fields is not None:
+            emit_fields(level, line, fields)
+        else:
+            log.emit(level, line, **fields)
 
     return bus.subscribe(sink, name="log")

@@ -37,7 +37,7 @@ from nvpair_tw.events import (
     ProxyRequest,
     RequestPhase,
 )
-from nvpair_tw.ops._tally import Tally, verdict_of
+from nvpair_tw.ops._tally import Tally, Verdict, verdict_of
 
 __all__ = [
     "CACHE_SAMPLES",
@@ -123,12 +123,51 @@ def _ttft(record: ProxyRequest) -> int | None:
     return record.ttft_ms if status is not None and status < 400 else None
 
 
+@frozen
+class _Recent:
+    """A recent request as it ended: its record, when (clock seconds), the model it is counted
+    under and its verdict; its row is made when the page asks (:meth:`to_json`), not per request."""
+
+    record: ProxyRequest
+    at: float
+    model: str | None
+    verdict: Verdict
+
+    def to_json(self) -> dict[str, Any]:
+        """The request's row in the recent-requests panel."""
+        record = self.record
+        attempts = record.attempts
+        node = record.node_id or (attempts[-1].node_id if attempts else None)
+        chosen = record.chosen_by
+        return {
+            "at": _ms(self.at),
+            "id": record.id,
+            "engine": record.engine,
+            "status": record.status,
+            "verdict": self.verdict.value,
+            "node": node,
+            "chosenBy": None if chosen is None else chosen.value,
+            "ttftMs": _ttft(record),
+            "tokensPerS": record.tokens_per_s,
+            "promptTokens": record.prompt_tokens,
+            "cachedTokens": record.cached_tokens,
+            "expectedWarm": record.cache_affinity,
+            "model": self.model,
+            "key": record.key,
+            "method": record.method,
+            "path": record.path,
+            "error": record.error,
+            "durationMs": record.duration_ms,
+            "attempts": len(attempts),
+        }
+
+
 class RequestBook:
     """Requests in flight and recent, their counts, and what they told of each node."""
 
     def __init__(self) -> None:
         self.in_flight: OrderedDict[str, RequestPhase] = OrderedDict()
-        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+        self.recent: deque[_Recent] = deque(maxlen=RECENT)
         self.by_key = Tally("key")
         self.by_model = Tally("model")
         self._ttft: dict[NodeKey, deque[int]] = {}
@@ -157,32 +196,7 @@ class RequestBook:
         verdict = verdict_of(record)
         self.by_key.add(record.key, verdict)
         self.by_model.add(model, verdict)
-        attempts = record.attempts
-        node = record.node_id or (attempts[-1].node_id if attempts else None)
-        chosen = record.chosen_by
-        self.recent.appendleft(
-            {
-                "at": _ms(at),
-                "id": record.id,
-                "engine": record.engine,
-                "status": record.status,
-                "verdict": verdict.value,
-                "node": node,
-                "chosenBy": None if chosen is None else chosen.value,
-                "ttftMs": _ttft(record),
-                "tokensPerS": record.tokens_per_s,
-                "promptTokens": record.prompt_tokens,
-                "cachedTokens": record.cached_tokens,
-                "expectedWarm": record.cache_affinity,
-                "model": model,
-                "key": record.key,
-                "method": record.method,
-                "path": record.path,
-                "error": record.error,
-                "durationMs": record.duration_ms,
-                "attempts": len(attempts),
-            }
-        )
+        self.recent.appendleft(_Recent(record, at, model, verdict))
         self._learn(record, at)
 
     def _learn(self, record: ProxyRequest, at: float) -> None:
@@ -235,7 +249,7 @@ class RequestBook:
         "byKey": [...], "byModel": [...]}``."""
         return {
             "inFlight": [event.to_json() for event in self.in_flight.values()],
-            "recent": list(self.recent),
+            "recent": [row.to_json() for row in self.recent],
             "byKey": self.by_key.to_json(),
             "byModel": self.by_model.to_json(),
         }

@@ -19,9 +19,9 @@ most :data:`MAX_ROWS` values; later values are summed in one "others" row.
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Any
 
+from nvpair_tw.core import IdentityEnum
 from nvpair_tw.events import ProxyRequest
 
 __all__ = ["CLIENT_LEFT", "MAX_ROWS", "Tally", "Verdict", "verdict_of"]
@@ -31,7 +31,7 @@ MAX_ROWS = 200
 """Values a tally keeps a row for (keys are few; models pass the model rule, §14.1)."""
 
 
-class Verdict(Enum):
+class Verdict(IdentityEnum):
     """How a request ended, in the status page's words."""
 
     ANSWERED = "answered"

@@ -37,7 +37,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IClientRequest, IResponse
 from zope.interface import implementer
 
-from nvpair_tw.core import IllegalCall, abort, close
+from nvpair_tw.core import IdentityEnum, IllegalCall, abort, close
 from nvpair_tw.upstream._http1 import BadResponse, BodyReader, HeadParser, ResponseHead
 
 __all__ = [
@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 
-class ClientState(Enum):
+class ClientState(IdentityEnum):
     """Where a :class:`NodeClientProtocol` is in its life; the moves are :data:`TRANSITIONS`.
 
     - ``IDLE``: connected, no request (in the agent's idle set, or just made). :meth:`request`
@@ -86,7 +86,7 @@ class ClientState(Enum):
     CLOSED = "closed"
 
 
-class ClientEvent(Enum):
+class ClientEvent(IdentityEnum):
     """What moves a :class:`NodeClientProtocol` from one state to another."""
 
     REQUEST = "request"  # request(): the head is written
