@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from nvpair_tw.ctl._show import (
+    USAGE_COUNTS,
     changed_models,
     cordoned,
     drained,
@@ -21,6 +22,14 @@ from nvpair_tw.ctl._show import (
 )
 
 NOW = 1_800_000_000.0
+
+
+def test_the_usage_columns_are_the_counts_the_usage_history_keeps() -> None:
+    """nvpair-ctl names the counts of a ``usage/report`` row without importing the proxy's
+    usage package (the client starts without Twisted); the two lists are one contract."""
+    from nvpair_tw.usage._minutes import COUNTS
+
+    assert USAGE_COUNTS == COUNTS
 
 
 def _cells(line: str) -> list[str]:
