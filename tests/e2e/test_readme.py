@@ -88,6 +88,7 @@ FOREIGN: dict[str, set[str]] = {
     "README.md": {"api-key"},  # oMLX's own flag, named in prose
     "engines/omlx.md": {"api-key"},
     "engines/llamacpp-router.md": {"model", "models-dir", "models-max", "models-autoload"},
+    "engines/openai.md": {"parallel", "alias"},  # llama-server's, named in its quickstart
     "deploy/fleet.md": {"save"},  # redis-server's
 }
 """Per document, the options it names that belong to another program (an engine, Redis)."""
