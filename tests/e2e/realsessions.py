@@ -67,11 +67,13 @@ __all__ = [
 @frozen
 class Counted:
     """What an engine answered one turn: its text, and the prompt tokens it counted as read
-    (``read``) and as found cached (``cached``; None where the answer does not say)."""
+    (``read``) and as found cached (``cached``; None where the answer does not say), and how
+    long it says reading them took (``reading``, seconds; None where it does not say)."""
 
     text: str
     read: int
     cached: int | None
+    reading: float | None = None
 
 
 @frozen
