@@ -90,6 +90,12 @@ class _Group:
 class RealOllama(_Group):
     """One real Ollama serving ``smollm2`` on its own port and process group."""
 
+    @property
+    def log(self) -> Path:
+        """Where the server (and its runner) writes its log: ``logs/serve-PORT.log`` of the
+        install, as ``tests.engines.ollama.up`` opens it, new for each start."""
+        return ollama_engine.install_dir() / "logs" / f"serve-{self.port}.log"
+
     @classmethod
     def start(cls, env: Mapping[str, str] | None = None) -> RealOllama:
         (port,) = free_ports(1)
