@@ -25,7 +25,8 @@ def test_a_member_keys_a_dict_and_a_set_as_itself() -> None:
     assert _Light.GREEN in frozenset({_Light.GREEN})
     assert copy.deepcopy(_Light.RED) is _Light.RED
     assert pickle.loads(pickle.dumps(Phase.STREAMING)) is Phase.STREAMING
-    assert _Light.RED != "red"
+    value: object = "red"
+    assert _Light.RED != value
     assert hash(_Light.RED) == hash(_Light.RED)
 
 
@@ -34,4 +35,5 @@ def test_the_enums_on_the_request_path_hash_in_c(kind: type[IdentityEnum]) -> No
     """The exchange's phases, a workload's states and an attempt's outcomes key dicts on every
     request: their hash is object's, not ``Enum``'s Python one."""
     assert issubclass(kind, IdentityEnum)
-    assert kind.__hash__ is object.__hash__
+    hashed: object = kind.__hash__
+    assert hashed is object.__hash__
