@@ -63,6 +63,9 @@ MODULES: dict[str, tuple[str, tuple[str, ...]]] = {
             "tests/inbound/test_cors_owned.py",
         ),
     ),
+    "exchange": ("corridor/_exchange.py", ("tests/corridor/test_exchange_machine.py",)),
+    "canonical": ("selection/_canonical.py", ("tests/selection/test_canonical.py",)),
+    "caches": ("selection/_caches.py", ("tests/selection/test_caches.py",)),
 }
 """Short name → (its file under ``nvpair_tw/``, the test files that must kill its mutants)."""
 

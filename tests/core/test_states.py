@@ -26,7 +26,7 @@ def test_a_member_keys_a_dict_and_a_set_as_itself() -> None:
     assert copy.deepcopy(_Light.RED) is _Light.RED
     assert pickle.loads(pickle.dumps(Phase.STREAMING)) is Phase.STREAMING
     value: object = "red"
-    assert _Light.RED != value
+    assert value != _Light.RED
     assert hash(_Light.RED) == hash(_Light.RED)
 
 
