@@ -14,7 +14,7 @@ from twisted.web.http_headers import Headers
 
 from nvpair_tw.core import IllegalCall, ProxyBug, RouteKind
 from nvpair_tw.corridor._attempts import Abandoned, AttemptPlan, Committed, Exhausted
-from nvpair_tw.corridor._dialect import AsIs
+from nvpair_tw.corridor._dialect import AsIs, Wire
 from nvpair_tw.corridor._exchange import (
     TRANSITIONS,
     Admit,
@@ -488,3 +488,261 @@ def test_tokens_per_second_are_measured_only_where_tokens_came_one_after_another
     outcome = RelayOutcome(200, RelayEnd.FINISHED, None, True, True, True, 42)
     record = book(Relayed(outcome, usage, first_token_at, None)).record
     assert record.tokens_per_s == rate
+
+
+# --- the paths the mutation run of 2026-12-06 found unasserted -------------------------------------
+
+
+def test_a_queue_timeout_is_503_with_retry_after_and_says_how_long_it_waited() -> None:
+    book = Playbook()
+    start(book, served())
+    book(Admitted(book.waiter(), 3))
+    finish = book(Waited(QueueTimeout("600s"), 600_000), after=600)
+    why = "queue timeout: 600s"
+    assert finish.answer == Rejection(503, "queue-timeout", why, ((b"Retry-After", b"1"),))
+    assert (finish.record.status, finish.record.error) == (503, "queue-timeout")
+
+
+def test_a_fallback_that_takes_a_queued_request_is_admitted_and_named_in_the_record() -> None:
+    """§16.2: after fallback_after in the queue the fallback model takes the request: it asks
+    admission again (the queued workload cancelled, not failed), and the record says so."""
+    book = Playbook()
+    start(book, served([A]))
+    book(Admitted(book.waiter(), 3))
+    fallback = served([B], fallback_from="big", chosen=Choice.ORDER)
+    reason = "served by a fallback after waiting fallback_after"
+    step = book(Waited(fallback, 2000), after=2)
+    assert step == Admit(fallback, WorkloadEnd(Ending.CANCEL, reason))
+    assert book.exchange.phase is Phase.RECEIVED and book.exchange.served is fallback
+    book(Admitted(book.slot(), 4))
+    book(AttemptStarted("b"))
+    book(AttemptsEnded(committed(B)))
+    record = book(relayed()).record
+    assert (record.node_id, record.fallback_from, record.chosen_by) == ("b", "big", Choice.FALLBACK)
+    assert (record.queued_ms, record.workload_id) == (2000, 4)
+
+
+def test_a_refusal_from_the_route_is_the_answer_and_the_record() -> None:
+    book = Playbook()
+    book(Begun(Stage.FORWARD))
+    book(BodyRead(Understood(inbound(), Stage.FORWARD)))
+    refused = Rejection(404, "model-not-found", "model 'llama3' not found")
+    finish = book(Routed(refused))
+    assert finish.answer == refused and finish.workload is None
+    assert (finish.record.status, finish.record.error) == (404, "model-not-found")
+
+
+@pytest.mark.parametrize(
+    ("exhausted", "answer"),
+    [
+        (
+            Exhausted(502, "upstream error: 503"),
+            Rejection(502, "upstream-error", "upstream error: 503"),
+        ),
+        (
+            Exhausted(504, "no first body byte"),
+            Rejection(504, "upstream-timeout", "no first body byte"),
+        ),
+        (Exhausted(503, "every node busy"), Rejection(503, "upstream-error", "every node busy")),
+    ],
+)
+def test_every_owner_failing_with_no_fallback_answers_the_last_failure(
+    exhausted: Exhausted, answer: Rejection
+) -> None:
+    book = Playbook()
+    start(book, served([A]))
+    book(Admitted(book.slot(), 1))
+    book(AttemptsEnded(exhausted))
+    finish = book(Routed(None))
+    assert finish.answer == answer
+    assert (finish.record.status, finish.record.error) == (answer.status, answer.message)
+
+
+def test_no_candidate_and_no_fallback_is_a_502_that_says_so() -> None:
+    book = Playbook()
+    book(Begun(Stage.FORWARD))
+    book(BodyRead(Understood(inbound(), Stage.FORWARD)))
+    finish = book(Routed(None))
+    message = "upstream error: no candidate answered"
+    assert finish.answer == Rejection(502, "upstream-error", message)
+    assert (finish.record.status, finish.record.error) == (502, message)
+
+
+def test_a_proxy_bug_before_commit_says_the_proxy_failed() -> None:
+    book = Playbook()
+    start(book, served())
+    book(Admitted(book.slot(), 1))
+    finish = book(AttemptsEnded(ProxyBug(ValueError("x"))))
+    assert finish.answer == Rejection(500, "proxy-error", "the proxy failed on the answer")
+    assert finish.record.status == 500
+
+
+def test_a_caller_gone_during_the_attempts_is_cut_and_recorded_with_its_reason() -> None:
+    book = Playbook()
+    start(book, served())
+    book(Admitted(book.slot(), 1))
+    book(AttemptStarted("a"), after=1)
+    book(ClientGone("client disconnected"))
+    finish = book(AttemptsEnded(Abandoned("client disconnected")))
+    assert finish.answer == Cut()
+    assert (finish.record.status, finish.record.error) == (499, "client disconnected")
+
+
+def test_the_record_names_the_model_as_the_node_was_asked_and_whether_it_was_translated() -> None:
+    book = Playbook()
+    start(book, served())
+    book(Admitted(book.slot(), 1))
+    wire = Wire(b"POST", b"/v1/chat/completions", b"{}", None, translated=True, local_model="l3")
+    book(AttemptsEnded(evolve(committed(A), wire=wire)))
+    record = book(relayed()).record
+    assert (record.model, record.model_local, record.translated) == ("llama3", "l3", True)
+
+
+def test_a_node_other_than_the_first_candidate_serving_is_a_failover_and_the_first_is_not() -> None:
+    chosen = {}
+    for node in (A, B):
+        book = Playbook()
+        start(book, served([A, B], chosen=Choice.SESSION))
+        book(Admitted(book.slot(), 1))
+        book(AttemptsEnded(committed(node)))
+        chosen[node.id] = book(relayed()).record.chosen_by
+    assert chosen == {"a": Choice.SESSION, "b": Choice.FAILOVER}
+
+
+def test_the_record_keeps_the_prediction_it_was_served_by() -> None:
+    book = Playbook()
+    start(book, served())
+    book(Admitted(book.slot(), 1))
+    book(AttemptsEnded(committed(A)))
+    outcome = RelayOutcome(200, RelayEnd.FINISHED, None, True, True, True, 42)
+    record = book(Relayed(outcome, Usage(12, 30), None, (900, 1100))).record
+    assert (record.predicted_ms, record.measured_ms) == (900, 1100)
+
+
+@pytest.mark.parametrize(
+    ("keyed", "terminal_seen", "streaming", "warm"),
+    [
+        ("session", True, True, True),  # a session alone names the conversation
+        (None, True, True, False),  # nothing names it: nothing is warm
+        ("key", False, True, False),  # a stream that never showed its end
+        ("key", False, False, True),  # a whole answer has no terminal event to see
+    ],
+)
+def test_what_makes_a_conversation_warm_where_it_was_served(
+    keyed: str | None, terminal_seen: bool, streaming: bool, warm: bool
+) -> None:
+    book = Playbook()
+    route = served()
+    key = cast(Any, "digest") if keyed == "key" else None
+    session = cast(Any, "session") if keyed == "session" else None
+    route = evolve(route, route=evolve(route.route, key=key, session=session))
+    start(book, route)
+    book(Admitted(book.slot(), 1))
+    book(AttemptsEnded(committed(A)))
+    outcome = RelayOutcome(200, RelayEnd.FINISHED, None, True, terminal_seen, streaming, 42)
+    assert book(Relayed(outcome, Usage(12, 30), None, None)).warm is warm
+
+
+@pytest.mark.parametrize(
+    ("outcome", "ending"),
+    [
+        (
+            RelayOutcome(299, RelayEnd.FINISHED, None, True, True, True, 1),
+            WorkloadEnd(Ending.COMPLETE),
+        ),
+        (
+            RelayOutcome(300, RelayEnd.FINISHED, None, True, True, True, 1),
+            WorkloadEnd(Ending.FAIL, "upstream answered 300"),
+        ),
+        (
+            RelayOutcome(300, RelayEnd.CALLER_GONE, None, True, True, True, 1),
+            WorkloadEnd(Ending.CANCEL, "cancelled"),
+        ),
+        (
+            RelayOutcome(200, RelayEnd.TRUNCATED, None, False, False, True, 1),
+            WorkloadEnd(Ending.FAIL, "upstream dropped mid-stream"),
+        ),
+        (
+            RelayOutcome(200, RelayEnd.TRUNCATED, "reset by peer", False, False, True, 1),
+            WorkloadEnd(Ending.FAIL, "reset by peer"),
+        ),
+    ],
+)
+def test_the_workload_ending_at_the_edges_of_a_success(
+    outcome: RelayOutcome, ending: WorkloadEnd
+) -> None:
+    book = Playbook()
+    start(book, served())
+    book(Admitted(book.slot(), 1))
+    book(AttemptsEnded(committed(A)))
+    finish = book(Relayed(outcome, None, None, None))
+    assert finish.workload == ending
+    assert (finish.record.status, finish.record.error) == (outcome.status, outcome.error)
+
+
+@pytest.mark.parametrize(
+    ("first_content", "ttft_ms"),
+    [(1000.25, 250), (999.0, 0)],  # a first token stamped before dispatch counts as at once
+)
+def test_the_time_to_first_token_is_from_dispatch_in_whole_milliseconds(
+    first_content: float, ttft_ms: int
+) -> None:
+    book = Playbook()
+    start(book, served())
+    book(Admitted(book.slot(), 1))
+    book(AttemptStarted("a"))
+    book(AttemptsEnded(committed(A)), after=0.5)
+    usage = Usage(12, 30, first_content, first_content + 3.0, paced=True)
+    record = book(
+        Relayed(RelayOutcome(200, RelayEnd.FINISHED, None, True, True, True, 1), usage, None, None)
+    ).record
+    assert record.ttft_ms == ttft_ms
+    assert record.tokens_per_s == 10.0
+
+
+def test_an_engine_stated_rate_wins_and_is_kept_to_two_decimals() -> None:
+    book = Playbook()
+    start(book, served())
+    book(Admitted(book.slot(), 1))
+    book(AttemptsEnded(committed(A)))
+    usage = evolve(Usage(12, 30, 1000.0, 1003.0, paced=True), engine_rate=41.23456)
+    record = book(
+        Relayed(RelayOutcome(200, RelayEnd.FINISHED, None, True, True, True, 1), usage, None, None)
+    ).record
+    assert record.tokens_per_s == 41.23
+    assert (record.prompt_tokens, record.completion_tokens) == (12, 30)
+
+
+def test_a_rate_is_not_made_from_tokens_that_came_at_one_instant() -> None:
+    book = Playbook()
+    start(book, served())
+    book(Admitted(book.slot(), 1))
+    book(AttemptsEnded(committed(A)))
+    usage = Usage(12, 30, 1000.0, 1000.0, paced=True)
+    record = book(
+        Relayed(RelayOutcome(200, RelayEnd.FINISHED, None, True, True, True, 1), usage, None, None)
+    ).record
+    assert record.tokens_per_s is None
+
+
+def test_a_stage_that_answers_by_itself_records_its_node_its_error_and_its_first_byte() -> None:
+    book = Playbook()
+    book(Begun(Stage.MODEL_LIST))
+    first = book.clock.seconds() + 0.01
+    finish = book(Answered(Ended(502, "a", "upstream error", first_byte_at=first)), after=0.03)
+    record = finish.record
+    assert (record.status, record.node_id, record.error, record.ttfb_ms) == (
+        502,
+        "a",
+        "upstream error",
+        10,
+    )
+
+
+def test_a_stage_that_answers_by_itself_may_refuse() -> None:
+    book = Playbook()
+    book(Begun(Stage.MODEL_LIST))
+    refused = Rejection(503, "inventory-unavailable", "no inventory")
+    finish = book(Answered(refused))
+    assert finish.answer == refused
+    assert (finish.record.status, finish.record.error) == (503, "inventory-unavailable")
