@@ -682,7 +682,7 @@ def test_the_workload_ending_at_the_edges_of_a_success(
 
 @pytest.mark.parametrize(
     ("first_content", "ttft_ms"),
-    [(1000.25, 250), (999.0, 0)],  # a first token stamped before dispatch counts as at once
+    [(1003.0, 3000), (999.0, 0)],  # a first token stamped before dispatch counts as at once
 )
 def test_the_time_to_first_token_is_from_dispatch_in_whole_milliseconds(
     first_content: float, ttft_ms: int
@@ -746,3 +746,14 @@ def test_a_stage_that_answers_by_itself_may_refuse() -> None:
     finish = book(Answered(refused))
     assert finish.answer == refused
     assert (finish.record.status, finish.record.error) == (503, "inventory-unavailable")
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_the_record_says_whether_the_request_fit_the_context_it_was_served_with(fits: bool) -> None:
+    book = Playbook()
+    route = served()
+    route = evolve(route, route=evolve(route.route, context_fit=fits))
+    start(book, route)
+    book(Admitted(book.slot(), 1))
+    book(AttemptsEnded(committed(A)))
+    assert book(relayed()).record.context_fit is fits
