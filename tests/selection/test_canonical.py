@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from nvpair_tw.selection._affinity import AffinityKey, affinity_key
-from nvpair_tw.selection._canonical import Bound, canonical, is_billing_block
+from nvpair_tw.selection._canonical import Bound, Canonical, canonical, is_billing_block
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -278,3 +278,371 @@ def test_the_atom_bound_stops_the_chain() -> None:
     said = [{"role": "user", "content": str(i)} for i in range(50)]
     found = canonical({"messages": said}, Bound(text=10**6, steps=10**6, atoms=20))
     assert found is not None and len(found.atoms) == 20
+
+
+# --- every shape's branch: what is the same conversation, and what is not --------------------------
+
+WIDE = Bound(text=10**6, steps=10**6, atoms=10**4)
+
+
+def form(doc: dict[str, Any]) -> Canonical:
+    found = canonical(doc, WIDE)
+    assert found is not None
+    return found
+
+
+def said(*items: Any, **doc: Any) -> dict[str, Any]:
+    return {**doc, "input": list(items)} if "input" in doc else {**doc, "messages": list(items)}
+
+
+def user(content: Any) -> dict[str, Any]:
+    return {"role": "user", "content": content}
+
+
+URL = "https://example.test/cat.png"
+DATA = "iVBORw0KGgo="
+CALL_JSON = '{"path": "a.py"}'
+
+SAME: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    (
+        "a Responses custom tool call and a function call",
+        said({"type": "custom_tool_call", "name": "t", "input": CALL_JSON}, input=[]),
+        said({"type": "function_call", "name": "t", "arguments": CALL_JSON}, input=[]),
+    ),
+    (
+        "a custom tool call's output and a function call's",
+        said({"type": "custom_tool_call_output", "output": "ok"}, input=[]),
+        said({"type": "function_call_output", "output": "ok"}, input=[]),
+    ),
+    (
+        "an Anthropic tool_use and a chat tool call (its arguments read as JSON)",
+        said(
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "name": "t", "input": {"path": "a.py"}}],
+            }
+        ),
+        said(
+            {
+                "role": "assistant",
+                "tool_calls": [{"function": {"name": "t", "arguments": CALL_JSON}}],
+            }
+        ),
+    ),
+    (
+        "a legacy function_call and a tool call",
+        said({"role": "assistant", "function_call": {"name": "t", "arguments": CALL_JSON}}),
+        said(
+            {
+                "role": "assistant",
+                "tool_calls": [{"function": {"name": "t", "arguments": CALL_JSON}}],
+            }
+        ),
+    ),
+    (
+        "a tool result by role tool, function or ipython, and an Anthropic tool_result",
+        said({"role": "function", "content": "ok"}, {"role": "ipython", "content": "ok"}),
+        said(
+            {"role": "tool", "content": "ok"},
+            user([{"type": "tool_result", "content": [{"type": "text", "text": "ok"}]}]),
+        ),
+    ),
+    (
+        "a developer message and a system message, leading or later",
+        said(
+            {"role": "developer", "content": "be brief"},
+            user("hi"),
+            {"role": "developer", "content": "x"},
+        ),
+        said(
+            {"role": "system", "content": "be brief"},
+            user("hi"),
+            {"role": "system", "content": "x"},
+        ),
+    ),
+    (
+        "an image by URL: Anthropic's url source, chat's image_url object, Responses' input_image",
+        said(user([{"type": "image", "source": {"type": "url", "url": URL}}])),
+        said(user([{"type": "image_url", "image_url": {"url": URL}}])),
+    ),
+    (
+        "an image by URL as an input_image string",
+        said(user([{"type": "input_image", "image_url": URL}])),
+        said(user([{"type": "image_url", "image_url": {"url": URL}}])),
+    ),
+    (
+        "an image by file id",
+        said(user([{"type": "image", "source": {"type": "file", "file_id": "file_1"}}])),
+        said(user([{"type": "input_image", "file_id": "file_1"}])),
+    ),
+    (
+        "an image as a data URL in data_url, and an Ollama image",
+        said(user([{"type": "image", "data_url": f"data:image/png;base64,{DATA}"}])),
+        said({"role": "user", "images": [DATA]}),
+    ),
+    (
+        "a refusal and the same words as text",
+        said({"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}),
+        said({"role": "assistant", "content": [{"type": "output_text", "text": "no"}]}),
+    ),
+    (
+        "LM Studio's role-less text, image and message items, and user messages",
+        said(
+            {"type": "text", "text": "hi"},
+            {"type": "message", "content": "there"},
+            {"type": "image", "data_url": f"data:image/png;base64,{DATA}"},
+            input=[],
+        ),
+        said(user("hi"), user("there"), {"role": "user", "images": [DATA]}),
+    ),
+    (
+        "reasoning items and thinking parts, which are not the conversation",
+        said(user("hi"), {"type": "reasoning", "summary": []}, input=[]),
+        said(user([{"type": "thinking", "thinking": "hm"}, {"type": "text", "text": "hi"}])),
+    ),
+    (
+        "an LM Studio message part inside a message",
+        said(user([{"type": "message", "content": [{"type": "text", "text": "hi"}]}])),
+        said(user("hi")),
+    ),
+    (
+        "legacy functions, chat tools, Messages tools and Responses tools",
+        said(user("hi"), functions=[{"name": "t", "description": "d", "parameters": {"a": 1}}]),
+        said(user("hi"), tools=[{"name": "t", "description": "d", "input_schema": {"a": 1}}]),
+    ),
+    (
+        "a tool's volatile members",
+        said(user("hi"), tools=[{"type": "web_search", "cache_control": {"type": "ephemeral"}}]),
+        said(user("hi"), tools=[{"type": "web_search"}]),
+    ),
+    (
+        "a system prompt given as system, instructions or system_prompt",
+        said(user("hi"), system="be brief"),
+        said(user("hi"), system_prompt="be brief"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "one", "other"), SAME, ids=[s[0] for s in SAME])
+def test_the_same_conversation_has_one_form_in_every_shape(
+    what: str, one: dict[str, Any], other: dict[str, Any]
+) -> None:
+    assert form(one) == form(other), what
+
+
+BASE = said(
+    user("hi"), {"role": "assistant", "content": "hello"}, system="s", tools=[{"name": "t"}]
+)
+
+DIFFERENT: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    (
+        "a call's name",
+        said({"type": "function_call", "name": "a", "arguments": "{}"}, input=[]),
+        said({"type": "function_call", "name": "b", "arguments": "{}"}, input=[]),
+    ),
+    (
+        "a call's arguments",
+        said({"type": "function_call", "name": "a", "arguments": "{}"}, input=[]),
+        said({"type": "function_call", "name": "a", "arguments": '{"x": 1}'}, input=[]),
+    ),
+    (
+        "a custom call's input",
+        said({"type": "custom_tool_call", "name": "a", "input": "x"}, input=[]),
+        said({"type": "custom_tool_call", "name": "a", "input": "y"}, input=[]),
+    ),
+    (
+        "a result's output",
+        said({"type": "function_call_output", "output": "x"}, input=[]),
+        said({"type": "function_call_output", "output": "y"}, input=[]),
+    ),
+    (
+        "a tool message's content",
+        said({"role": "tool", "content": "x"}),
+        said({"role": "tool", "content": "y"}),
+    ),
+    (
+        "an Anthropic result's content",
+        said(user([{"type": "tool_result", "content": "x"}])),
+        said(user([{"type": "tool_result", "content": "y"}])),
+    ),
+    (
+        "a tool_use's name",
+        said({"role": "assistant", "content": [{"type": "tool_use", "name": "a", "input": {}}]}),
+        said({"role": "assistant", "content": [{"type": "tool_use", "name": "b", "input": {}}]}),
+    ),
+    (
+        "a tool_use's input",
+        said({"role": "assistant", "content": [{"type": "tool_use", "name": "a", "input": {}}]}),
+        said(
+            {"role": "assistant", "content": [{"type": "tool_use", "name": "a", "input": {"x": 1}}]}
+        ),
+    ),
+    (
+        "a chat call's arguments",
+        said({"role": "assistant", "tool_calls": [{"function": {"name": "a", "arguments": "{}"}}]}),
+        said({"role": "assistant", "tool_calls": [{"function": {"name": "a", "arguments": "[]"}}]}),
+    ),
+    (
+        "a chat call's name",
+        said({"role": "assistant", "tool_calls": [{"function": {"name": "a", "arguments": "{}"}}]}),
+        said({"role": "assistant", "tool_calls": [{"function": {"name": "b", "arguments": "{}"}}]}),
+    ),
+    (
+        "a legacy call's arguments",
+        said({"role": "assistant", "function_call": {"name": "a", "arguments": "{}"}}),
+        said({"role": "assistant", "function_call": {"name": "a", "arguments": "[]"}}),
+    ),
+    (
+        "a legacy call's name",
+        said({"role": "assistant", "function_call": {"name": "a", "arguments": "{}"}}),
+        said({"role": "assistant", "function_call": {"name": "b", "arguments": "{}"}}),
+    ),
+    (
+        "the same words said by another role",
+        said(user("x")),
+        said({"role": "assistant", "content": "x"}),
+    ),
+    ("a result and a user's words", said({"role": "tool", "content": "x"}), said(user("x"))),
+    (
+        "an image and the same string as text",
+        said(user([{"type": "input_image", "image_url": URL}])),
+        said(user(URL)),
+    ),
+    (
+        "an image's URL",
+        said(user([{"type": "input_image", "image_url": URL}])),
+        said(user([{"type": "input_image", "image_url": URL + "?2"}])),
+    ),
+    (
+        "an Anthropic image's data",
+        said(user([{"type": "image", "source": {"data": "AAAA"}}])),
+        said(user([{"type": "image", "source": {"data": "BBBB"}}])),
+    ),
+    (
+        "an Anthropic image's url",
+        said(user([{"type": "image", "source": {"url": "u1"}}])),
+        said(user([{"type": "image", "source": {"url": "u2"}}])),
+    ),
+    (
+        "an Ollama image",
+        said({"role": "user", "content": "x", "images": ["AAAA"]}),
+        said({"role": "user", "content": "x", "images": ["BBBB"]}),
+    ),
+    (
+        "an image and none",
+        said({"role": "user", "content": "x", "images": ["AAAA"]}),
+        said(user("x")),
+    ),
+    (
+        "a data URL's payload",
+        said(user([{"type": "image_url", "image_url": {"url": "data:a,AAAA"}}])),
+        said(user([{"type": "image_url", "image_url": {"url": "data:a,BBBB"}}])),
+    ),
+    (
+        "an unknown part",
+        said(user([{"type": "audio", "data": "AAAA"}])),
+        said(user([{"type": "audio", "data": "BBBB"}])),
+    ),
+    (
+        "an unknown role-less item",
+        said({"type": "mystery", "v": 1}, input=[]),
+        said({"type": "mystery", "v": 2}, input=[]),
+    ),
+    (
+        "a role that is not a string",
+        said({"role": 1, "content": "x"}),
+        said({"role": 2, "content": "x"}),
+    ),
+    (
+        "a refusal's words",
+        said({"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}),
+        said({"role": "assistant", "content": [{"type": "refusal", "refusal": "never"}]}),
+    ),
+    (
+        "a text part's text that is not a string",
+        said(user([{"type": "text", "text": 1}])),
+        said(user([{"type": "text", "text": 2}])),
+    ),
+    ("a part that is not an object", said(user([1])), said(user([2]))),
+    ("content that is neither text nor a list", said(user(1)), said(user(2))),
+    (
+        "a tool's description",
+        said(user("x"), tools=[{"name": "t", "description": "a"}]),
+        said(user("x"), tools=[{"name": "t", "description": "b"}]),
+    ),
+    (
+        "a tool's parameters",
+        said(user("x"), tools=[{"type": "function", "function": {"name": "t", "parameters": {}}}]),
+        said(
+            user("x"),
+            tools=[{"type": "function", "function": {"name": "t", "parameters": {"a": 1}}}],
+        ),
+    ),
+    (
+        "a Messages tool's schema",
+        said(user("x"), tools=[{"name": "t", "input_schema": {}}]),
+        said(user("x"), tools=[{"name": "t", "input_schema": {"a": 1}}]),
+    ),
+    (
+        "another kind of tool",
+        said(user("x"), tools=[{"type": "web_search", "name": "t"}]),
+        said(user("x"), tools=[{"type": "function", "name": "t"}]),
+    ),
+    ("a tool that is not an object", said(user("x"), tools=["a"]), said(user("x"), tools=["b"])),
+    ("tools that are not a list", said(user("x"), tools={"a": 1}), said(user("x"), tools={"a": 2})),
+    (
+        "integrations",
+        said(user("x"), integrations=[{"name": "a"}]),
+        said(user("x"), integrations=[{"name": "b"}]),
+    ),
+    ("a system prompt", said(user("x"), system="a"), said(user("x"), instructions="b")),
+    (
+        "a number",
+        said(user([{"type": "audio", "v": 1}])),
+        said(user([{"type": "audio", "v": 1.5}])),
+    ),
+    (
+        "true and false",
+        said(user([{"type": "audio", "v": True}])),
+        said(user([{"type": "audio", "v": False}])),
+    ),
+    (
+        "null and false",
+        said(user([{"type": "audio", "v": None}])),
+        said(user([{"type": "audio", "v": False}])),
+    ),
+    (
+        "a list's length",
+        said(user([{"type": "audio", "v": [1]}])),
+        said(user([{"type": "audio", "v": [1, 1]}])),
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "one", "other"), DIFFERENT, ids=[d[0] for d in DIFFERENT])
+def test_a_conversation_that_differs_has_another_form(
+    what: str, one: dict[str, Any], other: dict[str, Any]
+) -> None:
+    assert form(one) != form(other), what
+
+
+def test_the_form_is_pinned_byte_for_byte() -> None:
+    """Every proxy of a fleet digests the same conversation to the same bytes: a change of the
+    canonical form is a change of every key the fleet shares, made on purpose or not at all."""
+    found = form(
+        said(
+            user([{"type": "text", "text": "hé"}, {"type": "input_image", "image_url": "u"}]),
+            {"type": "function_call", "name": "t", "arguments": '{"a": [1, 2.5, true, null]}'},
+            {"type": "function_call_output", "output": "ok"},
+            input=[],
+            instructions="s",
+            tools=[{"type": "function", "name": "t", "parameters": {}}],
+        )
+    )
+    assert found.preamble == b"l3:s1:sl1:s1:sl1:l4:s1:fs1:tnd0:"
+    assert found.atoms == [
+        b"l3:s1:ts4:userl1:s3:h\xc3\xa9",
+        b"l3:s1:ps4:userl2:s1:is1:u",
+        b"l3:s1:cs1:td1:s1:al4:i1;f2.5;tn",
+        b"l2:s1:rl1:s2:ok",
+    ]
