@@ -191,3 +191,75 @@ def test_more_stated_slots_raise_a_learnt_capacity_below_them() -> None:
     assert caches.capacity("a", MODEL) == Capacity(2, 2, CapacitySource.LEARNT)
     stated["a"] = 4  # the engine restarted with more slots
     assert caches.capacity("a", MODEL) == Capacity(4, 4, CapacitySource.LEARNT)
+
+
+# --- the edges the mutation run of 2026-12-06 found unasserted -------------------------------------
+
+
+def test_a_shared_book_seals_each_root_and_tells_its_listener_of_each_note() -> None:
+    """§6.6: the fleet's listener hears (node, model, sealed root, tokens) of every note, and a
+    local lookup meets the sealed root."""
+    caches = book()
+    heard: list[tuple[str, str, bytes, int | None]] = []
+    caches.shared(lambda root: b"sealed:" + root, lambda *said: heard.append(said))
+    caches.note("a", MODEL, b"A", 700)
+    caches.note("b", "other:7b", b"B", None)
+    assert heard == [("a", MODEL, b"sealed:A", 700), ("b", "other:7b", b"sealed:B", None)]
+    assert caches.place("a", MODEL, b"A") == Place(1, 700, resident=True)
+    caches.fold("a", MODEL, b"sealed:C", 5)  # a peer's note: nobody is told
+    assert len(heard) == 2 and caches.place("a", MODEL, b"C") == Place(1, 5, resident=True)
+
+
+def test_a_capacity_learnt_under_a_figure_in_the_file_has_no_floor_of_stated_slots() -> None:
+    caches = book(configured={"a": 2}, stated={"a": 4})
+    served(caches, b"A", b"B")
+    place = caches.place("a", MODEL, b"A")
+    assert place == Place(2, 5000, resident=True)
+    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    assert caches.capacity("a", MODEL) == Capacity(1, 0, CapacitySource.LEARNT)
+    assert caches.place("a", MODEL, b"A") == Place(2, 5000, resident=False)
+
+
+def test_a_miss_at_the_front_learns_a_cache_that_holds_nothing() -> None:
+    caches = book()
+    served(caches, b"A")
+    place = caches.place("a", MODEL, b"A")
+    assert place == Place(1, 5000, resident=True)
+    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    assert caches.capacity("a", MODEL) == Capacity(0, 0, CapacitySource.LEARNT)
+    assert caches.place("a", MODEL, b"A") == Place(1, 5000, resident=False)
+    assert caches.pushed_out("a", MODEL) is None  # nothing can be pushed out of nothing
+
+
+def test_a_miss_at_the_edge_of_the_capacity_shrinks_it() -> None:
+    caches = book(configured={"a": 2})
+    served(caches, b"A", b"B")
+    place = caches.place("a", MODEL, b"A")
+    assert place is not None and place.position == 2
+    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    assert caches.capacity("a", MODEL).conversations == 1
+
+
+def test_a_learnt_capacity_is_the_models_own() -> None:
+    caches = book(configured={"a": 3})
+    served(caches, b"A", b"B", b"C")
+    caches.note("a", "other:7b", b"X", 100)
+    place = caches.place("a", MODEL, b"A")
+    assert place is not None
+    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    assert caches.capacity("a", MODEL).conversations == 2
+    assert caches.capacity("a", "other:7b").conversations == 3
+    assert caches.pushed_out("a", MODEL) == 5000  # two held, the edge at two
+    assert caches.pushed_out("a", "other:7b") is None  # one held of three
+    assert caches.to_json("a") == {
+        MODEL: {"conversations": 2, "source": "learnt", "recent": 3},
+        "other:7b": {"conversations": 3, "source": "file", "recent": 1},
+    }
+
+
+def test_an_active_conversation_is_measured_from_its_last_turn_not_from_the_clocks_start() -> None:
+    clock = Clock()
+    clock.advance(10_000)
+    caches = book(clock, configured={"a": 1})
+    caches.note("a", MODEL, b"A", 7000)
+    assert caches.pushed_out("a", MODEL) == 7000
