@@ -93,9 +93,8 @@ def rank(
         # Read once per node and request; the work queued for the node counts as ahead.
         known = loads.get(node_id)
         if known is None:
-            known = _load(facade, node_id, model, reloads)
-            queued = known.remaining + facade.admission.queued_for(node_id)
-            known = loads[node_id] = evolve(known, remaining=queued)
+            queued = facade.admission.queued_for(node_id)
+            known = loads[node_id] = _load(facade, node_id, model, reloads, queued)
         return known
 
     ids = [n.id for n in nodes]
@@ -131,16 +130,19 @@ def rank(
     return Ranked(nodes, ordering.affinity, predicted, fitted.fits, waiting, reloads)
 
 
-def _load(facade: FacadeState, node_id: str, model: str, reloads: frozenset[str]) -> Load:
+def _load(
+    facade: FacadeState, node_id: str, model: str, reloads: frozenset[str], ahead: float = 0.0
+) -> Load:
     """A node's load now as the prediction sees it: the requests in flight there (this
     facade's, or the fleet's reservations (§6.6) when more, plus a scheduler snapshot's
-    pending), its slots, the predicted work of its flights, the model's residency."""
+    pending), its slots, the predicted work of its flights (and ``ahead``: the work queued for
+    it), the model's residency."""
     ledger = facade.shared.ledger
     here = max(facade.flights.in_flight(node_id), facade.admission.slots_in_use(node_id))
     return Load(
         max(here, ledger.reservations(node_id)) + ledger.pending(node_id),
         facade.admission.slots(node_id),
-        facade.flights.remaining(node_id),
+        facade.flights.remaining(node_id) + ahead,
         False if node_id in reloads else facade.inventory.resident(node_id, model),
     )
 
