@@ -185,7 +185,9 @@ def outlook(
                 rates = evolve(rates, decode=live)
             load = _load(facade, node_id, model, reloads)
             prompt = size.tail_tokens if node_id == asked.warm else size.prompt_tokens
-            service = predict(rates, evolve(load, remaining=0.0), prompt, completion)
+            service = predict(
+                rates, Load(load.in_flight, load.slots, 0.0, load.resident), prompt, completion
+            )
             if not rates.measured and live is None:
                 service *= EXPLORE
             service += asked.pushing.get(node_id, 0.0)

@@ -78,6 +78,11 @@ def order_candidates(
     :func:`_by_prediction`.
     """
     candidates = tuple(dict.fromkeys(eligible))
+    if predicted is not None and head_selection and len(candidates) == 1:
+        # The usual single candidate: heads by prediction, reserved unless pinned.
+        (only,) = candidates
+        chose = not pin or pin != only
+        return Ordering(nodes=candidates, reserve=chose, affinity=chose and only == affinity_hint)
     allowed = frozenset(candidates)
     cooling_set = frozenset(cooling)
     warm = frozenset(resident)
