@@ -448,7 +448,10 @@ def _asking_usage(
 def _needs_speech(facade: FacadeState, path: str, model: str | None, nodes: list[Node]) -> bool:
     """Whether any candidate is of another kind or lacks the route, whether a node may be found
     to lack it during the request (§17.3), or the model has other names (§11.3, §11.4)."""
-    if may_lack(path) or (model and facade.directory.catalogue.lookup(model).aliases):
+    if may_lack(path):
+        return True
+    declared = facade.directory.catalogue.by_name.get(model.strip()) if model else None
+    if declared is not None and declared.aliases:
         return True
     gaps = facade.gaps
     return any(not speaks(facade.profile, node, path, gaps) for node in nodes)
