@@ -649,7 +649,9 @@ class NodeDirectory:
     _nodes_file: str | None = field(default=None, kw_only=True)
     _watch_interval: float = field(default=2.0, kw_only=True)
     _file_nodes: tuple[Node, ...] = field(default=(), init=False)
-    _catalogue: Catalogue = field(factory=Catalogue.empty, init=False)
+    catalogue: Catalogue = field(factory=Catalogue.empty, init=False)
+    """The nodes file's ``[[model]]`` names (§11.4); empty without a file or tables. Read on
+    every request (an attribute, not a property); only the nodes file changes it."""
     _manual: dict[str, Node] = field(factory=dict, init=False)
     _discovered: tuple[Node, ...] = field(default=(), init=False)
     _excluded: frozenset[tuple[str, str, int]] = field(default=frozenset(), init=False)
@@ -679,11 +681,6 @@ class NodeDirectory:
     def get(self, node_id: str) -> Node | None:
         """The merged node with this id, if any."""
         return self._by_id.get(node_id)
-
-    @property
-    def catalogue(self) -> Catalogue:
-        """The nodes file's ``[[model]]`` names (§11.4); empty without a file or tables."""
-        return self._catalogue
 
     def add_manual(self, node: Node) -> bool:
         """Add or replace a manual node; True when added or changed."""
@@ -736,7 +733,7 @@ class NodeDirectory:
             self._file.stop()
 
     def _set_file_nodes(self, document: NodesDocument) -> None:
-        self._catalogue = document.catalogue
+        self.catalogue = document.catalogue
         nodes = document.nodes
         for node in nodes:
             insecure = node.tls is not None and node.tls.insecure
