@@ -112,7 +112,7 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     label = model
     if model and target is not None and target not in facade.eligible(gated):
         label = OTHER_MODEL  # a targeted node that does not list it (§14.6)
-    known = Conversation()
+    known = _NO_CONVERSATION
     if model and parsed is not None and target is None:
         known = conversation(facade, inbound, model, parsed)
     ordered = _ordered(facade, inbound, eligible, model, parsed, known, stored)
@@ -201,6 +201,9 @@ def _ordered(
 
 
 _GATED = (RouteKind.INFERENCE, RouteKind.MODEL_ROUTED)
+
+_NO_CONVERSATION = Conversation()
+"""What a route knows of a request without a conversation (a frozen value: made once)."""
 
 
 OTHER_MODEL = "other"

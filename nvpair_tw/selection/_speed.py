@@ -252,7 +252,9 @@ class SpeedBook:
     def fold(self, node_id: str, model: str, sample: Sample) -> None:
         """Fold one answer's figures into the node's estimate for ``model`` (a peer's sample:
         nobody is told)."""
-        entry = self._entries.setdefault((node_id, model), _Entry())
+        entry = self._entries.get((node_id, model))
+        if entry is None:  # made once per (node, model), not for every answer
+            entry = self._entries[(node_id, model)] = _Entry()
         self._fleet.pop(model, None)
         decode = _positive(sample.decode_rate)
         if decode is not None:
@@ -266,10 +268,15 @@ class SpeedBook:
         entry.samples += 1
         entry.at = self._clock.seconds()
         if sample.completion_tokens is not None and sample.completion_tokens >= 0:
-            self._completion.setdefault(model, _Mean()).add(float(sample.completion_tokens))
+            completion = self._completion.get(model)
+            if completion is None:
+                completion = self._completion[model] = _Mean()
+            completion.add(float(sample.completion_tokens))
         ratio = sample.bytes_per_token
         if ratio is not None and MIN_BYTES_PER_TOKEN <= ratio <= MAX_BYTES_PER_TOKEN:
-            mean = self._bytes.setdefault(model, _Mean())
+            mean = self._bytes.get(model)
+            if mean is None:
+                mean = self._bytes[model] = _Mean()
             mean.add(_stepped(ratio, PRIOR_BYTES_PER_TOKEN if mean.value is None else mean.value))
 
     def completion_mean(self, model: str) -> float:
