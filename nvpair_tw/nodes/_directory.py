@@ -46,6 +46,7 @@ The file may also declare models under several names (docs/behaviour.md §11.4):
 from __future__ import annotations
 
 import base64
+import functools
 import ipaddress
 import os
 import tomllib
@@ -137,11 +138,18 @@ class Node:
         ``Bearer <api_key>``, else ``Basic`` from the URL's userinfo."""
         if self.api_key:
             return b"Bearer " + self.api_key.encode("utf-8")
-        parts = urlsplit(self.url)
-        if parts.username is None:
-            return None
-        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-        return b"Basic " + base64.b64encode(pair)
+        return _basic(self.url)
+
+
+@functools.lru_cache(maxsize=256)
+def _basic(url: str) -> bytes | None:
+    """``Basic`` from ``url``'s userinfo, or None: worked out once per URL (every request to
+    the node asks)."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return None
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    return b"Basic " + base64.b64encode(pair)
 
 
 def public_url(url: str) -> str:
