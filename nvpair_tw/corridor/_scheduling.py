@@ -106,7 +106,8 @@ def rank(
     ids = fitted.nodes
     warm = None if affinity_hint in reloads else affinity_hint  # a reload drops the cache
     predicted = predict_all(ids, model, size, facade.speeds, load, warm)
-    costs = {n: t + (pushing or {}).get(n, 0.0) for n, t in predicted.items()}
+    # What ordering and waiting compare: the predictions, with what a cache push costs added.
+    costs = {n: t + pushing.get(n, 0.0) for n, t in predicted.items()} if pushing else predicted
     ordering = order_candidates(
         ids,
         pin=facade.pin or None,
