@@ -242,6 +242,6 @@ def learn(
     per token the request's ``prompt_bytes`` (:attr:`RequestSize.prompt_bytes`, measured at the
     route) over the prompt tokens the engine stated."""
     node_id = landing.node_id
-    prefill = facade.speeds.rates(node_id, model).prefill
+    prefill = facade.speeds.prefill(node_id, model)
     sample = sample_of(answer, landing.start, landing.concurrency, prefill, prompt_bytes)
     facade.speeds.learn(node_id, model, sample)

@@ -324,6 +324,14 @@ class SpeedBook:
             load or DEFAULT_LOAD,
         )
 
+    def prefill(self, node_id: str, model: str) -> float:
+        """:meth:`rates`'s prefill rate, without making the :class:`Rates` (what a cache push
+        and a learnt answer read, on every request): the node's own, else the fleet's median,
+        else the default."""
+        entry = self._entries.get((node_id, model))
+        own = entry.prefill.value if entry is not None and entry.decode.value is not None else None
+        return own or self._medians(model)[1] or DEFAULT_PREFILL
+
     def answered(self, node_id: str, model: str) -> bool:
         """Whether the node has answered for ``model`` (in full) since this proxy started."""
         return (node_id, model) in self._entries
