@@ -81,6 +81,10 @@ _PERMITTED = Permitted(None)
 """Events with nothing of one request's own: frozen values, made once."""
 
 
+def _permitted(refused: Rejection | None) -> Permitted:
+    return _PERMITTED if refused is None else Permitted(refused)
+
+
 def stage_of(facade: FacadeState, head: Head) -> Stage:
     """What answers a request once its head passed: a stage of its own, or the body first."""
     if probe_of(facade.engine, head.method, head.path) is not None:
@@ -210,8 +214,7 @@ class Driver:
     async def _permit(self, _: Permit) -> Event:
         served = self._exchange.served
         assert served is not None
-        refused = self._serving.counted(served.inbound.caller, served.inbound.kind)
-        return _PERMITTED if refused is None else Permitted(refused)
+        return _permitted(self._serving.counted(served.inbound.caller, served.inbound.kind))
 
     async def _admit(self, step: Admit) -> Event:
         return await self._serving.admitted(step, self.gone)

@@ -221,6 +221,12 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _own_prefill(entry: _Entry | None) -> float | None:
+    """A measured node's own prefill rate (None: unmeasured, or it taught none): what
+    :meth:`SpeedBook.rates` starts from, the fleet's median and the default after it."""
+    return entry.prefill.value if entry is not None and entry.decode.value is not None else None
+
+
 @define
 class SpeedBook:
     """One facade's learnt speeds. ``seed(node_id)`` is the node's ``speed`` (None: unset)."""
@@ -325,11 +331,8 @@ class SpeedBook:
         )
 
     def prefill(self, node_id: str, model: str) -> float:
-        """:meth:`rates`'s prefill rate, without making the :class:`Rates` (what a cache push
-        and a learnt answer read, on every request): the node's own, else the fleet's median,
-        else the default."""
-        entry = self._entries.get((node_id, model))
-        own = entry.prefill.value if entry is not None and entry.decode.value is not None else None
+        """:meth:`rates`'s prefill rate, without making its :class:`Rates` (read per request)."""
+        own = _own_prefill(self._entries.get((node_id, model)))
         return own or self._medians(model)[1] or DEFAULT_PREFILL
 
     def answered(self, node_id: str, model: str) -> bool:
