@@ -57,7 +57,11 @@ def counted(name: str, argv: list[str], root: Path, port: int, args: argparse.Na
     grind = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
     log = (Path(args.tmp) / f"{name}.log").open("wb")
     env = {"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"}
-    process = subprocess.Popen([*grind, *argv], stdout=log, stderr=subprocess.STDOUT, env=env)
+    # Run in ``root``: ``python -c`` puts the working directory first on sys.path, so run from a
+    # checkout, every contender would import that checkout's nvpair_tw, whatever PYTHONPATH says.
+    process = subprocess.Popen(
+        [*grind, *argv], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=root
+    )
     try:
         wait_ready(port, process, seconds=300)
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)

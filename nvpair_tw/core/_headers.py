@@ -81,10 +81,13 @@ def header_tokens(headers: Headers, name: bytes) -> list[bytes]:
     ]
 
 
-def forward_headers(source: Headers, drop: frozenset[bytes] = frozenset()) -> Headers:
-    """Copy end-to-end headers: hop-by-hop ones, those ``Connection`` lists and ``drop`` are left out."""
+def forward_headers(
+    source: Headers, drop: frozenset[bytes] = frozenset(), into: Headers | None = None
+) -> Headers:
+    """Copy end-to-end headers: hop-by-hop ones, those ``Connection`` lists and ``drop`` are left
+    out; into ``into`` (an answer's own headers: copied once, not through another) or new ones."""
     listed = set(header_tokens(source, b"connection"))
-    out = Headers()
+    out = Headers() if into is None else into
     for name, values in source.getAllRawHeaders():
         lower = name.lower()
         if lower in HOP_BY_HOP or lower in listed or lower in drop:

@@ -9,8 +9,7 @@ provides :class:`IProxyReactor` (treq's ``_ITreqReactor`` is the model). Tests p
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from twisted.internet.interfaces import (
@@ -63,15 +62,28 @@ class IWriteHolding(Interface):
         """Write what was held as one sequence, and write directly again."""
 
 
-@contextmanager
-def one_send(transport: Any) -> Iterator[None]:
+def one_send(transport: Any) -> AbstractContextManager[None]:
     """The writes made to ``transport`` inside the block leave as one write at its end (a
     transport that cannot hold writes sends each as usual). Nothing waits past the block."""
     if not IWriteHolding.providedBy(transport):
-        yield
-        return
-    transport.hold()
-    try:
-        yield
-    finally:
-        transport.send_held()
+        return _NOTHING_HELD
+    return _Held(transport)
+
+
+_NOTHING_HELD = nullcontext()
+
+
+class _Held:
+    """:func:`one_send`'s block on a transport that holds writes (a class, not a generator:
+    every answer's head goes through it)."""
+
+    __slots__ = ("_transport",)
+
+    def __init__(self, transport: Any) -> None:
+        self._transport = transport
+
+    def __enter__(self) -> None:
+        self._transport.hold()
+
+    def __exit__(self, *_: object) -> None:
+        self._transport.send_held()

@@ -87,7 +87,7 @@ def pushing_out(
     for node in nodes:
         tokens = None if node.id == warm else facade.caches.pushed_out(node.id, key.model)
         if tokens is not None:
-            prefill = facade.speeds.rates(node.id, model).prefill
+            prefill = facade.speeds.prefill(node.id, model)
             costs[node.id] = (tokens or size.prompt_tokens) / prefill
     return costs
 

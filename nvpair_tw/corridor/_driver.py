@@ -76,6 +76,15 @@ def publish(bus: EventBus, record: ProxyRequest) -> None:
     bus.publish(record)
 
 
+_BEGUN = {stage: Begun(stage) for stage in Stage}
+_PERMITTED = Permitted(None)
+"""Events with nothing of one request's own: frozen values, made once."""
+
+
+def _permitted(refused: Rejection | None) -> Permitted:
+    return _PERMITTED if refused is None else Permitted(refused)
+
+
 def stage_of(facade: FacadeState, head: Head) -> Stage:
     """What answers a request once its head passed: a stage of its own, or the body first."""
     if probe_of(facade.engine, head.method, head.path) is not None:
@@ -124,7 +133,7 @@ class Driver:
         return work.addErrback(self._crashed)
 
     async def _drive(self) -> None:
-        step = self.feed(Begun(stage_of(self._facade, self._head)))
+        step = self.feed(_BEGUN[stage_of(self._facade, self._head)])
         while not isinstance(step, Finish):
             assert step is not None and not isinstance(step, Stop)
             step = self.feed(await _STEPS[type(step)](self, step))
@@ -205,7 +214,7 @@ class Driver:
     async def _permit(self, _: Permit) -> Event:
         served = self._exchange.served
         assert served is not None
-        return Permitted(self._serving.counted(served.inbound.caller, served.inbound.kind))
+        return _permitted(self._serving.counted(served.inbound.caller, served.inbound.kind))
 
     async def _admit(self, step: Admit) -> Event:
         return await self._serving.admitted(step, self.gone)

@@ -348,6 +348,12 @@ Step: TypeAlias = (
 
 _UPSTREAM = {502: "upstream-error", 504: "upstream-timeout"}
 
+# The steps and endings every forwarded request takes, with nothing of its own: frozen values,
+# made once (not for every request).
+_READ_BODY = ReadBody()
+_PERMIT = Permit()
+_COMPLETE = WorkloadEnd(Ending.COMPLETE)
+
 
 @define
 class Exchange:
@@ -409,7 +415,7 @@ Handler = Callable[[Exchange, Any], Step]
 
 def _begun(ex: Exchange, event: Begun) -> Step:
     if event.stage is Stage.FORWARD:
-        return ReadBody()
+        return _READ_BODY
     ex.phase = Phase.ANSWERING
     return Answer(event.stage)
 
@@ -437,7 +443,7 @@ def _routed(ex: Exchange, event: Routed) -> Step:
     if result.fallback_from is not None:
         facts.fallback_from = result.fallback_from
     if not ex.permitted:  # every request that reaches a node counts once (§12.1)
-        return Permit()
+        return _PERMIT
     return Admit(result)
 
 
@@ -587,12 +593,12 @@ def _relay_ending(outcome: RelayOutcome, gone: str | None) -> WorkloadEnd:
     ok = 200 <= outcome.status < 300
     if outcome.end is RelayEnd.FINISHED:
         if ok:
-            return WorkloadEnd(Ending.COMPLETE)
+            return _COMPLETE
         return WorkloadEnd(Ending.FAIL, f"upstream answered {outcome.status}")
     if outcome.end is RelayEnd.TRUNCATED:
         return WorkloadEnd(Ending.FAIL, outcome.error or "upstream dropped mid-stream")
     if outcome.complete and ok:
-        return WorkloadEnd(Ending.COMPLETE)
+        return _COMPLETE
     return WorkloadEnd(Ending.CANCEL, gone or "cancelled")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from attrs import frozen
+from attrs import field, frozen
 from twisted.internet.interfaces import IAddress
 from twisted.web.http_headers import Headers
 
@@ -104,15 +104,15 @@ class Head:
     """Its place in the queue (docs/behaviour.md §16.3): the key's, lowered by the header."""
     upgrade: tuple[bytes, ...] = ()
     """The client's ``Upgrade`` values, for a tunnel (§2.1)."""
+    path: str = field(init=False)
+    """The target's path (read at every stage: kept, not looked up each time)."""
+    node: Node | None = field(init=False)
+    """The one node ``X-NVPair-Node: ID`` chose (docs/behaviour.md §2.1)."""
 
-    @property
-    def path(self) -> str:
-        return self.target.path
-
-    @property
-    def node(self) -> Node | None:
-        """The one node ``X-NVPair-Node: ID`` chose (docs/behaviour.md §2.1)."""
-        return self.nodes[0] if self.targeting is Targeting.ONE else None
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "path", self.target.path)
+        one = self.nodes[0] if self.targeting is Targeting.ONE else None
+        object.__setattr__(self, "node", one)
 
 
 def read_head(facade: FacadeState, arrival: Arrival) -> Head | Refused:

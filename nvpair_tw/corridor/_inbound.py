@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qsl
 
-from attrs import frozen
+from attrs import field, frozen
 from twisted.internet.interfaces import IReactorTime
 
 from nvpair_tw.core import MODEL_NAMES, Outline, Priority, RouteKind
@@ -66,27 +66,21 @@ class Inbound:
     large: bool = False
     """The body was parsed in slices (docs/behaviour.md §14.1): its objects are frozen out of the
     collector's passes until :meth:`QuietCollector.released`."""
+    # The head's, kept here (every stage reads them): not looked up through the head each time.
+    path: str = field(init=False)
+    kind: RouteKind = field(init=False)
+    caller: Caller = field(init=False)
+    node: Node | None = field(init=False)
+    priority: Priority = field(init=False)
+    """Its place in the queue, read once at the head (docs/behaviour.md §16.3)."""
 
-    @property
-    def path(self) -> str:
-        return self.head.target.path
-
-    @property
-    def kind(self) -> RouteKind:
-        return self.head.kind
-
-    @property
-    def caller(self) -> Caller:
-        return self.head.caller
-
-    @property
-    def node(self) -> Node | None:
-        return self.head.node
-
-    @property
-    def priority(self) -> Priority:
-        """Its place in the queue, read once at the head (docs/behaviour.md §16.3)."""
-        return self.head.priority
+    def __attrs_post_init__(self) -> None:
+        head, kept = self.head, object.__setattr__
+        kept(self, "path", head.path)
+        kept(self, "kind", head.kind)
+        kept(self, "caller", head.caller)
+        kept(self, "node", head.node)
+        kept(self, "priority", head.priority)
 
 
 def _reads_body(head: Head) -> bool:

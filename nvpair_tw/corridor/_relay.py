@@ -25,7 +25,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from nvpair_tw.assembly import AssemblyGate
-from nvpair_tw.core import Framing, forward_headers
+from nvpair_tw.core import Framing
 from nvpair_tw.corridor._attempts import CallerState, Committed
 from nvpair_tw.corridor._terminal import TerminalFrameDetector
 from nvpair_tw.corridor._writer import Stream
@@ -198,10 +198,9 @@ async def relay(
 
     ``meter`` makes the meter that reads the answer's token counts (given the answer's framing)."""
     response = committed.response
-    headers = forward_headers(response.headers)
-    headers.setRawHeaders(b"x-nvpair-node", [committed.node.id.encode()])
     length = response.length if isinstance(response.length, int) else None
-    stream.head(response.code, response.phrase, headers, length)
+    own = ((b"x-nvpair-node", committed.node.id.encode()),)
+    stream.head(response.code, response.phrase, response.headers, length, own)
     content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
     progress = Progress(content_type.decode("latin-1"), response.length, meter)
     counting = progress.meter

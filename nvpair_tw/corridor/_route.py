@@ -112,7 +112,7 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     label = model
     if model and target is not None and target not in facade.eligible(gated):
         label = OTHER_MODEL  # a targeted node that does not list it (§14.6)
-    known = Conversation()
+    known = _NO_CONVERSATION
     if model and parsed is not None and target is None:
         known = conversation(facade, inbound, model, parsed)
     ordered = _ordered(facade, inbound, eligible, model, parsed, known, stored)
@@ -201,6 +201,9 @@ def _ordered(
 
 
 _GATED = (RouteKind.INFERENCE, RouteKind.MODEL_ROUTED)
+
+_NO_CONVERSATION = Conversation()
+"""What a route knows of a request without a conversation (a frozen value: made once)."""
 
 
 OTHER_MODEL = "other"
@@ -448,7 +451,10 @@ def _asking_usage(
 def _needs_speech(facade: FacadeState, path: str, model: str | None, nodes: list[Node]) -> bool:
     """Whether any candidate is of another kind or lacks the route, whether a node may be found
     to lack it during the request (§17.3), or the model has other names (§11.3, §11.4)."""
-    if may_lack(path) or (model and facade.directory.catalogue.lookup(model).aliases):
+    if may_lack(path):
+        return True
+    declared = facade.directory.catalogue.by_name.get(model.strip()) if model else None
+    if declared is not None and declared.aliases:
         return True
     gaps = facade.gaps
     return any(not speaks(facade.profile, node, path, gaps) for node in nodes)

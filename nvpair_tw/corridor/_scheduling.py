@@ -93,9 +93,8 @@ def rank(
         # Read once per node and request; the work queued for the node counts as ahead.
         known = loads.get(node_id)
         if known is None:
-            known = _load(facade, node_id, model, reloads)
-            queued = known.remaining + facade.admission.queued_for(node_id)
-            known = loads[node_id] = evolve(known, remaining=queued)
+            queued = facade.admission.queued_for(node_id)
+            known = loads[node_id] = _load(facade, node_id, model, reloads, queued)
         return known
 
     ids = [n.id for n in nodes]
@@ -107,7 +106,8 @@ def rank(
     ids = fitted.nodes
     warm = None if affinity_hint in reloads else affinity_hint  # a reload drops the cache
     predicted = predict_all(ids, model, size, facade.speeds, load, warm)
-    costs = {n: t + (pushing or {}).get(n, 0.0) for n, t in predicted.items()}
+    # What ordering and waiting compare: the predictions, with what a cache push costs added.
+    costs = {n: t + pushing.get(n, 0.0) for n, t in predicted.items()} if pushing else predicted
     ordering = order_candidates(
         ids,
         pin=facade.pin or None,
@@ -131,16 +131,19 @@ def rank(
     return Ranked(nodes, ordering.affinity, predicted, fitted.fits, waiting, reloads)
 
 
-def _load(facade: FacadeState, node_id: str, model: str, reloads: frozenset[str]) -> Load:
+def _load(
+    facade: FacadeState, node_id: str, model: str, reloads: frozenset[str], ahead: float = 0.0
+) -> Load:
     """A node's load now as the prediction sees it: the requests in flight there (this
     facade's, or the fleet's reservations (§6.6) when more, plus a scheduler snapshot's
-    pending), its slots, the predicted work of its flights, the model's residency."""
+    pending), its slots, the predicted work of its flights (and ``ahead``: the work queued for
+    it), the model's residency."""
     ledger = facade.shared.ledger
     here = max(facade.flights.in_flight(node_id), facade.admission.slots_in_use(node_id))
     return Load(
         max(here, ledger.reservations(node_id)) + ledger.pending(node_id),
         facade.admission.slots(node_id),
-        facade.flights.remaining(node_id),
+        facade.flights.remaining(node_id) + ahead,
         False if node_id in reloads else facade.inventory.resident(node_id, model),
     )
 
@@ -183,7 +186,9 @@ def outlook(
                 rates = evolve(rates, decode=live)
             load = _load(facade, node_id, model, reloads)
             prompt = size.tail_tokens if node_id == asked.warm else size.prompt_tokens
-            service = predict(rates, evolve(load, remaining=0.0), prompt, completion)
+            service = predict(
+                rates, Load(load.in_flight, load.slots, 0.0, load.resident), prompt, completion
+            )
             if not rates.measured and live is None:
                 service *= EXPLORE
             service += asked.pushing.get(node_id, 0.0)
@@ -237,6 +242,6 @@ def learn(
     per token the request's ``prompt_bytes`` (:attr:`RequestSize.prompt_bytes`, measured at the
     route) over the prompt tokens the engine stated."""
     node_id = landing.node_id
-    prefill = facade.speeds.rates(node_id, model).prefill
+    prefill = facade.speeds.prefill(node_id, model)
     sample = sample_of(answer, landing.start, landing.concurrency, prefill, prompt_bytes)
     facade.speeds.learn(node_id, model, sample)

@@ -103,6 +103,9 @@ class _Observer(AttemptObserver):
 
 def _bound(route: RouteValue, slot: Slot) -> RouteValue:
     """The route with the slot's node first, the rest in their order (the failover order)."""
+    candidates = route.candidates
+    if candidates and candidates[0].id == slot.node_id:
+        return route  # already first: the route as it is
     head = [n for n in route.candidates if n.id == slot.node_id]
     rest = [n for n in route.candidates if n.id != slot.node_id]
     return evolve(route, candidates=head + rest)
@@ -284,7 +287,9 @@ def _said(usage: Usage | None, cell: UsageCell | None, kind: EngineProfile) -> U
         return None
     if cell is not None and cell.frame is not None:
         usage = usage.noted(cell.frame)
-    return usage if kind.counts_cache else evolve(usage, cached_tokens=None)
+    if kind.counts_cache or usage.cached_tokens is None:
+        return usage
+    return evolve(usage, cached_tokens=None)
 
 
 def _answer_of(

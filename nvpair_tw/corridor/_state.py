@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from attrs import Factory, define
+from attrs import Factory, define, field
 from treq.client import HTTPClient
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.http_headers import Headers
@@ -131,6 +131,8 @@ class FacadeState:
     """Which node holds each stored ``/v1/responses`` answer, and whose it is (§2.1): kept as long
     as a session (``--session-ttl``), since a conversation continued from a stored response comes
     back after the agent's pauses like a session does."""
+    engine: str = field(init=False)
+    """The facade's engine (its profile's name): read by every record and event, so kept."""
 
     def _cache_book(self) -> CacheBook:
         def configured(node_id: str) -> int | None:
@@ -152,8 +154,8 @@ class FacadeState:
         node = self.directory.get(node_id)
         return None if node is None else node.speed
 
-    @property
-    def engine(self) -> str:
+    @engine.default
+    def _engine(self) -> str:
         return self.profile.name
 
     def serving(self) -> list[Node]:

@@ -34,10 +34,6 @@ __all__ = ["Workload", "WorkloadRegistry", "WorkloadState"]
 _TERMINAL = frozenset({WorkloadState.COMPLETED, WorkloadState.FAILED, WorkloadState.CANCELLED})
 
 
-def _ms(clock: IReactorTime) -> int:
-    return int(clock.seconds() * 1000)
-
-
 @define(eq=False)
 class Workload:
     """One workload; made by `WorkloadRegistry.create`, ended exactly once."""
@@ -72,13 +68,15 @@ class Workload:
 
     def running(self, node_id: str) -> None:
         """Dispatched to ``node_id``: publish ``workload:started`` if that is a new node."""
-        if self.terminal or (self.state is not None and node_id == self.scheduled_on):
+        state = self.state
+        if state in _TERMINAL or (state is not None and node_id == self.scheduled_on):
             return
         self.state = WorkloadState.RUNNING
         self.scheduled_on = node_id
         if self.started_at is None:
-            self.started_at = _ms(self._clock)
-        self._publish(WorkloadStarted)
+            self.started_at = int(self._clock.seconds() * 1000)  # ms since the epoch
+        self.seq += 1
+        self._bus.publish(WorkloadStarted(self.snapshot()))
 
     def complete(self) -> bool:
         """End as completed; ``True`` if this call ended the workload."""
@@ -113,13 +111,15 @@ class Workload:
         )
 
     def _end(self, state: WorkloadState, error: str | None) -> bool:
-        if self.terminal:
+        if self.state in _TERMINAL:
             return False
         self.state = state
         self.error = error
-        self.completed_at = _ms(self._clock)
+        self.completed_at = int(self._clock.seconds() * 1000)  # ms since the epoch
         self._on_terminal(self)
-        self._publish(WorkloadCompleted if state is WorkloadState.COMPLETED else WorkloadErrored)
+        ended = WorkloadCompleted if state is WorkloadState.COMPLETED else WorkloadErrored
+        self.seq += 1
+        self._bus.publish(ended(self.snapshot()))
         return True
 
     def _publish(self, kind: Callable[[WorkloadInfo], BusEvent]) -> None:
@@ -155,7 +155,7 @@ class WorkloadRegistry:
             self._clock,
             self._bus,
             self._forget,
-            _ms(self._clock),
+            int(self._clock.seconds() * 1000),  # ms since the epoch
         )
         self._live[workload.id] = workload
         return workload

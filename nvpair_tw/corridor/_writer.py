@@ -23,7 +23,7 @@ from twisted.web.http import NO_BODY_CODES, HTTPChannel
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request
 
-from nvpair_tw.core import ERROR_HEADERS, ErrorShape, abort, close, error_body
+from nvpair_tw.core import ERROR_HEADERS, ErrorShape, abort, close, error_body, forward_headers
 from nvpair_tw.inbound import LimitedChannel, Rejection
 
 __all__ = ["Stream", "Whole", "Writer"]
@@ -48,8 +48,17 @@ class Stream(Protocol):
     def connected(self) -> bool:
         """Whether the client's connection is still there."""
 
-    def head(self, status: int, phrase: bytes | None, headers: Headers, length: int | None) -> None:
-        """The status and headers (with the framing ``length`` implies; None: chunked)."""
+    def head(
+        self,
+        status: int,
+        phrase: bytes | None,
+        headers: Headers,
+        length: int | None,
+        own: Pairs = (),
+    ) -> None:
+        """The status, the end-to-end ones of ``headers`` (a node's, or the proxy's for its own
+        stream) and the proxy's ``own`` after them, with the framing ``length`` implies (None:
+        chunked)."""
 
     def first(self, data: bytes) -> None:
         """The first body bytes, sent with the head (``b""``: the head alone, now)."""
@@ -147,12 +156,19 @@ class Writer:
 
     # -- the Stream face ------------------------------------------------------------------------
 
-    def head(self, status: int, phrase: bytes | None, headers: Headers, length: int | None) -> None:
+    def head(
+        self,
+        status: int,
+        phrase: bytes | None,
+        headers: Headers,
+        length: int | None,
+        own: Pairs = (),
+    ) -> None:
         request = self._request
         request.setResponseCode(status, phrase)
-        out = request.responseHeaders
-        for name, values in headers.getAllRawHeaders():
-            out.setRawHeaders(name, list(values))
+        out = forward_headers(headers, into=request.responseHeaders)
+        for name, value in own:
+            out.setRawHeaders(name, [value])
         if length is not None and request.method != b"HEAD" and status not in (204, 304):
             # Twisted's client moves Content-Length into ``response.length``; keep the framing.
             out.setRawHeaders(b"content-length", [b"%d" % length])

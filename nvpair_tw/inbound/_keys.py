@@ -101,9 +101,10 @@ class KeyRules:
     @property
     def limited(self) -> bool:
         """Whether any rate or concurrency limit applies."""
-        return any(
-            v is not None
-            for v in (self.requests_per_minute, self.tokens_per_minute, self.max_concurrent)
+        return (
+            self.requests_per_minute is not None
+            or self.tokens_per_minute is not None
+            or self.max_concurrent is not None
         )
 
     def allows(self, model: str) -> bool:

@@ -76,7 +76,9 @@ class Catalogue:
 
     def public(self, name: str) -> str:
         """The public name of ``name`` (itself when undeclared)."""
-        return self.lookup(name).public
+        stripped = name.strip()
+        found = self.by_name.get(stripped)
+        return stripped if found is None else found.public
 
     def public_of(self, listed: str, normalise: Callable[[str], str]) -> str | None:
         """The public name of a model a node lists as ``listed``, comparing every declared name

@@ -46,6 +46,7 @@ The file may also declare models under several names (docs/behaviour.md §11.4):
 from __future__ import annotations
 
 import base64
+import functools
 import ipaddress
 import os
 import tomllib
@@ -137,11 +138,18 @@ class Node:
         ``Bearer <api_key>``, else ``Basic`` from the URL's userinfo."""
         if self.api_key:
             return b"Bearer " + self.api_key.encode("utf-8")
-        parts = urlsplit(self.url)
-        if parts.username is None:
-            return None
-        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-        return b"Basic " + base64.b64encode(pair)
+        return _basic(self.url)
+
+
+@functools.lru_cache(maxsize=256)
+def _basic(url: str) -> bytes | None:
+    """``Basic`` from ``url``'s userinfo, or None: worked out once per URL (every request to
+    the node asks)."""
+    parts = urlsplit(url)
+    if parts.username is None:
+        return None
+    pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    return b"Basic " + base64.b64encode(pair)
 
 
 def public_url(url: str) -> str:
@@ -649,7 +657,9 @@ class NodeDirectory:
     _nodes_file: str | None = field(default=None, kw_only=True)
     _watch_interval: float = field(default=2.0, kw_only=True)
     _file_nodes: tuple[Node, ...] = field(default=(), init=False)
-    _catalogue: Catalogue = field(factory=Catalogue.empty, init=False)
+    catalogue: Catalogue = field(factory=Catalogue.empty, init=False)
+    """The nodes file's ``[[model]]`` names (§11.4); empty without a file or tables. Read on
+    every request (an attribute, not a property); only the nodes file changes it."""
     _manual: dict[str, Node] = field(factory=dict, init=False)
     _discovered: tuple[Node, ...] = field(default=(), init=False)
     _excluded: frozenset[tuple[str, str, int]] = field(default=frozenset(), init=False)
@@ -679,11 +689,6 @@ class NodeDirectory:
     def get(self, node_id: str) -> Node | None:
         """The merged node with this id, if any."""
         return self._by_id.get(node_id)
-
-    @property
-    def catalogue(self) -> Catalogue:
-        """The nodes file's ``[[model]]`` names (§11.4); empty without a file or tables."""
-        return self._catalogue
 
     def add_manual(self, node: Node) -> bool:
         """Add or replace a manual node; True when added or changed."""
@@ -736,7 +741,7 @@ class NodeDirectory:
             self._file.stop()
 
     def _set_file_nodes(self, document: NodesDocument) -> None:
-        self._catalogue = document.catalogue
+        self.catalogue = document.catalogue
         nodes = document.nodes
         for node in nodes:
             insecure = node.tls is not None and node.tls.insecure

@@ -169,7 +169,7 @@ class LlmCounters:
         node, model = record.node_id, record.model
         if node is None or model is None:
             return
-        label = self._model_label(engine, model)
+        label = self._model_label(engine, model, node)
         key = _text(record.key)
         for kind, count in (
             ("prompt", record.prompt_tokens),
@@ -187,15 +187,17 @@ class LlmCounters:
         if predicted is not None and measured is not None and predicted > 0:
             self.prediction.observe(engine, amount=measured / predicted)
 
-    def _model_label(self, engine: str, model: str) -> str:
+    def _model_label(self, engine: str, model: str, served: str) -> str:
         """The model as a label: a name some node or the catalogue knows, else ``other`` (so a
-        client cannot grow the label set by naming models)."""
+        client cannot grow the label set by naming models). The node that ``served`` it is
+        asked first (it usually does), every node only when it does not."""
         facade = self._facades.get(engine)
         if facade is None:
             return OTHER
-        if model in facade.directory.catalogue.by_name or facade.inventory.owners(model):
+        catalogue, inventory = facade.directory.catalogue, facade.inventory
+        if model in catalogue.by_name or inventory.advertises(served, model):
             return model
-        return OTHER
+        return model if inventory.owners(model) else OTHER
 
 
 class NodeCounters:

@@ -26,6 +26,9 @@ class PolledContexts(Enum):
     """llama.cpp's ``/props``: the per-slot context, for whatever the server serves."""
 
 
+_POLLS = tuple(PolledContexts)
+"""The polls in their order, iterated without the enum's own iterator (a request reads them)."""
+
 ResidentContexts = PolledContexts.RESIDENT
 SlotContexts = PolledContexts.SLOTS
 
@@ -93,7 +96,7 @@ class NodeFacts:
         if node is None:
             return {}
         merged: dict[str, int] = {}
-        for poll in PolledContexts:
+        for poll in _POLLS:
             polled = self._polled.get((node_id, poll))
             if polled is not None and polled.url == node.url:
                 merged.update(polled.contexts)

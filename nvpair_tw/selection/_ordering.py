@@ -78,6 +78,8 @@ def order_candidates(
     :func:`_by_prediction`.
     """
     candidates = tuple(dict.fromkeys(eligible))
+    if predicted is not None and head_selection and len(candidates) == 1:
+        return _alone(candidates[0], pin, affinity_hint)
     allowed = frozenset(candidates)
     cooling_set = frozenset(cooling)
     warm = frozenset(resident)
@@ -114,6 +116,14 @@ def order_candidates(
             reserve = True
 
     return Ordering(nodes=_demote(base, cooling_set), reserve=reserve, affinity=affinity)
+
+
+def _alone(only: str, pin: str | None, warm: str | None) -> Ordering:
+    """The usual single candidate ordered by prediction, as :func:`_by_prediction` orders it
+    (without the base order's sets and sorts): reserved unless pinned, its affinity when it is
+    the warm node."""
+    chose = not pin or pin != only
+    return Ordering(nodes=(only,), reserve=chose, affinity=chose and only == warm)
 
 
 def _by_prediction(

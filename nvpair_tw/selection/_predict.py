@@ -116,7 +116,8 @@ def _positive(value: Any) -> int | None:
 
 def _limit(doc: Mapping[str, Any]) -> int | None:
     for name in _LIMIT_NAMES:
-        value = _positive(doc.get(name))
+        given = doc.get(name)
+        value = None if given is None else _positive(given)  # most requests set none
         if value is not None:
             return value
     options = doc.get("options")
@@ -146,8 +147,10 @@ def request_size(
             text, images = text + size, images + pictures
             tail = int(size / ratio) + pictures * IMAGE_TOKENS
     for name in _TEXT_NAMES:
-        size, pictures = _text_bytes(doc.get(name))
-        text, images = text + size, images + pictures
+        value = doc.get(name)
+        if value is not None:  # a chat sets none of them
+            size, pictures = _text_bytes(value)
+            text, images = text + size, images + pictures
     attached = doc.get("images")
     if isinstance(attached, list):
         images += len(attached)

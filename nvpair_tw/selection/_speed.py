@@ -221,6 +221,12 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _own_prefill(entry: _Entry | None) -> float | None:
+    """A measured node's own prefill rate (None: unmeasured, or it taught none): what
+    :meth:`SpeedBook.rates` starts from, the fleet's median and the default after it."""
+    return entry.prefill.value if entry is not None and entry.decode.value is not None else None
+
+
 @define
 class SpeedBook:
     """One facade's learnt speeds. ``seed(node_id)`` is the node's ``speed`` (None: unset)."""
@@ -252,7 +258,9 @@ class SpeedBook:
     def fold(self, node_id: str, model: str, sample: Sample) -> None:
         """Fold one answer's figures into the node's estimate for ``model`` (a peer's sample:
         nobody is told)."""
-        entry = self._entries.setdefault((node_id, model), _Entry())
+        entry = self._entries.get((node_id, model))
+        if entry is None:  # made once per (node, model), not for every answer
+            entry = self._entries[(node_id, model)] = _Entry()
         self._fleet.pop(model, None)
         decode = _positive(sample.decode_rate)
         if decode is not None:
@@ -266,10 +274,15 @@ class SpeedBook:
         entry.samples += 1
         entry.at = self._clock.seconds()
         if sample.completion_tokens is not None and sample.completion_tokens >= 0:
-            self._completion.setdefault(model, _Mean()).add(float(sample.completion_tokens))
+            completion = self._completion.get(model)
+            if completion is None:
+                completion = self._completion[model] = _Mean()
+            completion.add(float(sample.completion_tokens))
         ratio = sample.bytes_per_token
         if ratio is not None and MIN_BYTES_PER_TOKEN <= ratio <= MAX_BYTES_PER_TOKEN:
-            mean = self._bytes.setdefault(model, _Mean())
+            mean = self._bytes.get(model)
+            if mean is None:
+                mean = self._bytes[model] = _Mean()
             mean.add(_stepped(ratio, PRIOR_BYTES_PER_TOKEN if mean.value is None else mean.value))
 
     def completion_mean(self, model: str) -> float:
@@ -316,6 +329,11 @@ class SpeedBook:
             prefill or DEFAULT_PREFILL,
             load or DEFAULT_LOAD,
         )
+
+    def prefill(self, node_id: str, model: str) -> float:
+        """:meth:`rates`'s prefill rate, without making its :class:`Rates` (read per request)."""
+        own = _own_prefill(self._entries.get((node_id, model)))
+        return own or self._medians(model)[1] or DEFAULT_PREFILL
 
     def answered(self, node_id: str, model: str) -> bool:
         """Whether the node has answered for ``model`` (in full) since this proxy started."""

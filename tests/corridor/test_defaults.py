@@ -35,7 +35,8 @@ POLICY = ModelPolicy(
 def inbound(body: bytes, kind: RouteKind = RouteKind.INFERENCE) -> Inbound:
     parsed = parse_document(body)
     assert isinstance(parsed, Parsed)
-    head = cast(Head, SimpleNamespace(kind=kind))
+    # Only the kind is read here; an Inbound keeps the head's other fields it serves.
+    head = cast(Head, SimpleNamespace(kind=kind, path=None, caller=None, node=None, priority=None))
     return Inbound(head, body, parsed.doc, parsed.doc.get("model"), parsed)
 
 

@@ -222,3 +222,24 @@ def test_a_whole_answer_that_came_at_once_measures_no_decode_rate() -> None:
     assert sample_of(stated, Start.PLAIN, 1.0, DEFAULT_PREFILL).decode_rate == 42.0
     streamed = Answer(10, 200, 0.0, 2.0, 6.0)
     assert sample_of(streamed, Start.PLAIN, 1.0, DEFAULT_PREFILL).decode_rate == 50.0
+
+
+def test_the_prefill_rate_alone_is_the_one_rates_gives() -> None:
+    """``prefill`` (read on every request) is ``rates(...).prefill`` whatever the book knows: the
+    default, the fleet's median for an unmeasured node, the node's own, the median for a measured
+    node that taught no prefill rate, and the median again once a decode rate alone was learnt."""
+    book = SpeedBook(Clock(), {"seeded": 3.0}.get)
+    asked = [("a", "m"), ("b", "m"), ("seeded", "m"), ("new", "m"), ("a", "other")]
+
+    def agree() -> None:
+        for node, model in asked:
+            assert book.prefill(node, model) == book.rates(node, model).prefill, (node, model)
+
+    agree()
+    assert book.prefill("a", "m") == DEFAULT_PREFILL
+    book.learn("a", "m", Sample(decode_rate=20.0, prefill_rate=800.0))
+    book.learn("b", "m", Sample(decode_rate=30.0))  # measured, no prefill rate of its own
+    agree()
+    assert book.prefill("b", "m") == 800.0  # the median of the measured ones
+    book.learn("seeded", "m", Sample(prefill_rate=1200.0))  # a prefill rate, no decode yet
+    agree()
