@@ -646,3 +646,123 @@ def test_the_form_is_pinned_byte_for_byte() -> None:
         b"l3:s1:cs1:td1:s1:al4:i1;f2.5;tn",
         b"l2:s1:rl1:s2:ok",
     ]
+
+
+# --- the second mutation run's survivors that were not equivalent ---------------------------------
+
+PARTS = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+
+SAME_TOO: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    (
+        "results whose content is a list of parts",
+        said(
+            {"role": "tool", "content": PARTS},
+            {"type": "function_call_output", "output": PARTS},
+            input=[],
+        ),
+        said(
+            {"role": "tool", "content": ["a", "b"]},
+            {"type": "function_call_output", "output": ["a", "b"]},
+            input=[],
+        ),
+    ),
+    (
+        "leading system messages whose content is a list, and the system field",
+        said(
+            {"role": "system", "content": PARTS}, {"role": "developer", "content": "c"}, user("hi")
+        ),
+        said(user("hi"), system=[*PARTS, {"type": "text", "text": "c"}]),
+    ),
+    (
+        "a billing block in a leading system message or as the system string",
+        said(
+            {"role": "system", "content": [{"type": "text", "text": BILLING}, PARTS[0]]}, user("hi")
+        ),
+        said(user("hi"), system="a"),
+    ),
+    (
+        "a billing block as the whole system string",
+        said(user("hi"), system=BILLING),
+        said(user("hi")),
+    ),
+    (
+        "LM Studio's role-less message item with a list of parts",
+        said({"type": "message", "content": PARTS}, input=[]),
+        said(user(["a", "b"])),
+    ),
+    (
+        "a tool call that is not an object",
+        said({"role": "assistant", "content": "x", "tool_calls": ["nonsense"]}),
+        said({"role": "assistant", "content": "x"}),
+    ),
+]
+
+
+@pytest.mark.parametrize(("what", "one", "other"), SAME_TOO, ids=[s[0] for s in SAME_TOO])
+def test_the_same_conversation_in_more_shapes(
+    what: str, one: dict[str, Any], other: dict[str, Any]
+) -> None:
+    assert form(one) == form(other), what
+
+
+DIFFERENT_TOO: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    (
+        "both leading system messages",
+        said({"role": "system", "content": "a"}, {"role": "system", "content": "b"}, user("x")),
+        said({"role": "system", "content": "b"}, user("x")),
+    ),
+    ("both system blocks", said(user("x"), system=PARTS), said(user("x"), system=PARTS[1:])),
+    ("a user's words that look like a billing block", said(user(BILLING)), said(user(""))),
+    (
+        "a typed part with a text member that is not a text part",
+        said(user([{"type": "audio", "text": "x"}])),
+        said(user("x")),
+    ),
+    ("a part without a type or text", said(user([{"v": 1}])), said(user([{"v": 2}]))),
+]
+
+
+@pytest.mark.parametrize(("what", "one", "other"), DIFFERENT_TOO, ids=[d[0] for d in DIFFERENT_TOO])
+def test_more_conversations_that_differ(
+    what: str, one: dict[str, Any], other: dict[str, Any]
+) -> None:
+    assert form(one) != form(other), what
+
+
+def test_two_leading_system_messages_are_the_system_prompt_and_not_messages() -> None:
+    found = form(
+        said({"role": "system", "content": "a"}, {"role": "system", "content": "b"}, user("x"))
+    )
+    assert len(found.atoms) == 1
+
+
+def test_text_around_an_image_is_two_runs() -> None:
+    found = form(said(user(["a", {"type": "input_image", "image_url": "u"}, "b"])))
+    assert found.atoms == [
+        b"l3:s1:ts4:userl1:s1:a",
+        b"l3:s1:ps4:userl2:s1:is1:u",
+        b"l3:s1:ts4:userl1:s1:b",
+    ]
+
+
+def test_a_later_system_message_is_pinned_as_the_system_role() -> None:
+    found = form(said(user("x"), {"role": "developer", "content": "y"}))
+    assert found.atoms[1] == b"l3:s1:ts6:systeml1:s1:y"
+
+
+def test_an_input_that_is_neither_text_nor_a_list_holds_no_conversation() -> None:
+    assert canonical({"input": {"role": "user"}}, WIDE) is None
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        (said("hi"), "a message that is not an object"),
+        (said(user([{"type": "audio", "v": object()}])), "not a JSON value"),
+    ],
+)
+def test_a_shape_no_dialect_has_is_a_type_error_that_says_what(
+    doc: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(TypeError, match=f"^{message}$"):
+        canonical(doc, WIDE)
