@@ -263,3 +263,44 @@ def test_an_active_conversation_is_measured_from_its_last_turn_not_from_the_cloc
     caches = book(clock, configured={"a": 1})
     caches.note("a", MODEL, b"A", 7000)
     assert caches.pushed_out("a", MODEL) == 7000
+
+
+def test_a_capacity_learnt_to_nothing_under_a_file_figure_holds_nothing() -> None:
+    caches = book(configured={"a": 1})
+    served(caches, b"A")
+    place = caches.place("a", MODEL, b"A")
+    assert place is not None
+    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    assert caches.place("a", MODEL, b"A") == Place(1, 5000, resident=False)
+
+
+def test_more_stated_slots_keep_more_conversations_warm() -> None:
+    stated = {"a": 2}
+    caches = book(stated=stated)
+    served(caches, b"A", b"B", b"C")
+    place = caches.place("a", MODEL, b"A")
+    assert place is not None
+    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    stated["a"] = 4
+    assert caches.place("a", MODEL, b"A") == Place(3, 5000, resident=True)
+
+
+def test_the_conversation_at_the_edge_of_a_learnt_capacity_is_the_one_pushed_out() -> None:
+    caches = book(configured={"a": 3})
+    for root, tokens in ((b"A", 100), (b"B", 200), (b"C", 300)):
+        caches.note("a", MODEL, root, tokens)
+    place = caches.place("a", MODEL, b"A")
+    assert place is not None
+    caches.judge("a", MODEL, place, cached=0, prompt=6000)  # learnt: 2
+    assert caches.pushed_out("a", MODEL) == 200
+
+
+def test_a_learnt_capacity_grows_again_on_a_hit_beyond_it() -> None:
+    caches = book(configured={"a": 3})
+    served(caches, b"A", b"B", b"C")
+    place = caches.place("a", MODEL, b"A")
+    assert place is not None
+    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    assert caches.capacity("a", MODEL).conversations == 2
+    caches.judge("a", MODEL, place, cached=5000, prompt=6000)
+    assert caches.capacity("a", MODEL).conversations == 3
