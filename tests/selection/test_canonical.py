@@ -698,6 +698,16 @@ SAME_TOO: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
 ]
 
 
+SAME_TOO += [
+    ("a part with text and no type, and the text", said(user([{"text": "x"}])), said(user("x"))),
+    (
+        "an LM Studio message block inside a result's list",
+        said({"role": "tool", "content": [{"type": "message", "content": ["a"]}]}),
+        said({"role": "tool", "content": "a"}),
+    ),
+]
+
+
 @pytest.mark.parametrize(("what", "one", "other"), SAME_TOO, ids=[s[0] for s in SAME_TOO])
 def test_the_same_conversation_in_more_shapes(
     what: str, one: dict[str, Any], other: dict[str, Any]
