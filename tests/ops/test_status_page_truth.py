@@ -16,11 +16,13 @@ import re
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar, cast
 
 import pytest
 import pytest_twisted
+from attrs import frozen
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.interfaces import ITCPTransport
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
@@ -33,7 +35,15 @@ from nvpair_tw.events import Event, ProxyRequest
 from nvpair_tw.nodes._directory import Node
 from nvpair_tw.ops._admin import AdminService
 from nvpair_tw.runtime import Runtime
-from nvpair_tw.testing import Behaviour, SimulatedEngine, always, start_engine, start_proxy
+from nvpair_tw.testing import (
+    Behaviour,
+    EngineHandle,
+    ProxyHandle,
+    SimulatedEngine,
+    always,
+    start_engine,
+    start_proxy,
+)
 from tests.dialects import engine_answers as real
 from tests.ops.browser import DESKTOP, PHONE, opened, require_browser
 
@@ -54,6 +64,37 @@ async def _admin(reactor: Any, runtime: Runtime) -> tuple[AdminService, str]:
     admin.startService()
     port = (await admin.listener.ready).getHost().port  # type: ignore[attr-defined]
     return admin, f"http://127.0.0.1:{port}"
+
+
+@frozen
+class _Staged:
+    """The proxy of a truth test, its status page's address and its engines."""
+
+    proxy: ProxyHandle
+    url: str
+    engines: list[EngineHandle]
+
+
+@asynccontextmanager
+async def _staged(
+    reactor: Any,
+    engines: Sequence[SimulatedEngine],
+    nodes: Callable[[list[str]], list[Node]],
+    settings: Settings | None = None,
+) -> AsyncIterator[_Staged]:
+    """The engines on loopback, a proxy over the nodes made from their URLs (one facade,
+    ``ollama``) and its admin listener; all stopped after, the engines' timers cancelled."""
+    handles = [await start_engine(reactor, engine) for engine in engines]
+    proxy = await start_proxy(reactor, {"ollama": nodes([h.url for h in handles])}, settings)
+    admin, url = await _admin(reactor, proxy.runtime)
+    try:
+        yield _Staged(proxy, url, handles)
+    finally:
+        await admin.stopService()
+        await proxy.stop()
+        for handle in handles:
+            handle.engine.stop()
+            await handle.stop()
 
 
 async def _refusing_port(reactor: Any) -> int:
@@ -177,22 +218,19 @@ async def test_a_node_that_refuses_connections_is_unreachable_never_ready(
     reached: "not heard from yet", not green; once a request could not connect to it,
     unreachable too. A node that answers its poll: "ready"."""
     require_browser()
-    up = await start_engine(reactor, SimulatedEngine(reactor))
     refused = await _refusing_port(reactor)
-    nodes = [
-        Node("gone", f"http://ops:{SECRET}@127.0.0.1:{refused}"),
-        Node("spare", f"http://127.0.0.1:{refused}", ("llama3:latest",)),
-        Node("up", up.url),
-    ]
-    proxy = await start_proxy(reactor, {"ollama": nodes})
-    await proxy.runtime.facades["ollama"].inventory.poll_now()
-    admin, url = await _admin(reactor, proxy.runtime)
-    try:
-        seen = await deferToThread(_watch_unreachable, url, proxy.url(), str(tmp_path))
-    finally:
-        await admin.stopService()
-        await proxy.stop()
-        await up.stop()
+
+    def nodes(urls: list[str]) -> list[Node]:
+        return [
+            Node("gone", f"http://ops:{SECRET}@127.0.0.1:{refused}"),
+            Node("spare", f"http://127.0.0.1:{refused}", ("llama3:latest",)),
+            Node("up", urls[0]),
+        ]
+
+    async with _staged(reactor, [SimulatedEngine(reactor)], nodes) as staged:
+        await staged.proxy.runtime.facades["ollama"].inventory.poll_now()
+        watch = (staged.url, staged.proxy.url(), str(tmp_path))
+        seen = await deferToThread(_watch_unreachable, *watch)
     assert seen["errors"] == [] and seen["console"] == []
     gone, spare, ready = seen["before"]["gone"], seen["before"]["spare"], seen["before"]["up"]
     assert "unreachable" in gone["class"].split()
@@ -265,24 +303,19 @@ async def test_refused_and_failed_requests_are_counted_by_key_and_model_and_list
     require_browser()
     sick = SimulatedEngine(reactor, models=("qwen2:latest",), policy=always(Behaviour.STATUS_503))
     healthy = SimulatedEngine(reactor, chunks=4, chunk_delay=0.02, kind="ollama")
-    a, b = await start_engine(reactor, sick), await start_engine(reactor, healthy)
-    nodes = [Node("sick", a.url, ("qwen2:latest",)), Node("ok", b.url, ("llama3:latest",))]
-    proxy = await start_proxy(reactor, {"ollama": nodes})
     records: list[ProxyRequest] = []
 
     def keep(event: Event) -> None:
         if isinstance(event.value, ProxyRequest):
             records.append(event.value)
 
-    proxy.runtime.shared.bus.subscribe(keep, name="test")
-    admin, url = await _admin(reactor, proxy.runtime)
-    try:
-        seen = await deferToThread(_count_requests, url, proxy.url(), str(tmp_path))
-    finally:
-        await admin.stopService()
-        await proxy.stop()
-        await a.stop()
-        await b.stop()
+    def nodes(urls: list[str]) -> list[Node]:
+        return [Node("sick", urls[0], ("qwen2:latest",)), Node("ok", urls[1], ("llama3:latest",))]
+
+    async with _staged(reactor, [sick, healthy], nodes) as staged:
+        staged.proxy.runtime.shared.bus.subscribe(keep, name="test")
+        watch = (staged.url, staged.proxy.url(), str(tmp_path))
+        seen = await deferToThread(_count_requests, *watch)
     assert seen["errors"] == [] and seen["console"] == []
     failed_status = seen["statuses"][0]
     assert failed_status >= 500 and seen["statuses"][1:] == [failed_status] * 2 + [400, 200]
@@ -425,19 +458,14 @@ async def test_each_request_in_flight_shows_the_phase_its_exchange_publishes(
         "silent": SimulatedEngine(reactor, policy=always(Behaviour.HEADERS_ONLY)),
         "slow": SimulatedEngine(reactor, chunks=600, chunk_delay=0.1),
     }
-    handles = {name: await start_engine(reactor, engine) for name, engine in engines.items()}
-    nodes = [
-        Node(name, handle.url, ("llama3:latest",), slots=1 if name == "slow" else 0)
-        for name, handle in handles.items()
-    ]
-    proxy = await start_proxy(reactor, {"ollama": nodes}, Settings(response_header_timeout=60))
-    port = proxy.ports["ollama"].getHost().port  # type: ignore[attr-defined]
-    proxy_url = proxy.url()
-    held: list[_Held] = []
-    admin, url = await _admin(reactor, proxy.runtime)
 
-    def start() -> None:
-        blockingCallFromThread(reactor, _hold, reactor, port, [*PHASES, "slow"], held)
+    def nodes(urls: list[str]) -> list[Node]:
+        return [
+            Node(name, url, ("llama3:latest",), slots=1 if name == "slow" else 0)
+            for name, url in zip(engines, urls, strict=True)
+        ]
+
+    held: list[_Held] = []
 
     def drop_all() -> None:
         for h in held:
@@ -446,16 +474,18 @@ async def test_each_request_in_flight_shows_the_phase_its_exchange_publishes(
     def drop() -> None:
         blockingCallFromThread(reactor, drop_all)
 
-    try:
-        seen = await deferToThread(_watch_phases, url, start, drop, str(tmp_path))
-    finally:
-        for h in held:
-            h.drop()
-        await admin.stopService()
-        await proxy.stop()
-        for handle in handles.values():
-            handle.engine.stop()
-            await handle.stop()
+    settings = Settings(response_header_timeout=60)
+    async with _staged(reactor, list(engines.values()), nodes, settings) as staged:
+        port = staged.proxy.ports["ollama"].getHost().port  # type: ignore[attr-defined]
+        proxy_url = staged.proxy.url()
+
+        def start() -> None:
+            blockingCallFromThread(reactor, _hold, reactor, port, [*PHASES, "slow"], held)
+
+        try:
+            seen = await deferToThread(_watch_phases, staged.url, start, drop, str(tmp_path))
+        finally:
+            drop_all()
     assert seen["errors"] == [] and seen["console"] == []
     assert "no request in flight" in seen["empty"]
     for rows in (seen["live"], seen["snapshot"]):
@@ -528,17 +558,12 @@ async def test_a_pull_fanned_out_to_every_node_shows_its_progress_per_node(
     node's result."""
     require_browser()
     engines = [SimulatedEngine(reactor, chunks=40, chunk_delay=0.1) for _ in range(2)]
-    handles = [await start_engine(reactor, engine) for engine in engines]
-    nodes = [Node(f"gpu{i}", h.url, ("llama3:latest",)) for i, h in enumerate(handles)]
-    proxy = await start_proxy(reactor, {"ollama": nodes})
-    admin, url = await _admin(reactor, proxy.runtime)
-    try:
-        seen = await deferToThread(_watch_pull, url, proxy.url(), str(tmp_path))
-    finally:
-        await admin.stopService()
-        await proxy.stop()
-        for handle in handles:
-            await handle.stop()
+
+    def nodes(urls: list[str]) -> list[Node]:
+        return [Node(f"gpu{i}", u, ("llama3:latest",)) for i, u in enumerate(urls)]
+
+    async with _staged(reactor, engines, nodes) as staged:
+        seen = await deferToThread(_watch_pull, staged.url, staged.proxy.url(), str(tmp_path))
     assert seen["errors"] == [] and seen["console"] == []
     assert seen["status"] == 200
     assert "/api/pull llama3 on 2 nodes" in seen["title"]
@@ -615,20 +640,15 @@ async def test_each_nodes_prompt_cache_is_shown_as_its_engine_said_it(
     require_browser()
     llama = SimulatedEngine(reactor, kind="openai", script=_llama_answers())
     ollama = SimulatedEngine(reactor, kind="ollama")
-    a, b = await start_engine(reactor, llama), await start_engine(reactor, ollama)
-    nodes = [
-        Node("llama", a.url, ("llama3:latest",), kind="openai"),
-        Node("ollama", b.url, ("llama3:latest",)),
-    ]
-    proxy = await start_proxy(reactor, {"ollama": nodes})
-    admin, url = await _admin(reactor, proxy.runtime)
-    try:
-        seen = await deferToThread(_watch_cache, url, proxy.url(), str(tmp_path))
-    finally:
-        await admin.stopService()
-        await proxy.stop()
-        await a.stop()
-        await b.stop()
+
+    def nodes(urls: list[str]) -> list[Node]:
+        return [
+            Node("llama", urls[0], ("llama3:latest",), kind="openai"),
+            Node("ollama", urls[1], ("llama3:latest",)),
+        ]
+
+    async with _staged(reactor, [llama, ollama], nodes) as staged:
+        seen = await deferToThread(_watch_cache, staged.url, staged.proxy.url(), str(tmp_path))
     assert seen["errors"] == [] and seen["console"] == []
     assert seen["statuses"] == [200, 200, 200]
     assert seen["before"] == "—"
