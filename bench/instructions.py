@@ -1,7 +1,7 @@
 """Instructions per small request, nvpair-tw against ReverseProxyResource, counted by callgrind.
 
 ``python bench/instructions.py [--requests N] [--base REF] [--no-admin] [--no-usage]
-[--log-level L] [--keep]`` starts the fast fake engine, then each contender under
+[--log-level L] [--keep] [--floor]`` starts the fast fake engine, then each contender under
 ``valgrind --tool=callgrind`` with collection off; once it answers, it sends warm-up requests,
 turns collection on (``callgrind_control -i on``), sends N small ``POST /api/chat`` requests one
 after another on one keep-alive connection, turns it off and reads the instructions counted. An
@@ -120,6 +120,11 @@ def main() -> None:
     parser.add_argument("--usage", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--base", help="also count nvpair-tw as it is at this git ref")
     parser.add_argument("--keep", action="store_true", help="keep the callgrind files")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="also count Twisted's server answering from memory (bench/static.py): the floor",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("bench: needs valgrind (Debian: apt-get install valgrind)")
@@ -139,6 +144,10 @@ def main() -> None:
         port = free_port()
         rpr = [PY, str(BENCH / "rpr.py"), str(port), str(up)]
         rows["rpr"] = counted("rpr", rpr, REPO, port, args)
+        if args.floor:
+            port = free_port()
+            static = [PY, str(BENCH / "static.py"), str(port)]
+            rows["twisted alone (floor)"] = counted("static", static, BENCH, port, args)
     finally:
         upstream.terminate()
         upstream.wait(timeout=30)
