@@ -123,7 +123,8 @@ def main() -> None:
     parser.add_argument(
         "--floor",
         action="store_true",
-        help="also count Twisted's server answering from memory (bench/static.py): the floor",
+        help="also count Twisted's server answering from memory (bench/static.py) and forwarding "
+        "through nvpair-tw's node client alone (bench/bare.py): the floors",
     )
     args = parser.parse_args()
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -148,6 +149,9 @@ def main() -> None:
             port = free_port()
             static = [PY, str(BENCH / "static.py"), str(port)]
             rows["twisted alone (floor)"] = counted("static", static, BENCH, port, args)
+            port = free_port()
+            bare = [PY, str(BENCH / "bare.py"), str(port), str(up)]
+            rows["twisted + nvpair-tw's node client"] = counted("bare", bare, REPO, port, args)
     finally:
         upstream.terminate()
         upstream.wait(timeout=30)

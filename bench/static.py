@@ -13,7 +13,6 @@ import sys
 from twisted.internet import reactor
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
-
 from upstream import CHAT, MODELS
 
 
