@@ -102,19 +102,9 @@ class Subscription:
         self._bus._remove(self)
 
     def _offer(self, event: Event) -> None:
+        """``event`` for a subscription that is paused, in a delivery or closed (the bus hands
+        every other event straight to the sink, `EventBus._dispatch`): queued, bounded."""
         if self._closed:
-            return
-        if not (self._queue or self._paused or self._draining):
-            # Nothing waits before it: handed to the sink as `_drain` would (nothing can queue
-            # meanwhile: the bus holds back a publish made from inside a sink until this
-            # delivery is over).
-            self._draining = True
-            try:
-                self._sink(event)
-            except Exception as e:
-                self._drop(f"sink raised {type(e).__name__}", Failure())
-            finally:
-                self._draining = False
             return
         if len(self._queue) >= self._max_pending and (self._paused or self._draining):
             self._drop(f"more than {self._max_pending} events pending")
@@ -212,7 +202,19 @@ class EventBus:
         if routes is None:
             routes = self._routes[kind] = tuple(s for s in self._subscriptions if s.takes(kind))
         for subscription in routes:
-            subscription._offer(event)
+            if subscription._paused or subscription._draining or subscription._closed:
+                subscription._offer(event)
+                continue
+            # Nothing waits before it (a queue fills only while paused or in a delivery): handed
+            # to the sink as `_drain` would, without its calls. Nothing can queue meanwhile: a
+            # publish from inside a sink waits in the outbox until this delivery is over.
+            subscription._draining = True
+            try:
+                subscription._sink(event)
+            except Exception as e:
+                subscription._drop(f"sink raised {type(e).__name__}", Failure())
+            finally:
+                subscription._draining = False
 
     def subscribe(
         self,
