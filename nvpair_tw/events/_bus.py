@@ -41,6 +41,15 @@ class Event:
         return self.value.to_json()
 
 
+_new_event = object.__new__
+_set_name, _set_value, _set_time = (
+    Event.__dict__[slot].__set__ for slot in ("name", "value", "time")
+)
+"""An `Event`'s slots, set as its ``__init__`` sets them but without the call: attrs' ``__init__``
+of a frozen class sets each field through ``object.__setattr__`` in a Python frame, and the bus
+makes six events a request (`EventBus.publish`). The value is the same, frozen."""
+
+
 def _check_max_pending(_: object, __: object, value: int) -> None:
     if value < 0:
         raise ValueError(f"max_pending must be >= 0, not {value}")
@@ -177,7 +186,10 @@ class EventBus:
         A publish from inside a sink is delivered after the event in hand has reached everyone,
         so every subscriber sees the same order.
         """
-        event = Event(value.name, value, self._clock.seconds())
+        event = _new_event(Event)  # Event(value.name, value, now), without its __init__
+        _set_name(event, value.name)
+        _set_value(event, value)
+        _set_time(event, self._clock.seconds())
         outbox = self._outbox
         if self._dispatching:
             outbox.append(event)
