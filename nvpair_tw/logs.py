@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback
+from collections.abc import Callable
 from time import time
 from typing import IO, Any
 
@@ -143,8 +144,8 @@ def _compact(event: dict[str, Any]) -> str:
     if failure is not None:
         record["traceback"] = failure.getTraceback()
     try:  # one encoding for the whole line: what JSON cannot hold is written as its repr
-        return _ENCODE(record) + "\n"
-    except ValueError:  # a value that holds itself
+        return _encode_line(record) + "\n"
+    except (ValueError, RecursionError):  # a value that holds itself
         return _ENCODE({k: _plain(v) for k, v in record.items()}) + "\n"
 
 
@@ -169,6 +170,26 @@ _LOGGER_ORDER = ["log_logger", "log_level", "log_namespace", "log_source", "log_
 _LOGGER_KEYS = len(_LOGGER_ORDER)
 
 _ENCODE = json.JSONEncoder(separators=(",", ":"), default=repr).encode
+
+
+def _line_encoder() -> Callable[[dict[str, Any]], str]:
+    """:data:`_ENCODE` for a line, without its per-call set-up: CPython's ``JSONEncoder.encode``
+    makes its C encoder (``_json.make_encoder``) anew for every value, with a fresh dict of the
+    containers met to tell a value that holds itself (``ValueError``); this one is made once,
+    with the same arguments but no such dict: a value that holds itself recurses until Python's
+    recursion limit (``RecursionError``), and the line is then written value by value, as it
+    was. Where the C encoder is missing, :data:`_ENCODE` itself."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return _ENCODE
+    encode = make(
+        None, repr, json.encoder.encode_basestring_ascii, None, ":", ",", False, False, True
+    )
+    join = "".join
+    return lambda record: join(encode(record, 0))
+
+
+_encode_line = _line_encoder()
 
 
 def _plain(value: Any) -> Any:

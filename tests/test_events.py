@@ -90,6 +90,19 @@ def test_event_carries_name_payload_and_publish_time() -> None:
     assert event.payload == {"engine": "ollama", "node_id": "n1"}
 
 
+def test_a_published_event_is_a_frozen_event_like_one_its_class_makes() -> None:
+    """The bus sets an event's slots without its ``__init__``: the value is the same, frozen,
+    equal and hashed alike."""
+    clock, bus = _bus()
+    value = NodeUncordon("ollama", "n1")
+    event = bus.publish(value)
+    made = Event("node/uncordon", value, clock.seconds())
+    assert type(event) is Event and event == made and hash(event) == hash(made)
+    assert repr(event) == repr(made)
+    with pytest.raises(attrs.exceptions.FrozenInstanceError):
+        event.time = 0.0  # type: ignore[misc]
+
+
 def test_every_subscriber_receives_events_in_publish_order() -> None:
     """Each subscriber sees every event, in publish order."""
     _, bus = _bus()

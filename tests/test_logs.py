@@ -149,6 +149,20 @@ def test_compact_json_reprs_values_json_cannot_hold() -> None:
     assert line["count"] == 3
 
 
+def test_a_value_that_holds_itself_is_written_as_its_repr_and_the_next_line_whole() -> None:
+    """A field whose value holds itself cannot be JSON: the line still comes, that value as
+    its ``repr``, the others as they are; the next line is written whole again."""
+    buffer = io.StringIO()
+    logger = LevelledLogger(namespace="n", observer=compact_json_observer(buffer))
+    loop: list[Any] = []
+    loop.append(loop)
+    logger.info("a loop", loop=loop, count=3)
+    logger.info("after", items=[1, 2])
+    first, second = _lines(buffer)
+    assert first["loop"] == repr(loop) and first["count"] == 3
+    assert second["items"] == [1, 2]
+
+
 def test_event_fields_do_not_override_the_stable_keys() -> None:
     """A field called ``msg`` or ``level`` cannot replace the record's own keys."""
     buffer = io.StringIO()

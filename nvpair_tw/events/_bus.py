@@ -41,6 +41,15 @@ class Event:
         return self.value.to_json()
 
 
+_new_event = object.__new__
+_set_name, _set_value, _set_time = (
+    Event.__dict__[slot].__set__ for slot in ("name", "value", "time")
+)
+"""An `Event`'s slots, set as its ``__init__`` sets them but without the call: attrs' ``__init__``
+of a frozen class sets each field through ``object.__setattr__`` in a Python frame, and the bus
+makes six events a request (`EventBus.publish`). The value is the same, frozen."""
+
+
 def _check_max_pending(_: object, __: object, value: int) -> None:
     if value < 0:
         raise ValueError(f"max_pending must be >= 0, not {value}")
@@ -102,19 +111,9 @@ class Subscription:
         self._bus._remove(self)
 
     def _offer(self, event: Event) -> None:
+        """``event`` for a subscription that is paused, in a delivery or closed (the bus hands
+        every other event straight to the sink, `EventBus._dispatch`): queued, bounded."""
         if self._closed:
-            return
-        if not (self._queue or self._paused or self._draining):
-            # Nothing waits before it: handed to the sink as `_drain` would (nothing can queue
-            # meanwhile: the bus holds back a publish made from inside a sink until this
-            # delivery is over).
-            self._draining = True
-            try:
-                self._sink(event)
-            except Exception as e:
-                self._drop(f"sink raised {type(e).__name__}", Failure())
-            finally:
-                self._draining = False
             return
         if len(self._queue) >= self._max_pending and (self._paused or self._draining):
             self._drop(f"more than {self._max_pending} events pending")
@@ -187,7 +186,10 @@ class EventBus:
         A publish from inside a sink is delivered after the event in hand has reached everyone,
         so every subscriber sees the same order.
         """
-        event = Event(value.name, value, self._clock.seconds())
+        event = _new_event(Event)  # Event(value.name, value, now), without its __init__
+        _set_name(event, value.name)
+        _set_value(event, value)
+        _set_time(event, self._clock.seconds())
         outbox = self._outbox
         if self._dispatching:
             outbox.append(event)
@@ -212,7 +214,19 @@ class EventBus:
         if routes is None:
             routes = self._routes[kind] = tuple(s for s in self._subscriptions if s.takes(kind))
         for subscription in routes:
-            subscription._offer(event)
+            if subscription._paused or subscription._draining or subscription._closed:
+                subscription._offer(event)
+                continue
+            # Nothing waits before it (a queue fills only while paused or in a delivery): handed
+            # to the sink as `_drain` would, without its calls. Nothing can queue meanwhile: a
+            # publish from inside a sink waits in the outbox until this delivery is over.
+            subscription._draining = True
+            try:
+                subscription._sink(event)
+            except Exception as e:
+                subscription._drop(f"sink raised {type(e).__name__}", Failure())
+            finally:
+                subscription._draining = False
 
     def subscribe(
         self,

@@ -99,7 +99,7 @@ class Cached:
         return cls(record.prompt_tokens, record.cached_tokens, record.cache_affinity)
 
 
-def _cache_json(answers: deque[Cached]) -> dict[str, int]:
+def _cache_json(answers: list[Cached]) -> dict[str, int]:
     """``{"answers", "stated", "promptTokens", "cachedTokens", "expectedWarm"}``: the prompt and
     cached tokens summed over the answers whose engine said both."""
     stated = [a for a in answers if a.prompt is not None and a.cached is not None]
@@ -123,43 +123,39 @@ def _ttft(record: ProxyRequest) -> int | None:
     return record.ttft_ms if status is not None and status < 400 else None
 
 
-@frozen
-class _Recent:
-    """A recent request as it ended: its record, when (clock seconds), the model it is counted
-    under and its verdict; its row is made when the page asks (:meth:`to_json`), not per request."""
+_Ended = tuple[ProxyRequest, float, str | None, Verdict]
+"""A recent request as it ended: its record, when (clock seconds), the model it is counted under
+and its verdict, as a tuple (a value made per request costs more than one): its row is made when
+the page asks (:func:`_row`), not per request."""
 
-    record: ProxyRequest
-    at: float
-    model: str | None
-    verdict: Verdict
 
-    def to_json(self) -> dict[str, Any]:
-        """The request's row in the recent-requests panel."""
-        record = self.record
-        attempts = record.attempts
-        node = record.node_id or (attempts[-1].node_id if attempts else None)
-        chosen = record.chosen_by
-        return {
-            "at": _ms(self.at),
-            "id": record.id,
-            "engine": record.engine,
-            "status": record.status,
-            "verdict": self.verdict.value,
-            "node": node,
-            "chosenBy": None if chosen is None else chosen.value,
-            "ttftMs": _ttft(record),
-            "tokensPerS": record.tokens_per_s,
-            "promptTokens": record.prompt_tokens,
-            "cachedTokens": record.cached_tokens,
-            "expectedWarm": record.cache_affinity,
-            "model": self.model,
-            "key": record.key,
-            "method": record.method,
-            "path": record.path,
-            "error": record.error,
-            "durationMs": record.duration_ms,
-            "attempts": len(attempts),
-        }
+def _row(ended: _Ended) -> dict[str, Any]:
+    """The request's row in the recent-requests panel."""
+    record, at, model, verdict = ended
+    attempts = record.attempts
+    node = record.node_id or (attempts[-1].node_id if attempts else None)
+    chosen = record.chosen_by
+    return {
+        "at": _ms(at),
+        "id": record.id,
+        "engine": record.engine,
+        "status": record.status,
+        "verdict": verdict.value,
+        "node": node,
+        "chosenBy": None if chosen is None else chosen.value,
+        "ttftMs": _ttft(record),
+        "tokensPerS": record.tokens_per_s,
+        "promptTokens": record.prompt_tokens,
+        "cachedTokens": record.cached_tokens,
+        "expectedWarm": record.cache_affinity,
+        "model": model,
+        "key": record.key,
+        "method": record.method,
+        "path": record.path,
+        "error": record.error,
+        "durationMs": record.duration_ms,
+        "attempts": len(attempts),
+    }
 
 
 class RequestBook:
@@ -167,11 +163,11 @@ class RequestBook:
 
     def __init__(self) -> None:
         self.in_flight: OrderedDict[str, RequestPhase] = OrderedDict()
-        self.recent: deque[_Recent] = deque(maxlen=RECENT)
+        self.recent: deque[_Ended] = deque(maxlen=RECENT)
         self.by_key = Tally("key")
         self.by_model = Tally("model")
         self._ttft: dict[NodeKey, deque[int]] = {}
-        self._cache: dict[NodeKey, deque[Cached]] = {}
+        self._cache: dict[NodeKey, deque[ProxyRequest]] = {}
         self._contacts: dict[NodeKey, LastContact] = {}
 
     def phase(self, event: RequestPhase) -> None:
@@ -196,7 +192,7 @@ class RequestBook:
         verdict = verdict_of(record)
         self.by_key.add(record.key, verdict)
         self.by_model.add(model, verdict)
-        self.recent.appendleft(_Recent(record, at, model, verdict))
+        self.recent.appendleft((record, at, model, verdict))
         self._learn(record, at)
 
     def _learn(self, record: ProxyRequest, at: float) -> None:
@@ -210,12 +206,18 @@ class RequestBook:
             self._contact((record.engine, attempt.node_id), contact, at)
         ttft, node_id = _ttft(record), record.node_id
         if ttft is not None and node_id is not None:
-            samples = self._ttft.setdefault((record.engine, node_id), deque(maxlen=TTFT_SAMPLES))
+            key = (record.engine, node_id)
+            samples = self._ttft.get(key)
+            if samples is None:
+                samples = self._ttft[key] = deque(maxlen=TTFT_SAMPLES)
             samples.append(ttft)
         status = record.status
         if node_id is not None and record.model is not None and status is not None and status < 400:
-            answers = self._cache.setdefault((record.engine, node_id), deque(maxlen=CACHE_SAMPLES))
-            answers.append(Cached.of(record))
+            key = (record.engine, node_id)
+            answers = self._cache.get(key)
+            if answers is None:
+                answers = self._cache[key] = deque(maxlen=CACHE_SAMPLES)
+            answers.append(record)  # its `Cached` is made when the page asks
 
     def _contact(self, key: NodeKey, contact: Contact, at: float) -> None:
         before = self._contacts.get(key)
@@ -236,7 +238,7 @@ class RequestBook:
     def cache(self, engine: str, node_id: str) -> dict[str, int] | None:
         """The node's prompt cache over its last answers (:func:`_cache_json`), None before any."""
         answers = self._cache.get((engine, node_id))
-        return _cache_json(answers) if answers else None
+        return _cache_json([Cached.of(record) for record in answers]) if answers else None
 
     def forget(self, known: set[NodeKey]) -> None:
         """Drop what is kept of nodes no longer in any directory (bounds it by the nodes)."""
@@ -249,7 +251,7 @@ class RequestBook:
         "byKey": [...], "byModel": [...]}``."""
         return {
             "inFlight": [event.to_json() for event in self.in_flight.values()],
-            "recent": [row.to_json() for row in self.recent],
+            "recent": [_row(ended) for ended in self.recent],
             "byKey": self.by_key.to_json(),
             "byModel": self.by_model.to_json(),
         }

@@ -36,18 +36,26 @@ class Throughput:
         self.bucket = bucket
         self.buckets = buckets
         self._counts: dict[tuple[str, str], dict[int, int]] = {}
+        self._pruned: int | None = None
+        """The newest bucket of the last prune: pruning again for it would drop nothing (only
+        that bucket was added to since), so a request of the same bucket does not walk them."""
 
     def _index(self, time: float) -> int:
         return int(time // self.bucket)
 
     def add(self, time: float, engine: str, node: str, tokens: int) -> None:
         """Count ``tokens`` completion tokens for ``(engine, node)`` in the bucket of ``time``."""
-        index = self._index(time)
-        counts = self._counts.setdefault((engine, node), {})
+        index = int(time // self.bucket)
+        series = (engine, node)
+        counts = self._counts.get(series)
+        if counts is None:
+            counts = self._counts[series] = {}
         counts[index] = counts.get(index, 0) + tokens
-        self._prune(index)
+        if index != self._pruned:
+            self._prune(index)
 
     def _prune(self, newest: int) -> None:
+        self._pruned = newest
         oldest = newest - self.buckets + 1
         for series, counts in list(self._counts.items()):
             for index in [i for i in counts if i < oldest]:

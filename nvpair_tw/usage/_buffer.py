@@ -33,7 +33,11 @@ def _merge(into: dict[UsageKey, Counts], rows: Iterable[Row]) -> None:
 
 
 def _count(into: dict[UsageKey, Counts], bucket: UsageKey, counts: Sequence[int]) -> None:
-    add(into.setdefault(bucket, [0] * len(COUNTS)), counts)
+    row = into.get(bucket)
+    if row is None:
+        into[bucket] = [*counts, *[0] * (len(COUNTS) - len(counts))]
+    else:
+        add(row, counts)
 
 
 class UsageBuffer:

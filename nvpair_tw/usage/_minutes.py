@@ -8,10 +8,11 @@ as whole minutes since the Unix epoch (UTC), then the counts in :data:`COUNTS` o
 
 from __future__ import annotations
 
+import operator
 import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from attrs import frozen
 
@@ -62,10 +63,13 @@ Row = tuple[int, str, str, str, int, int, int, int, int, int, int]
 unknown_cached)``."""
 
 
-@frozen
-class UsageKey:
+class UsageKey(NamedTuple):
     """One bucket: a UTC minute (minutes since the epoch), a key name, a public model, a node id
-    (``""`` when no node served the request)."""
+    (``""`` when no node served the request).
+
+    A named tuple, not an attrs value: one is made and hashed per inference record, and a tuple
+    is made and hashed in C (an attrs value's ``__init__`` and ``__hash__`` are Python calls).
+    """
 
     minute: int
     key: str
@@ -103,9 +107,8 @@ def counts_of(time: float, record: ProxyRequest) -> tuple[UsageKey, Counts] | No
 
 
 def add(into: Counts, counts: Sequence[int]) -> None:
-    """Add ``counts`` to ``into`` in place."""
-    for i, n in enumerate(counts):
-        into[i] += n
+    """Add ``counts`` to ``into`` in place (the first ``len(counts)`` of it)."""
+    into[: len(counts)] = map(operator.add, into, counts)
 
 
 def minute_iso(minute: int) -> str:

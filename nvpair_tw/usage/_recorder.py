@@ -114,19 +114,21 @@ class UsageRecorder:
         return self.storage.written
 
     def _observe(self, event: Event) -> None:
-        if not isinstance(event.value, ProxyRequest):
+        record = event.value
+        if not isinstance(record, ProxyRequest):
             return
-        counted = counts_of(event.time, event.value)
+        counted = counts_of(event.time, record)
         if counted is None:
             return
         bucket, counts = counted
-        if self.state is Storage.MEMORY:
-            self.buffer.keep(bucket, counts)
+        buffer = self.buffer
+        if self.storage.state is Storage.MEMORY:
+            buffer.keep(bucket, counts)
         else:
-            self.buffer.hold(bucket, counts)
+            buffer.hold(bucket, counts)
         if self._fleet is not None:
-            self.buffer.share(bucket, counts)
-        if self.buffer.unsaved or self.buffer.unshared:
+            buffer.share(bucket, counts)
+        if self._flush_timer is None:  # armed: nothing to do (`_arm` says whether to arm)
             self._arm()
 
     def _arm(self) -> None:
