@@ -32,7 +32,7 @@ from nvpair_tw.corridor._dialect import (
 )
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._responses import conversation_first, stored_response
-from nvpair_tw.corridor._scheduling import rank
+from nvpair_tw.corridor._scheduling import Ranked, rank
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import Workload
 from nvpair_tw.dialects import asks_usage
@@ -115,11 +115,11 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     known = _NO_CONVERSATION
     if model and parsed is not None and target is None:
         known = conversation(facade, inbound, model, parsed)
-    ordered = _ordered(facade, inbound, eligible, model, parsed, known, stored)
+    ordered, chosen, size = _ordered(facade, inbound, eligible, model, parsed, known, stored)
     candidates = ordered.nodes
     usage = UsageCell() if inference else None
     plan = _plan(facade, inbound, usage, gated, candidates)
-    warm = candidates[0].id if ordered.promoted else None
+    warm = candidates[0].id if ordered.affinity else None
     if not inference:
         model = label = None
     return Route(
@@ -131,27 +131,13 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
         label,
         ordered.predicted,
         ordered.patience,
-        ordered.size,
+        size,
         ordered.reloads,
         ordered.context_fit,
-        ordered.chosen,
+        chosen,
         usage,
         known.session,
     )
-
-
-@frozen
-class _Ordered:
-    """The candidates in order, and what ordering them found."""
-
-    nodes: list[Node]
-    chosen: Choice
-    promoted: bool = False
-    predicted: dict[str, float] = field(factory=dict)
-    patience: Patience | None = None
-    size: RequestSize = field(factory=RequestSize)
-    reloads: frozenset[str] = frozenset()
-    context_fit: bool = True
 
 
 def _ordered(
@@ -162,48 +148,44 @@ def _ordered(
     parsed: dict[str, Any] | None,
     known: Conversation,
     stored: str | None = None,
-) -> _Ordered:
+) -> tuple[Ranked, Choice, RequestSize]:
     """The order of §5 and §15.2: the targeted node alone; by prediction for a model (and the
     active conversations it would push out of a node's prompt cache, §5.3.1); else the base
-    order; the node of the stored response the request names first (§2.1)."""
+    order; the node of the stored response the request names first (§2.1). With the order, why
+    its first candidate is first and what the prediction read of the request (its size)."""
     target = inbound.node
     if target is not None:
-        return _Ordered([target], Choice.TARGET)
+        return Ranked([target], False, {}), Choice.TARGET, _NO_SIZE
     warm = known.warm
     hint = None if warm is None else warm.node
+    size = _NO_SIZE
     if model:
         ratio = facade.speeds.bytes_per_token(model)  # learnt per model, §15.1
         size = request_size(parsed, len(inbound.body), ratio)
         pushing = pushing_out(facade, known, eligible, model, size)
-        ranked = rank(facade, eligible, model, size, hint, pushing)
-        chosen = warm.by if ranked.affinity and warm is not None else Choice.PREDICTION
-        ordered = _Ordered(
-            ranked.nodes,
-            chosen,
-            ranked.affinity,
-            ranked.predicted,
-            ranked.patience,
-            size,
-            ranked.reloads,
-            ranked.context_fit,
-        )
+        ordered = rank(facade, eligible, model, size, hint, pushing)
+        chosen = warm.by if ordered.affinity and warm is not None else Choice.PREDICTION
     else:
         nodes, promoted = facade.order(eligible, head_selection=False, affinity_hint=hint)
         chosen = warm.by if promoted and warm is not None else Choice.ORDER
-        ordered = _Ordered(nodes, chosen, promoted)
+        ordered = Ranked(nodes, promoted, {})
     if facade.pin and ordered.nodes and ordered.nodes[0].id == facade.pin:
-        ordered = evolve(ordered, chosen=Choice.PIN)
+        chosen = Choice.PIN
     nodes = conversation_first(facade, stored, ordered.nodes)
     if nodes and nodes[0] is not ordered.nodes[0]:
         # The response's node goes first, free or not: no choice by prediction (§2.1, §15.2).
-        ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION, patience=None)
-    return ordered
+        ordered = evolve(ordered, nodes=nodes, patience=None)
+        chosen = Choice.CONVERSATION
+    return ordered, chosen, size
 
 
 _GATED = (RouteKind.INFERENCE, RouteKind.MODEL_ROUTED)
 
 _NO_CONVERSATION = Conversation()
 """What a route knows of a request without a conversation (a frozen value: made once)."""
+
+_NO_SIZE = RequestSize()
+"""What a route reads of a request it does not predict for (a frozen value: made once)."""
 
 
 OTHER_MODEL = "other"
