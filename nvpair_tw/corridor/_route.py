@@ -28,7 +28,6 @@ from nvpair_tw.corridor._dialect import (
     UsageNoted,
     may_lack,
     reach,
-    speaks,
 )
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._responses import conversation_first, stored_response
@@ -101,9 +100,10 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     eligible = _eligible(facade, inbound, gated)
     if isinstance(eligible, Rejection):
         return eligible
-    eligible = _speakable(facade, inbound.path, eligible, parsed)
-    if isinstance(eligible, Rejection):
-        return eligible
+    speakable = _speakable(facade, inbound.path, eligible, parsed)
+    if isinstance(speakable, Rejection):
+        return speakable
+    eligible, translated = speakable
     # Affinity, reservations, residency, workloads and events key on the public name (§11.4).
     model = facade.directory.catalogue.public(gated) if gated else None
     target = inbound.node
@@ -118,7 +118,7 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     ordered, chosen, size = _ordered(facade, inbound, eligible, model, parsed, known, stored)
     candidates = ordered.nodes
     usage = UsageCell() if inference else None
-    plan = _plan(facade, inbound, usage, gated, candidates)
+    plan = _plan(facade, inbound, usage, gated, candidates, translated)
     warm = candidates[0].id if ordered.affinity else None
     if not inference:
         model = label = None
@@ -183,6 +183,9 @@ _GATED = (RouteKind.INFERENCE, RouteKind.MODEL_ROUTED)
 
 _NO_CONVERSATION = Conversation()
 """What a route knows of a request without a conversation (a frozen value: made once)."""
+
+_NONE: frozenset[str] = frozenset()
+"""No node ids (the candidates that take a route translated, usually none)."""
 
 _NO_SIZE = RequestSize()
 """What a route reads of a request it does not predict for (a frozen value: made once)."""
@@ -291,12 +294,14 @@ def _spare_busy_routers(facade: FacadeState, eligible: list[Node], model: str) -
 
 def _speakable(
     facade: FacadeState, path: str, eligible: list[Node], parsed: dict[str, Any] | None
-) -> list[Node] | Rejection:
+) -> tuple[list[Node], frozenset[str]] | Rejection:
     """The eligible nodes that can take the route, natively or translated (§11.3), decided once
-    per node kind; 400 ``untranslatable`` (no native candidate, and the request cannot be
-    translated) or 502 ``no-route-owner`` (no candidate of a kind that serves the route)."""
+    per node kind, with the ids of those that take it translated (:func:`_needs_speech` reads
+    them); 400 ``untranslatable`` (no native candidate, and the request cannot be translated) or
+    502 ``no-route-owner`` (no candidate of a kind that serves the route)."""
     by_kind: dict[tuple[str, bool], Reach] = {}
     able: list[Node] = []
+    translated = _NONE
     gaps = facade.gaps
     for node in eligible:
         kind = (node.kind_of(facade.profile).name, gaps.lacks(node, path))  # §17.3
@@ -305,8 +310,10 @@ def _speakable(
             how = by_kind[kind] = reach(facade.profile, node, path, parsed, gaps)
         if how.ok:
             able.append(node)
+            if not how.native:
+                translated |= {node.id}
     if able or not eligible:
-        return able
+        return able, translated
     field = next((how.field for how in by_kind.values() if how.field), None)
     if field is not None:
         message = f"the request cannot be translated for the nodes that have it: field '{field}'"
@@ -355,6 +362,7 @@ def _plan(
     usage: UsageNoted | None,
     model: str | None,
     candidates: list[Node],
+    translated: frozenset[str],
 ) -> AttemptPlan:
     """How every attempt runs and commits, its timers and what it sends (with the assembly of
     §6.5): the checked body and the normalised target of the one parse (§14.1)."""
@@ -362,7 +370,7 @@ def _plan(
     inference = inbound.kind is RouteKind.INFERENCE
     return AttemptPlan(
         headers=inbound.head.headers,
-        sends=_sends(facade, inbound, usage, model, candidates),
+        sends=_sends(facade, inbound, usage, model, candidates, translated),
         inference=inference or inbound.kind is RouteKind.MODEL_ROUTED,
         gated=inference and facade.first_body_gate,
         header_timeout=settings.response_header_timeout,
@@ -378,9 +386,11 @@ def _sends(
     usage: UsageNoted | None,
     model: str | None,
     candidates: list[Node],
+    translated: frozenset[str],
 ) -> Sends:
     """What the attempts send, decided once: the same wire for all when every candidate speaks
-    the route natively under the client's name for the model, else a :class:`Speech`."""
+    the route natively under the client's name for the model, else a :class:`Speech`
+    (``translated``: the candidates that do not speak it, :func:`_speakable`'s)."""
     path = inbound.path
     settings = facade.shared.settings
     inference = inbound.kind is RouteKind.INFERENCE
@@ -399,7 +409,7 @@ def _sends(
     if inference:
         sent, asked = _asking_usage(path, sent, parsed, assembly)
         strip_usage = usage if asked else None
-    if _needs_speech(facade, path, model, candidates):
+    if _needs_speech(facade, path, model, candidates, translated):
         known = sent if sent is not None else body
         return _speech(facade, inbound, known, parsed, model, assembly, strip_usage)
     body = sent.body if sent is not None else body
@@ -430,16 +440,18 @@ def _asking_usage(
     return rewrite_outlined(dialect, sent), True
 
 
-def _needs_speech(facade: FacadeState, path: str, model: str | None, nodes: list[Node]) -> bool:
-    """Whether any candidate is of another kind or lacks the route, whether a node may be found
-    to lack it during the request (§17.3), or the model has other names (§11.3, §11.4)."""
+def _needs_speech(
+    facade: FacadeState, path: str, model: str | None, nodes: list[Node], translated: frozenset[str]
+) -> bool:
+    """Whether any candidate is of another kind or lacks the route (it is among ``translated``,
+    as :func:`_speakable` found it), whether a node may be found to lack it during the request
+    (§17.3), or the model has other names (§11.3, §11.4)."""
     if may_lack(path):
         return True
     declared = facade.directory.catalogue.by_name.get(model.strip()) if model else None
     if declared is not None and declared.aliases:
         return True
-    gaps = facade.gaps
-    return any(not speaks(facade.profile, node, path, gaps) for node in nodes)
+    return bool(translated) and any(node.id in translated for node in nodes)
 
 
 def _cold_allowances(facade: FacadeState, model: str | None, nodes: list[Node]) -> dict[str, float]:
