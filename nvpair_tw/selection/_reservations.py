@@ -141,8 +141,8 @@ class ReservationLedger:
 
         A snapshot forgets every live hold, so a stale reservation is simply no longer known.
         """
-        if self._live.get(reservation.serial) != reservation:
-            return
+        if self._live.get(reservation.serial) is not reservation:
+            return  # only this ledger makes them: the same hold is the same value
         del self._live[reservation.serial]
         remaining = self._counts.get(reservation.node_id, 0) - 1
         if remaining > 0:
