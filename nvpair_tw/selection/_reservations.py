@@ -215,8 +215,9 @@ class Booking:
 
     @classmethod
     def nothing(cls) -> Booking:
-        """A booking that reserves nothing."""
-        return cls(None)
+        """A booking that reserves nothing: one for all (its methods change nothing in it), not
+        one made per request."""
+        return _NOTHING
 
     @property
     def node_id(self) -> str | None:
@@ -239,3 +240,8 @@ class Booking:
         companion, self._companion = self._companion, None
         if companion is not None:
             companion.release()
+
+
+_NOTHING = Booking(None)
+"""The booking that reserves nothing (:meth:`Booking.nothing`): without a ledger, moving it does
+nothing and releasing it sets to None what is None already."""
