@@ -82,6 +82,11 @@ class Warm:
     by: Choice
 
 
+_warm = lru_cache(maxsize=512)(Warm)
+"""The frozen :class:`Warm` of a node and a reason, made once for each and given again (every
+turn of a conversation is warm on the same node)."""
+
+
 def session_name(headers: Headers, doc: Mapping[str, Any], named: bytes | None) -> str | None:
     """The session the request names, or None: the operator's header (``named``), then
     :data:`SESSION_HEADERS`, then the body's ``prompt_cache_key`` (Codex) and the session in
@@ -129,13 +134,6 @@ def warm_node(match: Match | None, home: Home | None) -> Warm | None:
     if match is None or (match.node != home.node and match.depth < home.depth):
         return _warm(home.node, Choice.SESSION)
     return _warm(match.node, Choice.AFFINITY)
-
-
-@lru_cache(maxsize=512)
-def _warm(node: str, by: Choice) -> Warm:
-    """The frozen :class:`Warm` of its two arguments alone: made once for each and given again
-    (every turn of a conversation is warm on the same node)."""
-    return Warm(node, by)
 
 
 def _count(_instance: object, _attribute: object, value: int) -> None:
