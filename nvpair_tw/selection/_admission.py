@@ -134,14 +134,21 @@ class Admission:
         (§16.3): a batch request does not take a node's reserved slots, and waits behind every
         interactive one until it has waited ``batch_max_wait``."""
         ids = tuple(node.id for node in candidates)
-        waiter = Waiter(ids, self._clock.seconds(), cordons, patience, priority)
-        ahead = {n: self.queued_for(n) for n in ids} if patience is not None else {}
-        free = self._first_free_for(waiter, ahead)
+        waiter = None
+        if patience is None and priority is Priority.INTERACTIVE:
+            # Nothing to choose, served as it asks: its first free candidate, no waiter made.
+            free = self._counts.free(ids, priority, cordons)
+        else:
+            waiter = Waiter(ids, self._clock.seconds(), cordons, patience, priority)
+            ahead = {n: self.queued_for(n) for n in ids} if patience is not None else {}
+            free = self._first_free_for(waiter, ahead)
         if free is not None:
             return self._bind(free)
         if len(self._queue) >= self.queue_size:
             declined = self._counts.free(ids, priority, cordons)
             return QUEUE_FULL if declined is None else self._bind(declined)
+        if waiter is None:
+            waiter = Waiter(ids, self._clock.seconds(), cordons, patience, priority)
         waiter.bound = Deferred(lambda _: self._leave(waiter))
         waiter.timers.append(self._clock.callLater(self.queue_timeout, self._expire, waiter))
         if priority is Priority.BATCH:
