@@ -13,7 +13,7 @@ from typing import Any
 from attrs import evolve, field, frozen
 
 from nvpair_tw.assembly import Assembly, Dialect, plan_assembly, rewrite_outlined
-from nvpair_tw.core import Outlined, RouteKind
+from nvpair_tw.core import Outline, Outlined, RouteKind
 from nvpair_tw.corridor._attempts import (
     AttemptPlan,
 )
@@ -394,25 +394,20 @@ def _sends(
     path = inbound.path
     settings = facade.shared.settings
     inference = inbound.kind is RouteKind.INFERENCE
-    body = inbound.body
+    body, outline = inbound.body, inbound.outline
     parsed = inbound.doc if inference else None
-    sent = Outlined(body, inbound.outline) if inbound.outline is not None else None
     if inference and settings.billing_block == "remove":  # §5.3, edited where checked (§14.1)
-        sent, parsed = without_billing(sent, parsed)
-    if sent is not None:
-        body = sent.body
+        body, outline, parsed = without_billing(body, outline, parsed)
     assembly = None
     if inference and settings.assembles(facade.engine):
-        outline = sent.outline if sent is not None else None
         assembly = plan_assembly(path, body, parsed, settings.max_body_size, outline)
     strip_usage = None
     if inference:
-        sent, asked = _asking_usage(path, sent, parsed, assembly)
+        body, outline, asked = _asking_usage(path, body, outline, parsed, assembly)
         strip_usage = usage if asked else None
     if _needs_speech(facade, path, model, candidates, translated):
-        known = sent if sent is not None else body
+        known = Outlined(body, outline) if outline is not None else body
         return _speech(facade, inbound, known, parsed, model, assembly, strip_usage)
-    body = sent.body if sent is not None else body
     target = inbound.head.target.wire
     return AsIs.of(inbound.head.method, target, body, assembly, strip_usage, local_model=model)
 
@@ -424,20 +419,25 @@ _USAGE_ROUTES = {
 
 
 def _asking_usage(
-    path: str, sent: Outlined | None, parsed: dict[str, Any] | None, assembly: Assembly | None
-) -> tuple[Outlined | None, bool]:
+    path: str,
+    body: bytes,
+    outline: Outline | None,
+    parsed: dict[str, Any] | None,
+    assembly: Assembly | None,
+) -> tuple[bytes, Outline | None, bool]:
     """An OpenAI stream whose client did not ask for ``stream_options.include_usage`` asks for it
     (the counts of §12.2), and its usage chunk is removed before the client sees it. The body is
     edited where its outline says, never read again (docs/behaviour.md §14.1)."""
     dialect = _USAGE_ROUTES.get(path)
-    if dialect is None or parsed is None or sent is None or assembly is not None:
-        return sent, False
+    if dialect is None or parsed is None or outline is None or assembly is not None:
+        return body, outline, False
     if parsed.get("stream") is not True or asks_usage(parsed):
-        return sent, False
+        return body, outline, False
     options = parsed.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        return sent, False
-    return rewrite_outlined(dialect, sent), True
+        return body, outline, False
+    edited = rewrite_outlined(dialect, Outlined(body, outline))
+    return edited.body, edited.outline, True
 
 
 def _needs_speech(
