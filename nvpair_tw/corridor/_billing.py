@@ -13,22 +13,24 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nvpair_tw.core import Outlined, set_members
+from nvpair_tw.core import Outline, Outlined, set_members
 from nvpair_tw.selection import is_billing_block
 
 __all__ = ["without_billing"]
 
 
 def without_billing(
-    sent: Outlined | None, parsed: dict[str, Any] | None
-) -> tuple[Outlined | None, dict[str, Any] | None]:
-    """The body and its parsed value without a billing block in ``system`` (unchanged when it
-    holds none, or when the body has no outline to edit)."""
-    if sent is None or parsed is None:
-        return sent, parsed
+    body: bytes, outline: Outline | None, parsed: dict[str, Any] | None
+) -> tuple[bytes, Outline | None, dict[str, Any] | None]:
+    """The body, its outline and its parsed value without a billing block in ``system`` (the
+    same objects when it holds none, or when the body has no outline to edit: nothing is made
+    then)."""
+    if outline is None or parsed is None:
+        return body, outline, parsed
     system = parsed.get("system")
     if not isinstance(system, list) or not any(is_billing_block(b) for b in system):
-        return sent, parsed
+        return body, outline, parsed
     kept = [block for block in system if not is_billing_block(block)]
     value = json.dumps(kept, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return set_members(sent, {"system": lambda _old: value}), {**parsed, "system": kept}
+    edited = set_members(Outlined(body, outline), {"system": lambda _old: value})
+    return edited.body, edited.outline, {**parsed, "system": kept}

@@ -116,6 +116,12 @@ class Reach:
         return self.native or self.translated
 
 
+_NATIVE = Reach(native=True, translated=False)
+_SYNTHESISED = Reach(native=False, translated=True)
+_UNREACHABLE = Reach(native=False, translated=False)
+"""The answers of :func:`reach` that depend on nothing in the request, made once (frozen)."""
+
+
 _MAY_LACK = frozenset({MESSAGES_PATH})
 """The translated routes a node whose kind speaks them may still lack, its build deciding:
 Anthropic Messages, which vLLM and LocalAI answer with a 404, as llama.cpp and LM Studio builds
@@ -143,11 +149,11 @@ def reach(
 ) -> Reach:
     """How ``node`` can take a request for ``path`` behind ``facade`` (§11.3, §17.3)."""
     if speaks(facade, node, path, gaps):
-        return Reach(native=True, translated=False)
+        return _NATIVE
     if path.startswith(SYNTHESISED_ROUTES):
-        return Reach(native=False, translated=True)
+        return _SYNTHESISED
     if path not in TRANSLATED_ROUTES or parsed is None:
-        return Reach(native=False, translated=False)
+        return _UNREACHABLE
     field = untranslatable_field(path, parsed)
     return Reach(native=False, translated=field is None, field=field)
 

@@ -13,7 +13,7 @@ from typing import Any
 from attrs import evolve, field, frozen
 
 from nvpair_tw.assembly import Assembly, Dialect, plan_assembly, rewrite_outlined
-from nvpair_tw.core import Outlined, RouteKind
+from nvpair_tw.core import Outline, Outlined, RouteKind
 from nvpair_tw.corridor._attempts import (
     AttemptPlan,
 )
@@ -28,11 +28,10 @@ from nvpair_tw.corridor._dialect import (
     UsageNoted,
     may_lack,
     reach,
-    speaks,
 )
 from nvpair_tw.corridor._inbound import Inbound
 from nvpair_tw.corridor._responses import conversation_first, stored_response
-from nvpair_tw.corridor._scheduling import rank
+from nvpair_tw.corridor._scheduling import Ranked, rank
 from nvpair_tw.corridor._state import FacadeState
 from nvpair_tw.corridor._workloads import Workload
 from nvpair_tw.dialects import asks_usage
@@ -101,9 +100,10 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     eligible = _eligible(facade, inbound, gated)
     if isinstance(eligible, Rejection):
         return eligible
-    eligible = _speakable(facade, inbound.path, eligible, parsed)
-    if isinstance(eligible, Rejection):
-        return eligible
+    speakable = _speakable(facade, inbound.path, eligible, parsed)
+    if isinstance(speakable, Rejection):
+        return speakable
+    eligible, translated = speakable
     # Affinity, reservations, residency, workloads and events key on the public name (§11.4).
     model = facade.directory.catalogue.public(gated) if gated else None
     target = inbound.node
@@ -115,11 +115,11 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
     known = _NO_CONVERSATION
     if model and parsed is not None and target is None:
         known = conversation(facade, inbound, model, parsed)
-    ordered = _ordered(facade, inbound, eligible, model, parsed, known, stored)
+    ordered, chosen, size = _ordered(facade, inbound, eligible, model, parsed, known, stored)
     candidates = ordered.nodes
     usage = UsageCell() if inference else None
-    plan = _plan(facade, inbound, usage, gated, candidates)
-    warm = candidates[0].id if ordered.promoted else None
+    plan = _plan(facade, inbound, usage, gated, candidates, translated)
+    warm = candidates[0].id if ordered.affinity else None
     if not inference:
         model = label = None
     return Route(
@@ -131,27 +131,13 @@ def route(facade: FacadeState, inbound: Inbound) -> Route | Rejection:
         label,
         ordered.predicted,
         ordered.patience,
-        ordered.size,
+        size,
         ordered.reloads,
         ordered.context_fit,
-        ordered.chosen,
+        chosen,
         usage,
         known.session,
     )
-
-
-@frozen
-class _Ordered:
-    """The candidates in order, and what ordering them found."""
-
-    nodes: list[Node]
-    chosen: Choice
-    promoted: bool = False
-    predicted: dict[str, float] = field(factory=dict)
-    patience: Patience | None = None
-    size: RequestSize = field(factory=RequestSize)
-    reloads: frozenset[str] = frozenset()
-    context_fit: bool = True
 
 
 def _ordered(
@@ -162,48 +148,47 @@ def _ordered(
     parsed: dict[str, Any] | None,
     known: Conversation,
     stored: str | None = None,
-) -> _Ordered:
+) -> tuple[Ranked, Choice, RequestSize]:
     """The order of §5 and §15.2: the targeted node alone; by prediction for a model (and the
     active conversations it would push out of a node's prompt cache, §5.3.1); else the base
-    order; the node of the stored response the request names first (§2.1)."""
+    order; the node of the stored response the request names first (§2.1). With the order, why
+    its first candidate is first and what the prediction read of the request (its size)."""
     target = inbound.node
     if target is not None:
-        return _Ordered([target], Choice.TARGET)
+        return Ranked([target], False, {}), Choice.TARGET, _NO_SIZE
     warm = known.warm
     hint = None if warm is None else warm.node
+    size = _NO_SIZE
     if model:
         ratio = facade.speeds.bytes_per_token(model)  # learnt per model, §15.1
         size = request_size(parsed, len(inbound.body), ratio)
         pushing = pushing_out(facade, known, eligible, model, size)
-        ranked = rank(facade, eligible, model, size, hint, pushing)
-        chosen = warm.by if ranked.affinity and warm is not None else Choice.PREDICTION
-        ordered = _Ordered(
-            ranked.nodes,
-            chosen,
-            ranked.affinity,
-            ranked.predicted,
-            ranked.patience,
-            size,
-            ranked.reloads,
-            ranked.context_fit,
-        )
+        ordered = rank(facade, eligible, model, size, hint, pushing)
+        chosen = warm.by if ordered.affinity and warm is not None else Choice.PREDICTION
     else:
         nodes, promoted = facade.order(eligible, head_selection=False, affinity_hint=hint)
         chosen = warm.by if promoted and warm is not None else Choice.ORDER
-        ordered = _Ordered(nodes, chosen, promoted)
+        ordered = Ranked(nodes, promoted, {})
     if facade.pin and ordered.nodes and ordered.nodes[0].id == facade.pin:
-        ordered = evolve(ordered, chosen=Choice.PIN)
+        chosen = Choice.PIN
     nodes = conversation_first(facade, stored, ordered.nodes)
     if nodes and nodes[0] is not ordered.nodes[0]:
         # The response's node goes first, free or not: no choice by prediction (§2.1, §15.2).
-        ordered = evolve(ordered, nodes=nodes, chosen=Choice.CONVERSATION, patience=None)
-    return ordered
+        ordered = evolve(ordered, nodes=nodes, patience=None)
+        chosen = Choice.CONVERSATION
+    return ordered, chosen, size
 
 
 _GATED = (RouteKind.INFERENCE, RouteKind.MODEL_ROUTED)
 
 _NO_CONVERSATION = Conversation()
 """What a route knows of a request without a conversation (a frozen value: made once)."""
+
+_NONE: frozenset[str] = frozenset()
+"""No node ids (the candidates that take a route translated, usually none)."""
+
+_NO_SIZE = RequestSize()
+"""What a route reads of a request it does not predict for (a frozen value: made once)."""
 
 
 OTHER_MODEL = "other"
@@ -309,12 +294,14 @@ def _spare_busy_routers(facade: FacadeState, eligible: list[Node], model: str) -
 
 def _speakable(
     facade: FacadeState, path: str, eligible: list[Node], parsed: dict[str, Any] | None
-) -> list[Node] | Rejection:
+) -> tuple[list[Node], frozenset[str]] | Rejection:
     """The eligible nodes that can take the route, natively or translated (§11.3), decided once
-    per node kind; 400 ``untranslatable`` (no native candidate, and the request cannot be
-    translated) or 502 ``no-route-owner`` (no candidate of a kind that serves the route)."""
+    per node kind, with the ids of those that take it translated (:func:`_needs_speech` reads
+    them); 400 ``untranslatable`` (no native candidate, and the request cannot be translated) or
+    502 ``no-route-owner`` (no candidate of a kind that serves the route)."""
     by_kind: dict[tuple[str, bool], Reach] = {}
     able: list[Node] = []
+    translated = _NONE
     gaps = facade.gaps
     for node in eligible:
         kind = (node.kind_of(facade.profile).name, gaps.lacks(node, path))  # §17.3
@@ -323,8 +310,10 @@ def _speakable(
             how = by_kind[kind] = reach(facade.profile, node, path, parsed, gaps)
         if how.ok:
             able.append(node)
+            if not how.native:
+                translated |= {node.id}
     if able or not eligible:
-        return able
+        return able, translated
     field = next((how.field for how in by_kind.values() if how.field), None)
     if field is not None:
         message = f"the request cannot be translated for the nodes that have it: field '{field}'"
@@ -373,6 +362,7 @@ def _plan(
     usage: UsageNoted | None,
     model: str | None,
     candidates: list[Node],
+    translated: frozenset[str],
 ) -> AttemptPlan:
     """How every attempt runs and commits, its timers and what it sends (with the assembly of
     §6.5): the checked body and the normalised target of the one parse (§14.1)."""
@@ -380,7 +370,7 @@ def _plan(
     inference = inbound.kind is RouteKind.INFERENCE
     return AttemptPlan(
         headers=inbound.head.headers,
-        sends=_sends(facade, inbound, usage, model, candidates),
+        sends=_sends(facade, inbound, usage, model, candidates, translated),
         inference=inference or inbound.kind is RouteKind.MODEL_ROUTED,
         gated=inference and facade.first_body_gate,
         header_timeout=settings.response_header_timeout,
@@ -396,31 +386,28 @@ def _sends(
     usage: UsageNoted | None,
     model: str | None,
     candidates: list[Node],
+    translated: frozenset[str],
 ) -> Sends:
     """What the attempts send, decided once: the same wire for all when every candidate speaks
-    the route natively under the client's name for the model, else a :class:`Speech`."""
+    the route natively under the client's name for the model, else a :class:`Speech`
+    (``translated``: the candidates that do not speak it, :func:`_speakable`'s)."""
     path = inbound.path
     settings = facade.shared.settings
     inference = inbound.kind is RouteKind.INFERENCE
-    body = inbound.body
+    body, outline = inbound.body, inbound.outline
     parsed = inbound.doc if inference else None
-    sent = Outlined(body, inbound.outline) if inbound.outline is not None else None
     if inference and settings.billing_block == "remove":  # §5.3, edited where checked (§14.1)
-        sent, parsed = without_billing(sent, parsed)
-    if sent is not None:
-        body = sent.body
+        body, outline, parsed = without_billing(body, outline, parsed)
     assembly = None
     if inference and settings.assembles(facade.engine):
-        outline = sent.outline if sent is not None else None
         assembly = plan_assembly(path, body, parsed, settings.max_body_size, outline)
     strip_usage = None
     if inference:
-        sent, asked = _asking_usage(path, sent, parsed, assembly)
+        body, outline, asked = _asking_usage(path, body, outline, parsed, assembly)
         strip_usage = usage if asked else None
-    if _needs_speech(facade, path, model, candidates):
-        known = sent if sent is not None else body
+    if _needs_speech(facade, path, model, candidates, translated):
+        known = Outlined(body, outline) if outline is not None else body
         return _speech(facade, inbound, known, parsed, model, assembly, strip_usage)
-    body = sent.body if sent is not None else body
     target = inbound.head.target.wire
     return AsIs.of(inbound.head.method, target, body, assembly, strip_usage, local_model=model)
 
@@ -432,32 +419,39 @@ _USAGE_ROUTES = {
 
 
 def _asking_usage(
-    path: str, sent: Outlined | None, parsed: dict[str, Any] | None, assembly: Assembly | None
-) -> tuple[Outlined | None, bool]:
+    path: str,
+    body: bytes,
+    outline: Outline | None,
+    parsed: dict[str, Any] | None,
+    assembly: Assembly | None,
+) -> tuple[bytes, Outline | None, bool]:
     """An OpenAI stream whose client did not ask for ``stream_options.include_usage`` asks for it
     (the counts of §12.2), and its usage chunk is removed before the client sees it. The body is
     edited where its outline says, never read again (docs/behaviour.md §14.1)."""
     dialect = _USAGE_ROUTES.get(path)
-    if dialect is None or parsed is None or sent is None or assembly is not None:
-        return sent, False
+    if dialect is None or parsed is None or outline is None or assembly is not None:
+        return body, outline, False
     if parsed.get("stream") is not True or asks_usage(parsed):
-        return sent, False
+        return body, outline, False
     options = parsed.get("stream_options")
     if options is not None and not isinstance(options, dict):
-        return sent, False
-    return rewrite_outlined(dialect, sent), True
+        return body, outline, False
+    edited = rewrite_outlined(dialect, Outlined(body, outline))
+    return edited.body, edited.outline, True
 
 
-def _needs_speech(facade: FacadeState, path: str, model: str | None, nodes: list[Node]) -> bool:
-    """Whether any candidate is of another kind or lacks the route, whether a node may be found
-    to lack it during the request (§17.3), or the model has other names (§11.3, §11.4)."""
+def _needs_speech(
+    facade: FacadeState, path: str, model: str | None, nodes: list[Node], translated: frozenset[str]
+) -> bool:
+    """Whether any candidate is of another kind or lacks the route (it is among ``translated``,
+    as :func:`_speakable` found it), whether a node may be found to lack it during the request
+    (§17.3), or the model has other names (§11.3, §11.4)."""
     if may_lack(path):
         return True
     declared = facade.directory.catalogue.by_name.get(model.strip()) if model else None
     if declared is not None and declared.aliases:
         return True
-    gaps = facade.gaps
-    return any(not speaks(facade.profile, node, path, gaps) for node in nodes)
+    return bool(translated) and any(node.id in translated for node in nodes)
 
 
 def _cold_allowances(facade: FacadeState, model: str | None, nodes: list[Node]) -> dict[str, float]:

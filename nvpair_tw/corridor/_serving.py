@@ -267,17 +267,15 @@ class Serving:
 
 def _end(workload: Workload, ending: WorkloadEnd | None) -> None:
     """End ``workload`` as ``ending`` says (None: as it is); once ended it lets go of the request
-    (its cancel hook)."""
+    (its cancel hook: :meth:`Workload.complete`, ``fail`` and ``cancel`` drop it)."""
     if ending is None:
-        pass
-    elif ending.how is Ending.COMPLETE:
+        return
+    if ending.how is Ending.COMPLETE:
         workload.complete()
     elif ending.how is Ending.FAIL:
         workload.fail(ending.reason or "failed")
     else:
         workload.cancel(ending.reason or "cancelled")
-    if workload.terminal:
-        workload.cancel_hook = None
 
 
 def _said(usage: Usage | None, cell: UsageCell | None, kind: EngineProfile) -> Usage | None:

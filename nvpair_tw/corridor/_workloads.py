@@ -116,6 +116,7 @@ class Workload:
         self.state = state
         self.error = error
         self.completed_at = int(self._clock.seconds() * 1000)  # ms since the epoch
+        self.cancel_hook = None  # ended, it lets go of its request
         self._on_terminal(self)
         ended = WorkloadCompleted if state is WorkloadState.COMPLETED else WorkloadErrored
         self.seq += 1

@@ -105,8 +105,7 @@ class Admission:
         return self._counts.slots(node_id)
 
     def queued_for(self, node_id: str) -> float:
-        """The predicted seconds of work queued for ``node_id``: the service time there of the
-        waiters that chose it (§15.2)."""
+        """The predicted service seconds there of the waiters that chose ``node_id`` (§15.2)."""
         return self._queue.chosen(node_id)
 
     def waiting_for(self, node_id: str) -> int:
@@ -127,13 +126,16 @@ class Admission:
     ) -> Slot | Waiter | QueueFull:
         """A slot on the first candidate with one free, else a place in the queue, else full.
 
-        ``cordons``: :attr:`Cordons.WAIVED` when the client named the node, so a cordon does not
-        keep it from the node.
+        ``cordons``: :attr:`Cordons.WAIVED` when the client named the node (a cordon lets it in).
         ``patience`` (§15.2): a free node it declines is passed over, and the request waits for
         its best node instead, until that node's predicted finish at the latest. ``priority``
         (§16.3): a batch request does not take a node's reserved slots, and waits behind every
         interactive one until it has waited ``batch_max_wait``."""
         ids = tuple(node.id for node in candidates)
+        if patience is None and priority is Priority.INTERACTIVE:  # nothing to choose, as asked:
+            free = self._counts.free(ids, priority, cordons)  # a free slot binds, no waiter made
+            if free is not None:
+                return self._bind(free)
         waiter = Waiter(ids, self._clock.seconds(), cordons, patience, priority)
         ahead = {n: self.queued_for(n) for n in ids} if patience is not None else {}
         free = self._first_free_for(waiter, ahead)

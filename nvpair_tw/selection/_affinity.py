@@ -14,6 +14,7 @@ import hashlib
 import json
 from collections import OrderedDict
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 from attrs import define, field, frozen, setters
@@ -68,6 +69,11 @@ class Match:
 
     node: str
     depth: int
+
+
+_matched = lru_cache(maxsize=1024)(Match)
+"""The frozen :class:`Match` of a node and a depth, made once for each and given again (every
+turn of a conversation of that depth on that node finds the same)."""
 
 
 def _sha256(*parts: bytes) -> bytes:
@@ -179,7 +185,7 @@ class AffinityTable:
                 if now - last_used < self.idle_ttl:
                     self._entries[slot] = (node_id, now)
                     self._entries.move_to_end(slot)
-                    return Match(node_id, depth)
+                    return _matched(node_id, depth)
                 del self._entries[slot]
             depth -= 1
         return None

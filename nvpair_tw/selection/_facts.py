@@ -7,17 +7,16 @@ the URL that said it and forgotten when the node moves or goes."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from enum import Enum
 
 from attrs import define, field, frozen
 
-from nvpair_tw.core import ModelControl
+from nvpair_tw.core import IdentityEnum, ModelControl
 from nvpair_tw.nodes import Node, NodeDirectory
 
 __all__ = ["NodeFacts", "PolledContexts", "ResidentContexts", "SlotContexts"]
 
 
-class PolledContexts(Enum):
+class PolledContexts(IdentityEnum):
     """Which poll reported context lengths (each kept apart: one does not erase the other)."""
 
     RESIDENT = "residency"

@@ -106,7 +106,9 @@ class FlightBook:
         """A request for ``model`` is dispatched to ``node_id`` now, predicted to take
         ``predicted`` seconds."""
         now = self._clock.seconds()
-        node = self._nodes.setdefault(node_id, _Node(since=now))
+        node = self._nodes.get(node_id)
+        if node is None:  # made only for a node with nothing in flight, not at every take-off
+            node = self._nodes[node_id] = _Node(since=now)
         node.advance(now)
         node.count += 1
         chunks = 0 if self._progress is None else self._progress.chunks(node_id)

@@ -20,6 +20,7 @@ part of the prediction); an eligible pin still goes first and cooling nodes stil
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from functools import lru_cache
 from typing import Protocol
 
 from attrs import frozen
@@ -118,10 +119,12 @@ def order_candidates(
     return Ordering(nodes=_demote(base, cooling_set), reserve=reserve, affinity=affinity)
 
 
+@lru_cache(maxsize=256)
 def _alone(only: str, pin: str | None, warm: str | None) -> Ordering:
     """The usual single candidate ordered by prediction, as :func:`_by_prediction` orders it
     (without the base order's sets and sorts): reserved unless pinned, its affinity when it is
-    the warm node."""
+    the warm node. A frozen value of its three arguments alone, so made once for each and given
+    again (every request of a one-node fleet asks the same)."""
     chose = not pin or pin != only
     return Ordering(nodes=(only,), reserve=chose, affinity=chose and only == warm)
 

@@ -141,8 +141,8 @@ class ReservationLedger:
 
         A snapshot forgets every live hold, so a stale reservation is simply no longer known.
         """
-        if self._live.get(reservation.serial) != reservation:
-            return
+        if self._live.get(reservation.serial) is not reservation:
+            return  # only this ledger makes them: the same hold is the same value
         del self._live[reservation.serial]
         remaining = self._counts.get(reservation.node_id, 0) - 1
         if remaining > 0:
@@ -215,8 +215,9 @@ class Booking:
 
     @classmethod
     def nothing(cls) -> Booking:
-        """A booking that reserves nothing."""
-        return cls(None)
+        """A booking that reserves nothing: one for all (its methods change nothing in it), not
+        one made per request."""
+        return _NOTHING
 
     @property
     def node_id(self) -> str | None:
@@ -239,3 +240,8 @@ class Booking:
         companion, self._companion = self._companion, None
         if companion is not None:
             companion.release()
+
+
+_NOTHING = Booking(None)
+"""The booking that reserves nothing (:meth:`Booking.nothing`): without a ledger, moving it does
+nothing and releasing it sets to None what is None already."""

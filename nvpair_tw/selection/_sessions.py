@@ -15,6 +15,7 @@ import json
 import re
 from collections import OrderedDict
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 from attrs import define, field, frozen, setters
@@ -81,6 +82,11 @@ class Warm:
     by: Choice
 
 
+_warm = lru_cache(maxsize=512)(Warm)
+"""The frozen :class:`Warm` of a node and a reason, made once for each and given again (every
+turn of a conversation is warm on the same node)."""
+
+
 def session_name(headers: Headers, doc: Mapping[str, Any], named: bytes | None) -> str | None:
     """The session the request names, or None: the operator's header (``named``), then
     :data:`SESSION_HEADERS`, then the body's ``prompt_cache_key`` (Codex) and the session in
@@ -124,10 +130,10 @@ def warm_node(match: Match | None, home: Home | None) -> Warm | None:
     served at home, else home (its prefix changed: history compacted, a system prompt edited;
     or its entries idled out while the session did not)."""
     if home is None:
-        return None if match is None else Warm(match.node, Choice.AFFINITY)
+        return None if match is None else _warm(match.node, Choice.AFFINITY)
     if match is None or (match.node != home.node and match.depth < home.depth):
-        return Warm(home.node, Choice.SESSION)
-    return Warm(match.node, Choice.AFFINITY)
+        return _warm(home.node, Choice.SESSION)
+    return _warm(match.node, Choice.AFFINITY)
 
 
 def _count(_instance: object, _attribute: object, value: int) -> None:

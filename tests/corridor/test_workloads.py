@@ -262,6 +262,22 @@ def test_registry_cancel_calls_the_hook_with_the_reason(h: Harness) -> None:
     assert reasons == ["operator"]
 
 
+@pytest.mark.parametrize(
+    "end",
+    [lambda w: w.complete(), lambda w: w.fail("failed"), lambda w: w.cancel("cancelled")],
+    ids=["complete", "fail", "cancel"],
+)
+def test_an_ended_workload_lets_go_of_its_cancel_hook(
+    h: Harness, end: Callable[[Workload], bool]
+) -> None:
+    """However it ends, the workload drops its hook: nothing reaches the request through it."""
+    wl = h.registry.create("ollama", "m")
+    wl.running("A")
+    wl.cancel_hook = lambda _reason: None
+    assert end(wl) is True
+    assert wl.cancel_hook is None
+
+
 def test_registry_cancel_of_an_unknown_id_is_false(h: Harness) -> None:
     """No live workload with that id: False and no event."""
     assert h.registry.cancel(42) is False

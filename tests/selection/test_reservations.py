@@ -231,3 +231,23 @@ def test_a_released_booking_does_not_move_back_onto_a_node() -> None:
     booking.release()
     booking.move("b")
     assert ledger.reservations("a") == ledger.reservations("b") == 0
+
+
+def test_an_empty_booking_is_one_for_all_and_stays_empty() -> None:
+    """Every request without a model holds the same empty booking (not one made each time):
+    moving and releasing it leave it empty for the next request."""
+    booking = Booking.nothing()
+    booking.move("a")
+    booking.release()
+    again = Booking.nothing()
+    assert again is booking
+    assert again.node_id is None
+
+
+def test_a_hold_another_ledger_made_releases_nothing_here() -> None:
+    """A ledger releases only the holds it made: another ledger's first hold on the same node
+    (the same node, generation and serial) leaves this ledger's hold in place."""
+    ledger, other = ReservationLedger(), ReservationLedger()
+    ledger.reserve("a")
+    ledger.release(other.reserve("a"))
+    assert ledger.reservations("a") == 1
