@@ -77,7 +77,8 @@ def counted(name: str, argv: list[str], root: Path, port: int, args: argparse.Na
         process.terminate()
         process.wait(timeout=120)
     total = sum(instructions(path) for path in Path(args.tmp).glob(f"callgrind.{name}.out*"))
-    return total / args.requests / (CHUNKS if args.load == "stream" else 1) / 1000
+    per: int = args.requests * (CHUNKS if args.load == "stream" else 1)
+    return total / per / 1000
 
 
 def ask(connection: http.client.HTTPConnection, n: int, load: str) -> None:
@@ -150,13 +151,14 @@ def main() -> None:
             shutil.rmtree(tmp, ignore_errors=True)
     what = f"streams of {CHUNKS} events" if args.load == "stream" else "POST /api/chat"
     unit = "event" if args.load == "stream" else "request"
+    digits = 3 if args.load == "stream" else 1
     print(
         f"\n{args.requests} sequential {what}, log {args.log_level}, admin "
         f"{'on' if args.admin else 'off'}, usage {'on' if args.usage else 'off'}"
     )
     print(f"| contender | k instructions / {unit} | x RPR |\n|---|---|---|")
     for name, value in rows.items():
-        print(f"| {name} | {value:,.1f} | {value / rows['rpr']:.2f} |")
+        print(f"| {name} | {value:,.{digits}f} | {value / rows['rpr']:.2f} |")
     if args.keep:
         print(f"callgrind files in {tmp}")
 
