@@ -96,8 +96,8 @@ def _copy(source: Headers, into: Headers, drop: frozenset[bytes], prefix: bytes)
     """Put ``source``'s end-to-end headers into ``into``: not hop-by-hop, not listed by
     ``Connection``, not in ``drop``, not starting with ``prefix`` (``b""``: none starts so).
 
-    Written into ``into``'s own table (``Headers._rawHeaders``, which every ``Headers`` has kept
-    since Twisted 9), not through ``setRawHeaders``: the names are ``source``'s, already in
+    Written into ``into``'s own table (``Headers._rawHeaders``, Twisted's private name/values
+    dict), not through ``setRawHeaders``: the names are ``source``'s, already in
     Twisted's canonical case, and the values already passed its sanitizing, so encoding and
     sanitizing them again (a call each per name and value, on every request) would change
     nothing."""
