@@ -1,10 +1,12 @@
 """Instructions per small request, nvpair-tw against ReverseProxyResource, counted by callgrind.
 
-``python bench/instructions.py [--requests N] [--base REF] [--no-admin] [--no-usage]
-[--log-level L] [--keep] [--floor]`` starts the fast fake engine, then each contender under
+``python bench/instructions.py [--requests N] [--load small|stream] [--base REF] [--no-admin]
+[--no-usage] [--log-level L] [--keep] [--floor]`` starts the fast fake engine, then each contender under
 ``valgrind --tool=callgrind`` with collection off; once it answers, it sends warm-up requests,
 turns collection on (``callgrind_control -i on``), sends N small ``POST /api/chat`` requests one
-after another on one keep-alive connection, turns it off and reads the instructions counted. An
+after another on one keep-alive connection, turns it off and reads the instructions counted.
+``--load stream`` sends N streamed ``POST /v1/chat/completions`` instead (each 1,000 SSE events
+in one burst from the engine, as ``bench/small.py --load stream``) and divides by the events. An
 instruction count is the same for the same code and input whatever else the machine does, so it
 compares contenders on a busy machine where CPU seconds drift by a third between rounds
 (docs/performance.md). nvpair-tw runs as the shipped unit runs it (docs/deploy/nvpair.service:
@@ -34,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from run import BENCH, PY, REPO, free_port, wait_ready
+from run import BENCH, CHUNKS, PY, REPO, STREAM, free_port, wait_ready
 
 CHAT = json.dumps(
     {"model": "llama3", "stream": False, "messages": [{"role": "user", "content": "hello"}]}
@@ -65,9 +67,9 @@ def counted(name: str, argv: list[str], root: Path, port: int, args: argparse.Na
     try:
         wait_ready(port, process, seconds=300)
         connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        ask(connection, args.warmup)
+        ask(connection, args.warmup, args.load)
         control(process.pid, "-i", "on")
-        ask(connection, args.requests)
+        ask(connection, args.requests, args.load)
         control(process.pid, "-i", "off")
         control(process.pid, "-d")
         connection.close()
@@ -75,12 +77,14 @@ def counted(name: str, argv: list[str], root: Path, port: int, args: argparse.Na
         process.terminate()
         process.wait(timeout=120)
     total = sum(instructions(path) for path in Path(args.tmp).glob(f"callgrind.{name}.out*"))
-    return total / args.requests / 1000
+    per: int = args.requests * (CHUNKS if args.load == "stream" else 1)
+    return total / per / 1000
 
 
-def ask(connection: http.client.HTTPConnection, n: int) -> None:
+def ask(connection: http.client.HTTPConnection, n: int, load: str) -> None:
+    path, body = ("/v1/chat/completions", STREAM) if load == "stream" else ("/api/chat", CHAT)
     for _ in range(n):
-        connection.request("POST", "/api/chat", body=CHAT)
+        connection.request("POST", path, body=body)
         response = connection.getresponse()
         response.read()
         if response.status != 200:
@@ -115,6 +119,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--load", choices=("small", "stream"), default="small")
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--admin", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--usage", action=argparse.BooleanOptionalAction, default=True)
@@ -127,6 +132,8 @@ def main() -> None:
         "through nvpair-tw's node client alone (bench/bare.py): the floors",
     )
     args = parser.parse_args()
+    if args.floor and args.load != "small":
+        parser.error("--floor: the floors answer small requests only; use it with --load small")
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
         raise SystemExit("bench: needs valgrind (Debian: apt-get install valgrind)")
     args.tmp = tempfile.mkdtemp(prefix="nvpair-instr-")
@@ -157,13 +164,16 @@ def main() -> None:
         upstream.wait(timeout=30)
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
+    what = f"streams of {CHUNKS} events" if args.load == "stream" else "POST /api/chat"
+    unit = "event" if args.load == "stream" else "request"
+    digits = 3 if args.load == "stream" else 1
     print(
-        f"\n{args.requests} sequential POST /api/chat, log {args.log_level}, admin "
+        f"\n{args.requests} sequential {what}, log {args.log_level}, admin "
         f"{'on' if args.admin else 'off'}, usage {'on' if args.usage else 'off'}"
     )
-    print("| contender | k instructions / request | x RPR |\n|---|---|---|")
+    print(f"| contender | k instructions / {unit} | x RPR |\n|---|---|---|")
     for name, value in rows.items():
-        print(f"| {name} | {value:,.1f} | {value / rows['rpr']:.2f} |")
+        print(f"| {name} | {value:,.{digits}f} | {value / rows['rpr']:.2f} |")
     if args.keep:
         print(f"callgrind files in {tmp}")
 

@@ -81,27 +81,44 @@ def header_tokens(headers: Headers, name: bytes) -> list[bytes]:
     ]
 
 
+def _canonical(name: bytes) -> bytes:
+    """``name`` as Twisted's ``Headers`` keeps it (Header-Case), asked of ``Headers`` once."""
+    probe = Headers()
+    probe.setRawHeaders(name, [b""])
+    return next(iter(probe.getAllRawHeaders()))[0]
+
+
+_LOOP_NAME = _canonical(LOOP_HEADER)
+_XFF_NAME = _canonical(b"x-forwarded-for")
+
+
+def _copy(source: Headers, into: Headers, drop: frozenset[bytes], prefix: bytes) -> None:
+    """Put ``source``'s end-to-end headers into ``into``: not hop-by-hop, not listed by
+    ``Connection``, not in ``drop``, not starting with ``prefix`` (``b""``: none starts so).
+
+    Written into ``into``'s own table (``Headers._rawHeaders``, Twisted's private name/values
+    dict), not through ``setRawHeaders``: the names are ``source``'s, already in
+    Twisted's canonical case, and the values already passed its sanitizing, so encoding and
+    sanitizing them again (a call each per name and value, on every request) would change
+    nothing."""
+    listed = set(header_tokens(source, b"connection")) if source.hasHeader(b"connection") else ()
+    table = into._rawHeaders
+    for name, values in source.getAllRawHeaders():
+        lower = name.lower()
+        if lower in HOP_BY_HOP or lower in listed or lower in drop:
+            continue
+        if prefix and lower.startswith(prefix):
+            continue
+        table[name] = list(values)
+
+
 def forward_headers(
     source: Headers, drop: frozenset[bytes] = frozenset(), into: Headers | None = None
 ) -> Headers:
     """Copy end-to-end headers: hop-by-hop ones, those ``Connection`` lists and ``drop`` are left
     out; into ``into`` (an answer's own headers: copied once, not through another) or new ones."""
-    listed = set(header_tokens(source, b"connection"))
     out = Headers() if into is None else into
-    for name, values in source.getAllRawHeaders():
-        lower = name.lower()
-        if lower in HOP_BY_HOP or lower in listed or lower in drop:
-            continue
-        out.setRawHeaders(name, list(values))
-    return out
-
-
-def _without_proxy_headers(source: Headers) -> Headers:
-    """``source`` without any ``X-NVPair-*`` header (they are the proxy's, never a node's)."""
-    out = forward_headers(source, _REQUEST_DROP)
-    for name, _ in list(out.getAllRawHeaders()):
-        if name.lower().startswith(_PROXY_PREFIX):
-            out.removeHeader(name)
+    _copy(source, out, drop, b"")
     return out
 
 
@@ -111,10 +128,14 @@ def upstream_request_headers(source: Headers, client_host: str | None) -> Header
     request passed (the last seven in a proxy's form; any other value is dropped) and this
     process's own (§14.3)."""
     marks = _marks(source)[-_MAX_MARKS + 1 :]
-    out = _without_proxy_headers(source)
-    out.setRawHeaders(LOOP_HEADER, [*marks, PROCESS_NONCE])
+    out = Headers()
+    _copy(source, out, _REQUEST_DROP, _PROXY_PREFIX)
+    # Into the table as _copy writes: the marks matched _MARK (no line break can be in them);
+    # the addresses joined are sanitized here as setRawHeaders would (a line break, a space).
+    table = out._rawHeaders
+    table[_LOOP_NAME] = [*marks, PROCESS_NONCE]
     if client_host:
-        previous = out.getRawHeaders(b"x-forwarded-for", [])
+        previous = table.get(_XFF_NAME, [])
         joined = b", ".join([*previous, client_host.encode("ascii", "replace")])
-        out.setRawHeaders(b"x-forwarded-for", [joined])
+        table[_XFF_NAME] = [b" ".join(joined.splitlines())]
     return out

@@ -94,6 +94,11 @@ class StallGuard:
         self._on_stall()
 
 
+_NOT_A_STREAM = TerminalFrameDetector(None)
+"""The detector of every answer that is not a stream: it never keeps anything (``feed`` and
+``finish`` do nothing, ``seen`` stays False), so this one serves them all."""
+
+
 class Progress:
     """What has been relayed: bytes, and whether the answer is already complete for the client.
 
@@ -109,8 +114,9 @@ class Progress:
     ) -> None:
         self.sent = 0
         self._length = length if isinstance(length, int) else None  # UNKNOWN_LENGTH is a str
-        self.frames = TerminalFrameDetector(content_type)
-        self.meter = meter(self.frames.framing) if meter is not None else None
+        framing = Framing.of(content_type)
+        self.frames = _NOT_A_STREAM if framing is None else TerminalFrameDetector(content_type)
+        self.meter = meter(framing) if meter is not None else None
         """The answer's meter, made for its framing (None: not metered)."""
 
     def wrap(self, write: Callable[[bytes], None]) -> Callable[[bytes], None]:

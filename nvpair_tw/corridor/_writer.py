@@ -171,7 +171,8 @@ class Writer:
             out.setRawHeaders(name, [value])
         if length is not None and request.method != b"HEAD" and status not in (204, 304):
             # Twisted's client moves Content-Length into ``response.length``; keep the framing.
-            out.setRawHeaders(b"content-length", [b"%d" % length])
+            # A number in the name's canonical case, into the table as forward_headers writes.
+            out._rawHeaders[b"Content-Length"] = [b"%d" % length]
 
     def first(self, data: bytes) -> None:
         self._request.write(data)  # b"": the head goes out now, even before a body byte

@@ -330,6 +330,10 @@ def _frames(text: bytes) -> list[dict[str, Any]]:
     return out
 
 
+_UNUSED_TAIL: deque[bytes] = deque(maxlen=0)
+_UNUSED_HEAD = Lines(TAIL)
+
+
 class UsageMeter:
     """Reads counts and the first content from one answer as the client receives it.
 
@@ -341,9 +345,11 @@ class UsageMeter:
         self._streaming = framing is not None
         self._clock = clock
         # The last chunks (the counts are in the last two events; a deque with a length bound
-        # drops the oldest in C, so a chunk costs one append).
-        self._tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS)
-        self._head = Lines(TAIL)  # a stream's unparsed start, until content shows
+        # drops the oldest in C, so a chunk costs one append). A whole answer touches neither
+        # these nor the head: it shares empty ones, never fed.
+        streaming = self._streaming
+        self._tail: deque[bytes] = deque(maxlen=TAIL_CHUNKS) if streaming else _UNUSED_TAIL
+        self._head = Lines(TAIL) if streaming else _UNUSED_HEAD  # a stream's start, unparsed
         self._looking = True
         self._first: float | None = None
         self._prompt: int | None = None  # a count stated at the stream's start (message_start)

@@ -249,6 +249,23 @@ def test_counts_without_a_cached_count_leave_it_unknown() -> None:
     assert metered(OPENAI_STREAM[:3]).cached_tokens is None
 
 
+def test_streams_metered_at_once_keep_their_own_unfinished_lines() -> None:
+    """Each stream's meter holds its own unfinished line: two streams whose first content line
+    is cut across two reads, fed turn about, each find their first content and counts."""
+    clock = Ticks()
+    other = {"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 2}}
+    streams = [b"".join(OPENAI_STREAM), b"".join(sse(delta("Hi"), other))]
+    meters = [UsageMeter(Framing.SSE, clock), UsageMeter(Framing.SSE, clock)]
+    cuts = [stream.index(b"Hel" if n == 0 else b"Hi") for n, stream in enumerate(streams)]
+    for n, meter in enumerate(meters):
+        meter.feed(streams[n][: cuts[n]])
+    for n, meter in enumerate(meters):
+        meter.feed(streams[n][cuts[n] :])
+    first, second = (meter.end() for meter in meters)
+    assert (first.first_content_at, first.prompt_tokens, first.completion_tokens) == (1.0, 11, 3)
+    assert (second.first_content_at, second.prompt_tokens, second.completion_tokens) == (2.0, 7, 2)
+
+
 def test_whole_answers_and_embeddings() -> None:
     whole = json.dumps({"choices": [{"message": {"content": "hi"}}], "usage": USAGE["usage"]})
     usage = metered([whole[:10].encode(), whole[10:].encode()], None)

@@ -94,6 +94,30 @@ def test_interim_heads_are_skipped_but_101_is_a_head() -> None:
     assert switched is not None and (switched.code, switched.rest) == (101, b"frames")
 
 
+def test_header_names_in_any_case_are_the_headers_twisted_would_hold() -> None:
+    """Names as a node writes them (any case) are held in Twisted's case, found by any case, and
+    frame the body: lower-case framing headers are the framing."""
+    head = parse(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nCONNECTION: close\r\nx-tWo: a\r\n\r\n")
+    assert head is not None
+    assert list(head.headers.getAllRawHeaders()) == [
+        (b"Content-Length", [b"5"]),
+        (b"Connection", [b"close"]),
+        (b"X-Two", [b"a"]),
+    ]
+    reader = BodyReader(b"GET", head)
+    assert (reader.length, reader.reusable) == (5, False)
+    chunked = parse(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+    assert chunked is not None
+    assert BodyReader(b"GET", chunked).feed(b"2\r\nhi\r\n0\r\n\r\n") == (b"hi", b"")
+
+
+def test_a_bare_cr_in_a_value_is_a_space_as_twisted_sanitizes_it() -> None:
+    head = parse(b"HTTP/1.1 200 OK\r\nX-A: b\rc\r\nX-B: d\r\n\r\n")
+    assert head is not None
+    assert head.headers.getRawHeaders(b"x-a") == [b"b c"]
+    assert head.headers.getRawHeaders(b"x-b") == [b"d"]
+
+
 def test_lenient_lines_no_phrase_and_http_1_0() -> None:
     head = parse(b"HTTP/1.0 204\nX-Pad:  \tv \t\n\n")
     assert head is not None
