@@ -28,6 +28,14 @@ def served(caches: CacheBook, *roots: bytes, node: str = "a", tokens: int = 5000
         caches.note(node, MODEL, root, tokens)
 
 
+def missed(caches: CacheBook, root: bytes = b"A") -> Place:
+    """``root``'s place on node a, judged a miss: nothing of a 6,000-token prompt was cached."""
+    place = caches.place("a", MODEL, root)
+    assert place is not None
+    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    return place
+
+
 def test_a_conversation_pushed_out_of_a_nodes_cache_can_no_longer_be_there() -> None:
     caches = book(configured={"a": 2})
     served(caches, b"A", b"B")
@@ -113,9 +121,7 @@ def test_a_changed_figure_in_the_nodes_file_starts_again_from_it() -> None:
     configured = {"a": 4}
     caches = book(configured=configured)
     served(caches, b"A", b"B", b"C")
-    place = caches.place("a", MODEL, b"A")
-    assert place is not None
-    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    missed(caches)
     assert caches.capacity("a", MODEL).conversations == 2
     configured["a"] = 8
     assert caches.capacity("a", MODEL) == Capacity(8, 0, CapacitySource.FILE)
@@ -185,9 +191,7 @@ def test_more_stated_slots_raise_a_learnt_capacity_below_them() -> None:
     stated = {"a": 2}
     caches = book(stated=stated)
     served(caches, b"A", b"B", b"C")
-    place = caches.place("a", MODEL, b"A")
-    assert place is not None
-    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    missed(caches)
     assert caches.capacity("a", MODEL) == Capacity(2, 2, CapacitySource.LEARNT)
     stated["a"] = 4  # the engine restarted with more slots
     assert caches.capacity("a", MODEL) == Capacity(4, 4, CapacitySource.LEARNT)
@@ -244,9 +248,7 @@ def test_a_learnt_capacity_is_the_models_own() -> None:
     caches = book(configured={"a": 3})
     served(caches, b"A", b"B", b"C")
     caches.note("a", "other:7b", b"X", 100)
-    place = caches.place("a", MODEL, b"A")
-    assert place is not None
-    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    missed(caches)
     assert caches.capacity("a", MODEL).conversations == 2
     assert caches.capacity("a", "other:7b").conversations == 3
     assert caches.pushed_out("a", MODEL) == 5000  # two held, the edge at two
@@ -268,9 +270,7 @@ def test_an_active_conversation_is_measured_from_its_last_turn_not_from_the_cloc
 def test_a_capacity_learnt_to_nothing_under_a_file_figure_holds_nothing() -> None:
     caches = book(configured={"a": 1})
     served(caches, b"A")
-    place = caches.place("a", MODEL, b"A")
-    assert place is not None
-    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    missed(caches)
     assert caches.place("a", MODEL, b"A") == Place(1, 5000, resident=False)
 
 
@@ -278,9 +278,7 @@ def test_more_stated_slots_keep_more_conversations_warm() -> None:
     stated = {"a": 2}
     caches = book(stated=stated)
     served(caches, b"A", b"B", b"C")
-    place = caches.place("a", MODEL, b"A")
-    assert place is not None
-    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    missed(caches)
     stated["a"] = 4
     assert caches.place("a", MODEL, b"A") == Place(3, 5000, resident=True)
 
@@ -289,18 +287,14 @@ def test_the_conversation_at_the_edge_of_a_learnt_capacity_is_the_one_pushed_out
     caches = book(configured={"a": 3})
     for root, tokens in ((b"A", 100), (b"B", 200), (b"C", 300)):
         caches.note("a", MODEL, root, tokens)
-    place = caches.place("a", MODEL, b"A")
-    assert place is not None
-    caches.judge("a", MODEL, place, cached=0, prompt=6000)  # learnt: 2
+    missed(caches)  # learnt: 2
     assert caches.pushed_out("a", MODEL) == 200
 
 
 def test_a_learnt_capacity_grows_again_on_a_hit_beyond_it() -> None:
     caches = book(configured={"a": 3})
     served(caches, b"A", b"B", b"C")
-    place = caches.place("a", MODEL, b"A")
-    assert place is not None
-    caches.judge("a", MODEL, place, cached=0, prompt=6000)
+    place = missed(caches)
     assert caches.capacity("a", MODEL).conversations == 2
     caches.judge("a", MODEL, place, cached=5000, prompt=6000)
     assert caches.capacity("a", MODEL).conversations == 3
