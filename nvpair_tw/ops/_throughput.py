@@ -45,7 +45,7 @@ class Throughput:
 
     def add(self, time: float, engine: str, node: str, tokens: int) -> None:
         """Count ``tokens`` completion tokens for ``(engine, node)`` in the bucket of ``time``."""
-        index = int(time // self.bucket)
+        index = self._index(time)
         series = (engine, node)
         counts = self._counts.get(series)
         if counts is None:
